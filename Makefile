@@ -1,0 +1,36 @@
+# Two commands do all set-up on a fresh machine:
+#   make repro   create the virtual environment if missing, install, run the whole DVC pipeline
+#   make test    the same install, then the test suite
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: repro test install lint typecheck bench mlflow-ui clean-venv
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+# Re-install whenever the dependency list changes.
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e ".[all]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+repro: $(STAMP)
+	PATH="$(CURDIR)/$(BIN):$$PATH" DVC_NO_ANALYTICS=1 dvc repro
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check basin_runtime basin_sim pipeline tests benchmarks
+	$(BIN)/mypy
+
+mlflow-ui: $(STAMP)
+	$(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow.db
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,1 @@
+"""Basin runtime: what ships to serving (policy core, predictor loading, HTTP gateway)."""

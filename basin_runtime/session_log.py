@@ -1,0 +1,115 @@
+"""The gateway's session log: one JSON line per finished session, read back by `pipeline.ingest`.
+
+Format `basin-session-log`, version 1. Each line is an object:
+
+    {"format": "basin-session-log", "version": 1,
+     "session_id": str, "workload": str | null, "model": str, "tokenizer": str,
+     "task_text": str | null,        # null when the gateway keeps no raw text
+     "task_chars": int,              # length of the task text, always kept
+     "started_at": float, "ended_at": float,   # unix seconds
+     "end_reason": "ended" | "idle" | "withdrawn" | "shed",
+     "predicted_peak_tokens": float | null,
+     "calls": [{"started_at": float, "ended_at": float | null, "prompt_tokens": int,
+                "completion_tokens": int, "cached_tokens": int | null}]}
+
+Token counts are already the serving tokenizer's (the gateway counts with `basin_runtime.tokenizer`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+LOG_FORMAT = "basin-session-log"
+LOG_VERSION = 1
+END_REASONS = ("ended", "idle", "withdrawn", "shed")
+
+
+class SessionLogError(ValueError):
+    """A session-log line that does not follow the format."""
+
+
+@dataclass(frozen=True)
+class LoggedCall:
+    """One call the gateway forwarded for a session."""
+
+    started_at: float
+    ended_at: float | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class SessionLogRecord:
+    """What the gateway saw of one finished session."""
+
+    session_id: str
+    model: str
+    tokenizer: str
+    task_text: str | None
+    task_chars: int
+    started_at: float
+    ended_at: float
+    end_reason: str
+    calls: tuple[LoggedCall, ...]
+    workload: str | None = None
+    predicted_peak_tokens: float | None = None
+
+    def to_json(self) -> str:
+        """One log line (no trailing newline)."""
+        body = asdict(self)
+        body["calls"] = [asdict(c) for c in self.calls]
+        return json.dumps({"format": LOG_FORMAT, "version": LOG_VERSION, **body}, ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, line: str) -> SessionLogRecord:
+        """Parse one log line, raising `SessionLogError` with the reason."""
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise SessionLogError(f"not JSON: {exc}") from exc
+        if not isinstance(obj, Mapping):
+            raise SessionLogError("a log line must be a JSON object")
+        if obj.get("format") != LOG_FORMAT or obj.get("version") != LOG_VERSION:
+            raise SessionLogError(
+                f"format {obj.get('format')!r} version {obj.get('version')!r}, expected {LOG_FORMAT!r} {LOG_VERSION}"
+            )
+        return cls._from_mapping(obj)
+
+    @classmethod
+    def _from_mapping(cls, obj: Mapping[str, Any]) -> SessionLogRecord:
+        try:
+            calls = tuple(LoggedCall(**c) for c in obj["calls"])
+            record = cls(
+                session_id=str(obj["session_id"]),
+                model=str(obj["model"]),
+                tokenizer=str(obj["tokenizer"]),
+                task_text=obj["task_text"],
+                task_chars=int(obj["task_chars"]),
+                started_at=float(obj["started_at"]),
+                ended_at=float(obj["ended_at"]),
+                end_reason=str(obj["end_reason"]),
+                calls=calls,
+                workload=obj.get("workload"),
+                predicted_peak_tokens=obj.get("predicted_peak_tokens"),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SessionLogError(f"missing or malformed field: {exc}") from exc
+        record.check()
+        return record
+
+    def check(self) -> None:
+        """Raise `SessionLogError` if a value is out of range."""
+        if self.end_reason not in END_REASONS:
+            raise SessionLogError(f"end_reason {self.end_reason!r} is not one of {END_REASONS}")
+        if self.task_text is not None and len(self.task_text) != self.task_chars:
+            raise SessionLogError(f"task_chars {self.task_chars} != len(task_text) {len(self.task_text)}")
+        for k, call in enumerate(self.calls):
+            if call.prompt_tokens < 0 or call.completion_tokens < 0:
+                raise SessionLogError(f"call {k}: negative token count")
+            if not math.isfinite(call.started_at):
+                raise SessionLogError(f"call {k}: started_at {call.started_at} is not finite")

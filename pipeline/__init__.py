@@ -1,0 +1,1 @@
+"""Basin's offline pipeline: trajectories -> session table -> features -> ridge -> ONNX -> evaluation."""

