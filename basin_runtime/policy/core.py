@@ -1,0 +1,273 @@
+# The policy core: sessions in, decisions out, time passed in as `now` (seconds). No I/O.
+#
+# Rules:
+# - Working set = sum of the current contexts of all live sessions (tool-running ones included);
+#   a session's context is the latest prompt size observed for it, its context at arrival before.
+# - Admission is engaged while working set > budget, while anyone is queued, or always if
+#   `always_engaged`. Engagement is judged on the state before an arrival. A session arriving while
+#   admission is not engaged is admitted at once; otherwise it queues and the queue is drained by
+#   the rule in `admission.py` (strict priority order, lone head goes in over budget).
+# - Admitted sessions run to completion: no budget change ever evicts a live session. Only
+#   shedding (`shedding.py`, on `tick`) drops a queued session; `finish` of a queued session is the
+#   client withdrawing it.
+# - Every public method validates everything before it changes anything: an illegal step raises
+#   `PolicyError` and leaves the state exactly as it was. `now` never runs backwards.
+# Invariants (after every public call):
+# - working_set_tokens == sum(context of live); reserved_tokens == sum(reservation of live).
+# - The queue is settled: if it is not empty, some session is live and the head does not fit.
+"""`Policy`: admission, priority, budget and shedding wired together around one state."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from basin_runtime.policy.admission import (
+    AdmissionQueue,
+    SessionRecord,
+    fits,
+    reservation_tokens,
+)
+from basin_runtime.policy.budget import BudgetController
+from basin_runtime.policy.config import (
+    ClockError,
+    DuplicateSessionError,
+    PolicyConfig,
+    PolicyError,
+    UnknownSessionError,
+    require_finite,
+    require_tokens,
+)
+from basin_runtime.policy.events import Admitted, Event, PolicySnapshot, Shed
+from basin_runtime.policy.priority import priority_s, service_key
+from basin_runtime.policy.shedding import ArrivalRateMeter, shed_reason, should_shed
+
+SessionState = Literal["queued", "live"]
+
+
+class Policy:
+    """The Basin policy core; drive it with `arrive`, `observe`, `finish` and `tick`."""
+
+    def __init__(self, config: PolicyConfig) -> None:
+        self.config = config
+        self._budget = BudgetController(config)
+        self._queue = AdmissionQueue()
+        self._live: dict[str, SessionRecord] = {}
+        self._arrivals = ArrivalRateMeter(config.arrival_window_s)
+        self._next_seq = 0
+        self._started_s: float | None = None
+        self._now_s: float | None = None
+        self._working_set_tokens = 0
+        self._reserved_tokens = 0
+
+    # --- events in -------------------------------------------------------------------------
+
+    def arrive(self, session_id: str, now: float, predicted_peak_tokens: float, context_tokens: int) -> bool:
+        """A session arrives; return True if it is admitted now, False if it queues."""
+        now = self._check_now(now)
+        _check_session_id(session_id)
+        if session_id in self._live or session_id in self._queue:
+            raise DuplicateSessionError(f"session {session_id!r} arrived again while {self.state_of(session_id)}")
+        peak = require_finite(f"predicted_peak_tokens of session {session_id!r}", predicted_peak_tokens, minimum=0)
+        context = require_tokens(f"context_tokens of session {session_id!r}", context_tokens)
+        was_engaged = self.is_engaged
+        self._advance(now)
+        priority = priority_s(self.config.mode, now, peak, self.config.tokens_per_s)
+        record = SessionRecord(session_id, self._next_seq, now, peak, priority, context)
+        self._next_seq += 1
+        self._arrivals.record(now)
+        if not was_engaged:
+            self._make_live(record, reservation_tokens(self.config.mode, record))
+            return True
+        self._queue.push(record)
+        self._drain()
+        return session_id in self._live
+
+    def observe(self, session_id: str, now: float, context_tokens: int) -> list[str]:
+        """A call's prompt size was seen; return the ids admitted as a consequence, in order."""
+        now = self._check_now(now)
+        context = require_tokens(f"context_tokens of session {session_id!r}", context_tokens)
+        record = self._record(session_id, "observe")
+        self._advance(now)
+        if session_id in self._live:
+            self._working_set_tokens += context - record.context_tokens
+            self._reserved_tokens -= reservation_tokens(self.config.mode, record)
+            record.context_tokens = context
+            self._reserved_tokens += reservation_tokens(self.config.mode, record)
+        else:
+            record.context_tokens = context
+        return [record.session_id for record, _ in self._drain()]
+
+    def finish(self, session_id: str, now: float) -> list[str]:
+        """End a live session or withdraw a queued one; return the ids admitted as a consequence."""
+        now = self._check_now(now)
+        record = self._record(session_id, "finish")
+        self._advance(now)
+        if session_id in self._live:
+            del self._live[session_id]
+            self._working_set_tokens -= record.context_tokens
+            self._reserved_tokens -= reservation_tokens(self.config.mode, record)
+        else:
+            self._queue.remove(session_id)
+        return [record.session_id for record, _ in self._drain()]
+
+    def tick(self, now: float, hit_rate: float | None = None) -> list[Event]:
+        """Let time pass: move the budget, admit, and shed at most one queued session."""
+        now = self._check_now(now)
+        if hit_rate is not None:
+            rate = require_finite("hit_rate", hit_rate)
+            if not 0 <= rate <= 1:
+                raise PolicyError(f"hit_rate must be in [0, 1], got {hit_rate!r}")
+        self._advance(now)
+        events: list[Event] = []
+        moved = self._budget.tick(now, hit_rate, has_queued=len(self._queue) > 0)
+        if moved is not None:
+            events.append(moved)
+        events.extend(self._admitted_events(now))
+        shed = self._maybe_shed(now)
+        if shed is not None:
+            events.append(shed)
+        return events
+
+    def set_reference_budget(self, budget_tokens: int, now: float | None = None) -> list[Event]:
+        """Operator change of the reference budget B; never evicts, may admit if it grew.
+
+        `now` defaults to the last `now` seen (0.0 in the events if none was seen yet; the policy's
+        clock is then left unset).
+        """
+        checked = None if now is None else self._check_now(now)
+        tokens = require_tokens("reference budget_tokens", budget_tokens)
+        if tokens == 0:
+            raise PolicyError("reference budget_tokens must be > 0, got 0")
+        if checked is not None:
+            self._advance(checked)
+        when = 0.0 if self._now_s is None else self._now_s
+        events: list[Event] = [self._budget.set_reference(when, tokens)]
+        events.extend(self._admitted_events(when))
+        return events
+
+    # --- questions ---------------------------------------------------------------------------
+
+    @property
+    def is_engaged(self) -> bool:
+        """True while arrivals go through the admission queue."""
+        return (
+            self.config.always_engaged or len(self._queue) > 0 or self._working_set_tokens > self._budget.budget_tokens
+        )
+
+    def priority_of(self, session_id: str) -> float:
+        """The fixed priority of a live or queued session (smaller is served first)."""
+        return self._record(session_id, "priority_of").priority
+
+    def state_of(self, session_id: str) -> SessionState:
+        """'live' or 'queued'; an unknown id raises `UnknownSessionError`."""
+        self._record(session_id, "state_of")
+        return "live" if session_id in self._live else "queued"
+
+    def is_live(self, session_id: str) -> bool:
+        """True if the session is admitted and not finished (False for unknown ids)."""
+        return session_id in self._live
+
+    def is_queued(self, session_id: str) -> bool:
+        """True if the session waits in the admission queue (False for unknown ids)."""
+        return session_id in self._queue
+
+    def has_capacity(self, predicted_peak_tokens: float, context_tokens: int = 0) -> bool:
+        """Would a session with this peak (and context) be admitted if it arrived now? No change."""
+        peak = require_finite("predicted_peak_tokens", predicted_peak_tokens, minimum=0)
+        context = require_tokens("context_tokens", context_tokens)
+        if not self.is_engaged:
+            return True
+        now = 0.0 if self._now_s is None else self._now_s
+        priority = priority_s(self.config.mode, now, peak, self.config.tokens_per_s)
+        candidate = SessionRecord("", self._next_seq, now, peak, priority, context)
+        head = self._queue.head()
+        if head is not None and service_key(head.priority, head.seq) < service_key(priority, candidate.seq):
+            return False
+        needed = reservation_tokens(self.config.mode, candidate)
+        return fits(self._reserved_tokens, needed, self._budget.budget_tokens, len(self._live))
+
+    def snapshot(self) -> PolicySnapshot:
+        """The whole observable state (O(n log n) in the queue length: not for the hot path)."""
+        return PolicySnapshot(
+            now_s=self._now_s,
+            live=tuple(self._live),
+            queued=tuple(r.session_id for r in self._queue.in_service_order()),
+            reserved_tokens=self._reserved_tokens,
+            working_set_tokens=self._working_set_tokens,
+            budget_tokens=self._budget.budget_tokens,
+            reference_budget_tokens=self._budget.reference_tokens,
+            is_engaged=self.is_engaged,
+        )
+
+    # --- internals ---------------------------------------------------------------------------
+
+    def _check_now(self, now: float) -> float:
+        value = require_finite("now", now)
+        if self._now_s is not None and value < self._now_s:
+            raise ClockError(f"now={now!r} runs backwards: the last now seen was {self._now_s!r}")
+        return value
+
+    def _advance(self, now: float) -> None:
+        if self._started_s is None:
+            self._started_s = now
+        self._now_s = now
+
+    def _record(self, session_id: str, step: str) -> SessionRecord:
+        record = self._live.get(session_id) or self._queue.get(session_id)
+        if record is None:
+            raise UnknownSessionError(
+                f"{step}: session {session_id!r} is neither live nor queued "
+                "(never arrived, already finished, withdrawn or shed)"
+            )
+        return record
+
+    def _make_live(self, record: SessionRecord, reservation: int) -> None:
+        self._live[record.session_id] = record
+        self._working_set_tokens += record.context_tokens
+        self._reserved_tokens += reservation
+
+    def _drain(self) -> list[tuple[SessionRecord, int]]:
+        """Admit queue heads while they fit; return (record, reservation) in admission order."""
+        admitted: list[tuple[SessionRecord, int]] = []
+        while (head := self._queue.head()) is not None:
+            needed = reservation_tokens(self.config.mode, head)
+            if not fits(self._reserved_tokens, needed, self._budget.budget_tokens, len(self._live)):
+                break
+            self._queue.remove(head.session_id)
+            self._make_live(head, needed)
+            admitted.append((head, needed))
+        return admitted
+
+    def _admitted_events(self, now: float) -> list[Event]:
+        return [
+            Admitted(record.session_id, now, record.priority, now - record.arrival_s, reservation)
+            for record, reservation in self._drain()
+        ]
+
+    def _maybe_shed(self, now: float) -> Shed | None:
+        head = self._queue.head()
+        peak_rate = self.config.peak_completion_rate_per_s
+        if head is None or peak_rate is None or self._started_s is None:
+            return None
+        rate = self._arrivals.rate_per_s(now, self._started_s)
+        head_waited_s = now - head.arrival_s
+        if rate is None or not should_shed(rate, peak_rate, head_waited_s, self.config.shed_wait_s):
+            return None
+        victim = self._queue.tail()
+        assert victim is not None  # the queue has a head, so it has a tail
+        self._queue.remove(victim.session_id)
+        return Shed(
+            session_id=victim.session_id,
+            now_s=now,
+            priority=victim.priority,
+            waited_s=now - victim.arrival_s,
+            arrival_rate_per_s=rate,
+            peak_completion_rate_per_s=peak_rate,
+            head_waited_s=head_waited_s,
+            reason=shed_reason(rate, peak_rate, head_waited_s),
+        )
+
+
+def _check_session_id(session_id: str) -> None:
+    if not isinstance(session_id, str) or not session_id:
+        raise PolicyError(f"session_id must be a non-empty string, got {session_id!r}")

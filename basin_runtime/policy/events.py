@@ -1,0 +1,81 @@
+# Decisions out of the policy core, as data.
+#
+# Rules:
+# - Every decision the policy makes on its own initiative is one frozen event: `Admitted` (a queued
+#   session may start), `BudgetMoved` (the budget changed), `Shed` (a queued session is dropped,
+#   with a reason a person can read). `arrive` answers for the arriving session itself with a bool.
+# - `PolicySnapshot` is the whole observable state; tests compare it field by field, and
+#   `to_dict()` gives the same content as plain JSON types.
+"""Events the policy core emits and the snapshot of its state."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """A queued session was admitted and may start."""
+
+    session_id: str
+    now_s: float
+    priority: float
+    waited_s: float
+    reservation_tokens: int
+
+
+@dataclass(frozen=True)
+class BudgetMoved:
+    """The budget changed: a hit-rate step on `tick`, or an operator changed the reference."""
+
+    now_s: float
+    old_budget_tokens: int
+    new_budget_tokens: int
+    reference_budget_tokens: int
+    hit_rate: float | None  # None for an operator change
+    reason: str
+
+
+@dataclass(frozen=True)
+class Shed:
+    """A queued session was dropped because capacity is truly short; it is forgotten."""
+
+    session_id: str
+    now_s: float
+    priority: float
+    waited_s: float
+    arrival_rate_per_s: float
+    peak_completion_rate_per_s: float
+    head_waited_s: float
+    reason: str
+
+
+Event: TypeAlias = Admitted | BudgetMoved | Shed
+
+
+@dataclass(frozen=True)
+class PolicySnapshot:
+    """The policy's whole observable state at the last `now` it saw."""
+
+    now_s: float | None
+    live: tuple[str, ...]  # in admission order
+    queued: tuple[str, ...]  # in service order, head first
+    reserved_tokens: int
+    working_set_tokens: int
+    budget_tokens: int
+    reference_budget_tokens: int
+    is_engaged: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        """The snapshot as JSON-ready plain types."""
+        return {
+            "now_s": self.now_s,
+            "live": list(self.live),
+            "queued": list(self.queued),
+            "reserved_tokens": self.reserved_tokens,
+            "working_set_tokens": self.working_set_tokens,
+            "budget_tokens": self.budget_tokens,
+            "reference_budget_tokens": self.reference_budget_tokens,
+            "is_engaged": self.is_engaged,
+        }

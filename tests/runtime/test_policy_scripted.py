@@ -1,0 +1,743 @@
+"""Scripted-time tests of the policy core: every step asserts the whole snapshot.
+
+Each test walks one rule with a hand-written clock. `Tracker` holds the expected snapshot; a step
+states only what changed (`dataclasses.replace`), but the comparison is always against the whole
+`PolicySnapshot`. Illegal steps must raise `PolicyError` and leave the state byte-for-byte equal.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pickle
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from basin_runtime.policy import (
+    Admitted,
+    BudgetMoved,
+    ClockError,
+    DuplicateSessionError,
+    LendingLedger,
+    LentEntry,
+    Policy,
+    PolicyConfig,
+    PolicyError,
+    PolicySnapshot,
+    Reclaimed,
+    Shed,
+    UnknownSessionError,
+    WriteBackPlan,
+    reference_budget_tokens,
+)
+from basin_runtime.policy.shedding import ArrivalRateMeter
+
+
+class Tracker:
+    """The expected snapshot of one policy, checked whole after every step."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        budget = policy.config.budget_tokens
+        self.expected = PolicySnapshot(
+            now_s=None,
+            live=(),
+            queued=(),
+            reserved_tokens=0,
+            working_set_tokens=0,
+            budget_tokens=budget,
+            reference_budget_tokens=budget,
+            is_engaged=policy.config.always_engaged,
+        )
+        self.check()
+
+    def check(self, **changes: Any) -> None:
+        """Apply `changes` to the expected snapshot and compare the whole snapshot."""
+        for key in ("live", "queued"):
+            if key in changes:
+                changes[key] = tuple(changes[key])
+        self.expected = replace(self.expected, **changes)
+        assert self.policy.snapshot() == self.expected
+
+
+def make(budget_tokens: int = 1000, **overrides: Any) -> tuple[Policy, Tracker]:
+    policy = Policy(PolicyConfig(budget_tokens=budget_tokens, **overrides))
+    return policy, Tracker(policy)
+
+
+def assert_illegal(policy: Policy, step: Callable[[], object], error: type[PolicyError], match: str) -> None:
+    """`step` raises `error` (a PolicyError) and changes nothing, not even hidden state."""
+    before_snapshot = policy.snapshot()
+    before_state = pickle.dumps(policy)
+    with pytest.raises(error, match=match):
+        step()
+    assert policy.snapshot() == before_snapshot
+    assert pickle.dumps(policy) == before_state
+
+
+# --- the paper's example -----------------------------------------------------------------------
+
+
+def test_paper_example_new_session_waits_until_one_finishes() -> None:
+    policy, t = make(1_000_000, always_engaged=True)
+    sessions = [("s1", 300_000, 20_000), ("s2", 250_000, 15_000), ("s3", 200_000, 10_000)]
+    sessions += [("s4", 120_000, 8_000), ("s5", 80_000, 5_000)]
+    live: list[str] = []
+    reserved = working_set = 0
+    for now, (sid, peak, context) in enumerate(sessions):
+        assert policy.arrive(sid, float(now), peak, context) is True
+        live.append(sid)
+        reserved += peak
+        working_set += context
+        t.check(now_s=float(now), live=live, reserved_tokens=reserved, working_set_tokens=working_set)
+    assert reserved == 950_000
+
+    assert policy.arrive("new", 10.0, 80_000, 6_000) is False  # 950K + 80K > 1M
+    t.check(now_s=10.0, queued=["new"])
+    assert policy.priority_of("new") == 10.0 + 80_000 / 30
+    assert policy.state_of("new") == "queued"
+    assert policy.has_capacity(80_000) is False
+    assert policy.has_capacity(50_000) is True  # would jump the queue and fit exactly: 1M <= 1M
+    t.check()
+
+    assert policy.tick(300.0) == []  # nothing finished: it keeps waiting
+    t.check(now_s=300.0)
+
+    assert policy.finish("s4", 600.0) == ["new"]
+    t.check(
+        now_s=600.0,
+        live=["s1", "s2", "s3", "s5", "new"],
+        queued=[],
+        reserved_tokens=950_000 - 120_000 + 80_000,
+        working_set_tokens=58_000 - 8_000 + 6_000,
+    )
+    assert policy.state_of("new") == "live"
+    assert policy.is_live("new") and not policy.is_queued("new")
+
+
+# --- engagement ----------------------------------------------------------------------------------
+
+
+def test_not_engaged_admits_at_once_until_the_working_set_exceeds_the_budget() -> None:
+    policy, t = make(1000)
+    assert policy.arrive("a", 0.0, 5000, 100) is True  # peak far over budget: not engaged yet
+    t.check(now_s=0.0, live=["a"], reserved_tokens=5000, working_set_tokens=100)
+    assert policy.arrive("b", 1.0, 5000, 900) is True  # engagement is judged before the arrival
+    t.check(now_s=1.0, live=["a", "b"], reserved_tokens=10_000, working_set_tokens=1000)
+    assert policy.observe("a", 2.0, 101) == []
+    t.check(now_s=2.0, working_set_tokens=1001, is_engaged=True)
+
+    assert policy.arrive("c", 3.0, 10, 10) is False
+    t.check(now_s=3.0, queued=["c"])
+    assert policy.finish("a", 4.0) == []  # working set back under budget, but c is queued
+    t.check(now_s=4.0, live=["b"], reserved_tokens=5000, working_set_tokens=900, is_engaged=True)
+    assert policy.finish("b", 5.0) == ["c"]  # nobody live: the head goes in
+    t.check(now_s=5.0, live=["c"], queued=[], reserved_tokens=10, working_set_tokens=10, is_engaged=False)
+
+
+def test_always_engaged_checks_reservations_even_with_an_empty_cache() -> None:
+    policy, t = make(1000, always_engaged=True)
+    assert policy.arrive("a", 0.0, 600, 0) is True
+    t.check(now_s=0.0, live=["a"], reserved_tokens=600)
+    assert policy.arrive("b", 0.0, 401, 0) is False
+    t.check(queued=["b"])
+    assert policy.arrive("c", 0.0, 400, 0) is True  # c's p is smaller than b's and it fits exactly
+    t.check(live=["a", "c"], reserved_tokens=1000)
+
+
+# --- admission rule ----------------------------------------------------------------------------
+
+
+def test_lone_head_is_admitted_over_budget() -> None:
+    policy, t = make(1000, always_engaged=True)
+    assert policy.arrive("big", 0.0, 5000, 3000) is True  # nobody live: in, over budget
+    t.check(now_s=0.0, live=["big"], reserved_tokens=5000, working_set_tokens=3000)
+    assert policy.arrive("tiny", 1.0, 1, 1) is False
+    t.check(now_s=1.0, queued=["tiny"])
+    assert policy.finish("big", 2.0) == ["tiny"]
+    t.check(now_s=2.0, live=["tiny"], queued=[], reserved_tokens=1, working_set_tokens=1)
+
+
+def test_head_blocks_smaller_sessions_behind_it() -> None:
+    policy, t = make(1000, always_engaged=True)
+    assert policy.arrive("a", 0.0, 600, 0) is True
+    t.check(now_s=0.0, live=["a"], reserved_tokens=600)
+    assert policy.arrive("b", 1.0, 500, 0) is False  # p = 1 + 500/30
+    t.check(now_s=1.0, queued=["b"])
+    assert policy.arrive("c", 20.0, 100, 0) is False  # p = 20 + 100/30, behind b; fits, still waits
+    t.check(now_s=20.0, queued=["b", "c"])
+    assert policy.has_capacity(100) is False  # it would queue behind b too
+    assert policy.finish("a", 30.0) == ["b", "c"]
+    t.check(now_s=30.0, live=["b", "c"], queued=[], reserved_tokens=600)
+
+
+def test_withdrawing_the_head_lets_the_next_one_in() -> None:
+    policy, t = make(1000, always_engaged=True)
+    policy.arrive("a", 0.0, 600, 0)
+    policy.arrive("b", 1.0, 500, 0)
+    policy.arrive("c", 20.0, 100, 0)
+    t.check(now_s=20.0, live=["a"], queued=["b", "c"], reserved_tokens=600)
+    assert policy.finish("c", 21.0) == []  # withdraw from the back: nothing changes for b
+    t.check(now_s=21.0, queued=["b"])
+    policy.arrive("d", 22.0, 100, 0)
+    t.check(now_s=22.0, queued=["b", "d"])
+    assert policy.finish("b", 23.0) == ["d"]  # the head gave up: d fits
+    t.check(now_s=23.0, live=["a", "d"], queued=[], reserved_tokens=700)
+    with pytest.raises(UnknownSessionError, match="'b'"):
+        policy.state_of("b")
+
+
+# --- priority ------------------------------------------------------------------------------------
+
+
+def test_priority_order_and_ties_by_arrival() -> None:
+    policy, t = make(100, always_engaged=True)
+    policy.arrive("blocker", 0.0, 100, 0)
+    t.check(now_s=0.0, live=["blocker"], reserved_tokens=100)
+    policy.arrive("x", 0.0, 300, 0)  # p = 10
+    policy.arrive("y", 5.0, 150, 0)  # p = 10, arrived later
+    policy.arrive("z", 5.0, 60, 0)  # p = 7
+    policy.arrive("w", 5.0, 75, 0)  # p = 7.5
+    t.check(now_s=5.0, queued=["z", "w", "x", "y"])
+    assert [policy.priority_of(s) for s in ("x", "y", "z", "w")] == [10.0, 10.0, 7.0, 7.5]
+    assert policy.priority_of("blocker") == 0.0 + 100 / 30
+
+    steps = [("blocker", "z", 60), ("z", "w", 75), ("w", "x", 300), ("x", "y", 150)]
+    for now, (finished, admitted, reserved) in enumerate(steps, start=10):
+        assert policy.finish(finished, float(now)) == [admitted]  # x and y go in as lone heads
+        t.check(now_s=float(now), live=[admitted], queued=t.expected.queued[1:], reserved_tokens=reserved)
+    t.check(queued=[])
+
+
+def test_tokens_per_s_sets_the_priority_scale() -> None:
+    policy, t = make(100, always_engaged=True, tokens_per_s=10.0)
+    policy.arrive("a", 2.0, 50, 0)
+    assert policy.priority_of("a") == 7.0
+    t.check(now_s=2.0, live=["a"], reserved_tokens=50)
+
+
+def test_prototype_mode_orders_by_arrival_and_reserves_current_context() -> None:
+    policy, t = make(1000, always_engaged=True, mode="prototype")
+    assert policy.arrive("a", 0.0, 900_000, 300) is True
+    t.check(now_s=0.0, live=["a"], reserved_tokens=300, working_set_tokens=300)
+    assert policy.priority_of("a") == 0.0
+    assert policy.arrive("b", 1.0, 900_000, 800) is False  # 300 + 800 > 1000
+    assert policy.arrive("c", 2.0, 1, 100) is False  # tiny peak, but arrival order: behind b
+    t.check(now_s=2.0, queued=["b", "c"])
+    assert policy.observe("a", 3.0, 200) == ["b"]  # a's reservation is its context: 200 + 800 fits
+    t.check(now_s=3.0, live=["a", "b"], queued=["c"], reserved_tokens=1000, working_set_tokens=1000)
+    assert policy.observe("c", 4.0, 0) == ["c"]  # queued c's context shrank to 0: fits
+    t.check(now_s=4.0, live=["a", "b", "c"], queued=[])
+
+
+# --- observe --------------------------------------------------------------------------------------
+
+
+def test_observe_growth_past_the_prediction_keeps_the_reserved_sum_exact() -> None:
+    policy, t = make(1000, always_engaged=True)
+    policy.arrive("a", 0.0, 499.2, 100)  # reservation is the peak rounded up: 500
+    t.check(now_s=0.0, live=["a"], reserved_tokens=500, working_set_tokens=100)
+    assert policy.observe("a", 1.0, 400) == []
+    t.check(now_s=1.0, working_set_tokens=400)
+    assert policy.arrive("b", 2.0, 400, 0) is True
+    t.check(now_s=2.0, live=["a", "b"], reserved_tokens=900)
+    assert policy.observe("a", 3.0, 700) == []  # grew past its prediction
+    t.check(now_s=3.0, reserved_tokens=1100, working_set_tokens=700)
+    assert policy.arrive("c", 4.0, 0, 0) is False  # 1100 + 0 > 1000
+    t.check(now_s=4.0, queued=["c"])
+    assert policy.observe("a", 5.0, 550) == ["c"]  # shrank (compaction): 550 + 400 + 0 fits
+    t.check(now_s=5.0, live=["a", "b", "c"], queued=[], reserved_tokens=950, working_set_tokens=550)
+    assert policy.observe("a", 6.0, 100) == []  # back under its prediction: reserves the peak
+    t.check(now_s=6.0, reserved_tokens=900, working_set_tokens=100)
+
+
+def test_observe_a_queued_session_updates_its_reservation() -> None:
+    policy, t = make(1000, always_engaged=True)
+    policy.arrive("a", 0.0, 600, 0)
+    assert policy.arrive("b", 1.0, 300, 450) is False  # context already past its peak: 450
+    t.check(now_s=1.0, live=["a"], queued=["b"], reserved_tokens=600)
+    assert policy.observe("b", 2.0, 350) == ["b"]  # queued contexts do not count in the working set
+    t.check(now_s=2.0, live=["a", "b"], queued=[], reserved_tokens=950, working_set_tokens=350)
+
+
+# --- budget moves -------------------------------------------------------------------------------
+
+
+def test_budget_moves_up_while_queued_down_when_hits_fall_within_bounds_and_interval() -> None:
+    # B = 1000: step 20, bounds 850..1100, one move per 60 s, plateau 0.9 - 0.05 = 0.85.
+    policy, t = make(1000, always_engaged=True, budget_move_interval_s=60.0)
+    policy.arrive("a", 0.0, 900, 0)
+    policy.arrive("b", 0.0, 150, 0)
+    t.check(now_s=0.0, live=["a"], queued=["b"], reserved_tokens=900)
+    assert policy.tick(0.0) == []  # no hit rate: no move
+    assert policy.tick(0.0, 0.85) == [BudgetMoved(0.0, 1000, 1020, 1000, 0.85, _LOOSEN)]
+    t.check(budget_tokens=1020)
+    assert policy.tick(59.0, 0.99) == []  # interval
+    t.check(now_s=59.0)
+    assert policy.tick(60.0, 0.99) == [BudgetMoved(60.0, 1020, 1040, 1000, 0.99, _LOOSEN)]
+    t.check(now_s=60.0, budget_tokens=1040)
+    events = policy.tick(120.0, 0.99)
+    assert events == [
+        BudgetMoved(120.0, 1040, 1060, 1000, 0.99, _LOOSEN),
+        Admitted("b", 120.0, 5.0, 120.0, 150),
+    ]
+    t.check(now_s=120.0, live=["a", "b"], queued=[], reserved_tokens=1050, budget_tokens=1060)
+    assert policy.tick(180.0, 0.99) == []  # nobody queued: no reason to loosen
+    t.check(now_s=180.0)
+    # Tighten: 1060 -> 1040 -> ... -> 860 -> 850 (bound); never evicts a or b.
+    expected_budgets = [1040, 1020, 1000, 980, 960, 940, 920, 900, 880, 860, 850]
+    for i, budget in enumerate(expected_budgets):
+        now = 240.0 + 60.0 * i
+        [moved] = policy.tick(now, 0.8499)
+        assert moved == BudgetMoved(now, t.expected.budget_tokens, budget, 1000, 0.8499, _TIGHTEN)
+        t.check(now_s=now, budget_tokens=budget)
+    assert policy.tick(1000.0, 0.0) == []  # at the lower bound
+    t.check(now_s=1000.0)
+
+
+def test_budget_is_bounded_above_and_a_clipped_move_does_not_restart_the_interval() -> None:
+    policy, t = make(1000, always_engaged=True, budget_move_interval_s=10.0)
+    policy.arrive("a", 0.0, 2000, 0)
+    policy.arrive("b", 0.0, 2000, 0)
+    t.check(now_s=0.0, live=["a"], queued=["b"], reserved_tokens=2000)
+    for i, budget in enumerate([1020, 1040, 1060, 1080, 1100]):
+        [moved] = policy.tick(10.0 * i, 1.0)
+        assert moved.new_budget_tokens == budget
+    t.check(now_s=40.0, budget_tokens=1100)
+    assert policy.tick(50.0, 1.0) == []  # upper bound: clipped to nothing, not a move
+    t.check(now_s=50.0)
+    # Had the clipped move at 50 restarted the interval, 51 would be blocked; the last real move
+    # was at 40, so the budget may tighten at once.
+    assert policy.tick(51.0, 0.1) == [BudgetMoved(51.0, 1100, 1080, 1000, 0.1, _TIGHTEN)]
+    t.check(now_s=51.0, budget_tokens=1080)
+    assert policy.tick(60.0, 0.1) == []  # 9 s after that move
+    t.check(now_s=60.0)
+
+
+def test_operator_reference_change_reclamps_and_never_evicts() -> None:
+    policy, t = make(1_000_000, always_engaged=True)
+    policy.arrive("a", 0.0, 600_000, 10)
+    policy.arrive("b", 1.0, 300_000, 10)
+    policy.arrive("c", 2.0, 300_000, 10)
+    t.check(now_s=2.0, live=["a", "b"], queued=["c"], reserved_tokens=900_000, working_set_tokens=20)
+    events = policy.set_reference_budget(500_000, 3.0)
+    assert events == [BudgetMoved(3.0, 1_000_000, 550_000, 500_000, None, _operator(500_000))]
+    t.check(now_s=3.0, budget_tokens=550_000, reference_budget_tokens=500_000)  # a and b stay live
+    assert policy.finish("b", 4.0) == []  # 600K + 300K > 550K
+    t.check(now_s=4.0, live=["a"], reserved_tokens=600_000, working_set_tokens=10)
+    events = policy.set_reference_budget(2_000_000)  # now defaults to the last now seen
+    assert events == [
+        BudgetMoved(4.0, 550_000, 1_700_000, 2_000_000, None, _operator(2_000_000)),
+        Admitted("c", 4.0, 2.0 + 300_000 / 30, 2.0, 300_000),
+    ]
+    t.check(
+        live=["a", "c"],
+        queued=[],
+        reserved_tokens=900_000,
+        working_set_tokens=20,
+        budget_tokens=1_700_000,
+        reference_budget_tokens=2_000_000,
+    )
+    assert policy.set_reference_budget(1_600_000, 5.0)[0].new_budget_tokens == 1_700_000  # in bounds
+    t.check(now_s=5.0, reference_budget_tokens=1_600_000)
+
+
+# --- shedding --------------------------------------------------------------------------------------
+
+
+def _shedding_policy(**overrides: Any) -> tuple[Policy, Tracker]:
+    config: dict[str, Any] = dict(always_engaged=True, peak_completion_rate_per_s=0.001)
+    policy, t = make(1000, **{**config, **overrides})
+    policy.arrive("a", 0.0, 1000, 0)
+    policy.arrive("b", 1.0, 300, 0)  # p = 11
+    policy.arrive("c", 2.0, 600, 0)  # p = 22
+    policy.arrive("d", 3.0, 60, 0)  # p = 5
+    t.check(now_s=3.0, live=["a"], queued=["d", "b", "c"], reserved_tokens=1000)
+    return policy, t
+
+
+def test_shedding_drops_the_lowest_priority_one_per_tick_with_a_reason() -> None:
+    policy, t = _shedding_policy()
+    assert policy.tick(902.0) == []  # the head (d, arrived at 3) waited 899 s
+    t.check(now_s=902.0)
+    rate = 4 / 903.0  # since start (0), shorter than the 3600 s window
+    [shed] = policy.tick(903.0)
+    reason = f"arrival rate {rate:.3g}/s exceeds peak completion rate 0.001/s; queue head waited 900 s"
+    assert shed == Shed("c", 903.0, 22.0, 901.0, rate, 0.001, 900.0, reason)
+    assert reason == "arrival rate 0.00443/s exceeds peak completion rate 0.001/s; queue head waited 900 s"
+    t.check(now_s=903.0, queued=["d", "b"])
+    with pytest.raises(UnknownSessionError, match="'c'"):
+        policy.state_of("c")
+    assert [e.session_id for e in policy.tick(903.0) if isinstance(e, Shed)] == ["b"]
+    t.check(queued=["d"])
+    assert [e.session_id for e in policy.tick(903.0) if isinstance(e, Shed)] == ["d"]  # the head itself
+    t.check(queued=[])
+    assert policy.tick(903.0) == []
+    t.check()
+    assert policy.arrive("c", 904.0, 10, 0) is False  # a shed id may come back as a new session
+    t.check(now_s=904.0, queued=["c"])
+
+
+def test_no_shedding_when_arrivals_do_not_outrun_completions() -> None:
+    policy, t = _shedding_policy(peak_completion_rate_per_s=0.005)  # 4/903 = 0.0044 < 0.005
+    assert policy.tick(5000.0) == []
+    t.check(now_s=5000.0)
+
+
+def test_no_shedding_when_it_is_off_or_the_window_holds_no_arrivals() -> None:
+    policy, t = _shedding_policy(peak_completion_rate_per_s=None)
+    assert policy.tick(5000.0) == []
+    t.check(now_s=5000.0)
+    policy, t = _shedding_policy(arrival_window_s=100.0)  # arrivals at 0..3 left the window
+    assert policy.tick(903.0) == []
+    t.check(now_s=903.0)
+
+
+def test_shedding_waits_for_the_head_not_for_the_victim() -> None:
+    policy, t = _shedding_policy(shed_wait_s=10.0)
+    assert policy.arrive("e", 12.0, 3000, 0) is False  # p = 112, arrived last
+    t.check(now_s=12.0, queued=["d", "b", "c", "e"])
+    [shed] = policy.tick(13.0)  # d waited 10 s; e itself waited only 1 s
+    assert isinstance(shed, Shed) and shed.session_id == "e" and shed.waited_s == 1.0
+    assert shed.head_waited_s == 10.0
+    t.check(now_s=13.0, queued=["d", "b", "c"])
+
+
+def test_arrival_rate_window_is_half_open_and_since_start_when_shorter() -> None:
+    meter = ArrivalRateMeter(window_s=100.0)
+    assert meter.rate_per_s(0.0, started_s=0.0) is None  # no time has passed
+    meter.record(0.0)
+    meter.record(50.0)
+    assert meter.rate_per_s(50.0, started_s=0.0) == 2 / 50  # since start: shorter than the window
+    assert meter.rate_per_s(99.0, started_s=0.0) == 2 / 99
+    assert meter.rate_per_s(100.0, started_s=0.0) == 1 / 100  # (0, 100]: the arrival at 0 is out
+    assert meter.rate_per_s(149.5, started_s=0.0) == 1 / 100
+    assert meter.rate_per_s(150.0, started_s=0.0) == 0.0
+
+
+# --- illegal steps --------------------------------------------------------------------------------
+
+
+def _busy_policy() -> Policy:
+    policy, t = make(1000, always_engaged=True)
+    policy.arrive("live", 0.0, 900, 100)
+    policy.arrive("queued", 5.0, 500, 50)
+    t.check(now_s=5.0, live=["live"], queued=["queued"], reserved_tokens=900, working_set_tokens=100)
+    return policy
+
+
+def _unchecked(value: object) -> Any:
+    """A value of the wrong type, passed on purpose."""
+    return value
+
+
+ILLEGAL_STEPS: list[tuple[str, Callable[[Policy], object], type[PolicyError], str]] = [
+    ("finish unknown", lambda p: p.finish("ghost", 6.0), UnknownSessionError, "finish: session 'ghost'"),
+    (
+        "observe unknown",
+        lambda p: p.observe("ghost", 6.0, 1),
+        UnknownSessionError,
+        "observe: session 'ghost'",
+    ),
+    ("priority unknown", lambda p: p.priority_of("ghost"), UnknownSessionError, "'ghost'"),
+    ("state unknown", lambda p: p.state_of("ghost"), UnknownSessionError, "'ghost'"),
+    (
+        "duplicate live",
+        lambda p: p.arrive("live", 6.0, 1, 1),
+        DuplicateSessionError,
+        "'live' arrived again while live",
+    ),
+    ("duplicate queued", lambda p: p.arrive("queued", 6.0, 1, 1), DuplicateSessionError, "while queued"),
+    ("arrive backwards", lambda p: p.arrive("new", 4.0, 1, 1), ClockError, r"now=4.0 runs backwards.*5.0"),
+    ("observe backwards", lambda p: p.observe("live", 4.9, 1), ClockError, "now=4.9"),
+    ("finish backwards", lambda p: p.finish("live", 0.0), ClockError, "now=0.0"),
+    ("tick backwards", lambda p: p.tick(1.0), ClockError, "now=1.0"),
+    ("reference backwards", lambda p: p.set_reference_budget(10, 1.0), ClockError, "now=1.0"),
+    ("now nan", lambda p: p.tick(math.nan), PolicyError, "now must be finite"),
+    ("now inf", lambda p: p.arrive("new", math.inf, 1, 1), PolicyError, "now must be finite"),
+    ("now string", lambda p: p.tick(_unchecked("6")), PolicyError, "now must be a real number"),
+    (
+        "negative peak",
+        lambda p: p.arrive("new", 6.0, -1.0, 1),
+        PolicyError,
+        "predicted_peak_tokens of session 'new'.*-1.0",
+    ),
+    (
+        "nan peak",
+        lambda p: p.arrive("new", 6.0, math.nan, 1),
+        PolicyError,
+        "predicted_peak_tokens of session 'new'.*finite",
+    ),
+    ("inf peak", lambda p: p.arrive("new", 6.0, math.inf, 1), PolicyError, "must be finite, got inf"),
+    (
+        "negative context",
+        lambda p: p.arrive("new", 6.0, 1, -5),
+        PolicyError,
+        "context_tokens of session 'new' must be >= 0, got -5",
+    ),
+    (
+        "fractional context",
+        lambda p: p.arrive("new", 6.0, 1, _unchecked(2.5)),
+        PolicyError,
+        "whole number of tokens, got 2.5",
+    ),
+    (
+        "nan context",
+        lambda p: p.observe("live", 6.0, _unchecked(math.nan)),
+        PolicyError,
+        "context_tokens of session 'live'",
+    ),
+    (
+        "negative observe",
+        lambda p: p.observe("queued", 6.0, -1),
+        PolicyError,
+        "session 'queued' must be >= 0",
+    ),
+    ("observe unknown and bad", lambda p: p.observe("ghost", 6.0, -1), PolicyError, "'ghost'"),
+    ("empty id", lambda p: p.arrive("", 6.0, 1, 1), PolicyError, "non-empty string"),
+    ("hit rate over 1", lambda p: p.tick(6.0, 1.5), PolicyError, r"hit_rate must be in \[0, 1\], got 1.5"),
+    ("hit rate nan", lambda p: p.tick(6.0, math.nan), PolicyError, "hit_rate must be finite"),
+    ("zero reference", lambda p: p.set_reference_budget(0, 6.0), PolicyError, "must be > 0, got 0"),
+    ("negative reference", lambda p: p.set_reference_budget(-3, 6.0), PolicyError, "got -3"),
+    ("capacity check bad peak", lambda p: p.has_capacity(-1.0), PolicyError, "predicted_peak_tokens"),
+]
+
+
+@pytest.mark.parametrize(("step", "error", "match"), [s[1:] for s in ILLEGAL_STEPS], ids=[s[0] for s in ILLEGAL_STEPS])
+def test_illegal_step_raises_and_changes_nothing(
+    step: Callable[[Policy], object], error: type[PolicyError], match: str
+) -> None:
+    policy = _busy_policy()
+    assert_illegal(policy, lambda: step(policy), error, match)
+    assert issubclass(error, ValueError)
+
+
+def test_finished_session_cannot_finish_again_and_nothing_changes() -> None:
+    policy = _busy_policy()
+    assert policy.finish("live", 6.0) == ["queued"]
+    assert_illegal(policy, lambda: policy.finish("live", 7.0), UnknownSessionError, "'live'")
+    assert policy.snapshot().now_s == 6.0
+
+
+def test_legal_steps_after_an_illegal_one_behave_as_if_it_never_happened() -> None:
+    twin, other = _busy_policy(), _busy_policy()
+    with pytest.raises(PolicyError):
+        twin.arrive("x", 6.0, -1, 0)
+    assert twin.arrive("x", 6.0, 10, 0) == other.arrive("x", 6.0, 10, 0)
+    assert twin.priority_of("x") == other.priority_of("x")
+    assert pickle.dumps(twin) == pickle.dumps(other)
+
+
+# --- configuration, reference budget, snapshot --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        ({"budget_tokens": 0}, "budget_tokens must be > 0"),
+        ({"budget_tokens": -5}, "budget_tokens must be >= 0, got -5"),
+        ({"budget_tokens": 10.5}, "budget_tokens must be a whole number"),
+        ({"tokens_per_s": 0.0}, "tokens_per_s must be > 0, got 0.0"),
+        ({"tokens_per_s": math.inf}, "tokens_per_s must be finite"),
+        ({"mode": "fifo"}, "mode must be one of"),
+        ({"always_engaged": 1}, "always_engaged must be a bool"),
+        ({"budget_step_fraction": 0.0}, "budget_step_fraction must be in"),
+        ({"budget_min_fraction": 1.2}, "budget_min_fraction must be in"),
+        ({"budget_max_fraction": 0.9}, "budget_max_fraction must be >= 1"),
+        ({"budget_move_interval_s": -1.0}, "budget_move_interval_s must be >= 0"),
+        ({"hit_rate_plateau": 1.5}, "hit_rate_plateau must be in"),
+        ({"hit_rate_tolerance": -0.1}, "hit_rate_tolerance must be in"),
+        ({"peak_completion_rate_per_s": 0.0}, "peak_completion_rate_per_s must be > 0"),
+        ({"shed_wait_s": math.nan}, "shed_wait_s must be finite"),
+        ({"arrival_window_s": 0.0}, "arrival_window_s must be > 0"),
+    ],
+)
+def test_config_rejects_bad_values_naming_the_field(overrides: dict[str, Any], match: str) -> None:
+    with pytest.raises(PolicyError, match=match):
+        PolicyConfig(**{"budget_tokens": 1000, **overrides})
+
+
+def test_config_defaults_and_whole_float_budget() -> None:
+    config = PolicyConfig(budget_tokens=_unchecked(1e6))
+    assert config.budget_tokens == 1_000_000 and isinstance(config.budget_tokens, int)
+    assert (config.tokens_per_s, config.always_engaged, config.mode) == (30.0, False, "basin")
+    assert (config.peak_completion_rate_per_s, config.shed_wait_s, config.arrival_window_s) == (
+        None,
+        900.0,
+        3600.0,
+    )
+
+
+def test_reference_budget_is_the_smaller_of_knee_share_and_capacity() -> None:
+    assert reference_budget_tokens(1_000_000, 2_000_000) == 900_000
+    assert reference_budget_tokens(1_000_000, 500_000) == 500_000
+    assert reference_budget_tokens(1_000_000, 2_000_000, knee_factor=0.8) == 800_000
+    assert reference_budget_tokens(1001, 5000) == 900  # floor of 900.9
+    for args, match in [((0, 10), "must be > 0"), ((10, -1), "must be > 0"), ((10, 10, 0.0), "knee_factor")]:
+        with pytest.raises(PolicyError, match=match):
+            reference_budget_tokens(*args)
+
+
+def test_snapshot_to_dict_is_json_and_complete() -> None:
+    policy = _busy_policy()
+    data = policy.snapshot().to_dict()
+    assert json.loads(json.dumps(data)) == {
+        "now_s": 5.0,
+        "live": ["live"],
+        "queued": ["queued"],
+        "reserved_tokens": 900,
+        "working_set_tokens": 100,
+        "budget_tokens": 1000,
+        "reference_budget_tokens": 1000,
+        "is_engaged": True,
+    }
+
+
+def test_has_capacity_changes_nothing_and_predicts_arrive() -> None:
+    policy = _busy_policy()
+    before = pickle.dumps(policy)
+    answers = {peak: policy.has_capacity(peak) for peak in (0, 100, 101, 10_000)}
+    assert answers == {0: True, 100: True, 101: False, 10_000: False}
+    assert pickle.dumps(policy) == before
+    for peak, answer in answers.items():
+        twin = pickle.loads(before)
+        assert twin.arrive("probe", 5.0, peak, 0) is answer
+
+
+_LOOSEN = "loosen: sessions queued and hit rate on the plateau"
+_TIGHTEN = "tighten: hit rate fell below the plateau"
+
+
+def _operator(tokens: int) -> str:
+    return f"operator set the reference budget to {tokens} tokens"
+
+
+# --- lending ledger -------------------------------------------------------------------------------
+
+
+def test_lending_is_capped_and_evicts_the_oldest_first() -> None:
+    ledger = LendingLedger()
+    ledger.add_instance("d0", 1001)  # cap = floor(1001 * 0.5) = 500
+    ledger.add_instance("d1", 400)
+    assert ledger.to_dict() == {
+        "d0": {"capacity_tokens": 1001, "cap_tokens": 500, "lent_tokens": 0, "entries": {}},
+        "d1": {"capacity_tokens": 400, "cap_tokens": 200, "lent_tokens": 0, "entries": {}},
+    }
+    assert ledger.lend("a", "d0", 200) == []
+    assert ledger.lend("b", "d0", 200) == []
+    assert ledger.lend("c", "d0", 100) == []  # exactly at the cap
+    assert ledger.lent_tokens("d0") == 500
+    assert ledger.lend("d", "d0", 250) == [LentEntry("a", "d0", 200), LentEntry("b", "d0", 200)]
+    assert ledger.entries("d0") == (LentEntry("c", "d0", 100), LentEntry("d", "d0", 250))
+    assert ledger.to_dict()["d0"] == {
+        "capacity_tokens": 1001,
+        "cap_tokens": 500,
+        "lent_tokens": 350,
+        "entries": {"c": 100, "d": 250},
+    }
+    assert ledger.to_dict()["d1"]["lent_tokens"] == 0  # another instance's cap is its own
+
+
+def test_lending_again_replaces_the_older_copy_even_on_another_instance() -> None:
+    ledger = LendingLedger()
+    ledger.add_instance("d0", 1000)
+    ledger.add_instance("d1", 1000)
+    ledger.lend("a", "d0", 100)
+    ledger.lend("b", "d0", 100)
+    assert ledger.lend("a", "d1", 300) == [LentEntry("a", "d0", 100)]
+    assert ledger.holder_of("a") == LentEntry("a", "d1", 300)
+    assert ledger.to_dict()["d0"]["entries"] == {"b": 100}
+    assert ledger.lend("b", "d0", 150) == [LentEntry("b", "d0", 100)]  # same instance: newest now
+    assert ledger.to_dict()["d0"] == {
+        "capacity_tokens": 1000,
+        "cap_tokens": 500,
+        "lent_tokens": 150,
+        "entries": {"b": 150},
+    }
+    assert ledger.lend("a", "d1", 0) == [LentEntry("a", "d1", 300)]  # a zero-token copy is not kept
+    assert ledger.holder_of("a") is None
+    assert ledger.lent_tokens("d1") == 0
+
+
+def test_a_copy_bigger_than_the_cap_is_not_kept_and_evicts_nothing() -> None:
+    ledger = LendingLedger(lend_cap_fraction=0.25)
+    ledger.add_instance("d0", 1000)  # cap 250
+    ledger.lend("a", "d0", 200)
+    assert ledger.lend("b", "d0", 251) == [LentEntry("b", "d0", 251)]
+    assert ledger.entries("d0") == (LentEntry("a", "d0", 200),)
+    assert ledger.holder_of("b") is None
+
+
+def test_reclaim_frees_lent_memory_oldest_first() -> None:
+    ledger = LendingLedger()
+    ledger.add_instance("d0", 1000)
+    for session_id, tokens in [("a", 100), ("b", 150), ("c", 200)]:
+        ledger.lend(session_id, "d0", tokens)
+    assert ledger.reclaim("d0", 0) == Reclaimed("d0", 0, 0, ())
+    assert ledger.reclaim("d0", 120) == Reclaimed(
+        "d0", 120, 250, (LentEntry("a", "d0", 100), LentEntry("b", "d0", 150))
+    )
+    assert ledger.reclaim("d0", 10_000) == Reclaimed("d0", 10_000, 200, (LentEntry("c", "d0", 200),))
+    assert ledger.to_dict()["d0"] == {
+        "capacity_tokens": 1000,
+        "cap_tokens": 500,
+        "lent_tokens": 0,
+        "entries": {},
+    }
+    assert ledger.reclaim("d0", 50) == Reclaimed("d0", 50, 0, ())  # never negative
+
+
+def test_write_back_plan_moves_only_the_longer_prefix() -> None:
+    ledger = LendingLedger()
+    ledger.add_instance("d0", 1000)
+    assert ledger.write_back_plan("a", 0) is None  # nothing lent
+    ledger.lend("a", "d0", 300)
+    assert ledger.write_back_plan("a", 120) == WriteBackPlan("a", "d0", 300, 120, 180)
+    assert ledger.write_back_plan("a", 300) is None  # prefill already has it all
+    assert ledger.write_back_plan("a", 400) is None
+    assert ledger.forget("a") == LentEntry("a", "d0", 300)
+    assert ledger.forget("a") is None
+    assert ledger.write_back_plan("a", 0) is None
+    assert ledger.lent_tokens("d0") == 0
+
+
+@pytest.mark.parametrize(
+    ("step", "match"),
+    [
+        (lambda lg: lg.lend("a", "nope", 1), "unknown decode instance 'nope'"),
+        (lambda lg: lg.lend("a", "d0", -1), "lent tokens of session 'a' must be >= 0, got -1"),
+        (lambda lg: lg.lend("", "d0", 1), "session_id must be a non-empty string"),
+        (lambda lg: lg.lend("a", "d0", 1.5), "whole number of tokens"),
+        (lambda lg: lg.reclaim("nope", 1), "unknown decode instance"),
+        (lambda lg: lg.reclaim("d0", -1), "tokens_needed_by_decode on 'd0' must be >= 0"),
+        (lambda lg: lg.write_back_plan("old", -1), "prefill_cached_tokens of session 'old'"),
+        (lambda lg: lg.add_instance("d0", 10), "'d0' is already registered"),
+        (lambda lg: lg.add_instance("d1", 0), "capacity_tokens of instance 'd1' must be > 0"),
+        (lambda lg: lg.lent_tokens("nope"), "unknown decode instance"),
+    ],
+)
+def test_ledger_illegal_step_raises_and_changes_nothing(step: Callable[[LendingLedger], object], match: str) -> None:
+    ledger = LendingLedger()
+    ledger.add_instance("d0", 100)
+    ledger.lend("old", "d0", 30)
+    before = pickle.dumps(ledger)
+    with pytest.raises(PolicyError, match=match):
+        step(ledger)
+    assert pickle.dumps(ledger) == before
+
+
+@pytest.mark.parametrize("fraction", [0.0, -0.5, 1.5, math.nan])
+def test_ledger_rejects_a_bad_cap_fraction(fraction: float) -> None:
+    with pytest.raises(PolicyError, match="lend_cap_fraction"):
+        LendingLedger(lend_cap_fraction=fraction)
+
+
+def test_operator_change_before_any_event_leaves_the_clock_unset() -> None:
+    policy, t = make(1000)
+    assert policy.set_reference_budget(2000) == [BudgetMoved(0.0, 1000, 1700, 2000, None, _operator(2000))]
+    t.check(budget_tokens=1700, reference_budget_tokens=2000)
+    assert policy.arrive("a", 50.0, 10, 10) is True
+    t.check(now_s=50.0, live=["a"], reserved_tokens=10, working_set_tokens=10)
