@@ -65,3 +65,47 @@ def ingest_params(path: str | Path = "params.yaml") -> IngestParams:
     corpora = tuple(_build(CorpusParams, c, f"ingest.corpora[{i}]") for i, c in enumerate(raw.pop("corpora", [])))
     synthetic = _build(SyntheticParams, raw.pop("synthetic", None), "ingest.synthetic")
     return _build(IngestParams, {**raw, "corpora": corpora, "synthetic": synthetic}, "ingest")
+
+
+@dataclass(frozen=True)
+class FeaturizeParams:
+    folds: int
+    seed: int
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    alpha: tuple[float, float]
+    ngram_max: tuple[int, int]
+    min_df: tuple[int, int]
+    max_df: tuple[float, float]
+    max_features: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class TrainParams:
+    seed: int
+    n_trials: int
+    search: SearchSpace
+
+
+@dataclass(frozen=True)
+class ExportParams:
+    parity_rtol: float
+    publish: bool
+
+
+def featurize_params(path: str | Path = "params.yaml") -> FeaturizeParams:
+    return _build(FeaturizeParams, load_section(path, "featurize"), "featurize")
+
+
+def train_params(path: str | Path = "params.yaml") -> TrainParams:
+    raw = dict(load_section(path, "train"))
+    search = raw.pop("search", None)
+    if isinstance(search, dict):
+        search = {k: tuple(v) if isinstance(v, list) else v for k, v in search.items()}
+    return _build(TrainParams, {**raw, "search": _build(SearchSpace, search, "train.search")}, "train")
+
+
+def export_params(path: str | Path = "params.yaml") -> ExportParams:
+    return _build(ExportParams, load_section(path, "export"), "export")

@@ -1,0 +1,125 @@
+"""Load an exported peak predictor (ONNX) and predict a session's peak context at its first call.
+
+Uses onnxruntime only. `PeakPredictor.load` checks the file's metadata and inputs and refuses an
+incompatible one with a clear error, then warms the session up so the first prediction costs what
+the rest do. Predictions are clamped to [max(1, first_prompt_tokens), MAX_PEAK_TOKENS]: a peak is
+never below the prompt already seen, and a non-finite output becomes the upper bound (the cautious
+reservation), so callers never see a non-positive or non-finite number.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+SCHEMA_VERSION = "1"
+INPUTS = {"task_text": "tensor(string)", "task_chars": "tensor(float)", "first_prompt_tokens": "tensor(float)"}
+OUTPUT = "peak_tokens"
+MAX_PEAK_TOKENS = 16_777_216.0
+DEFAULT_MODEL_STEM = "peak_predictor"
+
+
+class PredictorError(ValueError):
+    """A predictor file that cannot be loaded or honoured."""
+
+
+def model_file_name(benchmark: str | None = None) -> str:
+    """`peak_predictor.onnx` (pooled default) or `peak_predictor-<benchmark>.onnx`."""
+    return f"{DEFAULT_MODEL_STEM}.onnx" if benchmark is None else f"{DEFAULT_MODEL_STEM}-{benchmark}.onnx"
+
+
+@dataclass(frozen=True)
+class PredictorInfo:
+    """What the file says about itself."""
+
+    path: str
+    model_name: str
+    tokenizer: str
+    benchmarks: tuple[str, ...]
+    training_data_sha256: str
+    synthetic: bool
+    params: dict[str, Any]
+    metrics: dict[str, Any]
+
+
+def _metadata(session: ort.InferenceSession, path: Path) -> dict[str, str]:
+    props: dict[str, str] = dict(session.get_modelmeta().custom_metadata_map)
+    version = props.get("basin.schema_version")
+    if version != SCHEMA_VERSION:
+        raise PredictorError(f"{path}: predictor schema version {version!r}; this runtime reads {SCHEMA_VERSION!r} "
+                             "(re-export the model with this version of Basin)")
+    return props
+
+
+def _check_signature(session: ort.InferenceSession, path: Path) -> None:
+    found = {i.name: i.type for i in session.get_inputs()}
+    if found != INPUTS:
+        raise PredictorError(f"{path}: inputs {found} do not match the expected {INPUTS}")
+    outputs = [o.name for o in session.get_outputs()]
+    if outputs != [OUTPUT]:
+        raise PredictorError(f"{path}: outputs {outputs}, expected [{OUTPUT!r}]")
+
+
+class PeakPredictor:
+    """Predicted peak prompt tokens of a session from its task text and first prompt size."""
+
+    def __init__(self, session: ort.InferenceSession, info: PredictorInfo) -> None:
+        self._session = session
+        self.info = info
+
+    @classmethod
+    def load(cls, path: str | Path, expected_tokenizer: str | None = None) -> PeakPredictor:
+        """Load and check a predictor file; raises `PredictorError` naming the file and the problem."""
+        path = Path(path)
+        if not path.is_file():
+            raise PredictorError(f"{path}: no such predictor file")
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
+        try:
+            session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        except Exception as exc:  # onnxruntime raises its own untyped errors for bad files
+            raise PredictorError(f"{path}: not a loadable ONNX model: {exc}") from exc
+        props = _metadata(session, path)
+        _check_signature(session, path)
+        tokenizer = props.get("basin.tokenizer", "?")
+        if expected_tokenizer is not None and tokenizer != expected_tokenizer:
+            raise PredictorError(f"{path}: trained on {tokenizer!r} token counts, but this gateway counts with "
+                                 f"{expected_tokenizer!r}")
+        info = PredictorInfo(
+            path=str(path), model_name=props.get("basin.model_name", "?"), tokenizer=tokenizer,
+            benchmarks=tuple(json.loads(props.get("basin.benchmarks", "[]"))),
+            training_data_sha256=props.get("basin.training_data_sha256", ""),
+            synthetic=json.loads(props.get("basin.synthetic", "false")),
+            params=json.loads(props.get("basin.params", "{}")), metrics=json.loads(props.get("basin.metrics", "{}")),
+        )
+        predictor = cls(session, info)
+        predictor.predict("warm up the session", 1000)
+        return predictor
+
+    def predict(self, task_text: str, first_prompt_tokens: int) -> float:
+        """Predicted peak tokens of one session."""
+        return float(self.predict_batch([task_text], [first_prompt_tokens])[0])
+
+    def predict_batch(self, task_texts: Sequence[str], first_prompt_tokens: Sequence[int]) -> np.ndarray:
+        """Predicted peak tokens of many sessions (float64 array)."""
+        if len(task_texts) != len(first_prompt_tokens):
+            raise ValueError(f"{len(task_texts)} task texts but {len(first_prompt_tokens)} first-prompt sizes")
+        first = np.asarray(first_prompt_tokens, dtype=np.float64)
+        if np.any(~np.isfinite(first)) or np.any(first < 0):
+            raise ValueError("first_prompt_tokens must be finite and non-negative")
+        feeds = {
+            "task_text": np.asarray(task_texts, dtype=object).reshape(-1, 1),
+            "task_chars": np.asarray([len(t) for t in task_texts], dtype=np.float32).reshape(-1, 1),
+            "first_prompt_tokens": first.astype(np.float32).reshape(-1, 1),
+        }
+        raw = np.asarray(self._session.run([OUTPUT], feeds)[0], dtype=np.float64).ravel()
+        raw = np.where(np.isfinite(raw), raw, MAX_PEAK_TOKENS)
+        return np.clip(raw, np.maximum(first, 1.0), MAX_PEAK_TOKENS)
+

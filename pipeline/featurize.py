@@ -1,0 +1,80 @@
+"""Stage `featurize`: the model's input frame and the cross-validation splits.
+
+The featurizer itself lives inside the model pipeline (`pipeline.features`), so serving computes the
+same features; this stage fixes what every later stage agrees on: the rows (inputs and target), and
+two fold assignments. `fold_unseen` keeps all runs of a task in one fold (the unseen-task protocol);
+`fold_seen` spreads runs at random, so other runs of a task sit in training (the seen-task protocol,
+as when a benchmark harness reruns its tasks). Both are stratified by benchmark and seeded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from basin_runtime.session_table import read_table
+from pipeline.params import featurize_params
+
+log = logging.getLogger(__name__)
+COLUMNS = ["session_id", "benchmark", "task_id", "source", "task_text", "task_chars", "first_prompt_tokens",
+           "peak_prompt_tokens"]
+
+
+def assign_folds(frame: pd.DataFrame, folds: int, seed: int) -> pd.DataFrame:
+    """Add `fold_unseen` (by task) and `fold_seen` (by row) columns, per benchmark."""
+    rng = np.random.default_rng(seed)
+    unseen = np.empty(len(frame), dtype=np.int64)
+    seen = np.empty(len(frame), dtype=np.int64)
+    for _, index in sorted(frame.groupby("benchmark").indices.items()):
+        unique = np.unique(frame["task_id"].to_numpy()[index])
+        task_fold = dict(zip(rng.permutation(unique), np.arange(len(unique)) % folds, strict=True))
+        unseen[index] = [task_fold[t] for t in frame["task_id"].to_numpy()[index]]
+        seen[index] = rng.permutation(np.arange(len(index)) % folds)
+    return frame.assign(fold_unseen=unseen, fold_seen=seen)
+
+
+def data_hash(frame: pd.DataFrame) -> str:
+    """SHA-256 over the rows the model learns from (inputs and target, in order)."""
+    digest = hashlib.sha256()
+    for row in frame[COLUMNS].itertuples(index=False):
+        digest.update(json.dumps([str(v) for v in row], ensure_ascii=False).encode())
+    return digest.hexdigest()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.featurize", description=__doc__.splitlines()[0])
+    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    parser.add_argument("--sessions", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True, help="frame to write (.parquet)")
+    parser.add_argument("--summary", type=Path, required=True, help="summary to write (.json)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    params = featurize_params(args.params)
+    table = read_table(args.sessions)
+    frame = table.select(COLUMNS).to_pandas()
+    frame = assign_folds(frame, params.folds, params.seed)
+    synthetic = bool((frame["source"] == "synthetic").all())
+    summary = {
+        "rows": len(frame),
+        "benchmarks": {str(k): int(v) for k, v in frame["benchmark"].value_counts().sort_index().items()},
+        "tasks": {str(k): int(v) for k, v in frame.groupby("benchmark")["task_id"].nunique().sort_index().items()},
+        "synthetic": synthetic,
+        "training_data_sha256": data_hash(frame),
+        "tokenizer": str(table.column("tokenizer")[0]),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    frame.to_parquet(args.out, index=False)
+    args.summary.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    log.info("%d rows, %s%s", len(frame), summary["benchmarks"], " (SYNTHETIC)" if synthetic else "")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

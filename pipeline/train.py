@@ -1,0 +1,101 @@
+"""Stage `train`: tune and fit the pooled predictor and one per benchmark.
+
+For each model, a seeded Optuna TPE study (SQLite, resumable with --resume) picks the knobs by
+unseen-task Spearman; the final pipeline is then fitted on all of that model's rows. Every trial is
+a nested MLflow run under one parent run per training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import pickle
+import sys
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pandas as pd
+from tqdm import tqdm
+
+from pipeline import tracking
+from pipeline.features import build_model
+from pipeline.params import TrainParams, train_params
+from pipeline.tuning import TrialResult, best_params, run_study
+
+log = logging.getLogger(__name__)
+POOLED = "pooled"
+
+
+def model_subsets(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """The pooled model's rows (all) and each benchmark's own rows."""
+    subsets = {POOLED: frame}
+    for name in sorted(frame["benchmark"].unique()):
+        subsets[str(name)] = frame[frame["benchmark"] == name]
+    return subsets
+
+
+def train_one(name: str, frame: pd.DataFrame, params: TrainParams, storage: str, resume: bool) -> dict[str, Any]:
+    """Tune and fit one model; returns its record for best.json (the fitted pipeline under `model`)."""
+    bar = tqdm(total=params.n_trials, desc=f"train {name}", unit=" trials", mininterval=1.0)
+    best_so_far = [float("-inf")]
+
+    def on_trial(result: TrialResult) -> None:
+        tracking.log_child(f"{name}/trial-{result.number}", result.params.to_dict(),
+                           {"objective": result.objective, "spearman": result.spearman},
+                           {"model": name, "trial": str(result.number)})
+        best_so_far[0] = max(best_so_far[0], result.objective)
+        bar.set_postfix(best=f"{best_so_far[0]:.3f}", refresh=False)
+        bar.update(1)
+
+    study = run_study(frame, params.search, study_name=name, storage=storage, seed=params.seed,
+                      n_trials=params.n_trials, resume=resume, on_trial=on_trial)
+    bar.close()
+    chosen = best_params(study, params.search)
+    model = build_model(chosen).fit(frame, frame["peak_prompt_tokens"].to_numpy())
+    spearman = {k.removeprefix("spearman/"): v for k, v in study.best_trial.user_attrs.items()}
+    return {"params": chosen.to_dict(), "cv_objective": study.best_value, "cv_spearman": spearman,
+            "best_trial": study.best_trial.number, "rows": len(frame),
+            "benchmarks": sorted(str(b) for b in frame["benchmark"].unique()), "model": model,
+            "trials": [(t.number, t.value) for t in study.trials if t.value is not None]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.train", description=__doc__.splitlines()[0])
+    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    parser.add_argument("--frame", type=Path, required=True)
+    parser.add_argument("--summary", type=Path, required=True, help="featurize's summary.json")
+    parser.add_argument("--out", type=Path, required=True, help="folder for fitted models, best.json, study")
+    parser.add_argument("--trials", type=Path, required=True, help="trial history (CSV, for dvc plots)")
+    parser.add_argument("--resume", action="store_true", help="continue the stored studies instead of restarting")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    params = train_params(args.params)
+    frame = pd.read_parquet(args.frame)
+    summary = json.loads(args.summary.read_text(encoding="utf-8"))
+    args.out.mkdir(parents=True, exist_ok=True)
+    storage = f"sqlite:///{(args.out / 'optuna.db').resolve()}"
+    tracking.configure()
+    best: dict[str, Any] = {}
+    history: list[dict[str, Any]] = []
+    run_params = {"seed": params.seed, "n_trials": params.n_trials, "rows": len(frame),
+                  "training_data_sha256": summary["training_data_sha256"], "synthetic": summary["synthetic"]}
+    with tracking.parent_run("train", run_params) as run_id:
+        for name, subset in model_subsets(frame).items():
+            record = train_one(name, subset.reset_index(drop=True), params, storage, args.resume)
+            with (args.out / f"{name}.pkl").open("wb") as handle:
+                pickle.dump(record.pop("model"), handle)
+            history += [{"model": name, "trial": n, "objective": v} for n, v in record.pop("trials")]
+            best[name] = record
+            log.info("%s: unseen-task Spearman %.3f with %s", name, record["cv_objective"], record["params"])
+    (args.out / "best.json").write_text(json.dumps({"mlflow_run_id": run_id, "models": best}, indent=2,
+                                                   sort_keys=True) + "\n", encoding="utf-8")
+    args.trials.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(history).to_csv(args.trials, index=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

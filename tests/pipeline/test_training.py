@@ -1,0 +1,125 @@
+"""featurize -> train -> export -> evaluate on a small synthetic corpus, and the pieces they rest on."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pandas as pd
+import pytest
+import yaml
+
+from basin_runtime.predictor import PeakPredictor
+from basin_runtime.session_table import write_sessions
+from basin_sim.synthetic import generate_corpus
+from pipeline import evaluate, export, featurize, train
+from pipeline.evaluate import seen_mask
+from pipeline.export import AWKWARD_TEXTS, KNOWN_DIFFERENCE_TEXTS, check_parity, onnx_predict
+from pipeline.fast_cv import FoldFeaturizer
+from pipeline.features import ModelParams, build_model, model_frame
+from pipeline.featurize import assign_folds
+from pipeline.onnx_export import to_onnx
+from pipeline.scoring import out_of_fold
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _params_file(tmp: Path, trials: int = 3) -> Path:
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["train"]["n_trials"] = trials
+    path = tmp / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
+    return path
+
+
+@pytest.fixture(scope="module")
+def frame(tmp_path_factory: pytest.TempPathFactory) -> pd.DataFrame:
+    tmp = tmp_path_factory.mktemp("frame")
+    write_sessions(tmp / "s.parquet", generate_corpus(3, 40))
+    assert featurize.main(["--params", str(_params_file(tmp)), "--sessions", str(tmp / "s.parquet"),
+                           "--out", str(tmp / "f.parquet"), "--summary", str(tmp / "summary.json")]) == 0
+    return pd.read_parquet(tmp / "f.parquet")
+
+
+def test_unseen_folds_keep_every_task_in_one_fold_and_seen_folds_spread_runs() -> None:
+    tasks = [f"t{i % 4}" for i in range(12)] + list("wxyz")
+    rows = pd.DataFrame({"benchmark": ["a"] * 12 + ["b"] * 4, "task_id": tasks})
+    folded = assign_folds(rows, folds=3, seed=1)
+    assert folded.groupby(["benchmark", "task_id"])["fold_unseen"].nunique().max() == 1
+    assert set(folded["fold_unseen"]) == {0, 1, 2}
+    mask = seen_mask(folded)
+    assert not mask[12:].any()  # single-run tasks are never "seen"
+    for i in range(12):  # a run is seen iff another run of its task sits in another fold
+        same = folded[(folded["task_id"] == folded["task_id"][i]) & (folded["benchmark"] == "a")]
+        assert mask[i] == bool((same["fold_seen"] != folded["fold_seen"][i]).any())
+
+
+@pytest.mark.parametrize("params", [
+    ModelParams(alpha=0.5, binary=True, min_df=2, max_df=0.6, max_features=300),
+    ModelParams(alpha=2.0, ngram_max=2, max_features=None, min_df=2, use_lengths=False),
+])
+def test_fast_cross_validation_equals_refitting_the_pipeline(frame: pd.DataFrame, params: ModelParams) -> None:
+    fast = FoldFeaturizer(frame, [1, 2]).out_of_fold(params, frame["fold_unseen"].to_numpy())
+    slow = out_of_fold(frame, "fold_unseen", lambda: build_model(params))
+    np.testing.assert_allclose(fast, slow, rtol=1e-3)
+
+
+@pytest.mark.parametrize("params", [ModelParams(alpha=0.3), ModelParams(alpha=1.0, ngram_max=2, max_features=None,
+                                                                          binary=True)])
+def test_onnx_matches_scikit_learn_on_awkward_texts(frame: pd.DataFrame, params: ModelParams) -> None:
+    model = build_model(params).fit(frame, frame["peak_prompt_tokens"].to_numpy())
+    blob = to_onnx(model, {"basin.schema_version": "1"}).SerializeToString()
+    texts = AWKWARD_TEXTS
+    awkward = model_frame(texts, [len(t) for t in texts], np.linspace(10, 50_000, len(texts)))
+    assert check_parity(model, blob, awkward, rtol=1e-4) < 1e-4
+    session = ort.InferenceSession(blob, providers=["CPUExecutionProvider"])
+    assert np.all(onnx_predict(session, awkward) > 0)
+
+
+def test_u0130_is_the_known_lower_casing_difference(frame: pd.DataFrame) -> None:
+    """Measured: onnxruntime lower-cases U+0130 unlike Python; export tolerates exactly those rows."""
+    rows = frame.copy()
+    rows.loc[rows.index[:10], "task_text"] = rows["task_text"][:10] + " İstanbul"
+    model = build_model(ModelParams(alpha=0.3)).fit(rows, rows["peak_prompt_tokens"].to_numpy())
+    blob = to_onnx(model, {}).SerializeToString()
+    session = ort.InferenceSession(blob, providers=["CPUExecutionProvider"])
+    probe = model_frame(KNOWN_DIFFERENCE_TEXTS * 2, [13, 13], [1000, 1000])
+    got, want = onnx_predict(session, probe), model.predict(probe)
+    assert np.max(np.abs(got - want) / want) > 1e-4  # the difference is real...
+    assert check_parity(model, blob, probe, rtol=1e-4) == 0.0  # ...and confined to the rows export forgives
+
+
+def test_whole_chain_is_deterministic_and_publishes_nothing_from_synthetic_data(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    params = _params_file(tmp_path)
+    write_sessions(tmp_path / "s.parquet", generate_corpus(3, 30))
+    assert featurize.main(["--params", str(params), "--sessions", str(tmp_path / "s.parquet"),
+                           "--out", str(tmp_path / "f.parquet"), "--summary", str(tmp_path / "summary.json")]) == 0
+    blobs = []
+    for run in ("a", "b"):
+        out = tmp_path / run
+        assert train.main(["--params", str(params), "--frame", str(tmp_path / "f.parquet"), "--summary",
+                           str(tmp_path / "summary.json"), "--out", str(out / "train"),
+                           "--trials", str(out / "trials.csv")]) == 0
+        published = tmp_path / run / "published"
+        assert export.main(["--params", str(params), "--train-dir", str(out / "train"), "--frame",
+                            str(tmp_path / "f.parquet"), "--summary", str(tmp_path / "summary.json"),
+                            "--out", str(out / "models"), "--publish-dir", str(published)]) == 0
+        assert not published.exists()  # synthetic: never replaces the shipped models
+        blobs.append({p.name: p.read_bytes() for p in sorted((out / "models").glob("*.onnx"))})
+    assert blobs[0] == blobs[1] and len(blobs[0]) == 4  # pooled + 3 synthetic benchmarks, same bytes
+    best = json.loads((tmp_path / "a" / "train" / "best.json").read_text())
+    predictor = PeakPredictor.load(tmp_path / "a" / "models" / "peak_predictor.onnx", expected_tokenizer="qwen3.6")
+    assert predictor.info.synthetic is True and predictor.info.params == best["models"]["pooled"]["params"]
+    assert evaluate.main(["--frame", str(tmp_path / "f.parquet"), "--best", str(tmp_path / "a" / "train" / "best.json"),
+                          "--metrics", str(tmp_path / "m.json"), "--plot-data", str(tmp_path / "p.csv"),
+                          "--plot", str(tmp_path / "p.png")]) == 0
+    metrics = json.loads((tmp_path / "m.json").read_text())
+    assert set(metrics["unseen_task"]) == {"synthetic-swebench", "synthetic-terminal", "synthetic-tau"}
+    assert metrics["seen_task"] == {}  # synthetic tasks never repeat
+    for bench, scores in metrics["unseen_task"].items():
+        assert scores["sessions"] == 30 and -1 <= scores["per_benchmark"] <= 1, bench
+    assert (tmp_path / "p.png").stat().st_size > 10_000
