@@ -13,7 +13,7 @@ from pathlib import Path
 
 from basin_runtime.task_text import TaskTextRule
 from basin_runtime.tokenizer import get_tokenizer
-from pipeline.params import ingest_params
+from pipeline.params import corpus_path, ingest_params
 from pipeline.sessionize import Corpus, ingest
 
 
@@ -22,9 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     args = parser.parse_args(argv)
     params = ingest_params(args.params)
-    root = args.params.resolve().parent
-    corpora = [Corpus(c.benchmark, c.format, ((root / c.path).resolve(),)) for c in params.corpora
-               if (root / c.path).exists()]
+    corpora = [Corpus(c.benchmark, c.format, (corpus_path(c, args.params),)) for c in params.corpora
+               if corpus_path(c, args.params).exists()]
     if not corpora:
         print("no real corpus found; nothing to measure", file=sys.stderr)
         return 1

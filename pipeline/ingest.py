@@ -20,7 +20,7 @@ from basin_runtime.session_table import write_sessions
 from basin_runtime.task_text import TaskTextRule
 from basin_runtime.tokenizer import DEFAULT_TOKENIZER, get_tokenizer
 from pipeline.adapters import format_names
-from pipeline.params import IngestParams, ingest_params
+from pipeline.params import IngestParams, corpus_path, ingest_params
 from pipeline.records import Reject
 from pipeline.report import build_report, write_report
 from pipeline.sessionize import Corpus, IngestResult, ingest
@@ -52,12 +52,12 @@ def _write_rejects(path: Path, rejects: list[Reject]) -> None:
             handle.write(json.dumps(reject.to_dict(), ensure_ascii=False) + "\n")
 
 
-def _stage_corpora(params: IngestParams, manifest: Path, root: Path) -> list[Corpus]:
+def _stage_corpora(params: IngestParams, manifest: Path, params_file: Path) -> list[Corpus]:
     present = {c["benchmark"]: c["present"] for c in json.loads(manifest.read_text(encoding="utf-8"))["corpora"]}
     corpora = []
     for c in params.corpora:
         if present.get(c.benchmark):
-            corpora.append(Corpus(c.benchmark, c.format, ((root / c.path).resolve(),)))
+            corpora.append(Corpus(c.benchmark, c.format, (corpus_path(c, params_file),)))
         else:
             log.warning("corpus %s is missing (%s): skipped", c.benchmark, c.path)
     return corpora
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.manifest:
             _parser().error("--params needs --manifest (the `sources` stage's output)")
         params = ingest_params(args.params)
-        corpora = _stage_corpora(params, args.manifest, args.params.resolve().parent)
+        corpora = _stage_corpora(params, args.manifest, args.params)
         if not corpora:
             return _finish(_synthetic(params), args, params.max_reject_fraction, synthetic=True)
         tokenizer, rule, max_reject = params.tokenizer, TaskTextRule(params.task_text_pattern), \

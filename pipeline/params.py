@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -58,6 +59,19 @@ def load_section(path: str | Path, section: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ParamsError(f"{path}: `{section}` must be a mapping")
     return value
+
+
+CORPORA_ROOT_ENV = "BASIN_CORPORA_ROOT"
+
+
+def corpus_path(corpus: CorpusParams, params_file: str | Path) -> Path:
+    """Where a corpus is: relative paths start at $BASIN_CORPORA_ROOT if set, else at params.yaml's folder.
+
+    `dvc exp run --temp` / `--queue` run in a copy of the repository elsewhere, where
+    ../shared/trajectories does not exist; point BASIN_CORPORA_ROOT at the project folder there.
+    """
+    root = Path(os.environ.get(CORPORA_ROOT_ENV) or Path(params_file).resolve().parent)
+    return (root / corpus.path).resolve()
 
 
 def ingest_params(path: str | Path = "params.yaml") -> IngestParams:

@@ -16,14 +16,13 @@ from typing import Any
 
 from pipeline.adapters import FORMATS
 from pipeline.adapters.files import find_files
-from pipeline.params import CorpusParams, ingest_params
+from pipeline.params import CorpusParams, corpus_path, ingest_params
 
 log = logging.getLogger(__name__)
 
 
-def fingerprint(corpus: CorpusParams, root: Path) -> dict[str, Any]:
-    """Presence, file count and content hash of one corpus (paths relative to `root`)."""
-    path = (root / corpus.path).resolve()
+def fingerprint(corpus: CorpusParams, path: Path) -> dict[str, Any]:
+    """Presence, file count and content hash of one corpus found at `path`."""
     entry: dict[str, Any] = {"benchmark": corpus.benchmark, "format": corpus.format, "path": corpus.path}
     if not path.exists():
         return {**entry, "present": False}
@@ -44,8 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     params = ingest_params(args.params)
-    root = Path(args.params).resolve().parent
-    corpora = [fingerprint(c, root) for c in params.corpora]
+    corpora = [fingerprint(c, corpus_path(c, args.params)) for c in params.corpora]
     for c in corpora:
         log.info("%s: %s", c["benchmark"], f"{c['files']} files" if c["present"] else f"MISSING at {c['path']}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
