@@ -7,6 +7,8 @@
 #   `always_engaged`. Engagement is judged on the state before an arrival. A session arriving while
 #   admission is not engaged is admitted at once; otherwise it queues and the queue is drained by
 #   the rule in `admission.py` (strict priority order, lone head goes in over budget).
+# - An adopted session (already running, e.g. across a gateway restart) is live at once and does not
+#   count as an arrival for the shedding rate.
 # - Admitted sessions run to completion: no budget change ever evicts a live session. Only
 #   shedding (`shedding.py`, on `tick`) drops a queued session; `finish` of a queued session is the
 #   client withdrawing it.
@@ -63,6 +65,17 @@ class Policy:
 
     def arrive(self, session_id: str, now: float, predicted_peak_tokens: float, context_tokens: int) -> bool:
         """A session arrives; return True if it is admitted now, False if it queues."""
+        return self._enter(session_id, now, predicted_peak_tokens, context_tokens, is_adopted=False)
+
+    def adopt(self, session_id: str, now: float, predicted_peak_tokens: float, context_tokens: int) -> None:
+        """Make a session that is already running elsewhere live at once (e.g. after a gateway restart).
+
+        It is not new work: it never queues, whatever the budget, and its priority is fixed from `now`.
+        """
+        self._enter(session_id, now, predicted_peak_tokens, context_tokens, is_adopted=True)
+
+    def _enter(self, session_id: str, now: float, predicted_peak_tokens: float, context_tokens: int,
+               is_adopted: bool) -> bool:
         now = self._check_now(now)
         _check_session_id(session_id)
         if session_id in self._live or session_id in self._queue:
@@ -74,6 +87,9 @@ class Policy:
         priority = priority_s(self.config.mode, now, peak, self.config.tokens_per_s)
         record = SessionRecord(session_id, self._next_seq, now, peak, priority, context)
         self._next_seq += 1
+        if is_adopted:
+            self._make_live(record, reservation_tokens(self.config.mode, record))
+            return True
         self._arrivals.record(now)
         if not was_engaged:
             self._make_live(record, reservation_tokens(self.config.mode, record))

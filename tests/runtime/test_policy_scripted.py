@@ -741,3 +741,28 @@ def test_operator_change_before_any_event_leaves_the_clock_unset() -> None:
     t.check(budget_tokens=1700, reference_budget_tokens=2000)
     assert policy.arrive("a", 50.0, 10, 10) is True
     t.check(now_s=50.0, live=["a"], reserved_tokens=10, working_set_tokens=10)
+
+
+# --- adoption (a session already running elsewhere, e.g. across a gateway restart) ---------------
+
+
+def test_adopt_makes_a_session_live_over_budget_and_does_not_count_as_an_arrival() -> None:
+    policy = Policy(PolicyConfig(budget_tokens=100_000, always_engaged=True))
+    assert policy.arrive("a", 0.0, 90_000, 1_000)
+    policy.adopt("old", 1.0, 50_000, 40_000)
+    snap = policy.snapshot()
+    assert snap.live == ("a", "old") and snap.queued == ()
+    assert snap.reserved_tokens == 140_000 and snap.working_set_tokens == 41_000
+    assert policy.priority_of("old") == pytest.approx(1.0 + 50_000 / 30)
+    assert not policy.arrive("b", 2.0, 10_000, 1_000)  # new work still waits for room
+    assert policy.finish("old", 3.0) == ["b"]  # 90K + 10K reserved fits the 100K budget exactly
+    assert policy.snapshot().live == ("a", "b")
+
+
+def test_adopt_refuses_a_duplicate_and_changes_nothing() -> None:
+    policy = Policy(PolicyConfig(budget_tokens=100_000))
+    policy.adopt("old", 0.0, 5_000, 4_000)
+    before = policy.snapshot()
+    with pytest.raises(PolicyError, match="'old' arrived again"):
+        policy.adopt("old", 1.0, 5_000, 4_000)
+    assert policy.snapshot() == before

@@ -1,0 +1,42 @@
+# The Basin gateway: an OpenAI-compatible HTTP front for the SGLang router that admits agent
+# sessions by predicted peak context, queues the rest at the door, and hands every call the
+# session's fixed priority. The policy itself is `basin_runtime.policy` (pure); this package is
+# the asynchronous, I/O-doing shell around it.
+#
+# Modules, one job each:
+#   config.py       options: command line, config file, defaults (`GatewayConfig`, `ConfigError`)
+#   calibration.py  the calibration file, and the `PolicyConfig` built from it and the options
+#   predictors.py   peak predictors per workload
+#   clock.py        the injectable clock (real or scripted)
+#   calls.py        parsing and validating an inference call
+#   measure.py      prompt tokens and task text, as ingest counts them
+#   sessions.py     session identity, per-session records, the registry
+#   waiting.py      the waiting room: the policy under a lock, waiting, withdrawal, timers
+#   priority.py     the session priority as SGLang's integer, and request ids
+#   disconnect.py   awaiting something unless the client leaves
+#   proxy.py        forwarding upstream and streaming the answer back
+#   errors.py       the error tree and the one mapping to HTTP status codes
+#   gateway.py      the request path tying the above together
+#   app.py          Starlette routes, lifespan, building the app from the configuration
+#   cli.py          `basin-gateway` / `python -m basin_runtime.gateway`
+"""The Basin session gateway in front of SGLang's router."""
+
+from __future__ import annotations
+
+from basin_runtime.gateway.app import build_app, build_gateway, create_app
+from basin_runtime.gateway.clock import Clock, ManualClock, MonotonicClock
+from basin_runtime.gateway.config import ConfigError, GatewayConfig, load_config
+from basin_runtime.gateway.gateway import Gateway
+
+__all__ = [
+    "Clock",
+    "ConfigError",
+    "Gateway",
+    "GatewayConfig",
+    "ManualClock",
+    "MonotonicClock",
+    "build_app",
+    "build_gateway",
+    "create_app",
+    "load_config",
+]

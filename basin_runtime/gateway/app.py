@@ -1,0 +1,131 @@
+# The HTTP surface: Starlette routes around one `Gateway`, and building it from a `GatewayConfig`.
+#
+# Rules:
+# - Inference (`/v1/chat/completions`, `/v1/completions`, `/generate`) goes through the session
+#   path; read-only SGLang/OpenAI info endpoints pass through untouched; `GET /health` is answered
+#   here and says nothing of the upstream.
+# - `/basin/...` are admin endpoints: with an admin token configured, they need
+#   `Authorization: Bearer <token>`; without one they are open (bind to loopback then).
+# - Errors become responses only through `errors.error_response`.
+# - The lifespan runs the waiting room's timers and closes the upstream client when the app built
+#   the client itself.
+# - Start-up loads the tokenizer, every model and the calibration before the app exists, so a bad
+#   file stops start-up with `ConfigError` naming it.
+"""Starlette application and its construction from the configuration."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from basin_runtime.gateway.calibration import load_calibration, policy_config
+from basin_runtime.gateway.calls import UPSTREAM_PATHS, CallKind
+from basin_runtime.gateway.clock import Clock, MonotonicClock
+from basin_runtime.gateway.config import ConfigError, GatewayConfig
+from basin_runtime.gateway.errors import AdminAuthError, GatewayError, error_response
+from basin_runtime.gateway.gateway import Gateway
+from basin_runtime.gateway.measure import Meter
+from basin_runtime.gateway.predictors import Predictors
+from basin_runtime.gateway.proxy import Upstream
+from basin_runtime.gateway.waiting import WaitingRoom
+from basin_runtime.policy import Policy, PolicyError
+from basin_runtime.task_text import TaskTextError, TaskTextRule
+from basin_runtime.tokenizer import TokenizerError, get_tokenizer
+
+PASS_THROUGH_PATHS = (
+    "/v1/models", "/v1/models/{model_id:path}", "/server_info", "/get_server_info", "/model_info",
+    "/get_model_info", "/v1/loads", "/get_loads", "/health_generate",
+)
+
+
+def create_app(gateway: Gateway, *, admin_token: str | None = None, tick_interval_s: float = 1.0,
+               idle_timeout_s: float = 600.0, on_shutdown: Callable[[], Awaitable[None]] | None = None) -> Starlette:
+    """The ASGI app serving `gateway`."""
+
+    def call_route(kind: CallKind) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            return await gateway.handle(kind, request)
+
+        return endpoint
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def end_session(request: Request) -> Response:
+        _require_admin(request, admin_token)
+        entry = await gateway.end_session(request.path_params["session_id"])
+        return JSONResponse({"session_id": entry.session_id, "was": entry.state, "calls": len(entry.calls)})
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        timers = asyncio.create_task(gateway.room.run_timers(tick_interval_s, idle_timeout_s))
+        try:
+            yield
+        finally:
+            timers.cancel()
+            await asyncio.wait({timers})
+            if on_shutdown is not None:
+                await on_shutdown()
+
+    routes = [Route(path, call_route(kind), methods=["POST"]) for kind, path in UPSTREAM_PATHS.items()]
+    routes += [Route(path, gateway.pass_through, methods=["GET"]) for path in PASS_THROUGH_PATHS]
+    routes += [
+        Route("/health", health, methods=["GET"]),
+        Route("/basin/sessions/{session_id:path}/end", end_session, methods=["POST"]),
+    ]
+    handlers = {GatewayError: _error_handler, PolicyError: _error_handler}
+    return Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
+
+
+async def _error_handler(request: Request, exc: Exception) -> Response:
+    return error_response(exc)
+
+
+def _require_admin(request: Request, admin_token: str | None) -> None:
+    if admin_token is None:
+        return
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), admin_token.encode()):
+        raise AdminAuthError("this admin endpoint needs `Authorization: Bearer <admin token>`")
+
+
+def build_gateway(config: GatewayConfig, client: httpx.AsyncClient | None = None,
+                  clock: Clock | None = None) -> Gateway:
+    """Load the tokenizer, models and calibration named by `config`; `ConfigError` if one cannot be used.
+
+    Without `client`, the gateway gets its own (`upstream_client`), made once everything has loaded.
+    """
+    try:
+        tokenizer = get_tokenizer(config.tokenizer)
+        rule = TaskTextRule(config.task_text_pattern)
+    except (TokenizerError, TaskTextError) as exc:
+        raise ConfigError(str(exc)) from exc
+    calibration = None if config.calibration is None else load_calibration(config.calibration)
+    policy = Policy(policy_config(config, calibration))
+    predictors = Predictors.load(config.default_model, config.workload_models, tokenizer.name)
+    room = WaitingRoom(policy, clock or MonotonicClock(), retry_after_s=config.retry_after_s)
+    upstream = Upstream(client if client is not None else upstream_client(config))
+    return Gateway(room, Meter(tokenizer, rule), predictors, upstream,
+                   session_header=config.session_header, workload_header=config.workload_header)
+
+
+def upstream_client(config: GatewayConfig) -> httpx.AsyncClient:
+    """The HTTP client to the upstream, with the gateway's timeouts and no connection cap."""
+    timeout = httpx.Timeout(config.upstream_timeout_s, connect=config.upstream_connect_timeout_s)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+    return httpx.AsyncClient(base_url=config.upstream, timeout=timeout, limits=limits, trust_env=False)
+
+
+def build_app(config: GatewayConfig, clock: Clock | None = None) -> Starlette:
+    """The whole gateway app from its configuration (it owns and closes its upstream client)."""
+    gateway = build_gateway(config, clock=clock)
+    return create_app(gateway, admin_token=config.admin_token, tick_interval_s=config.tick_interval_s,
+                      idle_timeout_s=config.idle_timeout_s, on_shutdown=gateway.upstream.client.aclose)

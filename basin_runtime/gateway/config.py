@@ -1,0 +1,246 @@
+# The gateway's options: command line, config file, defaults.
+#
+# Rules:
+# - Every option can come from the command line or the config file (YAML or JSON, keys spelled as
+#   the long options with `_` or `-`); the command line wins, then the file, then the defaults.
+#   Policy tuning (any `PolicyConfig` field but the budget) lives in the file's `policy:` section.
+# - `model` is a list of `PATH` (the default model; exactly one) and `WORKLOAD=PATH` entries. Paths
+#   in the file are relative to the file; paths on the command line to the working directory.
+# - The budget is `budget_tokens` if given, else computed from the `calibration` file; one of the
+#   two is required (checked where the calibration is read, `calibration.py`).
+# - Any bad key or value raises `ConfigError` naming where it came from, the key and the value.
+"""Gateway options: the argument parser, the config file, and the resolved `GatewayConfig`."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from basin_runtime.policy import PolicyConfig
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class ConfigError(ValueError):
+    """An option, config file, model or calibration file the gateway cannot start with."""
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """Everything the gateway is started with."""
+
+    upstream: str
+    default_model: Path
+    workload_models: Mapping[str, Path] = field(default_factory=dict)
+    budget_tokens: int | None = None
+    calibration: Path | None = None
+    host: str = "127.0.0.1"
+    port: int = 8080
+    always_engaged: bool = False
+    session_header: str = "X-Session-ID"
+    workload_header: str = "X-Basin-Workload"
+    idle_timeout_s: float = 600.0
+    tick_interval_s: float = 1.0
+    upstream_timeout_s: float = 900.0
+    upstream_connect_timeout_s: float = 10.0
+    retry_after_s: float = 60.0
+    admin_token: str | None = None
+    tokenizer: str = "qwen3.6"
+    task_text_pattern: str | None = None
+    log_level: str = "info"
+    policy: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _str(key: str, value: object) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{key}: expected a non-empty string, got {value!r}")
+    return value
+
+
+def _int(key: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{key}: expected a whole number >= 0, got {value!r}")
+    return value
+
+
+def _seconds(key: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise ConfigError(f"{key}: expected a number of seconds > 0, got {value!r}")
+    return float(value)
+
+
+def _bool(key: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+    return value
+
+
+def _upstream(key: str, value: object) -> str:
+    url = _str(key, value).rstrip("/")
+    if not re.match(r"^https?://[^/]+", url):
+        raise ConfigError(f"{key}: expected an http(s):// URL, got {value!r}")
+    return url
+
+
+def _log_level(key: str, value: object) -> str:
+    if value not in LOG_LEVELS:
+        raise ConfigError(f"{key}: expected one of {', '.join(LOG_LEVELS)}, got {value!r}")
+    return str(value)
+
+
+def _policy(key: str, value: object) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{key}: expected a mapping of PolicyConfig fields, got {value!r}")
+    allowed = {f.name for f in dataclasses.fields(PolicyConfig)} - {"budget_tokens", "always_engaged"}
+    unknown = sorted(set(value) - allowed)
+    if unknown:
+        raise ConfigError(f"{key}: unknown field(s) {unknown}; known: {sorted(allowed)}")
+    return dict(value)
+
+
+def _models(key: str, value: object) -> list[str]:
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not items or not all(isinstance(v, str) and v for v in items):
+        raise ConfigError(f"{key}: expected PATH or WORKLOAD=PATH entries, got {value!r}")
+    return list(items)
+
+
+_CHECKS: dict[str, Callable[[str, object], object]] = {
+    "upstream": _upstream, "model": _models, "budget_tokens": _int, "calibration": _str, "host": _str,
+    "port": _int, "always_engaged": _bool, "session_header": _str, "workload_header": _str,
+    "idle_timeout_s": _seconds, "tick_interval_s": _seconds, "upstream_timeout_s": _seconds,
+    "upstream_connect_timeout_s": _seconds, "retry_after_s": _seconds, "admin_token": _str,
+    "tokenizer": _str, "task_text_pattern": _str, "log_level": _log_level, "policy": _policy,
+}
+
+CONFIG_KEYS = frozenset(_CHECKS)
+
+
+def _default(name: str) -> object:
+    """The `GatewayConfig` default of an option, for the help text."""
+    return GatewayConfig.__dataclass_fields__[name].default
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `basin-gateway` argument parser (options left out stay unset, so the file can supply them)."""
+    parser = argparse.ArgumentParser(
+        prog="basin-gateway", argument_default=argparse.SUPPRESS,
+        description="Session gateway in front of an SGLang router: admits agent sessions by predicted peak context.",
+    )
+    add = parser.add_argument
+    add("--config", type=Path, metavar="FILE", help="YAML or JSON file with any of these options (the command "
+        "line wins); policy tuning goes in its `policy:` section")
+    add("--upstream", metavar="URL", help="SGLang router (or server) base URL, e.g. http://127.0.0.1:8000")
+    add("--host", help=f"address to bind (default {_default('host')})")
+    add("--port", type=int, help=f"port to bind (default {_default('port')})")
+    add("--model", action="append", metavar="[WORKLOAD=]PATH",
+        help="peak predictor (.onnx); one plain PATH is the default model; repeat with WORKLOAD=PATH")
+    add("--budget-tokens", type=int, metavar="N", help="reference cache budget in tokens (wins over --calibration)")
+    add("--calibration", metavar="FILE",
+        help="JSON: knee_tokens, cache_capacity_tokens [, hit_rate_plateau, peak_completion_rate_per_s]")
+    add("--always-engaged", action="store_true", help="queue every arrival, even while under the budget")
+    add("--session-header", metavar="NAME",
+        help=f"header holding the session id (default {_default('session_header')})")
+    add("--workload-header", metavar="NAME",
+        help=f"header naming the workload's model (default {_default('workload_header')})")
+    add("--idle-timeout-s", type=float, metavar="S",
+        help=f"end a session after this long without calls (default {_default('idle_timeout_s'):g})")
+    add("--tick-interval-s", type=float, metavar="S",
+        help=f"policy tick period (default {_default('tick_interval_s'):g})")
+    add("--upstream-timeout-s", type=float, metavar="S",
+        help=f"longest wait for upstream bytes (default {_default('upstream_timeout_s'):g})")
+    add("--upstream-connect-timeout-s", type=float, metavar="S",
+        help=f"longest wait to connect upstream (default {_default('upstream_connect_timeout_s'):g})")
+    add("--retry-after-s", type=float, metavar="S",
+        help=f"Retry-After of a shed session's 503 (default {_default('retry_after_s'):g})")
+    add("--admin-token", metavar="TOKEN", help="bearer token required on /basin/ endpoints (default: none; "
+        "prefer the config file, the command line is visible to other local users)")
+    add("--tokenizer", metavar="NAME", help=f"serving tokenizer (default {_default('tokenizer')})")
+    add("--task-text-pattern", metavar="REGEX", help="regex narrowing the task text in the first user message")
+    add("--log-level", choices=LOG_LEVELS, help=f"(default {_default('log_level')})")
+    return parser
+
+
+def load_config(options: Mapping[str, Any]) -> GatewayConfig:
+    """Resolve parsed command-line options (and the config file they may name) into a `GatewayConfig`."""
+    values: dict[str, Any] = {}
+    config_path = options.get("config")
+    if config_path is not None:
+        values.update(_read_file(Path(config_path)))
+    for key, value in options.items():
+        if key != "config":
+            values[key] = _checked("command line", key, value)
+    return _resolve(values)
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: cannot read the config file: {exc}") from exc
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{path}: a config file must hold a mapping of options, not {type(raw).__name__}")
+    values = {}
+    for raw_key, value in raw.items():
+        key = str(raw_key).replace("-", "_")
+        if key not in _CHECKS:
+            raise ConfigError(f"{path}: unknown option {raw_key!r}; known: {', '.join(sorted(_CHECKS))}")
+        values[key] = _relative_paths(key, _checked(str(path), key, value), path.parent)
+    return values
+
+
+def _checked(source: str, key: str, value: object) -> object:
+    try:
+        return _CHECKS[key](key, value)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+
+
+def _relative_paths(key: str, value: Any, base: Path) -> Any:
+    if key == "calibration":
+        return str(base / value)
+    if key == "model":
+        return [_rebase_model(entry, base) for entry in value]
+    return value
+
+
+def _rebase_model(entry: str, base: Path) -> str:
+    workload, sep, path = entry.partition("=")
+    return f"{workload}={base / path}" if sep else str(base / entry)
+
+
+def _resolve(values: dict[str, Any]) -> GatewayConfig:
+    if "upstream" not in values:
+        raise ConfigError("no upstream: give --upstream URL (the SGLang router) or `upstream:` in the config file")
+    default_model, workload_models = _split_models(values.pop("model", []))
+    calibration = values.pop("calibration", None)
+    return GatewayConfig(default_model=default_model, workload_models=workload_models,
+                         calibration=None if calibration is None else Path(calibration), **values)
+
+
+def _split_models(entries: Sequence[str]) -> tuple[Path, dict[str, Path]]:
+    defaults: list[Path] = []
+    by_workload: dict[str, Path] = {}
+    for entry in entries:
+        workload, sep, path = entry.partition("=")
+        if not sep:
+            defaults.append(Path(entry))
+        elif not workload or not path:
+            raise ConfigError(f"model: {entry!r} is not PATH or WORKLOAD=PATH")
+        elif workload in by_workload:
+            raise ConfigError(f"model: workload {workload!r} is given twice")
+        else:
+            by_workload[workload] = Path(path)
+    if len(defaults) != 1:
+        raise ConfigError(f"model: give exactly one default model (a plain PATH), got {len(defaults)}: "
+                          f"{[str(p) for p in defaults]}")
+    return defaults[0], by_workload

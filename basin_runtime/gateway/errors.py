@@ -1,0 +1,118 @@
+# Errors the gateway answers with, and the one function that turns them into HTTP responses.
+#
+# Rules:
+# - Every failure a client can see is a `GatewayError` subclass raised where it is found; nothing
+#   else in the gateway picks a status code. `error_response` is the only mapping:
+#     400 bad request (malformed JSON, no messages/prompt)     401 admin token missing or wrong
+#     404 unknown session                                       409 session ended while it waited
+#     499 client went away (nobody reads it; for the logs)      502 upstream refused or answered 5xx
+#     503 session shed (with Retry-After and the reason)        504 upstream timed out
+#     500 a policy error (a bug: the policy refused a step the gateway thought legal)
+# - Bodies are OpenAI-style: {"error": {"message", "type", "code", ...details}}; upstream failures
+#   carry the upstream's own words.
+"""Gateway errors and their HTTP responses."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from starlette.responses import JSONResponse
+
+from basin_runtime.policy import PolicyError, Shed, UnknownSessionError
+
+
+class GatewayError(Exception):
+    """A failure the gateway reports to its client."""
+
+
+class BadRequestError(GatewayError):
+    """The request cannot be served as sent."""
+
+
+class AdminAuthError(GatewayError):
+    """An admin endpoint was called without the right bearer token."""
+
+
+class SessionNotFoundError(GatewayError):
+    """No live or queued session has this id."""
+
+
+class SessionEndedError(GatewayError):
+    """The session was ended while its first call waited for admission."""
+
+
+class ClientGoneError(GatewayError):
+    """The client disconnected before the answer."""
+
+
+class SessionShedError(GatewayError):
+    """The policy shed the session while it waited."""
+
+    def __init__(self, shed: Shed, retry_after_s: float) -> None:
+        super().__init__(f"session {shed.session_id!r} was shed: {shed.reason}")
+        self.shed = shed
+        self.retry_after_s = retry_after_s
+
+
+class UpstreamError(GatewayError):
+    """The upstream failed to answer."""
+
+
+class UpstreamRefusedError(UpstreamError):
+    """The upstream could not be reached (connection refused, reset, DNS)."""
+
+
+class UpstreamTimeoutError(UpstreamError):
+    """The upstream did not answer in time."""
+
+
+class UpstreamStatusError(UpstreamError):
+    """The upstream answered with a 5xx status."""
+
+    def __init__(self, status_code: int, body_text: str) -> None:
+        super().__init__(f"upstream answered {status_code}: {body_text}")
+        self.status_code = status_code
+        self.body_text = body_text
+
+
+def error_response(exc: Exception) -> JSONResponse:
+    """The HTTP response for a gateway error or policy refusal (the only status mapping)."""
+    status, kind, details, headers = _classify(exc)
+    error: dict[str, Any] = {"message": str(exc), "type": kind, "code": status, **details}
+    return JSONResponse({"error": error}, status_code=status, headers=headers)
+
+
+def _classify(exc: Exception) -> tuple[int, str, dict[str, Any], dict[str, str]]:
+    match exc:
+        case BadRequestError():
+            return 400, "invalid_request_error", {}, {}
+        case AdminAuthError():
+            return 401, "unauthorized", {}, {"WWW-Authenticate": "Bearer"}
+        case SessionNotFoundError() | UnknownSessionError():
+            return 404, "session_not_found", {}, {}
+        case SessionEndedError():
+            return 409, "session_ended", {}, {}
+        case ClientGoneError():
+            return 499, "client_closed_request", {}, {}
+        case SessionShedError():
+            return 503, "session_shed", _shed_details(exc), {"Retry-After": str(math.ceil(exc.retry_after_s))}
+        case UpstreamTimeoutError():
+            return 504, "upstream_timeout", {}, {}
+        case UpstreamStatusError():
+            return 502, "upstream_error", {"upstream_status": exc.status_code, "upstream_body": exc.body_text}, {}
+        case UpstreamError():
+            return 502, "upstream_unavailable", {}, {}
+        case PolicyError():
+            return 500, "policy_error", {}, {}
+    raise TypeError(f"no HTTP mapping for {type(exc).__name__}: {exc}")
+
+
+def _shed_details(exc: SessionShedError) -> dict[str, Any]:
+    shed = exc.shed
+    return {
+        "reason": shed.reason,
+        "session_id": shed.session_id,
+        "waited_s": round(shed.waited_s, 3),
+        "retry_after_s": math.ceil(exc.retry_after_s),
+    }

@@ -1,0 +1,120 @@
+# Session identity, what the gateway keeps per session, and the registry of sessions it holds.
+#
+# Rules:
+# - Identity, first match wins: the session header (`X-Session-ID` by default); the body's `user`
+#   field; a stable hash of the conversation's first messages (its first system message, if any,
+#   and its first user message). A raw-prompt call (`/v1/completions`, `/generate`) with neither
+#   header nor `user` has nothing stable to hash: it is a session of its own, ended with its call.
+#   Two runs of the same task at once hash alike and share a session: give such clients a header.
+# - The registry holds exactly the sessions the policy holds (live or queued), under the same ids;
+#   an ended, withdrawn or shed session is removed, and its id is then unknown again.
+# - A session is idle when it is live, has no call in flight, and its last call ended (or started)
+#   at least the idle timeout ago.
+# - Each session keeps its calls (`CallRecord`), what the session log (issue 6) is written from.
+"""Session identity, per-session records, and the session registry."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Literal, TypeAlias
+
+from basin_runtime.gateway.calls import Call
+from basin_runtime.gateway.measure import PromptMemo
+from basin_runtime.messages import message_text
+from basin_runtime.policy import Shed
+
+SessionState = Literal["queued", "live"]
+Verdict: TypeAlias = Literal["admitted", "ended"] | Shed
+CallOutcome = Literal["completed", "client_gone", "upstream_error"]
+
+
+def session_id_for(call: Call, headers: Mapping[str, str], header_name: str) -> tuple[str, bool]:
+    """(session id, is a single-call session) by header, then `user`, then the conversation's hash."""
+    value = headers.get(header_name, "").strip()
+    if value:
+        return value, False
+    if call.user is not None:
+        return call.user, False
+    if call.messages is None:
+        return f"call-{uuid.uuid4().hex}", True
+    system = next((m for m in call.messages if m.get("role") == "system"), None)
+    user = next((m for m in call.messages if m.get("role") == "user"), None)
+    head = [message_text(m.get("content")) if m is not None else None for m in (system, user)]
+    digest = hashlib.sha256(json.dumps(head, ensure_ascii=False).encode("utf-8")).hexdigest()
+    return f"conv-{digest[:24]}", False
+
+
+@dataclass
+class CallRecord:
+    """One call forwarded for a session (token counts are the serving tokenizer's)."""
+
+    started_at: float  # unix seconds
+    prompt_tokens: int
+    rid: str | None
+    is_stream: bool
+    ended_at: float | None = None
+    status_code: int | None = None
+    outcome: CallOutcome | None = None
+    served_by: str | None = None  # the worker that answered, as the router names it (the decode worker in PD)
+    completion_tokens: int | None = None  # from the upstream's usage (issue 6)
+    cached_tokens: int | None = None  # from the upstream's usage (issue 6)
+
+
+@dataclass
+class SessionEntry:
+    """What the gateway keeps about one live or queued session."""
+
+    session_id: str
+    state: SessionState
+    decision: asyncio.Future[Verdict]  # resolved once: admitted, shed or ended while queued
+    priority: int  # the SGLang integer every call carries
+    predicted_peak_tokens: float
+    task_text: str
+    workload: str | None
+    started_at: float  # unix seconds
+    last_active_s: float  # gateway clock
+    memo: PromptMemo
+    is_adopted: bool = False
+    is_single_call: bool = False
+    calls: list[CallRecord] = field(default_factory=list)
+    in_flight: int = 0
+    waiters: int = 0
+
+    def is_idle(self, now: float, idle_timeout_s: float) -> bool:
+        """Live, nothing in flight, and quiet for at least the idle timeout."""
+        return self.state == "live" and self.in_flight == 0 and now - self.last_active_s >= idle_timeout_s
+
+
+class SessionRegistry:
+    """The live and queued sessions by id."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, SessionEntry] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[SessionEntry]:
+        return iter(list(self._entries.values()))
+
+    def get(self, session_id: str) -> SessionEntry | None:
+        """The session with this id, or None."""
+        return self._entries.get(session_id)
+
+    def add(self, entry: SessionEntry) -> None:
+        """Register a session the policy now holds."""
+        assert entry.session_id not in self._entries, entry.session_id
+        self._entries[entry.session_id] = entry
+
+    def remove(self, session_id: str) -> SessionEntry | None:
+        """Forget a session (ended, withdrawn or shed); None if it was not held."""
+        return self._entries.pop(session_id, None)
+
+    def idle_ids(self, now: float, idle_timeout_s: float) -> list[str]:
+        """Ids of the sessions that have been idle for the timeout."""
+        return [e.session_id for e in self._entries.values() if e.is_idle(now, idle_timeout_s)]

@@ -1,0 +1,271 @@
+"""End to end: the official `openai` client -> basin-gateway -> the real SGLang router (`smg`, PD mode) -> stand-ins.
+
+Everything runs as subprocesses on free loopback ports: a prefill and a decode stand-in worker
+(`standin_worker.py`), `python -m smg.launch_router --pd-disaggregation`, and two gateways started
+with their CLI (`python -m basin_runtime.gateway --config ...`):
+- "full": a 1-token budget, so once one session is live every new one waits at the gateway;
+- "shedding": the same, with shedding tuned to fire within a second (tiny shed wait, a peak
+  completion rate far below any arrival rate).
+Every test ends the sessions it opened, so each starts with an empty gateway. All processes are
+killed in the fixture's teardown, whatever happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import yaml
+
+from basin_runtime.predictor import PeakPredictor
+from basin_runtime.tokenizer import get_tokenizer
+
+pytestmark = [pytest.mark.e2e, pytest.mark.asyncio]
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL_FILE = ROOT / "models" / "peak_predictor.onnx"
+STARTUP_TIMEOUT_S = 30.0
+RETRY_AFTER_S = 7
+
+
+@dataclass
+class Process:
+    """One subprocess and its log file."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    def tail(self, lines: int = 30) -> str:
+        text = self.log.read_text(encoding="utf-8", errors="replace") if self.log.exists() else ""
+        return f"--- {self.name} ({self.log}) ---\n" + "\n".join(text.splitlines()[-lines:])
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            os.killpg(self.popen.pid, signal.SIGKILL)  # its own process group: the router's children go too
+        self.popen.wait(timeout=10)
+
+
+@dataclass
+class Deployment:
+    """Base URLs of everything the fixture started."""
+
+    prefill: str
+    decode: str
+    router: str
+    full_gateway: str
+    shedding_gateway: str
+
+    def records(self, content: str) -> dict[str, list[dict[str, Any]]]:
+        """What each worker received for calls whose last user message is `content`."""
+        return {role: [r for r in httpx.get(f"{url}/_records", timeout=5).json() if r["content"] == content]
+                for role, url in (("prefill", self.prefill), ("decode", self.decode))}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start(name: str, argv: list[str], logs: Path) -> Process:
+    log = logs / f"{name}.log"
+    with log.open("wb") as out:
+        popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+    return Process(name, popen, log)
+
+
+def wait_ready(process: Process, url: str, deadline: float) -> None:
+    """Poll `url` until it answers 200; fail with the process's log if it dies or the deadline passes."""
+    while time.monotonic() < deadline:
+        if process.popen.poll() is not None:
+            pytest.fail(f"{process.name} exited with {process.popen.returncode} before it was ready\n{process.tail()}")
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass  # not listening yet
+        time.sleep(0.1)
+    pytest.fail(f"{process.name} was not ready at {url} within {STARTUP_TIMEOUT_S} s\n{process.tail()}")
+
+
+def gateway_config(logs: Path, name: str, router: str, port: int, **extra: Any) -> Path:
+    config = {"upstream": router, "host": "127.0.0.1", "port": port, "model": str(MODEL_FILE), "budget_tokens": 1,
+              "tick_interval_s": 0.1, "retry_after_s": RETRY_AFTER_S, "upstream_timeout_s": 20, **extra}
+    path = logs / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    logs = tmp_path_factory.mktemp("e2e")
+    ports = {name: free_port() for name in ("prefill", "bootstrap", "decode", "router", "metrics", "full", "shed")}
+    url = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
+    python = sys.executable
+    processes: list[Process] = []
+    try:
+        processes.append(start("prefill", [python, "-m", "tests.e2e.standin_worker", "--role", "prefill", "--port",
+                                           str(ports["prefill"]), "--bootstrap-port", str(ports["bootstrap"])], logs))
+        processes.append(start("decode", [python, "-m", "tests.e2e.standin_worker", "--role", "decode", "--port",
+                                          str(ports["decode"])], logs))
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        for process in processes:
+            wait_ready(process, f"{url[process.name]}/health", deadline)
+        router = start("router", [
+            python, "-m", "smg.launch_router", "--pd-disaggregation",
+            "--prefill", url["prefill"], str(ports["bootstrap"]), "--decode", url["decode"],
+            "--host", "127.0.0.1", "--port", str(ports["router"]),
+            # smg serves Prometheus metrics on 0.0.0.0:29000 unless told otherwise: keep it on loopback.
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(ports["metrics"]), "--log-level", "warn",
+        ], logs)
+        processes.append(router)
+        shedding = {"policy": {"peak_completion_rate_per_s": 1e-4, "shed_wait_s": 0.5, "arrival_window_s": 60}}
+        for name, extra in (("full", {}), ("shed", shedding)):
+            config = gateway_config(logs, name, url["router"], ports[name], **extra)
+            processes.append(start(name, [python, "-m", "basin_runtime.gateway", "--config", str(config)], logs))
+        wait_ready(router, f"{url['router']}/readiness", deadline)  # both workers registered and healthy
+        for process in processes[3:]:
+            wait_ready(process, f"{url[process.name]}/health", deadline)
+        yield Deployment(url["prefill"], url["decode"], url["router"], url["full"], url["shed"])
+    finally:
+        for process in reversed(processes):
+            process.kill()
+
+
+def client_for(gateway: str, timeout_s: float = 10.0) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"{gateway}/v1", api_key="test-key", max_retries=0, timeout=timeout_s)
+
+
+async def ask(client: openai.AsyncOpenAI, session: str, content: str) -> str:
+    """One non-streamed chat call of `session`; the answer's text."""
+    reply = await client.chat.completions.create(model="standin-model", messages=[{"role": "user", "content": content}],
+                                                 extra_headers={"X-Session-ID": session})
+    return reply.choices[0].message.content or ""
+
+
+async def end(gateway: str, *sessions: str) -> None:
+    async with httpx.AsyncClient(base_url=gateway, timeout=5) as http:
+        for session in sessions:
+            response = await http.post(f"/basin/sessions/{session}/end")
+            assert response.status_code in (200, 404), response.text
+
+
+async def test_replies_come_back_streamed_and_not(deployment: Deployment) -> None:
+    async with client_for(deployment.full_gateway) as client:
+        try:
+            models = await client.models.list()
+            reply = await client.chat.completions.create(
+                model="standin-model", messages=[{"role": "user", "content": "e2e replies"}],
+                extra_headers={"X-Session-ID": "e2e-replies"})
+            stream = await client.chat.completions.create(
+                model="standin-model", stream=True, stream_options={"include_usage": True},
+                messages=[{"role": "user", "content": "e2e replies"}, {"role": "assistant", "content": "ok"},
+                          {"role": "user", "content": "e2e replies, streamed"}],
+                extra_headers={"X-Session-ID": "e2e-replies"})
+            chunks = [chunk async for chunk in stream]
+        finally:
+            await end(deployment.full_gateway, "e2e-replies")
+
+    assert [m.id for m in models.data] == ["standin-model"]
+    assert reply.choices[0].message.content == "stand-in answer"
+    assert reply.usage is not None and reply.usage.prompt_tokens_details is not None
+    assert isinstance(reply.usage.prompt_tokens_details.cached_tokens, int)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "stand-in streamed answer"
+    assert chunks[-1].usage is not None and chunks[-1].usage.prompt_tokens_details is not None
+    for content in ("e2e replies", "e2e replies, streamed"):
+        seen = deployment.records(content)
+        assert len(seen["prefill"]) == len(seen["decode"]) == 1
+        assert seen["decode"][0]["authorization"] == "Bearer test-key"  # the client's credential reaches the engine
+
+
+async def test_priority_reaches_both_workers_as_an_integer_in_basin_order(deployment: Deployment) -> None:
+    big, small = "e2e big " + "refactor the storage layer " * 4000, "e2e small task"
+    tokenizer = get_tokenizer("qwen3.6")
+    model = PeakPredictor.load(MODEL_FILE, expected_tokenizer="qwen3.6")
+    peaks = {text: model.predict(text, tokenizer.count_prompt([{"role": "user", "content": text}]))
+             for text in (big, small)}
+    async with client_for(deployment.full_gateway) as client:
+        started = time.monotonic()
+        await ask(client, "e2e-big", big)
+        await end(deployment.full_gateway, "e2e-big")
+        elapsed_s = time.monotonic() - started
+        await ask(client, "e2e-small", small)
+        await end(deployment.full_gateway, "e2e-small")
+
+    seen = {text: deployment.records(text) for text in (big, small)}
+    priority = {}
+    for text, by_role in seen.items():
+        (prefill,), (decode,) = by_role["prefill"], by_role["decode"]
+        assert type(decode["priority"]) is int and decode["priority"] == prefill["priority"]
+        assert decode["rid"] == prefill["rid"] and decode["rid"].startswith("basin-")
+        assert decode["bootstrap_room"] == prefill["bootstrap_room"] is not None  # smg's PD protocol, SGLang style
+        priority[text] = decode["priority"]
+    # p = arrival_s + peak / 30; the integer is floor(p - gateway start): smaller runs first.
+    expected_gap = (peaks[big] - peaks[small]) / 30 - elapsed_s
+    assert priority[small] < priority[big], (priority, peaks)
+    assert abs((priority[big] - priority[small]) - expected_gap) <= 1 + elapsed_s, (priority, peaks, elapsed_s)
+
+
+async def test_with_a_full_budget_a_second_session_waits_and_runs_once_the_first_ends(deployment: Deployment) -> None:
+    async with client_for(deployment.full_gateway) as client:
+        try:
+            await ask(client, "e2e-first", "e2e first task")
+            second = asyncio.create_task(ask(client, "e2e-second", "e2e second task"))
+            await asyncio.sleep(1.0)
+            assert not second.done()
+            assert deployment.records("e2e second task")["decode"] == []
+            await end(deployment.full_gateway, "e2e-first")
+            assert await asyncio.wait_for(second, timeout=5) == "stand-in answer"
+        finally:
+            await end(deployment.full_gateway, "e2e-first", "e2e-second")
+    assert len(deployment.records("e2e second task")["decode"]) == 1
+
+
+async def test_a_session_whose_client_gives_up_leaves_the_queue(deployment: Deployment) -> None:
+    async with client_for(deployment.full_gateway) as client:
+        try:
+            await ask(client, "e2e-holder", "e2e holder task")
+            with pytest.raises(openai.APITimeoutError):
+                await ask(client.with_options(timeout=1.0), "e2e-quitter", "e2e quitter task")
+            await asyncio.sleep(0.5)  # the gateway sees the closed connection and withdraws the session
+            await end(deployment.full_gateway, "e2e-holder")
+            # Had the quitter stayed queued, it would now be live and this new session would wait behind it.
+            assert await asyncio.wait_for(ask(client, "e2e-next", "e2e next task"), timeout=5) == "stand-in answer"
+        finally:
+            await end(deployment.full_gateway, "e2e-holder", "e2e-quitter", "e2e-next")
+    assert deployment.records("e2e quitter task")["decode"] == []
+
+
+async def test_a_shed_session_gets_503_with_a_reason(deployment: Deployment) -> None:
+    async with client_for(deployment.shedding_gateway) as client:
+        try:
+            await ask(client, "e2e-shed-holder", "e2e shed holder")
+            started = time.monotonic()
+            with pytest.raises(openai.InternalServerError) as caught:
+                await ask(client, "e2e-shed-victim", "e2e shed victim")
+            waited_s = time.monotonic() - started
+        finally:
+            await end(deployment.shedding_gateway, "e2e-shed-holder", "e2e-shed-victim")
+
+    error = caught.value
+    assert error.status_code == 503
+    assert error.response.headers["retry-after"] == str(RETRY_AFTER_S)
+    assert isinstance(error.body, dict) and error.body["type"] == "session_shed"
+    assert "arrival rate" in error.body["reason"] and error.body["session_id"] == "e2e-shed-victim"
+    assert 0.5 <= waited_s < 5
+    assert math.isfinite(error.body["waited_s"]) and error.body["waited_s"] >= 0.5
+    assert deployment.records("e2e shed victim")["decode"] == []

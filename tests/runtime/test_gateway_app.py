@@ -1,0 +1,667 @@
+"""The gateway's request path, driven in-process: a mock upstream (`httpx.MockTransport`), a scripted clock.
+
+`Rig` wires a real `Gateway` (real tokenizer, real policy) to a stub predictor and a recording fake
+upstream. Most calls go through `httpx.ASGITransport`; tests that must see bytes as they are sent or
+make the client vanish drive the ASGI app directly (`RawCall`), since ASGITransport buffers answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+import pytest_asyncio
+from starlette.applications import Starlette
+
+from basin_runtime.gateway.app import create_app
+from basin_runtime.gateway.clock import ManualClock
+from basin_runtime.gateway.gateway import Gateway
+from basin_runtime.gateway.measure import Meter
+from basin_runtime.gateway.predictors import Predictors
+from basin_runtime.gateway.proxy import Upstream
+from basin_runtime.gateway.waiting import WaitingRoom
+from basin_runtime.policy import Policy, PolicyConfig
+from basin_runtime.task_text import TaskTextRule
+from basin_runtime.tokenizer import get_tokenizer
+
+pytestmark = pytest.mark.asyncio
+
+TOKENIZER = get_tokenizer("qwen3.6")
+CHAT = "/v1/chat/completions"
+ANSWER = {"id": "c1", "object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant",
+          "content": "done"}, "finish_reason": "stop"}],
+          "usage": {"prompt_tokens": 9, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 4}}}
+Handler = Callable[[httpx.Request], Awaitable[httpx.Response]]
+
+
+class StubModel:
+    """Predicts a fixed peak per task text and remembers what it was asked."""
+
+    def __init__(self, peaks: dict[str, float] | None = None, default: float = 1000.0) -> None:
+        self.peaks = peaks or {}
+        self.default = default
+        self.asked: list[tuple[str, int]] = []
+
+    def predict(self, task_text: str, first_prompt_tokens: int) -> float:
+        self.asked.append((task_text, first_prompt_tokens))
+        return self.peaks.get(task_text, self.default)
+
+
+@dataclass
+class FakeUpstream:
+    """Answers like an SGLang router and records every request; `handler` replaces the answer."""
+
+    requests: list[httpx.Request] = field(default_factory=list)
+    handler: Handler | None = None
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        if self.handler is not None:
+            return await self.handler(request)
+        if request.method == "GET":
+            return httpx.Response(200, json={"path": request.url.path, "query": request.url.query.decode()})
+        return httpx.Response(200, json=ANSWER, headers={"date": "upstream's", "x-smg-routed-worker-id": "http://d1"})
+
+    def bodies(self, path: str = CHAT) -> list[dict[str, Any]]:
+        """JSON bodies of the POSTs to `path`, in order."""
+        return [json.loads(r.content) for r in self.requests if r.method == "POST" and r.url.path == path]
+
+
+@dataclass
+class Rig:
+    """A gateway wired to a fake upstream, a stub predictor and a manual clock."""
+
+    gateway: Gateway
+    app: Starlette
+    clock: ManualClock
+    upstream: FakeUpstream
+    model: StubModel
+    client: httpx.AsyncClient
+
+    @property
+    def room(self) -> WaitingRoom:
+        return self.gateway.room
+
+    @property
+    def policy(self) -> Policy:
+        return self.gateway.room.policy
+
+    async def chat(self, session: str | None, *contents: str, headers: dict[str, str] | None = None,
+                   **fields: Any) -> httpx.Response:
+        """A chat call whose user turns are `contents` (assistant turns in between)."""
+        sent = dict(headers or {})
+        if session is not None:
+            sent["X-Session-ID"] = session
+        return await self.client.post(CHAT, json={"model": "m", "messages": conversation(*contents), **fields},
+                                      headers=sent)
+
+
+def conversation(*contents: str, system: str | None = None) -> list[dict[str, str]]:
+    """User turns `contents` with an assistant answer after each but the last."""
+    messages = [] if system is None else [{"role": "system", "content": system}]
+    for k, content in enumerate(contents):
+        if k:
+            messages.append({"role": "assistant", "content": f"answer {k}"})
+        messages.append({"role": "user", "content": content})
+    return messages
+
+
+@asynccontextmanager
+async def rig_for(*, budget_tokens: int = 1_000_000, model: StubModel | None = None, admin_token: str | None = None,
+                  workload_models: dict[str, StubModel] | None = None, **policy: Any) -> AsyncIterator[Rig]:
+    """A fresh rig; everything it opened is closed on exit."""
+    clock = ManualClock()
+    upstream = FakeUpstream()
+    model = model or StubModel()
+    room = WaitingRoom(Policy(PolicyConfig(budget_tokens=budget_tokens, **policy)), clock, retry_after_s=30)
+    upstream_client = httpx.AsyncClient(transport=httpx.MockTransport(upstream), base_url="http://router")
+    gateway = Gateway(room, Meter(TOKENIZER, TaskTextRule()), Predictors(model, workload_models),
+                      Upstream(upstream_client))
+    app = create_app(gateway, admin_token=admin_token)
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway")
+    try:
+        yield Rig(gateway, app, clock, upstream, model, client)
+    finally:
+        await client.aclose()
+        await upstream_client.aclose()
+
+
+@pytest_asyncio.fixture
+async def rig() -> AsyncIterator[Rig]:
+    async with rig_for() as made:
+        yield made
+
+
+@pytest_asyncio.fixture
+async def full() -> AsyncIterator[Rig]:
+    """A one-token budget: once one session is live, every other one waits."""
+    async with rig_for(budget_tokens=1) as made:
+        yield made
+
+
+async def eventually(condition: Callable[[], bool], timeout_s: float = 2.0) -> None:
+    """Wait (in real time, bounded) until `condition()` holds."""
+    async with asyncio.timeout(timeout_s):
+        while not condition():
+            await asyncio.sleep(0.002)
+
+
+class RawCall:
+    """One request driven straight into the ASGI app: every message it sends is seen, and the client can leave."""
+
+    def __init__(self, app: Starlette, body: dict[str, Any], session: str, path: str = CHAT) -> None:
+        self.app = app
+        self.data = json.dumps(body).encode()
+        self.path = path
+        self.headers = [(b"content-type", b"application/json"), (b"x-session-id", session.encode())]
+        self.sent: list[MutableMapping[str, Any]] = []
+        self.leave = asyncio.Event()
+        self.got_body = asyncio.Event()
+        self._body_sent = False
+
+    async def run(self) -> None:
+        scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+                 "method": "POST", "scheme": "http", "path": self.path, "raw_path": self.path.encode(),
+                 "query_string": b"", "root_path": "", "headers": self.headers, "client": ("127.0.0.1", 5000),
+                 "server": ("gateway", 80)}
+        await self.app(scope, self._receive, self._send)
+
+    async def _receive(self) -> dict[str, Any]:
+        if not self._body_sent:
+            self._body_sent = True
+            return {"type": "http.request", "body": self.data, "more_body": False}
+        await self.leave.wait()
+        return {"type": "http.disconnect"}
+
+    async def _send(self, message: MutableMapping[str, Any]) -> None:
+        self.sent.append(message)
+        if message["type"] == "http.response.body" and message.get("body"):
+            self.got_body.set()
+
+    @property
+    def status(self) -> int | None:
+        starts = [m["status"] for m in self.sent if m["type"] == "http.response.start"]
+        return starts[0] if starts else None
+
+    @property
+    def body_chunks(self) -> list[bytes]:
+        return [m["body"] for m in self.sent if m["type"] == "http.response.body" and m.get("body")]
+
+
+# --- forwarding, priority, rid -------------------------------------------------------------------
+
+
+async def test_health_is_answered_by_the_gateway_itself(rig: Rig) -> None:
+    response = await rig.client.get("/health")
+    assert (response.status_code, response.json()) == (200, {"status": "ok"})
+    assert rig.upstream.requests == []
+
+
+async def test_a_call_is_forwarded_with_the_session_priority_a_rid_and_the_client_authorization(rig: Rig) -> None:
+    response = await rig.chat("s1", "fix the bug", headers={"Authorization": "Bearer client-key"})
+
+    assert response.status_code == 200
+    assert response.json() == ANSWER
+    assert response.headers["x-session-id"] == "s1"
+    assert response.headers["x-smg-routed-worker-id"] == "http://d1"
+    assert response.headers.get("date") != "upstream's"
+    assert rig.room.registry.get("s1").calls[0].served_by == "http://d1"  # type: ignore[union-attr]
+    (sent,) = rig.upstream.requests
+    assert sent.headers["authorization"] == "Bearer client-key"
+    assert sent.headers["accept-encoding"] == "identity"
+    body = json.loads(sent.content)
+    # p = arrival + peak / 30 = origin + 1000 / 30 -> floor(33.3) seconds after the gateway started
+    assert body["priority"] == 33 == math.floor(rig.policy.priority_of("s1") - rig.room.origin_s)
+    assert body["rid"].startswith(f"basin-{rig.gateway.tag}-") and body["rid"].endswith("-0")
+    assert body["messages"] == conversation("fix the bug")
+
+
+async def test_a_client_rid_is_kept_and_a_client_priority_is_replaced(rig: Rig) -> None:
+    await rig.chat("s1", "task", rid="client-rid-7", priority=999)
+    (body,) = rig.upstream.bodies()
+    assert (body["rid"], body["priority"]) == ("client-rid-7", 33)
+    assert rig.room.registry.get("s1").calls[0].rid == "client-rid-7"  # type: ignore[union-attr]
+
+
+async def test_a_batch_prompt_gets_the_priority_but_no_rid(rig: Rig) -> None:
+    response = await rig.client.post("/v1/completions", json={"prompt": ["a", "b"], "user": "u"})
+    assert response.status_code == 200
+    (body,) = rig.upstream.bodies("/v1/completions")
+    assert "rid" not in body and isinstance(body["priority"], int)
+
+
+async def test_priority_integers_follow_the_basin_order_not_the_arrival_order() -> None:
+    model = StubModel({"big task": 30_000, "small task": 300})
+    async with rig_for(model=model) as rig:
+        await rig.chat("big", "big task")  # p = 1000 + 30000/30 = 2000 -> 1000
+        rig.clock.advance(5.5)
+        await rig.chat("small", "small task")  # p = 1005.5 + 300/30 = 1015.5 -> 15
+        rig.clock.advance(100)
+        await rig.chat("big", "big task", "and more")  # a later call keeps the session's priority
+        priorities = [(b["messages"][0]["content"], b["priority"]) for b in rig.upstream.bodies()]
+    assert priorities == [("big task", 1000), ("small task", 15), ("big task", 1000)]
+
+
+async def test_later_calls_go_straight_through_and_tell_the_policy_their_prompt_size(rig: Rig) -> None:
+    await rig.chat("s1", "task")
+    rig.clock.advance(3)
+    response = await rig.chat("s1", "task", "run the tests", "now fix it")
+
+    assert response.status_code == 200
+    grown = conversation("task", "run the tests", "now fix it")
+    assert rig.policy.snapshot().working_set_tokens == TOKENIZER.count_prompt(grown)
+    assert len(rig.model.asked) == 1  # predicted once, at the first call
+    entry = rig.room.registry.get("s1")
+    assert entry is not None
+    assert [c.prompt_tokens for c in entry.calls] == [TOKENIZER.count_prompt(conversation("task")),
+                                                      TOKENIZER.count_prompt(grown)]
+    assert [c.outcome for c in entry.calls] == ["completed", "completed"]
+    assert [b["rid"][-2:] for b in rig.upstream.bodies()] == ["-0", "-1"]
+
+
+# --- session identity ----------------------------------------------------------------------------
+
+
+async def test_identity_comes_from_the_header_then_the_user_field(rig: Rig) -> None:
+    await rig.chat("from-header", "task", user="ignored-user")
+    await rig.chat(None, "task", user="alice")
+    assert rig.policy.snapshot().live == ("from-header", "alice")
+
+
+async def test_identity_falls_back_to_a_hash_of_the_first_messages(rig: Rig) -> None:
+    first = await rig.client.post(CHAT, json={"messages": conversation("task A", system="sys")})
+    later = await rig.client.post(CHAT, json={"messages": conversation("task A", "go on", system="sys")})
+    other = await rig.client.post(CHAT, json={"messages": conversation("task B", system="sys")})
+
+    session = first.headers["x-session-id"]
+    assert session.startswith("conv-")
+    assert later.headers["x-session-id"] == session != other.headers["x-session-id"]
+    assert rig.policy.snapshot().live == (session, other.headers["x-session-id"])
+    assert len(rig.room.registry.get(session).calls) == 2  # type: ignore[union-attr]
+
+
+async def test_a_raw_prompt_without_identity_is_a_session_of_its_own_that_ends_with_its_call(rig: Rig) -> None:
+    response = await rig.client.post("/generate", json={"text": "def f():", "sampling_params": {}})
+    assert response.status_code == 200
+    assert len(rig.upstream.bodies("/generate")) == 1
+    assert len(rig.room.registry) == 0
+    assert rig.policy.snapshot().live == ()
+
+
+async def test_the_session_header_name_is_configurable() -> None:
+    async with rig_for() as rig:
+        rig.gateway.session_header = "X-Agent-Run"
+        response = await rig.client.post(CHAT, json={"messages": conversation("t")}, headers={"X-Agent-Run": "r9"})
+        assert response.headers["x-agent-run"] == "r9"
+        assert rig.policy.snapshot().live == ("r9",)
+
+
+async def test_the_workload_header_picks_the_model_and_unknown_workloads_get_the_default() -> None:
+    swe = StubModel(default=6000)
+    async with rig_for(workload_models={"swe": swe}) as rig:
+        await rig.chat("a", "task a", headers={"X-Basin-Workload": "swe"})
+        await rig.chat("b", "task b", headers={"X-Basin-Workload": "unknown-bench"})
+        entry_a, entry_b = rig.room.registry.get("a"), rig.room.registry.get("b")
+    assert [t for t, _ in swe.asked] == ["task a"]
+    assert [t for t, _ in rig.model.asked] == ["task b"]
+    assert entry_a is not None and entry_b is not None
+    assert (entry_a.predicted_peak_tokens, entry_a.workload) == (6000, "swe")
+    assert (entry_b.predicted_peak_tokens, entry_b.workload) == (1000, "unknown-bench")
+
+
+async def test_two_first_calls_of_one_new_session_at_once_make_one_session(rig: Rig) -> None:
+    responses = await asyncio.gather(rig.chat("twin", "task"), rig.chat("twin", "task"))
+    assert [r.status_code for r in responses] == [200, 200]
+    assert rig.policy.snapshot().live == ("twin",)
+    assert len(rig.room.registry.get("twin").calls) == 2  # type: ignore[union-attr]
+
+
+# --- adoption after a restart --------------------------------------------------------------------
+
+
+async def test_a_continuation_from_an_unknown_session_is_adopted_live_with_its_current_context(rig: Rig) -> None:
+    messages = conversation("the task", "tests fail", "try again")
+    response = await rig.client.post(CHAT, json={"messages": messages}, headers={"X-Session-ID": "old"})
+
+    assert response.status_code == 200
+    entry = rig.room.registry.get("old")
+    assert entry is not None and entry.is_adopted and entry.state == "live"
+    first_prompt = TOKENIZER.call_tokens(messages)[0].prompt_tokens
+    assert rig.model.asked == [("the task", first_prompt)]  # the prediction its real first call would get
+    assert rig.policy.snapshot().working_set_tokens == TOKENIZER.count_prompt(messages)
+
+
+async def test_an_adopted_session_is_never_held_even_when_admission_is_engaged(full: Rig) -> None:
+    await full.chat("live", "task")
+    response = await asyncio.wait_for(full.chat("old", "task", "more"), timeout=2)
+    assert response.status_code == 200
+    assert [b["messages"][-1]["content"] for b in full.upstream.bodies()] == ["task", "more"]
+    # Policy.adopt makes it live at once, over the budget: it is not new work.
+    assert full.policy.is_live("old") and full.policy.snapshot().queued == ()
+    assert full.policy.snapshot().reserved_tokens > full.policy.snapshot().budget_tokens
+    assert full.room.registry.get("old").state == "live"  # type: ignore[union-attr]
+
+
+# --- the waiting room ----------------------------------------------------------------------------
+
+
+async def test_with_a_full_budget_a_second_session_waits_and_runs_once_the_first_ends(full: Rig) -> None:
+    await full.chat("first", "task one")
+    second = asyncio.create_task(full.chat("second", "task two"))
+    await eventually(lambda: full.policy.is_queued("second"))
+    await asyncio.sleep(0.05)
+
+    assert not second.done()
+    assert len(full.upstream.bodies()) == 1
+    ended = await full.client.post("/basin/sessions/first/end")
+    assert ended.json() == {"session_id": "first", "was": "live", "calls": 1}
+    response = await asyncio.wait_for(second, timeout=2)
+
+    assert response.status_code == 200
+    assert full.policy.snapshot().live == ("second",)
+    assert [b["messages"][0]["content"] for b in full.upstream.bodies()] == ["task one", "task two"]
+
+
+async def test_a_client_that_disconnects_while_queued_is_withdrawn(full: Rig) -> None:
+    await full.chat("first", "task one")
+    call = RawCall(full.app, {"messages": conversation("task two")}, session="second")
+    task = asyncio.create_task(call.run())
+    await eventually(lambda: full.policy.is_queued("second"))
+
+    call.leave.set()
+    await asyncio.wait_for(task, timeout=2)
+
+    assert call.status == 499
+    assert full.policy.snapshot().queued == ()
+    assert full.room.registry.get("second") is None
+    assert len(full.upstream.bodies()) == 1
+
+
+async def test_a_cancelled_queued_call_is_withdrawn_and_the_next_session_goes_in(full: Rig) -> None:
+    await full.chat("first", "task one")
+    second = asyncio.create_task(full.chat("second", "task two"))
+    await eventually(lambda: full.policy.is_queued("second"))
+    second.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await second
+
+    assert full.policy.snapshot().queued == ()
+    await full.client.post("/basin/sessions/first/end")
+    response = await asyncio.wait_for(full.chat("third", "task three"), timeout=2)
+    assert response.status_code == 200
+    assert full.policy.snapshot().live == ("third",)
+
+
+async def test_a_shed_session_gets_503_with_retry_after_and_the_reason() -> None:
+    async with rig_for(budget_tokens=1, peak_completion_rate_per_s=1e-4, shed_wait_s=10) as rig:
+        await rig.chat("first", "task one")
+        second = asyncio.create_task(rig.chat("second", "task two"))
+        await eventually(lambda: rig.policy.is_queued("second"))
+        rig.clock.advance(5)
+        assert await rig.room.tick() == []  # the head has not waited long enough yet
+        rig.clock.advance(6)
+        events = await rig.room.tick()
+        response = await asyncio.wait_for(second, timeout=2)
+
+    assert [type(e).__name__ for e in events] == ["Shed"]
+    assert response.status_code == 503
+    assert response.headers["retry-after"] == "30"
+    error = response.json()["error"]
+    assert error["type"] == "session_shed"
+    assert error["reason"] == events[0].reason and "arrival rate" in error["reason"]  # type: ignore[union-attr]
+    assert error["session_id"] == "second" and error["retry_after_s"] == 30
+    assert rig.room.registry.get("second") is None
+
+
+async def test_a_session_ended_while_its_first_call_waits_gets_409(full: Rig) -> None:
+    await full.chat("first", "task one")
+    second = asyncio.create_task(full.chat("second", "task two"))
+    await eventually(lambda: full.policy.is_queued("second"))
+    ended = await full.client.post("/basin/sessions/second/end")
+    response = await asyncio.wait_for(second, timeout=2)
+    assert ended.json()["was"] == "queued"
+    assert response.status_code == 409
+    assert response.json()["error"]["type"] == "session_ended"
+
+
+async def test_a_second_call_of_a_queued_session_waits_with_the_first(full: Rig) -> None:
+    await full.chat("first", "task one")
+    calls = [asyncio.create_task(full.chat("second", "task two")) for _ in range(2)]
+    await eventually(lambda: full.policy.is_queued("second"))
+    await asyncio.sleep(0.05)
+    assert not any(c.done() for c in calls)
+    await full.client.post("/basin/sessions/first/end")
+    responses = await asyncio.wait_for(asyncio.gather(*calls), timeout=2)
+    assert [r.status_code for r in responses] == [200, 200]
+
+
+# --- sessions ending -----------------------------------------------------------------------------
+
+
+async def test_ending_an_unknown_session_is_404(rig: Rig) -> None:
+    response = await rig.client.post("/basin/sessions/nobody/end")
+    assert response.status_code == 404
+    assert response.json()["error"]["type"] == "session_not_found"
+
+
+async def test_the_admin_token_guards_the_basin_endpoints() -> None:
+    async with rig_for(admin_token="s3cret") as rig:
+        await rig.chat("s1", "task")
+        missing = await rig.client.post("/basin/sessions/s1/end")
+        wrong = await rig.client.post("/basin/sessions/s1/end", headers={"Authorization": "Bearer nope"})
+        right = await rig.client.post("/basin/sessions/s1/end", headers={"Authorization": "Bearer s3cret"})
+    assert [missing.status_code, wrong.status_code, right.status_code] == [401, 401, 200]
+    assert missing.headers["www-authenticate"] == "Bearer"
+
+
+async def test_an_idle_session_ends_after_the_timeout_but_not_while_a_call_is_in_flight(rig: Rig) -> None:
+    await rig.chat("quiet", "task")
+    release = asyncio.Event()
+    rig.upstream.handler = lambda request: _slow_answer(release)
+    busy = asyncio.create_task(rig.chat("busy", "task"))
+    await eventually(lambda: len(rig.upstream.requests) == 2)
+
+    rig.clock.advance(599)
+    assert await rig.room.sweep_idle(600) == []
+    rig.clock.advance(1)
+    assert await rig.room.sweep_idle(600) == ["quiet"]
+    release.set()
+    await busy
+    rig.clock.advance(599)
+    assert await rig.room.sweep_idle(600) == []  # idle time counts from the end of the last call
+    rig.clock.advance(1)
+    assert await rig.room.sweep_idle(600) == ["busy"]
+    assert rig.policy.snapshot().live == ()
+
+
+async def test_the_timers_run_on_the_injected_clock(rig: Rig) -> None:
+    await rig.chat("s1", "task")
+    timers = asyncio.create_task(rig.room.run_timers(tick_interval_s=1.0, idle_timeout_s=60.0))
+    try:
+        await asyncio.sleep(0)
+        for _ in range(70):
+            rig.clock.advance(1.0)
+            await asyncio.sleep(0)
+        await eventually(lambda: rig.policy.snapshot().live == ())  # ended by the idle timer
+        ticked_s = rig.policy.snapshot().now_s
+        assert ticked_s is not None and ticked_s >= rig.clock.now() - 1  # and the tick timer kept the policy's time
+    finally:
+        timers.cancel()
+        await asyncio.wait({timers})
+
+
+async def _slow_answer(release: asyncio.Event) -> httpx.Response:
+    await release.wait()
+    return httpx.Response(200, json=ANSWER)
+
+
+# --- streaming -----------------------------------------------------------------------------------
+
+
+def _sse_upstream(release: asyncio.Event, closed: list[bool]) -> Handler:
+    async def handler(request: httpx.Request) -> httpx.Response:
+        async def chunks() -> AsyncIterator[bytes]:
+            try:
+                yield b'data: {"choices":[{"delta":{"content":"he"}}]}\n\n'
+                await release.wait()
+                yield b'data: {"choices":[{"delta":{"content":"llo"}}]}\n\n'
+                yield b"data: [DONE]\n\n"
+            finally:
+                closed.append(True)
+
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=chunks())
+
+    return handler
+
+
+async def test_a_streamed_answer_passes_through_as_it_arrives_and_the_call_ends_with_it(rig: Rig) -> None:
+    release, closed = asyncio.Event(), list[bool]()
+    rig.upstream.handler = _sse_upstream(release, closed)
+    call = RawCall(rig.app, {"messages": conversation("task"), "stream": True}, session="s1")
+    task = asyncio.create_task(call.run())
+
+    await asyncio.wait_for(call.got_body.wait(), timeout=2)  # the first event is out while the upstream waits
+    entry = rig.room.registry.get("s1")
+    assert entry is not None and entry.in_flight == 1 and entry.calls[0].ended_at is None
+    assert call.body_chunks == [b'data: {"choices":[{"delta":{"content":"he"}}]}\n\n']
+    release.set()
+    await asyncio.wait_for(task, timeout=2)
+
+    assert call.status == 200
+    assert b"".join(call.body_chunks).endswith(b"data: [DONE]\n\n")
+    assert (entry.in_flight, entry.calls[0].outcome, entry.calls[0].is_stream) == (0, "completed", True)
+    assert entry.calls[0].ended_at is not None and closed == [True]
+
+
+async def test_a_client_leaving_mid_stream_ends_the_call_and_closes_the_upstream(rig: Rig) -> None:
+    release, closed = asyncio.Event(), list[bool]()
+    rig.upstream.handler = _sse_upstream(release, closed)
+    call = RawCall(rig.app, {"messages": conversation("task"), "stream": True}, session="s1")
+    task = asyncio.create_task(call.run())
+    await asyncio.wait_for(call.got_body.wait(), timeout=2)
+
+    call.leave.set()
+    await asyncio.wait_for(task, timeout=2)
+
+    entry = rig.room.registry.get("s1")
+    assert entry is not None and (entry.in_flight, entry.calls[0].outcome) == (0, "client_gone")
+    assert closed == [True]
+    assert rig.policy.is_live("s1")  # the session lives on; only the call ended
+
+
+async def test_a_client_leaving_before_the_answer_starts_cancels_the_upstream_request(rig: Rig) -> None:
+    cancelled = asyncio.Event()
+
+    async def never_answers(request: httpx.Request) -> httpx.Response:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            cancelled.set()
+        raise AssertionError("unreachable")
+
+    rig.upstream.handler = never_answers
+    call = RawCall(rig.app, {"messages": conversation("task")}, session="s1")
+    task = asyncio.create_task(call.run())
+    await eventually(lambda: len(rig.upstream.requests) == 1)
+
+    call.leave.set()
+    await asyncio.wait_for(task, timeout=2)
+
+    assert cancelled.is_set() and call.status == 499
+    entry = rig.room.registry.get("s1")
+    assert entry is not None and (entry.in_flight, entry.calls[0].outcome) == (0, "client_gone")
+
+
+# --- failures ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "raw", "fragment"),
+    [
+        (CHAT, b"{not json", "not valid JSON"),
+        (CHAT, b"[1, 2]", "must be a JSON object"),
+        (CHAT, b'{"model": "m"}', "no `messages`"),
+        (CHAT, b'{"messages": []}', "no `messages`"),
+        (CHAT, b'{"messages": [{"content": "no role"}]}', "messages[0]"),
+        (CHAT, b'{"messages": [{"role": "wizard", "content": "x"}]}', "cannot read the messages"),
+        ("/v1/completions", b'{"model": "m"}', "no `prompt`"),
+        ("/v1/completions", b'{"prompt": {"a": 1}}', "`prompt` must be"),
+        ("/generate", b'{"sampling_params": {}}', "no `text` or `input_ids`"),
+    ],
+)
+async def test_a_malformed_call_is_400_with_a_json_error(rig: Rig, path: str, raw: bytes, fragment: str) -> None:
+    response = await rig.client.post(path, content=raw, headers={"X-Session-ID": "s1"})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert fragment in error["message"] and error["type"] == "invalid_request_error"
+    assert rig.upstream.requests == [] and len(rig.room.registry) == 0
+
+
+async def _refuse(request: httpx.Request) -> httpx.Response:
+    raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+
+
+async def _time_out(request: httpx.Request) -> httpx.Response:
+    raise httpx.ReadTimeout("timed out", request=request)
+
+
+async def _crash(request: httpx.Request) -> httpx.Response:
+    return httpx.Response(500, text="scheduler crashed: KV cache pool exhausted")
+
+
+@pytest.mark.parametrize(
+    ("handler", "status", "kind", "words"),
+    [
+        (_refuse, 502, "upstream_unavailable", "Connection refused"),
+        (_crash, 502, "upstream_error", "scheduler crashed: KV cache pool exhausted"),
+        (_time_out, 504, "upstream_timeout", "ReadTimeout: timed out"),
+    ],
+)
+async def test_upstream_failures_are_502_or_504_with_the_upstream_words(rig: Rig, handler: Handler, status: int,
+                                                                        kind: str, words: str) -> None:
+    rig.upstream.handler = handler
+    response = await rig.chat("s1", "task")
+
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert error["type"] == kind and words in error["message"]
+    entry = rig.room.registry.get("s1")
+    assert entry is not None and (entry.in_flight, entry.calls[0].outcome) == (0, "upstream_error")
+
+
+async def test_an_upstream_5xx_reports_its_status_and_body(rig: Rig) -> None:
+    rig.upstream.handler = _crash
+    error = (await rig.chat("s1", "task")).json()["error"]
+    assert (error["upstream_status"], error["upstream_body"]) == (500, "scheduler crashed: KV cache pool exhausted")
+
+
+async def test_an_upstream_4xx_passes_through_unchanged(rig: Rig) -> None:
+    async def reject(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(400, json={"object": "error", "message": "temperature must be >= 0"})
+
+    rig.upstream.handler = reject
+    response = await rig.chat("s1", "task", temperature=-1)
+    assert response.status_code == 400
+    assert response.json() == {"object": "error", "message": "temperature must be >= 0"}
+
+
+# --- pass-through --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/v1/models", "/v1/models/qwen/qwen3", "/server_info", "/get_model_info",
+                                  "/v1/loads"])
+async def test_models_and_info_endpoints_pass_through_with_the_authorization(rig: Rig, path: str) -> None:
+    response = await rig.client.get(path, params={"include": "all"}, headers={"Authorization": "Bearer k"})
+    assert response.status_code == 200
+    assert response.json() == {"path": path, "query": "include=all"}
+    (sent,) = rig.upstream.requests
+    assert sent.headers["authorization"] == "Bearer k"
+    assert len(rig.room.registry) == 0
+

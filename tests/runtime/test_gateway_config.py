@@ -1,0 +1,242 @@
+"""Gateway start-up: options, config file, calibration, model loading, and clean one-line failures."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from basin_runtime.gateway.app import build_gateway, create_app
+from basin_runtime.gateway.calibration import load_calibration, policy_config
+from basin_runtime.gateway.cli import main
+from basin_runtime.gateway.clock import ManualClock
+from basin_runtime.gateway.config import CONFIG_KEYS, ConfigError, GatewayConfig, build_parser, load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+MODELS = ROOT / "models"
+DEFAULT_MODEL = MODELS / "peak_predictor.onnx"
+EXAMPLE = ROOT / "examples" / "gateway.yaml"
+
+
+def parse(*argv: str) -> GatewayConfig:
+    """The config `basin-gateway argv...` would start with."""
+    return load_config(vars(build_parser().parse_args(list(argv))))
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def calibration_file(tmp_path: Path, **values: Any) -> Path:
+    return write(tmp_path / "cal.json", json.dumps(values))
+
+
+# --- options and the config file -----------------------------------------------------------------
+
+
+def test_every_option_is_a_config_key_and_every_config_key_an_option() -> None:
+    dests = {action.dest for action in build_parser()._actions if action.dest not in ("help", "config")}
+    assert dests == CONFIG_KEYS - {"policy"}  # policy tuning lives in the file only
+
+
+def test_the_command_line_wins_over_the_file_and_the_file_over_the_defaults(tmp_path: Path) -> None:
+    config_file = write(tmp_path / "gw.yaml", f"upstream: http://127.0.0.1:8000/\nport: 9000\nidle-timeout-s: 30\n"
+                                              f"model: {DEFAULT_MODEL}\nbudget_tokens: 5000\n")
+    config = parse("--config", str(config_file), "--port", "9100", "--budget-tokens", "7000")
+
+    assert (config.upstream, config.port, config.idle_timeout_s) == ("http://127.0.0.1:8000", 9100, 30.0)
+    assert (config.budget_tokens, config.host, config.session_header) == (7000, "127.0.0.1", "X-Session-ID")
+    assert config.default_model == DEFAULT_MODEL
+
+
+def test_paths_in_the_file_are_relative_to_the_file_and_on_the_command_line_to_the_working_dir(
+        tmp_path: Path) -> None:
+    config_file = write(tmp_path / "conf" / "gw.yaml",
+                        "upstream: http://r:1\nmodel: [m.onnx, swe=sub/w.onnx]\ncalibration: cal.json\n")
+    config = parse("--config", str(config_file))
+    assert config.default_model == tmp_path / "conf" / "m.onnx"
+    assert dict(config.workload_models) == {"swe": tmp_path / "conf" / "sub" / "w.onnx"}
+    assert config.calibration == tmp_path / "conf" / "cal.json"
+    assert parse("--upstream", "http://r:1", "--model", "here.onnx").default_model == Path("here.onnx")
+
+
+def test_models_are_one_default_and_any_number_of_workloads() -> None:
+    config = parse("--upstream", "http://r:1", "--model", "a=x.onnx", "--model", "d.onnx", "--model", "b=y.onnx")
+    assert (config.default_model, dict(config.workload_models)) == (Path("d.onnx"),
+                                                                    {"a": Path("x.onnx"), "b": Path("y.onnx")})
+
+
+@pytest.mark.parametrize(
+    ("models", "fragment"),
+    [
+        ([], "exactly one default model"),
+        (["a.onnx", "b.onnx"], "exactly one default model"),
+        (["d.onnx", "w=x.onnx", "w=y.onnx"], "workload 'w' is given twice"),
+        (["d.onnx", "=x.onnx"], "is not PATH or WORKLOAD=PATH"),
+    ],
+)
+def test_bad_model_lists_are_refused(models: list[str], fragment: str) -> None:
+    argv = ["--upstream", "http://r:1"] + [arg for m in models for arg in ("--model", m)]
+    with pytest.raises(ConfigError, match=fragment):
+        parse(*argv)
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("upstream: http://r:1\nbudget: 5\n", "unknown option 'budget'"),
+        ("upstream: http://r:1\nport: eighty\n", "port: expected a whole number >= 0, got 'eighty'"),
+        ("upstream: http://r:1\nidle_timeout_s: 0\n", "idle_timeout_s: expected a number of seconds > 0"),
+        ("upstream: http://r:1\nalways_engaged: yes please\n", "always_engaged: expected true or false"),
+        ("upstream: ftp://r\n", "upstream: expected an http(s):// URL"),
+        ("upstream: http://r:1\nlog_level: loud\n", "log_level: expected one of debug"),
+        ("upstream: http://r:1\npolicy: {tokens_per_sec: 3}\n", "policy: unknown field(s) ['tokens_per_sec']"),
+        ("- just\n- a list\n", "must hold a mapping of options"),
+        ("upstream: [unclosed\n", "cannot read the config file"),
+    ],
+)
+def test_a_bad_config_file_names_the_file_the_key_and_the_value(tmp_path: Path, text: str, fragment: str) -> None:
+    config_file = write(tmp_path / "gw.yaml", text)
+    with pytest.raises(ConfigError) as caught:
+        parse("--config", str(config_file), "--model", "m.onnx")
+    assert str(caught.value).startswith(str(config_file))
+    assert fragment in str(caught.value)
+
+
+def test_a_bad_command_line_value_names_the_option() -> None:
+    with pytest.raises(ConfigError, match="command line: tick_interval_s: expected a number of seconds > 0"):
+        parse("--upstream", "http://r:1", "--model", "m.onnx", "--tick-interval-s", "-1")
+
+
+def test_without_an_upstream_nothing_starts() -> None:
+    with pytest.raises(ConfigError, match="no upstream"):
+        parse("--model", "m.onnx")
+
+
+def test_the_example_config_file_loads(tmp_path: Path) -> None:
+    config = parse("--config", str(EXAMPLE))
+    assert config.default_model.resolve() == DEFAULT_MODEL
+    assert set(config.workload_models) == {"swebench-verified", "terminal-bench", "tau-bench-airline"}
+    assert policy_config(config, None).budget_tokens == 400_000
+
+
+# --- calibration and the policy configuration ----------------------------------------------------
+
+
+@pytest.mark.parametrize(("knee", "capacity", "budget"), [(100_000, 1_000_000, 90_000), (100_000, 50_000, 50_000)])
+def test_the_budget_is_the_smaller_of_0_9_knee_and_the_capacity(tmp_path: Path, knee: int, capacity: int,
+                                                                 budget: int) -> None:
+    calibration = load_calibration(calibration_file(tmp_path, knee_tokens=knee, cache_capacity_tokens=capacity))
+    config = parse("--upstream", "http://r:1", "--model", "m.onnx")
+    assert policy_config(config, calibration).budget_tokens == budget
+
+
+def test_budget_tokens_overrides_the_calibration_and_the_policy_section_its_measurements(tmp_path: Path) -> None:
+    calibration = load_calibration(calibration_file(tmp_path, knee_tokens=100_000, cache_capacity_tokens=10**6,
+                                                    hit_rate_plateau=0.8, peak_completion_rate_per_s=0.4,
+                                                    notes="measured on 2 x H100"))
+    config_file = write(tmp_path / "gw.yaml", "upstream: http://r:1\nmodel: m.onnx\nbudget_tokens: 1234\n"
+                                              "always_engaged: true\npolicy: {peak_completion_rate_per_s: 0.2}\n")
+    policy = policy_config(parse("--config", str(config_file)), calibration)
+    assert (policy.budget_tokens, policy.always_engaged) == (1234, True)
+    assert (policy.hit_rate_plateau, policy.peak_completion_rate_per_s) == (0.8, 0.2)
+
+
+def test_without_a_budget_or_a_calibration_nothing_starts() -> None:
+    with pytest.raises(ConfigError, match="no budget: give --budget-tokens N or --calibration FILE"):
+        policy_config(parse("--upstream", "http://r:1", "--model", "m.onnx"), None)
+
+
+def test_a_policy_value_the_policy_refuses_is_a_config_error() -> None:
+    config = parse("--upstream", "http://r:1", "--model", "m.onnx", "--budget-tokens", "0")
+    with pytest.raises(ConfigError, match=r"policy configuration: PolicyConfig\.budget_tokens must be > 0"):
+        policy_config(config, None)
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [
+        (None, "cannot read the calibration file"),
+        ("{oops", "cannot read the calibration file"),
+        ("[1]", "must hold a JSON object"),
+        ('{"knee_tokens": 5}', "missing ['cache_capacity_tokens']"),
+        ('{"knee_tokens": 5, "cache_capacity_tokens": 9, "knee": 3}', "unknown key(s) ['knee']"),
+        ('{"knee_tokens": -5, "cache_capacity_tokens": 9}', "knee_tokens must be a finite number > 0"),
+        ('{"knee_tokens": 5, "cache_capacity_tokens": "big"}', "cache_capacity_tokens must be a finite number"),
+        ('{"knee_tokens": 5, "cache_capacity_tokens": 9, "hit_rate_plateau": 1.5}', "hit_rate_plateau must be in"),
+        ('{"knee_tokens": 1, "cache_capacity_tokens": 0.5}', "rounds down to 0 tokens"),
+    ],
+)
+def test_a_bad_calibration_file_is_refused_naming_it(tmp_path: Path, content: str | None, fragment: str) -> None:
+    path = tmp_path / "cal.json"
+    if content is not None:
+        path.write_text(content, encoding="utf-8")
+    with pytest.raises(ConfigError) as caught:
+        load_calibration(path)
+    assert str(caught.value).startswith(str(path)) and fragment in str(caught.value)
+
+
+# --- start-up as a whole -------------------------------------------------------------------------
+
+
+def run_main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, list[str]]:
+    status = main(list(argv))
+    return status, capsys.readouterr().err.strip().splitlines()
+
+
+@pytest.mark.parametrize("problem", ["missing model", "garbage model", "missing calibration", "bad workload model"])
+def test_a_file_that_cannot_be_loaded_stops_start_up_with_one_line_naming_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], problem: str) -> None:
+    garbage = write(tmp_path / "garbage.onnx", "not an onnx model")
+    argv = {
+        "missing model": ["--model", str(tmp_path / "nope.onnx"), "--budget-tokens", "10"],
+        "garbage model": ["--model", str(garbage), "--budget-tokens", "10"],
+        "missing calibration": ["--model", str(DEFAULT_MODEL), "--calibration", str(tmp_path / "cal.json")],
+        "bad workload model": ["--model", str(DEFAULT_MODEL), "--model", f"w={garbage}", "--budget-tokens", "10"],
+    }[problem]
+    status, lines = run_main(capsys, "--upstream", "http://127.0.0.1:9", *argv)
+
+    named = str(tmp_path / ("cal.json" if "calibration" in problem else
+                            "nope.onnx" if problem == "missing model" else "garbage.onnx"))
+    assert status == 2
+    assert len(lines) == 1 and lines[0].startswith("basin-gateway: error: ") and named in lines[0]
+
+
+def test_a_model_trained_on_another_tokenizer_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    status, lines = run_main(capsys, "--upstream", "http://127.0.0.1:9", "--model", str(DEFAULT_MODEL),
+                             "--budget-tokens", "10", "--tokenizer", "qwen2.5")
+    assert status == 2 and len(lines) == 1 and "trained on 'qwen3.6' token counts" in lines[0]
+
+
+def test_an_unknown_tokenizer_or_bad_task_text_pattern_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["--upstream", "http://127.0.0.1:9", "--model", str(DEFAULT_MODEL), "--budget-tokens", "10"]
+    assert run_main(capsys, *base, "--tokenizer", "gpt-9")[0] == 2
+    status, lines = run_main(capsys, *base, "--task-text-pattern", "(unclosed")
+    assert status == 2 and len(lines) == 1 and "not a valid regex" in lines[0]
+
+
+def test_the_shipped_models_load_per_workload_and_predict() -> None:
+    config = parse("--config", str(EXAMPLE))
+    gateway = build_gateway(config, clock=ManualClock())
+    try:
+        swe = gateway.predictors.for_workload("swebench-verified")
+        assert swe is not gateway.predictors.default
+        assert gateway.predictors.for_workload("no-such-bench") is gateway.predictors.default
+        assert swe.predict("Fix the failing test in the parser", 1500) >= 1500
+    finally:
+        asyncio.run(gateway.upstream.client.aclose())
+
+
+def test_the_app_lifespan_starts_the_timers_and_closes_what_it_owns() -> None:
+    gateway = build_gateway(parse("--config", str(EXAMPLE)), clock=ManualClock())
+    client = gateway.upstream.client
+    app = create_app(gateway, on_shutdown=client.aclose)
+    with TestClient(app) as http:
+        assert http.get("/health").json() == {"status": "ok"}
+    assert client.is_closed

@@ -1,0 +1,49 @@
+"""Every gateway error has exactly one HTTP status, set in one place (`errors.error_response`)."""
+
+from __future__ import annotations
+
+import json
+
+from basin_runtime.gateway.errors import GatewayError, SessionShedError, UpstreamStatusError, error_response
+from basin_runtime.policy import PolicyError, Shed, UnknownSessionError
+
+
+def _subclasses(cls: type[GatewayError]) -> set[type[GatewayError]]:
+    found: set[type[GatewayError]] = set()
+    for direct in cls.__subclasses__():
+        found |= {direct} | _subclasses(direct)
+    return found
+
+
+SHED = Shed("s", 1.0, 2.0, 3.0, 0.5, 0.1, 900.0, "arrival rate 0.5/s exceeds peak completion rate 0.1/s")
+EXAMPLES: dict[type, GatewayError] = {
+    SessionShedError: SessionShedError(SHED, 12.5),
+    UpstreamStatusError: UpstreamStatusError(500, "scheduler crashed"),
+}
+
+
+def test_every_gateway_error_maps_to_one_status_and_an_openai_style_body() -> None:
+    statuses = {}
+    for cls in _subclasses(GatewayError):
+        exc = EXAMPLES.get(cls) or cls("what happened")
+        response = error_response(exc)
+        error = json.loads(bytes(response.body))["error"]
+        assert (error["message"], error["code"]) == (str(exc), response.status_code)
+        statuses[cls.__name__] = response.status_code
+    assert statuses == {
+        "BadRequestError": 400, "AdminAuthError": 401, "SessionNotFoundError": 404, "SessionEndedError": 409,
+        "ClientGoneError": 499, "SessionShedError": 503, "UpstreamError": 502, "UpstreamRefusedError": 502,
+        "UpstreamTimeoutError": 504, "UpstreamStatusError": 502,
+    }
+
+
+def test_a_shed_answer_carries_retry_after_in_whole_seconds_and_the_reason() -> None:
+    response = error_response(EXAMPLES[SessionShedError])
+    error = json.loads(bytes(response.body))["error"]
+    assert response.headers["retry-after"] == "13"
+    assert (error["reason"], error["session_id"], error["retry_after_s"]) == (SHED.reason, "s", 13)
+
+
+def test_policy_refusals_map_too() -> None:
+    assert error_response(UnknownSessionError("gone")).status_code == 404
+    assert error_response(PolicyError("a bug")).status_code == 500

@@ -1,0 +1,212 @@
+"""Session identity, call parsing, prompt measurement, priority integers and the manual clock."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+
+import pytest
+
+from basin_runtime.gateway.calls import Call, parse_call
+from basin_runtime.gateway.clock import ManualClock
+from basin_runtime.gateway.errors import BadRequestError
+from basin_runtime.gateway.measure import Meter, PromptMemo
+from basin_runtime.gateway.priority import INT32_MAX, INT32_MIN, request_id, sglang_priority, stamp
+from basin_runtime.gateway.sessions import session_id_for
+from basin_runtime.task_text import TaskTextRule
+from basin_runtime.tokenizer import get_tokenizer
+
+TOKENIZER = get_tokenizer("qwen3.6")
+TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
+
+
+def chat(*messages: tuple[str, str], **fields: object) -> Call:
+    body = {"messages": [{"role": role, "content": content} for role, content in messages], **fields}
+    return parse_call("chat", json.dumps(body).encode())
+
+
+# --- identity ------------------------------------------------------------------------------------
+
+
+def test_the_header_wins_then_the_user_field_then_the_conversation_hash() -> None:
+    call = chat(("user", "task"), user="alice")
+    assert session_id_for(call, {"X-Session-ID": " run-1 "}, "X-Session-ID") == ("run-1", False)
+    assert session_id_for(call, {}, "X-Session-ID") == ("alice", False)
+    hashed, is_single = session_id_for(chat(("user", "task")), {}, "X-Session-ID")
+    assert hashed.startswith("conv-") and len(hashed) == 5 + 24 and not is_single
+
+
+def test_the_hash_is_stable_as_the_conversation_grows_and_differs_between_tasks() -> None:
+    def ident(call: Call) -> str:
+        return session_id_for(call, {}, "X-Session-ID")[0]
+
+    first = chat(("system", "you are an agent"), ("user", "task A"))
+    later = chat(("system", "you are an agent"), ("user", "task A"), ("assistant", "ls"), ("user", "out"))
+    assert ident(first) == ident(later)
+    assert ident(first) != ident(chat(("system", "you are an agent"), ("user", "task B")))
+    assert ident(first) != ident(chat(("system", "another agent"), ("user", "task A")))
+    assert ident(chat(("user", "task A"))) != ident(first)
+
+
+def test_a_raw_prompt_without_header_or_user_is_a_single_call_session_each_time() -> None:
+    call = parse_call("completion", b'{"prompt": "def f():"}')
+    (one, is_single), (two, _) = session_id_for(call, {}, "X-Session-ID"), session_id_for(call, {}, "X-Session-ID")
+    assert is_single and one != two and one.startswith("call-")
+
+
+# --- parsing -------------------------------------------------------------------------------------
+
+
+def test_a_chat_call_is_a_continuation_once_it_holds_an_assistant_turn() -> None:
+    assert not chat(("system", "s"), ("user", "u")).is_continuation
+    assert chat(("user", "u"), ("assistant", "a"), ("user", "u2")).is_continuation
+    assert chat(("user", "u"), stream=True).is_stream and not chat(("user", "u"), stream="yes").is_stream
+
+
+@pytest.mark.parametrize(
+    ("kind", "raw", "texts", "ids", "is_batch"),
+    [
+        ("completion", b'{"prompt": "abc"}', ("abc",), 0, False),
+        ("completion", b'{"prompt": ["a", "b"]}', ("a", "b"), 0, True),
+        ("completion", b'{"prompt": [1, 2, 3]}', (), 3, False),
+        ("generate", b'{"input_ids": [[1, 2], [3]]}', (), 3, True),
+        ("generate", b'{"text": "t", "input_ids": [9]}', ("t",), 0, False),
+    ],
+)
+def test_raw_prompts_are_read_as_texts_or_token_ids(kind: str, raw: bytes, texts: tuple[str, ...], ids: int,
+                                                    is_batch: bool) -> None:
+    call = parse_call(kind, raw)  # type: ignore[arg-type]
+    assert (call.texts, call.token_ids_count, call.is_batch, call.is_continuation) == (texts, ids, is_batch, False)
+
+
+def test_a_non_string_user_field_is_not_an_identity() -> None:
+    assert chat(("user", "u"), user=42).user is None
+    assert chat(("user", "u"), user="").user is None
+
+
+# --- measurement ---------------------------------------------------------------------------------
+
+
+def test_the_memo_counts_exactly_what_count_prompt_counts_as_the_history_grows_and_changes() -> None:
+    meter = Meter(TOKENIZER, TaskTextRule())
+    memo = PromptMemo()
+    history = [("system", "you are an agent"), ("user", "fix the parser")]
+    steps = [
+        history,
+        [*history, ("assistant", "ls -la"), ("user", "a.py b.py")],
+        [*history, ("assistant", "ls -la"), ("user", "a.py b.py"), ("assistant", "cat a.py"), ("user", "x = 1")],
+        [*history, ("assistant", "summary of the work so far"), ("user", "continue")],  # rewritten history
+    ]
+    for step in steps:
+        for tools in (None, TOOLS):
+            call = chat(*step, tools=tools) if tools else chat(*step)
+            messages = call.messages
+            assert messages is not None
+            assert meter.prompt_tokens(call, memo) == TOKENIZER.count_prompt(messages, tools)
+
+
+def test_the_memo_only_counts_new_messages() -> None:
+    counted: list[str] = []
+
+    class CountingTokenizer:
+        generation_prompt_tokens = 3
+
+        def count_message(self, message: dict[str, str]) -> int:
+            counted.append(message["content"])
+            return 10
+
+        def count_tools(self, tools: object, has_system: bool) -> int:
+            return 0
+
+    meter = Meter(CountingTokenizer(), TaskTextRule())  # type: ignore[arg-type]
+    memo = PromptMemo()
+    assert meter.prompt_tokens(chat(("user", "a")), memo) == 13
+    assert meter.prompt_tokens(chat(("user", "a"), ("assistant", "b"), ("user", "c")), memo) == 33
+    assert counted == ["a", "b", "c"]
+
+
+def test_the_first_call_of_an_adopted_conversation_is_what_came_before_its_first_answer() -> None:
+    meter = Meter(TOKENIZER, TaskTextRule(r"Task: (?P<task>[^\n]*)"))
+    call = chat(("system", "s"), ("user", "Task: fix it\nrepo at /r"), ("assistant", "ok"), ("user", "done?"),
+                tools=TOOLS)
+    first = meter.first_call(call, PromptMemo())
+    assert call.messages is not None
+    assert first.first_prompt_tokens == TOKENIZER.call_tokens(call.messages, TOOLS)[0].prompt_tokens
+    assert first.prompt_tokens == TOKENIZER.count_prompt(call.messages, TOOLS)
+    assert first.task_text == "fix it"
+
+
+def test_task_text_of_raw_prompts_and_of_conversations_without_a_user_message() -> None:
+    meter = Meter(TOKENIZER, TaskTextRule())
+    raw = meter.first_call(parse_call("generate", b'{"text": "write a parser"}'), PromptMemo())
+    assert (raw.task_text, raw.prompt_tokens) == ("write a parser", TOKENIZER.count_text("write a parser"))
+    assert meter.first_call(chat(("system", "only a system prompt")), PromptMemo()).task_text == ""
+
+
+def test_an_unreadable_message_is_a_bad_request_and_leaves_the_memo_as_it_was() -> None:
+    meter = Meter(TOKENIZER, TaskTextRule())
+    memo = PromptMemo()
+    meter.prompt_tokens(chat(("user", "a")), memo)
+    before = (list(memo.keys), list(memo.tokens))
+    with pytest.raises(BadRequestError, match="cannot read the messages"):
+        meter.prompt_tokens(chat(("user", "a"), ("oracle", "b")), memo)
+    assert (memo.keys, memo.tokens) == before
+
+
+# --- priority ------------------------------------------------------------------------------------
+
+
+def test_the_sglang_priority_is_whole_seconds_after_the_origin_in_the_same_order() -> None:
+    origin = 1000.0
+    priorities = [1000.0, 1000.99, 1001.0, 1033.4, 2000.0]
+    mapped = [sglang_priority(p, origin) for p in priorities]
+    assert mapped == [0, 0, 1, 33, 1000]
+    assert mapped == sorted(mapped)  # smaller Basin priority -> smaller integer -> served first
+
+
+def test_the_sglang_priority_is_clamped_to_int32() -> None:
+    assert sglang_priority(1e12, 0.0) == INT32_MAX
+    assert sglang_priority(-1e12, 0.0) == INT32_MIN
+    assert sglang_priority(math.inf, 0.0) == INT32_MAX
+    with pytest.raises(ValueError, match="NaN"):
+        sglang_priority(math.nan, 0.0)
+
+
+def test_request_ids_are_safe_ascii_and_stamp_keeps_a_client_rid() -> None:
+    rid = request_id("beef", "sessión/ünïcode 1", 7)
+    assert rid.startswith("basin-beef-") and rid.endswith("-7") and rid.isascii() and " " not in rid
+    body: dict[str, object] = {"priority": 5}
+    assert stamp(body, 12, rid) == rid and body == {"priority": 12, "rid": rid}
+    mine: dict[str, object] = {"rid": "mine"}
+    assert stamp(mine, 3, rid) == "mine" and mine == {"rid": "mine", "priority": 3}
+    batch: dict[str, object] = {"rid": ["r1", "r2"]}
+    assert stamp(batch, 3, None) is None and batch["rid"] == ["r1", "r2"]
+
+
+# --- the manual clock ----------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_the_manual_clock_wakes_sleepers_only_when_advanced_past_their_deadline() -> None:
+    clock = ManualClock(start_s=10.0)
+    woke: list[str] = []
+
+    async def sleeper(name: str, seconds: float) -> None:
+        await clock.sleep(seconds)
+        woke.append(name)
+
+    tasks = [asyncio.create_task(sleeper("short", 1)), asyncio.create_task(sleeper("long", 5))]
+    await asyncio.sleep(0)
+    clock.advance(0.5)
+    await asyncio.sleep(0)
+    assert woke == []
+    clock.advance(0.5)
+    await asyncio.sleep(0)
+    assert woke == ["short"] and clock.now() == 11.0
+    clock.advance(4)
+    await asyncio.gather(*tasks)
+    assert woke == ["short", "long"]
+    assert clock.wall() - clock.now() == pytest.approx(1.7e9)
+    with pytest.raises(ValueError, match="backwards"):
+        clock.advance(-1)
