@@ -1,0 +1,288 @@
+# The discrete-event model of a PD-disaggregated SGLang deployment with a session policy in front.
+#
+# Rules:
+# - Time advances from event to event (a heap of (time, seq, kind, payload); seq makes ties
+#   deterministic). There is no fixed tick for the work itself: prefill batches, KV transfers and
+#   decode completions are events; decode steps are aggregated (see decode.py). A policy tick (and a
+#   timeline sample) comes every `tick_s` when ticks are on.
+# - A session's call is sent at its arrival (first call) or after the previous answer plus the tool
+#   gap. The request is routed at once (router.py), waits for decode memory, then for prefill, is
+#   prefilled (cache hit free, the rest computed), its KV moves to decode at the profile's bandwidth
+#   (the prefill cache keeps it pinned until then), and it decodes `completion_tokens` steps.
+# - The policy sees every arrival, call, end and tick (policies/base.py); a held session waits at the
+#   door and its waiting counts in its end-to-end time.
+# - Working set = sum of the latest prompt of every live session (tool-running ones included).
+# - A kill ends sessions at once: whatever their request holds (decode reservation, prefill job, cache
+#   pin) is given back as the request reaches a point where it can be (a running prefill batch or KV
+#   transfer completes first).
+# Invariants: every in-flight request is in `_requests` under its id; num_live and num_held count the
+# sessions in those states; working_set_tokens == sum of live sessions' context_tokens.
+"""`Engine`: sessions in, an event-driven PD deployment with prefix caches, outcomes out."""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Iterable
+
+from basin_sim.decode import DecodeInstance, DecodeSlot
+from basin_sim.goodput import STEP_SLO_S
+from basin_sim.lifecycle import Request, SessionRun, SessionSpec, Stage, Status
+from basin_sim.policies.base import Decisions, SessionPolicy
+from basin_sim.prefill import PrefillInstance, PrefillJob
+from basin_sim.profile import Deployment
+from basin_sim.radix_cache import RadixCache
+from basin_sim.router import route_decode, route_prefill
+from basin_sim.timeline import Sample, Timeline
+
+_ARRIVE, _CALL, _PREFILL_DONE, _TRANSFER_DONE, _DECODE_NEXT, _TICK, _KILL = range(7)
+
+
+class EngineError(RuntimeError):
+    """A policy decision or an event the engine cannot honour."""
+
+
+class Engine:
+    """A PD deployment under a session policy; feed it with `add`, drive it with `run_until`."""
+
+    def __init__(self, deployment: Deployment, policy: SessionPolicy, *, timeline: Timeline | None = None,
+                 tick_s: float | None = 10.0, step_slo_s: float = STEP_SLO_S) -> None:
+        self.deployment = deployment
+        self.profile = deployment.profile
+        self.policy = policy
+        self.timeline = timeline if timeline is not None else Timeline()
+        self.prefill = [PrefillInstance(i, self.profile, RadixCache(deployment.prefill_cache_tokens,
+                                                                    deployment.host_cache_tokens))
+                        for i in range(deployment.num_prefill)]
+        self.decode = [DecodeInstance(i, self.profile, deployment.decode_kv_tokens, step_slo_s)
+                       for i in range(deployment.num_decode)]
+        self.now = 0.0
+        self.runs: dict[str, SessionRun] = {}
+        self.num_live = 0
+        self.num_held = 0
+        self.working_set_tokens = 0
+        self._tick_s = tick_s
+        self._events: list[tuple[float, int, int, object]] = []
+        self._seq = 0
+        self._requests: dict[int, Request] = {}
+        self._next_request_id = 0
+        self._handlers: list[Callable[[object], None]] = [
+            self._on_arrive, self._on_call, self._on_prefill_done, self._on_transfer_done,  # type: ignore[list-item]
+            self._on_decode_next, self._on_tick, self._on_kill,  # type: ignore[list-item]
+        ]
+        if tick_s is not None:
+            self._at(tick_s, _TICK, None)
+
+    # --- driving -----------------------------------------------------------------------------------
+
+    def add(self, spec: SessionSpec) -> None:
+        """Schedule a session's arrival."""
+        if spec.session_id in self.runs:
+            raise EngineError(f"session {spec.session_id!r} added twice")
+        if spec.arrival_s < self.now:
+            raise EngineError(f"session {spec.session_id!r} arrives at {spec.arrival_s} < now {self.now}")
+        run = self.runs[spec.session_id] = SessionRun(spec)
+        self._at(spec.arrival_s, _ARRIVE, run)
+
+    def kill_at(self, at_s: float, session_ids: Iterable[str]) -> None:
+        """End these sessions at `at_s` (those still live or held then)."""
+        self._at(at_s, _KILL, tuple(session_ids))
+
+    def run_until(self, until_s: float) -> None:
+        """Process every event up to `until_s` (math.inf: until nothing is left to do)."""
+        events = self._events
+        while events and events[0][0] <= until_s:
+            time_s, _, kind, payload = heapq.heappop(events)
+            self.now = time_s
+            self._handlers[kind](payload)
+        if math.isfinite(until_s):
+            self.now = max(self.now, until_s)
+
+    def sample(self) -> Sample:
+        """The state now, as the timeline records it."""
+        caches = [p.cache for p in self.prefill]
+        return Sample(
+            time_s=self.now, live_sessions=self.num_live, held_sessions=self.num_held,
+            working_set_tokens=self.working_set_tokens,
+            cache_device_tokens=sum(c.device_used_tokens for c in caches),
+            cache_host_tokens=sum(c.host_used_tokens for c in caches),
+            cache_pinned_tokens=sum(c.pinned_tokens for c in caches),
+            prefill_waiting=sum(p.num_waiting for p in self.prefill),
+            decode_queued=sum(d.num_queued for d in self.decode),
+            decode_running=sum(d.batch_size for d in self.decode),
+            decode_reserved_tokens=sum(d.reserved_tokens for d in self.decode),
+        )
+
+    # --- sessions ----------------------------------------------------------------------------------
+
+    def _at(self, time_s: float, kind: int, payload: object) -> None:
+        self._seq += 1
+        heapq.heappush(self._events, (time_s, self._seq, kind, payload))
+
+    def _on_arrive(self, run: SessionRun) -> None:
+        run.status = Status.HELD
+        self.num_held += 1
+        if self.policy.on_arrival(run.spec.session_id, self.now, run.spec.session):
+            self._start(run)
+
+    def _start(self, run: SessionRun) -> None:
+        run.status, run.admitted_s = Status.LIVE, self.now
+        self.num_held -= 1
+        self.num_live += 1
+        self._on_call(run)
+
+    def _end(self, run: SessionRun, status: Status) -> None:
+        if run.status == Status.LIVE:
+            self.num_live -= 1
+            self.working_set_tokens -= run.context_tokens
+        elif run.status == Status.HELD:
+            self.num_held -= 1
+        run.status, run.ended_s = status, self.now
+        self._apply(self.policy.on_session_end(run.spec.session_id, self.now))
+
+    def _apply(self, decisions: Decisions) -> None:
+        for session_id in decisions.shed:
+            run = self._held(session_id, "shed")
+            self.num_held -= 1
+            run.status, run.ended_s = Status.SHED, self.now
+        for session_id in decisions.admit:
+            self._start(self._held(session_id, "admit"))
+
+    def _held(self, session_id: str, what: str) -> SessionRun:
+        run = self.runs.get(session_id)
+        if run is None or run.status != Status.HELD:
+            state = "unknown" if run is None else run.status.value
+            raise EngineError(f"policy {self.policy.name!r} asked to {what} session {session_id!r}, which is {state}")
+        return run
+
+    def _on_kill(self, session_ids: tuple[str, ...]) -> None:
+        runs = [self.runs[sid] for sid in session_ids]
+        runs = [run for run in runs if not run.is_over and run.status != Status.ARRIVING]
+        for run in runs:  # withdraw every request first, so freed memory goes to survivors only
+            if run.request is not None:
+                self._cancel(run.request)
+        for run in runs:
+            self._end(run, Status.KILLED)
+        for decode in self.decode:
+            self._grant(decode)
+            self._schedule_decode(decode)
+
+    def _on_tick(self, _: object) -> None:
+        self.timeline.record_sample(self.sample())
+        self._apply(self.policy.on_tick(self.now, self.timeline.recent_hit_rate(self.now)))
+        assert self._tick_s is not None
+        self._at(self.now + self._tick_s, _TICK, None)
+
+    # --- requests ----------------------------------------------------------------------------------
+
+    def _on_call(self, run: SessionRun) -> None:
+        if run.status != Status.LIVE:
+            return
+        spec = run.spec
+        call = spec.session.calls[run.next_call]
+        self.working_set_tokens += call.prompt_tokens - run.context_tokens
+        run.context_tokens = call.prompt_tokens
+        self._apply(self.policy.on_call(spec.session_id, self.now, call.prompt_tokens))
+        reservation = call.prompt_tokens + max(call.completion_tokens, self.profile.decode_reserve_tokens)
+        if call.prompt_tokens > self.deployment.prefill_cache_tokens or reservation > self.deployment.decode_kv_tokens:
+            self._end(run, Status.ABORTED)  # SGLang rejects a request larger than an instance's memory
+            return
+        priority = self.policy.priority(spec.session_id, self.now)
+        rid = self._next_request_id
+        self._next_request_id += 1
+        prefill = route_prefill(self.prefill, spec.session_id, spec.group_key, call.prompt_tokens)
+        decode = route_decode(self.decode)
+        job = PrefillJob(priority, rid, spec.session_id, spec.group_key, spec.group_tokens, call.prompt_tokens)
+        slot = DecodeSlot(priority, call.prompt_tokens, call.completion_tokens, reservation, request_id=rid)
+        request = run.request = self._requests[rid] = Request(rid, run, self.now, prefill, decode, job, slot)
+        decode.enqueue(request.slot)
+        self._grant(decode)
+
+    def _grant(self, decode: DecodeInstance) -> None:
+        for slot in decode.pop_reserved():
+            request = self._requests[slot.request_id]
+            request.stage = Stage.PREFILL_WAIT
+            request.prefill.enqueue(request.job)
+            self._kick(request.prefill)
+
+    def _kick(self, prefill: PrefillInstance) -> None:
+        batch = prefill.start_batch(self.now)
+        if batch is None:
+            return
+        for job in batch.started:
+            self._requests[job.request_id].stage = Stage.PREFILLING
+            self.timeline.record_prefill(self.now, job.prompt_tokens, job.device_hit_tokens, job.host_hit_tokens)
+        self._at(batch.ends_s, _PREFILL_DONE, prefill)
+
+    def _on_prefill_done(self, prefill: PrefillInstance) -> None:
+        for job in prefill.finish_batch():
+            request = self._requests[job.request_id]
+            if job.is_cancelled:
+                self._drop(request)
+                continue
+            request.stage = Stage.TRANSFER
+            self._at(self.now + self.profile.transfer_s(job.prompt_tokens), _TRANSFER_DONE, request)
+        self._kick(prefill)
+
+    def _on_transfer_done(self, request: Request) -> None:
+        if request.run.status != Status.LIVE:  # killed during the transfer
+            self._drop(request)
+            return
+        request.prefill.cache.release(request.run.spec.session_id, self.now)
+        self._kick(request.prefill)
+        self.timeline.record_ttft(self.now, self.now - request.sent_s)
+        request.stage = Stage.DECODING
+        request.decode.join(request.slot, self.now)
+        self._schedule_decode(request.decode)
+
+    def _schedule_decode(self, decode: DecodeInstance) -> None:
+        when = decode.next_completion_s()
+        if when is not None:
+            self._at(when, _DECODE_NEXT, (decode, decode.version))
+
+    def _on_decode_next(self, payload: tuple[DecodeInstance, int]) -> None:
+        decode, version = payload
+        if version != decode.version:
+            return
+        decode.pop_finished(self.now, self._answer)
+        self._grant(decode)
+        self._schedule_decode(decode)
+
+    def _answer(self, slot: DecodeSlot) -> None:
+        run = self._requests.pop(slot.request_id).run
+        run.request = None
+        run.steps += slot.steps
+        run.good_steps += slot.good_steps
+        run.next_call += 1
+        if run.next_call < run.spec.session.n_calls:
+            self._at(self.now + run.spec.gaps_s[run.next_call - 1], _CALL, run)
+        else:
+            self._end(run, Status.FINISHED)
+
+    def _cancel(self, request: Request) -> None:
+        """Withdraw a killed session's request; what a running batch or transfer holds comes back when it ends.
+
+        The caller hands freed decode memory out again (`_grant`) once every kill is withdrawn.
+        """
+        stage = request.stage
+        if stage == Stage.PREALLOC:
+            request.decode.cancel_queued(request.slot)
+            del self._requests[request.request_id]
+        elif stage == Stage.PREFILL_WAIT:
+            request.prefill.cancel(request.job)
+            request.decode.free(request.slot)
+            del self._requests[request.request_id]
+        elif stage == Stage.PREFILLING:
+            request.prefill.cancel(request.job)  # dropped when its batch ends
+        elif stage == Stage.DECODING:
+            request.decode.leave(request.slot, self.now)
+            del self._requests[request.request_id]
+        request.run.request = None
+
+    def _drop(self, request: Request) -> None:
+        """Release a cancelled request that was prefilling or in transfer."""
+        request.prefill.cache.release(request.run.spec.session_id, self.now)
+        request.decode.free(request.slot)
+        del self._requests[request.request_id]
+        self._grant(request.decode)
+        self._kick(request.prefill)

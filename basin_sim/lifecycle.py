@@ -1,0 +1,96 @@
+# The records the engine keeps of each session and each in-flight request.
+#
+# A session: arrives at the door -> held (policy said wait) or live -> each call in turn -> ends as
+# finished, killed (by the scenario), shed (by the policy while held) or aborted (a request larger than
+# an instance's memory). A request (one call): PREALLOC (waits for decode memory) -> PREFILL_WAIT ->
+# PREFILLING -> TRANSFER (KV to decode) -> DECODING -> done; then the tool gap, then the next call.
+# Rules: a session has at most one request in flight; once ended it never changes again.
+"""Session and request records of the engine."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from basin_runtime.session_table import Session
+from basin_sim.decode import DecodeInstance, DecodeSlot
+from basin_sim.prefill import PrefillInstance, PrefillJob
+
+
+class Status(enum.Enum):
+    """Where a session is in its life."""
+
+    ARRIVING = "arriving"
+    HELD = "held"
+    LIVE = "live"
+    FINISHED = "finished"
+    KILLED = "killed"
+    SHED = "shed"
+    ABORTED = "aborted"
+
+
+class Stage(enum.Enum):
+    """Where a request is on its way through the deployment."""
+
+    PREALLOC = "prealloc"
+    PREFILL_WAIT = "prefill_wait"
+    PREFILLING = "prefilling"
+    TRANSFER = "transfer"
+    DECODING = "decoding"
+
+
+@dataclass(frozen=True)
+class SessionSpec:
+    """A session as the workload hands it to the engine."""
+
+    session_id: str
+    session: Session
+    arrival_s: float
+    group_key: str  # the shared system prompt it starts with (one per benchmark)
+    group_tokens: int
+    gaps_s: tuple[float, ...]  # tool time after each call but the last
+    is_burst: bool = False
+
+    def __post_init__(self) -> None:
+        if len(self.gaps_s) != self.session.n_calls - 1:
+            raise ValueError(f"session {self.session_id!r}: {len(self.gaps_s)} gaps for {self.session.n_calls} calls")
+        if self.group_tokens > self.session.first_prompt_tokens:
+            raise ValueError(f"session {self.session_id!r}: shared prefix {self.group_tokens} is longer than its "
+                             f"first prompt {self.session.first_prompt_tokens}")
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """One call in flight."""
+
+    request_id: int
+    run: SessionRun
+    sent_s: float
+    prefill: PrefillInstance
+    decode: DecodeInstance
+    job: PrefillJob
+    slot: DecodeSlot
+    stage: Stage = Stage.PREALLOC
+
+
+@dataclass(slots=True, eq=False)
+class SessionRun:
+    """The engine's mutable record of one session."""
+
+    spec: SessionSpec
+    status: Status = Status.ARRIVING
+    admitted_s: float | None = None
+    ended_s: float | None = None
+    next_call: int = 0
+    context_tokens: int = 0
+    steps: float = 0.0
+    good_steps: float = 0.0
+    request: Request | None = None
+
+    @property
+    def is_over(self) -> bool:
+        """True once the session ended in any way."""
+        return self.status in _OVER
+
+
+_OVER = frozenset({Status.FINISHED, Status.KILLED, Status.SHED, Status.ABORTED})

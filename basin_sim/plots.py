@@ -1,0 +1,111 @@
+"""Timeline PNGs of a run: the collapse step by step (hit rate, queues, live sessions, working set,
+TTFT, goodput). Writes files; matplotlib is imported here only, with the Agg backend."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+from basin_sim.goodput import is_good
+from basin_sim.simulate import RunResult
+
+GOODPUT_BIN_S = 600.0
+
+
+def _minutes(values: list[float]) -> list[float]:
+    return [v / 60.0 for v in values]
+
+
+def _ttft_medians(result: RunResult) -> tuple[list[float], list[float]]:
+    timeline, bin_s = result.timeline, result.timeline.bin_s
+    end = timeline.samples[-1].time_s if timeline.samples else 0.0
+    times, medians = [], []
+    for k in range(int(end // bin_s)):
+        values = timeline.ttfts(k * bin_s, (k + 1) * bin_s)
+        if values:
+            times.append(k * bin_s)
+            medians.append(statistics.median(values))
+    return times, medians
+
+
+def _goodput_bins(result: RunResult) -> tuple[list[float], list[float], list[float]]:
+    duration = result.spec.scenario.duration_s
+    count = int(duration // GOODPUT_BIN_S)
+    arrived, good = [0] * count, [0] * count
+    for outcome in result.outcomes:
+        index = int(outcome.arrival_s // GOODPUT_BIN_S)
+        if outcome.is_burst or index >= count or outcome.unloaded_s is None:
+            continue
+        arrived[index] += 1
+        good[index] += is_good(outcome)
+    per_hour = 3600.0 / GOODPUT_BIN_S
+    starts = [k * GOODPUT_BIN_S for k in range(count)]
+    return starts, [a * per_hour for a in arrived], [g * per_hour for g in good]
+
+
+def _panels(result: RunResult, axes: Any) -> None:
+    timeline, deployment = result.timeline, result.spec.deployment
+    t = _minutes(timeline.series("time_s"))
+    bins = timeline.bin_hit_rates(0.0, timeline.samples[-1].time_s if timeline.samples else 0.0)
+    axes[0].plot([b / 60 for b, r in bins if r is not None], [r for _, r in bins if r is not None], lw=1)
+    axes[0].set_ylabel("hit rate\n(per min)")
+    axes[0].set_ylim(0, 1.02)
+    axes[1].plot(t, timeline.series("prefill_waiting"), label="prefill queue", lw=1)
+    axes[1].plot(t, timeline.series("decode_queued"), label="decode pre-alloc queue", lw=1)
+    axes[1].plot(t, timeline.series("decode_running"), label="decoding", lw=1)
+    axes[1].set_ylabel("requests")
+    axes[1].legend(loc="upper left", fontsize=7)
+    axes[2].plot(t, timeline.series("live_sessions"), label="live", lw=1)
+    axes[2].plot(t, timeline.series("held_sessions"), label="held at the door", lw=1)
+    axes[2].set_ylabel("sessions N(t)")
+    axes[2].legend(loc="upper left", fontsize=7)
+    capacity = deployment.prefill_cache_tokens * deployment.num_prefill / 1e6
+    axes[3].plot(t, [w / 1e6 for w in timeline.series("working_set_tokens")], label="working set", lw=1)
+    axes[3].axhline(capacity, color="k", ls="--", lw=1, label="GPU cache")
+    if deployment.has_host_tier:
+        host = capacity + deployment.host_cache_tokens * deployment.num_prefill / 1e6
+        axes[3].axhline(host, color="grey", ls=":", lw=1, label="GPU + host tier")
+    axes[3].set_ylabel("M tokens")
+    axes[3].legend(loc="upper left", fontsize=7)
+    ttft_t, ttft = _ttft_medians(result)
+    axes[4].semilogy(_minutes(ttft_t), ttft, lw=1)
+    axes[4].set_ylabel("TTFT p50 (s)")
+    starts, arrived, good = _goodput_bins(result)
+    width = GOODPUT_BIN_S / 60 * 0.8
+    axes[5].bar([s / 60 for s in starts], arrived, width=width, align="edge", color="lightgrey", label="arrived")
+    axes[5].bar([s / 60 for s in starts], good, width=width, align="edge", label="good")
+    axes[5].set_ylabel("sessions/h\n(by arrival)")
+    axes[5].legend(loc="upper left", fontsize=7)
+
+
+def plot_run(result: RunResult, out_dir: Path) -> Path:
+    """Write the run's timeline figure into `out_dir`; return its path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summary, scenario = result.summary, result.spec.scenario
+    fig, axes = plt.subplots(6, 1, figsize=(10, 13), sharex=True)
+    _panels(result, axes)
+    for ax in axes:
+        if scenario.pre_end_s < scenario.window_start_s:
+            ax.axvspan(scenario.pre_end_s / 60, scenario.window_start_s / 60, color="orange", alpha=0.15)
+        ax.axvline(scenario.duration_s / 60, color="grey", lw=0.8)
+        ax.grid(alpha=0.3)
+    axes[-1].set_xlabel("minutes (shaded: surge or burst; grey line: arrivals stop)")
+    fig.suptitle(f"{summary['scenario']} on {summary['deployment']} ({summary['cache']} cache), policy "
+                 f"{summary['policy']}, seed {summary['seed']}: goodput {summary['goodput_per_hour']:.0f}/h, "
+                 f"hit rate {_fmt(summary['hit_rate_pre'])} -> {_fmt(summary['hit_rate_post'])}", fontsize=10)
+    fig.tight_layout()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / (f"{summary['scenario']}_{summary['deployment']}_{summary['cache']}_{summary['policy']}"
+                      f"_seed{summary['seed']}.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"

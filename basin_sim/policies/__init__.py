@@ -1,0 +1,48 @@
+# The policy registry: names -> `PolicySpec`. Part 2 adds `continuum`, `basin-proto` and `basin` here.
+"""Session policies by name: `make_policy('sglang', context)`; `policy_names()` lists them."""
+
+from __future__ import annotations
+
+from basin_sim.policies.base import (
+    NO_DECISIONS,
+    Decisions,
+    PolicyContext,
+    PolicySpec,
+    SessionPolicy,
+    UnknownPolicyError,
+)
+from basin_sim.policies.fcfs import HICACHE, SGLANG, FcfsPolicy
+
+_REGISTRY: dict[str, PolicySpec] = {spec.name: spec for spec in (SGLANG, HICACHE)}
+
+
+def policy_names() -> tuple[str, ...]:
+    """Registered policy names, in registration order."""
+    return tuple(_REGISTRY)
+
+
+def policy_spec(name: str) -> PolicySpec:
+    """The registered policy `name`; an unknown name raises `UnknownPolicyError` listing the known ones."""
+    spec = _REGISTRY.get(name)
+    if spec is None:
+        raise UnknownPolicyError(f"unknown policy {name!r}; known policies: {', '.join(policy_names())}")
+    return spec
+
+
+def make_policy(name: str, context: PolicyContext) -> SessionPolicy:
+    """A fresh policy instance for one run."""
+    return policy_spec(name).factory(context)
+
+
+__all__ = [
+    "NO_DECISIONS",
+    "Decisions",
+    "FcfsPolicy",
+    "PolicyContext",
+    "PolicySpec",
+    "SessionPolicy",
+    "UnknownPolicyError",
+    "make_policy",
+    "policy_names",
+    "policy_spec",
+]

@@ -1,0 +1,82 @@
+# The seam between the engine and a session policy (what a gateway in front of SGLang decides).
+#
+# Rules:
+# - The engine calls the policy on every session arrival (admit now, or hold the session at the door),
+#   on every call's prompt size, on every session end (finished, killed, or withdrawn while held), and
+#   on a periodic tick with the recent prefix-cache hit rate. It asks the priority of every request it
+#   queues for decode memory and for prefill: smaller is served first.
+# - The policy answers with `Decisions`: held sessions to admit now (they start their first call at
+#   once), and held sessions to shed (they fail). Admitting or shedding a session that is not held is
+#   an error the engine reports.
+# - `on_arrival` is handed the whole recorded session (the simulator has it); a policy that stands for
+#   a real gateway reads only what the gateway sees at the first call: `task_text` and the first
+#   prompt's size. Anything else (the real peak, later calls) is an oracle and must say so in its name.
+# - A policy does no I/O and reads time only from `now`.
+"""The session-policy protocol, its decisions, and what a policy is built from."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from basin_runtime.session_table import Session
+from basin_sim.profile import Deployment
+
+
+class UnknownPolicyError(ValueError):
+    """No policy is registered under the name asked for."""
+
+
+@dataclass(frozen=True)
+class Decisions:
+    """Held sessions to admit now, and held sessions to shed."""
+
+    admit: tuple[str, ...] = ()
+    shed: tuple[str, ...] = ()
+
+
+NO_DECISIONS = Decisions()
+
+
+@dataclass(frozen=True)
+class PolicyContext:
+    """What a policy may know about the deployment it guards."""
+
+    deployment: Deployment
+
+
+class SessionPolicy(Protocol):
+    """A gateway's decisions about sessions; see the rules at the top of this module."""
+
+    name: str
+
+    def on_arrival(self, session_id: str, now: float, session: Session) -> bool:
+        """A session arrives; True admits it now, False holds it at the door."""
+        ...
+
+    def on_call(self, session_id: str, now: float, prompt_tokens: int) -> Decisions:
+        """A call of an admitted session is sent with this prompt size."""
+        ...
+
+    def on_session_end(self, session_id: str, now: float) -> Decisions:
+        """An admitted session ended, or a held one was withdrawn."""
+        ...
+
+    def on_tick(self, now: float, hit_rate: float | None) -> Decisions:
+        """Time passes; `hit_rate` is the prefix-cache hit rate of the last window (None: no prefill)."""
+        ...
+
+    def priority(self, session_id: str, now: float) -> float:
+        """The priority of the session's request sent at `now`; smaller is served first."""
+        ...
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """A registered policy: its name, what it is, whether it needs a host tier, how to build it."""
+
+    name: str
+    description: str
+    uses_host_tier: bool
+    factory: Callable[[PolicyContext], SessionPolicy]

@@ -1,0 +1,77 @@
+"""Simulator speed: one simulated hour of a deployment at the pre-surge load, cost against the number of
+sessions, and whole scenario runs as the CLI does them (target: 1 h of 1P3D in < 30 s; a run < 2 min).
+
+    python benchmarks/bench_sim.py [--deployment 1p3d] [--cache gpu] [--hours 1,2,4] [--sessions PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+
+from basin_runtime.session_table import Session
+from basin_sim import catalog
+from basin_sim.cli import DEFAULT_SESSIONS, load_pool
+from basin_sim.engine import Engine
+from basin_sim.policies import PolicyContext, make_policy
+from basin_sim.profile import CacheKind, Deployment
+from basin_sim.simulate import RunSpec, run_scenario
+from basin_sim.workload import Scenario, generate_sessions
+
+
+def engine_hours(deployment: Deployment, pool: list[Session], rate_per_s: float,
+                 hours: float) -> tuple[float, int, int]:
+    """Wall seconds to simulate `hours` of steady arrivals (no drain, no unloaded times), sessions, calls."""
+    duration = hours * 3600.0
+    scenario = Scenario("bench", "steady", duration_s=duration, warmup_s=0.0, window_start_s=duration / 2,
+                        load_fraction=1.0)
+    sessions = generate_sessions(scenario, pool, rate_per_s, seed=1)
+    policy = "hicache" if deployment.has_host_tier else "sglang"
+    started = time.perf_counter()
+    engine = Engine(deployment, make_policy(policy, PolicyContext(deployment)))
+    for spec in sessions:
+        engine.add(spec)
+    engine.run_until(duration)
+    wall = time.perf_counter() - started
+    calls = sum(run.next_call for run in engine.runs.values())
+    return wall, len(sessions), calls
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--deployment", default="1p3d")
+    parser.add_argument("--cache", choices=("gpu", "host"), default="gpu")
+    parser.add_argument("--hours", default="1,2,4", help="simulated hours for the scaling rows")
+    parser.add_argument("--sessions", type=Path, default=DEFAULT_SESSIONS)
+    parser.add_argument("--scenarios", default="steady,surge-100", help="whole runs to time ('' for none)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    cache: CacheKind = args.cache
+    spec = catalog.load_deployment(args.deployment)
+    pool, workload = load_pool(args.sessions, use_synthetic=False)
+    deployment = spec.build(cache)
+    overload = spec.overload_rate(cache, workload)
+    rate = 0.5 * overload
+    print(f"{spec.name} ({cache} cache), workload {workload} ({len(pool)} sessions), pre-surge load "
+          f"{rate:.4f} sessions/s (half of the calibrated {overload:.4f})")
+    print(f"{'simulated':>10} {'sessions':>9} {'calls':>8} {'wall s':>8} {'ms/session':>11} {'sim s per wall s':>17}")
+    for hours in (float(h) for h in args.hours.split(",")):
+        wall, sessions, calls = engine_hours(deployment, pool, rate, hours)
+        print(f"{hours:>9.1f}h {sessions:>9d} {calls:>8d} {wall:>8.2f} {1000 * wall / sessions:>11.2f} "
+              f"{hours * 3600 / wall:>17.0f}")
+    for name in filter(None, args.scenarios.split(",")):
+        scenario = catalog.load_scenario(name)
+        policy = "hicache" if cache == "host" else "sglang"
+        started = time.perf_counter()
+        result = run_scenario(RunSpec(scenario, deployment, policy, 1, overload), pool)
+        wall = time.perf_counter() - started
+        print(f"whole run {name}/{policy}: {wall:.1f} s wall for {result.summary['simulated_s'] / 3600:.2f} "
+              f"simulated h, {result.summary['sessions_total']} sessions (with unloaded times and drain)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

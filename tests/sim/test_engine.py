@@ -1,0 +1,131 @@
+"""The engine's request path, timed by hand with the tiny profile (see builders.py for its costs)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from basin_sim.engine import Engine, EngineError
+from basin_sim.lifecycle import Stage, Status
+from basin_sim.policies import NO_DECISIONS, Decisions, FcfsPolicy
+from basin_sim.unloaded import UnloadedTimes
+from tests.sim.builders import deployment, session, spec
+
+
+def test_one_call_takes_prefill_then_transfer_then_its_decode_steps() -> None:
+    engine = Engine(deployment(), FcfsPolicy("sglang"), tick_s=None)
+    engine.add(spec(session("a", [2_000], completion=100)))
+    engine.run_until(math.inf)
+    prefill = 0.01 + 2_000 * 1e-4  # nothing cached: 2000 tokens computed
+    transfer = 0.005 + 2_000 * 1_000 / 1e9
+    run = engine.runs["a"]
+    assert run.status == Status.FINISHED
+    assert run.ended_s == pytest.approx(prefill + transfer + 100 * 0.02)
+    assert engine.timeline.ttft_s == [pytest.approx(prefill + transfer)]
+    assert (run.steps, run.good_steps) == (pytest.approx(100), pytest.approx(100))
+
+
+def test_the_second_call_hits_the_first_prompt_after_the_tool_gap() -> None:
+    engine = Engine(deployment(), FcfsPolicy("sglang"), tick_s=None)
+    engine.add(spec(session("a", [2_000, 2_600], completion=100, gap_s=1.0)))
+    engine.run_until(math.inf)
+    first = 0.01 + 0.2 + 0.007 + 2.0
+    second = 1.0 + (0.01 + 600 * 1e-4) + (0.005 + 2_600e-6) + 2.0  # 600 new tokens computed
+    assert engine.runs["a"].ended_s == pytest.approx(first + second)
+    assert engine.timeline.prompt_tokens == [4_600]
+    assert engine.timeline.device_hit_tokens == [2_000]
+    assert UnloadedTimes(deployment()).of(spec(session("a", [2_000, 2_600], gap_s=1.0))) == \
+        pytest.approx(first + second)
+
+
+def test_a_request_waits_while_decode_is_full_and_goes_when_memory_is_freed() -> None:
+    # Each request reserves 2000 + max(100, 1000) = 3000 tokens; decode holds 3500.
+    engine = Engine(deployment(decode_tokens=3_500), FcfsPolicy("sglang"), tick_s=None)
+    engine.add(spec(session("a", [2_000])))
+    engine.add(spec(session("b", [2_000])))
+    engine.run_until(1.0)
+    decode = engine.decode[0]
+    assert (decode.reserved_tokens, decode.num_queued) == (3_000, 1)
+    assert engine.runs["b"].request is not None and engine.runs["b"].request.stage == Stage.PREALLOC
+    engine.run_until(math.inf)
+    a_end = 0.21 + 0.007 + 2.0
+    b_prefill = 0.01 + 1_500 * 1e-4  # the shared 500 tokens hit
+    assert engine.runs["b"].ended_s == pytest.approx(a_end + b_prefill + 0.007 + 2.0)
+    assert decode.reserved_tokens == 0 and engine.prefill[0].cache.pinned_tokens == 0
+
+
+def test_a_request_larger_than_an_instance_aborts_its_session() -> None:
+    engine = Engine(deployment(decode_tokens=2_500), FcfsPolicy("sglang"), tick_s=None)
+    engine.add(spec(session("a", [2_000])))  # reserves 3000 > 2500
+    engine.run_until(math.inf)
+    assert engine.runs["a"].status == Status.ABORTED and engine.num_live == 0
+
+
+def test_killed_sessions_give_back_everything_they_hold() -> None:
+    engine = Engine(deployment(decode_tokens=6_500), FcfsPolicy("sglang"), tick_s=None)
+    for name in ("a", "b", "c"):  # a, b decode; c waits for decode memory
+        engine.add(spec(session(name, [2_000], completion=1_000)))
+    engine.add(spec(session("d", [2_000], completion=10), arrival_s=0.5))
+    engine.run_until(1.0)
+    stages = {n: r.request.stage for n, r in engine.runs.items() if r.request is not None}
+    assert stages == {"a": Stage.DECODING, "b": Stage.DECODING, "c": Stage.PREALLOC, "d": Stage.PREALLOC}
+    engine.kill_at(1.0, ["a", "b", "c"])
+    engine.run_until(math.inf)
+    assert [engine.runs[n].status for n in "abcd"] == [Status.KILLED] * 3 + [Status.FINISHED]
+    assert engine.runs["d"].ended_s == pytest.approx(1.0 + 0.01 + 0.15 + 0.007 + 10 * 0.02)
+    assert engine.decode[0].reserved_tokens == 0 and engine.decode[0].queued_tokens == 0
+    assert engine.prefill[0].cache.pinned_tokens == 0 and engine.num_live == 0 and engine.working_set_tokens == 0
+
+
+class HoldFirst(FcfsPolicy):
+    """Holds every session; admits the held ones one at a time when a session ends."""
+
+    def __init__(self) -> None:
+        super().__init__("hold")
+        self.held: list[str] = []
+
+    def on_arrival(self, session_id: str, now: float, session: object) -> bool:  # type: ignore[override]
+        self.held.append(session_id)
+        return False
+
+    def on_tick(self, now: float, hit_rate: float | None) -> Decisions:
+        if self.held and now >= 5.0:
+            return Decisions(admit=(self.held.pop(0),))
+        return NO_DECISIONS
+
+
+def test_a_held_session_waits_at_the_door_and_its_wait_counts() -> None:
+    engine = Engine(deployment(), HoldFirst(), tick_s=5.0)
+    engine.add(spec(session("a", [2_000])))
+    engine.run_until(4.0)
+    assert engine.runs["a"].status == Status.HELD and engine.num_held == 1
+    engine.run_until(20.0)
+    run = engine.runs["a"]
+    assert run.admitted_s == 5.0
+    assert run.ended_s == pytest.approx(5.0 + 0.21 + 0.007 + 2.0)
+
+
+def test_a_policy_admitting_a_session_that_is_not_held_is_an_error() -> None:
+    class Rogue(FcfsPolicy):
+        def on_tick(self, now: float, hit_rate: float | None) -> Decisions:
+            return Decisions(admit=("a",))
+
+    engine = Engine(deployment(), Rogue("rogue"), tick_s=1.0)
+    engine.add(spec(session("a", [2_000])))
+    with pytest.raises(EngineError, match=r"rogue.*admit session 'a', which is live"):
+        engine.run_until(2.0)
+
+
+@pytest.mark.parametrize(("host_tokens", "second_ttft_s"), [
+    (10_000, 0.01 + 600 * 1e-4 + 1_500 * 1e-6 + 0.005 + 2_600e-6),  # 1500 loaded back (1 us each), 600 computed
+    (0, 0.01 + 2_100 * 1e-4 + 0.005 + 2_600e-6),  # no host tier: 2100 recomputed
+])
+def test_a_host_tier_hit_costs_a_load_back_instead_of_recompute(host_tokens: int, second_ttft_s: float) -> None:
+    engine = Engine(deployment(cache_tokens=3_000, host_tokens=host_tokens), FcfsPolicy("hicache"), tick_s=None)
+    engine.add(spec(session("a", [2_000, 2_600], gap_s=10.0)))
+    engine.add(spec(session("b", [2_500]), arrival_s=3.0))  # needs 2000 of the 3000: evicts a's own 1500
+    engine.run_until(math.inf)
+    assert engine.timeline.ttft_s[:2] == [pytest.approx(0.217), pytest.approx(0.21 + 0.005 + 2_500e-6)]
+    assert engine.timeline.ttft_s[2] == pytest.approx(second_ttft_s)
+    assert engine.timeline.host_hit_tokens == [1_500 if host_tokens else 0]
