@@ -14,7 +14,12 @@
 #   waiting.py      the waiting room: the policy under a lock, waiting, withdrawal, timers
 #   priority.py     the session priority as SGLang's integer, and request ids
 #   disconnect.py   awaiting something unless the client leaves
-#   proxy.py        forwarding upstream and streaming the answer back
+#   proxy.py        forwarding upstream and streaming the answer back (and reading its usage)
+#   signals.py      per-call usage from the upstream's answers, and the windowed prefix hit rate
+#   metrics.py      the Prometheus metrics, in a registry per app
+#   lending.py      the lending ledger kept from served calls, and the write-back hint header
+#   session_log.py  the durable, rotating session-log writer (a thread fed by a queue)
+#   admin.py        /basin/ state, sessions, budget, reloads, shadow mode
 #   errors.py       the error tree and the one mapping to HTTP status codes
 #   gateway.py      the request path tying the above together
 #   app.py          Starlette routes, lifespan, building the app from the configuration

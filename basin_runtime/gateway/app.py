@@ -4,7 +4,9 @@
 # - Inference (`/v1/chat/completions`, `/v1/completions`, `/generate`) goes through the session
 #   path; read-only SGLang/OpenAI info endpoints pass through untouched; `GET /health` is answered
 #   here and says nothing of the upstream.
-# - `/basin/...` are admin endpoints: with an admin token configured, they need
+# - `GET /metrics` is the gateway's own Prometheus exposition (open, like SGLang's); the state
+#   gauges are refreshed from the policy on each scrape.
+# - `/basin/...` are admin endpoints (`admin.py`): with an admin token configured, they need
 #   `Authorization: Bearer <token>`; without one they are open (bind to loopback then).
 # - Errors become responses only through `errors.error_response`.
 # - The lifespan runs the waiting room's timers and closes the upstream client when the app built
@@ -26,20 +28,26 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from basin_runtime.gateway.admin import Reloader, admin_routes
 from basin_runtime.gateway.calibration import load_calibration, policy_config
 from basin_runtime.gateway.calls import UPSTREAM_PATHS, CallKind
 from basin_runtime.gateway.clock import Clock, MonotonicClock
 from basin_runtime.gateway.config import ConfigError, GatewayConfig
 from basin_runtime.gateway.errors import AdminAuthError, GatewayError, error_response
 from basin_runtime.gateway.gateway import Gateway
+from basin_runtime.gateway.lending import LendingTracker
 from basin_runtime.gateway.measure import Meter
+from basin_runtime.gateway.metrics import CONTENT_TYPE
 from basin_runtime.gateway.predictors import Predictors
-from basin_runtime.gateway.proxy import Upstream
+from basin_runtime.gateway.proxy import ShardedTransport, Upstream
+from basin_runtime.gateway.session_log import SessionLogWriter
+from basin_runtime.gateway.signals import HitRateWindow
 from basin_runtime.gateway.waiting import WaitingRoom
 from basin_runtime.policy import Policy, PolicyError
 from basin_runtime.task_text import TaskTextError, TaskTextRule
 from basin_runtime.tokenizer import TokenizerError, get_tokenizer
 
+UPSTREAM_POOLS = 16  # connection pools to the upstream, 32 idle connections each at most (`ShardedTransport`)
 PASS_THROUGH_PATHS = (
     "/v1/models", "/v1/models/{model_id:path}", "/server_info", "/get_server_info", "/model_info",
     "/get_model_info", "/v1/loads", "/get_loads", "/health_generate",
@@ -47,7 +55,8 @@ PASS_THROUGH_PATHS = (
 
 
 def create_app(gateway: Gateway, *, admin_token: str | None = None, tick_interval_s: float = 1.0,
-               idle_timeout_s: float = 600.0, on_shutdown: Callable[[], Awaitable[None]] | None = None) -> Starlette:
+               idle_timeout_s: float = 600.0, on_shutdown: Callable[[], Awaitable[None]] | None = None,
+               reloader: Reloader | None = None) -> Starlette:
     """The ASGI app serving `gateway`."""
 
     def call_route(kind: CallKind) -> Callable[[Request], Awaitable[Response]]:
@@ -58,6 +67,10 @@ def create_app(gateway: Gateway, *, admin_token: str | None = None, tick_interva
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
+
+    async def metrics(request: Request) -> Response:
+        gateway.refresh_metrics()
+        return Response(gateway.metrics.render(), media_type=CONTENT_TYPE)
 
     async def end_session(request: Request) -> Response:
         _require_admin(request, admin_token)
@@ -74,13 +87,17 @@ def create_app(gateway: Gateway, *, admin_token: str | None = None, tick_interva
             await asyncio.wait({timers})
             if on_shutdown is not None:
                 await on_shutdown()
+            if gateway.session_log is not None:
+                await asyncio.to_thread(gateway.session_log.close)
 
     routes = [Route(path, call_route(kind), methods=["POST"]) for kind, path in UPSTREAM_PATHS.items()]
     routes += [Route(path, gateway.pass_through, methods=["GET"]) for path in PASS_THROUGH_PATHS]
     routes += [
         Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
         Route("/basin/sessions/{session_id:path}/end", end_session, methods=["POST"]),
     ]
+    routes += admin_routes(gateway, lambda request: _require_admin(request, admin_token), reloader)
     handlers = {GatewayError: _error_handler, PolicyError: _error_handler}
     return Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
 
@@ -112,20 +129,35 @@ def build_gateway(config: GatewayConfig, client: httpx.AsyncClient | None = None
     policy = Policy(policy_config(config, calibration))
     predictors = Predictors.load(config.default_model, config.workload_models, tokenizer.name)
     room = WaitingRoom(policy, clock or MonotonicClock(), retry_after_s=config.retry_after_s)
+    try:
+        lending = LendingTracker(config.lending_decode_instances,
+                                 default_capacity_tokens=config.lending_default_capacity_tokens,
+                                 lend_cap_fraction=config.lending_cap_fraction)
+    except PolicyError as exc:
+        raise ConfigError(f"lending: {exc}") from exc
+    session_log = None if config.session_log is None else SessionLogWriter(
+        config.session_log, max_bytes=config.session_log_max_bytes, keep_files=config.session_log_keep_files,
+        keep_text=config.session_log_keep_text)
     upstream = Upstream(client if client is not None else upstream_client(config))
     return Gateway(room, Meter(tokenizer, rule), predictors, upstream,
-                   session_header=config.session_header, workload_header=config.workload_header)
+                   session_header=config.session_header, workload_header=config.workload_header,
+                   hit_window=HitRateWindow(config.hit_rate_window_s, config.hit_rate_min_prompt_tokens),
+                   lending=lending, session_log=session_log, is_shadow=config.shadow)
 
 
 def upstream_client(config: GatewayConfig) -> httpx.AsyncClient:
     """The HTTP client to the upstream, with the gateway's timeouts and no connection cap."""
     timeout = httpx.Timeout(config.upstream_timeout_s, connect=config.upstream_connect_timeout_s)
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
-    return httpx.AsyncClient(base_url=config.upstream, timeout=timeout, limits=limits, trust_env=False)
+    # Idle connections are dropped before uvicorn's (SGLang's server's) 5 s keep-alive timeout closes them:
+    # reusing one the server is closing fails the call with a ReadError.
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=32, keepalive_expiry=2.0)
+    return httpx.AsyncClient(base_url=config.upstream, timeout=timeout, trust_env=False,
+                             transport=ShardedTransport(UPSTREAM_POOLS, limits))
 
 
 def build_app(config: GatewayConfig, clock: Clock | None = None) -> Starlette:
     """The whole gateway app from its configuration (it owns and closes its upstream client)."""
     gateway = build_gateway(config, clock=clock)
     return create_app(gateway, admin_token=config.admin_token, tick_interval_s=config.tick_interval_s,
-                      idle_timeout_s=config.idle_timeout_s, on_shutdown=gateway.upstream.client.aclose)
+                      idle_timeout_s=config.idle_timeout_s, on_shutdown=gateway.upstream.client.aclose,
+                      reloader=Reloader(config))

@@ -3,7 +3,8 @@
 # Rules:
 # - Every option can come from the command line or the config file (YAML or JSON, keys spelled as
 #   the long options with `_` or `-`); the command line wins, then the file, then the defaults.
-#   Policy tuning (any `PolicyConfig` field but the budget) lives in the file's `policy:` section.
+#   Policy tuning (any `PolicyConfig` field but the budget) lives in the file's `policy:` section,
+#   and the decode workers' capacities in `lending_decode_instances: {WORKER_ID: TOKENS}`.
 # - `model` is a list of `PATH` (the default model; exactly one) and `WORKLOAD=PATH` entries. Paths
 #   in the file are relative to the file; paths on the command line to the working directory.
 # - The budget is `budget_tokens` if given, else computed from the `calibration` file; one of the
@@ -56,6 +57,16 @@ class GatewayConfig:
     task_text_pattern: str | None = None
     log_level: str = "info"
     policy: Mapping[str, Any] = field(default_factory=dict)
+    shadow: bool = False
+    hit_rate_window_s: float = 60.0
+    hit_rate_min_prompt_tokens: int = 1000
+    session_log: Path | None = None
+    session_log_max_bytes: int = 256 << 20
+    session_log_keep_files: int = 20
+    session_log_keep_text: bool = True
+    lending_decode_instances: Mapping[str, int] = field(default_factory=dict)
+    lending_default_capacity_tokens: int = 1_000_000
+    lending_cap_fraction: float = 0.5
 
 
 def _str(key: str, value: object) -> str:
@@ -105,6 +116,25 @@ def _policy(key: str, value: object) -> dict[str, Any]:
     return dict(value)
 
 
+def _instances(key: str, value: object) -> dict[str, int]:
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) and k for k in value):
+        raise ConfigError(f"{key}: expected a mapping of decode worker id (URL) to capacity tokens, got {value!r}")
+    return {k: _positive_int(f"{key}.{k}", v) for k, v in value.items()}
+
+
+def _positive_int(key: str, value: object) -> int:
+    number = _int(key, value)
+    if number == 0:
+        raise ConfigError(f"{key}: expected a whole number > 0, got {value!r}")
+    return number
+
+
+def _fraction(key: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ConfigError(f"{key}: expected a number in (0, 1], got {value!r}")
+    return float(value)
+
+
 def _models(key: str, value: object) -> list[str]:
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, list) or not items or not all(isinstance(v, str) and v for v in items):
@@ -118,6 +148,10 @@ _CHECKS: dict[str, Callable[[str, object], object]] = {
     "idle_timeout_s": _seconds, "tick_interval_s": _seconds, "upstream_timeout_s": _seconds,
     "upstream_connect_timeout_s": _seconds, "retry_after_s": _seconds, "admin_token": _str,
     "tokenizer": _str, "task_text_pattern": _str, "log_level": _log_level, "policy": _policy,
+    "shadow": _bool, "hit_rate_window_s": _seconds, "hit_rate_min_prompt_tokens": _int, "session_log": _str,
+    "session_log_max_bytes": _positive_int, "session_log_keep_files": _int, "session_log_keep_text": _bool,
+    "lending_decode_instances": _instances, "lending_default_capacity_tokens": _positive_int,
+    "lending_cap_fraction": _fraction,
 }
 
 CONFIG_KEYS = frozenset(_CHECKS)
@@ -165,7 +199,33 @@ def build_parser() -> argparse.ArgumentParser:
     add("--tokenizer", metavar="NAME", help=f"serving tokenizer (default {_default('tokenizer')})")
     add("--task-text-pattern", metavar="REGEX", help="regex narrowing the task text in the first user message")
     add("--log-level", choices=LOG_LEVELS, help=f"(default {_default('log_level')})")
+    add("--shadow", action="store_true", help="decide and report everything but hold no call (safe rollout)")
+    add("--hit-rate-window-s", type=float, metavar="S",
+        help=f"window of the prefix hit rate fed to the policy (default {_default('hit_rate_window_s'):g})")
+    add("--session-log", metavar="PATH", help="append each finished session to this JSONL file (default: none)")
+    add("--session-log-keep-text", type=_yes_no, metavar="yes|no",
+        help="keep the raw task text in the session log (default yes; no keeps only counts)")
+    add("--hit-rate-min-prompt-tokens", type=int, metavar="N",
+        help=f"prompt tokens the window needs before the hit rate counts "
+             f"(default {_default('hit_rate_min_prompt_tokens')})")
+    add("--session-log-max-bytes", type=int, metavar="N",
+        help=f"rotate the session log past this size (default {_default('session_log_max_bytes')})")
+    add("--session-log-keep-files", type=int, metavar="N",
+        help=f"rotated session-log files kept (default {_default('session_log_keep_files')})")
+    add("--lending-default-capacity-tokens", type=int, metavar="N",
+        help=f"capacity of a decode worker not listed in the file (default "
+             f"{_default('lending_default_capacity_tokens')})")
+    add("--lending-cap-fraction", type=float, metavar="F",
+        help=f"share of a decode worker's capacity it may lend (default {_default('lending_cap_fraction')})")
     return parser
+
+
+def _yes_no(value: str) -> bool:
+    if value.lower() in ("yes", "true", "1"):
+        return True
+    if value.lower() in ("no", "false", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected yes or no, got {value!r}")
 
 
 def load_config(options: Mapping[str, Any]) -> GatewayConfig:
@@ -206,7 +266,7 @@ def _checked(source: str, key: str, value: object) -> object:
 
 
 def _relative_paths(key: str, value: Any, base: Path) -> Any:
-    if key == "calibration":
+    if key in ("calibration", "session_log"):
         return str(base / value)
     if key == "model":
         return [_rebase_model(entry, base) for entry in value]
@@ -223,8 +283,10 @@ def _resolve(values: dict[str, Any]) -> GatewayConfig:
         raise ConfigError("no upstream: give --upstream URL (the SGLang router) or `upstream:` in the config file")
     default_model, workload_models = _split_models(values.pop("model", []))
     calibration = values.pop("calibration", None)
+    session_log = values.pop("session_log", None)
     return GatewayConfig(default_model=default_model, workload_models=workload_models,
-                         calibration=None if calibration is None else Path(calibration), **values)
+                         calibration=None if calibration is None else Path(calibration),
+                         session_log=None if session_log is None else Path(session_log), **values)
 
 
 def _split_models(entries: Sequence[str]) -> tuple[Path, dict[str, Path]]:

@@ -11,14 +11,24 @@
 #   carries the session id in the session header, so a client identified by hash can end it.
 # - A call is in flight from forwarding until its answer ends (`proxy.py` reports the end);
 #   idle time counts from the end of the last call. A single-call session ends with its call.
-# - A call's record keeps the worker that served it when the router names it (smg does).
+# - A call's record keeps the worker that served it when the router names it (smg does), and the
+#   upstream's usage (completion and cached tokens). A streamed OpenAI call without
+#   `stream_options.include_usage` gets it added, and the extra usage-only chunk is not passed on.
+# - Signals: every call whose answer reports cached tokens feeds the hit-rate window, which each
+#   policy tick reads; metrics, the lending ledger and the session log hear of every call's end,
+#   admission and session end (`metrics.py`, `lending.py`, `session_log.py`).
+# - Shadow mode: the policy decides as usual, but a queued session's calls are not held (counted in
+#   `basin_shadow_would_hold_total`); `_admit` is the one place a call is held.
+# - Added latency is the wall time from the call's arrival to its forwarding, minus any queue wait.
 """The gateway's request path: identify, admit or queue, stamp, forward, record."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import secrets
+import time
 from functools import partial
 
 from starlette.requests import Request
@@ -26,12 +36,19 @@ from starlette.responses import Response
 
 from basin_runtime.gateway.calls import Call, CallKind, parse_call
 from basin_runtime.gateway.errors import SessionEndedError
+from basin_runtime.gateway.lending import WRITEBACK_HEADER, LendingTracker, writeback_header
 from basin_runtime.gateway.measure import FirstCall, Meter, PromptMemo
+from basin_runtime.gateway.metrics import GatewayMetrics
 from basin_runtime.gateway.predictors import PeakModel, Predictors
 from basin_runtime.gateway.priority import request_id, stamp
 from basin_runtime.gateway.proxy import CallEnd, Upstream
+from basin_runtime.gateway.session_log import SessionLogWriter
 from basin_runtime.gateway.sessions import CallRecord, SessionEntry, session_id_for
-from basin_runtime.gateway.waiting import WaitingRoom
+from basin_runtime.gateway.signals import HitRateWindow
+from basin_runtime.gateway.waiting import EndReason, WaitingRoom
+from basin_runtime.session_log import LoggedCall, SessionLogRecord
+
+logger = logging.getLogger(__name__)
 
 ROUTED_WORKER_HEADER = "x-smg-routed-worker-id"  # smg's answer header: the worker (the decode one in PD) that served
 
@@ -40,7 +57,9 @@ class Gateway:
     """Admits sessions through the waiting room and forwards their calls upstream."""
 
     def __init__(self, room: WaitingRoom, meter: Meter, predictors: Predictors, upstream: Upstream, *,
-                 session_header: str = "X-Session-ID", workload_header: str = "X-Basin-Workload") -> None:
+                 session_header: str = "X-Session-ID", workload_header: str = "X-Basin-Workload",
+                 hit_window: HitRateWindow | None = None, lending: LendingTracker | None = None,
+                 session_log: SessionLogWriter | None = None, is_shadow: bool = False) -> None:
         self.room = room
         self.meter = meter
         self.predictors = predictors
@@ -48,19 +67,40 @@ class Gateway:
         self.session_header = session_header
         self.workload_header = workload_header
         self.tag = secrets.token_hex(2)  # tells this gateway run's rids from an earlier run's
+        self.metrics = GatewayMetrics()
+        self.hit_window = hit_window or HitRateWindow()
+        self.lending = lending or LendingTracker()
+        self.session_log = session_log
+        self.is_shadow = is_shadow
+        room.hit_rate = self.hit_rate
+        room.on_session_end = self._session_ended
+        room.on_admitted = self._session_admitted
+
+    def hit_rate(self) -> float | None:
+        """The windowed prefix hit rate now (None: too little evidence)."""
+        return self.hit_window.rate(self.room.clock.now())
+
+    def refresh_metrics(self) -> None:
+        """Set the state gauges from the policy (on a scrape and after each tick)."""
+        self.metrics.refresh(self.room.policy.snapshot(), self.hit_rate(), self.is_shadow)
 
     async def handle(self, kind: CallKind, request: Request) -> Response:
         """Serve one inference call."""
+        arrived = time.perf_counter()
         call = parse_call(kind, await request.body())
-        entry, prompt_tokens = await self._admit(call, request)
+        entry, prompt_tokens, held_s = await self._admit(call, request)
         rid = stamp(call.body, entry.priority,
                     None if call.is_batch else request_id(self.tag, entry.session_id, len(entry.calls)))
+        headers = self._headers(entry, request)
         record = CallRecord(self.room.clock.wall(), prompt_tokens, rid, call.is_stream)
         entry.calls.append(record)
         entry.in_flight += 1
+        drop_usage_chunk = _ask_for_usage(call)
         body = json.dumps(call.body, ensure_ascii=False).encode("utf-8")
-        response = await self.upstream.forward("POST", call.path, request.headers, body, request.receive,
-                                               on_end=partial(self._call_ended, entry, record))
+        self.metrics.added_latency.observe(max(0.0, time.perf_counter() - arrived - held_s))
+        response = await self.upstream.forward("POST", call.path, headers, body, request.receive,
+                                               on_end=partial(self._call_ended, entry, record),
+                                               drop_usage_chunk=drop_usage_chunk)
         if entry.session_id.isascii() and entry.session_id.isprintable():
             response.headers[self.session_header] = entry.session_id
         return response
@@ -74,7 +114,16 @@ class Gateway:
         """End a session on the client's or operator's word."""
         return await self.room.end(session_id, "ended")
 
-    async def _admit(self, call: Call, request: Request) -> tuple[SessionEntry, int]:
+    def _headers(self, entry: SessionEntry, request: Request) -> dict[str, str]:
+        headers = {k: v for k, v in request.headers.items() if k.lower() != WRITEBACK_HEADER.lower()}
+        last = entry.calls[-1] if entry.calls else None
+        if last is not None:
+            plan = self.lending.plan(entry.session_id, last.cached_tokens)
+            if plan is not None:
+                headers[WRITEBACK_HEADER] = writeback_header(plan)
+        return headers
+
+    async def _admit(self, call: Call, request: Request) -> tuple[SessionEntry, int, float]:
         session_id, is_single_call = session_id_for(call, request.headers, self.session_header)
         entry = self.room.registry.get(session_id)
         is_new = False
@@ -84,9 +133,15 @@ class Gateway:
             prompt_tokens = self.meter.prompt_tokens(call, entry.memo)
         if not is_new and not await self.room.observe(entry, prompt_tokens):
             raise SessionEndedError(f"session {session_id!r} ended while this call was being read; send it again")
+        held_s = 0.0
         if entry.state == "queued" and not entry.is_adopted:
-            await self.room.wait(entry, request.receive)
-        return entry, prompt_tokens
+            if self.is_shadow:
+                self.metrics.shadow_held.inc()
+            else:
+                started = time.perf_counter()
+                await self.room.wait(entry, request.receive)
+                held_s = time.perf_counter() - started
+        return entry, prompt_tokens, held_s
 
     async def _arrive(self, session_id: str, is_single_call: bool, call: Call,
                       request: Request) -> tuple[SessionEntry, int, bool]:
@@ -95,7 +150,9 @@ class Gateway:
         memo = PromptMemo()
         first, peak = await asyncio.to_thread(self._predict, call, memo, model)
         entry, is_new = await self.room.arrive(session_id, first, peak, workload=workload, memo=memo,
-                                               is_adopted=call.is_continuation, is_single_call=is_single_call)
+                                               is_adopted=call.is_continuation, is_single_call=is_single_call,
+                                               model=call.body.get("model") if isinstance(call.body.get("model"),
+                                                                                          str) else None)
         return entry, first.prompt_tokens, is_new
 
     def _predict(self, call: Call, memo: PromptMemo, model: PeakModel) -> tuple[FirstCall, float]:
@@ -107,7 +164,51 @@ class Gateway:
         record.outcome = end.outcome
         record.status_code = end.status_code
         record.served_by = end.upstream_headers.get(ROUTED_WORKER_HEADER)
+        now = self.room.clock.now()
+        usage = end.usage
+        if usage is not None:
+            record.completion_tokens = usage.completion_tokens
+            record.cached_tokens = usage.cached_tokens
+            if usage.cached_tokens is not None:
+                self.hit_window.record(now, usage.prompt_tokens or record.prompt_tokens, usage.cached_tokens)
+        self.metrics.call_ended(end.outcome, usage)
+        is_held = self.room.registry.get(entry.session_id) is entry
+        if end.outcome == "completed" and not entry.is_single_call and is_held:
+            context_tokens = (usage.prompt_tokens if usage is not None and usage.prompt_tokens is not None
+                              else record.prompt_tokens) + (record.completion_tokens or 0)
+            self.lending.call_finished(entry.session_id, record.served_by, context_tokens)
         entry.in_flight -= 1
-        entry.last_active_s = self.room.clock.now()
+        entry.last_active_s = now
         if entry.is_single_call:
             await self.room.release(entry.session_id, "ended")
+
+    def _session_admitted(self, entry: SessionEntry, waited_s: float) -> None:
+        self.metrics.session_admitted(waited_s)
+
+    def _session_ended(self, entry: SessionEntry, reason: EndReason) -> None:
+        self.metrics.session_ended(entry, reason)
+        self.lending.session_ended(entry.session_id)
+        if self.session_log is not None and entry.calls:
+            self.session_log.append(log_record(entry, reason, self.room.clock.wall(), self.meter.tokenizer.name))
+
+
+def _ask_for_usage(call: Call) -> bool:
+    """Ask a streamed OpenAI call for its usage; True if the gateway added the request (drop the extra chunk)."""
+    if not call.is_stream or call.kind == "generate":
+        return False
+    options = call.body.get("stream_options")
+    if isinstance(options, dict) and options.get("include_usage") is True:
+        return False
+    call.body["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+    return True
+
+
+def log_record(entry: SessionEntry, reason: EndReason, ended_at: float, tokenizer: str) -> SessionLogRecord:
+    """The session-log line of a finished session (unknown completion tokens are written as 0)."""
+    calls = tuple(LoggedCall(c.started_at, c.ended_at, c.prompt_tokens, c.completion_tokens or 0, c.cached_tokens)
+                  for c in entry.calls)
+    return SessionLogRecord(
+        session_id=entry.session_id, model=entry.model or "unknown", tokenizer=tokenizer, task_text=entry.task_text,
+        task_chars=len(entry.task_text), started_at=entry.started_at, ended_at=ended_at, end_reason=reason,
+        calls=calls, workload=entry.workload, predicted_peak_tokens=entry.predicted_peak_tokens,
+    )

@@ -81,6 +81,8 @@ class SessionEntry:
     memo: PromptMemo
     is_adopted: bool = False
     is_single_call: bool = False
+    arrived_s: float = 0.0  # gateway clock
+    model: str | None = None  # the first call's `model` field (the session log keeps it)
     calls: list[CallRecord] = field(default_factory=list)
     in_flight: int = 0
     waiters: int = 0

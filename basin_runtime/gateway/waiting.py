@@ -12,8 +12,10 @@
 #   the policy sheds one, it is forgotten and its next call adopts it again.
 # - Whatever a policy step admits is applied at once (state, decision). Timers: `tick` every
 #   `tick_interval_s` (hit rate from `hit_rate`, None until issue 6 feeds it), and an idle sweep.
-# - `on_session_end(entry, reason)` is told of every session that leaves: the seam for the
-#   session log and metrics (issue 6).
+# - `on_session_end(entry, reason)` is told of every session that leaves, and `on_admitted(entry,
+#   waited_s)` of every session admitted (at arrival with 0 s): the seams for the session log,
+#   metrics and lending. `hit_rate` feeds each tick (`signals.HitRateWindow`, wired by the gateway).
+# - `set_budget` changes the operator's reference budget under the lock and applies what it admits.
 """The asynchronous waiting room around `basin_runtime.policy.Policy`."""
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ logger = logging.getLogger(__name__)
 
 EndReason = Literal["ended", "idle", "withdrawn", "shed"]
 SessionEndHook = Callable[[SessionEntry, EndReason], None]
+AdmittedHook = Callable[[SessionEntry, float], None]
 
 
 class WaitingRoom:
@@ -51,12 +54,13 @@ class WaitingRoom:
         self.origin_s = clock.now()
         self._lock = asyncio.Lock()
         self._retry_after_s = retry_after_s
-        self._hit_rate = hit_rate
-        self._on_session_end = on_session_end
+        self.hit_rate = hit_rate
+        self.on_session_end = on_session_end
+        self.on_admitted: AdmittedHook | None = None
 
     async def arrive(self, session_id: str, first: FirstCall, predicted_peak_tokens: float, *,
                      workload: str | None, memo: PromptMemo, is_adopted: bool = False,
-                     is_single_call: bool = False) -> tuple[SessionEntry, bool]:
+                     is_single_call: bool = False, model: str | None = None) -> tuple[SessionEntry, bool]:
         """Register a new session with the policy; (entry, True), or (existing entry, False) if one won a race."""
         async with self._lock:
             existing = self.registry.get(session_id)
@@ -74,11 +78,12 @@ class WaitingRoom:
                 priority=sglang_priority(self.policy.priority_of(session_id), self.origin_s),
                 predicted_peak_tokens=predicted_peak_tokens, task_text=first.task_text, workload=workload,
                 started_at=self.clock.wall(), last_active_s=now, memo=memo, is_adopted=is_adopted,
-                is_single_call=is_single_call,
+                is_single_call=is_single_call, arrived_s=now, model=model,
             )
             self.registry.add(entry)
             if is_admitted:
                 entry.decision.set_result("admitted")
+                self._notify_admitted(entry, 0.0)
             return entry, True
 
     async def observe(self, entry: SessionEntry, prompt_tokens: int) -> bool:
@@ -113,7 +118,15 @@ class WaitingRoom:
         """Let the policy move the budget, admit and shed; apply what it decided."""
         async with self._lock:
             now = self.clock.now()
-            events = self.policy.tick(now, self._hit_rate())
+            events = self.policy.tick(now, self.hit_rate())
+            self._apply(events, now)
+            return events
+
+    async def set_budget(self, budget_tokens: int) -> list[Event]:
+        """Set the operator's reference budget; `PolicyError` if the value is not allowed."""
+        async with self._lock:
+            now = self.clock.now()
+            events = self.policy.set_reference_budget(budget_tokens, now)
             self._apply(events, now)
             return events
 
@@ -162,6 +175,7 @@ class WaitingRoom:
             entry.last_active_s = now
             if not entry.decision.done():
                 entry.decision.set_result("admitted")
+            self._notify_admitted(entry, now - entry.arrived_s)
 
     def _apply(self, events: list[Event], now: float) -> None:
         for event in events:
@@ -182,8 +196,12 @@ class WaitingRoom:
         self._notify_end(entry, "shed")
 
     def _notify_end(self, entry: SessionEntry, reason: EndReason) -> None:
-        if self._on_session_end is not None:
-            self._on_session_end(entry, reason)
+        if self.on_session_end is not None:
+            self.on_session_end(entry, reason)
+
+    def _notify_admitted(self, entry: SessionEntry, waited_s: float) -> None:
+        if self.on_admitted is not None:
+            self.on_admitted(entry, waited_s)
 
     def _raise_unless_admitted(self, entry: SessionEntry, verdict: Verdict) -> None:
         if isinstance(verdict, Shed):

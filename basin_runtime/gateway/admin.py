@@ -1,0 +1,146 @@
+# The operator's endpoints under `/basin/` (each guarded by the admin token, `app._require_admin`).
+#
+# Rules:
+# - `GET /basin/state`: the policy snapshot, the hit rate, shadow mode and the lending ledger.
+#   `GET /basin/sessions`: every live and queued session, without task text.
+# - `PUT /basin/budget {"budget_tokens": N}` sets the operator's reference budget at once (never
+#   evicts; may admit). `POST /basin/reload {"models": bool, "calibration": bool}` reloads the model
+#   files (swapped in only if every one loads) and/or the calibration file (its reference budget
+#   is applied; other calibration fields need a restart), from the paths the gateway started with.
+# - `PUT /basin/shadow {"enabled": bool}` turns shadow mode on or off.
+# - A bad body is 400 naming the field; a file that cannot be loaded is 400 naming it, and nothing
+#   changes.
+"""Admin endpoints: state, sessions, budget, reloads, shadow mode."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from basin_runtime.gateway.calibration import load_calibration
+from basin_runtime.gateway.config import ConfigError, GatewayConfig
+from basin_runtime.gateway.errors import BadRequestError
+from basin_runtime.gateway.gateway import Gateway
+from basin_runtime.gateway.predictors import Predictors
+
+Guard = Callable[[Request], None]
+
+
+@dataclass(frozen=True)
+class Reloader:
+    """Where the model and calibration files come from (the gateway's start-up configuration)."""
+
+    config: GatewayConfig
+
+    def models(self, tokenizer: str) -> Predictors:
+        """Load every model file again; `ConfigError` naming the file."""
+        return Predictors.load(self.config.default_model, self.config.workload_models, tokenizer)
+
+    def calibration_budget_tokens(self) -> int:
+        """The reference budget of the calibration file; `ConfigError` if there is none or it is bad."""
+        if self.config.calibration is None:
+            raise ConfigError("the gateway was started without a calibration file")
+        return load_calibration(self.config.calibration).budget_tokens
+
+
+def sessions_view(gateway: Gateway) -> list[dict[str, Any]]:
+    """Every live and queued session as plain JSON (no text)."""
+    now = gateway.room.clock.now()
+    views = []
+    for entry in gateway.room.registry:
+        holder = gateway.lending.ledger.holder_of(entry.session_id)
+        last = entry.calls[-1] if entry.calls else None
+        views.append({
+            "session_id": entry.session_id, "state": entry.state, "priority": entry.priority,
+            "predicted_peak_tokens": entry.predicted_peak_tokens, "workload": entry.workload, "model": entry.model,
+            "is_adopted": entry.is_adopted, "num_calls": len(entry.calls), "in_flight": entry.in_flight,
+            "waiters": entry.waiters, "age_s": now - entry.arrived_s, "idle_s": now - entry.last_active_s,
+            "last_prompt_tokens": None if last is None else last.prompt_tokens,
+            "last_cached_tokens": None if last is None else last.cached_tokens,
+            "served_by": None if last is None else last.served_by,
+            "lent_tokens": None if holder is None else holder.tokens,
+        })
+    return views
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    try:
+        body = json.loads(await request.body() or b"{}")
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadRequestError(f"the request body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise BadRequestError("the request body must be a JSON object")
+    return body
+
+
+def _flag(body: dict[str, Any], key: str, default: bool = False) -> bool:
+    value = body.get(key, default)
+    if not isinstance(value, bool):
+        raise BadRequestError(f"`{key}` must be true or false, got {value!r}")
+    return value
+
+
+def admin_routes(gateway: Gateway, guard: Guard, reloader: Reloader | None) -> list[Route]:
+    """The `/basin/...` admin routes (the session-end route stays in `app.py`)."""
+
+    def guarded(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            guard(request)
+            return await handler(request)
+
+        return endpoint
+
+    async def state(request: Request) -> Response:
+        return JSONResponse({"policy": gateway.room.policy.snapshot().to_dict(), "hit_rate": gateway.hit_rate(),
+                             "is_shadow": gateway.is_shadow, "lending": gateway.lending.ledger.to_dict()})
+
+    async def sessions(request: Request) -> Response:
+        return JSONResponse({"sessions": sessions_view(gateway)})
+
+    async def budget(request: Request) -> Response:
+        value = (await _json_body(request)).get("budget_tokens")
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise BadRequestError(f"`budget_tokens` must be a whole number > 0, got {value!r}")
+        events = await gateway.room.set_budget(value)
+        gateway.refresh_metrics()
+        return JSONResponse({"policy": gateway.room.policy.snapshot().to_dict(), "num_admitted": len(events) - 1})
+
+    async def reload(request: Request) -> Response:
+        body = await _json_body(request)
+        want_models, want_calibration = _flag(body, "models"), _flag(body, "calibration")
+        if reloader is None:
+            raise BadRequestError("this gateway was built without its configuration; nothing to reload from")
+        done: dict[str, Any] = {}
+        try:
+            if want_models:
+                predictors = await asyncio.to_thread(reloader.models, gateway.meter.tokenizer.name)
+                gateway.predictors = predictors
+                done["models"] = 1 + len(predictors.by_workload)
+            if want_calibration:
+                budget_tokens = await asyncio.to_thread(reloader.calibration_budget_tokens)
+                await gateway.room.set_budget(budget_tokens)
+                done["budget_tokens"] = budget_tokens
+        except ConfigError as exc:
+            raise BadRequestError(f"reload failed, nothing more changed: {exc}") from exc
+        gateway.refresh_metrics()
+        return JSONResponse({"reloaded": done})
+
+    async def shadow(request: Request) -> Response:
+        gateway.is_shadow = _flag(await _json_body(request), "enabled")
+        gateway.refresh_metrics()
+        return JSONResponse({"is_shadow": gateway.is_shadow})
+
+    return [
+        Route("/basin/state", guarded(state), methods=["GET"]),
+        Route("/basin/sessions", guarded(sessions), methods=["GET"]),
+        Route("/basin/budget", guarded(budget), methods=["PUT", "POST"]),
+        Route("/basin/reload", guarded(reload), methods=["POST"]),
+        Route("/basin/shadow", guarded(shadow), methods=["PUT", "POST"]),
+    ]

@@ -1,0 +1,106 @@
+# The gateway's Prometheus metrics, in a registry of its own (one per app, so tests and several
+# gateways in one process never collide).
+#
+# Rules:
+# - Gauges of the policy's state (working set, budget, reserved, queued, live, hit rate) are set
+#   from one `PolicySnapshot` by `refresh`, which runs after every tick and on every scrape.
+# - Counters and histograms are fed by the gateway as things happen: admissions (with the queue
+#   wait), session ends (with the reason, and the predictor's error), call ends (with usage).
+# - The predictor's error is judged on sessions that ran to their end (`ended`, `idle`) and made a
+#   call: true peak = the largest prompt of any call (what the predictor predicts), ratio = true
+#   peak / predicted peak; an overflow is a true peak above the prediction.
+"""Prometheus metrics of the gateway."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from basin_runtime.gateway.sessions import SessionEntry
+from basin_runtime.gateway.signals import Usage
+from basin_runtime.policy import PolicySnapshot
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+WAIT_BUCKETS_S = (0.01, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+LATENCY_BUCKETS_S = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
+RATIO_BUCKETS = (0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2, 3, 5)
+JUDGED_REASONS = frozenset({"ended", "idle"})
+
+
+class GatewayMetrics:
+    """Every metric the gateway exports."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.working_set = Gauge("basin_working_set_tokens", "Sum of live sessions' current context", registry=r)
+        self.budget = Gauge("basin_budget_tokens", "Working-set budget now in force", registry=r)
+        self.reference_budget = Gauge("basin_reference_budget_tokens", "Operator's reference budget", registry=r)
+        self.reserved = Gauge("basin_reserved_tokens", "Tokens reserved by live sessions' predicted peaks", registry=r)
+        self.queued = Gauge("basin_queued_sessions", "Sessions waiting for admission", registry=r)
+        self.live = Gauge("basin_live_sessions", "Admitted sessions not yet ended", registry=r)
+        self.hit_ratio = Gauge("basin_prefix_hit_ratio", "Windowed upstream cached/prompt tokens (NaN: no data)",
+                               registry=r)
+        self.is_engaged = Gauge("basin_admission_engaged", "1 while arrivals go through the queue", registry=r)
+        self.is_shadow = Gauge("basin_shadow_mode", "1 while the gateway decides but holds no one", registry=r)
+        self.admitted = Counter("basin_sessions_admitted", "Sessions admitted (adopted ones included)", registry=r)
+        self.shed = Counter("basin_sessions_shed", "Sessions shed from the queue", registry=r)
+        self.ended = Counter("basin_sessions_ended", "Sessions that left, by reason", ["reason"], registry=r)
+        self.overflowed = Counter("basin_sessions_overflowed", "Sessions whose true peak passed the prediction",
+                                  registry=r)
+        self.judged = Counter("basin_sessions_judged", "Sessions whose peak prediction was judged", registry=r)
+        self.shadow_held = Counter("basin_shadow_would_hold", "Calls shadow mode let through that would wait",
+                                   registry=r)
+        self.calls = Counter("basin_calls", "Calls forwarded upstream, by outcome", ["outcome"], registry=r)
+        self.prompt_tokens = Counter("basin_upstream_prompt_tokens", "Prompt tokens the upstream reported",
+                                     registry=r)
+        self.cached_tokens = Counter("basin_upstream_cached_tokens", "Cached prompt tokens the upstream reported",
+                                     registry=r)
+        self.queue_wait = Histogram("basin_queue_wait_seconds", "Wait from arrival to admission", registry=r,
+                                    buckets=WAIT_BUCKETS_S)
+        self.added_latency = Histogram("basin_gateway_added_latency_seconds",
+                                       "Gateway time before forwarding a call (queue wait excluded)", registry=r,
+                                       buckets=LATENCY_BUCKETS_S)
+        self.peak_ratio = Histogram("basin_peak_prediction_ratio", "True peak / predicted peak at session end",
+                                    registry=r, buckets=RATIO_BUCKETS)
+        self.hit_ratio.set(float("nan"))
+
+    def refresh(self, snapshot: PolicySnapshot, hit_rate: float | None, is_shadow: bool) -> None:
+        """Set the state gauges from one policy snapshot."""
+        self.working_set.set(snapshot.working_set_tokens)
+        self.budget.set(snapshot.budget_tokens)
+        self.reference_budget.set(snapshot.reference_budget_tokens)
+        self.reserved.set(snapshot.reserved_tokens)
+        self.queued.set(len(snapshot.queued))
+        self.live.set(len(snapshot.live))
+        self.hit_ratio.set(float("nan") if hit_rate is None else hit_rate)
+        self.is_engaged.set(1 if snapshot.is_engaged else 0)
+        self.is_shadow.set(1 if is_shadow else 0)
+
+    def session_admitted(self, waited_s: float) -> None:
+        """Count an admission and its queue wait."""
+        self.admitted.inc()
+        self.queue_wait.observe(max(0.0, waited_s))
+
+    def session_ended(self, entry: SessionEntry, reason: str) -> None:
+        """Count a session's end and judge its peak prediction."""
+        self.ended.labels(reason).inc()
+        if reason == "shed":
+            self.shed.inc()
+        if reason not in JUDGED_REASONS or not entry.calls or entry.predicted_peak_tokens <= 0:
+            return
+        true_peak = max(c.prompt_tokens for c in entry.calls)
+        self.judged.inc()
+        self.peak_ratio.observe(true_peak / entry.predicted_peak_tokens)
+        if true_peak > entry.predicted_peak_tokens:
+            self.overflowed.inc()
+
+    def call_ended(self, outcome: str, usage: Usage | None) -> None:
+        """Count a call and the tokens the upstream reported for it."""
+        self.calls.labels(outcome).inc()
+        if usage is not None and usage.prompt_tokens is not None and usage.cached_tokens is not None:
+            self.prompt_tokens.inc(usage.prompt_tokens)
+            self.cached_tokens.inc(min(usage.cached_tokens, usage.prompt_tokens))
+
+    def render(self) -> bytes:
+        """The text exposition of every metric."""
+        return generate_latest(self.registry)

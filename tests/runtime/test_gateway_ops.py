@@ -1,0 +1,415 @@
+"""Issue 6 in-process: metrics after a scripted run, usage capture, hit rate to the tick, admin, shadow,
+lending hints, and the session log read back by ingest."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from basin_runtime.gateway.admin import Reloader
+from basin_runtime.gateway.app import create_app
+from basin_runtime.gateway.clock import ManualClock
+from basin_runtime.gateway.config import GatewayConfig
+from basin_runtime.gateway.gateway import Gateway
+from basin_runtime.gateway.lending import LendingTracker
+from basin_runtime.gateway.measure import Meter
+from basin_runtime.gateway.predictors import Predictors
+from basin_runtime.gateway.proxy import Upstream
+from basin_runtime.gateway.session_log import SessionLogWriter
+from basin_runtime.gateway.signals import HitRateWindow
+from basin_runtime.gateway.waiting import WaitingRoom
+from basin_runtime.policy import Policy, PolicyConfig
+from basin_runtime.session_log import SessionLogRecord
+from basin_runtime.session_table import read_sessions
+from basin_runtime.task_text import TaskTextRule
+from pipeline.ingest import main as ingest_main
+from tests.runtime.test_gateway_app import TOKENIZER, FakeUpstream, Rig, StubModel, conversation, eventually
+
+pytestmark = pytest.mark.asyncio
+MODEL_FILE = Path(__file__).resolve().parents[2] / "models" / "peak_predictor.onnx"
+
+
+@asynccontextmanager
+async def ops_rig(*, budget_tokens: int = 1_000_000, model: StubModel | None = None, is_shadow: bool = False,
+                  session_log: SessionLogWriter | None = None, lending: LendingTracker | None = None,
+                  reloader: Reloader | None = None) -> AsyncIterator[Rig]:
+    """A rig like `test_gateway_app.rig_for`, with the issue-6 parts wired in."""
+    clock = ManualClock()
+    upstream = FakeUpstream()
+    model = model or StubModel()
+    room = WaitingRoom(Policy(PolicyConfig(budget_tokens=budget_tokens)), clock, retry_after_s=30)
+    upstream_client = httpx.AsyncClient(transport=httpx.MockTransport(upstream), base_url="http://router")
+    gateway = Gateway(room, Meter(TOKENIZER, TaskTextRule()), Predictors(model), Upstream(upstream_client),
+                      hit_window=HitRateWindow(window_s=60.0, min_prompt_tokens=1), lending=lending,
+                      session_log=session_log, is_shadow=is_shadow)
+    app = create_app(gateway, reloader=reloader)
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway")
+    try:
+        yield Rig(gateway, app, clock, upstream, model, client)
+    finally:
+        await client.aclose()
+        await upstream_client.aclose()
+
+
+async def scrape(rig: Rig) -> dict[str, float]:
+    """Every sample of `/metrics` by name and labels, e.g. `basin_sessions_ended_total{reason=ended}`."""
+    response = await rig.client.get("/metrics")
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
+    samples = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()) if k != "le")
+            le = sample.labels.get("le")
+            key = sample.name + (f"{{{labels}}}" if labels else "") + (f"[le={le}]" if le else "")
+            samples[key] = sample.value
+    return samples
+
+
+# --- metrics -------------------------------------------------------------------------------------
+
+
+async def test_metrics_after_a_scripted_run_have_the_right_names_and_values() -> None:
+    model = StubModel({"first task": 5.0, "second task": 100_000.0})
+    async with ops_rig(budget_tokens=1, model=model) as rig:
+        assert (await rig.chat("a", "first task")).status_code == 200  # live at once (queue empty)
+        waiting = asyncio.create_task(rig.chat("b", "second task"))
+        await eventually(lambda: rig.policy.is_queued("b"))
+        mid = await scrape(rig)
+        assert (mid["basin_queued_sessions"], mid["basin_live_sessions"]) == (1, 1)
+        assert mid["basin_budget_tokens"] == 1 and mid["basin_sessions_admitted_total"] == 1
+        assert mid["basin_working_set_tokens"] == rig.policy.snapshot().working_set_tokens > 0
+        assert mid["basin_reserved_tokens"] == rig.policy.snapshot().reserved_tokens > 0
+
+        rig.clock.advance(7.0)
+        assert (await rig.client.post("/basin/sessions/a/end")).status_code == 200
+        assert (await asyncio.wait_for(waiting, 2)).status_code == 200
+        assert (await rig.client.post("/basin/sessions/b/end")).status_code == 200
+        end = await scrape(rig)
+
+    assert end["basin_sessions_admitted_total"] == 2 and end["basin_sessions_shed_total"] == 0
+    assert (end["basin_queued_sessions"], end["basin_live_sessions"], end["basin_working_set_tokens"]) == (0, 0, 0)
+    assert end["basin_sessions_ended_total{reason=ended}"] == 2
+    assert end["basin_queue_wait_seconds_count"] == 2 and end["basin_queue_wait_seconds_sum"] == 7.0
+    assert end["basin_prefix_hit_ratio"] == pytest.approx(8 / 18)  # two answers of 9 prompt, 4 cached tokens
+    assert (end["basin_upstream_prompt_tokens_total"], end["basin_upstream_cached_tokens_total"]) == (18, 8)
+    assert end["basin_calls_total{outcome=completed}"] == 2
+    prompt = TOKENIZER.count_prompt(conversation("first task"))
+    assert end["basin_peak_prediction_ratio_count"] == 2
+    assert end["basin_peak_prediction_ratio_sum"] == pytest.approx(prompt / 5.0 + prompt / 100_000.0)
+    assert end["basin_sessions_overflowed_total"] == 1  # "first task" ran past its 5-token prediction
+    assert end["basin_gateway_added_latency_seconds_count"] == 2
+    assert end["basin_shadow_mode"] == 0
+
+
+async def test_the_metrics_of_two_apps_do_not_collide() -> None:
+    async with ops_rig() as one, ops_rig() as two:
+        await one.chat("a", "task")
+        assert (await scrape(one))["basin_calls_total{outcome=completed}"] == 1
+        assert "basin_calls_total{outcome=completed}" not in await scrape(two)
+
+
+async def test_a_shed_session_counts_as_shed() -> None:
+    async with ops_rig() as rig:
+        await rig.chat("a", "task")
+        entry = rig.room.registry.get("a")
+        assert entry is not None
+        rig.gateway.metrics.session_ended(entry, "shed")
+        assert (await scrape(rig))["basin_sessions_shed_total"] == 1
+
+
+# --- usage and the hit rate ----------------------------------------------------------------------
+
+
+def _sse(*events: dict[str, Any]) -> bytes:
+    return b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+
+
+STREAM = _sse({"choices": [{"index": 0, "delta": {"content": "hi"}}], "usage": None},
+              {"choices": [], "usage": {"prompt_tokens": 20, "completion_tokens": 3,
+                                         "prompt_tokens_details": {"cached_tokens": 15}}})
+
+
+async def _stream_answer(request: httpx.Request) -> httpx.Response:
+    return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=STREAM)
+
+
+@pytest.mark.parametrize("asks_for_usage", [False, True])
+async def test_a_streamed_call_gets_its_usage_which_a_client_that_did_not_ask_never_sees(asks_for_usage: bool) -> None:
+    async with ops_rig() as rig:
+        rig.upstream.handler = _stream_answer
+        fields: dict[str, Any] = {"stream": True, "stream_options": {"include_usage": True}} if asks_for_usage \
+            else {"stream": True}
+        response = await rig.chat("s", "task", **fields)
+        entry = rig.room.registry.get("s")
+
+    assert rig.upstream.bodies()[0]["stream_options"] == {"include_usage": True}
+    assert entry is not None and (entry.calls[0].completion_tokens, entry.calls[0].cached_tokens) == (3, 15)
+    assert response.content.endswith(b"data: [DONE]\n\n")
+    assert (b'"usage": {' in response.content) is asks_for_usage
+
+
+async def test_a_generate_call_gets_its_cached_tokens_from_meta_info() -> None:
+    async def meta(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"text": "x", "meta_info": {"prompt_tokens": 12, "completion_tokens": 2,
+                                                                      "cached_tokens": 6}})
+
+    async with ops_rig() as rig:
+        rig.upstream.handler = meta
+        response = await rig.client.post("/generate", json={"text": "def f():"}, headers={"X-Session-ID": "g"})
+        assert response.status_code == 200
+        entry = rig.room.registry.get("g")
+        assert entry is not None and (entry.calls[0].completion_tokens, entry.calls[0].cached_tokens) == (2, 6)
+        assert rig.gateway.hit_rate() == 0.5
+
+
+async def test_each_tick_gets_the_windowed_hit_rate(monkeypatch: pytest.MonkeyPatch) -> None:
+    async with ops_rig() as rig:
+        seen: list[float | None] = []
+        real_tick = rig.policy.tick
+
+        def tick(now: float, hit_rate: float | None = None) -> list[Any]:
+            seen.append(hit_rate)
+            return real_tick(now, hit_rate)
+
+        monkeypatch.setattr(rig.policy, "tick", tick)
+        await rig.room.tick()
+        await rig.chat("s", "task")  # 9 prompt tokens, 4 cached
+        await rig.room.tick()
+        rig.clock.advance(61.0)
+        await rig.room.tick()
+    assert seen == [None, pytest.approx(4 / 9), None]
+
+
+# --- admin ---------------------------------------------------------------------------------------
+
+
+async def test_state_and_sessions_show_the_policy_and_each_session() -> None:
+    async with ops_rig() as rig:
+        await rig.chat("s", "task")
+        state = (await rig.client.get("/basin/state")).json()
+        sessions = (await rig.client.get("/basin/sessions")).json()["sessions"]
+    assert state["policy"] == {**rig.policy.snapshot().to_dict()} and state["policy"]["live"] == ["s"]
+    assert state["hit_rate"] == pytest.approx(4 / 9) and state["is_shadow"] is False
+    assert state["lending"]["http://d1"]["lent_tokens"] == 10  # 9 prompt + 1 completion tokens
+    assert [(s["session_id"], s["state"], s["num_calls"], s["served_by"]) for s in sessions] == \
+        [("s", "live", 1, "http://d1")]
+
+
+async def test_a_budget_change_applies_at_once_and_admits_who_now_fits() -> None:
+    async with ops_rig(budget_tokens=1, model=StubModel(default=50.0)) as rig:
+        await rig.chat("a", "task a")
+        waiting = asyncio.create_task(rig.chat("b", "task b"))
+        await eventually(lambda: rig.policy.is_queued("b"))
+        bad = await rig.client.put("/basin/budget", json={"budget_tokens": 0})
+        assert bad.status_code == 400 and "budget_tokens" in bad.text and rig.policy.is_queued("b")
+        moved = await rig.client.put("/basin/budget", json={"budget_tokens": 1_000_000})
+        assert moved.status_code == 200 and moved.json()["policy"]["reference_budget_tokens"] == 1_000_000
+        assert (await asyncio.wait_for(waiting, 2)).status_code == 200
+        samples = await scrape(rig)
+        assert samples["basin_reference_budget_tokens"] == 1_000_000
+        assert samples["basin_budget_tokens"] == rig.policy.snapshot().budget_tokens > 1
+
+
+async def test_reloads_swap_models_and_apply_the_calibration_budget_or_change_nothing(tmp_path: Path) -> None:
+    calibration = tmp_path / "calibration.json"
+    calibration.write_text(json.dumps({"knee_tokens": 10_000, "cache_capacity_tokens": 50_000}))
+    config = GatewayConfig(upstream="http://router", default_model=MODEL_FILE, calibration=calibration)
+    async with ops_rig(reloader=Reloader(config)) as rig:
+        old = rig.gateway.predictors
+        done = await rig.client.post("/basin/reload", json={"models": True, "calibration": True})
+        assert done.status_code == 200 and done.json() == {"reloaded": {"models": 1, "budget_tokens": 9000}}
+        assert rig.gateway.predictors is not old and rig.policy.snapshot().reference_budget_tokens == 9000
+
+        calibration.write_text("{not json")
+        broken = await rig.client.post("/basin/reload", json={"calibration": True})
+        assert broken.status_code == 400 and str(calibration) in broken.text
+        assert rig.policy.snapshot().reference_budget_tokens == 9000
+        assert (await rig.client.post("/basin/reload", json={"models": "yes"})).status_code == 400
+
+
+async def test_admin_endpoints_need_the_token_when_one_is_set() -> None:
+    async with ops_rig() as rig:
+        app = create_app(rig.gateway, admin_token="secret")
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://g") as client:
+            for method, path in [("GET", "/basin/state"), ("GET", "/basin/sessions"), ("PUT", "/basin/budget"),
+                                 ("POST", "/basin/reload"), ("PUT", "/basin/shadow")]:
+                assert (await client.request(method, path, json={})).status_code == 401, path
+            ok = await client.get("/basin/state", headers={"Authorization": "Bearer secret"})
+            assert ok.status_code == 200
+
+
+# --- shadow mode ---------------------------------------------------------------------------------
+
+
+async def test_shadow_mode_decides_and_reports_but_holds_no_one() -> None:
+    async with ops_rig(budget_tokens=1, is_shadow=True) as rig:
+        await rig.chat("a", "task a")
+        response = await asyncio.wait_for(rig.chat("b", "task b"), 2)  # would wait; goes through
+        assert response.status_code == 200 and rig.policy.is_queued("b")
+        samples = await scrape(rig)
+        assert (samples["basin_shadow_would_hold_total"], samples["basin_shadow_mode"]) == (1, 1)
+        assert samples["basin_queued_sessions"] == 1
+
+        assert (await rig.client.put("/basin/shadow", json={"enabled": False})).json() == {"is_shadow": False}
+        held = asyncio.create_task(rig.chat("c", "task c"))
+        await asyncio.sleep(0.05)
+        assert not held.done()  # out of shadow mode, a queued session waits again
+        await rig.client.post("/basin/sessions/c/end")
+        assert (await asyncio.wait_for(held, 2)).status_code == 409
+
+
+# --- lending -------------------------------------------------------------------------------------
+
+
+async def test_the_next_call_carries_the_write_back_plan_and_the_session_end_forgets_it() -> None:
+    lending = LendingTracker({"http://d1": 100_000}, default_capacity_tokens=50_000)
+    async with ops_rig(lending=lending) as rig:
+        await rig.chat("s", "task", headers={"X-Basin-Writeback": "instance=forged"})
+        await rig.chat("s", "task", "next")
+        first, second = rig.upstream.requests
+        assert "x-basin-writeback" not in first.headers  # the client's own is never passed on
+        assert second.headers["x-basin-writeback"] == "instance=http://d1;held=10;cached=4;tokens=6"
+        assert lending.ledger.holder_of("s") is not None
+        await rig.client.post("/basin/sessions/s/end")
+    assert lending.ledger.holder_of("s") is None and lending.ledger.lent_tokens("http://d1") == 0
+
+
+async def test_an_unknown_decode_worker_is_learned_with_the_default_capacity() -> None:
+    lending = LendingTracker(default_capacity_tokens=2_000)
+    async with ops_rig(lending=lending) as rig:
+        await rig.chat("s", "task")
+    assert lending.ledger.instance_ids() == ("http://d1",) and lending.ledger.cap_tokens("http://d1") == 1_000
+
+
+# --- the session log -----------------------------------------------------------------------------
+
+
+def _ingest(tmp_path: Path, src: Path) -> tuple[int, Path]:
+    out = tmp_path / "out.parquet"
+    code = ingest_main(["--format", "gateway-log", "--benchmark", "live", "--out", str(out), "--quiet", str(src)])
+    return code, out
+
+
+async def test_finished_sessions_are_logged_and_read_back_by_ingest(tmp_path: Path) -> None:
+    writer = SessionLogWriter(tmp_path / "log" / "sessions.jsonl")
+    async with ops_rig(session_log=writer, model=StubModel(default=321.0)) as rig:
+        await rig.chat("s", "fix the bug")
+        rig.clock.advance(2.0)
+        await rig.chat("s", "fix the bug", "more")
+        await rig.client.post("/basin/sessions/s/end")
+    await asyncio.to_thread(writer.close)
+
+    lines = (tmp_path / "log" / "sessions.jsonl").read_text().splitlines()
+    record = SessionLogRecord.from_json(lines[0])
+    assert len(lines) == 1 and (record.session_id, record.model, record.end_reason) == ("s", "m", "ended")
+    assert record.task_text == "fix the bug" and record.predicted_peak_tokens == 321.0
+    assert [(c.completion_tokens, c.cached_tokens) for c in record.calls] == [(1, 4), (1, 4)]
+    code, out = _ingest(tmp_path, tmp_path / "log")
+    sessions = read_sessions(out)
+    assert code == 0 and [s.session_id for s in sessions] == ["s"]
+    assert [(c.prompt_tokens, c.completion_tokens, c.cached_tokens) for c in sessions[0].calls] == \
+        [(c.prompt_tokens, 1, 4) for c in record.calls]
+    assert sessions[0].task_text == "fix the bug" and sessions[0].calls[0].gap_s == pytest.approx(2.0)
+
+
+async def test_the_log_rotates_keeps_the_newest_files_and_ingest_reads_the_folder(tmp_path: Path) -> None:
+    writer = SessionLogWriter(tmp_path / "sessions.jsonl", max_bytes=600, keep_files=2)
+    async with ops_rig(session_log=writer) as rig:
+        for k in range(6):
+            await rig.chat(f"s{k}", f"task number {k}")
+            await rig.client.post(f"/basin/sessions/s{k}/end")
+    await asyncio.to_thread(writer.close)
+
+    rotated = writer.rotated_files()
+    assert len(rotated) == 2 and all(p.stat().st_size <= 600 for p in [*rotated, writer.path])
+    kept = [SessionLogRecord.from_json(line).session_id
+            for p in [*rotated, writer.path] for line in p.read_text().splitlines()]
+    assert kept == [f"s{k}" for k in range(6 - len(kept), 6)] and len(kept) < 6  # the oldest files were deleted
+    code, out = _ingest(tmp_path, tmp_path)
+    assert code == 0 and sorted(s.session_id for s in read_sessions(out)) == sorted(kept)
+
+
+async def test_text_free_logging_keeps_counts_only_and_ingest_rejects_it_for_text_models(tmp_path: Path) -> None:
+    writer = SessionLogWriter(tmp_path / "sessions.jsonl", keep_text=False)
+    async with ops_rig(session_log=writer) as rig:
+        await rig.chat("s", "secret task text")
+        await rig.client.post("/basin/sessions/s/end")
+    await asyncio.to_thread(writer.close)
+
+    raw = (tmp_path / "sessions.jsonl").read_text()
+    record = SessionLogRecord.from_json(raw)
+    assert "secret" not in raw and record.task_text is None and record.task_chars == len("secret task text")
+    out = tmp_path / "out.parquet"
+    ingest_main(["--format", "gateway-log", "--benchmark", "live", "--out", str(out), "--quiet",
+                 "--max-reject-fraction", "1", str(tmp_path / "sessions.jsonl")])
+    rejects = (tmp_path / "out.rejects.jsonl").read_text()
+    assert "text-free" in rejects
+
+
+async def test_appending_after_close_raises(tmp_path: Path) -> None:
+    writer = SessionLogWriter(tmp_path / "sessions.jsonl")
+    await asyncio.to_thread(writer.close)
+    with pytest.raises(RuntimeError, match="closed"):
+        writer.append(SessionLogRecord("s", "m", "t", None, 0, 0.0, 1.0, "ended", ()))
+
+
+# --- deploy files --------------------------------------------------------------------------------
+
+
+async def test_the_alert_rules_and_the_dashboard_use_only_metrics_the_gateway_exports() -> None:
+    deploy = Path(__file__).resolve().parents[2] / "deploy"
+    rules = yaml.safe_load((deploy / "prometheus-alerts.yaml").read_text())
+    dashboard = json.loads((deploy / "grafana-dashboard.json").read_text())
+    exprs = [r["expr"] for g in rules["groups"] for r in g["rules"]]
+    exprs += [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    async with ops_rig() as rig:
+        await rig.chat("s", "task")
+        await rig.client.post("/basin/sessions/s/end")  # a labelled counter has samples once a label is used
+        exported = {re.sub(r"\{.*", "", key.split("[")[0]) for key in await scrape(rig)}
+    used = {name for expr in exprs for name in re.findall(r"\bbasin_[a-z_]+", expr)}
+    assert used and used <= exported, sorted(used - exported)
+
+
+async def test_the_issue_6_options_come_from_the_file_and_bad_values_name_the_key(tmp_path: Path) -> None:
+    from basin_runtime.gateway.config import ConfigError, load_config
+
+    good = tmp_path / "good.yaml"
+    good.write_text("upstream: http://r\nmodel: m.onnx\nbudget_tokens: 5\nshadow: true\nsession_log: log/s.jsonl\n"
+                    "session_log_keep_text: false\nlending_decode_instances: {http://d1: 1000}\n"
+                    "hit_rate_window_s: 30\n")
+    config = load_config({"config": str(good)})
+    assert (config.shadow, config.session_log, config.session_log_keep_text) == (True, tmp_path / "log/s.jsonl", False)
+    assert (config.lending_decode_instances, config.hit_rate_window_s) == ({"http://d1": 1000}, 30.0)
+    for bad, key in [("lending_decode_instances: {http://d1: 0}", "lending_decode_instances"),
+                     ("lending_cap_fraction: 2", "lending_cap_fraction"), ("shadow: 1", "shadow")]:
+        path = tmp_path / "bad.yaml"
+        path.write_text(f"upstream: http://r\nmodel: m.onnx\n{bad}\n")
+        with pytest.raises(ConfigError, match=key):
+            load_config({"config": str(path)})
+
+
+async def test_the_sharded_transport_spreads_requests_over_its_pools() -> None:
+    from basin_runtime.gateway.proxy import ShardedTransport
+
+    transport = ShardedTransport(3)
+    seen: list[int] = []
+    for k, shard in enumerate(transport._shards):
+        async def handle(request: httpx.Request, k: int = k) -> httpx.Response:
+            seen.append(k)
+            return httpx.Response(200)
+
+        shard.handle_async_request = handle  # type: ignore[method-assign]
+    async with httpx.AsyncClient(transport=transport, base_url="http://u") as client:
+        for _ in range(5):
+            await client.get("/")
+    assert seen == [0, 1, 2, 0, 1]
