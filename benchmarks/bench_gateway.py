@@ -11,6 +11,7 @@ a subprocess) and the real gateway (`python -m basin_runtime.gateway` in a subpr
 3. Memory: the gateway's RSS (from /proc) while 10,000 sessions pass through it (200 at a time).
 
     .venv/bin/python benchmarks/bench_gateway.py [--sessions 10000] [--concurrency 200] [--calls 5]
+        [--upstream-client aiohttp|httpx]
 
 Loopback only; every process started is stopped at the end.
 """
@@ -216,13 +217,14 @@ async def gateway_added_quantiles(client: httpx.AsyncClient, gateway: str) -> tu
 
 
 @contextlib.asynccontextmanager
-async def servers(log_dir: str) -> AsyncIterator[tuple[str, str, int]]:
+async def servers(log_dir: str, upstream_client: str) -> AsyncIterator[tuple[str, str, int]]:
     up_port, gw_port = free_port(), free_port()
     upstream, gateway = f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{gw_port}"
     with process([sys.executable, __file__, "--serve-upstream", str(up_port)]) as up_proc:
         await wait_healthy(upstream, up_proc)
         with process([sys.executable, "-m", "basin_runtime.gateway", "--upstream", upstream, "--port", str(gw_port),
                       "--model", str(MODEL_FILE), "--budget-tokens", str(10**12), "--log-level", "warning",
+                      "--upstream-client", upstream_client,
                       "--session-log", str(Path(log_dir) / "sessions.jsonl")]) as gw_proc:
             await wait_healthy(gateway, gw_proc)
             yield upstream, gateway, gw_proc.pid
@@ -230,7 +232,7 @@ async def servers(log_dir: str) -> AsyncIterator[tuple[str, str, int]]:
 
 async def bench(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as log_dir:
-        async with servers(log_dir) as (upstream, gateway, gw_pid), \
+        async with servers(log_dir, args.upstream_client) as (upstream, gateway, gw_pid), \
                 httpx.AsyncClient(trust_env=False, timeout=60) as client:
             # warm-up (tokenizer, model, connections)
             await run_sessions(gateway, 10**6, 50, 2, 50, True, [])
@@ -257,8 +259,8 @@ async def bench(args: argparse.Namespace) -> None:
             state = (await client.get(gateway + "/basin/state")).json()["policy"]
 
     ms = 1000.0
-    print(f"machine: {os.cpu_count()} cpus; upstream: raw ASGI on uvicorn; gateway: basin_runtime.gateway, "
-          f"session log on")
+    print(f"machine: {os.cpu_count()} cpus; upstream: raw ASGI on uvicorn; gateway: basin_runtime.gateway "
+          f"({args.upstream_client} upstream client), session log on")
     print(f"unloaded ({args.unloaded_calls} calls, one at a time): added p50 {pct(added_1, .5) * ms:.2f} ms, "
           f"p99 {pct(added_1, .99) * ms:.2f} ms (direct p50 {pct(direct_1, .5) * ms:.2f} ms)")
     print(f"{args.concurrency} concurrent sessions x {args.calls} calls ({len(via)} calls):")
@@ -286,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=200)
     parser.add_argument("--calls", type=int, default=5, help="calls per session in the latency phase")
     parser.add_argument("--unloaded-calls", type=int, default=300)
+    parser.add_argument("--upstream-client", choices=("aiohttp", "httpx"), default="aiohttp")
     args = parser.parse_args(argv)
     if args.serve_upstream is not None:
         serve_upstream(args.serve_upstream)

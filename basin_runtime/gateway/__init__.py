@@ -14,8 +14,10 @@
 #   waiting.py      the waiting room: the policy under a lock, waiting, withdrawal, timers
 #   priority.py     the session priority as SGLang's integer, and request ids
 #   disconnect.py   awaiting something unless the client leaves
+#   upstream.py     the upstream HTTP client protocol: aiohttp (default) and httpx implementations
 #   proxy.py        forwarding upstream and streaming the answer back (and reading its usage)
 #   signals.py      per-call usage from the upstream's answers, and the windowed prefix hit rate
+#   engine_metrics.py  the windowed hit rate scraped from the engines' /metrics counters (when configured)
 #   metrics.py      the Prometheus metrics, in a registry per app
 #   lending.py      the lending ledger kept from served calls, and the write-back hint header
 #   session_log.py  the durable, rotating session-log writer (a thread fed by a queue)

@@ -9,8 +9,9 @@
 # - `/basin/...` are admin endpoints (`admin.py`): with an admin token configured, they need
 #   `Authorization: Bearer <token>`; without one they are open (bind to loopback then).
 # - Errors become responses only through `errors.error_response`.
-# - The lifespan runs the waiting room's timers and closes the upstream client when the app built
-#   the client itself.
+# - The lifespan starts the upstream client (the aiohttp session must be made on the running loop),
+#   runs the waiting room's timers and, when configured, the engines' /metrics scraper
+#   (`engine_metrics.py`), and closes the upstream client when the app built it itself.
 # - Start-up loads the tokenizer, every model and the calibration before the app exists, so a bad
 #   file stops start-up with `ConfigError` naming it.
 """Starlette application and its construction from the configuration."""
@@ -39,15 +40,15 @@ from basin_runtime.gateway.lending import LendingTracker
 from basin_runtime.gateway.measure import Meter
 from basin_runtime.gateway.metrics import CONTENT_TYPE
 from basin_runtime.gateway.predictors import Predictors
-from basin_runtime.gateway.proxy import ShardedTransport, Upstream
+from basin_runtime.gateway.proxy import Upstream
 from basin_runtime.gateway.session_log import SessionLogWriter
 from basin_runtime.gateway.signals import HitRateWindow
+from basin_runtime.gateway.upstream import UpstreamClient, make_client
 from basin_runtime.gateway.waiting import WaitingRoom
 from basin_runtime.policy import Policy, PolicyError
 from basin_runtime.task_text import TaskTextError, TaskTextRule
 from basin_runtime.tokenizer import TokenizerError, get_tokenizer
 
-UPSTREAM_POOLS = 16  # connection pools to the upstream, 32 idle connections each at most (`ShardedTransport`)
 PASS_THROUGH_PATHS = (
     "/v1/models", "/v1/models/{model_id:path}", "/server_info", "/get_server_info", "/model_info",
     "/get_model_info", "/v1/loads", "/get_loads", "/health_generate",
@@ -79,12 +80,18 @@ def create_app(gateway: Gateway, *, admin_token: str | None = None, tick_interva
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        timers = asyncio.create_task(gateway.room.run_timers(tick_interval_s, idle_timeout_s))
+        await gateway.upstream.start()
+        tasks = {asyncio.create_task(gateway.room.run_timers(tick_interval_s, idle_timeout_s))}
+        if gateway.engine_scraper is not None:
+            tasks.add(asyncio.create_task(gateway.engine_scraper.run()))
         try:
             yield
         finally:
-            timers.cancel()
-            await asyncio.wait({timers})
+            for task in tasks:
+                task.cancel()
+            await asyncio.wait(tasks)
+            if gateway.engine_scraper is not None:
+                await gateway.engine_scraper.aclose()
             if on_shutdown is not None:
                 await on_shutdown()
             if gateway.session_log is not None:
@@ -114,7 +121,7 @@ def _require_admin(request: Request, admin_token: str | None) -> None:
         raise AdminAuthError("this admin endpoint needs `Authorization: Bearer <admin token>`")
 
 
-def build_gateway(config: GatewayConfig, client: httpx.AsyncClient | None = None,
+def build_gateway(config: GatewayConfig, client: UpstreamClient | httpx.AsyncClient | None = None,
                   clock: Clock | None = None) -> Gateway:
     """Load the tokenizer, models and calibration named by `config`; `ConfigError` if one cannot be used.
 
@@ -142,22 +149,20 @@ def build_gateway(config: GatewayConfig, client: httpx.AsyncClient | None = None
     return Gateway(room, Meter(tokenizer, rule), predictors, upstream,
                    session_header=config.session_header, workload_header=config.workload_header,
                    hit_window=HitRateWindow(config.hit_rate_window_s, config.hit_rate_min_prompt_tokens),
-                   lending=lending, session_log=session_log, is_shadow=config.shadow)
+                   lending=lending, session_log=session_log, is_shadow=config.shadow,
+                   engine_metrics_urls=config.engine_metrics_urls,
+                   engine_metrics_interval_s=config.engine_metrics_interval_s)
 
 
-def upstream_client(config: GatewayConfig) -> httpx.AsyncClient:
-    """The HTTP client to the upstream, with the gateway's timeouts and no connection cap."""
-    timeout = httpx.Timeout(config.upstream_timeout_s, connect=config.upstream_connect_timeout_s)
-    # Idle connections are dropped before uvicorn's (SGLang's server's) 5 s keep-alive timeout closes them:
-    # reusing one the server is closing fails the call with a ReadError.
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=32, keepalive_expiry=2.0)
-    return httpx.AsyncClient(base_url=config.upstream, timeout=timeout, trust_env=False,
-                             transport=ShardedTransport(UPSTREAM_POOLS, limits))
+def upstream_client(config: GatewayConfig) -> UpstreamClient:
+    """The HTTP client to the upstream (`config.upstream_client`), with the gateway's timeouts, no connection cap."""
+    return make_client(config.upstream_client, config.upstream, connect_s=config.upstream_connect_timeout_s,
+                       read_s=config.upstream_timeout_s)
 
 
 def build_app(config: GatewayConfig, clock: Clock | None = None) -> Starlette:
     """The whole gateway app from its configuration (it owns and closes its upstream client)."""
     gateway = build_gateway(config, clock=clock)
     return create_app(gateway, admin_token=config.admin_token, tick_interval_s=config.tick_interval_s,
-                      idle_timeout_s=config.idle_timeout_s, on_shutdown=gateway.upstream.client.aclose,
+                      idle_timeout_s=config.idle_timeout_s, on_shutdown=gateway.upstream.aclose,
                       reloader=Reloader(config))

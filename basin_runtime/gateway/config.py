@@ -27,6 +27,7 @@ import yaml
 from basin_runtime.policy import PolicyConfig
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+UPSTREAM_CLIENTS = ("aiohttp", "httpx")
 
 
 class ConfigError(ValueError):
@@ -51,6 +52,7 @@ class GatewayConfig:
     tick_interval_s: float = 1.0
     upstream_timeout_s: float = 900.0
     upstream_connect_timeout_s: float = 10.0
+    upstream_client: str = "aiohttp"
     retry_after_s: float = 60.0
     admin_token: str | None = None
     tokenizer: str = "qwen3.6"
@@ -60,6 +62,8 @@ class GatewayConfig:
     shadow: bool = False
     hit_rate_window_s: float = 60.0
     hit_rate_min_prompt_tokens: int = 1000
+    engine_metrics_urls: Sequence[str] = ()
+    engine_metrics_interval_s: float = 5.0
     session_log: Path | None = None
     session_log_max_bytes: int = 256 << 20
     session_log_keep_files: int = 20
@@ -98,6 +102,19 @@ def _upstream(key: str, value: object) -> str:
     if not re.match(r"^https?://[^/]+", url):
         raise ConfigError(f"{key}: expected an http(s):// URL, got {value!r}")
     return url
+
+
+def _upstream_client(key: str, value: object) -> str:
+    if value not in UPSTREAM_CLIENTS:
+        raise ConfigError(f"{key}: expected one of {', '.join(UPSTREAM_CLIENTS)}, got {value!r}")
+    return str(value)
+
+
+def _urls(key: str, value: object) -> list[str]:
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list):
+        raise ConfigError(f"{key}: expected a list of http(s):// URLs, got {value!r}")
+    return [_upstream(key, item) for item in items]
 
 
 def _log_level(key: str, value: object) -> str:
@@ -146,9 +163,11 @@ _CHECKS: dict[str, Callable[[str, object], object]] = {
     "upstream": _upstream, "model": _models, "budget_tokens": _int, "calibration": _str, "host": _str,
     "port": _int, "always_engaged": _bool, "session_header": _str, "workload_header": _str,
     "idle_timeout_s": _seconds, "tick_interval_s": _seconds, "upstream_timeout_s": _seconds,
-    "upstream_connect_timeout_s": _seconds, "retry_after_s": _seconds, "admin_token": _str,
+    "upstream_connect_timeout_s": _seconds, "upstream_client": _upstream_client, "retry_after_s": _seconds,
+    "admin_token": _str,
     "tokenizer": _str, "task_text_pattern": _str, "log_level": _log_level, "policy": _policy,
-    "shadow": _bool, "hit_rate_window_s": _seconds, "hit_rate_min_prompt_tokens": _int, "session_log": _str,
+    "shadow": _bool, "hit_rate_window_s": _seconds, "hit_rate_min_prompt_tokens": _int,
+    "engine_metrics_urls": _urls, "engine_metrics_interval_s": _seconds, "session_log": _str,
     "session_log_max_bytes": _positive_int, "session_log_keep_files": _int, "session_log_keep_text": _bool,
     "lending_decode_instances": _instances, "lending_default_capacity_tokens": _positive_int,
     "lending_cap_fraction": _fraction,
@@ -192,6 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"longest wait for upstream bytes (default {_default('upstream_timeout_s'):g})")
     add("--upstream-connect-timeout-s", type=float, metavar="S",
         help=f"longest wait to connect upstream (default {_default('upstream_connect_timeout_s'):g})")
+    add("--upstream-client", choices=UPSTREAM_CLIENTS,
+        help=f"HTTP client to the upstream (default {_default('upstream_client')}; httpx is ~10x slower at load)")
     add("--retry-after-s", type=float, metavar="S",
         help=f"Retry-After of a shed session's 503 (default {_default('retry_after_s'):g})")
     add("--admin-token", metavar="TOKEN", help="bearer token required on /basin/ endpoints (default: none; "
@@ -202,6 +223,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("--shadow", action="store_true", help="decide and report everything but hold no call (safe rollout)")
     add("--hit-rate-window-s", type=float, metavar="S",
         help=f"window of the prefix hit rate fed to the policy (default {_default('hit_rate_window_s'):g})")
+    add("--engine-metrics", action="append", dest="engine_metrics_urls", metavar="URL",
+        help="an engine's Prometheus /metrics URL (repeat per engine); when given, the hit rate fed to the "
+             "policy comes from their counters (the upstream's usage only while they have no evidence)")
+    add("--engine-metrics-interval-s", type=float, metavar="S",
+        help=f"engine /metrics scrape period (default {_default('engine_metrics_interval_s'):g})")
     add("--session-log", metavar="PATH", help="append each finished session to this JSONL file (default: none)")
     add("--session-log-keep-text", type=_yes_no, metavar="yes|no",
         help="keep the raw task text in the session log (default yes; no keeps only counts)")

@@ -29,12 +29,14 @@ import json
 import logging
 import secrets
 import time
+from collections.abc import Sequence
 from functools import partial
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from basin_runtime.gateway.calls import Call, CallKind, parse_call
+from basin_runtime.gateway.engine_metrics import EngineHitWindow, EngineScraper
 from basin_runtime.gateway.errors import SessionEndedError
 from basin_runtime.gateway.lending import WRITEBACK_HEADER, LendingTracker, writeback_header
 from basin_runtime.gateway.measure import FirstCall, Meter, PromptMemo
@@ -59,7 +61,8 @@ class Gateway:
     def __init__(self, room: WaitingRoom, meter: Meter, predictors: Predictors, upstream: Upstream, *,
                  session_header: str = "X-Session-ID", workload_header: str = "X-Basin-Workload",
                  hit_window: HitRateWindow | None = None, lending: LendingTracker | None = None,
-                 session_log: SessionLogWriter | None = None, is_shadow: bool = False) -> None:
+                 session_log: SessionLogWriter | None = None, is_shadow: bool = False,
+                 engine_metrics_urls: Sequence[str] = (), engine_metrics_interval_s: float = 5.0) -> None:
         self.room = room
         self.meter = meter
         self.predictors = predictors
@@ -72,13 +75,25 @@ class Gateway:
         self.lending = lending or LendingTracker()
         self.session_log = session_log
         self.is_shadow = is_shadow
+        self.engine_scraper = None if not engine_metrics_urls else EngineScraper(
+            engine_metrics_urls, EngineHitWindow(self.hit_window.window_s, self.hit_window.min_prompt_tokens),
+            room.clock.now, self.metrics.engine_scrape_errors, interval_s=engine_metrics_interval_s)
         room.hit_rate = self.hit_rate
         room.on_session_end = self._session_ended
         room.on_admitted = self._session_admitted
 
     def hit_rate(self) -> float | None:
-        """The windowed prefix hit rate now (None: too little evidence)."""
-        return self.hit_window.rate(self.room.clock.now())
+        """The windowed prefix hit rate now (None: too little evidence).
+
+        From the engines' /metrics counters when they are scraped and have evidence, else from the
+        upstream's reported usage.
+        """
+        now = self.room.clock.now()
+        if self.engine_scraper is not None:
+            rate = self.engine_scraper.window.rate(now)
+            if rate is not None:
+                return rate
+        return self.hit_window.rate(now)
 
     def refresh_metrics(self) -> None:
         """Set the state gauges from the policy (on a scrape and after each tick)."""

@@ -50,6 +50,8 @@ class GatewayMetrics:
         self.judged = Counter("basin_sessions_judged", "Sessions whose peak prediction was judged", registry=r)
         self.shadow_held = Counter("basin_shadow_would_hold", "Calls shadow mode let through that would wait",
                                    registry=r)
+        self.engine_scrape_errors = Counter("basin_engine_scrape_errors", "Failed scrapes of engines' /metrics",
+                                            registry=r)
         self.calls = Counter("basin_calls", "Calls forwarded upstream, by outcome", ["outcome"], registry=r)
         self.prompt_tokens = Counter("basin_upstream_prompt_tokens", "Prompt tokens the upstream reported",
                                      registry=r)

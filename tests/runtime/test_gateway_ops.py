@@ -396,20 +396,3 @@ async def test_the_issue_6_options_come_from_the_file_and_bad_values_name_the_ke
         path.write_text(f"upstream: http://r\nmodel: m.onnx\n{bad}\n")
         with pytest.raises(ConfigError, match=key):
             load_config({"config": str(path)})
-
-
-async def test_the_sharded_transport_spreads_requests_over_its_pools() -> None:
-    from basin_runtime.gateway.proxy import ShardedTransport
-
-    transport = ShardedTransport(3)
-    seen: list[int] = []
-    for k, shard in enumerate(transport._shards):
-        async def handle(request: httpx.Request, k: int = k) -> httpx.Response:
-            seen.append(k)
-            return httpx.Response(200)
-
-        shard.handle_async_request = handle  # type: ignore[method-assign]
-    async with httpx.AsyncClient(transport=transport, base_url="http://u") as client:
-        for _ in range(5):
-            await client.get("/")
-    assert seen == [0, 1, 2, 0, 1]

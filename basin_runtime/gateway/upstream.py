@@ -1,0 +1,271 @@
+# The HTTP client to the upstream, behind one small protocol, with two implementations.
+#
+# Rules:
+# - `UpstreamClient.send(method, path, headers, body, params)` sends one request and returns an
+#   `UpstreamAnswer` once its head has arrived: status, headers, and the body either whole
+#   (`read(limit)`) or chunk by chunk as it arrives (`chunks()`, never buffered: SSE goes through as
+#   written). `aclose()` on the answer gives its connection back (or drops it, when the body was not
+#   read to its end); it is safe to call more than once.
+# - Failures before the head: cannot connect (or any transport failure) -> `UpstreamRefusedError`;
+#   no connection or bytes in time -> `UpstreamTimeoutError`. Failures while reading the body ->
+#   `UpstreamBrokenError`. Cancelling `send` (the client left) releases the connection.
+# - Timeouts: `connect_s` to connect, `read_s` the longest wait for the next upstream bytes (so a long
+#   SSE answer is never cut while tokens keep coming).
+# - `AiohttpUpstreamClient` (the default for a real upstream) makes its `aiohttp.ClientSession` in
+#   `start()`, on the running loop (the app's lifespan), and closes it in `aclose()`.
+#   `HttpxUpstreamClient` wraps an `httpx.AsyncClient` (the unit tests inject `httpx.MockTransport`).
+#   httpx's pool costs CPU proportional to (connections x waiting requests) per request: at 200
+#   concurrent calls it is roughly 10x slower than aiohttp on the same machine.
+"""The upstream HTTP client protocol, and its aiohttp and httpx implementations."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from typing import Protocol
+
+import aiohttp
+import httpx
+
+from basin_runtime.gateway.errors import UpstreamRefusedError, UpstreamTimeoutError
+
+KEEPALIVE_S = 2.0  # idle connections dropped before uvicorn's (SGLang's server's) 5 s keep-alive closes them
+
+
+class UpstreamBrokenError(Exception):
+    """The upstream failed while its body was being read (the head had arrived)."""
+
+
+class UpstreamAnswer(Protocol):
+    """The head of an upstream answer, and its body to read."""
+
+    @property
+    def status_code(self) -> int: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    @property
+    def reason(self) -> str: ...
+
+    @property
+    def url(self) -> str: ...
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        """The body, chunk by chunk as it arrives; `UpstreamBrokenError` if the upstream fails."""
+        ...
+
+    async def read(self, limit: int) -> bytes:
+        """The body's first `limit` bytes (or all of a shorter body)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release the connection (dropped if the body was not read to its end)."""
+        ...
+
+
+class UpstreamClient(Protocol):
+    """Sends requests to one upstream base URL."""
+
+    @property
+    def base_url(self) -> str: ...
+
+    @property
+    def is_closed(self) -> bool: ...
+
+    async def start(self) -> None:
+        """Get ready to send (on the running loop)."""
+        ...
+
+    async def send(self, method: str, path: str, headers: Mapping[str, str], body: bytes | None,
+                   params: str = "") -> UpstreamAnswer:
+        """Send one request; return once the answer's head has arrived."""
+        ...
+
+    async def aclose(self) -> None:
+        """Close every connection."""
+        ...
+
+
+# --- httpx ---------------------------------------------------------------------------------------
+
+
+class HttpxAnswer:
+    """An `httpx.Response` opened with `stream=True`."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self._response = response
+
+    @property
+    def status_code(self) -> int:
+        return self._response.status_code
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        return self._response.headers
+
+    @property
+    def reason(self) -> str:
+        return self._response.reason_phrase
+
+    @property
+    def url(self) -> str:
+        return str(self._response.url)
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._response.aiter_bytes():
+                yield chunk
+        except httpx.HTTPError as exc:
+            raise UpstreamBrokenError(f"{type(exc).__name__}: {exc}") from exc
+
+    async def read(self, limit: int) -> bytes:
+        data = b""
+        async for chunk in self.chunks():
+            data += chunk
+            if len(data) >= limit:
+                break
+        return data[:limit]
+
+    async def aclose(self) -> None:
+        await self._response.aclose()
+
+
+class HttpxUpstreamClient:
+    """`UpstreamClient` over an `httpx.AsyncClient` whose base URL is the upstream."""
+
+    def __init__(self, client: httpx.AsyncClient) -> None:
+        self.client = client
+
+    @classmethod
+    def for_url(cls, base_url: str, *, connect_s: float, read_s: float) -> HttpxUpstreamClient:
+        """A client of its own to `base_url`, with these timeouts and no connection cap."""
+        timeout = httpx.Timeout(read_s, connect=connect_s)
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=32, keepalive_expiry=KEEPALIVE_S)
+        return cls(httpx.AsyncClient(base_url=base_url, timeout=timeout, trust_env=False, limits=limits))
+
+    @property
+    def base_url(self) -> str:
+        return str(self.client.base_url)
+
+    @property
+    def is_closed(self) -> bool:
+        return self.client.is_closed
+
+    async def start(self) -> None:
+        """Nothing to do: httpx opens connections on first use."""
+
+    async def send(self, method: str, path: str, headers: Mapping[str, str], body: bytes | None,
+                   params: str = "") -> HttpxAnswer:
+        request = self.client.build_request(method, path, headers=dict(headers), content=body,
+                                            params=httpx.QueryParams(params))
+        try:
+            return HttpxAnswer(await self.client.send(request, stream=True))
+        except httpx.TimeoutException as exc:
+            raise UpstreamTimeoutError(f"upstream {request.url} did not answer in time "
+                                       f"({type(exc).__name__}: {exc or 'no detail'})") from exc
+        except httpx.TransportError as exc:
+            raise UpstreamRefusedError(f"cannot reach upstream {request.url}: {type(exc).__name__}: {exc}") from exc
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+# --- aiohttp -------------------------------------------------------------------------------------
+
+
+class AiohttpAnswer:
+    """An `aiohttp.ClientResponse` whose body has not been read yet."""
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self._response = response
+
+    @property
+    def status_code(self) -> int:
+        return self._response.status
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        return self._response.headers
+
+    @property
+    def reason(self) -> str:
+        return self._response.reason or ""
+
+    @property
+    def url(self) -> str:
+        return str(self._response.url)
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._response.content.iter_any():
+                yield chunk
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise UpstreamBrokenError(f"{type(exc).__name__}: {exc or 'no detail'}") from exc
+
+    async def read(self, limit: int) -> bytes:
+        data = b""
+        async for chunk in self.chunks():
+            data += chunk
+            if len(data) >= limit:
+                break
+        return data[:limit]
+
+    async def aclose(self) -> None:
+        if self._response.content.at_eof():
+            self._response.release()  # back to the pool
+        else:
+            self._response.close()  # unread bytes: the connection cannot be reused
+
+
+class AiohttpUpstreamClient:
+    """`UpstreamClient` over an `aiohttp.ClientSession` made in `start()` (on the running loop)."""
+
+    def __init__(self, base_url: str, *, connect_s: float, read_s: float) -> None:
+        self._base_url = base_url.rstrip("/")
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_s, sock_read=read_s)
+        self._session: aiohttp.ClientSession | None = None
+        self._is_closed = False
+
+    @property
+    def base_url(self) -> str:
+        return self._base_url
+
+    @property
+    def is_closed(self) -> bool:
+        return self._is_closed
+
+    async def start(self) -> None:
+        if self._session is None and not self._is_closed:
+            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S)
+            self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout, trust_env=False,
+                                                  auto_decompress=True)
+
+    async def send(self, method: str, path: str, headers: Mapping[str, str], body: bytes | None,
+                   params: str = "") -> AiohttpAnswer:
+        if self._session is None:
+            raise RuntimeError("AiohttpUpstreamClient.send before start() (or after aclose())")
+        url = self._base_url + path + (f"?{params}" if params else "")
+        try:
+            response = await self._session.request(method, url, headers=dict(headers), data=body,
+                                                   allow_redirects=False)
+        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+            raise UpstreamTimeoutError(f"upstream {url} did not answer in time "
+                                       f"({type(exc).__name__}: {exc or 'no detail'})") from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            raise UpstreamRefusedError(f"cannot reach upstream {url}: {type(exc).__name__}: {exc}") from exc
+        return AiohttpAnswer(response)
+
+    async def aclose(self) -> None:
+        self._is_closed = True
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.close()
+
+
+def make_client(kind: str, base_url: str, *, connect_s: float, read_s: float) -> UpstreamClient:
+    """The `kind` ("aiohttp" or "httpx") client to `base_url`."""
+    if kind == "aiohttp":
+        return AiohttpUpstreamClient(base_url, connect_s=connect_s, read_s=read_s)
+    if kind == "httpx":
+        return HttpxUpstreamClient.for_url(base_url, connect_s=connect_s, read_s=read_s)
+    raise ValueError(f"unknown upstream client {kind!r}; expected aiohttp or httpx")

@@ -1,0 +1,151 @@
+"""The upstream clients (`upstream.py`) against a small aiohttp server on loopback: bodies whole and
+streamed chunk by chunk, refused / timed-out / 5xx mapped to the gateway's errors, cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+from aiohttp import web
+
+from basin_runtime.gateway.errors import UpstreamRefusedError, UpstreamStatusError, UpstreamTimeoutError
+from basin_runtime.gateway.proxy import Upstream
+from basin_runtime.gateway.upstream import UpstreamClient, make_client
+
+pytestmark = pytest.mark.asyncio
+KINDS = ["aiohttp", "httpx"]
+
+
+class Server:
+    def __init__(self) -> None:
+        self.release_second_chunk = asyncio.Event()
+        self.seen: list[tuple[str, str, dict[str, str], bytes]] = []
+        self.gone = asyncio.Event()
+
+    async def echo(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        self.seen.append((request.method, request.path_qs, dict(request.headers), body))
+        return web.json_response({"got": body.decode()}, headers={"x-smg-routed-worker-id": "w1"})
+
+    async def sse(self, request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b"data: one\n\n")
+        await self.release_second_chunk.wait()
+        await response.write(b"data: two\n\n")
+        await response.write_eof()
+        return response
+
+    async def slow(self, request: web.Request) -> web.Response:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            self.gone.set()
+            raise
+        return web.Response(text="late")
+
+    async def broken(self, request: web.Request) -> web.Response:
+        return web.Response(status=503, text="scheduler crashed")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@asynccontextmanager
+async def serving(kind: str, read_s: float = 5.0) -> AsyncIterator[tuple[Server, UpstreamClient]]:
+    server = Server()
+    app = web.Application(handler_args={"handler_cancellation": True})
+    app.add_routes([web.post("/echo", server.echo), web.get("/echo", server.echo), web.get("/sse", server.sse),
+                    web.post("/slow", server.slow), web.post("/broken", server.broken)])
+    runner = web.AppRunner(app, handler_cancellation=True)
+    await runner.setup()
+    port = free_port()
+    site = web.TCPSite(runner, "127.0.0.1", port)
+    await site.start()
+    client = make_client(kind, f"http://127.0.0.1:{port}", connect_s=2.0, read_s=read_s)
+    await client.start()
+    try:
+        yield server, client
+    finally:
+        await client.aclose()
+        await runner.cleanup()
+
+
+async def never() -> dict[str, str]:
+    await asyncio.Event().wait()
+    raise AssertionError("unreachable")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_body_and_query_go_through_and_the_answer_comes_back(kind: str) -> None:
+    async with serving(kind) as (server, client):
+        answer = await client.send("POST", "/echo", {"x-session-id": "s1"}, b"hello", "a=1&b=2")
+        try:
+            assert answer.status_code == 200 and answer.headers["x-smg-routed-worker-id"] == "w1"
+            assert await answer.read(1 << 20) == b'{"got": "hello"}'
+        finally:
+            await answer.aclose()
+            await answer.aclose()
+        method, path_qs, headers, body = server.seen[0]
+        assert (method, path_qs, body, headers["x-session-id"]) == ("POST", "/echo?a=1&b=2", b"hello", "s1")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_sse_arrives_chunk_by_chunk(kind: str) -> None:
+    async with serving(kind) as (server, client):
+        answer = await client.send("GET", "/sse", {}, None)
+        chunks = answer.chunks()
+        try:
+            first = await asyncio.wait_for(chunks.__anext__(), 5)  # the second chunk is not written yet
+            assert first == b"data: one\n\n"
+            server.release_second_chunk.set()
+            rest = b"".join([chunk async for chunk in chunks])
+            assert rest == b"data: two\n\n"
+        finally:
+            await answer.aclose()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_refused_timeout_and_5xx_map_to_the_gateway_errors(kind: str) -> None:
+    async with serving(kind, read_s=0.2) as (_server, client):
+        upstream = Upstream(client)
+        with pytest.raises(UpstreamTimeoutError, match="did not answer in time"):
+            await upstream.forward("POST", "/slow", {}, b"{}", never)
+        with pytest.raises(UpstreamStatusError, match="scheduler crashed"):
+            await upstream.forward("POST", "/broken", {}, b"{}", never)
+    refused = make_client(kind, f"http://127.0.0.1:{free_port()}", connect_s=1.0, read_s=1.0)
+    await refused.start()
+    try:
+        with pytest.raises(UpstreamRefusedError, match="cannot reach upstream"):
+            await refused.send("GET", "/echo", {}, None)
+    finally:
+        await refused.aclose()
+    assert refused.is_closed
+
+
+async def test_cancelling_a_send_releases_the_connection() -> None:
+    async with serving("aiohttp") as (server, client):
+        task = asyncio.ensure_future(client.send("POST", "/slow", {}, b"{}"))
+        await asyncio.sleep(0.2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.wait_for(server.gone.wait(), 5)  # the upstream saw the connection go
+        answer = await client.send("POST", "/echo", {}, b"again")
+        try:
+            assert answer.status_code == 200
+        finally:
+            await answer.aclose()
+
+
+async def test_the_aiohttp_client_needs_start() -> None:
+    client = make_client("aiohttp", "http://127.0.0.1:9", connect_s=1.0, read_s=1.0)
+    with pytest.raises(RuntimeError, match="before start"):
+        await client.send("GET", "/", {}, None)
+    await client.aclose()
