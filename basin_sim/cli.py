@@ -151,7 +151,10 @@ def _parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--min-overloaded", type=int, default=4, help="trials that must overload")
     calibrate.add_argument("--horizon-s", type=float, default=1800.0)
     calibrate.add_argument("--write", action="store_true", help="record the rate in the deployment file")
-    for command in (run, calibrate):
+    from basin_sim.operator_cli import add_commands
+
+    add_commands(sub)
+    for command in (run, calibrate, sub.choices["knee"], sub.choices["risk"]):
         command.add_argument("--sessions", type=Path, default=DEFAULT_SESSIONS, help="session table (parquet)")
         command.add_argument("--synthetic", action="store_true", help="use the synthetic corpus")
         command.add_argument("--quiet", action="store_true", help="no progress bar, warnings only")
@@ -165,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
-        return _calibrate(args) if args.command == "calibrate" else _run(args)
+        from basin_sim.operator_cli import knee_main, risk_main
+
+        commands = {"calibrate": _calibrate, "run": _run, "knee": knee_main, "risk": risk_main}
+        return commands[args.command](args)
     except (catalog.CatalogError, UnknownPolicyError, UsageError) as exc:
         parser.exit(2, f"{parser.prog}: error: {exc}\n")

@@ -14,7 +14,10 @@
 #   G(t) of steps shorter than the step SLO. A request's steps and good steps are the differences of
 #   those counters between its join and its leave, so per-token latency is recorded for every step
 #   without storing any step. A request may join mid-step (error < 1 step per call).
-# Invariants: 0 <= reserved_tokens <= capacity_tokens; queued_tokens == sum of queued reservations;
+# - Lending: `lent_tokens` of idle memory may hold finished calls' KV for the prefix cache (the engine
+#   keeps the ledger). Lent memory counts against the capacity; the engine reclaims it first whenever
+#   the queue head does not fit (`head_shortfall_tokens`).
+# Invariants: 0 <= reserved_tokens + lent_tokens <= capacity_tokens; queued_tokens == sum of queued reservations;
 # sum_prompt_tokens and sum_start_steps cover exactly the running requests.
 """A decode instance: pre-allocation of KV memory and an event-aggregated running batch."""
 
@@ -55,6 +58,7 @@ class DecodeInstance:
         self.capacity_tokens = capacity_tokens
         self.step_slo_s = step_slo_s
         self.reserved_tokens = 0
+        self.lent_tokens = 0
         self.queued_tokens = 0
         self._queue: list[tuple[float, int, DecodeSlot]] = []
         self._seq = 0
@@ -99,13 +103,26 @@ class DecodeInstance:
             if slot.is_cancelled:
                 heapq.heappop(self._queue)
                 continue
-            if self.reserved_tokens + slot.reservation_tokens > self.capacity_tokens:
+            if self.reserved_tokens + self.lent_tokens + slot.reservation_tokens > self.capacity_tokens:
                 break
             heapq.heappop(self._queue)
             self.queued_tokens -= slot.reservation_tokens
             self.reserved_tokens += slot.reservation_tokens
             granted.append(slot)
         return granted
+
+    def head_shortfall_tokens(self) -> int:
+        """Tokens the queue head lacks now (0: no head, or it fits)."""
+        while self._queue and self._queue[0][2].is_cancelled:
+            heapq.heappop(self._queue)
+        if not self._queue:
+            return 0
+        need = self.reserved_tokens + self.lent_tokens + self._queue[0][2].reservation_tokens
+        return max(0, need - self.capacity_tokens)
+
+    def idle_tokens(self) -> int:
+        """Memory neither reserved nor lent."""
+        return self.capacity_tokens - self.reserved_tokens - self.lent_tokens
 
     def free(self, slot: DecodeSlot) -> None:
         """Give back a reservation (the request finished, or was aborted before decoding)."""

@@ -15,6 +15,15 @@
 # - A kill ends sessions at once: whatever their request holds (decode reservation, prefill job, cache
 #   pin) is given back as the request reaches a point where it can be (a running prefill batch or KV
 #   transfer completes first).
+# - Continuum pins (policy.pin_ttl_s set): the prefill cache keeps a session's chain held from its
+#   KV transfer until `pin_ttl_s` after the call's answer; the next call takes the hold over; expired
+#   holds are unpinned whenever the instance forms a batch and on every tick; an ended session's hold
+#   is dropped.
+# - Lending (policy.lends_decode_memory): after each answer but the last, the decode instance keeps
+#   prompt + completion tokens of KV in idle memory if they fit there, under the ledger's cap (50% of
+#   its memory, oldest dropped first); lent memory is reclaimed (oldest first) before any queued
+#   reservation waits. When the next call's hit is decided, a lent copy longer than prefill's cached
+#   prefix is written back (prefill.py) and leaves decode. An ended session's copy is forgotten.
 # Invariants: every in-flight request is in `_requests` under its id; num_live and num_held count the
 # sessions in those states; working_set_tokens == sum of live sessions' context_tokens.
 """`Engine`: sessions in, an event-driven PD deployment with prefix caches, outcomes out."""
@@ -25,6 +34,7 @@ import heapq
 import math
 from collections.abc import Callable, Iterable
 
+from basin_runtime.policy import LendingLedger
 from basin_sim.decode import DecodeInstance, DecodeSlot
 from basin_sim.goodput import STEP_SLO_S
 from basin_sim.lifecycle import Request, SessionRun, SessionSpec, Stage, Status
@@ -34,6 +44,8 @@ from basin_sim.profile import Deployment
 from basin_sim.radix_cache import RadixCache
 from basin_sim.router import route_decode, route_prefill
 from basin_sim.timeline import Sample, Timeline
+
+LEND_CAP_FRACTION = 0.5  # decode lends at most half of its memory (the paper's cap)
 
 _ARRIVE, _CALL, _PREFILL_DONE, _TRANSFER_DONE, _DECODE_NEXT, _TICK, _KILL = range(7)
 
@@ -56,6 +68,14 @@ class Engine:
                         for i in range(deployment.num_prefill)]
         self.decode = [DecodeInstance(i, self.profile, deployment.decode_kv_tokens, step_slo_s)
                        for i in range(deployment.num_decode)]
+        self.pin_ttl_s = policy.pin_ttl_s
+        self.ledger: LendingLedger | None = None
+        if policy.lends_decode_memory:
+            self.ledger = LendingLedger(LEND_CAP_FRACTION)
+            for decode in self.decode:
+                self.ledger.add_instance(str(decode.index), decode.capacity_tokens)
+            for prefill in self.prefill:
+                prefill.write_back = self._write_back
         self.now = 0.0
         self.runs: dict[str, SessionRun] = {}
         self.num_live = 0
@@ -138,6 +158,7 @@ class Engine:
         elif run.status == Status.HELD:
             self.num_held -= 1
         run.status, run.ended_s = status, self.now
+        self._forget_kv(run.spec.session_id)
         self._apply(self.policy.on_session_end(run.spec.session_id, self.now))
 
     def _apply(self, decisions: Decisions) -> None:
@@ -168,6 +189,10 @@ class Engine:
             self._schedule_decode(decode)
 
     def _on_tick(self, _: object) -> None:
+        if self.pin_ttl_s is not None:
+            for prefill in self.prefill:
+                if prefill.cache.expire_holds(self.now):
+                    self._kick(prefill)
         self.timeline.record_sample(self.sample())
         self._apply(self.policy.on_tick(self.now, self.timeline.recent_hit_rate(self.now)))
         assert self._tick_s is not None
@@ -199,13 +224,21 @@ class Engine:
         self._grant(decode)
 
     def _grant(self, decode: DecodeInstance) -> None:
-        for slot in decode.pop_reserved():
-            request = self._requests[slot.request_id]
-            request.stage = Stage.PREFILL_WAIT
-            request.prefill.enqueue(request.job)
-            self._kick(request.prefill)
+        while True:
+            for slot in decode.pop_reserved():
+                request = self._requests[slot.request_id]
+                request.stage = Stage.PREFILL_WAIT
+                request.prefill.enqueue(request.job)
+                self._kick(request.prefill)
+            shortfall = decode.head_shortfall_tokens()
+            if shortfall == 0 or self.ledger is None or decode.lent_tokens == 0:
+                return
+            self.ledger.reclaim(str(decode.index), shortfall)  # decode wins: lent KV goes first
+            self._sync_lent()
 
     def _kick(self, prefill: PrefillInstance) -> None:
+        if self.pin_ttl_s is not None:
+            prefill.cache.expire_holds(self.now)
         batch = prefill.start_batch(self.now)
         if batch is None:
             return
@@ -228,7 +261,8 @@ class Engine:
         if request.run.status != Status.LIVE:  # killed during the transfer
             self._drop(request)
             return
-        request.prefill.cache.release(request.run.spec.session_id, self.now)
+        hold_until_s = None if self.pin_ttl_s is None else math.inf  # Continuum: held until TTL after the answer
+        request.prefill.cache.release(request.run.spec.session_id, self.now, hold_until_s)
         self._kick(request.prefill)
         self.timeline.record_ttft(self.now, self.now - request.sent_s)
         request.stage = Stage.DECODING
@@ -249,8 +283,11 @@ class Engine:
         self._schedule_decode(decode)
 
     def _answer(self, slot: DecodeSlot) -> None:
-        run = self._requests.pop(slot.request_id).run
+        request = self._requests.pop(slot.request_id)
+        run = request.run
         run.request = None
+        if run.next_call + 1 < run.spec.session.n_calls:
+            self._keep_kv(request, slot)
         run.steps += slot.steps
         run.good_steps += slot.good_steps
         run.next_call += 1
@@ -258,6 +295,41 @@ class Engine:
             self._at(self.now + run.spec.gaps_s[run.next_call - 1], _CALL, run)
         else:
             self._end(run, Status.FINISHED)
+
+    # --- pins and lending ---------------------------------------------------------------------------
+
+    def _keep_kv(self, request: Request, slot: DecodeSlot) -> None:
+        """After an answer that is not the session's last: start the TTL hold, lend decode's copy."""
+        session_id = request.run.spec.session_id
+        if self.pin_ttl_s is not None:
+            request.prefill.cache.hold(session_id, self.now + self.pin_ttl_s)
+        if self.ledger is not None:
+            tokens = slot.prompt_tokens + slot.completion_tokens
+            if tokens <= request.decode.idle_tokens():
+                self.ledger.lend(session_id, str(request.decode.index), tokens)
+                self._sync_lent()
+
+    def _write_back(self, job: PrefillJob) -> int:
+        """Tokens of a job a decode instance writes back instead of prefill computing them."""
+        assert self.ledger is not None
+        plan = self.ledger.write_back_plan(job.session_key, job.device_hit_tokens + job.host_hit_tokens)
+        if plan is None:
+            return 0
+        self.ledger.forget(job.session_key)
+        self._sync_lent()
+        return plan.tokens_to_move
+
+    def _forget_kv(self, session_id: str) -> None:
+        if self.pin_ttl_s is not None:
+            for prefill in self.prefill:
+                prefill.cache.drop_hold(session_id)
+        if self.ledger is not None and self.ledger.forget(session_id) is not None:
+            self._sync_lent()
+
+    def _sync_lent(self) -> None:
+        assert self.ledger is not None
+        for decode in self.decode:
+            decode.lent_tokens = self.ledger.lent_tokens(str(decode.index))
 
     def _cancel(self, request: Request) -> None:
         """Withdraw a killed session's request; what a running batch or transfer holds comes back when it ends.

@@ -11,6 +11,9 @@
 #   room (everything else pinned), the job stays at the head and the batch goes without it.
 # - Batch time comes from the profile's cost model: computed tokens, attention pairs
 #   computed * (context before the chunk + computed / 2), and host-tier load-backs.
+# - Write-back (Basin's lending): when a job's hit is decided, `write_back(job)` (if set) says how many
+#   of its uncached tokens a decode instance writes back instead; they are not computed. The copy goes
+#   layer by layer, overlapped with the batch's compute: the batch takes max(compute, transfer).
 # - A cancelled job (its session was killed) is skipped in the queue; in a batch it is returned by
 #   `finish_batch` at once, so the caller releases its chain.
 # Invariant: waiting_tokens == sum of prompt tokens of queued, not cancelled, jobs.
@@ -19,6 +22,7 @@
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from basin_sim.profile import Profile
@@ -38,6 +42,7 @@ class PrefillJob:
     remaining_tokens: int = 0
     device_hit_tokens: int = 0
     host_hit_tokens: int = 0
+    written_back_tokens: int = 0
     is_started: bool = False
     is_cancelled: bool = False
 
@@ -63,6 +68,8 @@ class PrefillInstance:
         self._queue: list[tuple[float, int, PrefillJob]] = []
         self._seq = 0
         self._chunked: PrefillJob | None = None
+        self.write_back: Callable[[PrefillJob], int] | None = None
+        self.written_back_tokens = 0
 
     @property
     def num_waiting(self) -> int:
@@ -100,6 +107,9 @@ class PrefillInstance:
         pairs = sum(tokens * (job.prompt_tokens - job.remaining_tokens + tokens / 2) for job, tokens in parts)
         loaded = sum(job.host_hit_tokens for job in started)
         duration = self.profile.prefill_batch_s(computed, pairs, loaded)
+        written = sum(job.written_back_tokens for job in started)
+        if written:
+            duration = max(duration, self.profile.write_back_s(written))
         self.batch = PrefillBatch(tuple(parts), tuple(started), now + duration)
         return self.batch
 
@@ -138,5 +148,11 @@ class PrefillInstance:
             job.device_hit_tokens = admission.device_hit_tokens
             job.host_hit_tokens = admission.host_hit_tokens
             job.remaining_tokens = admission.computed_tokens
+            if self.write_back is not None:
+                moved = min(self.write_back(job), job.remaining_tokens - 1)
+                if moved > 0:
+                    job.written_back_tokens = moved
+                    job.remaining_tokens -= moved
+                    self.written_back_tokens += moved
             return job
         return None

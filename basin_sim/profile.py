@@ -93,6 +93,10 @@ class Profile:
         size = tokens * self.kv_bytes_per_token + self.state_bytes_per_request
         return self.transfer_fixed_s + size / self.transfer_bytes_per_s
 
+    def write_back_s(self, tokens: int) -> float:
+        """Time to write `tokens` of lent KV back from decode to prefill (the KV-transfer bandwidth)."""
+        return self.transfer_fixed_s + tokens * self.kv_bytes_per_token / self.transfer_bytes_per_s
+
     def host_tier_tokens(self) -> int:
         """Tokens the host tier holds beyond the device copy.
 

@@ -15,6 +15,10 @@
 #   At least one token is always computed (the last prompt token, for the logits), as in SGLang.
 # - `release` (the KV reached decode): unpin. Touching a chain sets the last-access time of all its
 #   nodes, so the device nodes of a chain always share one last-access time.
+# - Holds (Continuum's pin with a TTL): `release(..., hold_until_s=t)` keeps the request's pin as a
+#   hold instead of unpinning; `hold(key, t)` moves its expiry; `expire_holds(now)` unpins every hold
+#   whose time has come (it becomes evictable as usual); the session's next `admit` turns its hold back
+#   into a request pin; `drop_hold` ends it at once (the session ended). A hold is one lock reference.
 # - Device eviction removes an unpinned leaf in LRU order (whole nodes, as SGLang does): the deepest
 #   device segment of the least recently used unpinned chain; a group node is a leaf once none of its
 #   chains has device segments. With a host tier the node moves to the host (evicting the host's LRU
@@ -127,6 +131,8 @@ class RadixCache:
         self._device_heap: list[_Entry] = []
         self._host_heap: list[_Entry] = []
         self._seq = 0
+        self._holds: dict[str, float] = {}  # session -> hold expiry
+        self._hold_heap: list[tuple[float, str]] = []  # lazy: stale entries skipped
 
     # --- questions -------------------------------------------------------------------------------
 
@@ -159,7 +165,10 @@ class RadixCache:
         if chain is None:
             chain = self._chains[session_key] = Chain(session_key, group)
             group.children.append(chain)
-        elif chain.lock_ref > 0:
+        elif session_key in self._holds:  # a held chain: the hold becomes this request's pin
+            del self._holds[session_key]
+            self._unlock(chain)
+        if chain.lock_ref > 0:
             raise CacheError(f"session {session_key!r} is admitted twice at once")
         if prompt_tokens < group.tokens + chain.tokens:  # the conversation was rewritten: no longer a prefix
             self._forget_segments(chain)
@@ -184,15 +193,47 @@ class RadixCache:
             device_hit, host_hit = (device_hit, host_hit - 1) if host_hit else (device_hit - 1, 0)
         return Admission(device_hit, host_hit, computed)
 
-    def release(self, session_key: str, now: float) -> None:
-        """Unpin a session's chain (its request's KV has left the instance)."""
+    def release(self, session_key: str, now: float, hold_until_s: float | None = None) -> None:
+        """Unpin a session's chain (its request's KV has left the instance), or keep it as a hold."""
         chain = self._chains.get(session_key)
         if chain is None:
             raise CacheError(f"unknown session {session_key!r} released")
-        if chain.lock_ref == 0:
-            raise CacheError(f"session {session_key!r} released but not pinned")
+        if chain.lock_ref == 0 or session_key in self._holds:
+            raise CacheError(f"session {session_key!r} released but not pinned by a request")
         self._touch(chain, now)
-        self._unlock(chain)
+        if hold_until_s is None:
+            self._unlock(chain)
+        else:
+            self._holds[session_key] = hold_until_s
+            heapq.heappush(self._hold_heap, (hold_until_s, session_key))
+
+    def hold(self, session_key: str, until_s: float) -> None:
+        """Set when a held chain's hold expires (it must be held already)."""
+        if session_key not in self._holds:
+            raise CacheError(f"session {session_key!r} is not held")
+        self._holds[session_key] = until_s
+        heapq.heappush(self._hold_heap, (until_s, session_key))
+
+    def is_held(self, session_key: str) -> bool:
+        """True while a session's chain is held between calls."""
+        return session_key in self._holds
+
+    def drop_hold(self, session_key: str) -> None:
+        """End a hold at once (no-op if the session holds nothing)."""
+        if self._holds.pop(session_key, None) is not None:
+            self._unlock(self._chains[session_key])
+
+    def expire_holds(self, now: float) -> int:
+        """Unpin every hold whose expiry is <= now; return how many expired."""
+        count = 0
+        heap = self._hold_heap
+        while heap and heap[0][0] <= now:
+            until_s, key = heapq.heappop(heap)
+            if self._holds.get(key) == until_s:
+                del self._holds[key]
+                self._unlock(self._chains[key])
+                count += 1
+        return count
 
     # --- pinning and loading -----------------------------------------------------------------------
 
@@ -372,6 +413,8 @@ class RadixCache:
             assert node.host_tokens == sum(node.segments[node.device_count:node.device_count + node.host_count])
             assert node.tokens == sum(node.segments)
             device, host = device + node.device_tokens, host + node.host_tokens
+            if node.group is not None:
+                assert node.lock_ref >= (node.key in self._holds)
             if self._is_pinned(node):
                 pinned += node.device_tokens
             if node.group is not None:

@@ -18,14 +18,14 @@
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from basin_runtime.session_table import Session
 from basin_sim.engine import Engine
 from basin_sim.goodput import SLOWDOWN_LIMIT, SessionOutcome, goodput
-from basin_sim.lifecycle import SessionRun
+from basin_sim.lifecycle import SessionRun, SessionSpec
 from basin_sim.policies import PolicyContext, make_policy
 from basin_sim.profile import Deployment
 from basin_sim.timeline import Timeline
@@ -48,6 +48,11 @@ class RunSpec:
     bin_s: float = 60.0
     step_s: float = 60.0  # how often the progress callback is called (simulated seconds)
     max_drain_s: float = 3 * 3600.0
+    predicted_peak_tokens: Mapping[str, float] = field(default_factory=dict)  # pool session id -> peak (basin)
+    reservation_scale: float = 1.0  # basin: reserve this multiple of each predicted peak
+    knee_tokens: float | None = None  # measured cache knee (basin budget); None: 0.9 x capacity
+    peak_completion_rate_per_s: float | None = None  # measured (basin shedding); None: no shedding
+    pin_ttl_s: float | None = None  # continuum TTL; None: the p90 of the run's tool gaps
 
     @property
     def base_rate_per_s(self) -> float:
@@ -76,7 +81,7 @@ def run_scenario(spec: RunSpec, pool: Sequence[Session], progress: ProgressCallb
     in_window = {s.session_id: unloaded_s[s.session_id] for s in sessions
                  if not s.is_burst and scenario.window_start_s <= s.arrival_s < scenario.duration_s}
     timeline = Timeline(spec.bin_s)
-    engine = Engine(spec.deployment, make_policy(spec.policy_name, PolicyContext(spec.deployment)),
+    engine = Engine(spec.deployment, make_policy(spec.policy_name, policy_context(spec, sessions)),
                     timeline=timeline, tick_s=spec.tick_s)
     for session in sessions:
         engine.add(session)
@@ -91,6 +96,19 @@ def run_scenario(spec: RunSpec, pool: Sequence[Session], progress: ProgressCallb
         pending = [sid for sid in pending if not engine.runs[sid].is_over and deadlines[sid] >= engine.now]
     outcomes = tuple(_outcome(run, unloaded_s.get(sid)) for sid, run in engine.runs.items())
     return RunResult(spec, summarize(spec, engine, outcomes, len(pool)), timeline, outcomes)
+
+
+def tool_gap_quantile_s(sessions: Sequence[SessionSpec], q: int = 90) -> float | None:
+    """The q-th percentile of the tool gaps of these sessions (None: no gaps)."""
+    gaps = [g for s in sessions for g in s.gaps_s]
+    return _percentile(gaps, q)
+
+
+def policy_context(spec: RunSpec, sessions: Sequence[SessionSpec]) -> PolicyContext:
+    """What the run's policy is told (Continuum's TTL: the p90 of the tool gaps unless set)."""
+    ttl = spec.pin_ttl_s if spec.pin_ttl_s is not None else tool_gap_quantile_s(sessions)
+    return PolicyContext(spec.deployment, spec.predicted_peak_tokens, spec.reservation_scale, spec.knee_tokens,
+                         spec.peak_completion_rate_per_s, ttl if ttl is None or ttl > 0 else None)
 
 
 def _advance(engine: Engine, until_s: float, step_s: float, progress: ProgressCallback | None) -> None:
@@ -139,6 +157,8 @@ def summarize(spec: RunSpec, engine: Engine, outcomes: Sequence[SessionOutcome],
         "cache_tokens": spec.deployment.prefill_cache_tokens * spec.deployment.num_prefill,
         "host_cache_tokens": spec.deployment.host_cache_tokens * spec.deployment.num_prefill,
         "simulated_s": engine.now,
+        "written_back_tokens": sum(p.written_back_tokens for p in engine.prefill),
+        "reservation_scale": spec.reservation_scale, "knee_tokens": spec.knee_tokens,
     }
     summary.update(_collapse(timeline, scenario))
     return summary

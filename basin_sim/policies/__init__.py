@@ -1,4 +1,4 @@
-# The policy registry: names -> `PolicySpec`. Part 2 adds `continuum`, `basin-proto` and `basin` here.
+# The policy registry: names -> `PolicySpec`.
 """Session policies by name: `make_policy('sglang', context)`; `policy_names()` lists them."""
 
 from __future__ import annotations
@@ -11,9 +11,11 @@ from basin_sim.policies.base import (
     SessionPolicy,
     UnknownPolicyError,
 )
+from basin_sim.policies.basin import BASIN, BASIN_PROTO, BasinPolicy, MissingPredictionError
+from basin_sim.policies.continuum import CONTINUUM, ContinuumPolicy
 from basin_sim.policies.fcfs import HICACHE, SGLANG, FcfsPolicy
 
-_REGISTRY: dict[str, PolicySpec] = {spec.name: spec for spec in (SGLANG, HICACHE)}
+_REGISTRY: dict[str, PolicySpec] = {spec.name: spec for spec in (SGLANG, HICACHE, CONTINUUM, BASIN_PROTO, BASIN)}
 
 
 def policy_names() -> tuple[str, ...]:
@@ -36,8 +38,11 @@ def make_policy(name: str, context: PolicyContext) -> SessionPolicy:
 
 __all__ = [
     "NO_DECISIONS",
+    "BasinPolicy",
+    "ContinuumPolicy",
     "Decisions",
     "FcfsPolicy",
+    "MissingPredictionError",
     "PolicyContext",
     "PolicySpec",
     "SessionPolicy",

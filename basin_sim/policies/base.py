@@ -16,8 +16,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from basin_runtime.session_table import Session
@@ -41,15 +41,29 @@ NO_DECISIONS = Decisions()
 
 @dataclass(frozen=True)
 class PolicyContext:
-    """What a policy may know about the deployment it guards."""
+    """What a policy may know about the deployment it guards, and what the operator measured of it.
+
+    `predicted_peak_tokens` maps a pool session's id (`Session.session_id`) to its predicted peak,
+    made from what the gateway sees at the first call only (`task_text`, first prompt size).
+    `reservation_scale` multiplies every prediction (the reservation quantile). `knee_tokens` and
+    `peak_completion_rate_per_s` come from knee calibration (None: not measured). `pin_ttl_s` is the
+    TTL of a Continuum pin (None: the policy's own default).
+    """
 
     deployment: Deployment
+    predicted_peak_tokens: Mapping[str, float] = field(default_factory=dict)
+    reservation_scale: float = 1.0
+    knee_tokens: float | None = None
+    peak_completion_rate_per_s: float | None = None
+    pin_ttl_s: float | None = None
 
 
 class SessionPolicy(Protocol):
     """A gateway's decisions about sessions; see the rules at the top of this module."""
 
     name: str
+    pin_ttl_s: float | None  # prefill keeps a session's chain pinned this long after each answer (Continuum)
+    lends_decode_memory: bool  # decode keeps finished calls' KV in idle memory for write-back (Basin)
 
     def on_arrival(self, session_id: str, now: float, session: Session) -> bool:
         """A session arrives; True admits it now, False holds it at the door."""

@@ -13,6 +13,8 @@ class FcfsPolicy:
 
     def __init__(self, name: str) -> None:
         self.name = name
+        self.pin_ttl_s: float | None = None
+        self.lends_decode_memory = False
 
     def on_arrival(self, session_id: str, now: float, session: Session) -> bool:
         """Always admit."""

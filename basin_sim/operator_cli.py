@@ -1,0 +1,96 @@
+"""`python -m basin_sim knee|risk`: find the cache knee on a simulated ramp; the fluid model's risk test.
+
+    python -m basin_sim knee --deployment 1p3d --out data/calibration-1p3d.json
+    python -m basin_sim risk --deployment 1p3d
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from basin_sim import catalog
+from basin_sim.fluid import fixed_points, risk_test
+from basin_sim.profile import Deployment
+from basin_sim.ramp import RampStep, ramp_knee, run_ramp
+
+RAMP_FRACTIONS = (0.2, 0.4, 0.6, 0.7, 0.8, 0.9, 1.0, 1.2)  # of the overload rate
+RAMP_STEP_S = 1200.0
+
+
+def calibration_record(deployment: Deployment, steps: list[RampStep], command: str) -> dict[str, Any]:
+    """The gateway's calibration file (basin_runtime/gateway/calibration.py keys only)."""
+    knee = ramp_knee(steps)
+    capacity = deployment.prefill_cache_tokens * deployment.num_prefill
+    plateau = [s for s in steps if s.load <= knee.load]
+    peak_rate = max((s.sessions_finished_per_s for s in plateau), default=None)
+    record: dict[str, Any] = {"knee_tokens": round(knee.load * capacity), "cache_capacity_tokens": capacity,
+                              "hit_rate_plateau": round(knee.plateau_hit_rate, 4)}
+    if peak_rate:
+        record["peak_completion_rate_per_s"] = round(peak_rate, 5)
+    record["notes"] = (f"{command}: simulated stepped ramp ({len(steps)} steps of {RAMP_STEP_S:.0f} s)"
+                       f"{'; knee censored: beyond the last step' if knee.is_censored else ''}")
+    return record
+
+
+def _ramp(args: argparse.Namespace) -> tuple[Deployment, list[RampStep], float]:
+    from basin_sim.cli import load_pool
+
+    spec = catalog.load_deployment(args.deployment)
+    deployment = spec.build(args.cache)
+    pool, workload = load_pool(args.sessions, args.synthetic)
+    rate = spec.overload_rate(args.cache, workload)
+    steps = run_ramp(deployment, pool, [f * rate for f in RAMP_FRACTIONS], RAMP_STEP_S, args.seed)
+    calls = statistics.fmean(s.n_calls for s in pool)
+    return deployment, steps, calls
+
+
+def knee_main(args: argparse.Namespace) -> int:
+    """Run the ramp, print the points and the knee, write the calibration file."""
+    deployment, steps, _ = _ramp(args)
+    for s in steps:
+        print(f"rate {s.rate_per_s:.4f}/s  load {s.load:.3f}  hit {s.hit_rate:.3f}  live {s.live_sessions:.0f}")
+    record = calibration_record(deployment, steps, f"python -m basin_sim knee --deployment {args.deployment} "
+                                f"--cache {args.cache}")
+    print(json.dumps(record, indent=2))
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(record, indent=2) + "\n")
+    return 0
+
+
+def risk_main(args: argparse.Namespace) -> int:
+    """X(N) from the ramp, fixed points at the pre-surge rate, and the cache-first / decode-first verdict."""
+    deployment, steps, calls = _ramp(args)
+    points = sorted({round(s.live_sessions, 3): s.calls_per_s for s in steps if s.live_sessions > 0}.items())
+    ns, xs = [n for n, _ in points], [x for _, x in points]
+    pre_rate = steps[0].rate_per_s / RAMP_FRACTIONS[0] * 0.5
+    print("X(N): " + ", ".join(f"N={n:.0f} X={x:.2f}/s" for n, x in points))
+    for point in fixed_points(ns, xs, pre_rate, calls):
+        kind = "stable" if point.is_stable else "UNSTABLE"
+        print(f"fixed point at N={point.live_sessions:.0f} live sessions: {kind}")
+    knee = ramp_knee(steps)
+    capacity = deployment.prefill_cache_tokens * deployment.num_prefill
+    plateau = [s for s in steps if s.load <= knee.load and s.live_sessions > 0] or steps[:1]
+    context = statistics.fmean(s.load * capacity / s.live_sessions for s in plateau)
+    busy = min(1.0, max(1e-6, statistics.fmean(s.decode_busy_share for s in plateau)))
+    verdict = risk_test(knee.load * capacity, context, deployment.decode_kv_tokens * deployment.num_decode, busy)
+    print(json.dumps({"pre_surge_rate_per_s": pre_rate, "calls_per_session": calls,
+                      "mean_context_tokens": context, "decode_busy_share": busy, **asdict(verdict)}))
+    print(f"{deployment.name}: {verdict.describe()}")
+    return 0
+
+
+def add_commands(sub: Any) -> None:
+    """Add `knee` and `risk` to the CLI's subparsers."""
+    knee = sub.add_parser("knee", help="find the cache knee on a simulated load ramp; write the calibration file")
+    knee.add_argument("--out", type=Path, help="calibration JSON for the gateway (and for --calibration)")
+    risk = sub.add_parser("risk", help="fluid model fixed points and the cache-first / decode-first verdict")
+    for command in (knee, risk):
+        command.add_argument("--deployment", required=True)
+        command.add_argument("--cache", choices=("gpu", "host"), default="gpu")
+        command.add_argument("--seed", type=int, default=1)

@@ -1,0 +1,108 @@
+# The Basin gateway in the simulator: `basin_runtime.policy.Policy` itself, driven by the engine.
+#
+# Rules:
+# - Every engine event goes to the policy core unchanged: arrival -> `arrive`, each call's prompt
+#   -> `observe`, end (finished, killed, aborted, withdrawn while held) -> `finish`, tick -> `tick`
+#   with the recent hit rate. The ids the core admits and sheds become `Decisions`, in its order.
+# - `basin`: the predicted peak of a session is looked up from `PolicyContext.predicted_peak_tokens`
+#   (the pool batch-predicted once from task text and first prompt size), times `reservation_scale`.
+#   A session with no prediction is an error, never a silent default.
+# - `basin-proto` (mode "prototype"): arrival order, admission by current context; no predictor.
+# - Budget B = min(0.9 x knee, cache capacity) with the measured knee; without one, 0.9 x capacity.
+#   Shedding only with a measured peak completion rate.
+# - Request priority = the core's fixed session priority (smaller first), for prefill and decode.
+# - Both variants lend idle decode memory to the prefix cache (the engine does the lending).
+"""`basin` and `basin-proto`: the Basin policy core as a simulator policy."""
+
+from __future__ import annotations
+
+from basin_runtime.policy import Admitted, Policy, PolicyConfig, PolicyMode, Shed, reference_budget_tokens
+from basin_runtime.session_table import Session
+from basin_sim.policies.base import NO_DECISIONS, Decisions, PolicyContext, PolicySpec
+
+
+class MissingPredictionError(KeyError):
+    """`basin` was handed a session the pool predictions do not cover."""
+
+
+def budget_for(context: PolicyContext) -> int:
+    """B = min(0.9 x knee, cache capacity); 0.9 x capacity while the knee is not measured."""
+    deployment = context.deployment
+    capacity = deployment.prefill_cache_tokens * deployment.num_prefill
+    knee = context.knee_tokens if context.knee_tokens is not None else capacity
+    return reference_budget_tokens(knee, capacity)
+
+
+def config_for(context: PolicyContext, mode: PolicyMode) -> PolicyConfig:
+    """The policy core's configuration for this deployment (operator defaults otherwise)."""
+    return PolicyConfig(budget_tokens=budget_for(context), mode=mode,
+                        peak_completion_rate_per_s=context.peak_completion_rate_per_s)
+
+
+class BasinPolicy:
+    """The engine's seam around one `basin_runtime.policy.Policy`."""
+
+    lends_decode_memory = True
+
+    def __init__(self, name: str, core: Policy, predicted_peak_tokens: dict[str, float] | None,
+                 reservation_scale: float = 1.0) -> None:
+        self.name = name
+        self.core = core
+        self.pin_ttl_s: float | None = None
+        self._peaks = predicted_peak_tokens
+        self._scale = reservation_scale
+
+    def predicted_peak(self, session: Session) -> float:
+        """The reservation peak of a session (its context at arrival for the prototype)."""
+        if self._peaks is None:
+            return float(session.first_prompt_tokens)
+        peak = self._peaks.get(session.session_id)
+        if peak is None:
+            raise MissingPredictionError(f"policy {self.name!r}: no predicted peak for pool session "
+                                         f"{session.session_id!r}")
+        return peak * self._scale
+
+    def on_arrival(self, session_id: str, now: float, session: Session) -> bool:
+        """`Policy.arrive` with the predicted peak and the first prompt's size."""
+        return self.core.arrive(session_id, now, self.predicted_peak(session), session.first_prompt_tokens)
+
+    def on_call(self, session_id: str, now: float, prompt_tokens: int) -> Decisions:
+        """`Policy.observe`."""
+        return _admit(self.core.observe(session_id, now, prompt_tokens))
+
+    def on_session_end(self, session_id: str, now: float) -> Decisions:
+        """`Policy.finish` (ends a live session or withdraws a queued one)."""
+        return _admit(self.core.finish(session_id, now))
+
+    def on_tick(self, now: float, hit_rate: float | None) -> Decisions:
+        """`Policy.tick`: its Admitted and Shed events, in order."""
+        events = self.core.tick(now, hit_rate)
+        admit = tuple(e.session_id for e in events if isinstance(e, Admitted))
+        shed = tuple(e.session_id for e in events if isinstance(e, Shed))
+        return Decisions(admit, shed) if admit or shed else NO_DECISIONS
+
+    def priority(self, session_id: str, now: float) -> float:
+        """The session's fixed priority from the core."""
+        return self.core.priority_of(session_id)
+
+
+def _admit(ids: list[str]) -> Decisions:
+    return Decisions(tuple(ids)) if ids else NO_DECISIONS
+
+
+def _basin(context: PolicyContext) -> BasinPolicy:
+    if not context.predicted_peak_tokens:
+        raise MissingPredictionError("policy 'basin' needs predicted peaks (PolicyContext.predicted_peak_tokens); "
+                                     "load them with basin_sim.predictions.predict_pool")
+    return BasinPolicy("basin", Policy(config_for(context, "basin")), dict(context.predicted_peak_tokens),
+                       context.reservation_scale)
+
+
+def _basin_proto(context: PolicyContext) -> BasinPolicy:
+    return BasinPolicy("basin-proto", Policy(config_for(context, "prototype")), None)
+
+
+BASIN = PolicySpec("basin", "Basin: predicted-peak admission, size-aware priority, adaptive budget, lending, "
+                   "shedding (basin_runtime.policy)", False, _basin)
+BASIN_PROTO = PolicySpec("basin-proto", "Basin hardware prototype: arrival order, admission by current context, "
+                         "lending, shedding (basin_runtime.policy, mode prototype)", False, _basin_proto)

@@ -1,0 +1,68 @@
+# A stepped load ramp: steady arrivals at rising rates, each step long enough to settle, under plain
+# SGLang (no admission control). Per step, over its second half: mean working set / cache capacity,
+# token-weighted hit rate, mean live sessions, and calls completed per second (first tokens seen).
+# The knee (knee.py) and X(N) for the fluid model (fluid.py) are read off these points.
+# No I/O.
+"""Stepped load ramp on the simulator: (load, hit rate, live sessions, calls/s) per step."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from basin_runtime.session_table import Session
+from basin_sim.engine import Engine
+from basin_sim.knee import Knee, find_knee
+from basin_sim.policies import PolicyContext, make_policy
+from basin_sim.profile import Deployment
+from basin_sim.timeline import Timeline
+from basin_sim.workload import shared_prefix_tokens, to_spec
+
+
+@dataclass(frozen=True)
+class RampStep:
+    """What one step of the ramp settled at."""
+
+    rate_per_s: float
+    load: float  # mean working set / cache capacity
+    hit_rate: float
+    live_sessions: float
+    calls_per_s: float
+    sessions_finished_per_s: float
+    decode_busy_share: float  # mean decoding requests / mean live sessions
+
+
+def run_ramp(deployment: Deployment, pool: Sequence[Session], rates_per_s: Sequence[float], step_s: float,
+             seed: int = 1) -> list[RampStep]:
+    """Run the rates one after another on one engine; one `RampStep` per rate."""
+    policy = "hicache" if deployment.has_host_tier else "sglang"
+    timeline = Timeline(60.0)
+    engine = Engine(deployment, make_policy(policy, PolicyContext(deployment)), timeline=timeline)
+    shared = shared_prefix_tokens(pool)
+    rng = random.Random(seed)
+    capacity = deployment.prefill_cache_tokens * deployment.num_prefill
+    steps: list[RampStep] = []
+    count = 0
+    for k, rate in enumerate(rates_per_s):
+        start, end = k * step_s, (k + 1) * step_s
+        t = start + rng.expovariate(rate)
+        while t < end:
+            engine.add(to_spec(f"{count:06d}:r", pool[rng.randrange(len(pool))], t, shared))
+            count += 1
+            t += rng.expovariate(rate)
+        engine.run_until(end)
+        half = start + step_s / 2
+        finished = sum(1 for r in engine.runs.values() if r.ended_s is not None and half <= r.ended_s < end)
+        hit = timeline.hit_rate(half, end)
+        live = timeline.mean_sample("live_sessions", half, end) or 0.0
+        decoding = timeline.mean_sample("decode_running", half, end) or 0.0
+        steps.append(RampStep(rate, (timeline.mean_sample("working_set_tokens", half, end) or 0.0) / capacity,
+                              0.0 if hit is None else hit, live, len(timeline.ttfts(half, end)) / (end - half),
+                              finished / (end - half), decoding / live if live > 0 else 0.0))
+    return steps
+
+
+def ramp_knee(steps: Sequence[RampStep], tolerance: float = 0.05, confirm: int = 2) -> Knee:
+    """The knee of a ramp, in units of cache capacity."""
+    return find_knee([(s.load, s.hit_rate) for s in steps], tolerance, confirm)

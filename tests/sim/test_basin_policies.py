@@ -1,0 +1,183 @@
+"""Part 2 policies: Basin drives the policy core itself; Continuum's pins; lending in the engine."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from basin_runtime.policy import Admitted, Policy, PolicyConfig, Shed
+from basin_sim.engine import Engine
+from basin_sim.lifecycle import Status
+from basin_sim.policies import BasinPolicy, MissingPredictionError, PolicyContext, make_policy
+from basin_sim.policies.basin import budget_for
+from basin_sim.radix_cache import RadixCache
+from tests.sim.builders import deployment, session, spec
+
+PEAKS = {"a": 6_000.0, "b": 2_000.0, "c": 8_000.0, "d": 1_000.0}
+FIRST = {"a": 4_000, "b": 3_500, "c": 900, "d": 1_200}
+
+
+def _sessions() -> dict[str, object]:
+    return {sid: session(sid, [FIRST[sid], FIRST[sid] + 500]) for sid in PEAKS}
+
+
+@pytest.mark.parametrize("mode,name", [("basin", "basin"), ("prototype", "basin-proto")])
+def test_the_sim_policy_takes_the_same_decisions_as_the_bare_core(mode: str, name: str) -> None:
+    context = PolicyContext(deployment(cache_tokens=10_000), PEAKS, 1.0, knee_tokens=8_000.0,
+                            peak_completion_rate_per_s=1e-4)
+    config = PolicyConfig(budget_tokens=7_200, mode=mode, peak_completion_rate_per_s=1e-4)  # type: ignore[arg-type]
+    bare, sim = Policy(config), make_policy(name, context)
+    assert isinstance(sim, BasinPolicy) and sim.core.config == config
+    sessions = _sessions()
+    got: list[object] = []
+    want: list[object] = []
+    for t, sid in enumerate(("a", "b", "c", "d")):
+        peak = PEAKS[sid] if mode == "basin" else float(FIRST[sid])
+        want.append(bare.arrive(sid, float(t), peak, FIRST[sid]))
+        got.append(sim.on_arrival(sid, float(t), sessions[sid]))  # type: ignore[arg-type]
+    want.append(tuple(bare.observe("a", 5.0, 5_000)))
+    got.append(sim.on_call("a", 5.0, 5_000).admit)
+    want.append(tuple(bare.finish("a", 6.0)))
+    got.append(sim.on_session_end("a", 6.0).admit)
+    events = bare.tick(2_000.0, 0.9)
+    want.append((tuple(e.session_id for e in events if isinstance(e, Admitted)),
+                 tuple(e.session_id for e in events if isinstance(e, Shed))))
+    decisions = sim.on_tick(2_000.0, 0.9)
+    got.append((decisions.admit, decisions.shed))
+    assert got == want
+    assert bare.snapshot() == sim.core.snapshot()
+    for sid in bare.snapshot().live + bare.snapshot().queued:
+        assert sim.priority(sid, 0.0) == bare.priority_of(sid)
+    assert want[:4] != [True] * 4  # the trace does engage admission
+
+
+def test_budget_is_0_9_of_the_knee_capped_by_the_cache_and_0_9_of_the_cache_without_a_knee() -> None:
+    d = deployment(cache_tokens=10_000)
+    assert budget_for(PolicyContext(d)) == 9_000
+    assert budget_for(PolicyContext(d, knee_tokens=5_000.0)) == 4_500
+    assert budget_for(PolicyContext(d, knee_tokens=50_000.0)) == 10_000
+
+
+def test_basin_refuses_to_run_without_predictions() -> None:
+    with pytest.raises(MissingPredictionError):
+        make_policy("basin", PolicyContext(deployment()))
+    policy = make_policy("basin", PolicyContext(deployment(), {"x": 1.0}))
+    with pytest.raises(MissingPredictionError):
+        policy.on_arrival("a", 0.0, session("a", [1_000]))
+
+
+def test_basin_priorities_reach_the_engine_queues() -> None:
+    engine = Engine(deployment(cache_tokens=10_000), make_policy("basin", PolicyContext(
+        deployment(cache_tokens=10_000), {"big": 9_000.0, "small": 600.0})), tick_s=None)
+    engine.add(spec(session("big", [1_000]), 0.0))
+    engine.add(spec(session("small", [1_000]), 0.0))
+    engine.run_until(0.0)
+    jobs = [job for _, _, job in engine.prefill[0]._queue]
+    assert engine.runs["big"].status == Status.LIVE
+    assert {j.priority for j in jobs} <= {0.0 + 9_000 / 30, 0.0 + 600 / 30}
+
+
+# --- Continuum: holds with a TTL ------------------------------------------------------------------
+
+def test_a_hold_keeps_the_chain_pinned_until_its_ttl_then_it_becomes_evictable() -> None:
+    cache = RadixCache(10_000)
+    cache.admit("a", "g", 500, 4_000, 0.0)
+    cache.release("a", 1.0, hold_until_s=math.inf)
+    cache.hold("a", 31.0)
+    assert cache.is_held("a") and cache.pinned_tokens == 4_000
+    assert cache.admit("b", "g", 500, 9_000, 2.0) is None  # no room: a is held
+    assert cache.expire_holds(30.0) == 0
+    assert cache.expire_holds(31.0) == 1
+    assert not cache.is_held("a") and cache.pinned_tokens == 0
+    assert cache.admit("b", "g", 500, 9_000, 32.0) is not None
+    cache.check()
+
+
+def test_the_next_call_takes_the_hold_over_and_a_dropped_hold_unpins() -> None:
+    cache = RadixCache(10_000)
+    cache.admit("a", "g", 500, 2_000, 0.0)
+    cache.release("a", 1.0, hold_until_s=50.0)
+    hit = cache.admit("a", "g", 500, 3_000, 5.0)
+    assert hit is not None and hit.device_hit_tokens == 2_000 and not cache.is_held("a")
+    cache.release("a", 6.0, hold_until_s=60.0)
+    cache.drop_hold("a")
+    assert cache.pinned_tokens == 0 and cache.expire_holds(100.0) == 0
+    cache.check()
+
+
+def test_continuum_pins_across_the_tool_gap_and_serves_by_session_arrival() -> None:
+    d = deployment()
+    policy = make_policy("continuum", PolicyContext(d, pin_ttl_s=5.0))
+    engine = Engine(d, policy, tick_s=1.0)
+    engine.add(spec(session("a", [2_000, 3_000], gap_s=3.0), 0.0))
+    engine.run_until(2.5)
+    assert engine.prefill[0].cache.is_held("a")  # answered, within the TTL
+    assert policy.priority("a", 2.5) == 0.0  # program-level FCFS: the session's arrival
+    engine.run_until(60.0)
+    assert engine.runs["a"].status == Status.FINISHED and engine.prefill[0].cache.pinned_tokens == 0
+
+
+def test_a_continuum_pin_expires_when_the_tool_runs_longer_than_the_ttl() -> None:
+    d = deployment()
+    engine = Engine(d, make_policy("continuum", PolicyContext(d, pin_ttl_s=2.0)), tick_s=1.0)
+    engine.add(spec(session("a", [2_000, 3_000], gap_s=30.0), 0.0))
+    engine.run_until(10.0)
+    cache = engine.prefill[0].cache
+    assert not cache.is_held("a") and cache.pinned_tokens == 0 and cache.device_used_tokens > 0
+
+
+# --- lending ----------------------------------------------------------------------------------------
+
+def _lending_engine(decode_tokens: int) -> Engine:
+    d = deployment(decode_tokens=decode_tokens)
+    return Engine(d, make_policy("basin-proto", PolicyContext(d)), tick_s=None)
+
+
+def test_decode_lends_a_finished_calls_kv_and_writes_it_back_on_the_next_call() -> None:
+    engine = _lending_engine(100_000)
+    engine.add(spec(session("a", [2_000, 3_000], completion=100, gap_s=5.0), 0.0))
+    engine.run_until(4.0)
+    assert engine.ledger is not None and engine.decode[0].lent_tokens == 2_100
+    engine.run_until(math.inf)
+    assert engine.decode[0].lent_tokens == 0  # forgotten at the session's end
+
+
+def test_write_back_replaces_recompute_and_costs_max_of_compute_and_transfer() -> None:
+    engine = _lending_engine(100_000)
+    prefill = engine.prefill[0]
+    assert engine.ledger is not None
+    engine.ledger.lend("a", "0", 2_100)
+    engine._sync_lent()
+    engine.add(spec(session("a", [3_000], completion=10), 0.0))
+    engine.run_until(math.inf)
+    compute_s = 0.01 + (3_000 - 2_100) * 1e-4  # nothing cached on prefill: 2_100 written back, 900 computed
+    write_back_s = 0.005 + 2_100 * 1_000 / 1e9
+    assert prefill.written_back_tokens == 2_100
+    assert engine.timeline.ttft_s[0] == pytest.approx(max(compute_s, write_back_s) + 0.005 + 3_000 * 1_000 / 1e9)
+    assert engine.ledger.holder_of("a") is None and engine.decode[0].lent_tokens == 0
+
+
+def test_lending_is_capped_at_half_of_decode_memory_oldest_dropped_first() -> None:
+    engine = _lending_engine(10_000)
+    for k, sid in enumerate(("a", "b", "c")):
+        engine.add(spec(session(sid, [2_000, 2_500], completion=100, gap_s=100.0), k * 0.5))
+    engine.run_until(20.0)
+    assert engine.ledger is not None
+    held = [e.session_id for e in engine.ledger.entries("0")]
+    assert engine.decode[0].lent_tokens <= 5_000
+    assert held == ["b", "c"]  # a, lent first, was dropped to make room
+    assert engine.decode[0].lent_tokens == sum(e.tokens for e in engine.ledger.entries("0"))
+
+
+def test_decode_reclaims_lent_memory_oldest_first_before_a_reservation_waits() -> None:
+    engine = _lending_engine(10_000)
+    assert engine.ledger is not None
+    engine.ledger.lend("old", "0", 2_000)
+    engine.ledger.lend("new", "0", 2_000)
+    engine._sync_lent()
+    engine.add(spec(session("x", [5_500], completion=100), 0.0))  # reserves 6_500: 500 must come back
+    engine.run_until(0.0)
+    assert [e.session_id for e in engine.ledger.entries("0")] == ["new"]
+    assert engine.decode[0].reserved_tokens == 6_500 and engine.decode[0].lent_tokens == 2_000
+    assert engine.decode[0].reserved_tokens + engine.decode[0].lent_tokens <= 10_000
