@@ -17,6 +17,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from basin_runtime.predictor import PredictorError
 from basin_runtime.session_table import Session, SessionTableError, read_sessions
 from basin_sim import catalog
 from basin_sim.calibrate import CalibrationSettings, find_overload_rate
@@ -81,7 +82,14 @@ def _run(args: argparse.Namespace) -> int:
     cache = _cache_for(args.policy, args.cache)
     pool, workload = load_pool(args.sessions, args.synthetic)
     rate = args.overload_rate or deployment_spec.overload_rate(cache, workload)
-    spec = RunSpec(scenario, deployment_spec.build(cache), args.policy, args.seed, rate)
+    peaks: dict[str, float] = {}
+    if args.policy == "basin":
+        from basin_sim.predictions import load_predictor, predict_pool
+
+        peaks = predict_pool(load_predictor(args.model), pool)
+    spec = RunSpec(scenario, deployment_spec.build(cache), args.policy, args.seed, rate, predicted_peak_tokens=peaks,
+                   reservation_scale=args.reservation_scale, knee_tokens=args.knee_tokens,
+                   peak_completion_rate_per_s=args.peak_completion_rate)
     progress = _Progress(scenario.duration_s, f"{scenario.name}/{deployment_spec.name}/{args.policy}",
                          not args.quiet)
     started = time.perf_counter()
@@ -144,6 +152,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print one JSON line")
     run.add_argument("--plot-dir", type=Path, help="write the timeline PNG here")
     run.add_argument("--overload-rate", type=float, help="override the deployment's calibrated rate (per s)")
+    run.add_argument("--model", type=Path, default=Path("models/peak_predictor.onnx"),
+                     help="peak predictor for policy basin (default: the shipped pooled model)")
+    run.add_argument("--reservation-scale", type=float, default=1.0, help="basin: reserve this x each predicted peak")
+    run.add_argument("--knee-tokens", type=float, help="basin budget: measured cache knee (default 0.9 x capacity)")
+    run.add_argument("--peak-completion-rate", type=float, help="basin shedding: measured sessions/s (default off)")
     calibrate = sub.add_parser("calibrate", help="measure a deployment's overload rate")
     calibrate.add_argument("--deployment", required=True)
     calibrate.add_argument("--cache", choices=("gpu", "host"), default="gpu")
@@ -172,5 +185,5 @@ def main(argv: list[str] | None = None) -> int:
 
         commands = {"calibrate": _calibrate, "run": _run, "knee": knee_main, "risk": risk_main}
         return commands[args.command](args)
-    except (catalog.CatalogError, UnknownPolicyError, UsageError) as exc:
+    except (catalog.CatalogError, UnknownPolicyError, UsageError, PredictorError) as exc:
         parser.exit(2, f"{parser.prog}: error: {exc}\n")

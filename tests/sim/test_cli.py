@@ -79,3 +79,18 @@ def test_bad_input_exits_2_with_a_message_naming_the_choices(
         main(["run", *argv, "--quiet"])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_basin_loads_the_shipped_predictor_and_refuses_a_missing_one(
+        files: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    model = Path(__file__).resolve().parents[2] / "models" / "peak_predictor.onnx"
+    argv = ["run", "--scenario", files["scenario"], "--deployment", files["deployment"], "--policy", "basin",
+            "--json", "--quiet", "--sessions", files["sessions"], "--model", str(model), "--reservation-scale", "0.6"]
+    assert main(argv) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["policy"] == "basin" and summary["reservation_scale"] == 0.6
+    assert summary["sessions_arrived"] > 0
+    with pytest.raises(SystemExit) as info:
+        main([*argv[:-4], "--model", str(Path(files["dir"]) / "nope.onnx")])
+    assert info.value.code == 2
+    assert "nope.onnx: no such predictor file" in capsys.readouterr().err
