@@ -12,8 +12,11 @@ import argparse
 import json
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from basin_sim import catalog
 from basin_sim.predictions import load_predictor, predict_pool, ratio_quantiles
@@ -23,7 +26,24 @@ log = logging.getLogger(__name__)
 
 RUNS = (("surge-100", "sglang"), ("surge-100", "continuum"), ("surge-100", "basin-proto"), ("surge-100", "basin"),
         ("steady", "basin"))
-QUANTILES = (0.5, 0.7, 0.9)
+QUANTILES: tuple[float, ...] = (0.1, 0.3, 0.5, 0.7, 0.9)
+
+
+@dataclass(frozen=True)
+class SimulateParams:
+    """The `simulate` section of params.yaml."""
+
+    deployment: str
+    seed: int
+    quantiles: tuple[float, ...]
+
+
+def simulate_params(path: Path) -> SimulateParams:
+    """Read params.yaml's `simulate` section (keys exactly those of `SimulateParams`)."""
+    raw = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("simulate")
+    if not isinstance(raw, dict) or set(raw) != {"deployment", "seed", "quantiles"}:
+        raise SystemExit(f"{path}: `simulate` must have exactly the keys deployment, seed, quantiles; got {raw!r}")
+    return SimulateParams(str(raw["deployment"]), int(raw["seed"]), tuple(float(q) for q in raw["quantiles"]))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -33,6 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--predictions", type=Path, default=Path("data/evaluate/predictions.csv"))
     parser.add_argument("--out-metrics", type=Path, default=Path("data/simulate/metrics.json"))
     parser.add_argument("--plot-dir", type=Path, default=Path("data/simulate"))
+    parser.add_argument("--params", type=Path, help="read deployment, seed and quantiles from this params.yaml")
     parser.add_argument("--deployment", default="1p3d")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--scenario-override", help="run every scenario as this one (tests: a tiny .yaml)")
@@ -42,6 +63,10 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run the compact set; write metrics and one timeline PNG per run."""
     args = _parser().parse_args(argv)
+    quantiles = QUANTILES
+    if args.params is not None:
+        params = simulate_params(args.params)
+        args.deployment, args.seed, quantiles = params.deployment, params.seed, params.quantiles
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from basin_sim.cli import load_pool
     from basin_sim.plots import plot_run
@@ -67,9 +92,13 @@ def main(argv: list[str] | None = None) -> int:
         metrics["runs"][f"{scenario_name}/{policy}"] = {k: summary[k] for k in (
             "goodput_per_hour", "hit_rate_pre", "hit_rate_post", "ttft_p50_post_s", "sessions_shed")}
         log.info("%s/%s: goodput %.0f/h", scenario_name, policy, summary["goodput_per_hour"])
-    for q, scale in ratio_quantiles(args.predictions, QUANTILES).items():
+    for q, scale in ratio_quantiles(args.predictions, quantiles).items():
         summary = run("surge-100", "basin", scale)
         metrics["reservation_quantile"][f"q{q:g}"] = {"scale": scale, "goodput_per_hour": summary["goodput_per_hour"]}
+        log.info("surge-100/basin reserving quantile %g of the peak (x%.2f): goodput %.0f/h", q, scale,
+                 summary["goodput_per_hour"])
+    best = max(metrics["reservation_quantile"].items(), key=lambda kv: kv[1]["goodput_per_hour"])
+    metrics["best_reservation_quantile"] = best[0]
     metrics["wall_s"] = round(time.perf_counter() - started, 1)
     args.out_metrics.parent.mkdir(parents=True, exist_ok=True)
     args.out_metrics.write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")

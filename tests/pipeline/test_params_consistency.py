@@ -26,6 +26,14 @@ READERS = {"ingest": (ingest_params, IngestParams), "featurize": (featurize_para
            "train": (train_params, TrainParams), "export": (export_params, ExportParams)}
 
 
+def test_the_simulate_section_loads_into_its_dataclass() -> None:
+    from basin_sim.stage import SimulateParams, simulate_params
+
+    loaded = simulate_params(ROOT / "params.yaml")
+    assert {f.name for f in dataclasses.fields(SimulateParams)} == set(PARAMS["simulate"])
+    assert loaded.quantiles == tuple(PARAMS["simulate"]["quantiles"])
+
+
 def test_every_section_loads_into_its_dataclass() -> None:
     for section, (reader, cls) in READERS.items():
         loaded = reader(ROOT / "params.yaml")
@@ -36,7 +44,7 @@ def test_every_section_loads_into_its_dataclass() -> None:
 def test_each_stage_lists_exactly_the_params_it_reads() -> None:
     declared = {name: {str(p).split(".")[0] for p in stage.get("params", [])} for name, stage in DVC.items()}
     assert declared == {"sources": {"ingest"}, "ingest": {"ingest"}, "featurize": {"featurize"},
-                        "train": {"train"}, "export": {"export"}, "evaluate": set()}
+                        "train": {"train"}, "export": {"export"}, "evaluate": set(), "simulate": {"simulate"}}
     for name, stage in DVC.items():
         reads_params = "--params params.yaml" in stage["cmd"]
         assert reads_params == bool(stage.get("params")), name

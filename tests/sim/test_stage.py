@@ -26,6 +26,7 @@ def test_the_stage_writes_goodput_per_policy_and_per_reservation_quantile(tmp_pa
                        "--scenario-override", str(scenario)]) == 0
     metrics = json.loads(out.read_text())
     assert set(metrics["runs"]) == {f"{s}/{p}" for s, p in stage.RUNS}
-    assert set(metrics["reservation_quantile"]) == {"q0.5", "q0.7", "q0.9"}
+    assert set(metrics["reservation_quantile"]) == {"q0.1", "q0.3", "q0.5", "q0.7", "q0.9"}
+    assert metrics["best_reservation_quantile"] in metrics["reservation_quantile"]
     assert metrics["reservation_quantile"]["q0.9"]["scale"] > metrics["reservation_quantile"]["q0.5"]["scale"]
     assert list(tmp_path.glob("*.png"))
