@@ -6,8 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -18,47 +17,26 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from basin_runtime.gateway.admin import Reloader
 from basin_runtime.gateway.app import create_app
-from basin_runtime.gateway.clock import ManualClock
 from basin_runtime.gateway.config import GatewayConfig
-from basin_runtime.gateway.gateway import Gateway
 from basin_runtime.gateway.lending import LendingTracker
-from basin_runtime.gateway.measure import Meter
-from basin_runtime.gateway.predictors import Predictors
-from basin_runtime.gateway.proxy import Upstream
 from basin_runtime.gateway.session_log import SessionLogWriter
 from basin_runtime.gateway.signals import HitRateWindow
-from basin_runtime.gateway.waiting import WaitingRoom
-from basin_runtime.policy import Policy, PolicyConfig
 from basin_runtime.session_log import SessionLogRecord
 from basin_runtime.session_table import read_sessions
-from basin_runtime.task_text import TaskTextRule
 from pipeline.ingest import main as ingest_main
-from tests.runtime.test_gateway_app import TOKENIZER, FakeUpstream, Rig, StubModel, conversation, eventually
+from tests.runtime.test_gateway_app import TOKENIZER, Rig, StubModel, conversation, eventually, rig_for
 
 pytestmark = pytest.mark.asyncio
 MODEL_FILE = Path(__file__).resolve().parents[2] / "models" / "peak_predictor.onnx"
 
 
-@asynccontextmanager
-async def ops_rig(*, budget_tokens: int = 1_000_000, model: StubModel | None = None, is_shadow: bool = False,
-                  session_log: SessionLogWriter | None = None, lending: LendingTracker | None = None,
-                  reloader: Reloader | None = None) -> AsyncIterator[Rig]:
-    """A rig like `test_gateway_app.rig_for`, with the issue-6 parts wired in."""
-    clock = ManualClock()
-    upstream = FakeUpstream()
-    model = model or StubModel()
-    room = WaitingRoom(Policy(PolicyConfig(budget_tokens=budget_tokens)), clock, retry_after_s=30)
-    upstream_client = httpx.AsyncClient(transport=httpx.MockTransport(upstream), base_url="http://router")
-    gateway = Gateway(room, Meter(TOKENIZER, TaskTextRule()), Predictors(model), Upstream(upstream_client),
-                      hit_window=HitRateWindow(window_s=60.0, min_prompt_tokens=1), lending=lending,
-                      session_log=session_log, is_shadow=is_shadow)
-    app = create_app(gateway, reloader=reloader)
-    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway")
-    try:
-        yield Rig(gateway, app, clock, upstream, model, client)
-    finally:
-        await client.aclose()
-        await upstream_client.aclose()
+def ops_rig(*, budget_tokens: int = 1_000_000, model: StubModel | None = None, is_shadow: bool = False,
+            session_log: SessionLogWriter | None = None, lending: LendingTracker | None = None,
+            reloader: Reloader | None = None) -> AbstractAsyncContextManager[Rig]:
+    """`test_gateway_app.rig_for` with the issue-6 parts wired in."""
+    return rig_for(budget_tokens=budget_tokens, model=model, app_options={"reloader": reloader},
+                   gateway_options={"hit_window": HitRateWindow(window_s=60.0, min_prompt_tokens=1), "lending": lending,
+                                    "session_log": session_log, "is_shadow": is_shadow})
 
 
 async def scrape(rig: Rig) -> dict[str, float]:
