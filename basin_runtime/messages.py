@@ -40,7 +40,3 @@ def tool_calls_text(message: Message) -> str:
         )
     return "\n".join(lines)
 
-
-def assistant_indices(messages: Sequence[Message]) -> list[int]:
-    """Positions of the assistant messages: each one is a model call whose prompt is all before it."""
-    return [i for i, m in enumerate(messages) if m.get("role") == "assistant"]

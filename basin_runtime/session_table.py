@@ -9,7 +9,7 @@ token counts are non-negative; `gap_s` is non-negative where known; session ids 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -185,7 +185,3 @@ def read_sessions(path: str | Path) -> list[Session]:
     """Read and validate a session table as `Session` objects."""
     return [Session.from_row(row) for row in read_table(path).to_pylist()]
 
-
-def sessions_from_table(table: pa.Table) -> Sequence[Session]:
-    """`Session` objects of an already validated table."""
-    return [Session.from_row(row) for row in table.to_pylist()]

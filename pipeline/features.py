@@ -88,8 +88,7 @@ class LogRidge(RegressorMixin, BaseEstimator):  # type: ignore[misc]
 class CachedAnalyzer:
     """Looks up a text's already-analysed n-grams: the same output as the vectorizer's own analyzer.
 
-    Tuning fits hundreds of models on the same texts; analysing each text once instead of once per
-    fit makes a trial about ten times faster. Final models never use it (ONNX needs the real one).
+    Tuning (`pipeline.fast_cv`) counts each text once through it; final models never use it.
     """
 
     def __init__(self, cache: Mapping[str, list[str]]) -> None:
@@ -98,9 +97,6 @@ class CachedAnalyzer:
     def __call__(self, text: str) -> list[str]:
         return self.cache[text]
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> CachedAnalyzer:
-        return self  # read-only; scikit-learn's clone() would otherwise copy the whole cache per fit
-
 
 def analysis_cache(texts: Iterable[str], ngram_max: int) -> dict[str, list[str]]:
     """Each distinct text's n-grams, cut exactly as `build_model`'s vectorizer cuts them."""
@@ -108,9 +104,8 @@ def analysis_cache(texts: Iterable[str], ngram_max: int) -> dict[str, list[str]]
     return {text: analyze(text) for text in set(texts)}
 
 
-def _tfidf(params: ModelParams, cache: Mapping[str, list[str]] | None = None) -> TfidfVectorizer:
+def _tfidf(params: ModelParams) -> TfidfVectorizer:
     return TfidfVectorizer(
-        analyzer=CachedAnalyzer(cache) if cache is not None else "word",
         lowercase=True,
         token_pattern=TOKEN_PATTERN,
         ngram_range=(1, params.ngram_max),
@@ -123,9 +118,9 @@ def _tfidf(params: ModelParams, cache: Mapping[str, list[str]] | None = None) ->
     )
 
 
-def build_model(params: ModelParams, cache: Mapping[str, list[str]] | None = None) -> Pipeline:
-    """The untrained pipeline for a set of knobs (`cache`: from `analysis_cache`, for tuning only)."""
-    columns: list[tuple[str, Any, Any]] = [("tfidf", _tfidf(params, cache), TEXT_INPUT)]
+def build_model(params: ModelParams) -> Pipeline:
+    """The untrained pipeline for a set of knobs."""
+    columns: list[tuple[str, Any, Any]] = [("tfidf", _tfidf(params), TEXT_INPUT)]
     if params.use_lengths:
         # log1p only, not standardised: a benchmark whose first prompt barely varies would get a
         # huge scale factor and explode on an unusual prompt at serving time.

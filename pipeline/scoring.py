@@ -7,7 +7,6 @@ from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
-from joblib import Parallel, delayed
 from scipy.stats import spearmanr
 from sklearn.pipeline import Pipeline
 
@@ -38,14 +37,12 @@ def _fit_predict(make: Callable[[], Pipeline], train: pd.DataFrame, test: pd.Dat
     return np.asarray(model.predict(test), dtype=np.float64)
 
 
-def out_of_fold(frame: pd.DataFrame, fold_column: str, make: Callable[[], Pipeline], n_jobs: int = 1) -> np.ndarray:
+def out_of_fold(frame: pd.DataFrame, fold_column: str, make: Callable[[], Pipeline]) -> np.ndarray:
     """Predictions for every row from a model fitted without that row's fold (-1: row never held out)."""
-    folds = sorted(f for f in frame[fold_column].unique() if f >= 0)
-    jobs = [(frame[frame[fold_column] != f], frame[frame[fold_column] == f]) for f in folds]
-    outputs = Parallel(n_jobs=n_jobs)(delayed(_fit_predict)(make, tr, te) for tr, te in jobs)
     predicted = np.full(len(frame), np.nan)
-    for (_, test), values in zip(jobs, outputs, strict=True):
-        predicted[frame.index.get_indexer(test.index)] = values
+    for fold in sorted(f for f in frame[fold_column].unique() if f >= 0):
+        train, test = frame[frame[fold_column] != fold], frame[frame[fold_column] == fold]
+        predicted[frame.index.get_indexer(test.index)] = _fit_predict(make, train, test)
     return predicted
 
 
