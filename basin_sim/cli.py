@@ -17,6 +17,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from basin_runtime.gateway.config import ConfigError
 from basin_runtime.predictor import PredictorError
 from basin_runtime.session_table import Session, SessionTableError, read_sessions
 from basin_sim import catalog
@@ -87,9 +88,17 @@ def _run(args: argparse.Namespace) -> int:
         from basin_sim.predictions import load_predictor, predict_pool
 
         peaks = predict_pool(load_predictor(args.model), pool)
+    knee, ratio, peak_rate = args.knee_tokens, 1.0, args.peak_completion_rate
+    if args.calibration is not None:
+        from basin_runtime.gateway.calibration import load_calibration
+
+        calibration = load_calibration(args.calibration)
+        knee = knee if knee is not None else calibration.knee_tokens
+        peak_rate = peak_rate if peak_rate is not None else calibration.peak_completion_rate_per_s
+        ratio = calibration.reservation_ratio
     spec = RunSpec(scenario, deployment_spec.build(cache), args.policy, args.seed, rate, predicted_peak_tokens=peaks,
-                   reservation_scale=args.reservation_scale, knee_tokens=args.knee_tokens,
-                   peak_completion_rate_per_s=args.peak_completion_rate)
+                   reservation_scale=args.reservation_scale, knee_tokens=knee, reservation_ratio=ratio,
+                   peak_completion_rate_per_s=peak_rate)
     progress = _Progress(scenario.duration_s, f"{scenario.name}/{deployment_spec.name}/{args.policy}",
                          not args.quiet)
     started = time.perf_counter()
@@ -157,6 +166,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--reservation-scale", type=float, default=1.0, help="basin: reserve this x each predicted peak")
     run.add_argument("--knee-tokens", type=float, help="basin budget: measured cache knee (default 0.9 x capacity)")
     run.add_argument("--peak-completion-rate", type=float, help="basin shedding: measured sessions/s (default off)")
+    run.add_argument("--calibration", type=Path, help="basin: the knee calibration file (`knee --out`): knee, "
+                     "reservation ratio, peak completion rate (the flags above win)")
     calibrate = sub.add_parser("calibrate", help="measure a deployment's overload rate")
     calibrate.add_argument("--deployment", required=True)
     calibrate.add_argument("--cache", choices=("gpu", "host"), default="gpu")
@@ -185,5 +196,5 @@ def main(argv: list[str] | None = None) -> int:
 
         commands = {"calibrate": _calibrate, "run": _run, "knee": knee_main, "risk": risk_main}
         return commands[args.command](args)
-    except (catalog.CatalogError, UnknownPolicyError, UsageError, PredictorError) as exc:
+    except (catalog.CatalogError, UnknownPolicyError, UsageError, PredictorError, ConfigError) as exc:
         parser.exit(2, f"{parser.prog}: error: {exc}\n")

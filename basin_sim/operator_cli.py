@@ -1,6 +1,6 @@
 """`python -m basin_sim knee|risk`: find the cache knee on a simulated ramp; the fluid model's risk test.
 
-    python -m basin_sim knee --deployment 1p3d --out data/calibration-1p3d.json
+    python -m basin_sim knee --deployment 1p3d --model models/peak_predictor.onnx --out data/calibration-1p3d.json
     python -m basin_sim risk --deployment 1p3d
 """
 
@@ -16,13 +16,14 @@ from typing import Any
 from basin_sim import catalog
 from basin_sim.fluid import fixed_points, risk_test
 from basin_sim.profile import Deployment
-from basin_sim.ramp import RampStep, ramp_knee, run_ramp
+from basin_sim.ramp import RampStep, plateau_reservation_ratio, ramp_knee, run_ramp
 
 RAMP_FRACTIONS = (0.2, 0.4, 0.6, 0.7, 0.8, 0.9, 1.0, 1.2)  # of the overload rate
 RAMP_STEP_S = 1200.0
 
 
-def calibration_record(deployment: Deployment, steps: list[RampStep], command: str) -> dict[str, Any]:
+def calibration_record(deployment: Deployment, steps: list[RampStep], command: str,
+                       step_s: float = RAMP_STEP_S) -> dict[str, Any]:
     """The gateway's calibration file (basin_runtime/gateway/calibration.py keys only)."""
     knee = ramp_knee(steps)
     capacity = deployment.prefill_cache_tokens * deployment.num_prefill
@@ -32,7 +33,10 @@ def calibration_record(deployment: Deployment, steps: list[RampStep], command: s
                               "hit_rate_plateau": round(knee.plateau_hit_rate, 4)}
     if peak_rate:
         record["peak_completion_rate_per_s"] = round(peak_rate, 5)
-    record["notes"] = (f"{command}: simulated stepped ramp ({len(steps)} steps of {RAMP_STEP_S:.0f} s)"
+    ratio = plateau_reservation_ratio(steps, knee)
+    if ratio is not None:
+        record["reservation_ratio"] = round(ratio, 4)
+    record["notes"] = (f"{command}: simulated stepped ramp ({len(steps)} steps of {step_s:.0f} s)"
                        f"{'; knee censored: beyond the last step' if knee.is_censored else ''}")
     return record
 
@@ -44,7 +48,13 @@ def _ramp(args: argparse.Namespace) -> tuple[Deployment, list[RampStep], float]:
     deployment = spec.build(args.cache)
     pool, workload = load_pool(args.sessions, args.synthetic)
     rate = spec.overload_rate(args.cache, workload)
-    steps = run_ramp(deployment, pool, [f * rate for f in RAMP_FRACTIONS], RAMP_STEP_S, args.seed)
+    reservations = None
+    if getattr(args, "model", None) is not None:
+        from basin_sim.predictions import load_predictor, predict_pool
+
+        scale = args.reservation_scale
+        reservations = {sid: scale * peak for sid, peak in predict_pool(load_predictor(args.model), pool).items()}
+    steps = run_ramp(deployment, pool, [f * rate for f in RAMP_FRACTIONS], args.step_s, args.seed, reservations)
     calls = statistics.fmean(s.n_calls for s in pool)
     return deployment, steps, calls
 
@@ -53,9 +63,11 @@ def knee_main(args: argparse.Namespace) -> int:
     """Run the ramp, print the points and the knee, write the calibration file."""
     deployment, steps, _ = _ramp(args)
     for s in steps:
-        print(f"rate {s.rate_per_s:.4f}/s  load {s.load:.3f}  hit {s.hit_rate:.3f}  live {s.live_sessions:.0f}")
+        ratio = "" if s.reservation_ratio is None else f"  reserved/working set {s.reservation_ratio:.2f}"
+        print(f"rate {s.rate_per_s:.4f}/s  load {s.load:.3f}  hit {s.hit_rate:.3f}  live {s.live_sessions:.0f}{ratio}")
+    model = "" if args.model is None else f" --model {args.model} --reservation-scale {args.reservation_scale:g}"
     record = calibration_record(deployment, steps, f"python -m basin_sim knee --deployment {args.deployment} "
-                                f"--cache {args.cache}")
+                                f"--cache {args.cache}{model}", args.step_s)
     print(json.dumps(record, indent=2))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -89,8 +101,16 @@ def add_commands(sub: Any) -> None:
     """Add `knee` and `risk` to the CLI's subparsers."""
     knee = sub.add_parser("knee", help="find the cache knee on a simulated load ramp; write the calibration file")
     knee.add_argument("--out", type=Path, help="calibration JSON for the gateway (and for --calibration)")
+    knee.add_argument("--model", type=Path, default=Path("models/peak_predictor.onnx"),
+                      help="the served peak predictor: measures the reservation ratio (default: the shipped pooled "
+                           "model)")
+    knee.add_argument("--no-model", dest="model", action="store_const", const=None,
+                      help="no predictor: the calibration file holds no reservation_ratio (prototype mode)")
+    knee.add_argument("--reservation-scale", type=float, default=1.0, help="reserve this x each predicted peak")
     risk = sub.add_parser("risk", help="fluid model fixed points and the cache-first / decode-first verdict")
     for command in (knee, risk):
         command.add_argument("--deployment", required=True)
         command.add_argument("--cache", choices=("gpu", "host"), default="gpu")
         command.add_argument("--seed", type=int, default=1)
+        command.add_argument("--step-s", type=float, default=RAMP_STEP_S,
+                             help=f"simulated seconds per ramp step (default {RAMP_STEP_S:.0f})")

@@ -51,6 +51,7 @@ class RunSpec:
     predicted_peak_tokens: Mapping[str, float] = field(default_factory=dict)  # pool session id -> peak (basin)
     reservation_scale: float = 1.0  # basin: reserve this multiple of each predicted peak
     knee_tokens: float | None = None  # measured cache knee (basin budget); None: 0.9 x capacity
+    reservation_ratio: float = 1.0  # measured on the knee ramp (basin budget in reservation units)
     peak_completion_rate_per_s: float | None = None  # measured (basin shedding); None: no shedding
     pin_ttl_s: float | None = None  # continuum TTL; None: the p90 of the run's tool gaps
 
@@ -108,7 +109,8 @@ def policy_context(spec: RunSpec, sessions: Sequence[SessionSpec]) -> PolicyCont
     """What the run's policy is told (Continuum's TTL: the p90 of the tool gaps unless set)."""
     ttl = spec.pin_ttl_s if spec.pin_ttl_s is not None else tool_gap_quantile_s(sessions)
     return PolicyContext(spec.deployment, spec.predicted_peak_tokens, spec.reservation_scale, spec.knee_tokens,
-                         spec.peak_completion_rate_per_s, ttl if ttl is None or ttl > 0 else None)
+                         spec.peak_completion_rate_per_s, reservation_ratio=spec.reservation_ratio,
+                         pin_ttl_s=ttl if ttl is None or ttl > 0 else None)
 
 
 def _advance(engine: Engine, until_s: float, step_s: float, progress: ProgressCallback | None) -> None:
@@ -159,6 +161,7 @@ def summarize(spec: RunSpec, engine: Engine, outcomes: Sequence[SessionOutcome],
         "simulated_s": engine.now,
         "written_back_tokens": sum(p.written_back_tokens for p in engine.prefill),
         "reservation_scale": spec.reservation_scale, "knee_tokens": spec.knee_tokens,
+        "reservation_ratio": spec.reservation_ratio,
     }
     summary.update(_collapse(timeline, scenario))
     return summary

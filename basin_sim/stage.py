@@ -1,9 +1,13 @@
 """The DVC stage `simulate`: a compact scenario set with the freshly trained predictor; goodput per policy
 and per reservation quantile, into metrics.json and plots.
 
+First the knee ramp with the fresh model (`python -m basin_sim knee`'s calibration: knee, reservation
+ratio, peak completion rate), written where the gateway can read it; every Basin run uses it. Each
+reservation quantile gets its own ramp, since the reservation ratio depends on what is reserved.
+
     python -m basin_sim.stage --model data/models/peak_predictor.onnx --sessions data/sessions.parquet \
         --predictions data/evaluate/predictions.csv --out-metrics data/simulate/metrics.json \
-        --plot-dir data/simulate/
+        --out-calibration data/simulate/calibration.json --plot-dir data/simulate/
 """
 
 from __future__ import annotations
@@ -19,13 +23,15 @@ from typing import Any
 import yaml
 
 from basin_sim import catalog
+from basin_sim.operator_cli import RAMP_FRACTIONS, RAMP_STEP_S, calibration_record
 from basin_sim.predictions import load_predictor, predict_pool, ratio_quantiles
+from basin_sim.ramp import run_ramp
 from basin_sim.simulate import RunSpec, run_scenario
 
 log = logging.getLogger(__name__)
 
 RUNS = (("surge-100", "sglang"), ("surge-100", "continuum"), ("surge-100", "basin-proto"), ("surge-100", "basin"),
-        ("steady", "basin"))
+        ("steady", "sglang"), ("steady", "basin"))
 QUANTILES: tuple[float, ...] = (0.1, 0.3, 0.5, 0.7, 0.9)
 
 
@@ -52,6 +58,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--sessions", type=Path, default=Path("data/sessions.parquet"))
     parser.add_argument("--predictions", type=Path, default=Path("data/evaluate/predictions.csv"))
     parser.add_argument("--out-metrics", type=Path, default=Path("data/simulate/metrics.json"))
+    parser.add_argument("--out-calibration", type=Path, default=Path("data/simulate/calibration.json"),
+                        help="the knee calibration measured with the fresh model (the gateway's --calibration)")
+    parser.add_argument("--ramp-step-s", type=float, default=RAMP_STEP_S, help="simulated seconds per ramp step")
     parser.add_argument("--plot-dir", type=Path, default=Path("data/simulate"))
     parser.add_argument("--params", type=Path, help="read deployment, seed and quantiles from this params.yaml")
     parser.add_argument("--deployment", default="1p3d")
@@ -79,10 +88,26 @@ def main(argv: list[str] | None = None) -> int:
     metrics: dict[str, Any] = {"workload": workload, "deployment": spec.name, "seed": args.seed, "runs": {},
                                "reservation_quantile": {}}
 
-    def run(scenario_name: str, policy: str, scale: float = 1.0) -> dict[str, Any]:
+    def calibrate(scale: float) -> dict[str, Any]:
+        reservations = {sid: scale * peak for sid, peak in peaks.items()}
+        steps = run_ramp(deployment, pool, [f * rate for f in RAMP_FRACTIONS], args.ramp_step_s, args.seed,
+                         reservations)
+        return calibration_record(deployment, steps, f"python -m basin_sim.stage (reservation scale {scale:g})",
+                                  args.ramp_step_s)
+
+    calibration = calibrate(1.0)
+    args.out_calibration.parent.mkdir(parents=True, exist_ok=True)
+    args.out_calibration.write_text(json.dumps(calibration, indent=2) + "\n")
+    metrics["calibration"] = {k: v for k, v in calibration.items() if k != "notes"}
+    log.info("knee %d tokens, reservation ratio %s", calibration["knee_tokens"], calibration.get("reservation_ratio"))
+
+    def run(scenario_name: str, policy: str, scale: float = 1.0, measured: dict[str, Any] = calibration
+            ) -> dict[str, Any]:
         scenario = catalog.load_scenario(args.scenario_override or scenario_name)
         result = run_scenario(RunSpec(scenario, deployment, policy, args.seed, rate, predicted_peak_tokens=peaks,
-                                      reservation_scale=scale), pool)
+                                      reservation_scale=scale, knee_tokens=measured["knee_tokens"],
+                                      reservation_ratio=measured.get("reservation_ratio", 1.0),
+                                      peak_completion_rate_per_s=measured.get("peak_completion_rate_per_s")), pool)
         if scale == 1.0:
             plot_run(result, args.plot_dir)
         return result.summary
@@ -92,8 +117,14 @@ def main(argv: list[str] | None = None) -> int:
         metrics["runs"][f"{scenario_name}/{policy}"] = {k: summary[k] for k in (
             "goodput_per_hour", "hit_rate_pre", "hit_rate_post", "ttft_p50_post_s", "sessions_shed")}
         log.info("%s/%s: goodput %.0f/h", scenario_name, policy, summary["goodput_per_hour"])
+    runs = metrics["runs"]
+    basin = runs["surge-100/basin"]["goodput_per_hour"]
+    for other in ("surge-100/continuum", "steady/sglang", "steady/basin"):
+        goodput = runs[other]["goodput_per_hour"]
+        key = f"basin_over_{other.replace('/', '_').replace('-', '_')}"
+        metrics[key] = round(basin / goodput, 3) if goodput else None
     for q, scale in ratio_quantiles(args.predictions, quantiles).items():
-        summary = run("surge-100", "basin", scale)
+        summary = run("surge-100", "basin", scale, calibrate(scale))
         metrics["reservation_quantile"][f"q{q:g}"] = {"scale": scale, "goodput_per_hour": summary["goodput_per_hour"]}
         log.info("surge-100/basin reserving quantile %g of the peak (x%.2f): goodput %.0f/h", q, scale,
                  summary["goodput_per_hour"])

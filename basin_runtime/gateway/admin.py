@@ -47,7 +47,7 @@ class Reloader:
         """The reference budget of the calibration file; `ConfigError` if there is none or it is bad."""
         if self.config.calibration is None:
             raise ConfigError("the gateway was started without a calibration file")
-        return load_calibration(self.config.calibration).budget_tokens
+        return load_calibration(self.config.calibration).budget_tokens_for(str(self.config.policy.get("mode", "basin")))
 
 
 def sessions_view(gateway: Gateway) -> list[dict[str, Any]]:

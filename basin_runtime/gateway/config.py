@@ -197,7 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="peak predictor (.onnx); one plain PATH is the default model; repeat with WORKLOAD=PATH")
     add("--budget-tokens", type=int, metavar="N", help="reference cache budget in tokens (wins over --calibration)")
     add("--calibration", metavar="FILE",
-        help="JSON: knee_tokens, cache_capacity_tokens [, hit_rate_plateau, peak_completion_rate_per_s]")
+        help="JSON: knee_tokens, cache_capacity_tokens [, hit_rate_plateau, peak_completion_rate_per_s, "
+             "reservation_ratio]")
     add("--always-engaged", action="store_true", help="queue every arrival, even while under the budget")
     add("--session-header", metavar="NAME",
         help=f"header holding the session id (default {_default('session_header')})")

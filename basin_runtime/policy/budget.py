@@ -1,8 +1,12 @@
 # The cache budget and its small hit-rate-driven moves.
 #
 # Rules:
-# - The reference budget B = min(knee_factor * measured cache knee, cache capacity) is computed by
-#   the caller (`reference_budget_tokens`) and can be changed by an operator at runtime.
+# - The reference budget B = r * min(knee_factor * measured cache knee, cache capacity) is computed
+#   by the caller (`reference_budget_tokens`) and can be changed by an operator at runtime. The knee
+#   and the capacity are working-set tokens (contexts now); admission sums reservations (predicted
+#   peaks), which exceed the live sessions' contexts by the reservation ratio r = sum of reservations /
+#   sum of contexts of the live sessions, measured on the knee ramp for the served predictor. r = 1
+#   (the default) when reservations are contexts (prototype mode) or r was not measured.
 # - The budget stays within [round(B * min_fraction), round(B * max_fraction)]; one step is
 #   max(1, round(B * step_fraction)) tokens.
 # - On a tick with a hit rate: if the hit rate is still on the high plateau
@@ -22,18 +26,22 @@ from basin_runtime.policy.config import PolicyConfig, PolicyError, require_finit
 from basin_runtime.policy.events import BudgetMoved
 
 
-def reference_budget_tokens(knee_tokens: float, cache_capacity_tokens: float, knee_factor: float = 0.9) -> int:
-    """The reference budget B = min(knee_factor x knee, cache capacity), in whole tokens."""
+def reference_budget_tokens(knee_tokens: float, cache_capacity_tokens: float, knee_factor: float = 0.9,
+                            reservation_ratio: float = 1.0) -> int:
+    """The reference budget B = reservation_ratio x min(knee_factor x knee, cache capacity), in whole tokens."""
     knee = require_finite("knee_tokens", knee_tokens)
     capacity = require_finite("cache_capacity_tokens", cache_capacity_tokens)
     factor = require_finite("knee_factor", knee_factor)
+    ratio = require_finite("reservation_ratio", reservation_ratio)
+    if ratio < 1:
+        raise PolicyError(f"reservation_ratio must be >= 1 (reservations are at least the contexts), got {ratio!r}")
     if knee <= 0 or capacity <= 0:
         raise PolicyError(
             f"knee_tokens and cache_capacity_tokens must be > 0, got {knee_tokens!r} and {cache_capacity_tokens!r}"
         )
     if factor <= 0:
         raise PolicyError(f"knee_factor must be > 0, got {knee_factor!r}")
-    budget = math.floor(min(factor * knee, capacity))
+    budget = math.floor(ratio * min(factor * knee, capacity))
     if budget < 1:
         raise PolicyError(f"reference budget rounds down to {budget} tokens; it must be >= 1")
     return budget

@@ -45,8 +45,9 @@ class PolicyContext:
 
     `predicted_peak_tokens` maps a pool session's id (`Session.session_id`) to its predicted peak,
     made from what the gateway sees at the first call only (`task_text`, first prompt size).
-    `reservation_scale` multiplies every prediction (the reservation quantile). `knee_tokens` and
-    `peak_completion_rate_per_s` come from knee calibration (None: not measured). `pin_ttl_s` is the
+    `reservation_scale` multiplies every prediction (the reservation quantile). `knee_tokens`,
+    `reservation_ratio` and `peak_completion_rate_per_s` come from knee calibration (None / 1.0: not
+    measured). `pin_ttl_s` is the
     TTL of a Continuum pin (None: the policy's own default).
     """
 
@@ -55,6 +56,7 @@ class PolicyContext:
     reservation_scale: float = 1.0
     knee_tokens: float | None = None
     peak_completion_rate_per_s: float | None = None
+    reservation_ratio: float = 1.0
     pin_ttl_s: float | None = None
 
 

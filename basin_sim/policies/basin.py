@@ -8,8 +8,11 @@
 #   (the pool batch-predicted once from task text and first prompt size), times `reservation_scale`.
 #   A session with no prediction is an error, never a silent default.
 # - `basin-proto` (mode "prototype"): arrival order, admission by current context; no predictor.
-# - Budget B = min(0.9 x knee, cache capacity) with the measured knee; without one, 0.9 x capacity.
-#   Shedding only with a measured peak completion rate.
+# - Budget B = r x min(0.9 x knee, cache capacity) with the measured knee (0.9 x capacity without
+#   one) and, for `basin`, the measured reservation ratio r (sum of reservations / sum of contexts of
+#   the live sessions on the knee ramp; 1 when not measured): the knee is a working set, admission
+#   sums predicted peaks. `basin-proto` reserves contexts, so r = 1. Shedding only with a measured
+#   peak completion rate.
 # - Request priority = the core's fixed session priority (smaller first), for prefill and decode.
 # - Both variants lend idle decode memory to the prefix cache (the engine does the lending).
 """`basin` and `basin-proto`: the Basin policy core as a simulator policy."""
@@ -25,17 +28,18 @@ class MissingPredictionError(KeyError):
     """`basin` was handed a session the pool predictions do not cover."""
 
 
-def budget_for(context: PolicyContext) -> int:
-    """B = min(0.9 x knee, cache capacity); 0.9 x capacity while the knee is not measured."""
+def budget_for(context: PolicyContext, mode: PolicyMode = "basin") -> int:
+    """B = r x min(0.9 x knee, cache capacity); 0.9 x capacity while the knee is not measured; r = 1 in prototype."""
     deployment = context.deployment
     capacity = deployment.prefill_cache_tokens * deployment.num_prefill
     knee = context.knee_tokens if context.knee_tokens is not None else capacity
-    return reference_budget_tokens(knee, capacity)
+    ratio = 1.0 if mode == "prototype" else context.reservation_ratio
+    return reference_budget_tokens(knee, capacity, reservation_ratio=ratio)
 
 
 def config_for(context: PolicyContext, mode: PolicyMode) -> PolicyConfig:
     """The policy core's configuration for this deployment (operator defaults otherwise)."""
-    return PolicyConfig(budget_tokens=budget_for(context), mode=mode,
+    return PolicyConfig(budget_tokens=budget_for(context, mode), mode=mode,
                         peak_completion_rate_per_s=context.peak_completion_rate_per_s)
 
 

@@ -137,6 +137,16 @@ def test_the_budget_is_the_smaller_of_0_9_knee_and_the_capacity(tmp_path: Path, 
     assert policy_config(config, calibration).budget_tokens == budget
 
 
+def test_the_reservation_ratio_scales_the_budget_into_reservation_tokens_except_in_prototype_mode(
+        tmp_path: Path) -> None:
+    calibration = load_calibration(calibration_file(tmp_path, knee_tokens=100_000, cache_capacity_tokens=10**6,
+                                                    reservation_ratio=1.5))
+    basin = parse("--upstream", "http://r:1", "--model", "m.onnx")
+    assert policy_config(basin, calibration).budget_tokens == 135_000  # 1.5 x 0.9 x 100k
+    config_file = write(tmp_path / "proto.yaml", "upstream: http://r:1\nmodel: m.onnx\npolicy: {mode: prototype}\n")
+    assert policy_config(parse("--config", str(config_file)), calibration).budget_tokens == 90_000
+
+
 def test_budget_tokens_overrides_the_calibration_and_the_policy_section_its_measurements(tmp_path: Path) -> None:
     calibration = load_calibration(calibration_file(tmp_path, knee_tokens=100_000, cache_capacity_tokens=10**6,
                                                     hit_rate_plateau=0.8, peak_completion_rate_per_s=0.4,
@@ -171,6 +181,7 @@ def test_a_policy_value_the_policy_refuses_is_a_config_error() -> None:
         ('{"knee_tokens": 5, "cache_capacity_tokens": "big"}', "cache_capacity_tokens must be a finite number"),
         ('{"knee_tokens": 5, "cache_capacity_tokens": 9, "hit_rate_plateau": 1.5}', "hit_rate_plateau must be in"),
         ('{"knee_tokens": 1, "cache_capacity_tokens": 0.5}', "rounds down to 0 tokens"),
+        ('{"knee_tokens": 5, "cache_capacity_tokens": 9, "reservation_ratio": 0.5}', "reservation_ratio must be >= 1"),
     ],
 )
 def test_a_bad_calibration_file_is_refused_naming_it(tmp_path: Path, content: str | None, fragment: str) -> None:

@@ -181,3 +181,11 @@ def test_decode_reclaims_lent_memory_oldest_first_before_a_reservation_waits() -
     assert [e.session_id for e in engine.ledger.entries("0")] == ["new"]
     assert engine.decode[0].reserved_tokens == 6_500 and engine.decode[0].lent_tokens == 2_000
     assert engine.decode[0].reserved_tokens + engine.decode[0].lent_tokens <= 10_000
+
+
+def test_the_reservation_ratio_puts_basin_s_budget_in_reservation_units_but_not_the_prototype_s() -> None:
+    d = deployment(cache_tokens=10_000)
+    context = PolicyContext(d, knee_tokens=5_000.0, reservation_ratio=1.6)
+    assert budget_for(context, "basin") == 7_200  # 1.6 x 0.9 x 5,000
+    assert budget_for(context, "prototype") == 4_500
+    assert make_policy("basin-proto", context).core.config.budget_tokens == 4_500

@@ -94,3 +94,52 @@ def test_basin_loads_the_shipped_predictor_and_refuses_a_missing_one(
         main([*argv[:-4], "--model", str(Path(files["dir"]) / "nope.onnx")])
     assert info.value.code == 2
     assert "nope.onnx: no such predictor file" in capsys.readouterr().err
+
+
+def test_knee_writes_a_calibration_file_the_gateway_reads_and_run_uses_it(
+        files: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    from basin_runtime.gateway.calibration import load_calibration
+
+    model = Path(__file__).resolve().parents[2] / "models" / "peak_predictor.onnx"
+    out = Path(files["dir"]) / "calibration.json"
+    assert main(["knee", "--deployment", files["deployment"], "--sessions", files["sessions"], "--quiet",
+                 "--step-s", "600", "--model", str(model), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("reserved/working set") == 8  # one line per ramp step
+    calibration = load_calibration(out)
+    assert 0 < calibration.knee_tokens <= 2 * calibration.cache_capacity_tokens
+    assert calibration.reservation_ratio > 1.0
+    assert main(["run", "--scenario", files["scenario"], "--deployment", files["deployment"], "--policy", "basin",
+                 "--json", "--quiet", "--sessions", files["sessions"], "--model", str(model),
+                 "--calibration", str(out)]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["knee_tokens"] == calibration.knee_tokens
+    assert summary["reservation_ratio"] == calibration.reservation_ratio
+
+
+def test_knee_without_a_model_writes_no_reservation_ratio_and_a_bad_calibration_exits_2(
+        files: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    out = Path(files["dir"]) / "proto.json"
+    assert main(["knee", "--deployment", files["deployment"], "--sessions", files["sessions"], "--quiet",
+                 "--step-s", "600", "--no-model", "--out", str(out)]) == 0
+    assert "reservation_ratio" not in json.loads(out.read_text())
+    capsys.readouterr()
+    bad = Path(files["dir"]) / "bad.json"
+    bad.write_text('{"knee_tokens": 5}')
+    with pytest.raises(SystemExit) as info:
+        main(["run", "--scenario", files["scenario"], "--deployment", files["deployment"], "--policy", "basin-proto",
+              "--quiet", "--sessions", files["sessions"], "--calibration", str(bad)])
+    assert info.value.code == 2
+    assert "bad.json: missing ['cache_capacity_tokens']" in capsys.readouterr().err
+
+
+def test_risk_prints_the_fluid_model_points_and_a_verdict(
+        files: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["risk", "--deployment", files["deployment"], "--sessions", files["sessions"], "--quiet",
+                 "--step-s", "600"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("X(N): N=")
+    verdict = json.loads(next(line for line in lines if line.startswith("{")))
+    assert verdict["cache_limit_sessions"] > 0 and verdict["decode_limit_sessions"] > 0
+    assert verdict["verdict"] in lines[-1]
+    assert lines[-1].startswith("tiny: ") and ("cache first" in lines[-1] or "decode first" in lines[-1])

@@ -37,3 +37,17 @@ def test_a_ramp_past_the_cache_finds_a_knee_below_the_overloaded_steps() -> None
     knee = ramp_knee(steps)
     assert not knee.is_censored
     assert steps[0].load < knee.load < steps[-1].load
+
+
+def test_the_ramp_measures_reservations_over_contexts_of_live_sessions() -> None:
+    pool = [session(f"s{k}", [2_000 + 1_000 * i for i in range(8)], completion=50, gap_s=5.0) for k in range(20)]
+    d = deployment(cache_tokens=60_000, decode_tokens=400_000)
+    peak = 9_050  # the last prompt plus its answer: every live session's context is below it
+    steps = run_ramp(d, pool, [0.05, 0.1, 0.2], step_s=120.0, reservations={s.session_id: peak for s in pool})
+    for step in steps:
+        assert step.reservation_ratio is not None
+        # contexts run from 2,000 to 9,000 tokens, so the reserved peak is 1x..4.5x each context
+        assert 1.0 < step.reservation_ratio < 4.6
+    small = run_ramp(d, pool, [0.05], step_s=120.0, reservations={s.session_id: 1.0 for s in pool})
+    assert small[0].reservation_ratio == 1.0  # reservations below the contexts hold the contexts
+    assert run_ramp(d, pool, [0.05], step_s=120.0)[0].reservation_ratio is None

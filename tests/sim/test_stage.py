@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from basin_runtime.gateway.calibration import load_calibration
 from basin_sim import stage
 
 MODEL = Path("models/peak_predictor.onnx")
@@ -20,11 +21,17 @@ def test_the_stage_writes_goodput_per_policy_and_per_reservation_quantile(tmp_pa
     predictions = tmp_path / "predictions.csv"
     predictions.write_text("benchmark,true_peak_tokens,pooled_predicted,own_predicted\n"
                            + "".join(f"b,{1000 * k},1000,1000\n" for k in range(1, 11)))
-    out = tmp_path / "sim" / "metrics.json"
+    out, calibration_path = tmp_path / "sim" / "metrics.json", tmp_path / "sim" / "calibration.json"
     assert stage.main(["--model", str(MODEL), "--sessions", str(tmp_path / "absent.parquet"),
                        "--predictions", str(predictions), "--out-metrics", str(out), "--plot-dir", str(tmp_path),
+                       "--out-calibration", str(calibration_path), "--ramp-step-s", "300",
                        "--scenario-override", str(scenario)]) == 0
     metrics = json.loads(out.read_text())
+    calibration = load_calibration(calibration_path)  # the gateway reads what the stage measured
+    assert calibration.reservation_ratio > 1.0  # predicted peaks exceed the contexts of live sessions
+    assert calibration.budget_tokens > calibration.budget_tokens_for("prototype")
+    assert metrics["calibration"]["knee_tokens"] == calibration.knee_tokens
+    assert metrics["basin_over_surge_100_continuum"] is None or metrics["basin_over_surge_100_continuum"] > 0
     assert set(metrics["runs"]) == {f"{s}/{p}" for s, p in stage.RUNS}
     assert set(metrics["reservation_quantile"]) == {"q0.1", "q0.3", "q0.5", "q0.7", "q0.9"}
     assert metrics["best_reservation_quantile"] in metrics["reservation_quantile"]
