@@ -32,7 +32,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m pipeline.ingest", description=__doc__.splitlines()[0])
     parser.add_argument("sources", nargs="*", type=Path, metavar="SRC", help="files or folders (gzipped or not)")
     parser.add_argument("--format", choices=format_names(), help="trajectory format of SRC")
-    parser.add_argument("--benchmark", help="benchmark name given to every session read from SRC")
+    parser.add_argument("--benchmark", help="benchmark name given to every session read from SRC "
+                        "(gateway-log: to sessions without a workload; the others keep their workload)")
     parser.add_argument("--params", type=Path, help="read corpora and settings from this params.yaml (stage mode)")
     parser.add_argument("--manifest", type=Path, help="stage mode: the `sources` stage's manifest")
     parser.add_argument("--out", type=Path, required=True, help="session table to write (.parquet)")

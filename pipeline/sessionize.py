@@ -20,7 +20,7 @@ from pipeline.records import RawSession, Reject
 
 @dataclass(frozen=True)
 class Corpus:
-    """Files of one format, all of one benchmark."""
+    """Files of one format, all of one benchmark (a gateway log: the benchmark of records without a workload)."""
 
     benchmark: str
     format: str
@@ -117,7 +117,8 @@ def _to_session(item: RawSession | Session, benchmark: str, tokenizer: ChatToken
     if isinstance(item, Session):
         if item.tokenizer != tokenizer.name:
             raise ValueError(f"counted with tokenizer {item.tokenizer!r}, this run uses {tokenizer.name!r}")
-        return dataclasses.replace(item, benchmark=benchmark)
+        # Already counted (a gateway log): its own benchmark (the record's workload) wins over the corpus's.
+        return dataclasses.replace(item, benchmark=item.benchmark or benchmark)
     return build_session(item, benchmark, tokenizer, rule)
 
 

@@ -95,9 +95,13 @@ def log_onnx_model(run_id: str, model_name: str, path: Path, score: float) -> No
         outputs=Schema([TensorSpec(np.dtype(np.float32), (-1, 1), "peak_tokens")]),
     )
     registered = registered_name(model_name)
+    # Named, not inferred: MLflow's inference loads the model in a subprocess (~6 s per model) only to
+    # find these same packages (mlflow itself is added by MLflow).
+    requirements = [*mlflow.onnx.get_default_pip_requirements(), f"numpy=={np.__version__}"]
     with mlflow.start_run(run_id=run_id):
         info = mlflow.onnx.log_model(onnx.load(path), name=f"onnx-{model_name}", registered_model_name=registered,
-                                     signature=signature, onnx_execution_providers=["CPUExecutionProvider"])
+                                     signature=signature, onnx_execution_providers=["CPUExecutionProvider"],
+                                     pip_requirements=requirements)
     client = mlflow.MlflowClient()
     version = str(info.registered_model_version)
     client.set_model_version_tag(registered, version, "cv_objective", f"{score:.6f}")

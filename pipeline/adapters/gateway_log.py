@@ -1,11 +1,22 @@
 """The gateway's own session log (format in `basin_runtime.session_log`): token counts are final.
 
-A record whose raw task text was not kept cannot train a text model, so it is rejected with that
-reason rather than dropped silently; a call's gap runs from its end to the next call's start.
+Rules:
+- A record's `workload` (the `X-Basin-Workload` header the client sent) is its benchmark: a gateway
+  log mixes workloads, and the gateway serves `peak_predictor-<workload>.onnx` per workload, so each
+  workload trains its own model. Records without a workload get the corpus's benchmark (`--benchmark`,
+  or the `benchmark` of the `ingest.corpora` entry); ingest fills it in (the reader leaves it empty).
+- A workload is client text but becomes a model file name, so it must be a plain name (letters,
+  digits, `.`, `_`, `-`; at most 100 characters, not starting with `.` or `-`), or the record is rejected.
+- The task id is a hash of the task text: the gateway knows no task ids, and sessions with the same
+  text are the same task to a text model, so they must share a cross-validation fold.
+- A record whose raw task text was not kept cannot train a text model, so it is rejected with that
+  reason rather than dropped silently; a call's gap runs from its end to the next call's start.
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,13 +25,23 @@ from basin_runtime.session_table import Call, Session
 from pipeline.adapters.files import open_text
 from pipeline.records import Reject, non_negative_gap
 
+WORKLOAD_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,99}")
+
+
+def task_id_of(task_text: str) -> str:
+    """The task id of a logged session: sessions with the same task text share it."""
+    return "text-" + hashlib.sha256(task_text.encode("utf-8")).hexdigest()[:16]
+
 
 def record_to_session(record: SessionLogRecord, source: str) -> Session:
-    """A finished gateway session as a session-table row (benchmark set by the caller)."""
+    """A finished gateway session as a session-table row (benchmark = workload; empty when there is none)."""
     if record.task_text is None:
         raise ValueError("the log kept no task text (text-free logging); it cannot train a text model")
     if not record.calls:
         raise ValueError("the session made no call")
+    if record.workload is not None and not WORKLOAD_NAME.fullmatch(record.workload):
+        raise ValueError(f"workload {record.workload[:120]!r} cannot name a benchmark and its model file "
+                         "(letters, digits, '.', '_', '-' only, at most 100)")
     calls = []
     for k, call in enumerate(record.calls):
         following = record.calls[k + 1] if k + 1 < len(record.calls) else None
@@ -32,11 +53,11 @@ def record_to_session(record: SessionLogRecord, source: str) -> Session:
         calls.append(Call(call.prompt_tokens, call.completion_tokens, call.cached_tokens, None, gap))
     return Session(
         session_id=record.session_id,
-        benchmark=record.workload or "gateway",
+        benchmark=record.workload or "",
         source=source,
         agent="unknown",
         model=record.model,
-        task_id=record.session_id,
+        task_id=task_id_of(record.task_text),
         task_text=record.task_text,
         task_description="",
         tokenizer=record.tokenizer,
