@@ -47,6 +47,8 @@ def predictions(frame: pd.DataFrame, best: dict[str, Any], protocol: str) -> dic
         full = np.full(len(frame), np.nan)
         full[frame.index.get_indexer(rows.index)] = predicted
         out[name] = full
+    for bench in frame["benchmark"].unique():  # too few tasks for a model of its own (train): no predictions
+        out.setdefault(str(bench), np.full(len(frame), np.nan))
     return out
 
 
@@ -81,7 +83,7 @@ def calibration(frame: pd.DataFrame, preds: dict[str, np.ndarray]) -> dict[str, 
         true = frame["peak_prompt_tokens"].to_numpy()[index]
         out[str(bench)] = {model: {"overflow_share": overflow_share(preds[model][index], true),
                                    "median_true_over_predicted": float(np.median(true / preds[model][index]))}
-                           for model in ("pooled", str(bench))}
+                           for model in ("pooled", str(bench)) if not np.isnan(preds[model][index]).any()}
     return out
 
 
@@ -98,6 +100,8 @@ def plot(frame: pd.DataFrame, preds: dict[str, np.ndarray], path: Path) -> None:
         rows = (frame["benchmark"] == bench).to_numpy()
         true = frame["peak_prompt_tokens"].to_numpy()[rows]
         for model, marker in (("pooled", "o"), (bench, "x")):
+            if np.isnan(preds[model][rows]).any():  # no model of its own
+                continue
             rho = spearman(preds[model][rows], true)
             label = f"{'pooled' if model == 'pooled' else 'own'} model (ρ={rho:.2f})" if rho is not None else model
             ax.scatter(true, preds[model][rows], s=12, alpha=0.6, marker=marker, label=label)

@@ -29,10 +29,18 @@ POOLED = "pooled"
 
 
 def model_subsets(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
-    """The pooled model's rows (all) and each benchmark's own rows."""
+    """The pooled model's rows (all) and the rows of each benchmark whose tasks cover every unseen-task
+    fold. A benchmark with fewer tasks than folds cannot be cross-validated by task (an empty fold), so
+    it gets no model of its own: it is logged and the pooled model serves it."""
     subsets = {POOLED: frame}
+    folds = frame["fold_unseen"].nunique()
     for name in sorted(frame["benchmark"].unique()):
-        subsets[str(name)] = frame[frame["benchmark"] == name]
+        rows = frame[frame["benchmark"] == name]
+        if rows["fold_unseen"].nunique() < folds:
+            log.warning("benchmark %s: %d task(s) cannot fill %d task-grouped folds; no model of its own "
+                        "(the pooled model serves it)", name, rows["task_id"].nunique(), folds)
+            continue
+        subsets[str(name)] = rows
     return subsets
 
 

@@ -123,3 +123,15 @@ def test_whole_chain_is_deterministic_and_publishes_nothing_from_synthetic_data(
     for bench, scores in metrics["unseen_task"].items():
         assert scores["sessions"] == 30 and -1 <= scores["per_benchmark"] <= 1, bench
     assert (tmp_path / "p.png").stat().st_size > 10_000
+
+
+def test_a_benchmark_with_fewer_tasks_than_folds_gets_no_model_of_its_own(caplog: pytest.LogCaptureFixture) -> None:
+    from pipeline.train import POOLED, model_subsets
+
+    frame = pd.DataFrame({"benchmark": ["big"] * 10 + ["rare"] * 3,
+                          "task_id": [f"t{k}" for k in range(10)] + ["r0", "r0", "r1"],
+                          "fold_unseen": [k % 5 for k in range(10)] + [0, 0, 1]})
+    subsets = model_subsets(frame)
+    assert set(subsets) == {POOLED, "big"}
+    assert len(subsets[POOLED]) == 13  # the rare benchmark's rows still train the pooled model
+    assert "benchmark rare: 2 task(s) cannot fill 5 task-grouped folds" in caplog.text
