@@ -1,0 +1,143 @@
+# Model time against the wall clock, the timed events of the model, and how late they fire.
+#
+# Rules:
+# - Model time runs `time_scale` times faster than the event loop's monotonic clock, from the moment
+#   `start` is called: model_s = (loop.time() - origin) * time_scale. A modeled duration d takes
+#   d / time_scale wall seconds.
+# - The engines read one model time, `now_s`, that never goes back. A timed event advances it to the
+#   event's own model time (so a late timer does not stretch the model: the late part is lag, not
+#   work); an outside event (an HTTP request arriving) advances it to the wall's model time now.
+# - An event stamped by another process (`at_unix`: the prefill's KV transfer finishing, seen by the
+#   decode over HTTP) is placed at its own model time when that is between `now_s` and the wall's
+#   model time, so the HTTP hop between the two emulators does not count as model time.
+# - Lag: every timed event records wall lateness = max(0, when it ran - its wall deadline). The
+#   window keeps the last `window_s` seconds (and at most `max_samples`) for p50/p99/max.
+# - asyncio's epoll wait rounds its timeout up to the next millisecond, so a timer set at its deadline
+#   runs up to 1 ms late even on an idle loop. Timers are set TIMER_ADVANCE_S early instead: an event
+#   then runs within a millisecond before its deadline (harmless: it carries its own model time), and
+#   any lateness measured is the loop's, not the selector's rounding.
+"""The real-time clock of the emulator: model time, timed events, scheduler lag."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+LAG_WINDOW_S = 60.0
+LAG_MAX_SAMPLES = 100_000
+TIMER_ADVANCE_S = 0.001
+
+
+@dataclass(frozen=True)
+class LagSummary:
+    """Scheduler lateness over the window, in wall seconds (0 when nothing was timed)."""
+
+    count: int
+    p50_s: float
+    p99_s: float
+    max_s: float
+    window_s: float
+
+    def as_dict(self) -> dict[str, float | int]:
+        """The summary as JSON-ready values."""
+        return {"count": self.count, "p50_s": self.p50_s, "p99_s": self.p99_s, "max_s": self.max_s,
+                "window_s": self.window_s}
+
+
+class LagWindow:
+    """How late timed events fired, over a sliding wall-clock window."""
+
+    def __init__(self, window_s: float = LAG_WINDOW_S, max_samples: int = LAG_MAX_SAMPLES,
+                 observe: Callable[[float], None] | None = None) -> None:
+        self.window_s = window_s
+        self._samples: deque[tuple[float, float]] = deque(maxlen=max_samples)
+        self.observe = observe  # also told every lag (a histogram's `observe`)
+
+    def record(self, wall_s: float, lag_s: float) -> None:
+        """One timed event ran `lag_s` after its deadline, at wall time `wall_s`."""
+        self._samples.append((wall_s, lag_s))
+        if self.observe is not None:
+            self.observe(lag_s)
+
+    def summary(self, wall_s: float) -> LagSummary:
+        """p50, p99 and max lag of the events in the last `window_s` before `wall_s`."""
+        samples = self._samples
+        while samples and samples[0][0] < wall_s - self.window_s:
+            samples.popleft()
+        lags = sorted(lag for _, lag in samples)
+        if not lags:
+            return LagSummary(0, 0.0, 0.0, 0.0, self.window_s)
+        return LagSummary(len(lags), _quantile(lags, 0.5), _quantile(lags, 0.99), lags[-1], self.window_s)
+
+
+def _quantile(ordered: list[float], q: float) -> float:
+    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
+
+
+class ModelClock:
+    """Model time for the engines, timers at model times, and the lag of those timers."""
+
+    def __init__(self, time_scale: float, lag: LagWindow) -> None:
+        if not (math.isfinite(time_scale) and time_scale > 0):
+            raise ValueError(f"time scale must be finite and > 0, got {time_scale!r}")
+        self.time_scale = time_scale
+        self.lag = lag
+        self.now_s = 0.0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._origin = 0.0
+
+    def start(self) -> None:
+        """Start model time at 0 now, on the running event loop."""
+        self._loop = asyncio.get_running_loop()
+        self._origin = self._loop.time()
+        self.now_s = 0.0
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop the clock was started on."""
+        if self._loop is None:
+            raise RuntimeError("the model clock is not started")
+        return self._loop
+
+    def wall_model_s(self) -> float:
+        """The model time the wall clock stands at now."""
+        return (self.loop.time() - self._origin) * self.time_scale
+
+    def catch_up(self) -> float:
+        """Advance `now_s` to the wall clock (an outside event happens now); return it."""
+        self.now_s = max(self.now_s, self.wall_model_s())
+        return self.now_s
+
+    def at_unix(self, unix_s: float) -> float:
+        """Advance `now_s` to the model time of a wall-clock (`time.time()`) stamp, bounded by now; return it."""
+        wall_model = self.wall_model_s()
+        stamped = wall_model - max(0.0, time.time() - unix_s) * self.time_scale
+        self.now_s = max(self.now_s, min(wall_model, stamped))
+        return self.now_s
+
+    def unix_of(self, model_s: float) -> float:
+        """The `time.time()` value at which model time `model_s` is (was) due on the wall."""
+        return time.time() - (self.wall_model_s() - model_s) / self.time_scale
+
+    def lag_summary(self) -> LagSummary:
+        """The lag window's summary now."""
+        return self.lag.summary(self.loop.time())
+
+    def wall_s(self, model_duration_s: float) -> float:
+        """Wall seconds a modeled duration takes."""
+        return model_duration_s / self.time_scale
+
+    def call_at(self, model_s: float, callback: Callable[[], None]) -> asyncio.TimerHandle:
+        """Run `callback` when the wall reaches model time `model_s` (with `now_s` advanced to it)."""
+        deadline = self._origin + model_s / self.time_scale
+        return self.loop.call_at(deadline - TIMER_ADVANCE_S, self._fire, deadline, model_s, callback)
+
+    def _fire(self, deadline: float, model_s: float, callback: Callable[[], None]) -> None:
+        wall = self.loop.time()
+        self.lag.record(wall, max(0.0, wall - deadline))
+        self.now_s = max(self.now_s, model_s)
+        callback()

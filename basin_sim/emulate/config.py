@@ -1,0 +1,136 @@
+# The emulator's options: SGLang's flag names and defaults where SGLang has the flag.
+#
+# Rules:
+# - `--role` is SGLang's `--disaggregation-mode` (prefill or decode), required here.
+# - `--max-total-tokens` replaces the profile's `kv_pool_tokens` (the KV pool: the prefix cache on
+#   prefill, decode memory on decode); `--enable-hierarchical-cache` adds the host tier of
+#   `--hicache-ratio` x the pool (the profile's ratio by default) to the prefix cache.
+# - `--time-scale X`: the model runs X times faster than the wall clock.
+# - `--bootstrap-timeout` (wall seconds; SGLang's SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT and
+#   WAITING_TIMEOUT play this part): how long either half waits for the other.
+# - Any bad option or value raises `ConfigError` with one line naming it (the CLI exits 2).
+"""Command-line options of basin-emulate, validated into an `EmulatorConfig`."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import NoReturn
+
+from basin_runtime.tokenizer import DEFAULT_TOKENIZER, available_tokenizers
+from basin_sim.catalog import CatalogError, load_profile
+from basin_sim.profile import Profile, ProfileError
+
+DEFAULT_PROFILE = "h100-qwen3.6-35b-a3b"
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+class ConfigError(ValueError):
+    """An option the emulator cannot start with."""
+
+
+@dataclass(frozen=True)
+class EmulatorConfig:
+    """Everything one emulated SGLang server is started with."""
+
+    role: str
+    profile: Profile  # with kv_pool_tokens (and host_cache_ratio) as overridden
+    host: str = "127.0.0.1"
+    port: int = 30000
+    bootstrap_port: int = 8998
+    time_scale: float = 1.0
+    enable_metrics: bool = False
+    enable_cache_report: bool = False
+    enable_priority_scheduling: bool = False
+    schedule_low_priority_values_first: bool = False
+    enable_hierarchical_cache: bool = False
+    served_model_name: str = ""  # empty: the profile's name
+    tokenizer: str = DEFAULT_TOKENIZER
+    bootstrap_timeout_s: float = 300.0
+    log_level: str = "info"
+
+    @property
+    def model_name(self) -> str:
+        """The model name the server answers with."""
+        return self.served_model_name or self.profile.name
+
+    @property
+    def max_total_tokens(self) -> int:
+        """The KV pool in tokens."""
+        return self.profile.kv_pool_tokens
+
+    @property
+    def host_cache_tokens(self) -> int:
+        """The prefix cache's host tier (0 without --enable-hierarchical-cache)."""
+        return self.profile.host_tier_tokens() if self.enable_hierarchical_cache else 0
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (errors raise `ConfigError` instead of exiting)."""
+    p = _Parser(prog="basin-emulate", description="An SGLang-compatible prefill or decode server whose work "
+                                                  "is modeled by basin_sim in real time (CPU only).")
+    p.add_argument("--role", required=True, choices=("prefill", "decode"),
+                   help="which half of a PD deployment to emulate (SGLang's --disaggregation-mode)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--disaggregation-bootstrap-port", type=int, default=8998, dest="bootstrap_port",
+                   help="prefill: where the decode half meets it (default 8998)")
+    p.add_argument("--profile", default=DEFAULT_PROFILE, help="a profile in basin_sim/profiles (or a .yaml path)")
+    p.add_argument("--time-scale", type=float, default=1.0, help="model seconds per wall second (default 1)")
+    p.add_argument("--max-total-tokens", type=int, help="KV pool size in tokens (default: the profile's)")
+    p.add_argument("--enable-hierarchical-cache", action="store_true", help="prefill: a host tier below the cache")
+    p.add_argument("--hicache-ratio", type=float, help="host tier size as a multiple of the pool")
+    p.add_argument("--enable-metrics", action="store_true", help="serve Prometheus metrics on /metrics")
+    p.add_argument("--enable-cache-report", action="store_true", help="report cached tokens in OpenAI usage")
+    p.add_argument("--enable-priority-scheduling", action="store_true", help="order queues by request priority")
+    p.add_argument("--schedule-low-priority-values-first", action="store_true",
+                   help="with priority scheduling: lower values first (default: higher first)")
+    p.add_argument("--served-model-name", default="", help="the model name to answer with (default: the profile)")
+    p.add_argument("--tokenizer", default=DEFAULT_TOKENIZER,
+                   help=f"token counting: one of {', '.join(available_tokenizers())}")
+    p.add_argument("--bootstrap-timeout", type=float, default=300.0, dest="bootstrap_timeout_s", metavar="SECONDS",
+                   help="wall seconds either half waits for the other (default 300)")
+    p.add_argument("--log-level", default="info", type=str.lower, choices=LOG_LEVELS)
+    return p
+
+
+def parse_config(argv: list[str] | None = None) -> EmulatorConfig:
+    """The validated configuration from the command line."""
+    args = build_parser().parse_args(argv)
+    for name, flag in (("port", "--port"), ("bootstrap_port", "--disaggregation-bootstrap-port")):
+        if not 0 < getattr(args, name) < 65536:
+            raise ConfigError(f"{flag} must be a port number (1-65535), got {getattr(args, name)}")
+    if not (math.isfinite(args.time_scale) and args.time_scale > 0):
+        raise ConfigError(f"--time-scale must be a finite number > 0, got {args.time_scale}")
+    if not (math.isfinite(args.bootstrap_timeout_s) and args.bootstrap_timeout_s > 0):
+        raise ConfigError(f"--bootstrap-timeout must be a finite number > 0, got {args.bootstrap_timeout_s}")
+    if args.tokenizer not in available_tokenizers():
+        raise ConfigError(f"--tokenizer {args.tokenizer!r} is unknown; known: {', '.join(available_tokenizers())}")
+    try:
+        profile = load_profile(args.profile)
+    except CatalogError as exc:
+        raise ConfigError(f"--profile: {exc}") from exc
+    overrides: dict[str, object] = {}
+    if args.max_total_tokens is not None:
+        overrides["kv_pool_tokens"] = args.max_total_tokens
+    if args.hicache_ratio is not None:
+        overrides["host_cache_ratio"] = args.hicache_ratio
+    try:
+        profile = dataclasses.replace(profile, **overrides)  # type: ignore[arg-type]
+    except ProfileError as exc:
+        flag = "--max-total-tokens" if "kv_pool_tokens" in str(exc) else "--hicache-ratio"
+        raise ConfigError(f"{flag}: {exc}") from exc
+    return EmulatorConfig(
+        role=args.role, profile=profile, host=args.host, port=args.port, bootstrap_port=args.bootstrap_port,
+        time_scale=args.time_scale, enable_metrics=args.enable_metrics, enable_cache_report=args.enable_cache_report,
+        enable_priority_scheduling=args.enable_priority_scheduling,
+        schedule_low_priority_values_first=args.schedule_low_priority_values_first,
+        enable_hierarchical_cache=args.enable_hierarchical_cache, served_model_name=args.served_model_name,
+        tokenizer=args.tokenizer, bootstrap_timeout_s=args.bootstrap_timeout_s, log_level=args.log_level)

@@ -1,0 +1,131 @@
+"""End to end: the official `openai` client -> the real SGLang router (`smg`, PD mode) -> two emulators.
+
+Everything runs as subprocesses on free loopback ports: `python -m basin_sim.emulate` as prefill and as
+decode (priority scheduling on, cache report on, real time at --time-scale 1 so that queueing is visible),
+and `python -m smg.launch_router --pd-disaggregation`. All are killed (process group, SIGKILL) in the
+fixture's teardown, whatever happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.e2e.test_gateway_e2e import STARTUP_TIMEOUT_S, Process, free_port, start, wait_ready
+
+pytestmark = [pytest.mark.e2e, pytest.mark.asyncio]
+MODEL = "emulated-qwen"
+
+
+@pytest.fixture(scope="module")
+def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    logs: Path = tmp_path_factory.mktemp("emulate-e2e")
+    ports = {name: free_port() for name in ("prefill", "bootstrap", "decode", "router", "metrics")}
+    url = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
+    common = ["--enable-priority-scheduling", "--enable-cache-report", "--enable-metrics",
+              "--served-model-name", MODEL, "--log-level", "warning"]
+    processes: list[Process] = []
+    try:
+        processes.append(start("prefill", [sys.executable, "-m", "basin_sim.emulate", "--role", "prefill", "--port",
+                                           str(ports["prefill"]), "--disaggregation-bootstrap-port",
+                                           str(ports["bootstrap"]), *common], logs))
+        processes.append(start("decode", [sys.executable, "-m", "basin_sim.emulate", "--role", "decode", "--port",
+                                          str(ports["decode"]), *common], logs))
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        for process in processes:
+            wait_ready(process, f"{url[process.name]}/health", deadline)
+        processes.append(start("router", [
+            sys.executable, "-m", "smg.launch_router", "--pd-disaggregation",
+            "--prefill", url["prefill"], str(ports["bootstrap"]), "--decode", url["decode"],
+            "--host", "127.0.0.1", "--port", str(ports["router"]),
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(ports["metrics"]), "--log-level", "warn",
+        ], logs))
+        wait_ready(processes[-1], f"{url['router']}/readiness", deadline)
+        _wait_registered(url["router"], deadline)
+        yield url["router"]
+    finally:
+        for process in reversed(processes):
+            process.kill()
+
+
+def _wait_registered(router: str, deadline: float) -> None:
+    """Until smg lists both workers as ready SGLang workers."""
+    while time.monotonic() < deadline:
+        workers = httpx.get(f"{router}/workers", timeout=2).json()["workers"]
+        if sorted((w["worker_type"], w["runtime_type"], w["status"]) for w in workers) == [
+                ("decode", "sglang", "ready"), ("prefill", "sglang", "ready")]:
+            return
+        time.sleep(0.1)
+    pytest.fail(f"smg did not register both emulators: {workers}")
+
+
+def client(router: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"{router}/v1", api_key="e2e", max_retries=0, timeout=30)
+
+
+def agent_call(task: str, turns: int) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent. " * 100},
+                                      {"role": "user", "content": f"{task} " + "in the storage layer " * 300}]
+    for turn in range(turns):
+        messages += [{"role": "assistant", "content": f"running step {turn}"},
+                     {"role": "user", "content": f"step {turn} printed " + "ok " * 500}]
+    return messages
+
+
+async def test_smg_registers_both_emulators_and_serves_chat_streamed_and_not(router: str) -> None:
+    async with client(router) as api:
+        models = await api.models.list()
+        reply = await api.chat.completions.create(model=MODEL, messages=agent_call("e2e plain", 0), max_tokens=12)
+        stream = await api.chat.completions.create(model=MODEL, messages=agent_call("e2e stream", 0), max_tokens=30,
+                                                   stream=True, stream_options={"include_usage": True})
+        chunks = [chunk async for chunk in stream]
+
+    assert MODEL in [m.id for m in models.data]
+    assert reply.choices[0].finish_reason == "length" and reply.usage is not None
+    assert reply.usage.completion_tokens == 12 == len((reply.choices[0].message.content or "").split())
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert len(text.split()) == 30
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 30
+
+
+async def test_a_resent_longer_conversation_reports_cached_tokens(router: str) -> None:
+    async with client(router) as api:
+        first = await api.chat.completions.create(model=MODEL, messages=agent_call("e2e resend", 1), max_tokens=4)
+        second = await api.chat.completions.create(model=MODEL, messages=agent_call("e2e resend", 2), max_tokens=4)
+
+    assert first.usage is not None and second.usage is not None
+    assert second.usage.prompt_tokens_details is not None and first.usage.prompt_tokens_details is not None
+    assert first.usage.prompt_tokens_details.cached_tokens < first.usage.prompt_tokens // 2  # the system prompt
+    assert second.usage.prompt_tokens_details.cached_tokens == first.usage.prompt_tokens
+
+
+async def test_rid_and_priority_pass_through_the_router(router: str) -> None:
+    async with client(router) as api:
+        async def call(task: str, tokens_of_text: int, priority: int) -> tuple[str, float]:
+            messages = [{"role": "user", "content": f"{task} " + "word " * tokens_of_text}]
+            reply = await api.chat.completions.create(model=MODEL, messages=messages, max_tokens=1,
+                                                      extra_body={"priority": priority, "rid": f"rid-{task}"})
+            return reply.id, time.monotonic()
+
+        # At time scale 1 a 20k-token prompt keeps prefill busy for ~3 batches of 8192 tokens (~0.9 s); the
+        # low- and high-priority calls (10k tokens: they cannot end in the same batch) queue behind it, and
+        # the high one, sent last, is prefilled first.
+        blocker = asyncio.create_task(call("blocker", 20_000, 0))
+        await asyncio.sleep(0.15)
+        low = asyncio.create_task(call("low", 10_000, 1))
+        await asyncio.sleep(0.05)
+        high = asyncio.create_task(call("high", 10_000, 100))
+        results = await asyncio.gather(blocker, low, high)
+
+    assert [rid for rid, _ in results] == ["rid-blocker", "rid-low", "rid-high"]
+    (_, blocker_done), (_, low_done), (_, high_done) = results
+    assert high_done < low_done, "priority did not reach the prefill queue"
+    assert blocker_done < low_done
