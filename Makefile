@@ -1,12 +1,13 @@
 # Two commands do all set-up on a fresh machine:
 #   make repro   create the virtual environment if missing, install, run the whole DVC pipeline
 #   make test    the same install, then the test suite
+#   make demo    emulated 1P3D SGLang + the real router + the gateway, agents replayed through a surge
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: repro test install lint typecheck bench mlflow-ui clean-venv
+.PHONY: repro test demo install lint typecheck bench mlflow-ui clean-venv
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +25,12 @@ repro: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# The session table first (real corpora when present, else the synthetic corpus; ~15 s), then the demo.
+DEMO_ARGS ?=
+demo: $(STAMP)
+	PATH="$(CURDIR)/$(BIN):$$PATH" DVC_NO_ANALYTICS=1 dvc repro ingest
+	$(BIN)/python -m basin_sim.demo $(DEMO_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check basin_runtime basin_sim pipeline tests benchmarks
