@@ -24,6 +24,10 @@
 #   and the last one carrying `usage` or `meta_info` is parsed at the end. When the gateway itself
 #   added `stream_options.include_usage` (`drop_usage_chunk`), the final usage-only chunk (empty
 #   `choices`) is not passed on: the client did not ask for it, and SGLang would not have sent it.
+# - A failure the upstream reports inside an SSE answer (an event `data: {"error": {...}}`: smg writes
+#   one, then `[DONE]`, when the engine it streams from dies mid-answer; SGLang does the same for an
+#   aborted request) is passed on to the client as written, and the call ends as `upstream_error`,
+#   not `completed`, although the stream itself ended cleanly.
 """Upstream forwarding, streaming the answer back chunk by chunk."""
 
 from __future__ import annotations
@@ -78,6 +82,7 @@ ERROR_BODY_BYTES = 4096
 WHOLE_BODY_BYTES = 1 << 20  # a non-SSE answer with a Content-Length up to this is read whole, then sent
 USAGE_BODY_BYTES = 4 << 20  # a longer JSON answer is passed on but its usage is not read
 USAGE_EVENT = re.compile(rb'"usage"\s*:\s*\{|"meta_info"\s*:')
+ERROR_KEY = b'"error"'  # in an SSE event: maybe an error event (a JSON string holds it only as \"error\")
 
 
 async def _no_end(end: CallEnd) -> None:
@@ -170,6 +175,7 @@ class UpstreamResponse(StreamingResponse):
         self._on_end = on_end
         self._is_complete = False
         self._usage: Usage | None = None
+        self._error: str | None = None  # the first error event of an SSE answer
         self._drop_usage_chunk = drop_usage_chunk
         is_sse = upstream.headers.get("content-type", "").startswith("text/event-stream")
         self._chunks = self._relay_sse() if is_sse else self._relay()
@@ -194,6 +200,8 @@ class UpstreamResponse(StreamingResponse):
             *events, pending = (pending + chunk).split(b"\n\n")
             passed = []
             for event in events:
+                if self._error is None and ERROR_KEY in event:
+                    self._error = _error_of_event(event)
                 if USAGE_EVENT.search(event) is not None:
                     last_usage_event = event
                     if self._drop_usage_chunk and _is_usage_only(event):
@@ -211,7 +219,13 @@ class UpstreamResponse(StreamingResponse):
         outcome: CallOutcome = "client_gone"
         try:
             await super().__call__(scope, receive, send)
-            outcome = "completed" if self._is_complete else "client_gone"
+            if not self._is_complete:
+                outcome = "client_gone"
+            elif self._error is not None:  # the upstream failed and said so in the stream
+                outcome = "upstream_error"
+                logger.warning("upstream %s reported a failure mid-answer: %s", self._upstream.url, self._error)
+            else:
+                outcome = "completed"
         except (ClientDisconnect, OSError):
             outcome = "client_gone"
         except UpstreamBrokenError as exc:  # the upstream failed mid-answer; the client sees a cut stream
@@ -222,6 +236,21 @@ class UpstreamResponse(StreamingResponse):
                 await self._chunks.aclose()
                 await self._upstream.aclose()
                 await self._on_end(CallEnd(outcome, self.status_code, self._upstream.headers, self._usage))
+
+
+def _error_of_event(event: bytes) -> str | None:
+    """The message of an SSE error event (`data: {"error": {...}}`), else None."""
+    text = event.strip()
+    if text.startswith(b"data:"):
+        text = text[5:].strip()
+    try:
+        chunk = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    error = chunk.get("error") if isinstance(chunk, dict) else None
+    if isinstance(error, dict):
+        return str(error.get("message") or error)[:ERROR_BODY_BYTES]
+    return error[:ERROR_BODY_BYTES] if isinstance(error, str) and error else None
 
 
 def _is_usage_only(event: bytes) -> bool:

@@ -541,6 +541,47 @@ async def test_a_streamed_answer_passes_through_as_it_arrives_and_the_call_ends_
     assert entry.calls[0].ended_at is not None and closed == [True]
 
 
+def _sse_events(*events: bytes) -> Handler:
+    async def handler(request: httpx.Request) -> httpx.Response:
+        async def chunks() -> AsyncIterator[bytes]:
+            for event in events:
+                yield event
+
+        return httpx.Response(200, headers={"content-type": "text/event-stream", "x-smg-routed-worker-id": "http://d1"},
+                              content=chunks())
+
+    return handler
+
+
+# What smg 1.13 streams when the decode engine dies mid-answer (seen in tests/e2e/test_load_faults.py).
+SMG_STREAM_ERROR = (b'data: {"error":{"message":"Stream error: error decoding response body: error reading a body '
+                    b'from connection: unexpected EOF during chunk size line","type":"stream_error"}}\n\n')
+
+
+async def test_an_error_event_in_the_stream_is_passed_on_and_ends_the_call_as_an_upstream_error(rig: Rig) -> None:
+    rig.upstream.handler = _sse_events(b'data: {"choices":[{"delta":{"content":"he"}}]}\n\n', SMG_STREAM_ERROR,
+                                       b"data: [DONE]\n\n")
+    call = RawCall(rig.app, {"messages": conversation("task"), "stream": True}, session="s1")
+    await asyncio.wait_for(call.run(), timeout=2)
+
+    assert call.status == 200 and SMG_STREAM_ERROR in b"".join(call.body_chunks)  # the client reads the failure
+    entry = rig.room.registry.get("s1")
+    assert entry is not None and (entry.in_flight, entry.calls[0].outcome) == (0, "upstream_error")
+    assert rig.gateway.lending.ledger.holder_of("s1") is None  # a failed call leaves no context on the worker
+    assert b'basin_calls_total{outcome="upstream_error"} 1.0' in rig.gateway.metrics.render()
+    assert rig.policy.is_live("s1")  # the session lives on; only the call failed
+
+
+async def test_the_word_error_inside_streamed_text_is_not_an_error_event(rig: Rig) -> None:
+    rig.upstream.handler = _sse_events(b'data: {"choices":[{"delta":{"content":"an \\"error\\": none"}}]}\n\n',
+                                       b"data: [DONE]\n\n")
+    call = RawCall(rig.app, {"messages": conversation("task"), "stream": True}, session="s1")
+    await asyncio.wait_for(call.run(), timeout=2)
+
+    entry = rig.room.registry.get("s1")
+    assert call.status == 200 and entry is not None and entry.calls[0].outcome == "completed"
+
+
 async def test_a_client_leaving_mid_stream_ends_the_call_and_closes_the_upstream(rig: Rig) -> None:
     release, closed = asyncio.Event(), list[bool]()
     rig.upstream.handler = _sse_upstream(release, closed)
