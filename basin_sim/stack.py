@@ -12,7 +12,9 @@
 #   and rates) is scaled by the time scale in the config file the stack writes (`gateway_config`).
 # - `stop()` kills every process group (SIGKILL: smg takes seconds to stop on SIGTERM) and waits for
 #   it; it runs on context exit, at interpreter exit and on SIGTERM, so no process outlives the stack.
-# - `kill(name)` / `restart(name)` stop and start one process on the same ports (fault tests).
+# - `kill(name)` / `restart(name)` stop and start one process on the same ports (fault tests). smg
+#   drops a dead worker and re-admits a restarted one only on its health checks (default every 60 s)
+#   and its circuit breaker (60 s): pass `router_args` to shorten them.
 # - Emulator lag: `lag()` reads each engine's /server_info `basin_emulate.lag` (wall seconds).
 """Start and stop a loopback PD stack: basin-emulate engines, smg, and the Basin gateway."""
 
@@ -98,6 +100,7 @@ class StackSpec:
     profile: str | None = None
     gateway: Mapping[str, Any] | None = None  # gateway config keys (unscaled, model seconds); None: no gateway
     emulator_args: Sequence[str] = ()
+    router_args: Sequence[str] = ()  # e.g. smg's --health-check-interval-secs 1 --cb-timeout-duration-secs 2
     startup_timeout_s: float = 60.0
 
 
@@ -217,7 +220,7 @@ class LocalStack:
         port = free_port()
         self.router_url = f"http://127.0.0.1:{port}"
         router += ["--host", "127.0.0.1", "--port", str(port), "--prometheus-host", "127.0.0.1",
-                   "--prometheus-port", str(free_port()), "--log-level", "warn"]
+                   "--prometheus-port", str(free_port()), "--log-level", "warn", *spec.router_args]
         self.procs["router"] = Proc("router", router, logs / "router.log", f"{self.router_url}/readiness")
         if spec.gateway is not None:
             port = free_port()
