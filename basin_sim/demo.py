@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 log = logging.getLogger("basin_sim.demo")
 MODES = ("without", "with")
 
@@ -84,7 +86,7 @@ class LagWatch:
     def _poll(self) -> None:
         try:
             lags = self.stack.lag()
-        except (OSError, ValueError, KeyError) as exc:  # an engine killed mid-poll is not the demo's failure
+        except (httpx.HTTPError, OSError, ValueError, KeyError) as exc:  # an engine gone mid-poll: not the demo's
             log.debug("lag poll failed: %s", exc)
             return
         for lag in lags.values():
