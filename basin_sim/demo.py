@@ -15,6 +15,8 @@
 # - Everything started is stopped at the end, on Ctrl-C and on SIGTERM (basin_sim.stack).
 # - Output in --out-dir: calibration.json, run-<mode>.json, timeline-<mode>.png, comparison.png,
 #   summary.md, logs/<mode>/*.log, and the gateway's session log (gateway-log/, for the closed loop).
+#   A new demo first removes the previous one's logs/ and gateway-log/ (the same session ids again
+#   would otherwise be logged twice).
 """Replay agent sessions through a surge on emulated PD SGLang, without and with the Basin gateway."""
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import shutil
 import sys
 import threading
 import time
@@ -257,6 +260,8 @@ def run_demo(settings: DemoSettings) -> int:
     from basin_sim.cli import load_pool
 
     out = settings.out_dir
+    for previous in (out / "logs", out / "gateway-log"):
+        shutil.rmtree(previous, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
     pool, workload = load_pool(settings.sessions, settings.synthetic)
     deployment = demo_deployment(settings.cache_tokens)
