@@ -110,6 +110,7 @@ class Gateway:
         record = CallRecord(self.room.clock.wall(), prompt_tokens, rid, call.is_stream)
         entry.calls.append(record)
         entry.in_flight += 1
+        self.metrics.calls_in_flight.inc()
         drop_usage_chunk = _ask_for_usage(call)
         body = json.dumps(call.body, ensure_ascii=False).encode("utf-8")
         self.metrics.added_latency.observe(max(0.0, time.perf_counter() - arrived - held_s))
@@ -193,6 +194,7 @@ class Gateway:
                               else record.prompt_tokens) + (record.completion_tokens or 0)
             self.lending.call_finished(entry.session_id, record.served_by, context_tokens)
         entry.in_flight -= 1
+        self.metrics.calls_in_flight.dec()
         entry.last_active_s = now
         if entry.is_single_call:
             await self.room.release(entry.session_id, "ended")

@@ -38,6 +38,8 @@ class GatewayMetrics:
         self.reserved = Gauge("basin_reserved_tokens", "Tokens reserved by live sessions' predicted peaks", registry=r)
         self.queued = Gauge("basin_queued_sessions", "Sessions waiting for admission", registry=r)
         self.live = Gauge("basin_live_sessions", "Admitted sessions not yet ended", registry=r)
+        self.calls_in_flight = Gauge("basin_calls_in_flight", "Calls forwarded upstream and not yet ended",
+                                     registry=r)
         self.hit_ratio = Gauge("basin_prefix_hit_ratio", "Windowed upstream cached/prompt tokens (NaN: no data)",
                                registry=r)
         self.is_engaged = Gauge("basin_admission_engaged", "1 while arrivals go through the queue", registry=r)

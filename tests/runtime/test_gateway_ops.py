@@ -374,3 +374,20 @@ async def test_the_issue_6_options_come_from_the_file_and_bad_values_name_the_ke
         path.write_text(f"upstream: http://r\nmodel: m.onnx\n{bad}\n")
         with pytest.raises(ConfigError, match=key):
             load_config({"config": str(path)})
+
+
+async def test_calls_in_flight_counts_forwarded_calls_until_they_end() -> None:
+    release = asyncio.Event()
+
+    async def held(request: httpx.Request) -> httpx.Response:
+        await release.wait()
+        return httpx.Response(200, json={"id": "x", "choices": [], "usage": {"prompt_tokens": 9}})
+
+    async with ops_rig() as rig:
+        rig.upstream.handler = held
+        calls = [asyncio.create_task(rig.chat(name, "task")) for name in ("a", "b")]
+        await eventually(lambda: len(rig.upstream.requests) == 2)
+        assert (await scrape(rig))["basin_calls_in_flight"] == 2
+        release.set()
+        assert [(await call).status_code for call in calls] == [200, 200]
+        assert (await scrape(rig))["basin_calls_in_flight"] == 0
