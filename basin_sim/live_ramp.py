@@ -37,7 +37,7 @@ import httpx
 from basin_sim.metrics_scrape import TokenCounters, parse_counters, window_hit_rate
 from basin_sim.ramp import RampStep, ramp_knee
 from basin_sim.replay import ConversationBuilder, PlannedSession, RateSchedule, plan_sessions
-from basin_sim.replay_client import ClientSettings, Replayer, ReplayError, default_run_tag, quiet_http_loggers
+from basin_sim.replay_client import ClientSettings, Replayer, ReplayError, default_run_tag, run_cli
 from basin_sim.replay_summary import SessionRecord, StateSample
 
 log = logging.getLogger(__name__)
@@ -220,18 +220,8 @@ def _ramp(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status."""
-    from basin_sim.cli import UsageError
-    from basin_sim.replay import ReplayPlanError
-
-    parser = _parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
-                        format="%(levelname)s %(name)s: %(message)s")
-    quiet_http_loggers()
     try:
-        return _ramp(args)
-    except (ReplayError, ReplayPlanError, UsageError) as exc:
-        parser.exit(2, f"{parser.prog}: error: {exc}\n")
+        return run_cli(_parser(), argv, _ramp)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -414,21 +414,26 @@ def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3g}"
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit status."""
+def run_cli(parser: argparse.ArgumentParser, argv: list[str] | None,
+            body: Callable[[argparse.Namespace], int]) -> int:
+    """Parse, set up logging, run `body`; bad input (replay, plan, usage, catalog) exits 2 with one line."""
     from basin_sim.catalog import CatalogError
     from basin_sim.cli import UsageError
     from basin_sim.replay import ReplayPlanError
 
-    parser = _parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="%(levelname)s %(name)s: %(message)s")
     quiet_http_loggers()
     try:
-        return _replay(args)
+        return body(args)
     except (ReplayError, ReplayPlanError, UsageError, CatalogError) as exc:
         parser.exit(2, f"{parser.prog}: error: {exc}\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit status."""
+    return run_cli(_parser(), argv, _replay)
 
 
 if __name__ == "__main__":

@@ -238,15 +238,20 @@ class UpstreamResponse(StreamingResponse):
                 await self._on_end(CallEnd(outcome, self.status_code, self._upstream.headers, self._usage))
 
 
-def _error_of_event(event: bytes) -> str | None:
-    """The message of an SSE error event (`data: {"error": {...}}`), else None."""
+def _event_json(event: bytes) -> object:
+    """The JSON of one SSE event's `data:` payload, or None if it is not JSON."""
     text = event.strip()
     if text.startswith(b"data:"):
         text = text[5:].strip()
     try:
-        chunk = json.loads(text)
+        return json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError):
         return None
+
+
+def _error_of_event(event: bytes) -> str | None:
+    """The message of an SSE error event (`data: {"error": {...}}`), else None."""
+    chunk = _event_json(event)
     error = chunk.get("error") if isinstance(chunk, dict) else None
     if isinstance(error, dict):
         return str(error.get("message") or error)[:ERROR_BODY_BYTES]
@@ -255,13 +260,7 @@ def _error_of_event(event: bytes) -> str | None:
 
 def _is_usage_only(event: bytes) -> bool:
     """True for the final chunk `include_usage` adds: usage and an empty `choices` list."""
-    text = event.strip()
-    if text.startswith(b"data:"):
-        text = text[5:].strip()
-    try:
-        chunk = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return False
+    chunk = _event_json(event)
     return isinstance(chunk, dict) and chunk.get("choices") == [] and isinstance(chunk.get("usage"), dict)
 
 
