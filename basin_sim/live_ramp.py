@@ -36,6 +36,7 @@ import httpx
 
 from basin_sim.metrics_scrape import TokenCounters, parse_counters, window_hit_rate
 from basin_sim.ramp import RampStep, ramp_knee
+from basin_sim.ramp import calibration_record as ramp_calibration_record
 from basin_sim.replay import ConversationBuilder, PlannedSession, RateSchedule, plan_sessions
 from basin_sim.replay_client import ClientSettings, Replayer, ReplayError, default_run_tag, run_cli
 from basin_sim.replay_summary import SessionRecord, StateSample
@@ -97,18 +98,9 @@ def measure_step(rate_per_s: float, half_s: float, end_s: float, before: TokenCo
 
 def calibration_record(steps: Sequence[RampStep], capacity_tokens: float, command: str,
                        step_s: float) -> dict[str, Any]:
-    """The gateway's calibration file from a live ramp (the keys of operator_cli.calibration_record)."""
-    knee = ramp_knee(steps)
-    plateau = [s for s in steps if s.load <= knee.load]
-    peak_rate = max((s.sessions_finished_per_s for s in plateau), default=0.0)
-    record: dict[str, Any] = {"knee_tokens": round(knee.load * capacity_tokens),
-                              "cache_capacity_tokens": round(capacity_tokens),
-                              "hit_rate_plateau": round(knee.plateau_hit_rate, 4)}
-    if peak_rate > 0:
-        record["peak_completion_rate_per_s"] = round(peak_rate, 5)
-    record["notes"] = (f"{command}: live stepped ramp ({len(steps)} steps of {step_s:g} model s)"
-                       f"{'; knee censored: beyond the last step' if knee.is_censored else ''}")
-    return record
+    """The gateway's calibration file from a live ramp."""
+    return ramp_calibration_record(steps, capacity_tokens,
+                                   f"{command}: live stepped ramp ({len(steps)} steps of {step_s:g} model s)")
 
 
 @dataclass(frozen=True)

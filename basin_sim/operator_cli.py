@@ -16,7 +16,8 @@ from typing import Any
 from basin_sim import catalog
 from basin_sim.fluid import fixed_points, risk_test
 from basin_sim.profile import Deployment
-from basin_sim.ramp import RampStep, plateau_reservation_ratio, ramp_knee, run_ramp
+from basin_sim.ramp import RampStep, ramp_knee, run_ramp
+from basin_sim.ramp import calibration_record as ramp_calibration_record
 
 RAMP_FRACTIONS = (0.2, 0.4, 0.6, 0.7, 0.8, 0.9, 1.0, 1.2)  # of the overload rate
 RAMP_STEP_S = 1200.0
@@ -24,21 +25,10 @@ RAMP_STEP_S = 1200.0
 
 def calibration_record(deployment: Deployment, steps: list[RampStep], command: str,
                        step_s: float = RAMP_STEP_S) -> dict[str, Any]:
-    """The gateway's calibration file (basin_runtime/gateway/calibration.py keys only)."""
-    knee = ramp_knee(steps)
+    """The gateway's calibration file from a simulated ramp on `deployment`."""
     capacity = deployment.prefill_cache_tokens * deployment.num_prefill
-    plateau = [s for s in steps if s.load <= knee.load]
-    peak_rate = max((s.sessions_finished_per_s for s in plateau), default=None)
-    record: dict[str, Any] = {"knee_tokens": round(knee.load * capacity), "cache_capacity_tokens": capacity,
-                              "hit_rate_plateau": round(knee.plateau_hit_rate, 4)}
-    if peak_rate:
-        record["peak_completion_rate_per_s"] = round(peak_rate, 5)
-    ratio = plateau_reservation_ratio(steps, knee)
-    if ratio is not None:
-        record["reservation_ratio"] = round(ratio, 4)
-    record["notes"] = (f"{command}: simulated stepped ramp ({len(steps)} steps of {step_s:.0f} s)"
-                       f"{'; knee censored: beyond the last step' if knee.is_censored else ''}")
-    return record
+    return ramp_calibration_record(steps, capacity,
+                                   f"{command}: simulated stepped ramp ({len(steps)} steps of {step_s:.0f} s)")
 
 
 def _ramp(args: argparse.Namespace) -> tuple[Deployment, list[RampStep], float]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from basin_runtime.session_table import Session
 from basin_sim.engine import Engine
@@ -88,6 +89,25 @@ def _reservation_ratio(engine: Engine, reserved: Mapping[str, float], start: flo
                 held += max(reserved[run_id], run.context_tokens)
                 contexts += run.context_tokens
     return held / contexts if contexts > 0 else None
+
+
+def calibration_record(steps: Sequence[RampStep], capacity_tokens: float, source: str) -> dict[str, Any]:
+    """The gateway's calibration file (basin_runtime/gateway/calibration.py keys only) from a ramp's steps:
+    the knee, the plateau hit rate, the best completion rate on the plateau and, when measured, the
+    reservation ratio; `source` says how the ramp was run (the notes)."""
+    knee = ramp_knee(steps)
+    plateau = [s for s in steps if s.load <= knee.load]
+    peak_rate = max((s.sessions_finished_per_s for s in plateau), default=0.0)
+    record: dict[str, Any] = {"knee_tokens": round(knee.load * capacity_tokens),
+                              "cache_capacity_tokens": round(capacity_tokens),
+                              "hit_rate_plateau": round(knee.plateau_hit_rate, 4)}
+    if peak_rate > 0:
+        record["peak_completion_rate_per_s"] = round(peak_rate, 5)
+    ratio = plateau_reservation_ratio(steps, knee)
+    if ratio is not None:
+        record["reservation_ratio"] = round(ratio, 4)
+    record["notes"] = f"{source}{'; knee censored: beyond the last step' if knee.is_censored else ''}"
+    return record
 
 
 def plateau_reservation_ratio(steps: Sequence[RampStep], knee: Knee) -> float | None:
