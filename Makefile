@@ -30,7 +30,7 @@ test: $(STAMP)
 DEMO_ARGS ?=
 demo: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" DVC_NO_ANALYTICS=1 dvc repro ingest
-	$(BIN)/python -m basin_sim.demo $(DEMO_ARGS)
+	$(BIN)/python -m basin_stack.demo $(DEMO_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check basin_runtime basin_sim pipeline tests benchmarks

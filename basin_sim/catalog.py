@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from basin_sim.profile import CACHE_KINDS, CacheKind, Deployment, Profile, ProfileError
-from basin_sim.workload import Burst, Scenario, ScenarioError, Surge
+from basin_sim.workload.scenarios import Burst, Scenario, ScenarioError, Surge
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 PROFILES_DIR = PACKAGE_DIR / "profiles"

@@ -22,13 +22,15 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
+from basin_runtime.calibration import calibration_from_mapping
 from basin_runtime.predictor import PredictorError
 from basin_runtime.session_table import Session, SessionTableError
 from basin_sim import catalog
-from basin_sim.operator_cli import RAMP_FRACTIONS, RAMP_STEP_S, calibration_record
+from basin_sim.calibrate.commands import RAMP_FRACTIONS, RAMP_STEP_S, calibration_record
+from basin_sim.calibrate.ramp import run_ramp
 from basin_sim.profile import CacheKind
-from basin_sim.ramp import run_ramp
 from basin_sim.simulate import RunSpec, run_scenario
+from basin_sim.workload.pool import load_pool
 
 POLICIES = ("sglang", "hicache", "continuum", "basin-proto", "basin")
 _STATE: dict[str, Any] = {}
@@ -50,13 +52,11 @@ def _calibrate(deployment_name: str, seed: int) -> dict[str, Any]:
 def _run(scenario: str, deployment_name: str, policy: str, seed: int, calibration: dict[str, Any]) -> dict[str, Any]:
     spec = catalog.load_deployment(deployment_name)
     cache: CacheKind = "host" if policy == "hicache" else "gpu"
-    basin = policy in ("basin", "basin-proto")
     run = RunSpec(catalog.load_scenario(scenario), spec.build(cache), policy, seed,
                   spec.overload_rate(cache, _STATE["workload"]),
                   predicted_peak_tokens=_STATE["peaks"] if policy == "basin" else {},
-                  knee_tokens=calibration["knee_tokens"] if basin else None,
-                  reservation_ratio=calibration.get("reservation_ratio", 1.0) if basin else 1.0,
-                  peak_completion_rate_per_s=calibration.get("peak_completion_rate_per_s") if basin else None)
+                  calibration=calibration_from_mapping(calibration, f"the {deployment_name} knee ramp")
+                  if policy in ("basin", "basin-proto") else None)
     summary = run_scenario(run, _STATE["pool"]).summary
     return {key: summary[key] for key in ("scenario", "deployment", "policy", "seed", "goodput_per_hour",
                                           "hit_rate_post", "sessions_shed", "ttft_p50_post_s")}
@@ -93,7 +93,6 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Calibrate each deployment, run the grid, print the Markdown table."""
     args = _parser().parse_args(argv)
-    from basin_sim.cli import load_pool
     from basin_sim.predictions import load_predictor, predict_pool
 
     try:

@@ -10,7 +10,9 @@
 #   prefilled (cache hit free, the rest computed), its KV moves to decode at the profile's bandwidth
 #   (the prefill cache keeps it pinned until then), and it decodes `completion_tokens` steps.
 # - The policy sees every arrival, call, end and tick (policies/base.py); a held session waits at the
-#   door and its waiting counts in its end-to-end time.
+#   door and its waiting counts in its end-to-end time. The tick's hit rate is the gateway's own
+#   signal: `basin_runtime.policy.hit_rate.HitRateWindow` fed with each call's prompt and cached
+#   (device + host hit) tokens when its answer ends, as the gateway reads them from the usage.
 # - Working set = sum of the latest prompt of every live session (tool-running ones included).
 # - A kill ends sessions at once: whatever their request holds (decode reservation, prefill job, cache
 #   pin) is given back as the request reaches a point where it can be (a running prefill batch or KV
@@ -34,7 +36,8 @@ import heapq
 import math
 from collections.abc import Callable, Iterable
 
-from basin_runtime.policy import LendingLedger
+from basin_runtime.policy.hit_rate import HitRateWindow
+from basin_runtime.policy.lending import LEND_CAP_FRACTION, LendingLedger
 from basin_sim.decode import DecodeInstance, DecodeSlot
 from basin_sim.goodput import STEP_SLO_S
 from basin_sim.lifecycle import Request, SessionRun, SessionSpec, Stage, Status
@@ -44,8 +47,6 @@ from basin_sim.profile import Deployment
 from basin_sim.radix_cache import RadixCache
 from basin_sim.router import route_decode, route_prefill
 from basin_sim.timeline import Sample, Timeline
-
-LEND_CAP_FRACTION = 0.5  # decode lends at most half of its memory (the paper's cap)
 
 _ARRIVE, _CALL, _PREFILL_DONE, _TRANSFER_DONE, _DECODE_NEXT, _TICK, _KILL = range(7)
 
@@ -58,11 +59,13 @@ class Engine:
     """A PD deployment under a session policy; feed it with `add`, drive it with `run_until`."""
 
     def __init__(self, deployment: Deployment, policy: SessionPolicy, *, timeline: Timeline | None = None,
-                 tick_s: float | None = 10.0, step_slo_s: float = STEP_SLO_S) -> None:
+                 tick_s: float | None = 10.0, step_slo_s: float = STEP_SLO_S,
+                 hit_window: HitRateWindow | None = None) -> None:
         self.deployment = deployment
         self.profile = deployment.profile
         self.policy = policy
         self.timeline = timeline if timeline is not None else Timeline()
+        self.hit_window = hit_window if hit_window is not None else HitRateWindow()
         self.prefill = [PrefillInstance(i, self.profile, RadixCache(deployment.prefill_cache_tokens,
                                                                     deployment.host_cache_tokens))
                         for i in range(deployment.num_prefill)]
@@ -142,8 +145,7 @@ class Engine:
     def _on_arrive(self, run: SessionRun) -> None:
         run.status = Status.HELD
         self.num_held += 1
-        if self.policy.on_arrival(run.spec.session_id, self.now, run.spec.session):
-            self._start(run)
+        self._apply(self.policy.on_arrival(run.spec.session_id, self.now, run.spec.session))
 
     def _start(self, run: SessionRun) -> None:
         run.status, run.admitted_s = Status.LIVE, self.now
@@ -194,7 +196,7 @@ class Engine:
                 if prefill.cache.expire_holds(self.now):
                     self._kick(prefill)
         self.timeline.record_sample(self.sample())
-        self._apply(self.policy.on_tick(self.now, self.timeline.recent_hit_rate(self.now)))
+        self._apply(self.policy.on_tick(self.now, self.hit_window.rate(self.now)))
         assert self._tick_s is not None
         self._at(self.now + self._tick_s, _TICK, None)
 
@@ -284,6 +286,8 @@ class Engine:
 
     def _answer(self, slot: DecodeSlot) -> None:
         request = self._requests.pop(slot.request_id)
+        job = request.job
+        self.hit_window.record(self.now, job.prompt_tokens, job.device_hit_tokens + job.host_hit_tokens)
         run = request.run
         run.request = None
         if run.next_call + 1 < run.spec.session.n_calls:

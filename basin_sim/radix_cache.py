@@ -24,10 +24,18 @@
 #   chains has device segments. With a host tier the node moves to the host (evicting the host's LRU
 #   leaves for room); without one, or if it cannot fit, it is dropped, with the unreachable host nodes
 #   below it. Host eviction is LRU over host leaves, never pinned ones.
+# - Records: the cache keeps a chain's record while some segment of it is on the device or the host,
+#   or it is pinned (a request or a hold); a group's while it is cached or has a chain record. Once
+#   neither holds, the record goes (an ended session's KV stays until LRU eviction takes it, as in
+#   SGLang, which never learns that a session ended). A session whose chain went comes back as a new
+#   chain: its next prompt past the group is one new segment, as SGLang inserts it as one new node.
 # Invariants (`check`): tier order on every path; device_used == sum of device segments <= capacity;
 # host_used == sum of host segments <= host capacity; pinned_tokens == device tokens of pinned chains
-# and of groups with a pinned chain. Heaps use lazy invalidation (a version per chain, rebuilt from
-# the current leaves when stale entries pile up), so match is O(1) and eviction O(log n) amortized.
+# and of groups with a pinned chain; every record is cached or pinned (groups: or has chains).
+# Heaps use lazy invalidation (a version per chain; an entry (last_access_s, seq) ranks leaves, ties
+# by push order). A heap is rebuilt from the current leaves, in record order, once its entries
+# outnumber twice the records (+ MIN_HEAP_SLACK), so match is O(1), eviction O(log n) amortized, and
+# memory is bounded by what the cache holds.
 """The prefix cache of one prefill instance: LRU radix tree of conversations with a host tier."""
 
 from __future__ import annotations
@@ -35,6 +43,8 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+MIN_HEAP_SLACK = 1024  # stale heap entries tolerated on top of twice the records before a rebuild
 
 
 class CacheError(ValueError):
@@ -60,7 +70,7 @@ class Chain:
         self.last_access_s = 0.0
         self.lock_ref = 0
         self.version = 0
-        self.children: list[Chain] = []  # groups only
+        self.children: dict[str, Chain] = {}  # groups only: the chain records below it, by session
         self.device_children = 0  # children with device segments (groups only)
         self.resident_children = 0  # children with device or host segments (groups only)
         self.locked_children = 0  # pinned children (groups only)
@@ -152,19 +162,30 @@ class RadixCache:
         """Device tokens that eviction could free (everything not pinned)."""
         return self.device_used_tokens - self.pinned_tokens
 
+    @property
+    def num_chains(self) -> int:
+        """Session chains the cache keeps a record of (cached or pinned)."""
+        return len(self._chains)
+
+    @property
+    def num_groups(self) -> int:
+        """Groups the cache keeps a record of (cached, or with chain records)."""
+        return len(self._groups)
+
+    @property
+    def num_heap_entries(self) -> int:
+        """Entries in the eviction and hold heaps, stale ones included (bounded by the records)."""
+        return len(self._device_heap) + len(self._host_heap) + len(self._hold_heap)
+
     # --- events ----------------------------------------------------------------------------------
 
     def admit(self, session_key: str, group_key: str, group_tokens: int, prompt_tokens: int,
               now: float) -> Admission | None:
         """Pin a session's chain for a request, bring its prompt onto the device; None if no room."""
-        group = self._group(group_key, group_tokens)
-        if prompt_tokens < group.tokens:
-            raise CacheError(f"session {session_key!r}: prompt of {prompt_tokens} tokens is shorter than the "
-                             f"shared prefix of group {group_key!r} ({group.tokens} tokens)")
+        group = self._group(group_key, group_tokens, session_key, prompt_tokens)
         chain = self._chains.get(session_key)
         if chain is None:
-            chain = self._chains[session_key] = Chain(session_key, group)
-            group.children.append(chain)
+            chain = self._chains[session_key] = group.children[session_key] = Chain(session_key, group)
         elif session_key in self._holds:  # a held chain: the hold becomes this request's pin
             del self._holds[session_key]
             self._unlock(chain)
@@ -177,6 +198,7 @@ class RadixCache:
         self._lock(chain)
         if self.capacity_tokens - self.pinned_tokens < prompt_tokens - device_hit:
             self._unlock(chain)
+            self._forget_if_gone(chain)
             return None
         self._make_room(prompt_tokens - device_hit)
         self.loaded_back_tokens += host_hit
@@ -203,16 +225,15 @@ class RadixCache:
         self._touch(chain, now)
         if hold_until_s is None:
             self._unlock(chain)
+            self._forget_if_gone(chain)
         else:
-            self._holds[session_key] = hold_until_s
-            heapq.heappush(self._hold_heap, (hold_until_s, session_key))
+            self._set_hold(session_key, hold_until_s)
 
     def hold(self, session_key: str, until_s: float) -> None:
         """Set when a held chain's hold expires (it must be held already)."""
         if session_key not in self._holds:
             raise CacheError(f"session {session_key!r} is not held")
-        self._holds[session_key] = until_s
-        heapq.heappush(self._hold_heap, (until_s, session_key))
+        self._set_hold(session_key, until_s)
 
     def is_held(self, session_key: str) -> bool:
         """True while a session's chain is held between calls."""
@@ -221,7 +242,7 @@ class RadixCache:
     def drop_hold(self, session_key: str) -> None:
         """End a hold at once (no-op if the session holds nothing)."""
         if self._holds.pop(session_key, None) is not None:
-            self._unlock(self._chains[session_key])
+            self._unpin_hold(session_key)
 
     def expire_holds(self, now: float) -> int:
         """Unpin every hold whose expiry is <= now; return how many expired."""
@@ -231,23 +252,50 @@ class RadixCache:
             until_s, key = heapq.heappop(heap)
             if self._holds.get(key) == until_s:
                 del self._holds[key]
-                self._unlock(self._chains[key])
+                self._unpin_hold(key)
                 count += 1
         return count
 
+    def _set_hold(self, session_key: str, until_s: float) -> None:
+        self._holds[session_key] = until_s
+        heapq.heappush(self._hold_heap, (until_s, session_key))
+        if len(self._hold_heap) > 2 * len(self._holds) + MIN_HEAP_SLACK:  # expiry only reads the live holds
+            self._hold_heap = [(t, key) for key, t in self._holds.items()]
+            heapq.heapify(self._hold_heap)
+
+    def _unpin_hold(self, session_key: str) -> None:
+        chain = self._chains[session_key]
+        self._unlock(chain)
+        self._forget_if_gone(chain)
+
     # --- pinning and loading -----------------------------------------------------------------------
 
-    def _group(self, key: str, tokens: int) -> Chain:
+    def _group(self, key: str, tokens: int, session_key: str, prompt_tokens: int) -> Chain:
+        """The group of a request (a new record if none), once the request is checked against it."""
         group = self._groups.get(key)
+        if group is None and tokens <= 0:
+            raise CacheError(f"group {key!r}: shared prefix must be > 0 tokens, got {tokens}")
+        if group is not None and group.tokens != tokens:
+            raise CacheError(f"group {key!r} has {group.tokens} shared tokens, not {tokens}")
+        if prompt_tokens < tokens:
+            raise CacheError(f"session {session_key!r}: prompt of {prompt_tokens} tokens is shorter than the "
+                             f"shared prefix of group {key!r} ({tokens} tokens)")
         if group is None:
-            if tokens <= 0:
-                raise CacheError(f"group {key!r}: shared prefix must be > 0 tokens, got {tokens}")
             group = self._groups[key] = Chain(key, None)
             group.segments.append(tokens)
             group.tokens = tokens
-        elif group.tokens != tokens:
-            raise CacheError(f"group {key!r} has {group.tokens} shared tokens, not {tokens}")
         return group
+
+    def _forget_if_gone(self, node: Chain) -> None:
+        """Drop the record of a chain neither cached nor pinned, and then of its group if it is as empty."""
+        group = node.group
+        if group is not None:
+            if node.is_resident or node.lock_ref > 0 or self._chains.get(node.key) is not node:
+                return
+            del self._chains[node.key], group.children[node.key]
+            node = group
+        if not node.is_resident and not node.children and self._groups.get(node.key) is node:
+            del self._groups[node.key]
 
     def _lock(self, chain: Chain) -> None:
         group = chain.group
@@ -353,6 +401,7 @@ class RadixCache:
             self._drop_host_below(chain)
         self._count_child(chain, was_device, was_resident)
         self._push(chain)
+        self._forget_if_gone(chain)
 
     def _make_host_room(self, tokens: int) -> bool:
         if tokens > self.host_capacity_tokens:
@@ -372,6 +421,7 @@ class RadixCache:
         self.host_used_tokens -= tokens
         self._count_child(chain, was_device, was_resident)
         self._push(chain)
+        self._forget_if_gone(chain)
 
     def _drop_host_below(self, chain: Chain) -> None:
         """A node dropped to nothing makes the host nodes below it unreachable: drop them too."""
@@ -379,20 +429,23 @@ class RadixCache:
         chain.host_count, chain.host_tokens = 0, 0
         if chain.resident_children == 0:  # a group's resident children are all on the host by now
             return
-        for child in chain.children:
-            if child.host_count:
-                was_resident = child.is_resident
-                self._drop_host_below(child)
-                self._count_child(child, child.device_count > 0, was_resident)
+        for child in [child for child in chain.children.values() if child.host_count]:
+            was_resident = child.is_resident
+            self._drop_host_below(child)
+            self._count_child(child, child.device_count > 0, was_resident)
+            self._forget_if_gone(child)
 
     def _compact(self) -> None:
         """Rebuild a heap from the current leaves once stale and duplicate entries outnumber them (amortized O(1))."""
-        nodes = [*self._groups.values(), *self._chains.values()]
-        limit = 2 * len(nodes) + 1024
+        limit = 2 * (len(self._groups) + len(self._chains)) + MIN_HEAP_SLACK
         if len(self._device_heap) > limit:
-            self._device_heap = self._entries(node for node in nodes if node.is_device_leaf())
+            self._device_heap = self._entries(node for node in self._records() if node.is_device_leaf())
         if len(self._host_heap) > limit:
-            self._host_heap = self._entries(node for node in nodes if node.is_host_leaf())
+            self._host_heap = self._entries(node for node in self._records() if node.is_host_leaf())
+
+    def _records(self) -> Iterable[Chain]:
+        yield from self._groups.values()
+        yield from self._chains.values()
 
     def _entries(self, leaves: Iterable[Chain]) -> list[_Entry]:
         heap: list[_Entry] = []
@@ -425,7 +478,12 @@ class RadixCache:
         assert device == self.device_used_tokens <= self.capacity_tokens
         assert host == self.host_used_tokens <= self.host_capacity_tokens
         assert pinned == self.pinned_tokens
-        for group in self._groups.values():
-            assert group.device_children == sum(c.device_count > 0 for c in group.children)
-            assert group.resident_children == sum(c.is_resident for c in group.children)
-            assert group.locked_children == sum(c.lock_ref > 0 for c in group.children)
+        for key, chain in self._chains.items():
+            assert chain.group is not None and chain.group.children.get(key) is chain
+            assert chain.is_resident or chain.lock_ref > 0, f"{key}: a record of a chain the cache no longer holds"
+        for key, group in self._groups.items():
+            assert group.is_resident or group.children, f"{key}: a record of a group the cache no longer holds"
+            assert all(self._chains.get(k) is c and c.group is group for k, c in group.children.items())
+            assert group.device_children == sum(c.device_count > 0 for c in group.children.values())
+            assert group.resident_children == sum(c.is_resident for c in group.children.values())
+            assert group.locked_children == sum(c.lock_ref > 0 for c in group.children.values())

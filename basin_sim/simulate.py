@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from basin_runtime.policy.calibrated import Calibration
 from basin_runtime.session_table import Session
 from basin_sim.engine import Engine
 from basin_sim.goodput import SLOWDOWN_LIMIT, SessionOutcome, goodput
@@ -30,7 +31,7 @@ from basin_sim.policies import PolicyContext, make_policy
 from basin_sim.profile import Deployment
 from basin_sim.timeline import Timeline
 from basin_sim.unloaded import UnloadedTimes
-from basin_sim.workload import Scenario, generate_sessions
+from basin_sim.workload.scenarios import Scenario, generate_sessions
 
 ProgressCallback = Callable[[float], None]
 
@@ -50,9 +51,7 @@ class RunSpec:
     max_drain_s: float = 3 * 3600.0
     predicted_peak_tokens: Mapping[str, float] = field(default_factory=dict)  # pool session id -> peak (basin)
     reservation_scale: float = 1.0  # basin: reserve this multiple of each predicted peak
-    knee_tokens: float | None = None  # measured cache knee (basin budget); None: 0.9 x capacity
-    reservation_ratio: float = 1.0  # measured on the knee ramp (basin budget in reservation units)
-    peak_completion_rate_per_s: float | None = None  # measured (basin shedding); None: no shedding
+    calibration: Calibration | None = None  # basin: what the operator measured; None: knee = capacity
     pin_ttl_s: float | None = None  # continuum TTL; None: the p90 of the run's tool gaps
 
     @property
@@ -108,9 +107,8 @@ def tool_gap_quantile_s(sessions: Sequence[SessionSpec], q: int = 90) -> float |
 def policy_context(spec: RunSpec, sessions: Sequence[SessionSpec]) -> PolicyContext:
     """What the run's policy is told (Continuum's TTL: the p90 of the tool gaps unless set)."""
     ttl = spec.pin_ttl_s if spec.pin_ttl_s is not None else tool_gap_quantile_s(sessions)
-    return PolicyContext(spec.deployment, spec.predicted_peak_tokens, spec.reservation_scale, spec.knee_tokens,
-                         spec.peak_completion_rate_per_s, reservation_ratio=spec.reservation_ratio,
-                         pin_ttl_s=ttl if ttl is None or ttl > 0 else None)
+    return PolicyContext(spec.deployment, spec.predicted_peak_tokens, spec.reservation_scale,
+                         calibration=spec.calibration, pin_ttl_s=ttl if ttl is None or ttl > 0 else None)
 
 
 def _advance(engine: Engine, until_s: float, step_s: float, progress: ProgressCallback | None) -> None:
@@ -160,8 +158,9 @@ def summarize(spec: RunSpec, engine: Engine, outcomes: Sequence[SessionOutcome],
         "host_cache_tokens": spec.deployment.host_cache_tokens * spec.deployment.num_prefill,
         "simulated_s": engine.now,
         "written_back_tokens": sum(p.written_back_tokens for p in engine.prefill),
-        "reservation_scale": spec.reservation_scale, "knee_tokens": spec.knee_tokens,
-        "reservation_ratio": spec.reservation_ratio,
+        "reservation_scale": spec.reservation_scale,
+        "knee_tokens": None if spec.calibration is None else spec.calibration.knee_tokens,
+        "reservation_ratio": 1.0 if spec.calibration is None else spec.calibration.reservation_ratio,
     }
     summary.update(_collapse(timeline, scenario))
     return summary

@@ -101,11 +101,6 @@ class Timeline:
             return None
         return below[-1] + self.bin_s
 
-    def recent_hit_rate(self, now: float) -> float | None:
-        """Hit rate of the last complete bin before `now` (what a /metrics scrape would show)."""
-        end = (now // self.bin_s) * self.bin_s
-        return self.hit_rate(end - self.bin_s, end)
-
     def ttfts(self, start_s: float, end_s: float) -> list[float]:
         """TTFTs of calls whose first token arrived in [start_s, end_s)."""
         lo = bisect.bisect_left(self.ttft_time_s, start_s)

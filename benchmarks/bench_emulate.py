@@ -1,6 +1,6 @@
 """Benchmark one basin-emulate pair (prefill + decode) behind the real router: sustained requests/s and lag.
 
-Starts, as subprocesses on loopback, a prefill and a decode emulator (`python -m basin_sim.emulate`,
+Starts, as subprocesses on loopback, a prefill and a decode emulator (`python -m basin_emulate`,
 --time-scale 20 by default) and `smg` in PD mode in front of them (or, with --direct, sends each
 request to both halves itself with the bootstrap fields, as smg does). Then, for each concurrency
 level, `level` agent sessions run closed-loop for `--seconds`: each session's conversation starts at
@@ -255,10 +255,10 @@ def main(argv: list[str] | None = None) -> int:
               "--served-model-name", MODEL, "--log-level", "warning"]
     logs = Path(os.environ.get("TMPDIR", "/tmp"))
     with contextlib.ExitStack() as stack:
-        stack.enter_context(started([sys.executable, "-m", "basin_sim.emulate", "--role", "prefill", "--port",
+        stack.enter_context(started([sys.executable, "-m", "basin_emulate", "--role", "prefill", "--port",
                                      str(ports["prefill"]), "--disaggregation-bootstrap-port", str(ports["bootstrap"]),
                                      *common], logs / "bench_emulate_prefill.log"))
-        stack.enter_context(started([sys.executable, "-m", "basin_sim.emulate", "--role", "decode", "--port",
+        stack.enter_context(started([sys.executable, "-m", "basin_emulate", "--role", "decode", "--port",
                                      str(ports["decode"]), *common], logs / "bench_emulate_decode.log"))
         if not args.direct:
             stack.enter_context(started([

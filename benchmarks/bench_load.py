@@ -1,7 +1,7 @@
 """Benchmark the whole stack under load and through an engine kill: client -> gateway -> smg (PD) -> emulators.
 
-Starts a loopback stack with `basin_sim.stack.LocalStack`: one prefill and `--num-decode` decode emulators
-(`python -m basin_sim.emulate`, a small profile written here: prefill 10 ms + 0.1 ms/token, decode 20 ms
+Starts a loopback stack with `basin_stack.stack.LocalStack`: one prefill and `--num-decode` decode emulators
+(`python -m basin_emulate`, a small profile written here: prefill 10 ms + 0.1 ms/token, decode 20 ms
 per step, so the engines are cheap and the gateway and router are what is measured), the real `smg` in PD
 mode and the Basin gateway (a budget nobody reaches: admission never holds a session). Then:
 
@@ -57,7 +57,7 @@ import openai
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from basin_sim.stack import LocalStack, StackSpec
+from basin_stack.stack import LocalStack, StackSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_FILE = ROOT / "models" / "peak_predictor.onnx"

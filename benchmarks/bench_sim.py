@@ -14,12 +14,12 @@ from pathlib import Path
 
 from basin_runtime.session_table import Session
 from basin_sim import catalog
-from basin_sim.cli import DEFAULT_SESSIONS, load_pool
 from basin_sim.engine import Engine
 from basin_sim.policies import PolicyContext, make_policy
 from basin_sim.profile import CacheKind, Deployment
 from basin_sim.simulate import RunSpec, run_scenario
-from basin_sim.workload import Scenario, generate_sessions
+from basin_sim.workload.pool import DEFAULT_SESSIONS, load_pool
+from basin_sim.workload.scenarios import Scenario, generate_sessions
 
 
 def engine_hours(deployment: Deployment, pool: list[Session], rate_per_s: float,

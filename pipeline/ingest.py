@@ -65,7 +65,7 @@ def _stage_corpora(params: IngestParams, manifest: Path, params_file: Path) -> l
 
 
 def _synthetic(params: IngestParams) -> IngestResult:
-    from basin_sim.synthetic import generate_corpus
+    from basin_sim.workload.synthetic import generate_corpus
 
     banner = "=" * 78
     log.warning("\n%s\nNO REAL CORPUS FOUND: ingesting the SYNTHETIC corpus (seed %d).\n"

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from basin_runtime.session_table import write_sessions
-from basin_sim.synthetic import FAMILIES, generate_corpus
+from basin_sim.workload.synthetic import FAMILIES, generate_corpus
 
 log = logging.getLogger(__name__)
 

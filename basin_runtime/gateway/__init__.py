@@ -5,7 +5,6 @@
 #
 # Modules, one job each:
 #   config.py       options: command line, config file, defaults (`GatewayConfig`, `ConfigError`)
-#   calibration.py  the calibration file, and the `PolicyConfig` built from it and the options
 #   predictors.py   peak predictors per workload
 #   clock.py        the injectable clock (real or scripted)
 #   calls.py        parsing and validating an inference call
@@ -26,24 +25,8 @@
 #   gateway.py      the request path tying the above together
 #   app.py          Starlette routes, lifespan, building the app from the configuration
 #   cli.py          `basin-gateway` / `python -m basin_runtime.gateway`
-"""The Basin session gateway in front of SGLang's router."""
+"""The Basin session gateway in front of SGLang's router.
 
-from __future__ import annotations
-
-from basin_runtime.gateway.app import build_app, build_gateway, create_app
-from basin_runtime.gateway.clock import Clock, ManualClock, MonotonicClock
-from basin_runtime.gateway.config import ConfigError, GatewayConfig, load_config
-from basin_runtime.gateway.gateway import Gateway
-
-__all__ = [
-    "Clock",
-    "ConfigError",
-    "Gateway",
-    "GatewayConfig",
-    "ManualClock",
-    "MonotonicClock",
-    "build_app",
-    "build_gateway",
-    "create_app",
-    "load_config",
-]
+Nothing is imported here eagerly: `import basin_runtime.gateway.disconnect` must not start the app's
+import graph (the emulator reuses small pieces of it). Import from the modules themselves.
+"""

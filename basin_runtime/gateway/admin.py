@@ -24,8 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from basin_runtime.gateway.calibration import load_calibration
-from basin_runtime.gateway.config import ConfigError, GatewayConfig
+from basin_runtime.gateway.config import ConfigError, GatewayConfig, read_calibration
 from basin_runtime.gateway.errors import BadRequestError
 from basin_runtime.gateway.gateway import Gateway
 from basin_runtime.gateway.predictors import Predictors
@@ -47,7 +46,8 @@ class Reloader:
         """The reference budget of the calibration file; `ConfigError` if there is none or it is bad."""
         if self.config.calibration is None:
             raise ConfigError("the gateway was started without a calibration file")
-        return load_calibration(self.config.calibration).budget_tokens_for(str(self.config.policy.get("mode", "basin")))
+        mode = str(self.config.policy.get("mode", "basin"))
+        return read_calibration(self.config.calibration).budget_tokens(mode)
 
 
 def sessions_view(gateway: Gateway) -> list[dict[str, Any]]:

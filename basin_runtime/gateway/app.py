@@ -30,10 +30,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from basin_runtime.gateway.admin import Reloader, admin_routes
-from basin_runtime.gateway.calibration import load_calibration, policy_config
 from basin_runtime.gateway.calls import UPSTREAM_PATHS, CallKind
 from basin_runtime.gateway.clock import Clock, MonotonicClock
-from basin_runtime.gateway.config import ConfigError, GatewayConfig
+from basin_runtime.gateway.config import ConfigError, GatewayConfig, gateway_policy_config, read_calibration
 from basin_runtime.gateway.errors import AdminAuthError, GatewayError, error_response
 from basin_runtime.gateway.gateway import Gateway
 from basin_runtime.gateway.lending import LendingTracker
@@ -42,10 +41,10 @@ from basin_runtime.gateway.metrics import CONTENT_TYPE
 from basin_runtime.gateway.predictors import Predictors
 from basin_runtime.gateway.proxy import Upstream
 from basin_runtime.gateway.session_log import SessionLogWriter
-from basin_runtime.gateway.signals import HitRateWindow
 from basin_runtime.gateway.upstream import UpstreamClient, make_client
 from basin_runtime.gateway.waiting import WaitingRoom
 from basin_runtime.policy import Policy, PolicyError
+from basin_runtime.policy.hit_rate import HitRateWindow
 from basin_runtime.task_text import TaskTextError, TaskTextRule
 from basin_runtime.tokenizer import TokenizerError, get_tokenizer
 
@@ -132,8 +131,8 @@ def build_gateway(config: GatewayConfig, client: UpstreamClient | httpx.AsyncCli
         rule = TaskTextRule(config.task_text_pattern)
     except (TokenizerError, TaskTextError) as exc:
         raise ConfigError(str(exc)) from exc
-    calibration = None if config.calibration is None else load_calibration(config.calibration)
-    policy = Policy(policy_config(config, calibration))
+    calibration = None if config.calibration is None else read_calibration(config.calibration)
+    policy = Policy(gateway_policy_config(config, calibration))
     predictors = Predictors.load(config.default_model, config.workload_models, tokenizer.name)
     room = WaitingRoom(policy, clock or MonotonicClock(), retry_after_s=config.retry_after_s)
     try:

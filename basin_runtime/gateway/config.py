@@ -24,7 +24,11 @@ from typing import Any
 
 import yaml
 
-from basin_runtime.policy import PolicyConfig
+from basin_runtime.calibration import Calibration, CalibrationError, load_calibration
+from basin_runtime.policy import PolicyConfig, PolicyError
+from basin_runtime.policy.calibrated import policy_config
+from basin_runtime.policy.hit_rate import DEFAULT_MIN_PROMPT_TOKENS, DEFAULT_WINDOW_S
+from basin_runtime.policy.lending import LEND_CAP_FRACTION
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 UPSTREAM_CLIENTS = ("aiohttp", "httpx")
@@ -60,8 +64,8 @@ class GatewayConfig:
     log_level: str = "info"
     policy: Mapping[str, Any] = field(default_factory=dict)
     shadow: bool = False
-    hit_rate_window_s: float = 60.0
-    hit_rate_min_prompt_tokens: int = 1000
+    hit_rate_window_s: float = DEFAULT_WINDOW_S
+    hit_rate_min_prompt_tokens: int = DEFAULT_MIN_PROMPT_TOKENS
     engine_metrics_urls: Sequence[str] = ()
     engine_metrics_interval_s: float = 5.0
     session_log: Path | None = None
@@ -70,7 +74,7 @@ class GatewayConfig:
     session_log_keep_text: bool = True
     lending_decode_instances: Mapping[str, int] = field(default_factory=dict)
     lending_default_capacity_tokens: int = 1_000_000
-    lending_cap_fraction: float = 0.5
+    lending_cap_fraction: float = LEND_CAP_FRACTION
 
 
 def _str(key: str, value: object) -> str:
@@ -333,3 +337,22 @@ def _split_models(entries: Sequence[str]) -> tuple[Path, dict[str, Path]]:
         raise ConfigError(f"model: give exactly one default model (a plain PATH), got {len(defaults)}: "
                           f"{[str(p) for p in defaults]}")
     return defaults[0], by_workload
+
+
+def read_calibration(path: Path) -> Calibration:
+    """The calibration file at `path`; `ConfigError` naming the file, key and value."""
+    try:
+        return load_calibration(path)
+    except CalibrationError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+def gateway_policy_config(config: GatewayConfig, calibration: Calibration | None) -> PolicyConfig:
+    """The policy's configuration: `policy_config` over the calibration, the `policy:` section and the budget."""
+    if config.budget_tokens is None and calibration is None:
+        raise ConfigError("no budget: give --budget-tokens N or --calibration FILE")
+    try:
+        return policy_config(calibration, {"always_engaged": config.always_engaged, **config.policy},
+                             budget_tokens=config.budget_tokens)
+    except (PolicyError, TypeError) as exc:
+        raise ConfigError(f"policy configuration: {exc}") from exc

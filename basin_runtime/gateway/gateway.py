@@ -46,8 +46,8 @@ from basin_runtime.gateway.priority import request_id, stamp
 from basin_runtime.gateway.proxy import CallEnd, Upstream
 from basin_runtime.gateway.session_log import SessionLogWriter
 from basin_runtime.gateway.sessions import CallRecord, SessionEntry, session_id_for
-from basin_runtime.gateway.signals import HitRateWindow
 from basin_runtime.gateway.waiting import EndReason, WaitingRoom
+from basin_runtime.policy.hit_rate import HitRateWindow
 from basin_runtime.session_log import LoggedCall, SessionLogRecord
 
 logger = logging.getLogger(__name__)

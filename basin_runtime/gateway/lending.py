@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from basin_runtime.policy import LendingLedger, WriteBackPlan
+from basin_runtime.policy.lending import LEND_CAP_FRACTION
 
 WRITEBACK_HEADER = "X-Basin-Writeback"
 
@@ -28,7 +29,7 @@ class LendingTracker:
     """The ledger of what each decode instance keeps of finished calls, per session."""
 
     def __init__(self, decode_instances: Mapping[str, int] | None = None, *, default_capacity_tokens: int = 1_000_000,
-                 lend_cap_fraction: float = 0.5) -> None:
+                 lend_cap_fraction: float = LEND_CAP_FRACTION) -> None:
         self.ledger = LendingLedger(lend_cap_fraction=lend_cap_fraction)
         self.default_capacity_tokens = default_capacity_tokens
         for instance_id, capacity_tokens in (decode_instances or {}).items():

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from typing import Literal
 
 from starlette.types import Receive
@@ -67,13 +67,10 @@ class WaitingRoom:
             if existing is not None:
                 return existing, False
             now = self.clock.now()
-            if is_adopted:
-                self.policy.adopt(session_id, now, predicted_peak_tokens, first.prompt_tokens)
-                is_admitted = True
-            else:
-                is_admitted = self.policy.arrive(session_id, now, predicted_peak_tokens, first.prompt_tokens)
+            step = self.policy.adopt if is_adopted else self.policy.arrive
+            events = step(session_id, now, predicted_peak_tokens, first.prompt_tokens)
             entry = SessionEntry(
-                session_id=session_id, state="live" if is_admitted else "queued",
+                session_id=session_id, state="queued",
                 decision=asyncio.get_running_loop().create_future(),
                 priority=sglang_priority(self.policy.priority_of(session_id), self.origin_s),
                 predicted_peak_tokens=predicted_peak_tokens, task_text=first.task_text, workload=workload,
@@ -81,9 +78,7 @@ class WaitingRoom:
                 is_single_call=is_single_call, arrived_s=now, model=model,
             )
             self.registry.add(entry)
-            if is_admitted:
-                entry.decision.set_result("admitted")
-                self._notify_admitted(entry, 0.0)
+            self._apply(events, now)
             return entry, True
 
     async def observe(self, entry: SessionEntry, prompt_tokens: int) -> bool:
@@ -93,7 +88,7 @@ class WaitingRoom:
                 return False
             now = self.clock.now()
             entry.last_active_s = now
-            self._admit(self.policy.observe(entry.session_id, now, prompt_tokens), now)
+            self._apply(self.policy.observe(entry.session_id, now, prompt_tokens), now)
             return True
 
     async def wait(self, entry: SessionEntry, receive: Receive) -> None:
@@ -159,28 +154,28 @@ class WaitingRoom:
             if entry is None:
                 return None
             now = self.clock.now()
-            admitted = self.policy.finish(session_id, now)
+            events = self.policy.finish(session_id, now)
             if not entry.decision.done():
                 entry.decision.set_result("ended")
-            self._admit(admitted, now)
+            self._apply(events, now)
         logger.info("session %s %s after %d calls", session_id, reason, len(entry.calls))
         self._notify_end(entry, reason)
         return entry
 
-    def _admit(self, session_ids: Iterable[str], now: float) -> None:
-        for session_id in session_ids:
-            entry = self.registry.get(session_id)
-            assert entry is not None, f"the policy admitted {session_id!r}, which the gateway does not hold"
-            entry.state = "live"
-            entry.last_active_s = now
-            if not entry.decision.done():
-                entry.decision.set_result("admitted")
-            self._notify_admitted(entry, now - entry.arrived_s)
+    def _admit(self, admitted: Admitted, now: float) -> None:
+        entry = self.registry.get(admitted.session_id)
+        assert entry is not None, f"the policy admitted {admitted.session_id!r}, which the gateway does not hold"
+        entry.state = "live"
+        entry.last_active_s = now
+        if not entry.decision.done():
+            entry.decision.set_result("admitted")
+        self._notify_admitted(entry, admitted.waited_s)
 
     def _apply(self, events: list[Event], now: float) -> None:
+        """The one translation of policy events into gateway state, for every step."""
         for event in events:
             if isinstance(event, Admitted):
-                self._admit([event.session_id], now)
+                self._admit(event, now)
             elif isinstance(event, Shed):
                 self._shed(event)
             elif isinstance(event, BudgetMoved):

@@ -10,6 +10,8 @@
 #   lending.py    the ledger of decode memory lent to the prefix cache
 #   events.py     decisions out (Admitted, BudgetMoved, Shed) and the state snapshot
 #   core.py       Policy, wiring the above around one state
+#   hit_rate.py   HitRateWindow: the windowed prefix hit rate that moves the budget
+#   calibrated.py Calibration and policy_config: the one construction from measured numbers
 """The Basin policy core: admission, priority, budget, shedding and the lending ledger."""
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from basin_runtime.policy.config import (
     UnknownSessionError,
 )
 from basin_runtime.policy.core import Policy, SessionState
-from basin_runtime.policy.events import Admitted, BudgetMoved, Event, PolicySnapshot, Shed
+from basin_runtime.policy.events import Admitted, BudgetMoved, Event, PolicySnapshot, Shed, admitted_ids
 from basin_runtime.policy.lending import LendingLedger, LentEntry, Reclaimed, WriteBackPlan
 
 __all__ = [
@@ -45,5 +47,6 @@ __all__ = [
     "Shed",
     "UnknownSessionError",
     "WriteBackPlan",
+    "admitted_ids",
     "reference_budget_tokens",
 ]

@@ -12,6 +12,9 @@
 # - Admitted sessions run to completion: no budget change ever evicts a live session. Only
 #   shedding (`shedding.py`, on `tick`) drops a queued session; `finish` of a queued session is the
 #   client withdrawing it.
+# - Every step (`arrive`, `adopt`, `observe`, `finish`, `tick`, `set_reference_budget`) returns its
+#   list of events, in order: each admission is an `Admitted` with its wait and reservation (the
+#   arriving session's own admission too, with a wait of 0), so a driver has one translation path.
 # - Every public method validates everything before it changes anything: an illegal step raises
 #   `PolicyError` and leaves the state exactly as it was. `now` never runs backwards.
 # Invariants (after every public call):
@@ -63,19 +66,20 @@ class Policy:
 
     # --- events in -------------------------------------------------------------------------
 
-    def arrive(self, session_id: str, now: float, predicted_peak_tokens: float, context_tokens: int) -> bool:
-        """A session arrives; return True if it is admitted now, False if it queues."""
+    def arrive(self, session_id: str, now: float, predicted_peak_tokens: float, context_tokens: int) -> list[Event]:
+        """A session arrives; its `Admitted` event is in the list if it is admitted now (else it queues)."""
         return self._enter(session_id, now, predicted_peak_tokens, context_tokens, is_adopted=False)
 
-    def adopt(self, session_id: str, now: float, predicted_peak_tokens: float, context_tokens: int) -> None:
+    def adopt(self, session_id: str, now: float, predicted_peak_tokens: float, context_tokens: int) -> list[Event]:
         """Make a session that is already running elsewhere live at once (e.g. after a gateway restart).
 
         It is not new work: it never queues, whatever the budget, and its priority is fixed from `now`.
+        Returns its `Admitted` event.
         """
-        self._enter(session_id, now, predicted_peak_tokens, context_tokens, is_adopted=True)
+        return self._enter(session_id, now, predicted_peak_tokens, context_tokens, is_adopted=True)
 
     def _enter(self, session_id: str, now: float, predicted_peak_tokens: float, context_tokens: int,
-               is_adopted: bool) -> bool:
+               is_adopted: bool) -> list[Event]:
         now = self._check_now(now)
         _check_session_id(session_id)
         if session_id in self._live or session_id in self._queue:
@@ -87,19 +91,17 @@ class Policy:
         priority = priority_s(self.config.mode, now, peak, self.config.tokens_per_s)
         record = SessionRecord(session_id, self._next_seq, now, peak, priority, context)
         self._next_seq += 1
-        if is_adopted:
-            self._make_live(record, reservation_tokens(self.config.mode, record))
-            return True
-        self._arrivals.record(now)
-        if not was_engaged:
-            self._make_live(record, reservation_tokens(self.config.mode, record))
-            return True
+        if not is_adopted:
+            self._arrivals.record(now)
+        if is_adopted or not was_engaged:
+            reservation = reservation_tokens(self.config.mode, record)
+            self._make_live(record, reservation)
+            return [Admitted(session_id, now, priority, 0.0, reservation)]
         self._queue.push(record)
-        self._drain()
-        return session_id in self._live
+        return self._admitted_events(now)
 
-    def observe(self, session_id: str, now: float, context_tokens: int) -> list[str]:
-        """A call's prompt size was seen; return the ids admitted as a consequence, in order."""
+    def observe(self, session_id: str, now: float, context_tokens: int) -> list[Event]:
+        """A call's prompt size was seen; return the admissions it caused, in order."""
         now = self._check_now(now)
         context = require_tokens(f"context_tokens of session {session_id!r}", context_tokens)
         record = self._record(session_id, "observe")
@@ -111,10 +113,10 @@ class Policy:
             self._reserved_tokens += reservation_tokens(self.config.mode, record)
         else:
             record.context_tokens = context
-        return [record.session_id for record, _ in self._drain()]
+        return self._admitted_events(now)
 
-    def finish(self, session_id: str, now: float) -> list[str]:
-        """End a live session or withdraw a queued one; return the ids admitted as a consequence."""
+    def finish(self, session_id: str, now: float) -> list[Event]:
+        """End a live session or withdraw a queued one; return the admissions it caused, in order."""
         now = self._check_now(now)
         record = self._record(session_id, "finish")
         self._advance(now)
@@ -124,7 +126,7 @@ class Policy:
             self._reserved_tokens -= reservation_tokens(self.config.mode, record)
         else:
             self._queue.remove(session_id)
-        return [record.session_id for record, _ in self._drain()]
+        return self._admitted_events(now)
 
     def tick(self, now: float, hit_rate: float | None = None) -> list[Event]:
         """Let time pass: move the budget, admit, and shed at most one queued session."""

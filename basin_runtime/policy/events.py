@@ -1,9 +1,9 @@
 # Decisions out of the policy core, as data.
 #
 # Rules:
-# - Every decision the policy makes on its own initiative is one frozen event: `Admitted` (a queued
-#   session may start), `BudgetMoved` (the budget changed), `Shed` (a queued session is dropped,
-#   with a reason a person can read). `arrive` answers for the arriving session itself with a bool.
+# - Every decision the policy makes is one frozen event: `Admitted` (a session may start: at its
+#   arrival with a wait of 0, or from the queue), `BudgetMoved` (the budget changed), `Shed` (a
+#   queued session is dropped, with a reason a person can read). Every step returns its events.
 # - `PolicySnapshot` is the whole observable state; tests compare it field by field, and
 #   `to_dict()` gives the same content as plain JSON types.
 """Events the policy core emits and the snapshot of its state."""
@@ -16,7 +16,7 @@ from typing import Any, TypeAlias
 
 @dataclass(frozen=True)
 class Admitted:
-    """A queued session was admitted and may start."""
+    """A session was admitted (at arrival, adopted, or from the queue) and may start."""
 
     session_id: str
     now_s: float
@@ -52,6 +52,11 @@ class Shed:
 
 
 Event: TypeAlias = Admitted | BudgetMoved | Shed
+
+
+def admitted_ids(events: list[Event]) -> tuple[str, ...]:
+    """The ids of the `Admitted` events, in order."""
+    return tuple(e.session_id for e in events if isinstance(e, Admitted))
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 #
 # Rules:
 # - Each decode instance (a string id) has a memory capacity in tokens; what it may lend is capped
-#   at cap_tokens = floor(capacity_tokens * lend_cap_fraction) (half of its memory by default).
+#   at cap_tokens = floor(capacity_tokens * lend_cap_fraction); the default `LEND_CAP_FRACTION`
+#   (half of its memory, the paper's cap) is the one definition the gateway and simulator share.
 # - An entry is the KV a decode instance kept of a session's finished call: session_id -> tokens.
 #   A session has at most one lent copy: lending again replaces the older copy, possibly on another
 #   instance. A zero-token copy is not kept.
@@ -24,6 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from basin_runtime.policy.config import PolicyError, require_finite, require_tokens
+
+LEND_CAP_FRACTION = 0.5  # decode lends at most half of its memory (the paper's cap)
 
 
 @dataclass(frozen=True)
@@ -59,7 +62,7 @@ class WriteBackPlan:
 class LendingLedger:
     """Per decode instance, the KV of finished calls kept for the prefix cache, oldest first."""
 
-    def __init__(self, lend_cap_fraction: float = 0.5) -> None:
+    def __init__(self, lend_cap_fraction: float = LEND_CAP_FRACTION) -> None:
         fraction = require_finite("lend_cap_fraction", lend_cap_fraction)
         if not 0 < fraction <= 1:
             raise PolicyError(f"lend_cap_fraction must be in (0, 1], got {lend_cap_fraction!r}")

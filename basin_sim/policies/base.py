@@ -5,9 +5,10 @@
 #   on every call's prompt size, on every session end (finished, killed, or withdrawn while held), and
 #   on a periodic tick with the recent prefix-cache hit rate. It asks the priority of every request it
 #   queues for decode memory and for prefill: smaller is served first.
-# - The policy answers with `Decisions`: held sessions to admit now (they start their first call at
-#   once), and held sessions to shed (they fail). Admitting or shedding a session that is not held is
-#   an error the engine reports.
+# - Every call is answered with `Decisions`: held sessions to admit now (they start their first call
+#   at once; the arriving session itself is held until its own arrival admits it), and held sessions
+#   to shed (they fail). Admitting or shedding a session that is not held is an error the engine
+#   reports.
 # - `on_arrival` is handed the whole recorded session (the simulator has it); a policy that stands for
 #   a real gateway reads only what the gateway sees at the first call: `task_text` and the first
 #   prompt's size. Anything else (the real peak, later calls) is an oracle and must say so in its name.
@@ -18,8 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
+from basin_runtime.policy.calibrated import Calibration
 from basin_runtime.session_table import Session
 from basin_sim.profile import Deployment
 
@@ -45,18 +47,18 @@ class PolicyContext:
 
     `predicted_peak_tokens` maps a pool session's id (`Session.session_id`) to its predicted peak,
     made from what the gateway sees at the first call only (`task_text`, first prompt size).
-    `reservation_scale` multiplies every prediction (the reservation quantile). `knee_tokens`,
-    `reservation_ratio` and `peak_completion_rate_per_s` come from knee calibration (None / 1.0: not
-    measured). `pin_ttl_s` is the
-    TTL of a Continuum pin (None: the policy's own default).
+    `reservation_scale` multiplies every prediction (the reservation quantile). `calibration` is what
+    the operator measured (the gateway's calibration file; None: nothing measured, the knee taken as
+    the cache capacity), `policy_overrides` any `PolicyConfig` fields set by hand (the gateway
+    config's `policy:` section). `pin_ttl_s` is the TTL of a Continuum pin (None: the policy's own
+    default).
     """
 
     deployment: Deployment
     predicted_peak_tokens: Mapping[str, float] = field(default_factory=dict)
     reservation_scale: float = 1.0
-    knee_tokens: float | None = None
-    peak_completion_rate_per_s: float | None = None
-    reservation_ratio: float = 1.0
+    calibration: Calibration | None = None
+    policy_overrides: Mapping[str, Any] = field(default_factory=dict)
     pin_ttl_s: float | None = None
 
 
@@ -67,8 +69,8 @@ class SessionPolicy(Protocol):
     pin_ttl_s: float | None  # prefill keeps a session's chain pinned this long after each answer (Continuum)
     lends_decode_memory: bool  # decode keeps finished calls' KV in idle memory for write-back (Basin)
 
-    def on_arrival(self, session_id: str, now: float, session: Session) -> bool:
-        """A session arrives; True admits it now, False holds it at the door."""
+    def on_arrival(self, session_id: str, now: float, session: Session) -> Decisions:
+        """A session arrives; admitting it now is a decision like any other (else it is held at the door)."""
         ...
 
     def on_call(self, session_id: str, now: float, prompt_tokens: int) -> Decisions:

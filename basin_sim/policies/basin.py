@@ -3,23 +3,25 @@
 # Rules:
 # - Every engine event goes to the policy core unchanged: arrival -> `arrive`, each call's prompt
 #   -> `observe`, end (finished, killed, aborted, withdrawn while held) -> `finish`, tick -> `tick`
-#   with the recent hit rate. The ids the core admits and sheds become `Decisions`, in its order.
+#   with the windowed hit rate. Every step's events become `Decisions` through one translation
+#   (`decisions_of`), in the core's order.
 # - `basin`: the predicted peak of a session is looked up from `PolicyContext.predicted_peak_tokens`
 #   (the pool batch-predicted once from task text and first prompt size), times `reservation_scale`.
 #   A session with no prediction is an error, never a silent default.
 # - `basin-proto` (mode "prototype"): arrival order, admission by current context; no predictor.
-# - Budget B = r x min(0.9 x knee, cache capacity) with the measured knee (0.9 x capacity without
-#   one) and, for `basin`, the measured reservation ratio r (sum of reservations / sum of contexts of
-#   the live sessions on the knee ramp; 1 when not measured): the knee is a working set, admission
-#   sums predicted peaks. `basin-proto` reserves contexts, so r = 1. Shedding only with a measured
-#   peak completion rate.
+# - The policy core's configuration is built exactly as the gateway builds it:
+#   `basin_runtime.policy.calibrated.policy_config` over the operator's calibration (the gateway's
+#   calibration file) and overrides, so budget, plateau hit rate and shedding rate are the served
+#   ones. With no calibration, the knee is taken as the cache capacity (B = 0.9 x capacity). Shedding
+#   only with a measured peak completion rate.
 # - Request priority = the core's fixed session priority (smaller first), for prefill and decode.
 # - Both variants lend idle decode memory to the prefix cache (the engine does the lending).
 """`basin` and `basin-proto`: the Basin policy core as a simulator policy."""
 
 from __future__ import annotations
 
-from basin_runtime.policy import Admitted, Policy, PolicyConfig, PolicyMode, Shed, reference_budget_tokens
+from basin_runtime.policy import Admitted, Event, Policy, PolicyConfig, PolicyMode, Shed
+from basin_runtime.policy.calibrated import Calibration, policy_config
 from basin_runtime.session_table import Session
 from basin_sim.policies.base import NO_DECISIONS, Decisions, PolicyContext, PolicySpec
 
@@ -28,19 +30,18 @@ class MissingPredictionError(KeyError):
     """`basin` was handed a session the pool predictions do not cover."""
 
 
-def budget_for(context: PolicyContext, mode: PolicyMode = "basin") -> int:
-    """B = r x min(0.9 x knee, cache capacity); 0.9 x capacity while the knee is not measured; r = 1 in prototype."""
+def calibration_for(context: PolicyContext) -> Calibration:
+    """The operator's calibration, or, with none, the knee taken as the cache capacity (nothing else measured)."""
+    if context.calibration is not None:
+        return context.calibration
     deployment = context.deployment
-    capacity = deployment.prefill_cache_tokens * deployment.num_prefill
-    knee = context.knee_tokens if context.knee_tokens is not None else capacity
-    ratio = 1.0 if mode == "prototype" else context.reservation_ratio
-    return reference_budget_tokens(knee, capacity, reservation_ratio=ratio)
+    capacity = float(deployment.prefill_cache_tokens * deployment.num_prefill)
+    return Calibration(knee_tokens=capacity, cache_capacity_tokens=capacity)
 
 
 def config_for(context: PolicyContext, mode: PolicyMode) -> PolicyConfig:
-    """The policy core's configuration for this deployment (operator defaults otherwise)."""
-    return PolicyConfig(budget_tokens=budget_for(context, mode), mode=mode,
-                        peak_completion_rate_per_s=context.peak_completion_rate_per_s)
+    """The policy core's configuration: `policy_config` as the gateway calls it, in this mode."""
+    return policy_config(calibration_for(context), {**context.policy_overrides, "mode": mode})
 
 
 class BasinPolicy:
@@ -66,32 +67,35 @@ class BasinPolicy:
                                          f"{session.session_id!r}")
         return peak * self._scale
 
-    def on_arrival(self, session_id: str, now: float, session: Session) -> bool:
+    def on_arrival(self, session_id: str, now: float, session: Session) -> Decisions:
         """`Policy.arrive` with the predicted peak and the first prompt's size."""
-        return self.core.arrive(session_id, now, self.predicted_peak(session), session.first_prompt_tokens)
+        peak = self.predicted_peak(session)
+        return decisions_of(self.core.arrive(session_id, now, peak, session.first_prompt_tokens))
 
     def on_call(self, session_id: str, now: float, prompt_tokens: int) -> Decisions:
         """`Policy.observe`."""
-        return _admit(self.core.observe(session_id, now, prompt_tokens))
+        return decisions_of(self.core.observe(session_id, now, prompt_tokens))
 
     def on_session_end(self, session_id: str, now: float) -> Decisions:
         """`Policy.finish` (ends a live session or withdraws a queued one)."""
-        return _admit(self.core.finish(session_id, now))
+        return decisions_of(self.core.finish(session_id, now))
 
     def on_tick(self, now: float, hit_rate: float | None) -> Decisions:
-        """`Policy.tick`: its Admitted and Shed events, in order."""
-        events = self.core.tick(now, hit_rate)
-        admit = tuple(e.session_id for e in events if isinstance(e, Admitted))
-        shed = tuple(e.session_id for e in events if isinstance(e, Shed))
-        return Decisions(admit, shed) if admit or shed else NO_DECISIONS
+        """`Policy.tick`."""
+        return decisions_of(self.core.tick(now, hit_rate))
 
     def priority(self, session_id: str, now: float) -> float:
         """The session's fixed priority from the core."""
         return self.core.priority_of(session_id)
 
 
-def _admit(ids: list[str]) -> Decisions:
-    return Decisions(tuple(ids)) if ids else NO_DECISIONS
+def decisions_of(events: list[Event]) -> Decisions:
+    """The engine's decisions from one step's events: its Admitted and Shed events, in order."""
+    if not events:
+        return NO_DECISIONS
+    admit = tuple(e.session_id for e in events if isinstance(e, Admitted))
+    shed = tuple(e.session_id for e in events if isinstance(e, Shed))
+    return Decisions(admit, shed) if admit or shed else NO_DECISIONS
 
 
 def _basin(context: PolicyContext) -> BasinPolicy:

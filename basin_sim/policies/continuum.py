@@ -24,10 +24,10 @@ class ContinuumPolicy:
         self.pin_ttl_s: float | None = pin_ttl_s
         self._arrival_s: dict[str, float] = {}
 
-    def on_arrival(self, session_id: str, now: float, session: Session) -> bool:
+    def on_arrival(self, session_id: str, now: float, session: Session) -> Decisions:
         """Always admit; remember the arrival time."""
         self._arrival_s[session_id] = now
-        return True
+        return Decisions(admit=(session_id,))
 
     def on_call(self, session_id: str, now: float, prompt_tokens: int) -> Decisions:
         """Nothing to decide."""

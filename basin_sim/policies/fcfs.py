@@ -16,9 +16,9 @@ class FcfsPolicy:
         self.pin_ttl_s: float | None = None
         self.lends_decode_memory = False
 
-    def on_arrival(self, session_id: str, now: float, session: Session) -> bool:
+    def on_arrival(self, session_id: str, now: float, session: Session) -> Decisions:
         """Always admit."""
-        return True
+        return Decisions(admit=(session_id,))
 
     def on_call(self, session_id: str, now: float, prompt_tokens: int) -> Decisions:
         """Nothing to decide."""

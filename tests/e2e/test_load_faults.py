@@ -1,13 +1,13 @@
 """Load and fault tests of the whole stack: openai client -> Basin gateway -> smg (PD) -> emulated engines.
 
-Everything runs on loopback through `basin_sim.stack.LocalStack` (each process in its own process group,
+Everything runs on loopback through `basin_stack.stack.LocalStack` (each process in its own process group,
 all killed when the fixture's `with` block exits): one prefill and two decode emulators on the TINY
 profile (tests/emulate/rig.py: prefill 10 ms + 0.1 ms/token, decode 20 ms/step), the real `smg` router
 and the gateway with a budget nobody reaches (admission never holds a session here; these tests are
 about the data path and the accounting, not the policy). Sizes are small so the module takes well
 under a minute and a half on two cores.
 
-1. Load: 48 replayed sessions (basin_sim.replay_client, streamed calls) at once; every call answered
+1. Load: 48 replayed sessions (basin_loadgen.replay_client, streamed calls) at once; every call answered
    with the planned token counts, cached tokens on every later call, and the gateway's accounting and
    the engines' queues back to empty once the sessions end.
 2. Faults: a decode engine and then the prefill engine SIGKILLed under load and restarted. Failed calls
@@ -56,10 +56,10 @@ import pytest
 import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
+from basin_loadgen.replay import ConversationBuilder, RateSchedule, plan_sessions
+from basin_loadgen.replay_client import ClientSettings, Replayer
 from basin_runtime.tokenizer import get_tokenizer
-from basin_sim.replay import ConversationBuilder, RateSchedule, plan_sessions
-from basin_sim.replay_client import ClientSettings, Replayer
-from basin_sim.stack import LocalStack, StackSpec
+from basin_stack.stack import LocalStack, StackSpec
 from tests.emulate.rig import tiny_profile_file
 from tests.sim.builders import session as pool_session
 

@@ -22,8 +22,8 @@ import httpx
 import yaml
 from starlette.applications import Starlette
 
-from basin_sim.emulate.config import EmulatorConfig, parse_config
-from basin_sim.emulate.server import build_app
+from basin_emulate.config import EmulatorConfig, parse_config
+from basin_emulate.server import build_app
 from tests.sim.builders import TINY
 
 _ROOMS = itertools.count(1)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from basin_sim.emulate.cli import main
-from basin_sim.emulate.config import parse_config
+from basin_emulate.cli import main
+from basin_emulate.config import parse_config
 
 
 def test_defaults_are_sglangs() -> None:

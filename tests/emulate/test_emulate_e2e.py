@@ -1,6 +1,6 @@
 """End to end: the official `openai` client -> the real SGLang router (`smg`, PD mode) -> two emulators.
 
-Everything runs as subprocesses on free loopback ports: `python -m basin_sim.emulate` as prefill and as
+Everything runs as subprocesses on free loopback ports: `python -m basin_emulate` as prefill and as
 decode (priority scheduling on, cache report on, real time at --time-scale 1 so that queueing is visible),
 and `python -m smg.launch_router --pd-disaggregation`. All are killed (process group, SIGKILL) in the
 fixture's teardown, whatever happened.
@@ -34,10 +34,10 @@ def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
               "--served-model-name", MODEL, "--log-level", "warning"]
     processes: list[Process] = []
     try:
-        processes.append(start("prefill", [sys.executable, "-m", "basin_sim.emulate", "--role", "prefill", "--port",
+        processes.append(start("prefill", [sys.executable, "-m", "basin_emulate", "--role", "prefill", "--port",
                                            str(ports["prefill"]), "--disaggregation-bootstrap-port",
                                            str(ports["bootstrap"]), *common], logs))
-        processes.append(start("decode", [sys.executable, "-m", "basin_sim.emulate", "--role", "decode", "--port",
+        processes.append(start("decode", [sys.executable, "-m", "basin_emulate", "--role", "decode", "--port",
                                           str(ports["decode"]), *common], logs))
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         for process in processes:

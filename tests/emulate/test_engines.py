@@ -7,11 +7,11 @@ import time
 
 import pytest
 
-from basin_sim.emulate.clock import LagWindow, ModelClock
-from basin_sim.emulate.decode_engine import DecodeEngine, DecodeStage
-from basin_sim.emulate.errors import RequestTooLargeError
-from basin_sim.emulate.ordering import QueueOrder
-from basin_sim.emulate.prefill_engine import PrefillEngine
+from basin_emulate.clock import LagWindow, ModelClock
+from basin_emulate.decode_engine import DecodeEngine, DecodeStage
+from basin_emulate.errors import RequestTooLargeError
+from basin_emulate.ordering import QueueOrder
+from basin_emulate.prefill_engine import PrefillEngine
 from tests.sim.builders import TINY
 
 pytestmark = pytest.mark.asyncio

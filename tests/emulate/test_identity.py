@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from basin_emulate.identity import GROUP_CHARS, GROUP_IDS, KEY_CHARS, ChainBook, PromptCounter
 from basin_runtime.tokenizer import DEFAULT_TOKENIZER, ChatTokenizer, get_tokenizer
-from basin_sim.emulate.identity import GROUP_CHARS, GROUP_IDS, KEY_CHARS, ChainBook, PromptCounter
 
 pytestmark = pytest.mark.asyncio
 REAL = get_tokenizer(DEFAULT_TOKENIZER)

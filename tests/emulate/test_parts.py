@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from basin_sim.emulate.clock import LagWindow
-from basin_sim.emulate.metrics import WeightedHistogram
-from basin_sim.emulate.ordering import QueueOrder
+from basin_emulate.clock import LagWindow
+from basin_emulate.metrics import WeightedHistogram
+from basin_emulate.ordering import QueueOrder
 
 
 def test_a_missing_priority_runs_last_under_priority_scheduling() -> None:

@@ -38,7 +38,7 @@ from basin_runtime.gateway.session_log import SessionLogWriter
 from basin_runtime.predictor import PeakPredictor, model_file_name
 from basin_runtime.session_log import LoggedCall, SessionLogRecord
 from basin_runtime.session_table import Session, read_sessions
-from basin_sim.synthetic import generate_corpus
+from basin_sim.workload.synthetic import generate_corpus
 from pipeline import export, featurize, ingest, sources, train
 from pipeline.adapters.gateway_log import task_id_of
 from pipeline.params import CORPORA_ROOT_ENV

@@ -27,7 +27,7 @@ READERS = {"ingest": (ingest_params, IngestParams), "featurize": (featurize_para
 
 
 def test_the_simulate_section_loads_into_its_dataclass() -> None:
-    from basin_sim.stage import SimulateParams, simulate_params
+    from pipeline.simulate import SimulateParams, simulate_params
 
     loaded = simulate_params(ROOT / "params.yaml")
     assert {f.name for f in dataclasses.fields(SimulateParams)} == set(PARAMS["simulate"])

@@ -10,11 +10,12 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
+from basin_runtime.calibration import CalibrationError, load_calibration
 from basin_runtime.gateway.app import build_gateway, create_app
-from basin_runtime.gateway.calibration import load_calibration, policy_config
 from basin_runtime.gateway.cli import main
 from basin_runtime.gateway.clock import ManualClock
 from basin_runtime.gateway.config import CONFIG_KEYS, ConfigError, GatewayConfig, build_parser, load_config
+from basin_runtime.gateway.config import gateway_policy_config as policy_config
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "models"
@@ -188,7 +189,7 @@ def test_a_bad_calibration_file_is_refused_naming_it(tmp_path: Path, content: st
     path = tmp_path / "cal.json"
     if content is not None:
         path.write_text(content, encoding="utf-8")
-    with pytest.raises(ConfigError) as caught:
+    with pytest.raises(CalibrationError) as caught:
         load_calibration(path)
     assert str(caught.value).startswith(str(path)) and fragment in str(caught.value)
 

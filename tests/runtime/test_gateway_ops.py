@@ -20,7 +20,7 @@ from basin_runtime.gateway.app import create_app
 from basin_runtime.gateway.config import GatewayConfig
 from basin_runtime.gateway.lending import LendingTracker
 from basin_runtime.gateway.session_log import SessionLogWriter
-from basin_runtime.gateway.signals import HitRateWindow
+from basin_runtime.policy.hit_rate import HitRateWindow
 from basin_runtime.session_log import SessionLogRecord
 from basin_runtime.session_table import read_sessions
 from pipeline.ingest import main as ingest_main

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from basin_runtime.gateway.signals import HitRateWindow, Usage, usage_of, usage_of_bytes
+from basin_runtime.gateway.signals import Usage, usage_of, usage_of_bytes
+from basin_runtime.policy.hit_rate import HitRateWindow
 
 
 def test_the_window_is_cached_over_prompt_tokens_of_the_calls_inside_it() -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import pickle
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,7 @@ from hypothesis.stateful import (
 from basin_runtime.policy import (
     Admitted,
     BudgetMoved,
+    Event,
     LendingLedger,
     LentEntry,
     Policy,
@@ -121,9 +123,12 @@ class PolicyMachine(RuleBasedStateMachine):
             self.started_s = self.now
         return self.now
 
-    def expect_admissions(self, admitted_ids: list[str], budget_tokens: int) -> None:
-        """Each admitted id is the queue head, and fits unless nobody is live."""
-        for session_id in admitted_ids:
+    def expect_admissions(self, events: Sequence[Event], budget_tokens: int) -> None:
+        """Every event is an `Admitted` of the queue head, which fits unless nobody is live; it carries
+        the head's priority, its wait since arrival and its reservation."""
+        for event in events:
+            assert isinstance(event, Admitted), f"unexpected event {event}"
+            session_id = event.session_id
             head = self.head()
             assert head is not None, f"{session_id} admitted from an empty queue"
             assert session_id == head.session_id, f"{session_id} admitted before the head {head.session_id}"
@@ -131,6 +136,7 @@ class PolicyMachine(RuleBasedStateMachine):
             assert not self.live or self.reserved() + need <= budget_tokens, (
                 f"admitting {session_id} takes reservations to {self.reserved() + need} > {budget_tokens}"
             )
+            assert event == Admitted(session_id, self.now, head.priority, self.now - head.arrival_s, need)
             self.live[session_id] = self.queued.pop(session_id)
 
     def pick(self, data: st.DataObject, pool: dict[str, ModelSession]) -> str:
@@ -145,20 +151,21 @@ class PolicyMachine(RuleBasedStateMachine):
         budget = self.budget()
         was_engaged = self.config.always_engaged or bool(self.queued) or self.working_set() > budget
         now = self.step_time(dt)
-        is_admitted = self.policy.arrive(session_id, now, peak, context)
+        events = self.policy.arrive(session_id, now, peak, context)
         priority = now if self.config.mode == "prototype" else now + peak / self.config.tokens_per_s
         session = ModelSession(session_id, self.num_arrived, now, peak, priority, context)
         self.num_arrived += 1
         self.arrivals_s.append(now)
         if not was_engaged:
-            assert is_admitted, f"{session_id} queued while admission was not engaged"
+            assert events == [Admitted(session_id, now, priority, 0.0, self.reservation(session))], (
+                f"{session_id} queued while admission was not engaged: {events}")
             self.live[session_id] = session
             return
         self.queued[session_id] = session
         head = self.head()
         due = head is session and self.head_fits(budget)
-        self.expect_admissions([session_id] if due else [], budget)
-        assert is_admitted == due
+        assert len(events) == int(due), f"{session_id}: due={due}, events {events}"
+        self.expect_admissions(events, budget)
 
     @precondition(lambda self: bool(self.live))
     @rule(data=st.data(), dt=st.integers(0, 20))
@@ -200,11 +207,7 @@ class PolicyMachine(RuleBasedStateMachine):
         else:
             assert self.budget() == budget_before
         admitted = [e for e in events if isinstance(e, Admitted)]
-        for event in admitted:
-            session = self.queued.get(event.session_id)
-            assert session is not None
-            assert (event.priority, event.waited_s) == (session.priority, now - session.arrival_s)
-        self.expect_admissions([e.session_id for e in admitted], self.budget())
+        self.expect_admissions(admitted, self.budget())
         rest = events[len(admitted) :]
         assert all(isinstance(e, Shed) for e in rest) and len(rest) <= 1, f"unexpected events {rest}"
         self.check_shedding(rest[0] if rest else None, now)
@@ -220,8 +223,7 @@ class PolicyMachine(RuleBasedStateMachine):
         high = max(low, round(reference * 1.10))
         assert isinstance(moved, BudgetMoved)
         assert (moved.old_budget_tokens, moved.new_budget_tokens) == (old, min(high, max(low, old)))
-        assert all(isinstance(e, Admitted) for e in events)
-        self.expect_admissions([e.session_id for e in events if isinstance(e, Admitted)], self.budget())
+        self.expect_admissions(events, self.budget())
 
     @rule(data=st.data())
     def illegal_step(self, data: st.DataObject) -> None:

@@ -21,6 +21,7 @@ from basin_runtime.policy import (
     BudgetMoved,
     ClockError,
     DuplicateSessionError,
+    Event,
     LendingLedger,
     LentEntry,
     Policy,
@@ -31,6 +32,7 @@ from basin_runtime.policy import (
     Shed,
     UnknownSessionError,
     WriteBackPlan,
+    admitted_ids,
     reference_budget_tokens,
 )
 from basin_runtime.policy.shedding import ArrivalRateMeter
@@ -68,6 +70,19 @@ def make(budget_tokens: int = 1000, **overrides: Any) -> tuple[Policy, Tracker]:
     return policy, Tracker(policy)
 
 
+def arrives(policy: Policy, session_id: str, now: float, peak: float, context: int) -> bool:
+    """`arrive`; True if its events admit the arriving session at once (and admit nobody else)."""
+    events = policy.arrive(session_id, now, peak, context)
+    assert all(isinstance(e, Admitted) and e.session_id == session_id for e in events), events
+    return bool(events)
+
+
+def admits(events: list[Event]) -> list[str]:
+    """The ids a step admitted, checking that every event it returned is an admission."""
+    assert all(isinstance(e, Admitted) for e in events), events
+    return list(admitted_ids(events))
+
+
 def assert_illegal(policy: Policy, step: Callable[[], object], error: type[PolicyError], match: str) -> None:
     """`step` raises `error` (a PolicyError) and changes nothing, not even hidden state."""
     before_snapshot = policy.snapshot()
@@ -88,14 +103,14 @@ def test_paper_example_new_session_waits_until_one_finishes() -> None:
     live: list[str] = []
     reserved = working_set = 0
     for now, (sid, peak, context) in enumerate(sessions):
-        assert policy.arrive(sid, float(now), peak, context) is True
+        assert arrives(policy, sid, float(now), peak, context) is True
         live.append(sid)
         reserved += peak
         working_set += context
         t.check(now_s=float(now), live=live, reserved_tokens=reserved, working_set_tokens=working_set)
     assert reserved == 950_000
 
-    assert policy.arrive("new", 10.0, 80_000, 6_000) is False  # 950K + 80K > 1M
+    assert arrives(policy, "new", 10.0, 80_000, 6_000) is False  # 950K + 80K > 1M
     t.check(now_s=10.0, queued=["new"])
     assert policy.priority_of("new") == 10.0 + 80_000 / 30
     assert policy.state_of("new") == "queued"
@@ -106,7 +121,8 @@ def test_paper_example_new_session_waits_until_one_finishes() -> None:
     assert policy.tick(300.0) == []  # nothing finished: it keeps waiting
     t.check(now_s=300.0)
 
-    assert policy.finish("s4", 600.0) == ["new"]
+    # the admission keeps its wait and reservation, whichever step made it
+    assert policy.finish("s4", 600.0) == [Admitted("new", 600.0, 10.0 + 80_000 / 30, 590.0, 80_000)]
     t.check(
         now_s=600.0,
         live=["s1", "s2", "s3", "s5", "new"],
@@ -123,28 +139,28 @@ def test_paper_example_new_session_waits_until_one_finishes() -> None:
 
 def test_not_engaged_admits_at_once_until_the_working_set_exceeds_the_budget() -> None:
     policy, t = make(1000)
-    assert policy.arrive("a", 0.0, 5000, 100) is True  # peak far over budget: not engaged yet
+    assert arrives(policy, "a", 0.0, 5000, 100) is True  # peak far over budget: not engaged yet
     t.check(now_s=0.0, live=["a"], reserved_tokens=5000, working_set_tokens=100)
-    assert policy.arrive("b", 1.0, 5000, 900) is True  # engagement is judged before the arrival
+    assert arrives(policy, "b", 1.0, 5000, 900) is True  # engagement is judged before the arrival
     t.check(now_s=1.0, live=["a", "b"], reserved_tokens=10_000, working_set_tokens=1000)
-    assert policy.observe("a", 2.0, 101) == []
+    assert admits(policy.observe("a", 2.0, 101)) == []
     t.check(now_s=2.0, working_set_tokens=1001, is_engaged=True)
 
-    assert policy.arrive("c", 3.0, 10, 10) is False
+    assert arrives(policy, "c", 3.0, 10, 10) is False
     t.check(now_s=3.0, queued=["c"])
-    assert policy.finish("a", 4.0) == []  # working set back under budget, but c is queued
+    assert admits(policy.finish("a", 4.0)) == []  # working set back under budget, but c is queued
     t.check(now_s=4.0, live=["b"], reserved_tokens=5000, working_set_tokens=900, is_engaged=True)
-    assert policy.finish("b", 5.0) == ["c"]  # nobody live: the head goes in
+    assert admits(policy.finish("b", 5.0)) == ["c"]  # nobody live: the head goes in
     t.check(now_s=5.0, live=["c"], queued=[], reserved_tokens=10, working_set_tokens=10, is_engaged=False)
 
 
 def test_always_engaged_checks_reservations_even_with_an_empty_cache() -> None:
     policy, t = make(1000, always_engaged=True)
-    assert policy.arrive("a", 0.0, 600, 0) is True
+    assert arrives(policy, "a", 0.0, 600, 0) is True
     t.check(now_s=0.0, live=["a"], reserved_tokens=600)
-    assert policy.arrive("b", 0.0, 401, 0) is False
+    assert arrives(policy, "b", 0.0, 401, 0) is False
     t.check(queued=["b"])
-    assert policy.arrive("c", 0.0, 400, 0) is True  # c's p is smaller than b's and it fits exactly
+    assert arrives(policy, "c", 0.0, 400, 0) is True  # c's p is smaller than b's and it fits exactly
     t.check(live=["a", "c"], reserved_tokens=1000)
 
 
@@ -153,24 +169,24 @@ def test_always_engaged_checks_reservations_even_with_an_empty_cache() -> None:
 
 def test_lone_head_is_admitted_over_budget() -> None:
     policy, t = make(1000, always_engaged=True)
-    assert policy.arrive("big", 0.0, 5000, 3000) is True  # nobody live: in, over budget
+    assert arrives(policy, "big", 0.0, 5000, 3000) is True  # nobody live: in, over budget
     t.check(now_s=0.0, live=["big"], reserved_tokens=5000, working_set_tokens=3000)
-    assert policy.arrive("tiny", 1.0, 1, 1) is False
+    assert arrives(policy, "tiny", 1.0, 1, 1) is False
     t.check(now_s=1.0, queued=["tiny"])
-    assert policy.finish("big", 2.0) == ["tiny"]
+    assert admits(policy.finish("big", 2.0)) == ["tiny"]
     t.check(now_s=2.0, live=["tiny"], queued=[], reserved_tokens=1, working_set_tokens=1)
 
 
 def test_head_blocks_smaller_sessions_behind_it() -> None:
     policy, t = make(1000, always_engaged=True)
-    assert policy.arrive("a", 0.0, 600, 0) is True
+    assert arrives(policy, "a", 0.0, 600, 0) is True
     t.check(now_s=0.0, live=["a"], reserved_tokens=600)
-    assert policy.arrive("b", 1.0, 500, 0) is False  # p = 1 + 500/30
+    assert arrives(policy, "b", 1.0, 500, 0) is False  # p = 1 + 500/30
     t.check(now_s=1.0, queued=["b"])
-    assert policy.arrive("c", 20.0, 100, 0) is False  # p = 20 + 100/30, behind b; fits, still waits
+    assert arrives(policy, "c", 20.0, 100, 0) is False  # p = 20 + 100/30, behind b; fits, still waits
     t.check(now_s=20.0, queued=["b", "c"])
     assert policy.has_capacity(100) is False  # it would queue behind b too
-    assert policy.finish("a", 30.0) == ["b", "c"]
+    assert admits(policy.finish("a", 30.0)) == ["b", "c"]
     t.check(now_s=30.0, live=["b", "c"], queued=[], reserved_tokens=600)
 
 
@@ -180,11 +196,11 @@ def test_withdrawing_the_head_lets_the_next_one_in() -> None:
     policy.arrive("b", 1.0, 500, 0)
     policy.arrive("c", 20.0, 100, 0)
     t.check(now_s=20.0, live=["a"], queued=["b", "c"], reserved_tokens=600)
-    assert policy.finish("c", 21.0) == []  # withdraw from the back: nothing changes for b
+    assert admits(policy.finish("c", 21.0)) == []  # withdraw from the back: nothing changes for b
     t.check(now_s=21.0, queued=["b"])
     policy.arrive("d", 22.0, 100, 0)
     t.check(now_s=22.0, queued=["b", "d"])
-    assert policy.finish("b", 23.0) == ["d"]  # the head gave up: d fits
+    assert admits(policy.finish("b", 23.0)) == ["d"]  # the head gave up: d fits
     t.check(now_s=23.0, live=["a", "d"], queued=[], reserved_tokens=700)
     with pytest.raises(UnknownSessionError, match="'b'"):
         policy.state_of("b")
@@ -207,7 +223,7 @@ def test_priority_order_and_ties_by_arrival() -> None:
 
     steps = [("blocker", "z", 60), ("z", "w", 75), ("w", "x", 300), ("x", "y", 150)]
     for now, (finished, admitted, reserved) in enumerate(steps, start=10):
-        assert policy.finish(finished, float(now)) == [admitted]  # x and y go in as lone heads
+        assert admits(policy.finish(finished, float(now))) == [admitted]  # x and y go in as lone heads
         t.check(now_s=float(now), live=[admitted], queued=t.expected.queued[1:], reserved_tokens=reserved)
     t.check(queued=[])
 
@@ -221,15 +237,16 @@ def test_tokens_per_s_sets_the_priority_scale() -> None:
 
 def test_prototype_mode_orders_by_arrival_and_reserves_current_context() -> None:
     policy, t = make(1000, always_engaged=True, mode="prototype")
-    assert policy.arrive("a", 0.0, 900_000, 300) is True
+    assert arrives(policy, "a", 0.0, 900_000, 300) is True
     t.check(now_s=0.0, live=["a"], reserved_tokens=300, working_set_tokens=300)
     assert policy.priority_of("a") == 0.0
-    assert policy.arrive("b", 1.0, 900_000, 800) is False  # 300 + 800 > 1000
-    assert policy.arrive("c", 2.0, 1, 100) is False  # tiny peak, but arrival order: behind b
+    assert arrives(policy, "b", 1.0, 900_000, 800) is False  # 300 + 800 > 1000
+    assert arrives(policy, "c", 2.0, 1, 100) is False  # tiny peak, but arrival order: behind b
     t.check(now_s=2.0, queued=["b", "c"])
-    assert policy.observe("a", 3.0, 200) == ["b"]  # a's reservation is its context: 200 + 800 fits
+    # a's reservation is its context: 200 + 800 fits; the event carries b's wait and reservation
+    assert policy.observe("a", 3.0, 200) == [Admitted("b", 3.0, 1.0, 2.0, 800)]
     t.check(now_s=3.0, live=["a", "b"], queued=["c"], reserved_tokens=1000, working_set_tokens=1000)
-    assert policy.observe("c", 4.0, 0) == ["c"]  # queued c's context shrank to 0: fits
+    assert admits(policy.observe("c", 4.0, 0)) == ["c"]  # queued c's context shrank to 0: fits
     t.check(now_s=4.0, live=["a", "b", "c"], queued=[])
 
 
@@ -240,26 +257,26 @@ def test_observe_growth_past_the_prediction_keeps_the_reserved_sum_exact() -> No
     policy, t = make(1000, always_engaged=True)
     policy.arrive("a", 0.0, 499.2, 100)  # reservation is the peak rounded up: 500
     t.check(now_s=0.0, live=["a"], reserved_tokens=500, working_set_tokens=100)
-    assert policy.observe("a", 1.0, 400) == []
+    assert admits(policy.observe("a", 1.0, 400)) == []
     t.check(now_s=1.0, working_set_tokens=400)
-    assert policy.arrive("b", 2.0, 400, 0) is True
+    assert arrives(policy, "b", 2.0, 400, 0) is True
     t.check(now_s=2.0, live=["a", "b"], reserved_tokens=900)
-    assert policy.observe("a", 3.0, 700) == []  # grew past its prediction
+    assert admits(policy.observe("a", 3.0, 700)) == []  # grew past its prediction
     t.check(now_s=3.0, reserved_tokens=1100, working_set_tokens=700)
-    assert policy.arrive("c", 4.0, 0, 0) is False  # 1100 + 0 > 1000
+    assert arrives(policy, "c", 4.0, 0, 0) is False  # 1100 + 0 > 1000
     t.check(now_s=4.0, queued=["c"])
-    assert policy.observe("a", 5.0, 550) == ["c"]  # shrank (compaction): 550 + 400 + 0 fits
+    assert admits(policy.observe("a", 5.0, 550)) == ["c"]  # shrank (compaction): 550 + 400 + 0 fits
     t.check(now_s=5.0, live=["a", "b", "c"], queued=[], reserved_tokens=950, working_set_tokens=550)
-    assert policy.observe("a", 6.0, 100) == []  # back under its prediction: reserves the peak
+    assert admits(policy.observe("a", 6.0, 100)) == []  # back under its prediction: reserves the peak
     t.check(now_s=6.0, reserved_tokens=900, working_set_tokens=100)
 
 
 def test_observe_a_queued_session_updates_its_reservation() -> None:
     policy, t = make(1000, always_engaged=True)
     policy.arrive("a", 0.0, 600, 0)
-    assert policy.arrive("b", 1.0, 300, 450) is False  # context already past its peak: 450
+    assert arrives(policy, "b", 1.0, 300, 450) is False  # context already past its peak: 450
     t.check(now_s=1.0, live=["a"], queued=["b"], reserved_tokens=600)
-    assert policy.observe("b", 2.0, 350) == ["b"]  # queued contexts do not count in the working set
+    assert admits(policy.observe("b", 2.0, 350)) == ["b"]  # queued contexts do not count in the working set
     t.check(now_s=2.0, live=["a", "b"], queued=[], reserved_tokens=950, working_set_tokens=350)
 
 
@@ -326,7 +343,7 @@ def test_operator_reference_change_reclamps_and_never_evicts() -> None:
     events = policy.set_reference_budget(500_000, 3.0)
     assert events == [BudgetMoved(3.0, 1_000_000, 550_000, 500_000, None, _operator(500_000))]
     t.check(now_s=3.0, budget_tokens=550_000, reference_budget_tokens=500_000)  # a and b stay live
-    assert policy.finish("b", 4.0) == []  # 600K + 300K > 550K
+    assert admits(policy.finish("b", 4.0)) == []  # 600K + 300K > 550K
     t.check(now_s=4.0, live=["a"], reserved_tokens=600_000, working_set_tokens=10)
     events = policy.set_reference_budget(2_000_000)  # now defaults to the last now seen
     assert events == [
@@ -377,7 +394,7 @@ def test_shedding_drops_the_lowest_priority_one_per_tick_with_a_reason() -> None
     t.check(queued=[])
     assert policy.tick(903.0) == []
     t.check()
-    assert policy.arrive("c", 904.0, 10, 0) is False  # a shed id may come back as a new session
+    assert arrives(policy, "c", 904.0, 10, 0) is False  # a shed id may come back as a new session
     t.check(now_s=904.0, queued=["c"])
 
 
@@ -398,7 +415,7 @@ def test_no_shedding_when_it_is_off_or_the_window_holds_no_arrivals() -> None:
 
 def test_shedding_waits_for_the_head_not_for_the_victim() -> None:
     policy, t = _shedding_policy(shed_wait_s=10.0)
-    assert policy.arrive("e", 12.0, 3000, 0) is False  # p = 112, arrived last
+    assert arrives(policy, "e", 12.0, 3000, 0) is False  # p = 112, arrived last
     t.check(now_s=12.0, queued=["d", "b", "c", "e"])
     [shed] = policy.tick(13.0)  # d waited 10 s; e itself waited only 1 s
     assert isinstance(shed, Shed) and shed.session_id == "e" and shed.waited_s == 1.0
@@ -517,7 +534,7 @@ def test_illegal_step_raises_and_changes_nothing(
 
 def test_finished_session_cannot_finish_again_and_nothing_changes() -> None:
     policy = _busy_policy()
-    assert policy.finish("live", 6.0) == ["queued"]
+    assert admits(policy.finish("live", 6.0)) == ["queued"]
     assert_illegal(policy, lambda: policy.finish("live", 7.0), UnknownSessionError, "'live'")
     assert policy.snapshot().now_s == 6.0
 
@@ -604,7 +621,7 @@ def test_has_capacity_changes_nothing_and_predicts_arrive() -> None:
     assert pickle.dumps(policy) == before
     for peak, answer in answers.items():
         twin = pickle.loads(before)
-        assert twin.arrive("probe", 5.0, peak, 0) is answer
+        assert arrives(twin, "probe", 5.0, peak, 0) is answer
 
 
 _LOOSEN = "loosen: sessions queued and hit rate on the plateau"
@@ -739,7 +756,7 @@ def test_operator_change_before_any_event_leaves_the_clock_unset() -> None:
     policy, t = make(1000)
     assert policy.set_reference_budget(2000) == [BudgetMoved(0.0, 1000, 1700, 2000, None, _operator(2000))]
     t.check(budget_tokens=1700, reference_budget_tokens=2000)
-    assert policy.arrive("a", 50.0, 10, 10) is True
+    assert arrives(policy, "a", 50.0, 10, 10) is True
     t.check(now_s=50.0, live=["a"], reserved_tokens=10, working_set_tokens=10)
 
 
@@ -748,14 +765,14 @@ def test_operator_change_before_any_event_leaves_the_clock_unset() -> None:
 
 def test_adopt_makes_a_session_live_over_budget_and_does_not_count_as_an_arrival() -> None:
     policy = Policy(PolicyConfig(budget_tokens=100_000, always_engaged=True))
-    assert policy.arrive("a", 0.0, 90_000, 1_000)
-    policy.adopt("old", 1.0, 50_000, 40_000)
+    assert arrives(policy, "a", 0.0, 90_000, 1_000) is True
+    assert policy.adopt("old", 1.0, 50_000, 40_000) == [Admitted("old", 1.0, 1.0 + 50_000 / 30, 0.0, 50_000)]
     snap = policy.snapshot()
     assert snap.live == ("a", "old") and snap.queued == ()
     assert snap.reserved_tokens == 140_000 and snap.working_set_tokens == 41_000
     assert policy.priority_of("old") == pytest.approx(1.0 + 50_000 / 30)
-    assert not policy.arrive("b", 2.0, 10_000, 1_000)  # new work still waits for room
-    assert policy.finish("old", 3.0) == ["b"]  # 90K + 10K reserved fits the 100K budget exactly
+    assert arrives(policy, "b", 2.0, 10_000, 1_000) is False  # new work still waits for room
+    assert admits(policy.finish("old", 3.0)) == ["b"]  # 90K + 10K reserved fits the 100K budget exactly
     assert policy.snapshot().live == ("a", "b")
 
 

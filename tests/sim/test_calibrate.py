@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from basin_sim import calibrate
-from basin_sim.calibrate import CalibrationSettings, find_overload_rate, trial_overloads
+from basin_sim.calibrate import overload as calibrate
+from basin_sim.calibrate.overload import CalibrationSettings, find_overload_rate, trial_overloads
 from basin_sim.profile import Deployment
-from basin_sim.synthetic import generate_corpus
+from basin_sim.workload.synthetic import generate_corpus
 from tests.sim.builders import deployment
 
 

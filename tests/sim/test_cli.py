@@ -9,7 +9,7 @@ import pytest
 
 from basin_runtime.session_table import write_sessions
 from basin_sim.cli import main
-from basin_sim.synthetic import generate_corpus
+from basin_sim.workload.synthetic import generate_corpus
 
 SCENARIO = """name: tiny-surge
 description: a short surge for tests
@@ -98,7 +98,7 @@ def test_basin_loads_the_shipped_predictor_and_refuses_a_missing_one(
 
 def test_knee_writes_a_calibration_file_the_gateway_reads_and_run_uses_it(
         files: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
-    from basin_runtime.gateway.calibration import load_calibration
+    from basin_runtime.calibration import load_calibration
 
     model = Path(__file__).resolve().parents[2] / "models" / "peak_predictor.onnx"
     out = Path(files["dir"]) / "calibration.json"

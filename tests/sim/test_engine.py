@@ -85,9 +85,9 @@ class HoldFirst(FcfsPolicy):
         super().__init__("hold")
         self.held: list[str] = []
 
-    def on_arrival(self, session_id: str, now: float, session: object) -> bool:  # type: ignore[override]
+    def on_arrival(self, session_id: str, now: float, session: object) -> Decisions:  # type: ignore[override]
         self.held.append(session_id)
-        return False
+        return NO_DECISIONS
 
     def on_tick(self, now: float, hit_rate: float | None) -> Decisions:
         if self.held and now >= 5.0:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from basin_sim.catalog import load_profile
 from basin_sim.profile import Deployment
 from basin_sim.simulate import RunResult, RunSpec, run_scenario
-from basin_sim.synthetic import generate_corpus
-from basin_sim.workload import Scenario, Surge
+from basin_sim.workload.scenarios import Scenario, Surge
+from basin_sim.workload.synthetic import generate_corpus
 
 POOL = generate_corpus(3, 40)
 CACHE_TOKENS = 200_000

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from basin_runtime.session_table import Session, read_sessions, to_table
-from basin_sim.synthetic import _LOADINGS, FAMILIES, fit_family, generate_corpus
+from basin_sim.workload.synthetic import _LOADINGS, FAMILIES, fit_family, generate_corpus
 from pipeline.synth import main as synth_main
 
 

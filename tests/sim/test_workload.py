@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from basin_runtime.session_table import Call, Session
-from basin_sim.synthetic import generate_corpus
-from basin_sim.workload import (
+from basin_sim.workload.scenarios import (
     DEFAULT_GAP_S,
     Burst,
     Scenario,
@@ -16,6 +15,7 @@ from basin_sim.workload import (
     shared_prefix_tokens,
     to_spec,
 )
+from basin_sim.workload.synthetic import generate_corpus
 from tests.sim.builders import session
 
 POOL = generate_corpus(3, 30)

@@ -1,0 +1,110 @@
+# The prefill server's request path: SGLang PD's prefill half, or a prefill-only server.
+#
+# Rules:
+# - A request with a `bootstrap_room` is half of a PD request: it waits in the bootstrap queue until
+#   the decode half has reserved its memory (bootstrap.py), enters the prefill queue at that moment,
+#   is prefilled, and its outcome (with the cached tokens) is published on the room once its KV has
+#   reached decode. Without a room it is prefilled alone (prefill-only serving).
+# - The cache chain comes from the chain book (identity.py); the prefill engine serializes requests on
+#   one chain (prefill_engine.py).
+# - The answer is the usual JSON (or SSE) with the first token: SGLang's prefill server answers its
+#   half of the request after the transfer; the router reads it only to check it succeeded.
+# - Any failure (or the client leaving) is published on the room too, so the decode half fails at once
+#   instead of waiting for its timeout; what the request held is given back either way.
+"""The prefill role: bootstrap rendezvous, prefix cache, prefill batches, KV transfer."""
+
+from __future__ import annotations
+
+from starlette.responses import JSONResponse, Response
+from starlette.types import Receive
+
+from basin_emulate.bootstrap import Room, Rooms
+from basin_emulate.calls import Call
+from basin_emulate.context import ServerContext, prompt_of, race_client
+from basin_emulate.errors import ClientGoneError, EmulatorError
+from basin_emulate.identity import ChainBook, Prompt
+from basin_emulate.metrics import EngineState
+from basin_emulate.prefill_engine import PrefillEngine, PrefillOutcome
+from basin_emulate.responses import Answer, StreamWriter, new_rid, response_body
+
+
+class PrefillServer:
+    """The prefill half of a PD deployment (or a prefill-only server)."""
+
+    def __init__(self, context: ServerContext) -> None:
+        config = context.config
+        self.context = context
+        self.engine = PrefillEngine(config.profile, context.clock, config.max_total_tokens, config.host_cache_tokens)
+        self.book = ChainBook()
+        self.rooms = Rooms(config.bootstrap_timeout_s)
+
+    async def start(self) -> None:
+        """Open the bootstrap port."""
+        await self.rooms.serve(self.context.config.host, self.context.config.bootstrap_port)
+
+    async def close(self) -> None:
+        """Close the bootstrap port."""
+        await self.rooms.close()
+
+    async def answer(self, call: Call, receive: Receive) -> Response:
+        """Serve one request."""
+        arrival_s = self.context.clock.catch_up()
+        room = None if call.bootstrap.room is None else self.rooms.get(call.bootstrap.room)
+        try:
+            prompt = await prompt_of(self.context.counter, call)
+            outcome = await race_client(self._prefill(call, prompt, room), receive)
+        except (EmulatorError, ClientGoneError) as exc:
+            if room is not None:  # kept until the decode half reads it, or the room expires
+                reason = "its client disconnected" if isinstance(exc, ClientGoneError) else str(exc)
+                self.rooms.publish(room, {"error": f"the prefill half of room {room.room_id} failed: {reason}"})
+            raise
+        context, config = self.context, self.context.config
+        e2e_s = context.latency_s(arrival_s, outcome.transfer_done_s)
+        answer = Answer(call.rid or new_rid(), config.model_name, prompt.prompt_tokens, 1,
+                        min(outcome.cached_tokens, prompt.prompt_tokens), "length", e2e_s, config.enable_cache_report)
+        context.metrics.finished(prompt.prompt_tokens, 1, context.latency_s(arrival_s, outcome.prefill_done_s), e2e_s)
+        if call.is_stream:
+            writer = StreamWriter(call, answer.rid, answer.model)
+            body = writer.opening() + writer.tokens(0, 1, answer) + writer.closing(answer)
+            return Response(body, media_type="text/event-stream")
+        return JSONResponse(response_body(call, answer))
+
+    async def _prefill(self, call: Call, prompt: Prompt, room: Room | None) -> PrefillOutcome:
+        clock = self.context.clock
+        arrival_s = clock.now_s
+        if room is not None:
+            arrival_s = clock.at_unix(await self.rooms.wait_ready(room))
+        chain_key = self.book.chain_key(prompt)
+        outcome = await self.engine.prefill(chain_key, prompt.group_key, prompt.group_tokens, prompt.cache_tokens,
+                                            self.context.order.key(call.priority), arrival_s)
+        if room is not None:
+            self.rooms.publish(room, {
+                "room": room.room_id, "prompt_tokens": prompt.prompt_tokens,
+                "cached_tokens": min(outcome.cached_tokens, prompt.prompt_tokens),
+                "device_hit_tokens": outcome.device_hit_tokens, "host_hit_tokens": outcome.host_hit_tokens,
+                "computed_tokens": outcome.computed_tokens,
+                "transfer_done_unix_s": clock.unix_of(outcome.transfer_done_s)})
+        return outcome
+
+    def flush(self) -> bool:
+        """Empty the prefix cache if idle."""
+        if not self.engine.flush():
+            return False
+        self.book.clear()
+        return True
+
+    def state(self) -> EngineState:
+        """Load, memory and cache counters now."""
+        engine, cache, totals = self.engine, self.engine.cache, self.engine.totals
+        return EngineState(
+            num_running_reqs=engine.num_running, num_queue_reqs=engine.num_waiting,
+            num_used_tokens=cache.pinned_tokens, max_total_num_tokens=cache.capacity_tokens,
+            kv_available_tokens=cache.capacity_tokens - cache.device_used_tokens,
+            kv_evictable_tokens=cache.evictable_tokens, cache_hit_rate=totals.last_batch_hit_rate,
+            pd_queues={"num_prefill_bootstrap_queue_reqs": self.rooms.num_waiting_ready,
+                       "num_prefill_inflight_queue_reqs": engine.num_transferring},
+            effective_tokens={"input": totals.computed_tokens, "device_hit": totals.device_hit_tokens,
+                              "host_hit": totals.host_hit_tokens},
+            cached_tokens={"device": totals.device_hit_tokens, "host": totals.host_hit_tokens},
+            generation_tokens=0)
+

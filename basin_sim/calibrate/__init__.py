@@ -1,0 +1,9 @@
+# Measuring a simulated deployment the way an operator measures a real one.
+#
+# Modules, one job each:
+#   overload.py   the overload rate: steady-load trials (doubling, then bisection)
+#   ramp.py       the stepped load ramp, its knee and the gateway's calibration record
+#   knee.py       knee detection on a hit-rate-vs-working-set curve
+#   fluid.py      the fluid model dN/dt = lambda - X(N)/K and the cache-first / decode-first test
+#   commands.py   the `calibrate`, `knee` and `risk` subcommands of `basin-sim`
+"""Calibration and analysis of simulated deployments: overload rate, knee, fluid model, risk test."""

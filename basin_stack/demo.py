@@ -1,0 +1,331 @@
+# `make demo`: Basin as a system on this CPU: emulated SGLang engines (1P3D), the real router (smg),
+# the gateway, and replayed agent sessions through a surge, once without the gateway and once with it.
+#
+# Rules:
+# - The deployment is the shipped profile with a smaller KV pool (`--cache-tokens`, every engine's
+#   --max-total-tokens) so that a few dozen live sessions fill the prefix cache; the load is the paper's:
+#   half the overload rate of THAT deployment (measured with the simulator at start, as `calibrate`
+#   does), doubled during the surge. The gateway's calibration (knee, reservation ratio, peak
+#   completion rate) is measured with the simulator's knee ramp on the same deployment and model.
+# - Both runs replay the same planned sessions (same seed and tag: the same text); each run gets a
+#   fresh stack (empty caches). The runs are judged with the simulator's goodput (basin_sim.goodput).
+# - Validity: the emulators report how late their timed events fire (wall seconds). A run whose p99
+#   lag x time scale exceeds `--max-lag-model-s` is INVALID (the emulator, not the model, slowed it):
+#   the table says so and the exit status is 3. Lower --time-scale then.
+# - Everything started is stopped at the end, on Ctrl-C and on SIGTERM (basin_stack.stack).
+# - Output in --out-dir: calibration.json, run-<mode>.json, timeline-<mode>.png, comparison.png,
+#   summary.md, logs/<mode>/*.log, and the gateway's session log (gateway-log/, for the closed loop).
+#   A new demo first removes the previous one's logs/ and gateway-log/ (the same session ids again
+#   would otherwise be logged twice).
+"""Replay agent sessions through a surge on emulated PD SGLang, without and with the Basin gateway."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import logging
+import shutil
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from basin_sim.workload.pool import load_pool
+
+log = logging.getLogger("basin_stack.demo")
+MODES = ("without", "with")
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    """What the demo runs."""
+
+    out_dir: Path
+    sessions: Path
+    synthetic: bool = False
+    time_scale: float = 15.0
+    cache_tokens: int = 325_000
+    duration_s: float = 3000.0
+    surge: tuple[float, float, float] = (900.0, 1800.0, 2.0)
+    load_fraction: float = 0.5
+    seed: int = 1
+    max_sessions: int | None = None
+    max_lag_model_s: float = 2.0
+    modes: tuple[str, ...] = MODES
+    model: Path = Path("models/peak_predictor.onnx")
+
+
+@dataclass
+class LagWatch:
+    """Polls the stack's engines for their scheduler lag while a run goes on; keeps the worst."""
+
+    stack: Any
+    period_s: float = 2.0
+    worst_p99_s: float = 0.0
+    worst_max_s: float = 0.0
+    polls: int = 0
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> LagWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self._poll()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.period_s):
+            self._poll()
+
+    def _poll(self) -> None:
+        try:
+            lags = self.stack.lag()
+        except (httpx.HTTPError, OSError, ValueError, KeyError) as exc:  # an engine gone mid-poll: not the demo's
+            log.debug("lag poll failed: %s", exc)
+            return
+        for lag in lags.values():
+            if lag.get("count", 0):
+                self.worst_p99_s = max(self.worst_p99_s, float(lag["p99_s"]))
+                self.worst_max_s = max(self.worst_max_s, float(lag["max_s"]))
+        self.polls += 1
+
+
+def demo_deployment(cache_tokens: int) -> Any:
+    """1P3D of the shipped profile with every KV pool set to `cache_tokens`."""
+    from basin_sim import catalog
+    from basin_sim.profile import Deployment
+
+    spec = catalog.load_deployment("1p3d")
+    profile = dataclasses.replace(spec.profile, kv_pool_tokens=cache_tokens)
+    return Deployment.of(f"demo-1p3d-{cache_tokens}", profile, spec.num_prefill, spec.num_decode, "gpu")
+
+
+def calibrate(settings: DemoSettings, pool: Any, deployment: Any) -> dict[str, Any]:
+    """Overload rate and the gateway's calibration for the demo deployment, from the simulator."""
+    from basin_sim.calibrate.commands import RAMP_FRACTIONS, RAMP_STEP_S, calibration_record
+    from basin_sim.calibrate.overload import CalibrationSettings, find_overload_rate
+    from basin_sim.calibrate.ramp import run_ramp
+    from basin_sim.predictions import load_predictor, predict_pool
+
+    started = time.perf_counter()
+    rate = find_overload_rate(deployment, "sglang", pool, CalibrationSettings()).overload_rate_per_s
+    peaks = predict_pool(load_predictor(settings.model), pool)
+    steps = run_ramp(deployment, pool, [f * rate for f in RAMP_FRACTIONS], RAMP_STEP_S, settings.seed, peaks)
+    record = calibration_record(deployment, steps, f"python -m basin_stack.demo (cache {settings.cache_tokens} tokens)")
+    log.info("simulator: overload rate %.4f sessions/s, knee %d tokens, reservation ratio %s (%.0f s)", rate,
+             record["knee_tokens"], record.get("reservation_ratio"), time.perf_counter() - started)
+    return {"overload_rate_per_s": rate, "gateway": record}
+
+
+def gateway_options(settings: DemoSettings, calibration_file: Path, session_log: Path) -> dict[str, Any]:
+    """The gateway's config (model seconds; the stack scales it to the wall clock)."""
+    models = [str(settings.model.resolve())]  # the config file's folder is not the project: absolute paths
+    for path in sorted(settings.model.resolve().parent.glob("peak_predictor-*.onnx")):
+        models.append(f"{path.stem.removeprefix('peak_predictor-')}={path}")
+    measured = json.loads(calibration_file.read_text(encoding="utf-8"))
+    policy = {}
+    if "peak_completion_rate_per_s" in measured:  # model units: the stack scales the policy section
+        policy["peak_completion_rate_per_s"] = measured["peak_completion_rate_per_s"]
+    return {"model": models, "calibration": str(calibration_file.resolve()), "policy": policy,
+            "session_log": str(session_log.resolve()), "upstream_timeout_s": 3600.0, "log_level": "warning"}
+
+
+def run_one(settings: DemoSettings, mode: str, pool: Any, deployment: Any, rate_per_s: float,
+            calibration_file: Path) -> dict[str, Any]:
+    """One replay through a fresh stack; the run's summary with its lag verdict."""
+    from basin_loadgen.replay import ConversationBuilder, RateSchedule, plan_sessions, unloaded_times
+    from basin_loadgen.replay_client import ClientSettings, Replayer
+    from basin_loadgen.replay_plots import plot_timeline
+    from basin_loadgen.replay_summary import records_json, summarize, windows_for
+    from basin_runtime.tokenizer import get_tokenizer
+    from basin_stack.stack import LocalStack, StackSpec
+
+    out = settings.out_dir
+    schedule = RateSchedule.steady(rate_per_s, settings.duration_s, settings.surge)
+    tag = f"demo-s{settings.seed}"
+    planned = plan_sessions(pool, schedule, settings.seed, tag, max_sessions=settings.max_sessions)
+    unloaded = unloaded_times(planned, pool, deployment)
+    gateway = gateway_options(settings, calibration_file, out / "gateway-log" / "sessions.jsonl") \
+        if mode == "with" else None
+    spec = StackSpec(out / "logs" / mode, 1, 3, settings.time_scale, settings.cache_tokens, gateway=gateway)
+    wall = settings.duration_s / settings.time_scale
+    print(f"[{mode} gateway] starting 1 prefill + 3 decode emulators, smg{' and the gateway' if gateway else ''}; "
+          f"replaying {len(planned)} sessions over {settings.duration_s:.0f} model s (~{wall:.0f} s wall + drain)",
+          file=sys.stderr)
+    with LocalStack(spec) as stack:
+        client = ClientSettings(f"{stack.base_url}/v1", time_scale=settings.time_scale,
+                                max_wait_s=max(60.0, 3600.0 / settings.time_scale), end_sessions=gateway is not None,
+                                max_drain_s=1800.0)
+        progress = _Progress(len(planned), mode)
+        replayer = Replayer(client, ConversationBuilder(pool, get_tokenizer(), tag), progress.step)
+        with LagWatch(stack) as lag:
+            asyncio.run(replayer.run(planned, unloaded))
+        progress.close()
+    records = [replayer.records[p.run_id] for p in planned if p.run_id in replayer.records]
+    summary = summarize(records, replayer.samples, windows_for(settings.duration_s, settings.surge),
+                        time_scale=settings.time_scale)
+    lag_model_s = lag.worst_p99_s * settings.time_scale
+    summary.update(mode=mode, lag_p99_wall_s=lag.worst_p99_s, lag_max_wall_s=lag.worst_max_s,
+                   lag_p99_model_s=lag_model_s, valid=lag_model_s <= settings.max_lag_model_s)
+    (out / f"run-{mode}.json").write_text(json.dumps({"summary": summary, "sessions": records_json(records)}) + "\n")
+    plot_timeline(summary, out / f"timeline-{mode}.png", title=f"demo: {mode} the Basin gateway")
+    return summary
+
+
+class _Progress:
+    def __init__(self, total: int, mode: str) -> None:
+        from tqdm import tqdm
+
+        self._bar = tqdm(total=total, unit="session", desc=f"{mode} gateway: sessions over", file=sys.stderr)
+
+    def step(self, _: object) -> None:
+        self._bar.update(1)
+
+    def close(self) -> None:
+        self._bar.close()
+
+
+def _post(summary: dict[str, Any], key: str, digits: int) -> str:
+    return _num(summary["windows"].get("post", {}).get(key), digits)
+
+
+def _row_cells(s: dict[str, Any]) -> list[tuple[str, str]]:
+    counts = s["status_counts"]
+    return [
+        ("goodput after the surge (sessions/h)", _num(s["goodput_per_hour"])),
+        ("hit rate before the surge", _num(s["windows"].get("pre", {}).get("hit_rate"), 2)),
+        ("hit rate during the surge", _num(s["windows"].get("surge", {}).get("hit_rate"), 2)),
+        ("hit rate after the surge", _post(s, "hit_rate", 2)),
+        ("TTFT p50 / p90 after the surge (model s)", f"{_post(s, 'ttft_p50_s', 2)} / {_post(s, 'ttft_p90_s', 2)}"),
+        ("admission wait p50 / p90 (model s)",
+         f"{_num(s['admission_wait_p50_s'], 1)} / {_num(s['admission_wait_p90_s'], 1)}"),
+        ("sessions finished / shed / aborted / error",
+         f"{counts['finished']} / {counts['shed']} / {counts['aborted']} / {counts['error']}"),
+        ("emulator lag p99 (model s)", f"{s['lag_p99_model_s']:.2f}" + ("" if s["valid"] else " INVALID")),
+    ]
+
+
+def table(runs: dict[str, dict[str, Any]]) -> str:
+    """The side-by-side Markdown table of the runs."""
+    modes = list(runs)
+    cells = {m: _row_cells(runs[m]) for m in modes}
+    lines = ["| | " + " | ".join(f"{m} gateway" for m in modes) + " |", "| --- |" + " --- |" * len(modes)]
+    for k, (label, _) in enumerate(cells[modes[0]]):
+        lines.append(f"| {label} | " + " | ".join(cells[m][k][1] for m in modes) + " |")
+    return "\n".join(lines)
+
+
+def _num(value: float | None, digits: int = 0) -> str:
+    return "n/a" if value is None else f"{value:,.{digits}f}"
+
+
+def comparison_plot(runs: dict[str, dict[str, Any]], settings: DemoSettings, path: Path) -> Path:
+    """Hit rate and live sessions per minute of both runs, the surge shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
+    for mode, summary in runs.items():
+        rows = summary["timeline"]
+        minutes = [r["start_s"] / 60 for r in rows]
+        axes[0].plot(minutes, [r["hit_rate"] for r in rows], label=f"{mode} gateway")
+        axes[1].plot(minutes, [r["live_sessions"] for r in rows], label=f"{mode} gateway")
+    for ax in axes:
+        ax.axvspan(settings.surge[0] / 60, settings.surge[1] / 60, color="orange", alpha=0.15, label="surge")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("prefix hit rate")
+    axes[1].set_ylabel("live sessions")
+    axes[1].set_xlabel("model minutes")
+    axes[0].legend(loc="lower left")
+    fig.suptitle("emulated 1P3D SGLang + smg: the same replayed sessions without and with the Basin gateway")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def run_demo(settings: DemoSettings) -> int:
+    """Calibrate, run every mode, print and write the comparison; 3 if a run was invalid."""
+
+    out = settings.out_dir
+    for previous in (out / "logs", out / "gateway-log"):
+        shutil.rmtree(previous, ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
+    pool, workload = load_pool(settings.sessions, settings.synthetic)
+    deployment = demo_deployment(settings.cache_tokens)
+    measured = calibrate(settings, pool, deployment)
+    calibration_file = out / "calibration.json"
+    calibration_file.write_text(json.dumps(measured["gateway"], indent=2) + "\n")
+    rate = settings.load_fraction * measured["overload_rate_per_s"]
+    runs = {mode: run_one(settings, mode, pool, deployment, rate, calibration_file) for mode in settings.modes}
+    text = (f"Demo ({workload} sessions, seed {settings.seed}, time scale {settings.time_scale:g}, cache "
+            f"{settings.cache_tokens:,} tokens per engine, {rate:.4f} sessions/s, x{settings.surge[2]:g} from "
+            f"{settings.surge[0]:.0f} to {settings.surge[1]:.0f} model s)\n\n{table(runs)}\n")
+    print(text)
+    (out / "summary.md").write_text(text, encoding="utf-8")
+    comparison_plot(runs, settings, out / "comparison.png")
+    print(f"wrote {out}/summary.md, comparison.png, timeline-*.png, run-*.json; gateway session log in "
+          f"{out}/gateway-log/", file=sys.stderr)
+    if not all(r["valid"] for r in runs.values()):
+        print(f"INVALID: emulator lag over {settings.max_lag_model_s:g} model s; rerun with a lower --time-scale",
+              file=sys.stderr)
+        return 3
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m basin_stack.demo", description=__doc__.splitlines()[0])
+    p.add_argument("--out-dir", type=Path, default=Path("data/demo"))
+    p.add_argument("--sessions", type=Path, default=Path("data/sessions.parquet"))
+    p.add_argument("--synthetic", action="store_true", help="replay the synthetic corpus")
+    p.add_argument("--time-scale", type=float, default=DemoSettings.time_scale)
+    p.add_argument("--cache-tokens", type=int, default=DemoSettings.cache_tokens, help="every engine's KV pool")
+    p.add_argument("--duration-s", type=float, default=DemoSettings.duration_s, help="model seconds of arrivals")
+    p.add_argument("--surge", type=float, nargs=3, default=DemoSettings.surge, metavar=("START", "END", "FACTOR"))
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--max-sessions", type=int)
+    p.add_argument("--max-lag-model-s", type=float, default=DemoSettings.max_lag_model_s)
+    p.add_argument("--only", choices=MODES, help="run one mode only")
+    p.add_argument("--model", type=Path, default=DemoSettings.model)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; exit status 0, 2 (bad input or a process that would not start), 3 (invalid run)."""
+    from basin_loadgen.replay_client import ReplayError, quiet_http_loggers
+    from basin_runtime.predictor import PredictorError
+    from basin_sim.catalog import CatalogError
+    from basin_stack.stack import StackError
+
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    quiet_http_loggers()
+    settings = DemoSettings(args.out_dir, args.sessions, args.synthetic, args.time_scale, args.cache_tokens,
+                            args.duration_s, tuple(args.surge), seed=args.seed, max_sessions=args.max_sessions,
+                            max_lag_model_s=args.max_lag_model_s, modes=(args.only,) if args.only else MODES,
+                            model=args.model)
+    try:
+        return run_demo(settings)
+    except (StackError, ReplayError, CatalogError, PredictorError) as exc:
+        print(f"python -m basin_stack.demo: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; every process the demo started was stopped", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

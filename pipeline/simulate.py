@@ -1,0 +1,140 @@
+"""The DVC stage `simulate`: a compact scenario set with the freshly trained predictor; goodput per policy
+and per reservation quantile, into metrics.json and plots.
+
+First the knee ramp with the fresh model (`python -m basin_sim knee`'s calibration: knee, reservation
+ratio, peak completion rate), written where the gateway can read it; every Basin run uses it. Each
+reservation quantile gets its own ramp, since the reservation ratio depends on what is reserved.
+
+    python -m pipeline.simulate --model data/models/peak_predictor.onnx --sessions data/sessions.parquet \
+        --predictions data/evaluate/predictions.csv --out-metrics data/simulate/metrics.json \
+        --out-calibration data/simulate/calibration.json --plot-dir data/simulate/
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from basin_runtime.calibration import calibration_from_mapping
+from basin_sim import catalog
+from basin_sim.calibrate.commands import RAMP_FRACTIONS, RAMP_STEP_S, calibration_record
+from basin_sim.calibrate.ramp import run_ramp
+from basin_sim.predictions import load_predictor, predict_pool, ratio_quantiles
+from basin_sim.simulate import RunSpec, run_scenario
+from basin_sim.workload.pool import load_pool
+
+log = logging.getLogger(__name__)
+
+RUNS = (("surge-100", "sglang"), ("surge-100", "continuum"), ("surge-100", "basin-proto"), ("surge-100", "basin"),
+        ("steady", "sglang"), ("steady", "basin"))
+QUANTILES: tuple[float, ...] = (0.1, 0.3, 0.5, 0.7, 0.9)
+
+
+@dataclass(frozen=True)
+class SimulateParams:
+    """The `simulate` section of params.yaml."""
+
+    deployment: str
+    seed: int
+    quantiles: tuple[float, ...]
+
+
+def simulate_params(path: Path) -> SimulateParams:
+    """Read params.yaml's `simulate` section (keys exactly those of `SimulateParams`)."""
+    raw = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("simulate")
+    if not isinstance(raw, dict) or set(raw) != {"deployment", "seed", "quantiles"}:
+        raise SystemExit(f"{path}: `simulate` must have exactly the keys deployment, seed, quantiles; got {raw!r}")
+    return SimulateParams(str(raw["deployment"]), int(raw["seed"]), tuple(float(q) for q in raw["quantiles"]))
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.simulate", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=Path("models/peak_predictor.onnx"))
+    parser.add_argument("--sessions", type=Path, default=Path("data/sessions.parquet"))
+    parser.add_argument("--predictions", type=Path, default=Path("data/evaluate/predictions.csv"))
+    parser.add_argument("--out-metrics", type=Path, default=Path("data/simulate/metrics.json"))
+    parser.add_argument("--out-calibration", type=Path, default=Path("data/simulate/calibration.json"),
+                        help="the knee calibration measured with the fresh model (the gateway's --calibration)")
+    parser.add_argument("--ramp-step-s", type=float, default=RAMP_STEP_S, help="simulated seconds per ramp step")
+    parser.add_argument("--plot-dir", type=Path, default=Path("data/simulate"))
+    parser.add_argument("--params", type=Path, help="read deployment, seed and quantiles from this params.yaml")
+    parser.add_argument("--deployment", default="1p3d")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--scenario-override", help="run every scenario as this one (tests: a tiny .yaml)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the compact set; write metrics and one timeline PNG per run."""
+    args = _parser().parse_args(argv)
+    quantiles = QUANTILES
+    if args.params is not None:
+        params = simulate_params(args.params)
+        args.deployment, args.seed, quantiles = params.deployment, params.seed, params.quantiles
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from basin_sim.plots import plot_run
+
+    started = time.perf_counter()
+    pool, workload = load_pool(args.sessions, False)
+    peaks = predict_pool(load_predictor(args.model), pool)
+    spec = catalog.load_deployment(args.deployment)
+    deployment, rate = spec.build("gpu"), spec.overload_rate("gpu", workload)
+    metrics: dict[str, Any] = {"workload": workload, "deployment": spec.name, "seed": args.seed, "runs": {},
+                               "reservation_quantile": {}}
+
+    def calibrate(scale: float) -> dict[str, Any]:
+        reservations = {sid: scale * peak for sid, peak in peaks.items()}
+        steps = run_ramp(deployment, pool, [f * rate for f in RAMP_FRACTIONS], args.ramp_step_s, args.seed,
+                         reservations)
+        return calibration_record(deployment, steps, f"python -m pipeline.simulate (reservation scale {scale:g})",
+                                  args.ramp_step_s)
+
+    calibration = calibrate(1.0)
+    args.out_calibration.parent.mkdir(parents=True, exist_ok=True)
+    args.out_calibration.write_text(json.dumps(calibration, indent=2) + "\n")
+    metrics["calibration"] = {k: v for k, v in calibration.items() if k != "notes"}
+    log.info("knee %d tokens, reservation ratio %s", calibration["knee_tokens"], calibration.get("reservation_ratio"))
+
+    def run(scenario_name: str, policy: str, scale: float = 1.0, measured: dict[str, Any] = calibration
+            ) -> dict[str, Any]:
+        scenario = catalog.load_scenario(args.scenario_override or scenario_name)
+        result = run_scenario(RunSpec(scenario, deployment, policy, args.seed, rate, predicted_peak_tokens=peaks,
+                                      reservation_scale=scale,
+                                      calibration=calibration_from_mapping(measured, "the stage's knee ramp")), pool)
+        if scale == 1.0:
+            plot_run(result, args.plot_dir)
+        return result.summary
+
+    for scenario_name, policy in RUNS:
+        summary = run(scenario_name, policy)
+        metrics["runs"][f"{scenario_name}/{policy}"] = {k: summary[k] for k in (
+            "goodput_per_hour", "hit_rate_pre", "hit_rate_post", "ttft_p50_post_s", "sessions_shed")}
+        log.info("%s/%s: goodput %.0f/h", scenario_name, policy, summary["goodput_per_hour"])
+    runs = metrics["runs"]
+    basin = runs["surge-100/basin"]["goodput_per_hour"]
+    for other in ("surge-100/continuum", "steady/sglang", "steady/basin"):
+        goodput = runs[other]["goodput_per_hour"]
+        key = f"basin_over_{other.replace('/', '_').replace('-', '_')}"
+        metrics[key] = round(basin / goodput, 3) if goodput else None
+    for q, scale in ratio_quantiles(args.predictions, quantiles).items():
+        summary = run("surge-100", "basin", scale, calibrate(scale))
+        metrics["reservation_quantile"][f"q{q:g}"] = {"scale": scale, "goodput_per_hour": summary["goodput_per_hour"]}
+        log.info("surge-100/basin reserving quantile %g of the peak (x%.2f): goodput %.0f/h", q, scale,
+                 summary["goodput_per_hour"])
+    best = max(metrics["reservation_quantile"].items(), key=lambda kv: kv[1]["goodput_per_hour"])
+    metrics["best_reservation_quantile"] = best[0]
+    metrics["wall_s"] = round(time.perf_counter() - started, 1)
+    args.out_metrics.parent.mkdir(parents=True, exist_ok=True)
+    args.out_metrics.write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,39 @@
+"""The simulate stage end to end on a tiny scenario, the shipped model and a small predictions file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from basin_runtime.calibration import load_calibration
+from pipeline import simulate as stage
+
+MODEL = Path("models/peak_predictor.onnx")
+
+
+@pytest.mark.skipif(not MODEL.exists(), reason="the shipped predictor is not in this checkout")
+def test_the_stage_writes_goodput_per_policy_and_per_reservation_quantile(tmp_path: Path) -> None:
+    scenario = tmp_path / "tiny.yaml"
+    scenario.write_text("name: tiny\ndescription: tiny\nduration_s: 600\nwarmup_s: 60\nwindow_start_s: 120\n"
+                        "load_fraction: 0.1\n")
+    predictions = tmp_path / "predictions.csv"
+    predictions.write_text("benchmark,true_peak_tokens,pooled_predicted,own_predicted\n"
+                           + "".join(f"b,{1000 * k},1000,1000\n" for k in range(1, 11)))
+    out, calibration_path = tmp_path / "sim" / "metrics.json", tmp_path / "sim" / "calibration.json"
+    assert stage.main(["--model", str(MODEL), "--sessions", str(tmp_path / "absent.parquet"),
+                       "--predictions", str(predictions), "--out-metrics", str(out), "--plot-dir", str(tmp_path),
+                       "--out-calibration", str(calibration_path), "--ramp-step-s", "300",
+                       "--scenario-override", str(scenario)]) == 0
+    metrics = json.loads(out.read_text())
+    calibration = load_calibration(calibration_path)  # the gateway reads what the stage measured
+    assert calibration.reservation_ratio > 1.0  # predicted peaks exceed the contexts of live sessions
+    assert calibration.budget_tokens() > calibration.budget_tokens("prototype")
+    assert metrics["calibration"]["knee_tokens"] == calibration.knee_tokens
+    assert metrics["basin_over_surge_100_continuum"] is None or metrics["basin_over_surge_100_continuum"] > 0
+    assert set(metrics["runs"]) == {f"{s}/{p}" for s, p in stage.RUNS}
+    assert set(metrics["reservation_quantile"]) == {"q0.1", "q0.3", "q0.5", "q0.7", "q0.9"}
+    assert metrics["best_reservation_quantile"] in metrics["reservation_quantile"]
+    assert metrics["reservation_quantile"]["q0.9"]["scale"] > metrics["reservation_quantile"]["q0.5"]["scale"]
+    assert list(tmp_path.glob("*.png"))
