@@ -15,6 +15,7 @@ import argparse
 import json
 import logging
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,7 @@ def predictions(frame: pd.DataFrame, best: dict[str, Any], protocol: str) -> dic
     for name, record in best["models"].items():
         params = ModelParams(**record["params"])
         rows = frame if name == "pooled" else frame[frame["benchmark"] == name]
-        predicted = out_of_fold(rows, column, lambda p=params: build_model(p))
+        predicted = out_of_fold(rows, column, partial(build_model, params))
         full = np.full(len(frame), np.nan)
         full[frame.index.get_indexer(rows.index)] = predicted
         out[name] = full

@@ -1,9 +1,11 @@
 """Stage `export`: fitted pipelines -> ONNX files the gateway loads, checked against scikit-learn.
 
 Each model is converted (`pipeline.onnx_export`), stamped with metadata (schema version, tokenizer,
-inputs, training-data hash, params, metrics), and must match scikit-learn on a parity set of awkward
-texts (empty, whitespace, unicode, code, paths, 100 KB) and on training rows to `parity_rtol`, or the
-stage fails. Files go to the stage's output folder; those trained on real data are also published to
+inputs, training-data hash, params, metrics), loaded through the served code path
+(`basin_runtime.predictor.PeakPredictor`, which builds the ONNX inputs as the gateway does) and must
+match scikit-learn to `parity_rtol` on a parity set of sessions (task text and first prompt size):
+awkward texts (empty, whitespace, unicode, code, paths, 100 KB) and training sessions, or the stage
+fails. Files go to the stage's output folder; those trained on real data are also published to
 `models/` (kept in git, so a clone can serve without retraining). A synthetic run never publishes.
 The models are logged to MLflow with `mlflow.onnx`, registered, and the best aliased `champion`.
 """
@@ -16,17 +18,20 @@ import logging
 import pickle
 import shutil
 import sys
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnxruntime as ort
 import pandas as pd
+from onnx import ModelProto
+from sklearn.pipeline import Pipeline
 
-from basin_runtime.predictor import SCHEMA_VERSION, model_file_name
+from basin_runtime.predictor import MAX_PEAK_TOKENS, SCHEMA_VERSION, PeakPredictor, PredictorError, model_file_name
 from pipeline import tracking
-from pipeline.features import LENGTH_INPUTS, MODEL_INPUTS, TEXT_INPUT, model_frame
-from pipeline.onnx_export import OUTPUT_NAME, to_onnx
+from pipeline.features import LENGTH_INPUTS, MODEL_INPUTS, model_frame
+from pipeline.onnx_export import serialize, set_metadata, to_onnx
 from pipeline.params import export_params
 
 log = logging.getLogger(__name__)
@@ -46,43 +51,79 @@ KNOWN_DIFFERENCE_TEXTS = ["İstanbul İİ ı"]
 
 
 class ParityError(RuntimeError):
-    """onnxruntime and scikit-learn disagree beyond the tolerance."""
+    """The served predictor and scikit-learn disagree beyond the tolerance."""
 
 
-def parity_frame(train_frame: pd.DataFrame, rows: int = 200) -> pd.DataFrame:
-    """Awkward texts with varied lengths, plus a sample of real training rows."""
+@dataclass(frozen=True)
+class ParitySet:
+    """Sessions as the gateway sees them at their first call: task text and first prompt size."""
+
+    task_texts: tuple[str, ...]
+    first_prompt_tokens: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.task_texts) != len(self.first_prompt_tokens):
+            raise ValueError(f"{len(self.task_texts)} task texts but {len(self.first_prompt_tokens)} prompt sizes")
+
+
+def parity_set(train_frame: pd.DataFrame, rows: int = 200) -> ParitySet:
+    """Awkward texts with varied prompt sizes, plus a sample of real training sessions."""
     texts = AWKWARD_TEXTS + KNOWN_DIFFERENCE_TEXTS
-    awkward = model_frame(texts, [len(t) for t in texts], np.linspace(0, 200_000, len(texts)))
-    sample = train_frame.sample(min(rows, len(train_frame)), random_state=0)[list(MODEL_INPUTS)]
-    return pd.concat([awkward, sample.reset_index(drop=True)], ignore_index=True)
+    # Prompt sizes spread over the training range: far outside it the served clamp (a peak is never
+    # below the first prompt) would hide the graph's output, and with it any wrong feature.
+    seen = train_frame["first_prompt_tokens"].to_numpy(dtype=np.float64)
+    firsts = [int(v) for v in np.quantile(seen, np.linspace(0, 1, len(texts)))]
+    sample = train_frame.sample(min(rows, len(train_frame)), random_state=0)
+    return ParitySet(tuple(texts) + tuple(str(t) for t in sample["task_text"]),
+                     tuple(firsts) + tuple(int(v) for v in sample["first_prompt_tokens"]))
 
 
-def onnx_predict(session: ort.InferenceSession, frame: pd.DataFrame) -> np.ndarray:
-    feeds: dict[str, np.ndarray] = {TEXT_INPUT: frame[TEXT_INPUT].to_numpy(dtype=object).reshape(-1, 1)}
-    for name in LENGTH_INPUTS:
-        feeds[name] = frame[name].to_numpy(dtype=np.float32).reshape(-1, 1)
-    return np.asarray(session.run([OUTPUT_NAME], feeds)[0], dtype=np.float64).ravel()
+def load_served(proto: ModelProto, expected_tokenizer: str | None) -> PeakPredictor:
+    """The model as the gateway loads it: written to a file and opened with `PeakPredictor.load`."""
+    with tempfile.TemporaryDirectory(prefix="basin-export-") as folder:
+        path = Path(folder) / model_file_name()
+        path.write_bytes(serialize(proto))
+        return PeakPredictor.load(path, expected_tokenizer=expected_tokenizer)
 
 
-def check_parity(model: Any, onnx_bytes: bytes, frame: pd.DataFrame, rtol: float) -> float:
-    """Largest relative difference between onnxruntime and scikit-learn; raises over `rtol`."""
-    session = ort.InferenceSession(onnx_bytes, providers=["CPUExecutionProvider"])
-    expected = np.asarray(model.predict(frame), dtype=np.float64)
-    got = onnx_predict(session, frame)
+def sklearn_served(model: Pipeline, sessions: ParitySet) -> np.ndarray:
+    """scikit-learn's predictions, clamped as `PeakPredictor` documents (non-finite -> upper bound)."""
+    texts = list(sessions.task_texts)
+    first = np.asarray(sessions.first_prompt_tokens, dtype=np.float64)
+    raw = np.asarray(model.predict(model_frame(texts, [len(t) for t in texts], first)), dtype=np.float64)
+    raw = np.where(np.isfinite(raw), raw, MAX_PEAK_TOKENS)
+    return np.clip(raw, np.maximum(first, 1.0), MAX_PEAK_TOKENS)
+
+
+def check_parity(model: Pipeline, predictor: PeakPredictor, sessions: ParitySet, rtol: float) -> float:
+    """Largest relative difference between the served predictor and scikit-learn; raises over `rtol`."""
+    expected = sklearn_served(model, sessions)
+    got = predictor.predict_batch(sessions.task_texts, sessions.first_prompt_tokens)
     relative = np.abs(got - expected) / np.maximum(np.abs(expected), 1e-12)
-    known = frame[TEXT_INPUT].str.contains(KNOWN_DIFFERENCE, regex=False).to_numpy()
+    known = np.array([KNOWN_DIFFERENCE in t for t in sessions.task_texts], dtype=bool)
     if known.any():
         log.info("rows with U+0130 (known lower-casing difference): up to %.2e relative", relative[known].max())
     relative = np.where(known, 0.0, relative)
-    worst = int(np.argmax(relative))
+    clamped = int(np.count_nonzero((got == expected) & (got <= np.maximum(sessions.first_prompt_tokens, 1))))
+    log.info("%d of %d parity sessions are clamped to their first prompt size (they test no feature)", clamped,
+             len(relative))
+    worst = int(np.argmax(np.where(np.isnan(relative), np.inf, relative)))
     if not relative[worst] <= rtol:
-        text = str(frame[TEXT_INPUT].iloc[worst])[:60]
-        raise ParityError(f"onnxruntime differs from scikit-learn by {relative[worst]:.2e} relative (> {rtol:.0e}) "
-                          f"on row {worst} ({text!r}): {got[worst]} vs {expected[worst]}")
+        over = int(np.count_nonzero(~(relative <= rtol)))
+        text = sessions.task_texts[worst]
+        raise ParityError(
+            f"served predictor (basin_runtime.predictor.PeakPredictor) differs from scikit-learn beyond "
+            f"{rtol:.0e} relative on {over} of {len(relative)} parity sessions; worst is session {worst} "
+            f"(task_text {text[:60]!r}, {len(text)} chars, first_prompt_tokens {sessions.first_prompt_tokens[worst]}): "
+            f"served {got[worst]:.6g} vs scikit-learn {expected[worst]:.6g} ({relative[worst]:.2e} relative)")
     return float(relative[worst])
 
 
-def metadata(name: str, record: dict[str, Any], summary: dict[str, Any], parity: float) -> dict[str, str]:
+def metadata(name: str, record: dict[str, Any], summary: dict[str, Any], parity: float | None) -> dict[str, str]:
+    """The file's `basin.*` metadata; `parity` is None in the draft that the parity check loads."""
+    metrics = {"cv_unseen_task_spearman": record["cv_spearman"], "cv_objective": record["cv_objective"]}
+    if parity is not None:
+        metrics["parity_max_rel"] = parity
     return {
         "basin.schema_version": SCHEMA_VERSION,
         "basin.model_name": name,
@@ -94,20 +135,19 @@ def metadata(name: str, record: dict[str, Any], summary: dict[str, Any], parity:
         "basin.training_data_sha256": summary["training_data_sha256"],
         "basin.synthetic": json.dumps(summary["synthetic"]),
         "basin.params": json.dumps(record["params"], sort_keys=True),
-        "basin.metrics": json.dumps({"cv_unseen_task_spearman": record["cv_spearman"],
-                                     "cv_objective": record["cv_objective"], "parity_max_rel": parity},
-                                    sort_keys=True),
+        "basin.metrics": json.dumps(metrics, sort_keys=True),
     }
 
 
-def export_one(name: str, record: dict[str, Any], model: Any, frame: pd.DataFrame, summary: dict[str, Any],
+def export_one(name: str, record: dict[str, Any], model: Pipeline, frame: pd.DataFrame, summary: dict[str, Any],
                rtol: float) -> bytes:
-    """One model as ONNX bytes, after the parity check."""
+    """One model as ONNX bytes, after the served predictor passed the parity check."""
     rows = frame if name == "pooled" else frame[frame["benchmark"] == name]
-    draft = to_onnx(model, {}).SerializeToString()
-    parity = check_parity(model, draft, parity_frame(rows), rtol)
-    log.info("%s: parity with scikit-learn within %.1e relative", name, parity)
-    return to_onnx(model, metadata(name, record, summary, parity)).SerializeToString()
+    proto = to_onnx(model, metadata(name, record, summary, None))
+    parity = check_parity(model, load_served(proto, summary["tokenizer"]), parity_set(rows), rtol)
+    log.info("%s: served predictor matches scikit-learn within %.1e relative", name, parity)
+    set_metadata(proto, metadata(name, record, summary, parity))  # the graph checked is the graph shipped
+    return serialize(proto)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             model = pickle.load(handle)
         try:
             blob = export_one(name, record, model, frame, summary, params.parity_rtol)
-        except ParityError as exc:
+        except (ParityError, PredictorError) as exc:
             log.error("%s: %s", name, exc)
             return 1
         path = args.out / model_file_name(None if name == "pooled" else name)

@@ -43,7 +43,8 @@ class FoldFeaturizer:
         df = np.bincount(counts.indices, minlength=counts.shape[1])
         present = np.flatnonzero(df > 0)
         df = df[present]
-        mask = (df <= params.max_df * counts.shape[0]) & (df >= params.min_df)
+        num_rows = int(counts.shape[0])
+        mask = (df <= params.max_df * num_rows) & (df >= params.min_df)
         if params.max_features is not None and mask.sum() > params.max_features:
             tfs = np.asarray(counts[:, present].sum(axis=0), dtype=np.float32).ravel()
             chosen = (-tfs[mask]).argsort()[: params.max_features]

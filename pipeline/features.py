@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 from sklearn.base import BaseEstimator, RegressorMixin, TransformerMixin
 from sklearn.compose import ColumnTransformer
@@ -78,10 +79,10 @@ class LogRidge(RegressorMixin, BaseEstimator):  # type: ignore[misc]
         self.intercept_ = float(self.ridge_.intercept_)
         return self
 
-    def predict_log(self, X: Any) -> np.ndarray:
+    def predict_log(self, X: Any) -> npt.NDArray[np.float64]:
         return np.asarray(self.ridge_.predict(X), dtype=np.float64)
 
-    def predict(self, X: Any) -> np.ndarray:
+    def predict(self, X: Any) -> npt.NDArray[np.float64]:
         return np.expm1(self.predict_log(X))
 
 

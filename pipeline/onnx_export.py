@@ -70,9 +70,21 @@ def to_onnx(model: Pipeline, metadata: Mapping[str, str]) -> ModelProto:
     proto.opset_import.extend(ordered)
     proto.producer_name, proto.producer_version, proto.doc_string = "basin", "1", ""
     proto.graph.doc_string = ""
+    set_metadata(proto, metadata)
+    onnx.checker.check_model(proto)
+    return proto
+
+
+def set_metadata(proto: ModelProto, metadata: Mapping[str, str]) -> None:
+    """Replace the model's metadata with `metadata`, in key order (the graph is left as it is)."""
     del proto.metadata_props[:]
     for key in sorted(metadata):
         entry = proto.metadata_props.add()
         entry.key, entry.value = key, metadata[key]
-    onnx.checker.check_model(proto)
-    return proto
+
+
+def serialize(proto: ModelProto) -> bytes:
+    """The model's bytes."""
+    # protobuf ships no type information, so mypy sees `SerializeToString` as Any; bytes() states the
+    # type and costs nothing (it returns the same object).
+    return bytes(proto.SerializeToString())

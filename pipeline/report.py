@@ -84,7 +84,7 @@ def plot_peaks(sessions: Sequence[Session], path: Path) -> None:
     all_peaks = [p for peaks in by_benchmark.values() for p in peaks]
     bins = np.logspace(np.log10(max(1, min(all_peaks))), np.log10(max(all_peaks) + 1), 40)
     for name, peaks in sorted(by_benchmark.items()):
-        ax.hist(peaks, bins=bins, alpha=0.55, label=f"{name} (n={len(peaks)})")
+        ax.hist(peaks, bins=bins.tolist(), alpha=0.55, label=f"{name} (n={len(peaks)})")
     ax.set_xscale("log")
     ax.set_xlabel("peak prompt tokens per session (serving tokenizer)")
     ax.set_ylabel("sessions")

@@ -29,7 +29,7 @@ class TrialResult:
     objective: float
 
 
-def suggest(trial: optuna.Trial, space: SearchSpace) -> ModelParams:
+def suggest(trial: optuna.trial.BaseTrial, space: SearchSpace) -> ModelParams:
     """One point of the search space."""
     ngram_max = trial.suggest_int("ngram_max", *space.ngram_max)
     unigram = ngram_max == 1

@@ -3,22 +3,35 @@
 from __future__ import annotations
 
 import json
+import pickle
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 import pandas as pd
 import pytest
 import yaml
+from sklearn.pipeline import Pipeline
 
-from basin_runtime.predictor import PeakPredictor
+from basin_runtime import predictor as runtime_predictor
+from basin_runtime.predictor import SCHEMA_VERSION, PeakPredictor
 from basin_runtime.session_table import write_sessions
-from basin_sim.synthetic import generate_corpus
+from basin_sim.workload.synthetic import generate_corpus
 from pipeline import evaluate, export, featurize, train
 from pipeline.evaluate import seen_mask
-from pipeline.export import AWKWARD_TEXTS, KNOWN_DIFFERENCE_TEXTS, check_parity, onnx_predict
+from pipeline.export import (
+    AWKWARD_TEXTS,
+    KNOWN_DIFFERENCE_TEXTS,
+    ParityError,
+    ParitySet,
+    check_parity,
+    load_served,
+    sklearn_served,
+)
 from pipeline.fast_cv import FoldFeaturizer
-from pipeline.features import ModelParams, build_model, model_frame
+from pipeline.features import ModelParams, build_model
 from pipeline.featurize import assign_folds
 from pipeline.onnx_export import to_onnx
 from pipeline.scoring import out_of_fold
@@ -35,12 +48,29 @@ def _params_file(tmp: Path, trials: int = 3) -> Path:
 
 
 @pytest.fixture(scope="module")
-def frame(tmp_path_factory: pytest.TempPathFactory) -> pd.DataFrame:
+def featurized(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder with params.yaml, f.parquet and summary.json from `featurize` on a small synthetic corpus."""
     tmp = tmp_path_factory.mktemp("frame")
     write_sessions(tmp / "s.parquet", generate_corpus(3, 40))
     assert featurize.main(["--params", str(_params_file(tmp)), "--sessions", str(tmp / "s.parquet"),
                            "--out", str(tmp / "f.parquet"), "--summary", str(tmp / "summary.json")]) == 0
-    return pd.read_parquet(tmp / "f.parquet")
+    return tmp
+
+
+@pytest.fixture(scope="module")
+def frame(featurized: Path) -> pd.DataFrame:
+    return pd.read_parquet(featurized / "f.parquet")
+
+
+@pytest.fixture(scope="module")
+def summary(featurized: Path) -> dict[str, Any]:
+    result: dict[str, Any] = json.loads((featurized / "summary.json").read_text())
+    return result
+
+
+def _served(model: Pipeline) -> PeakPredictor:
+    """The fitted model exported and loaded the way the gateway loads it."""
+    return load_served(to_onnx(model, {"basin.schema_version": SCHEMA_VERSION}), expected_tokenizer=None)
 
 
 def test_unseen_folds_keep_every_task_in_one_fold_and_seen_folds_spread_runs() -> None:
@@ -68,14 +98,10 @@ def test_fast_cross_validation_equals_refitting_the_pipeline(frame: pd.DataFrame
 
 @pytest.mark.parametrize("params", [ModelParams(alpha=0.3), ModelParams(alpha=1.0, ngram_max=2, max_features=None,
                                                                           binary=True)])
-def test_onnx_matches_scikit_learn_on_awkward_texts(frame: pd.DataFrame, params: ModelParams) -> None:
+def test_served_predictor_matches_scikit_learn_on_awkward_texts(frame: pd.DataFrame, params: ModelParams) -> None:
     model = build_model(params).fit(frame, frame["peak_prompt_tokens"].to_numpy())
-    blob = to_onnx(model, {"basin.schema_version": "1"}).SerializeToString()
-    texts = AWKWARD_TEXTS
-    awkward = model_frame(texts, [len(t) for t in texts], np.linspace(10, 50_000, len(texts)))
-    assert check_parity(model, blob, awkward, rtol=1e-4) < 1e-4
-    session = ort.InferenceSession(blob, providers=["CPUExecutionProvider"])
-    assert np.all(onnx_predict(session, awkward) > 0)
+    firsts = tuple(int(v) for v in np.linspace(10, 50_000, len(AWKWARD_TEXTS)))
+    assert check_parity(model, _served(model), ParitySet(tuple(AWKWARD_TEXTS), firsts), rtol=1e-4) < 1e-4
 
 
 def test_u0130_is_the_known_lower_casing_difference(frame: pd.DataFrame) -> None:
@@ -83,12 +109,59 @@ def test_u0130_is_the_known_lower_casing_difference(frame: pd.DataFrame) -> None
     rows = frame.copy()
     rows.loc[rows.index[:10], "task_text"] = rows["task_text"][:10] + " İstanbul"
     model = build_model(ModelParams(alpha=0.3)).fit(rows, rows["peak_prompt_tokens"].to_numpy())
-    blob = to_onnx(model, {}).SerializeToString()
-    session = ort.InferenceSession(blob, providers=["CPUExecutionProvider"])
-    probe = model_frame(KNOWN_DIFFERENCE_TEXTS * 2, [13, 13], [1000, 1000])
-    got, want = onnx_predict(session, probe), model.predict(probe)
+    predictor = _served(model)
+    probe = ParitySet(tuple(KNOWN_DIFFERENCE_TEXTS * 2), (1000, 1000))
+    got, want = predictor.predict_batch(probe.task_texts, probe.first_prompt_tokens), sklearn_served(model, probe)
     assert np.max(np.abs(got - want) / want) > 1e-4  # the difference is real...
-    assert check_parity(model, blob, probe, rtol=1e-4) == 0.0  # ...and confined to the rows export forgives
+    assert check_parity(model, predictor, probe, rtol=1e-4) == 0.0  # ...and confined to the rows export forgives
+
+
+class _SwappedLengths(ort.InferenceSession):
+    """A session fed as by a runtime whose input builder swaps `task_chars` and `first_prompt_tokens`."""
+
+    def run(self, output_names: Sequence[str], input_feed: dict[str, np.ndarray], run_options: Any = None) -> Any:
+        feeds = dict(input_feed, task_chars=input_feed["first_prompt_tokens"],
+                     first_prompt_tokens=input_feed["task_chars"])
+        return super().run(output_names, feeds, run_options)
+
+
+class _CharsInBytes(ort.InferenceSession):
+    """A session fed as by a runtime whose input builder counts `task_chars` in UTF-8 bytes."""
+
+    def run(self, output_names: Sequence[str], input_feed: dict[str, np.ndarray], run_options: Any = None) -> Any:
+        in_bytes = [len(str(t).encode()) for t in input_feed["task_text"].ravel()]
+        feeds = dict(input_feed, task_chars=np.asarray(in_bytes, dtype=np.float32).reshape(-1, 1))
+        return super().run(output_names, feeds, run_options)
+
+
+@pytest.mark.parametrize("wrong_feeds", [_SwappedLengths, _CharsInBytes])
+def test_export_fails_when_the_served_predictor_builds_its_inputs_wrongly(
+        featurized: Path, frame: pd.DataFrame, summary: dict[str, Any], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, wrong_feeds: type) -> None:
+    params = ModelParams(alpha=0.3)
+    model = build_model(params).fit(frame, frame["peak_prompt_tokens"].to_numpy())
+    record = {"params": params.to_dict(), "benchmarks": sorted(frame["benchmark"].unique()), "cv_spearman": {},
+              "cv_objective": 0.0}
+    blob = export.export_one("pooled", record, model, frame, summary, rtol=1e-4)  # the real runtime passes
+    assert PeakPredictor.load(_write(tmp_path / "ok.onnx", blob)).info.metrics["parity_max_rel"] < 1e-4
+
+    monkeypatch.setattr(runtime_predictor.ort, "InferenceSession", wrong_feeds)
+    with pytest.raises(ParityError, match=r"parity sessions; worst is session \d+ \(task_text .*first_prompt_tokens"):
+        export.export_one("pooled", record, model, frame, summary, rtol=1e-4)
+    train_dir, out = tmp_path / "train", tmp_path / "models"
+    train_dir.mkdir()
+    (train_dir / "pooled.pkl").write_bytes(pickle.dumps(model))
+    (train_dir / "best.json").write_text(json.dumps({"mlflow_run_id": "unused", "models": {"pooled": record}}))
+    assert export.main(["--params", str(featurized / "params.yaml"), "--train-dir", str(train_dir),
+                        "--frame", str(featurized / "f.parquet"), "--summary", str(featurized / "summary.json"),
+                        "--out", str(out), "--publish-dir", str(tmp_path / "published")]) == 1
+    assert "pooled: served predictor" in caplog.text and "differs from scikit-learn" in caplog.text
+    assert not list(out.glob("*.onnx"))
+
+
+def _write(path: Path, blob: bytes) -> Path:
+    path.write_bytes(blob)
+    return path
 
 
 def test_whole_chain_is_deterministic_and_publishes_nothing_from_synthetic_data(
