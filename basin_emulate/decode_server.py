@@ -23,11 +23,12 @@ from starlette.types import Receive
 
 from basin_emulate.bootstrap import BootstrapClient, KvArrival
 from basin_emulate.calls import Call
-from basin_emulate.context import ServerContext, prompt_of, race_client
+from basin_emulate.context import ServerContext, prompt_of
 from basin_emulate.decode_engine import DecodeEngine, DecodeStage, DecodeTicket
-from basin_emulate.errors import BadRequestError, EmulatorError
+from basin_emulate.errors import BadRequestError, ClientGoneError, EmulatorError
 from basin_emulate.metrics import EngineState
 from basin_emulate.responses import Answer, StreamWriter, new_rid, response_body
+from basin_runtime.disconnect import race_client
 
 
 class DecodeServer:
@@ -64,7 +65,7 @@ class DecodeServer:
             raise
         is_streaming = False
         try:
-            kv = await race_client(self._meet(call, ticket), receive)
+            kv = await race_client(self._meet(call, ticket), receive, ClientGoneError)
             self.engine.join(ticket, context.clock.at_unix(kv.transfer_done_unix_s))
             answer = Answer(call.rid or new_rid(), context.config.model_name, prompt.prompt_tokens,
                             call.completion_tokens, min(kv.cached_tokens, prompt.prompt_tokens), call.finish_reason,
@@ -72,7 +73,7 @@ class DecodeServer:
             if call.is_stream:
                 is_streaming = True
                 return StreamingResponse(self._stream(call, ticket, answer), media_type="text/event-stream")
-            finish_s = await race_client(self.engine.wait_finished(ticket), receive)
+            finish_s = await race_client(self.engine.wait_finished(ticket), receive, ClientGoneError)
             return JSONResponse(response_body(call, self._finished(ticket, answer, finish_s)))
         finally:
             if not is_streaming:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from starlette.responses import JSONResponse
 
+from basin_runtime.disconnect import ClientDisconnected
+
 
 class EmulatorError(Exception):
     """A failure reported to the client, with its HTTP status."""
@@ -37,7 +39,7 @@ class BootstrapError(EmulatorError):
     """The prefill and decode halves of a request did not meet (timeout, unreachable, aborted)."""
 
 
-class ClientGoneError(Exception):
+class ClientGoneError(ClientDisconnected):
     """The client disconnected before its answer was ready (nobody reads a response)."""
 
 

@@ -20,12 +20,13 @@ from starlette.types import Receive
 
 from basin_emulate.bootstrap import Room, Rooms
 from basin_emulate.calls import Call
-from basin_emulate.context import ServerContext, prompt_of, race_client
+from basin_emulate.context import ServerContext, prompt_of
 from basin_emulate.errors import ClientGoneError, EmulatorError
 from basin_emulate.identity import ChainBook, Prompt
 from basin_emulate.metrics import EngineState
 from basin_emulate.prefill_engine import PrefillEngine, PrefillOutcome
 from basin_emulate.responses import Answer, StreamWriter, new_rid, response_body
+from basin_runtime.disconnect import race_client
 
 
 class PrefillServer:
@@ -52,7 +53,7 @@ class PrefillServer:
         room = None if call.bootstrap.room is None else self.rooms.get(call.bootstrap.room)
         try:
             prompt = await prompt_of(self.context.counter, call)
-            outcome = await race_client(self._prefill(call, prompt, room), receive)
+            outcome = await race_client(self._prefill(call, prompt, room), receive, ClientGoneError)
         except (EmulatorError, ClientGoneError) as exc:
             if room is not None:  # kept until the decode half reads it, or the room expires
                 reason = "its client disconnected" if isinstance(exc, ClientGoneError) else str(exc)

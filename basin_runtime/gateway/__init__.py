@@ -12,7 +12,6 @@
 #   sessions.py     session identity, per-session records, the registry
 #   waiting.py      the waiting room: the policy under a lock, waiting, withdrawal, timers
 #   priority.py     the session priority as SGLang's integer, and request ids
-#   disconnect.py   awaiting something unless the client leaves
 #   upstream.py     the upstream HTTP client protocol: aiohttp (default) and httpx implementations
 #   proxy.py        forwarding upstream and streaming the answer back (and reading its usage)
 #   signals.py      per-call usage from the upstream's answers, and the windowed prefix hit rate
@@ -27,6 +26,6 @@
 #   cli.py          `basin-gateway` / `python -m basin_runtime.gateway`
 """The Basin session gateway in front of SGLang's router.
 
-Nothing is imported here eagerly: `import basin_runtime.gateway.disconnect` must not start the app's
-import graph (the emulator reuses small pieces of it). Import from the modules themselves.
+Nothing is imported here eagerly: importing one module (say `basin_runtime.gateway.config`) must
+not start the whole app's import graph. Import from the modules themselves.
 """

@@ -19,6 +19,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
+from basin_runtime.disconnect import ClientDisconnected
 from basin_runtime.policy import PolicyError, Shed, UnknownSessionError
 
 
@@ -42,7 +43,7 @@ class SessionEndedError(GatewayError):
     """The session was ended while its first call waited for admission."""
 
 
-class ClientGoneError(GatewayError):
+class ClientGoneError(GatewayError, ClientDisconnected):
     """The client disconnected before the answer."""
 
 

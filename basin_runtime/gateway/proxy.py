@@ -44,7 +44,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from basin_runtime.gateway.disconnect import race_client
+from basin_runtime.disconnect import race_client
 from basin_runtime.gateway.errors import (
     ClientGoneError,
     UpstreamError,
@@ -109,7 +109,7 @@ class Upstream:
         """Send one request upstream and return its answer as a streaming response."""
         try:
             response = await race_client(self.client.send(method, path, _request_headers(headers), body, params),
-                                         receive)
+                                         receive, ClientGoneError)
         except ClientGoneError:
             await on_end(CallEnd("client_gone"))
             raise

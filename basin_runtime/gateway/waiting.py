@@ -27,9 +27,9 @@ from typing import Literal
 
 from starlette.types import Receive
 
+from basin_runtime.disconnect import race_client
 from basin_runtime.gateway.clock import Clock
-from basin_runtime.gateway.disconnect import race_client
-from basin_runtime.gateway.errors import SessionEndedError, SessionNotFoundError, SessionShedError
+from basin_runtime.gateway.errors import ClientGoneError, SessionEndedError, SessionNotFoundError, SessionShedError
 from basin_runtime.gateway.measure import FirstCall, PromptMemo
 from basin_runtime.gateway.priority import sglang_priority
 from basin_runtime.gateway.sessions import SessionEntry, SessionRegistry, Verdict
@@ -95,7 +95,7 @@ class WaitingRoom:
         """Hold a call until its session is admitted; raise if it is shed or ended, or the client leaves."""
         entry.waiters += 1
         try:
-            verdict = await race_client(asyncio.shield(entry.decision), receive)
+            verdict = await race_client(asyncio.shield(entry.decision), receive, ClientGoneError)
         finally:
             entry.waiters -= 1
             if entry.waiters == 0 and not entry.decision.done():

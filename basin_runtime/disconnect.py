@@ -1,0 +1,57 @@
+# Waiting on something while watching an ASGI client for a disconnect: the gateway's and the
+# emulator's one implementation.
+#
+# Rules:
+# - Only after the request body has been read: the next ASGI message is then `http.disconnect`,
+#   sent when the client goes away (or, in-process, once the response is complete).
+# - What is awaited is cancelled (and waited for) when the client goes first or the caller is
+#   cancelled; its exception, if it raised one while being cancelled, is retrieved (nobody will read
+#   it), so asyncio never logs "exception was never retrieved": the client is gone, `gone()` is what
+#   the caller gets. The watcher never outlives the call. A result (or error) ready together with a
+#   disconnect wins.
+# - The client leaving raises `gone()`: each server names its own error (the gateway maps it to 499).
+# - Stdlib only: the ASGI `receive` callable is typed here, not imported from a web framework.
+"""`race_client`: await something unless the ASGI client disconnects first."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+
+
+class ClientDisconnected(Exception):
+    """The client disconnected before the answer was ready."""
+
+
+async def until_disconnect(receive: Receive) -> None:
+    """Return when the client has disconnected."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def race_client(awaitable: Awaitable[T], receive: Receive,
+                      gone: Callable[[], BaseException] = ClientDisconnected) -> T:
+    """The result of `awaitable`, or `gone()` raised (with `awaitable` cancelled) if the client leaves."""
+    task = asyncio.ensure_future(awaitable)
+    watcher = asyncio.ensure_future(until_disconnect(receive))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        is_first = task.done()
+    finally:
+        watcher.cancel()
+        if not task.done():
+            await _cancel(task)
+    if not is_first:
+        raise gone()
+    return task.result()
+
+
+async def _cancel(task: asyncio.Future[T]) -> None:
+    task.cancel()
+    await asyncio.wait({task})
+    if not task.cancelled():
+        task.exception()  # mark it retrieved: the client is gone, nobody will read it
