@@ -123,3 +123,17 @@ def train_params(path: str | Path = "params.yaml") -> TrainParams:
 
 def export_params(path: str | Path = "params.yaml") -> ExportParams:
     return _build(ExportParams, load_section(path, "export"), "export")
+
+
+@dataclass(frozen=True)
+class SimulateParams:
+    deployment: str
+    seed: int
+    quantiles: tuple[float, ...]
+
+
+def simulate_params(path: str | Path = "params.yaml") -> SimulateParams:
+    raw = dict(load_section(path, "simulate"))
+    if isinstance(raw.get("quantiles"), list):
+        raw["quantiles"] = tuple(float(q) for q in raw["quantiles"])
+    return _build(SimulateParams, raw, "simulate")

@@ -16,11 +16,8 @@ import argparse
 import json
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from basin_runtime.calibration import calibration_from_mapping
 from basin_sim import catalog
@@ -29,29 +26,13 @@ from basin_sim.calibrate.ramp import run_ramp
 from basin_sim.predictions import load_predictor, predict_pool, ratio_quantiles
 from basin_sim.simulate import RunSpec, run_scenario
 from basin_sim.workload.pool import load_pool
+from pipeline.params import simulate_params
 
 log = logging.getLogger(__name__)
 
 RUNS = (("surge-100", "sglang"), ("surge-100", "continuum"), ("surge-100", "basin-proto"), ("surge-100", "basin"),
         ("steady", "sglang"), ("steady", "basin"))
 QUANTILES: tuple[float, ...] = (0.1, 0.3, 0.5, 0.7, 0.9)
-
-
-@dataclass(frozen=True)
-class SimulateParams:
-    """The `simulate` section of params.yaml."""
-
-    deployment: str
-    seed: int
-    quantiles: tuple[float, ...]
-
-
-def simulate_params(path: Path) -> SimulateParams:
-    """Read params.yaml's `simulate` section (keys exactly those of `SimulateParams`)."""
-    raw = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("simulate")
-    if not isinstance(raw, dict) or set(raw) != {"deployment", "seed", "quantiles"}:
-        raise SystemExit(f"{path}: `simulate` must have exactly the keys deployment, seed, quantiles; got {raw!r}")
-    return SimulateParams(str(raw["deployment"]), int(raw["seed"]), tuple(float(q) for q in raw["quantiles"]))
 
 
 def _parser() -> argparse.ArgumentParser:
