@@ -28,6 +28,7 @@ from basin_runtime.session_table import Session, SessionTableError
 from basin_sim import catalog
 from basin_sim.calibrate.commands import RAMP_FRACTIONS, RAMP_STEP_S, calibration_record
 from basin_sim.calibrate.ramp import run_ramp
+from basin_sim.predictions import load_predictor, predict_pool
 from basin_sim.profile import CacheKind
 from basin_sim.simulate import RunSpec, run_scenario
 from basin_sim.workload.pool import load_pool
@@ -93,8 +94,6 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Calibrate each deployment, run the grid, print the Markdown table."""
     args = _parser().parse_args(argv)
-    from basin_sim.predictions import load_predictor, predict_pool
-
     try:
         pool, workload = load_pool(args.sessions, args.synthetic)
         peaks = predict_pool(load_predictor(args.model), pool)

@@ -20,6 +20,7 @@ from basin_sim.calibrate.fluid import fixed_points, risk_test
 from basin_sim.calibrate.overload import CalibrationSettings, find_overload_rate
 from basin_sim.calibrate.ramp import RampStep, ramp_knee, run_ramp
 from basin_sim.calibrate.ramp import calibration_record as ramp_calibration_record
+from basin_sim.predictions import load_predictor, predict_pool
 from basin_sim.profile import CacheKind, Deployment
 from basin_sim.workload.pool import load_pool
 
@@ -45,8 +46,6 @@ def _ramp(args: argparse.Namespace) -> tuple[Deployment, list[RampStep], float]:
     rate = spec.overload_rate(args.cache, workload)
     reservations = None
     if getattr(args, "model", None) is not None:
-        from basin_sim.predictions import load_predictor, predict_pool
-
         scale = args.reservation_scale
         reservations = {sid: scale * peak for sid, peak in predict_pool(load_predictor(args.model), pool).items()}
     steps = run_ramp(deployment, pool, [f * rate for f in RAMP_FRACTIONS], args.step_s, args.seed, reservations)
