@@ -1,13 +1,14 @@
 # Two commands do all set-up on a fresh machine:
 #   make repro   create the virtual environment if missing, install, run the whole DVC pipeline
 #   make test    the same install, then the test suite
+#   make check   the same install, then ruff and mypy (CI runs it before `make test`)
 #   make demo    emulated 1P3D SGLang + the real router + the gateway, agents replayed through a surge
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: repro test demo install lint typecheck bench mlflow-ui clean-venv
+.PHONY: repro test demo install check lint typecheck bench mlflow-ui clean-venv
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,8 +33,15 @@ demo: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" DVC_NO_ANALYTICS=1 dvc repro ingest
 	$(BIN)/python -m basin_stack.demo $(DEMO_ARGS)
 
+# `make check` is what CI runs before the tests (.ci/run): ruff, then mypy --strict on the files
+# [tool.mypy] lists in pyproject.toml. `make -k check` reports both even when the first fails.
+LINT_PATHS := basin_runtime basin_sim basin_emulate basin_loadgen basin_stack pipeline tests benchmarks
+check: lint typecheck
+
 lint: $(STAMP)
-	$(BIN)/ruff check basin_runtime basin_sim pipeline tests benchmarks
+	$(BIN)/ruff check $(LINT_PATHS)
+
+typecheck: $(STAMP)
 	$(BIN)/mypy
 
 mlflow-ui: $(STAMP)

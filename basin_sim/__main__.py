@@ -1,9 +1,8 @@
-"""`python -m basin_sim`: see basin_sim/cli.py."""
+"""`python -m basin_sim`: the same as `basin-sim` (basin_sim/cli.py)."""
 
 from __future__ import annotations
 
-import sys
-
 from basin_sim.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":
+    raise SystemExit(main())
