@@ -162,6 +162,10 @@ class RadixCache:
         """Device tokens that eviction could free (everything not pinned)."""
         return self.device_used_tokens - self.pinned_tokens
 
+    def has_chain(self, session_key: str) -> bool:
+        """True while the cache keeps a record of a session's chain (something of it cached, or pinned)."""
+        return session_key in self._chains
+
     @property
     def num_chains(self) -> int:
         """Session chains the cache keeps a record of (cached or pinned)."""
@@ -287,7 +291,7 @@ class RadixCache:
         return group
 
     def _forget_if_gone(self, node: Chain) -> None:
-        """Drop the record of a chain neither cached nor pinned, and then of its group if it is as empty."""
+        """Drop the record of a chain neither cached nor pinned, then its group's if neither cached nor with chains."""
         group = node.group
         if group is not None:
             if node.is_resident or node.lock_ref > 0 or self._chains.get(node.key) is not node:

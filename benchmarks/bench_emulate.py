@@ -13,8 +13,14 @@ Per level it prints: completed calls/s, client-side latency p50/p99, the prefix 
 reported, and the emulators' scheduler lag (how late timed events ran against the wall, from the
 `basin_emulate_lag_seconds` histogram over the level: bucket bounds, so "<="; and the window max).
 
+First (in-process, no HTTP), memory over ended sessions: one PrefillEngine (the prefill half, on the
+default profile with HiCache) serves sessions that each make `--memory-calls` calls and end, and after
+each count in `--memory-sessions` it prints the traced memory (tracemalloc) and the chains its prefix
+cache holds: both must stay flat, since an ended session's chain is dropped once evicted. It also
+prints what the identity LRUs (chain book, token memo) hold when full: they are bounded by entry count.
+
     .venv/bin/python benchmarks/bench_emulate.py [--time-scale 20] [--levels 2 4 8 16] [--seconds 20]
-        [--context-tokens 30000] [--direct]
+        [--context-tokens 30000] [--direct] [--memory-sessions 1000,5000,20000] [--memory-only]
 
 Loopback only; every request loop is bounded in time; every process started is stopped at the end.
 """
@@ -24,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import itertools
 import os
 import random
@@ -33,7 +40,8 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+import tracemalloc
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +49,12 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from basin_emulate.clock import LagWindow, ModelClock
+from basin_emulate.config import DEFAULT_PROFILE
+from basin_emulate.identity import MAX_BOOK_ENTRIES, MAX_MEMO_ENTRIES, ChainBook, Prompt, PromptCounter, digest
+from basin_emulate.prefill_engine import PrefillEngine
 from basin_runtime.tokenizer import DEFAULT_TOKENIZER, get_tokenizer
+from basin_sim import catalog
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "bench-emulated"
@@ -146,7 +159,7 @@ class Target:
                 return response.status
 
         statuses = await asyncio.gather(post(self.urls["prefill"]), post(self.urls["decode"]))
-        return statuses == [200, 200]
+        return list(statuses) == [200, 200]
 
 
 async def run_session(target: Target, args: argparse.Namespace, texts: Texts, seed: int, stop_at: float,
@@ -238,6 +251,74 @@ async def bench(args: argparse.Namespace, urls: dict[str, str], bootstrap_port: 
                 print(f"      mean latency {mean_s:.3f} s wall = {mean_s * args.time_scale:.2f} s model")
 
 
+MEMORY_TIME_SCALE = 1e5  # model seconds per wall second: prefill and transfer timers are due at once
+MEMORY_GROUPS = 4  # system prompts the sessions share
+MEMORY_CONCURRENCY = 32  # sessions in flight
+
+
+def traced_mib() -> float:
+    gc.collect()
+    return tracemalloc.get_traced_memory()[0] / 2**20
+
+
+async def prefill_memory(checkpoints: list[int], calls: int) -> None:
+    """Sessions of `calls` calls through an in-process PrefillEngine; memory and cache records per checkpoint."""
+    profile = catalog.load_profile(DEFAULT_PROFILE)
+    clock = ModelClock(MEMORY_TIME_SCALE, LagWindow(max_samples=1_000))  # bounded anyway; small not to mask the engine
+    clock.start()
+    engine = PrefillEngine(profile, clock, profile.kv_pool_tokens, profile.host_tier_tokens())
+    print(f"prefill memory over ended sessions: in-process PrefillEngine, {profile.name}, device "
+          f"{profile.kv_pool_tokens:,} + host {profile.host_tier_tokens():,} tokens; {calls} calls per session "
+          f"(8k tokens + 1k per call, {MEMORY_GROUPS} shared 2k system prompts), {MEMORY_CONCURRENCY} at a time")
+
+    async def session(index: int) -> None:
+        for call in range(calls):
+            prompt_tokens = 8_000 + 1_000 * call + 97 * (index % 11)
+            await engine.prefill(f"chat:{index:08x}", f"group:{index % MEMORY_GROUPS}", 2_000, prompt_tokens, 0.0,
+                                 clock.catch_up())
+
+    async def worker(indices: Iterator[int]) -> None:
+        for index in indices:
+            await session(index)
+
+    started_s, done = time.monotonic(), 0
+    tracemalloc.start()
+    baseline_mib = traced_mib()
+    for stop in checkpoints:
+        indices = iter(range(done, stop))
+        await asyncio.gather(*(worker(indices) for _ in range(MEMORY_CONCURRENCY)))
+        done = stop
+        cache = engine.cache
+        assert engine.is_idle and cache.pinned_tokens == 0
+        print(f"  {stop:>7,} sessions ended: cache holds {cache.num_chains:,} chains ({cache.num_groups} groups, "
+              f"{cache.num_heap_entries:,} heap entries), traced memory {traced_mib() - baseline_mib:6.2f} MiB, "
+              f"{time.monotonic() - started_s:5.1f} s")
+    tracemalloc.stop()
+
+
+def constant(value: bytes) -> Callable[[int], bytes]:
+    """A prompt's prefix digests, all `value` (one conversation per value, never extended)."""
+    return lambda _: value
+
+
+async def identity_ceilings() -> None:
+    """Memory of the chain book and the token memo when full (each is an LRU bounded by entry count)."""
+    tracemalloc.start()
+    before = traced_mib()
+    book = ChainBook()
+    for index in range(MAX_BOOK_ENTRIES):
+        fingerprint = digest(index.to_bytes(8, "little"))
+        book.chain_key(Prompt(f"chat:{fingerprint.hex()}", "group:0", 2_000, 9_000, 2, constant(fingerprint)))
+    book_mib = traced_mib() - before
+    counter = PromptCounter(TOKENIZER)
+    for index in range(MAX_MEMO_ENTRIES):
+        await counter.text(f"conversation {index}")  # shorter than GROUP_CHARS: one memo entry
+    memo_mib = traced_mib() - before - book_mib
+    tracemalloc.stop()
+    print(f"identity LRUs when full (bounded by count, not driven above): chain book {MAX_BOOK_ENTRIES:,} entries "
+          f"{book_mib:.1f} MiB, token memo {MAX_MEMO_ENTRIES:,} entries {memo_mib:.1f} MiB")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--time-scale", type=float, default=20.0)
@@ -248,7 +329,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grow-tokens", type=int, default=1_000)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--direct", action="store_true", help="skip smg: dual-dispatch from the benchmark")
+    parser.add_argument("--memory-sessions", default="1000,5000,20000",
+                        help="checkpoints of the in-process memory run ('' for none)")
+    parser.add_argument("--memory-calls", type=int, default=3, help="calls per session in the memory run")
+    parser.add_argument("--memory-only", action="store_true", help="only the in-process memory run")
     args = parser.parse_args(argv)
+    checkpoints = sorted(int(n) for n in filter(None, args.memory_sessions.split(",")))
+    if checkpoints:
+        asyncio.run(prefill_memory(checkpoints, args.memory_calls))
+        asyncio.run(identity_ceilings())
+    if args.memory_only:
+        return 0
     ports = {name: free_port() for name in ("prefill", "bootstrap", "decode", "router", "metrics")}
     urls = {name: f"http://127.0.0.1:{ports[name]}" for name in ("prefill", "decode", "router")}
     common = ["--time-scale", str(args.time_scale), "--enable-metrics", "--enable-cache-report",

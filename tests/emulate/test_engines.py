@@ -132,3 +132,20 @@ async def test_decode_emits_tokens_step_by_step_and_a_withdrawal_frees_the_seat(
     decode.withdraw(ticket)
     assert decode.instance.batch_size == 0 and decode.instance.reserved_tokens == 0
     assert not ticket.finished.done()
+
+
+async def test_ended_sessions_leave_no_chain_records_once_their_kv_is_evicted() -> None:
+    clock = started_clock(1_000.0)
+    engine = PrefillEngine(TINY, clock, 20_000, host_capacity_tokens=10_000)
+
+    async def session(index: int) -> None:  # two calls, then the session ends (the engine is never told)
+        for call in range(2):
+            await engine.prefill(f"chain-{index}", "g", 500, 3_000 + 1_000 * call, 0.0, clock.catch_up())
+
+    for start in range(0, 300, 20):  # 300 sessions, 20 at a time
+        await asyncio.gather(*(session(index) for index in range(start, start + 20)))
+    cache = engine.cache
+    cached = [i for i in range(300) if cache.lookup(f"chain-{i}", "g").tokens > cache.lookup("nobody", "g").tokens]
+    assert engine.is_idle and cache.pinned_tokens == 0
+    assert 0 < len(cached) <= 10 and cache.num_chains == len(cached)  # the last sessions' KV stays, nothing else
+    cache.check()

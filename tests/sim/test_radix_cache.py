@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
 
-from basin_sim.radix_cache import Admission, CacheError, Hit, RadixCache
+from basin_sim.radix_cache import MIN_HEAP_SLACK, Admission, CacheError, Hit, RadixCache
 
 GROUP = "bench"
 SHARED = 1_000
@@ -168,3 +169,101 @@ def test_random_traffic_keeps_every_invariant(host: int) -> None:
                 prompts[session] = prompt
                 pinned.add(session)
         cache.check()
+
+
+# --- records: kept while something of a chain is cached or pinned, dropped after --------------------------
+
+
+def private_tokens(cache: RadixCache, session: str) -> int:
+    """A session's cached tokens past the shared prefix (device and host)."""
+    return cache.lookup(session, GROUP).tokens - cache.lookup("nobody", GROUP).tokens
+
+
+def test_an_ended_sessions_kv_stays_until_lru_eviction_and_then_its_record_goes() -> None:
+    cache = RadixCache(10_000)
+    serve(cache, "a", 3_000, 1.0)  # a's last call: nothing tells the cache
+    serve(cache, "b", 4_000, 2.0)
+    serve(cache, "c", 5_000, 3.0)  # the cache is full, nothing evicted
+    assert cache.lookup("a", GROUP) == Hit(3_000, 0) and cache.has_chain("a") and cache.num_chains == 3
+    serve(cache, "d", 2_000, 4.0)  # needs 1000: a is the LRU chain, all 2000 of it go (one node)
+    assert cache.lookup("a", GROUP) == Hit(SHARED, 0)
+    assert not cache.has_chain("a") and cache.num_chains == 3 and cache.num_groups == 1
+
+
+def test_a_hosted_chain_keeps_its_record_until_the_host_drops_it_too() -> None:
+    cache = RadixCache(4_000, host_capacity_tokens=2_500)
+    serve(cache, "a", 3_000, 1.0)
+    serve(cache, "b", 3_000, 2.0)  # a (2000) -> host: still cached, still recorded
+    assert cache.lookup("a", GROUP) == Hit(SHARED, 2_000) and cache.has_chain("a")
+    serve(cache, "c", 3_000, 3.0)  # b -> host, which drops a
+    assert not cache.has_chain("a") and cache.has_chain("b") and cache.num_chains == 2
+
+
+def test_a_pinned_or_held_chain_keeps_its_record_even_with_nothing_cached() -> None:
+    cache = RadixCache(10_000)
+    assert cache.admit("a", GROUP, SHARED, SHARED, 1.0) == Admission(0, 0, SHARED)  # the prompt is the group
+    assert cache.has_chain("a")
+    cache.release("a", 2.0, hold_until_s=5.0)
+    assert cache.has_chain("a") and cache.is_held("a")
+    assert cache.expire_holds(5.0) == 1
+    assert not cache.has_chain("a") and cache.num_chains == 0 and cache.num_groups == 1  # the group is cached
+
+
+def test_a_refused_request_leaves_no_record() -> None:
+    cache = RadixCache(6_000)
+    assert cache.admit("a", GROUP, SHARED, 5_000, 1.0) is not None  # pinned
+    assert cache.admit("b", "other", 500, 3_000, 2.0) is None  # no room
+    with pytest.raises(CacheError, match="shorter than the shared prefix"):
+        cache.admit("c", "third", 800, 700, 3.0)
+    assert (cache.num_chains, cache.num_groups) == (1, 1)
+    cache.check()
+
+
+def test_a_group_record_goes_with_its_last_chain_once_it_is_evicted() -> None:
+    cache = RadixCache(4_000)
+    serve(cache, "a", 2_500, 1.0)
+    assert cache.admit("x", "other-bench", 500, 3_500, 2.0) == Admission(0, 0, 3_500)  # a's chain, then its group
+    cache.release("x", 2.0)
+    cache.check()
+    assert cache.lookup("a", GROUP) == Hit(0, 0)
+    assert (cache.num_chains, cache.num_groups) == (1, 1) and not cache.has_chain("a")
+
+
+def test_a_session_whose_chain_went_comes_back_as_one_new_node() -> None:
+    cache = RadixCache(6_000)
+    serve(cache, "a", 2_000, 1.0)
+    serve(cache, "a", 3_000, 2.0)  # a: 1000 + 1000
+    serve(cache, "b", 3_000, 3.0)
+    serve(cache, "c", 3_000, 4.0)  # needs 2000: a's tip goes
+    serve(cache, "d", 2_000, 5.0)  # needs 1000: the rest of a goes, and its record
+    assert not cache.has_chain("a")
+    assert serve(cache, "a", 4_000, 6.0) == Admission(SHARED, 0, 3_000)  # b and c make room
+    serve(cache, "d", 2_000, 7.0)  # a is now the LRU chain
+    serve(cache, "e", 2_001, 8.0)  # needs one token more than is free: a's 3000 go at once, one node as in SGLang
+    assert cache.lookup("a", GROUP) == Hit(SHARED, 0)
+    assert cache.lookup("d", GROUP) == Hit(2_000, 0)
+
+
+@pytest.mark.parametrize("host", [0, 30_000])
+def test_records_follow_what_the_cache_holds_over_many_ended_sessions(host: int) -> None:
+    cache = RadixCache(20_000, host)
+    sessions = [f"s{i}" for i in range(2_000)]
+    for i, session in enumerate(sessions):  # every session makes two calls and ends
+        serve(cache, session, 2_000 + i % 7 * 100, 2.0 * i)
+        serve(cache, session, 3_000 + i % 7 * 100, 2.0 * i + 1)
+    cached = [s for s in sessions if private_tokens(cache, s) > 0]
+    assert 0 < len(cached) < 60 and cache.num_chains == len(cached) and cache.num_groups == 1
+    assert cache.num_heap_entries <= 3 * (2 * (cache.num_chains + 1) + MIN_HEAP_SLACK)
+
+
+def test_repeated_hits_and_holds_keep_the_heaps_bounded() -> None:
+    cache = RadixCache(100_000)
+    bound = 3 * (2 * 2 + MIN_HEAP_SLACK)  # two eviction heaps and the hold heap, for one chain and its group
+    for call in range(3_000):  # hits only: nothing is ever evicted, so nothing is popped
+        now = 10.0 * call
+        assert cache.admit("a", GROUP, SHARED, 2_000 + call, now) is not None
+        cache.release("a", now, hold_until_s=math.inf if call % 2 else None)
+        if cache.is_held("a"):
+            cache.hold("a", now + 5.0)
+        assert cache.num_heap_entries <= bound
+    cache.check()

@@ -1,0 +1,435 @@
+# FROZEN: basin_sim/radix_cache.py as it was before chain records were dropped (every record kept, and
+# _compact listing every record on each admit). The differential reference of
+# test_radix_cache_differential.py; do not edit or import it outside the tests.
+#
+# A prefill instance's prefix cache: SGLang's RadixCache (LRU eviction of unreferenced leaves), with an
+# optional host tier (HiCache), over token counts rather than token ids.
+#
+# The tree: root -> one *group* node per shared system prompt (one per benchmark) -> one *chain* per
+# session, whose nodes ("segments") are the per-call increments of its conversation. Call k+1's prompt
+# extends call k's prompt (plus the answer and the tool output), so it matches the whole chain and adds
+# one segment. A group node is stored as a one-segment chain with the session chains as children.
+#
+# Rules:
+# - Every segment is in exactly one tier: device, host or none. Along any root-to-leaf path the tiers
+#   run device* host* none* (a prefix property: only a cached prefix can hit).
+# - `admit` (a request is scheduled): pin the chain and its group, hit = device part + host part,
+#   load the host part back, recompute the rest, append the call's new segment: afterwards the whole
+#   chain is on the device and pinned. If the pinned tokens leave no room, nothing changes (None).
+#   At least one token is always computed (the last prompt token, for the logits), as in SGLang.
+# - `release` (the KV reached decode): unpin. Touching a chain sets the last-access time of all its
+#   nodes, so the device nodes of a chain always share one last-access time.
+# - Holds (Continuum's pin with a TTL): `release(..., hold_until_s=t)` keeps the request's pin as a
+#   hold instead of unpinning; `hold(key, t)` moves its expiry; `expire_holds(now)` unpins every hold
+#   whose time has come (it becomes evictable as usual); the session's next `admit` turns its hold back
+#   into a request pin; `drop_hold` ends it at once (the session ended). A hold is one lock reference.
+# - Device eviction removes an unpinned leaf in LRU order (whole nodes, as SGLang does): the deepest
+#   device segment of the least recently used unpinned chain; a group node is a leaf once none of its
+#   chains has device segments. With a host tier the node moves to the host (evicting the host's LRU
+#   leaves for room); without one, or if it cannot fit, it is dropped, with the unreachable host nodes
+#   below it. Host eviction is LRU over host leaves, never pinned ones.
+# Invariants (`check`): tier order on every path; device_used == sum of device segments <= capacity;
+# host_used == sum of host segments <= host capacity; pinned_tokens == device tokens of pinned chains
+# and of groups with a pinned chain. Heaps use lazy invalidation (a version per chain, rebuilt from
+# the current leaves when stale entries pile up), so match is O(1) and eviction O(log n) amortized.
+"""The prefix cache before records were dropped (frozen reference for the differential test)."""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+class CacheError(ValueError):
+    """A request the cache cannot represent (e.g. a prompt shorter than its group's shared prefix)."""
+
+
+class Chain:
+    """A path of segments: one session's conversation, or (with children) a group's shared prefix."""
+
+    __slots__ = ("children", "device_children", "device_count", "device_tokens", "group", "host_count",
+                 "host_tokens", "key", "last_access_s", "lock_ref", "locked_children", "resident_children",
+                 "segments", "tokens", "version")
+
+    def __init__(self, key: str, group: Chain | None) -> None:
+        self.key = key
+        self.group = group
+        self.segments: list[int] = []
+        self.tokens = 0
+        self.device_count = 0
+        self.host_count = 0
+        self.device_tokens = 0
+        self.host_tokens = 0
+        self.last_access_s = 0.0
+        self.lock_ref = 0
+        self.version = 0
+        self.children: list[Chain] = []  # groups only
+        self.device_children = 0  # children with device segments (groups only)
+        self.resident_children = 0  # children with device or host segments (groups only)
+        self.locked_children = 0  # pinned children (groups only)
+
+    @property
+    def is_resident(self) -> bool:
+        """True while some segment is on the device or the host."""
+        return self.device_count + self.host_count > 0
+
+    def is_device_leaf(self) -> bool:
+        """True when its deepest device segment may be evicted now."""
+        if self.device_count == 0:
+            return False
+        if self.group is None:
+            return self.device_children == 0 and self.locked_children == 0
+        return self.lock_ref == 0
+
+    def is_host_leaf(self) -> bool:
+        """True when its deepest host segment may be evicted now."""
+        if self.host_count == 0:
+            return False
+        if self.group is None:
+            return self.resident_children == 0 and self.locked_children == 0
+        return self.lock_ref == 0
+
+
+@dataclass(frozen=True)
+class Hit:
+    """Cached tokens of a prompt: on the device, and on the host after them."""
+
+    device_tokens: int
+    host_tokens: int
+
+    @property
+    def tokens(self) -> int:
+        """All cached tokens (device and host)."""
+        return self.device_tokens + self.host_tokens
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What `admit` did: tokens hit on the device, loaded back from the host, and to compute."""
+
+    device_hit_tokens: int
+    host_hit_tokens: int
+    computed_tokens: int
+
+
+_Entry = tuple[float, int, Chain, int]  # (last_access_s, seq, chain, version)
+
+
+class RadixCache:
+    """The device (and optional host) prefix cache of one prefill instance."""
+
+    def __init__(self, capacity_tokens: int, host_capacity_tokens: int = 0) -> None:
+        if capacity_tokens <= 0 or host_capacity_tokens < 0:
+            raise CacheError(f"capacity must be > 0 and host capacity >= 0, got {capacity_tokens}, "
+                             f"{host_capacity_tokens}")
+        self.capacity_tokens = capacity_tokens
+        self.host_capacity_tokens = host_capacity_tokens
+        self.device_used_tokens = 0
+        self.host_used_tokens = 0
+        self.pinned_tokens = 0
+        self.evicted_tokens = 0  # device evictions, over the cache's life
+        self.loaded_back_tokens = 0
+        self._groups: dict[str, Chain] = {}
+        self._chains: dict[str, Chain] = {}
+        self._device_heap: list[_Entry] = []
+        self._host_heap: list[_Entry] = []
+        self._seq = 0
+        self._holds: dict[str, float] = {}  # session -> hold expiry
+        self._hold_heap: list[tuple[float, str]] = []  # lazy: stale entries skipped
+
+    # --- questions -------------------------------------------------------------------------------
+
+    def lookup(self, session_key: str, group_key: str) -> Hit:
+        """The cached prefix a session's next prompt would hit now (no change)."""
+        group = self._groups.get(group_key)
+        if group is None:
+            return Hit(0, 0)
+        chain = self._chains.get(session_key)
+        device, host = group.device_tokens, group.host_tokens
+        if chain is not None:
+            device, host = device + chain.device_tokens, host + chain.host_tokens
+        return Hit(device, host)
+
+    @property
+    def evictable_tokens(self) -> int:
+        """Device tokens that eviction could free (everything not pinned)."""
+        return self.device_used_tokens - self.pinned_tokens
+
+    # --- events ----------------------------------------------------------------------------------
+
+    def admit(self, session_key: str, group_key: str, group_tokens: int, prompt_tokens: int,
+              now: float) -> Admission | None:
+        """Pin a session's chain for a request, bring its prompt onto the device; None if no room."""
+        group = self._group(group_key, group_tokens)
+        if prompt_tokens < group.tokens:
+            raise CacheError(f"session {session_key!r}: prompt of {prompt_tokens} tokens is shorter than the "
+                             f"shared prefix of group {group_key!r} ({group.tokens} tokens)")
+        chain = self._chains.get(session_key)
+        if chain is None:
+            chain = self._chains[session_key] = Chain(session_key, group)
+            group.children.append(chain)
+        elif session_key in self._holds:  # a held chain: the hold becomes this request's pin
+            del self._holds[session_key]
+            self._unlock(chain)
+        if chain.lock_ref > 0:
+            raise CacheError(f"session {session_key!r} is admitted twice at once")
+        if prompt_tokens < group.tokens + chain.tokens:  # the conversation was rewritten: no longer a prefix
+            self._forget_segments(chain)
+        device_hit = group.device_tokens + chain.device_tokens
+        host_hit = group.host_tokens + chain.host_tokens
+        self._lock(chain)
+        if self.capacity_tokens - self.pinned_tokens < prompt_tokens - device_hit:
+            self._unlock(chain)
+            return None
+        self._make_room(prompt_tokens - device_hit)
+        self.loaded_back_tokens += host_hit
+        self._load_all(group)
+        new_tokens = prompt_tokens - group.tokens - chain.tokens
+        if new_tokens > 0:
+            chain.segments.append(new_tokens)
+            chain.tokens += new_tokens
+        self._load_all(chain)
+        self._touch(chain, now)
+        computed = prompt_tokens - device_hit - host_hit
+        if computed == 0:  # a full hit still computes the last token
+            computed = 1
+            device_hit, host_hit = (device_hit, host_hit - 1) if host_hit else (device_hit - 1, 0)
+        return Admission(device_hit, host_hit, computed)
+
+    def release(self, session_key: str, now: float, hold_until_s: float | None = None) -> None:
+        """Unpin a session's chain (its request's KV has left the instance), or keep it as a hold."""
+        chain = self._chains.get(session_key)
+        if chain is None:
+            raise CacheError(f"unknown session {session_key!r} released")
+        if chain.lock_ref == 0 or session_key in self._holds:
+            raise CacheError(f"session {session_key!r} released but not pinned by a request")
+        self._touch(chain, now)
+        if hold_until_s is None:
+            self._unlock(chain)
+        else:
+            self._holds[session_key] = hold_until_s
+            heapq.heappush(self._hold_heap, (hold_until_s, session_key))
+
+    def hold(self, session_key: str, until_s: float) -> None:
+        """Set when a held chain's hold expires (it must be held already)."""
+        if session_key not in self._holds:
+            raise CacheError(f"session {session_key!r} is not held")
+        self._holds[session_key] = until_s
+        heapq.heappush(self._hold_heap, (until_s, session_key))
+
+    def is_held(self, session_key: str) -> bool:
+        """True while a session's chain is held between calls."""
+        return session_key in self._holds
+
+    def drop_hold(self, session_key: str) -> None:
+        """End a hold at once (no-op if the session holds nothing)."""
+        if self._holds.pop(session_key, None) is not None:
+            self._unlock(self._chains[session_key])
+
+    def expire_holds(self, now: float) -> int:
+        """Unpin every hold whose expiry is <= now; return how many expired."""
+        count = 0
+        heap = self._hold_heap
+        while heap and heap[0][0] <= now:
+            until_s, key = heapq.heappop(heap)
+            if self._holds.get(key) == until_s:
+                del self._holds[key]
+                self._unlock(self._chains[key])
+                count += 1
+        return count
+
+    # --- pinning and loading -----------------------------------------------------------------------
+
+    def _group(self, key: str, tokens: int) -> Chain:
+        group = self._groups.get(key)
+        if group is None:
+            if tokens <= 0:
+                raise CacheError(f"group {key!r}: shared prefix must be > 0 tokens, got {tokens}")
+            group = self._groups[key] = Chain(key, None)
+            group.segments.append(tokens)
+            group.tokens = tokens
+        elif group.tokens != tokens:
+            raise CacheError(f"group {key!r} has {group.tokens} shared tokens, not {tokens}")
+        return group
+
+    def _lock(self, chain: Chain) -> None:
+        group = chain.group
+        assert group is not None
+        chain.lock_ref += 1
+        if chain.lock_ref == 1:
+            self.pinned_tokens += chain.device_tokens
+            group.locked_children += 1
+            if group.locked_children == 1:
+                self.pinned_tokens += group.device_tokens
+
+    def _unlock(self, chain: Chain) -> None:
+        group = chain.group
+        assert group is not None
+        chain.lock_ref -= 1
+        if chain.lock_ref == 0:
+            self.pinned_tokens -= chain.device_tokens
+            group.locked_children -= 1
+            if group.locked_children == 0:
+                self.pinned_tokens -= group.device_tokens
+            self._push(chain)
+            self._push(group)
+
+    def _is_pinned(self, chain: Chain) -> bool:
+        return chain.lock_ref > 0 if chain.group is not None else chain.locked_children > 0
+
+    def _load_all(self, chain: Chain) -> None:
+        """Put every segment of a pinned chain on the device (host ones loaded, missing ones computed)."""
+        missing = chain.tokens - chain.device_tokens
+        if missing == 0:
+            return
+        was_device, was_resident = chain.device_count > 0, chain.is_resident
+        self.host_used_tokens -= chain.host_tokens
+        self.device_used_tokens += missing
+        self.pinned_tokens += missing
+        chain.device_count, chain.host_count = len(chain.segments), 0
+        chain.device_tokens, chain.host_tokens = chain.tokens, 0
+        self._count_child(chain, was_device, was_resident)
+
+    def _count_child(self, chain: Chain, was_device: bool, was_resident: bool) -> None:
+        """Keep a group's child counters in step after `chain` changed tiers; push what became a leaf."""
+        group = chain.group
+        if group is None:
+            return
+        group.device_children += (chain.device_count > 0) - was_device
+        group.resident_children += chain.is_resident - was_resident
+        if group.device_children == 0 or group.resident_children == 0:
+            self._push(group)
+
+    def _touch(self, chain: Chain, now: float) -> None:
+        for node in (chain, chain.group):
+            assert node is not None
+            node.last_access_s = now
+            node.version += 1
+            self._push(node)
+
+    def _forget_segments(self, chain: Chain) -> None:
+        was_device, was_resident = chain.device_count > 0, chain.is_resident
+        self.device_used_tokens -= chain.device_tokens
+        self.host_used_tokens -= chain.host_tokens
+        chain.segments, chain.tokens = [], 0
+        chain.device_count = chain.host_count = chain.device_tokens = chain.host_tokens = 0
+        self._count_child(chain, was_device, was_resident)
+
+    # --- eviction ----------------------------------------------------------------------------------
+
+    def _push(self, chain: Chain) -> None:
+        self._seq += 1
+        if chain.is_device_leaf():
+            heapq.heappush(self._device_heap, (chain.last_access_s, self._seq, chain, chain.version))
+        if chain.is_host_leaf():
+            heapq.heappush(self._host_heap, (chain.last_access_s, self._seq, chain, chain.version))
+
+    def _pop_leaf(self, heap: list[_Entry], on_device: bool) -> Chain | None:
+        while heap:
+            _, _, chain, version = heapq.heappop(heap)
+            is_leaf = chain.is_device_leaf() if on_device else chain.is_host_leaf()
+            if version == chain.version and is_leaf:
+                return chain
+        return None
+
+    def _make_room(self, tokens: int) -> None:
+        while self.capacity_tokens - self.device_used_tokens < tokens:
+            chain = self._pop_leaf(self._device_heap, on_device=True)
+            assert chain is not None, "unpinned device tokens must all be evictable"
+            self._evict_device_segment(chain)
+        self._compact()
+
+    def _evict_device_segment(self, chain: Chain) -> None:
+        index = chain.device_count - 1
+        tokens = chain.segments[index]
+        was_device, was_resident = True, True
+        self.device_used_tokens -= tokens
+        self.evicted_tokens += tokens
+        chain.device_tokens -= tokens
+        if self.host_capacity_tokens and self._make_host_room(tokens):
+            chain.device_count -= 1
+            chain.host_count += 1
+            chain.host_tokens += tokens
+            self.host_used_tokens += tokens
+        else:
+            chain.device_count -= 1
+            self._drop_host_below(chain)
+        self._count_child(chain, was_device, was_resident)
+        self._push(chain)
+
+    def _make_host_room(self, tokens: int) -> bool:
+        if tokens > self.host_capacity_tokens:
+            return False
+        while self.host_capacity_tokens - self.host_used_tokens < tokens:
+            chain = self._pop_leaf(self._host_heap, on_device=False)
+            if chain is None:
+                return False
+            self._evict_host_segment(chain)
+        return True
+
+    def _evict_host_segment(self, chain: Chain) -> None:
+        tokens = chain.segments[chain.device_count + chain.host_count - 1]
+        was_device, was_resident = chain.device_count > 0, chain.is_resident
+        chain.host_count -= 1
+        chain.host_tokens -= tokens
+        self.host_used_tokens -= tokens
+        self._count_child(chain, was_device, was_resident)
+        self._push(chain)
+
+    def _drop_host_below(self, chain: Chain) -> None:
+        """A node dropped to nothing makes the host nodes below it unreachable: drop them too."""
+        self.host_used_tokens -= chain.host_tokens
+        chain.host_count, chain.host_tokens = 0, 0
+        if chain.resident_children == 0:  # a group's resident children are all on the host by now
+            return
+        for child in chain.children:
+            if child.host_count:
+                was_resident = child.is_resident
+                self._drop_host_below(child)
+                self._count_child(child, child.device_count > 0, was_resident)
+
+    def _compact(self) -> None:
+        """Rebuild a heap from the current leaves once stale and duplicate entries outnumber them (amortized O(1))."""
+        nodes = [*self._groups.values(), *self._chains.values()]
+        limit = 2 * len(nodes) + 1024
+        if len(self._device_heap) > limit:
+            self._device_heap = self._entries(node for node in nodes if node.is_device_leaf())
+        if len(self._host_heap) > limit:
+            self._host_heap = self._entries(node for node in nodes if node.is_host_leaf())
+
+    def _entries(self, leaves: Iterable[Chain]) -> list[_Entry]:
+        heap: list[_Entry] = []
+        for node in leaves:
+            self._seq += 1
+            heap.append((node.last_access_s, self._seq, node, node.version))
+        heapq.heapify(heap)
+        return heap
+
+    # --- checks ------------------------------------------------------------------------------------
+
+    def check(self) -> None:
+        """Assert every invariant in the module comment (O(n): for tests)."""
+        device = host = pinned = 0
+        for node in [*self._groups.values(), *self._chains.values()]:
+            assert node.device_count + node.host_count <= len(node.segments)
+            assert node.device_tokens == sum(node.segments[:node.device_count])
+            assert node.host_tokens == sum(node.segments[node.device_count:node.device_count + node.host_count])
+            assert node.tokens == sum(node.segments)
+            device, host = device + node.device_tokens, host + node.host_tokens
+            if node.group is not None:
+                assert node.lock_ref >= (node.key in self._holds)
+            if self._is_pinned(node):
+                pinned += node.device_tokens
+            if node.group is not None:
+                if node.device_count:
+                    assert node.group.device_count == 1, f"{node.key}: device below a non-device group"
+                if node.host_count:
+                    assert node.group.is_resident, f"{node.key}: host below a dropped group"
+        assert device == self.device_used_tokens <= self.capacity_tokens
+        assert host == self.host_used_tokens <= self.host_capacity_tokens
+        assert pinned == self.pinned_tokens
+        for group in self._groups.values():
+            assert group.device_children == sum(c.device_count > 0 for c in group.children)
+            assert group.resident_children == sum(c.is_resident for c in group.children)
+            assert group.locked_children == sum(c.lock_ref > 0 for c in group.children)
