@@ -6,17 +6,37 @@
 #   decode completions are events; decode steps are aggregated (see decode.py). A policy tick (and a
 #   timeline sample) comes every `tick_s` when ticks are on.
 # - A session's call is sent at its arrival (first call) or after the previous answer plus the tool
-#   gap. The request is routed at once (router.py), waits for decode memory, then for prefill, is
-#   prefilled (cache hit free, the rest computed), its KV moves to decode at the profile's bandwidth
-#   (the prefill cache keeps it pinned until then), and it decodes `completion_tokens` steps.
+#   gap. The request is routed at once (router.py: smg's cache_aware, one router for the prefill pool
+#   and one for the decode pool; each counts the request in flight from routing until its answer ends
+#   or it is cancelled, and forgets a session's entries when it ends), waits for decode memory, then
+#   for prefill, is prefilled (cache hit free, the rest computed), its KV moves to decode at the
+#   profile's bandwidth (the prefill cache keeps it pinned until then), and it decodes
+#   `completion_tokens` steps.
 # - The policy sees every arrival, call, end and tick (policies/base.py); a held session waits at the
 #   door and its waiting counts in its end-to-end time. The tick's hit rate is the gateway's own
 #   signal: `basin_runtime.policy.hit_rate.HitRateWindow` fed with each call's prompt and cached
 #   (device + host hit) tokens when its answer ends, as the gateway reads them from the usage.
 # - Working set = sum of the latest prompt of every live session (tool-running ones included).
-# - A kill ends sessions at once: whatever their request holds (decode reservation, prefill job, cache
-#   pin) is given back as the request reaches a point where it can be (a running prefill batch or KV
-#   transfer completes first).
+# - Aborting a request (a kill, a client timeout, a client giving up) withdraws it wherever it is, as
+#   SGLang aborts a request whose client went away: it gives back its decode reservation (queued or
+#   held), its prefill job and its cache pin at once, except a job inside a running prefill batch,
+#   which the batch finishes (its compute is spent) and then drops. Whatever was prefilled stays in the
+#   radix cache as unpinned, evictable KV (SGLang caches an aborted request's computed prefix); this
+#   model appends a call's whole prompt when its hit is decided, so a job aborted mid-way through a
+#   chunked prefill leaves its not-yet-computed chunks counted as cached too (at most the chunks left).
+#   Under Continuum an aborted request of a live session leaves its chain held for `pin_ttl_s`.
+# - A kill ends sessions at once, their requests aborted.
+# - Clients (`clients`, clients.py; None: nobody gives up): an attempt not answered `call_timeout_s`
+#   after it was sent is timed out and aborted; after the client's or the harness's wait the same call
+#   is sent again as a new request (new id, routed again, the policy told of the call again: a gateway
+#   sees every attempt); when the call's attempts are used up, or `session_time_limit_s` after the
+#   session's arrival, the session ends ABANDONED (the policy told once, as of any end). A held
+#   session's clock for call timeouts starts when it is admitted (the door's wait is the policy's;
+#   the session time limit covers it). Waits between attempts count in the end-to-end time.
+# - `on_session_over(run)` (if set) is called once a session is over in any way (finished, shed,
+#   killed, aborted, abandoned), after the policy heard of it: a closed population starts its next one.
+# - Per timeline bin: arrivals, completions, timeouts, retries and abandonments are counted, and the
+#   state at the bin's end is recorded before the first event at or after it is handled.
 # - Continuum pins (policy.pin_ttl_s set): the prefill cache keeps a session's chain held from its
 #   KV transfer until `pin_ttl_s` after the call's answer; the next call takes the hold over; expired
 #   holds are unpinned whenever the instance forms a batch and on every tick; an ended session's hold
@@ -26,18 +46,23 @@
 #   its memory, oldest dropped first); lent memory is reclaimed (oldest first) before any queued
 #   reservation waits. When the next call's hit is decided, a lent copy longer than prefill's cached
 #   prefix is written back (prefill.py) and leaves decode. An ended session's copy is forgotten.
-# Invariants: every in-flight request is in `_requests` under its id; num_live and num_held count the
-# sessions in those states; working_set_tokens == sum of live sessions' context_tokens.
+# Invariants (`check`): every in-flight request is in `_requests` under its id, and is its session's
+# request unless aborted (then it waits for its prefill batch to end); num_live, num_live_burst and
+# num_held count the sessions in those states; working_set_tokens == sum of live sessions'
+# context_tokens; each decode instance's reserved and queued tokens are those of its requests; an
+# ended session holds no request, cache hold or lent KV.
 """`Engine`: sessions in, an event-driven PD deployment with prefix caches, outcomes out."""
 
 from __future__ import annotations
 
 import heapq
 import math
+import random
 from collections.abc import Callable, Iterable
 
 from basin_runtime.policy.hit_rate import HitRateWindow
 from basin_runtime.policy.lending import LEND_CAP_FRACTION, LendingLedger
+from basin_sim.clients import ClientPolicy, wait_before_attempt_s
 from basin_sim.decode import DecodeInstance, DecodeSlot
 from basin_sim.goodput import STEP_SLO_S
 from basin_sim.lifecycle import Request, SessionRun, SessionSpec, Stage, Status
@@ -45,10 +70,11 @@ from basin_sim.policies.base import Decisions, SessionPolicy
 from basin_sim.prefill import PrefillInstance, PrefillJob
 from basin_sim.profile import Deployment
 from basin_sim.radix_cache import RadixCache
-from basin_sim.router import route_decode, route_prefill
-from basin_sim.timeline import Sample, Timeline
+from basin_sim.router import CacheAwareRouter
+from basin_sim.timeline import BinState, Sample, Timeline
 
-_ARRIVE, _CALL, _PREFILL_DONE, _TRANSFER_DONE, _DECODE_NEXT, _TICK, _KILL = range(7)
+_ARRIVE, _CALL, _PREFILL_DONE, _TRANSFER_DONE, _DECODE_NEXT, _TICK, _KILL, _TIMEOUT, _RETRY, _GIVE_UP = range(10)
+SessionOverHook = Callable[[SessionRun], None]
 
 
 class EngineError(RuntimeError):
@@ -60,17 +86,25 @@ class Engine:
 
     def __init__(self, deployment: Deployment, policy: SessionPolicy, *, timeline: Timeline | None = None,
                  tick_s: float | None = 10.0, step_slo_s: float = STEP_SLO_S,
-                 hit_window: HitRateWindow | None = None) -> None:
+                 hit_window: HitRateWindow | None = None, router_seed: int = 0,
+                 clients: ClientPolicy | None = None, client_seed: int = 0,
+                 on_session_over: SessionOverHook | None = None) -> None:
         self.deployment = deployment
+        self.clients = clients
+        self.on_session_over = on_session_over
+        self._client_rng = random.Random(client_seed)  # the backoff jitter's draws
         self.profile = deployment.profile
         self.policy = policy
         self.timeline = timeline if timeline is not None else Timeline()
+        self._next_bin_end_s = (len(self.timeline.bin_states) + 1) * self.timeline.bin_s
         self.hit_window = hit_window if hit_window is not None else HitRateWindow()
         self.prefill = [PrefillInstance(i, self.profile, RadixCache(deployment.prefill_cache_tokens,
                                                                     deployment.host_cache_tokens))
                         for i in range(deployment.num_prefill)]
         self.decode = [DecodeInstance(i, self.profile, deployment.decode_kv_tokens, step_slo_s)
                        for i in range(deployment.num_decode)]
+        self.prefill_router = CacheAwareRouter(deployment.num_prefill, seed=router_seed)
+        self.decode_router = CacheAwareRouter(deployment.num_decode, seed=router_seed + 1)
         self.pin_ttl_s = policy.pin_ttl_s
         self.ledger: LendingLedger | None = None
         if policy.lends_decode_memory:
@@ -83,6 +117,7 @@ class Engine:
         self.runs: dict[str, SessionRun] = {}
         self.num_live = 0
         self.num_held = 0
+        self.num_live_burst = 0
         self.working_set_tokens = 0
         self._tick_s = tick_s
         self._events: list[tuple[float, int, int, object]] = []
@@ -92,6 +127,7 @@ class Engine:
         self._handlers: list[Callable[[object], None]] = [
             self._on_arrive, self._on_call, self._on_prefill_done, self._on_transfer_done,  # type: ignore[list-item]
             self._on_decode_next, self._on_tick, self._on_kill,  # type: ignore[list-item]
+            self._on_timeout, self._on_retry, self._on_give_up,  # type: ignore[list-item]
         ]
         if tick_s is not None:
             self._at(tick_s, _TICK, None)
@@ -116,10 +152,53 @@ class Engine:
         events = self._events
         while events and events[0][0] <= until_s:
             time_s, _, kind, payload = heapq.heappop(events)
+            if kind >= _TIMEOUT and self._is_void(kind, payload):  # a client's timer that no longer applies
+                continue
+            if time_s >= self._next_bin_end_s:
+                self._record_bin_ends(time_s)
             self.now = time_s
             self._handlers[kind](payload)
         if math.isfinite(until_s):
+            self._record_bin_ends(until_s)
             self.now = max(self.now, until_s)
+
+    def _record_bin_ends(self, upto_s: float) -> None:
+        """Record the state at every timeline bin end <= upto_s not recorded yet (no event in between)."""
+        timeline = self.timeline
+        while self._next_bin_end_s <= upto_s:
+            requests = self._requests.values()
+            timeline.record_bin_state(BinState(
+                end_s=self._next_bin_end_s, live_sessions=self.num_live, live_burst_sessions=self.num_live_burst,
+                held_sessions=self.num_held, working_set_tokens=self.working_set_tokens,
+                prefill_queued=sum(r.stage == Stage.PREFILL_WAIT for r in requests),
+                prealloc_queued=sum(r.stage == Stage.PREALLOC for r in requests)))
+            self._next_bin_end_s = (len(timeline.bin_states) + 1) * timeline.bin_s
+
+    def check(self) -> None:
+        """Assert the invariants at the top of this module (tests call it between steps)."""
+        live = [run for run in self.runs.values() if run.status == Status.LIVE]
+        assert self.num_live == len(live) and self.num_live_burst == sum(run.spec.is_burst for run in live)
+        assert self.num_held == sum(run.status == Status.HELD for run in self.runs.values())
+        assert self.working_set_tokens == sum(run.context_tokens for run in live)
+        reserved, queued = [0] * len(self.decode), [0] * len(self.decode)
+        for rid, request in self._requests.items():
+            assert rid == request.request_id
+            if request.is_aborted:
+                assert request.stage == Stage.PREFILLING and request.job.is_cancelled, f"aborted request {rid}"
+            else:
+                assert request.run.request is request and request.run.status == Status.LIVE, f"request {rid}"
+            tally = queued if request.stage == Stage.PREALLOC else reserved
+            tally[request.decode.index] += request.slot.reservation_tokens
+        for decode in self.decode:
+            assert (decode.reserved_tokens, decode.queued_tokens) == (reserved[decode.index], queued[decode.index])
+        for prefill in self.prefill:
+            prefill.cache.check()
+        for run in self.runs.values():
+            if run.is_over:
+                session_id = run.spec.session_id
+                assert run.request is None, f"ended session {session_id!r} holds a request"
+                assert not any(p.cache.is_held(session_id) for p in self.prefill), f"{session_id!r} holds a pin"
+                assert self.ledger is None or self.ledger.holder_of(session_id) is None, f"{session_id!r} lends KV"
 
     def sample(self) -> Sample:
         """The state now, as the timeline records it."""
@@ -145,29 +224,47 @@ class Engine:
     def _on_arrive(self, run: SessionRun) -> None:
         run.status = Status.HELD
         self.num_held += 1
+        self.timeline.record_arrival(self.now)
+        if self.clients is not None and self.clients.session_time_limit_s is not None:
+            self._at(self.now + self.clients.session_time_limit_s, _GIVE_UP, run)
         self._apply(self.policy.on_arrival(run.spec.session_id, self.now, run.spec.session))
 
     def _start(self, run: SessionRun) -> None:
         run.status, run.admitted_s = Status.LIVE, self.now
         self.num_held -= 1
         self.num_live += 1
+        self.num_live_burst += run.spec.is_burst
         self._on_call(run)
 
     def _end(self, run: SessionRun, status: Status) -> None:
         if run.status == Status.LIVE:
             self.num_live -= 1
+            self.num_live_burst -= run.spec.is_burst
             self.working_set_tokens -= run.context_tokens
         elif run.status == Status.HELD:
             self.num_held -= 1
         run.status, run.ended_s = status, self.now
         self._forget_kv(run.spec.session_id)
+        self.prefill_router.forget(run.spec.session_id)
+        self.decode_router.forget(run.spec.session_id)
         self._apply(self.policy.on_session_end(run.spec.session_id, self.now))
+        self._over(run)
+
+    def _over(self, run: SessionRun) -> None:
+        """A session is over (its status final): count it and tell the hook."""
+        if run.status == Status.FINISHED:
+            self.timeline.record_completion(self.now)
+        elif run.status == Status.ABANDONED:
+            self.timeline.record_abandoned(self.now)
+        if self.on_session_over is not None:
+            self.on_session_over(run)
 
     def _apply(self, decisions: Decisions) -> None:
         for session_id in decisions.shed:
             run = self._held(session_id, "shed")
             self.num_held -= 1
             run.status, run.ended_s = Status.SHED, self.now
+            self._over(run)
         for session_id in decisions.admit:
             self._start(self._held(session_id, "admit"))
 
@@ -189,6 +286,8 @@ class Engine:
         for decode in self.decode:
             self._grant(decode)
             self._schedule_decode(decode)
+        for prefill in self.prefill:
+            self._kick(prefill)
 
     def _on_tick(self, _: object) -> None:
         if self.pin_ttl_s is not None:
@@ -199,6 +298,52 @@ class Engine:
         self._apply(self.policy.on_tick(self.now, self.hit_window.rate(self.now)))
         assert self._tick_s is not None
         self._at(self.now + self._tick_s, _TICK, None)
+
+    # --- clients -----------------------------------------------------------------------------------
+
+    @staticmethod
+    def _is_void(kind: int, payload: object) -> bool:
+        """True for a client event overtaken by events: skipped without moving the clock."""
+        if kind == _TIMEOUT:
+            assert isinstance(payload, Request)
+            return payload.run.request is not payload  # answered (or aborted) in time
+        assert isinstance(payload, SessionRun)
+        if kind == _RETRY:  # one retry waits at a time; void if its session ended meanwhile
+            return payload.status != Status.LIVE or payload.request is not None
+        return payload.is_over  # _GIVE_UP of a session over already
+
+    def _on_timeout(self, request: Request) -> None:
+        run = request.run
+        assert self.clients is not None
+        self.timeline.record_timeout(self.now)
+        run.timeouts += 1
+        self._cancel(request)
+        wait_s = wait_before_attempt_s(self.clients, run.attempt + 1, self._client_rng.random())
+        if wait_s is None:
+            self._end(run, Status.ABANDONED)
+        else:
+            run.attempt += 1
+            self._at(self.now + wait_s, _RETRY, run)
+        self._resume(request)
+
+    def _on_retry(self, run: SessionRun) -> None:
+        self.timeline.record_retry(self.now)
+        run.retries += 1
+        self._on_call(run)
+
+    def _on_give_up(self, run: SessionRun) -> None:
+        request = run.request
+        if request is not None:
+            self._cancel(request)
+        self._end(run, Status.ABANDONED)
+        if request is not None:
+            self._resume(request)
+
+    def _resume(self, request: Request) -> None:
+        """Hand out again what an aborted request gave back (decode memory, a decode epoch, prefill room)."""
+        self._grant(request.decode)
+        self._schedule_decode(request.decode)
+        self._kick(request.prefill)
 
     # --- requests ----------------------------------------------------------------------------------
 
@@ -217,11 +362,13 @@ class Engine:
         priority = self.policy.priority(spec.session_id, self.now)
         rid = self._next_request_id
         self._next_request_id += 1
-        prefill = route_prefill(self.prefill, spec.session_id, spec.group_key, call.prompt_tokens)
-        decode = route_decode(self.decode)
+        prefill, decode = self._route(spec, call.prompt_tokens)
         job = PrefillJob(priority, rid, spec.session_id, spec.group_key, spec.group_tokens, call.prompt_tokens)
         slot = DecodeSlot(priority, call.prompt_tokens, call.completion_tokens, reservation, request_id=rid)
-        request = run.request = self._requests[rid] = Request(rid, run, self.now, prefill, decode, job, slot)
+        request = run.request = self._requests[rid] = Request(rid, run, self.now, prefill, decode, job, slot,
+                                                              attempt=run.attempt)
+        if self.clients is not None:
+            self._at(self.now + self.clients.call_timeout_s, _TIMEOUT, request)
         decode.enqueue(request.slot)
         self._grant(decode)
 
@@ -250,18 +397,21 @@ class Engine:
         self._at(batch.ends_s, _PREFILL_DONE, prefill)
 
     def _on_prefill_done(self, prefill: PrefillInstance) -> None:
-        for job in prefill.finish_batch():
-            request = self._requests[job.request_id]
-            if job.is_cancelled:
-                self._drop(request)
-                continue
-            request.stage = Stage.TRANSFER
-            self._at(self.now + self.profile.transfer_s(job.prompt_tokens), _TRANSFER_DONE, request)
+        done = prefill.finish_batch()
+        dropped = [self._requests[job.request_id] for job in done if job.is_cancelled]
+        for request in dropped:  # every aborted job lets go before anything is admitted (a retry may be queued)
+            self._drop(request)
+        for job in done:
+            if not job.is_cancelled:
+                request = self._requests[job.request_id]
+                request.stage = Stage.TRANSFER
+                self._at(self.now + self.profile.transfer_s(job.prompt_tokens), _TRANSFER_DONE, request)
+        for request in dropped:
+            self._grant(request.decode)
         self._kick(prefill)
 
     def _on_transfer_done(self, request: Request) -> None:
-        if request.run.status != Status.LIVE:  # killed during the transfer
-            self._drop(request)
+        if request.is_aborted:  # aborted during the transfer: it gave everything back then
             return
         hold_until_s = None if self.pin_ttl_s is None else math.inf  # Continuum: held until TTL after the answer
         request.prefill.cache.release(request.run.spec.session_id, self.now, hold_until_s)
@@ -284,12 +434,24 @@ class Engine:
         self._grant(decode)
         self._schedule_decode(decode)
 
+    def _route(self, spec: SessionSpec, prompt_tokens: int) -> tuple[PrefillInstance, DecodeInstance]:
+        """smg's choice of (prefill, decode) for a call; both count it in flight from now."""
+        keys = (spec.session_id, spec.group_key, spec.group_tokens, prompt_tokens)
+        prefill = self.prefill[self.prefill_router.route(*keys).worker]
+        return prefill, self.decode[self.decode_router.route(*keys).worker]
+
+    def _finish_route(self, request: Request) -> None:
+        """The request's response ended (answered or cancelled): it leaves both routers' in-flight counts."""
+        self.prefill_router.finish(request.prefill.index)
+        self.decode_router.finish(request.decode.index)
+
     def _answer(self, slot: DecodeSlot) -> None:
         request = self._requests.pop(slot.request_id)
+        self._finish_route(request)
         job = request.job
         self.hit_window.record(self.now, job.prompt_tokens, job.device_hit_tokens + job.host_hit_tokens)
         run = request.run
-        run.request = None
+        run.request, run.attempt = None, 0
         if run.next_call + 1 < run.spec.session.n_calls:
             self._keep_kv(request, slot)
         run.steps += slot.steps
@@ -336,11 +498,13 @@ class Engine:
             decode.lent_tokens = self.ledger.lent_tokens(str(decode.index))
 
     def _cancel(self, request: Request) -> None:
-        """Withdraw a killed session's request; what a running batch or transfer holds comes back when it ends.
+        """Abort a request; a job in a running prefill batch gives its part back when the batch ends.
 
-        The caller hands freed decode memory out again (`_grant`) once every kill is withdrawn.
+        The caller hands freed memory out again (`_grant`, `_schedule_decode`, `_kick`) once every
+        abort is withdrawn.
         """
         stage = request.stage
+        request.is_aborted = True
         if stage == Stage.PREALLOC:
             request.decode.cancel_queued(request.slot)
             del self._requests[request.request_id]
@@ -350,15 +514,27 @@ class Engine:
             del self._requests[request.request_id]
         elif stage == Stage.PREFILLING:
             request.prefill.cancel(request.job)  # dropped when its batch ends
+        elif stage == Stage.TRANSFER:  # both ends of the transfer let go now
+            self._release_chain(request)
+            request.decode.free(request.slot)
+            del self._requests[request.request_id]
         elif stage == Stage.DECODING:
             request.decode.leave(request.slot, self.now)
             del self._requests[request.request_id]
+            session_id = request.run.spec.session_id
+            if self.pin_ttl_s is not None and request.prefill.cache.is_held(session_id):
+                request.prefill.cache.hold(session_id, self.now + self.pin_ttl_s)  # the TTL runs from the abort
+        self._finish_route(request)  # the client went away: smg stops counting it now, not when it is dropped
         request.run.request = None
 
     def _drop(self, request: Request) -> None:
-        """Release a cancelled request that was prefilling or in transfer."""
-        request.prefill.cache.release(request.run.spec.session_id, self.now)
+        """Release an aborted request whose prefill batch ended (the caller grants and kicks after)."""
+        self._release_chain(request)
         request.decode.free(request.slot)
         del self._requests[request.request_id]
-        self._grant(request.decode)
-        self._kick(request.prefill)
+
+    def _release_chain(self, request: Request) -> None:
+        """Unpin an aborted request's chain; under Continuum a live session keeps it held for the TTL."""
+        live = request.run.status == Status.LIVE
+        hold_until_s = None if self.pin_ttl_s is None or not live else self.now + self.pin_ttl_s
+        request.prefill.cache.release(request.run.spec.session_id, self.now, hold_until_s)

@@ -1,8 +1,9 @@
 # Goodput as the paper defines it.
 #
 # Rules:
-# - A session is good when it finished (not killed, shed, rejected or aborted), its end-to-end time
-#   (from its arrival at the door, so time held in an admission queue counts) is at most
+# - A session is good when it finished (not killed, shed, rejected, aborted, or abandoned by its client
+#   after its attempts timed out or its time limit passed), its end-to-end time (from its arrival at
+#   the door, so time held in an admission queue and waits between retried attempts count) is at most
 #   SLOWDOWN_LIMIT x its unloaded time (the same session simulated alone on an empty deployment),
 #   and at least STEP_SHARE of its decode steps took less than STEP_SLO_S. A session with no decode
 #   step meets the step rule.
@@ -28,7 +29,7 @@ class SessionOutcome:
     session_id: str
     arrival_s: float
     ended_s: float | None  # None: still running when the run stopped
-    status: str  # finished, killed, shed, aborted, live, held
+    status: str  # finished, killed, shed, aborted, abandoned, live, held
     unloaded_s: float | None  # None when not needed (outside every goodput window)
     steps: float
     good_steps: float

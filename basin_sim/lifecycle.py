@@ -1,10 +1,14 @@
 # The records the engine keeps of each session and each in-flight request.
 #
 # A session: arrives at the door -> held (policy said wait) or live -> each call in turn -> ends as
-# finished, killed (by the scenario), shed (by the policy while held) or aborted (a request larger than
-# an instance's memory). A request (one call): PREALLOC (waits for decode memory) -> PREFILL_WAIT ->
-# PREFILLING -> TRANSFER (KV to decode) -> DECODING -> done; then the tool gap, then the next call.
-# Rules: a session has at most one request in flight; once ended it never changes again.
+# finished, killed (by the scenario), shed (by the policy while held), aborted (a request larger than
+# an instance's memory) or abandoned (its client gave up: a call's attempts all timed out, or its
+# session time limit passed; clients.py). A request (one attempt of one call): PREALLOC (waits for
+# decode memory) -> PREFILL_WAIT -> PREFILLING -> TRANSFER (KV to decode) -> DECODING -> done; then the
+# tool gap, then the next call. A timed-out attempt is aborted (`is_aborted`) and the call is sent
+# again later as a new request (`attempt` + 1).
+# Rules: a session has at most one request in flight (an aborted one still finishing its prefill
+# batch is not its request any more); once ended it never changes again.
 """Session and request records of the engine."""
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ class Status(enum.Enum):
     KILLED = "killed"
     SHED = "shed"
     ABORTED = "aborted"
+    ABANDONED = "abandoned"
 
 
 class Stage(enum.Enum):
@@ -71,6 +76,8 @@ class Request:
     job: PrefillJob
     slot: DecodeSlot
     stage: Stage = Stage.PREALLOC
+    attempt: int = 0  # 0: the call's first attempt
+    is_aborted: bool = False  # withdrawn (killed, timed out, given up); never answered
 
 
 @dataclass(slots=True, eq=False)
@@ -86,6 +93,9 @@ class SessionRun:
     steps: float = 0.0
     good_steps: float = 0.0
     request: Request | None = None
+    attempt: int = 0  # attempt of the current call (0: the first)
+    timeouts: int = 0  # attempts of this session that timed out
+    retries: int = 0  # attempts of this session sent after a timeout
 
     @property
     def is_over(self) -> bool:
@@ -93,4 +103,4 @@ class SessionRun:
         return self.status in _OVER
 
 
-_OVER = frozenset({Status.FINISHED, Status.KILLED, Status.SHED, Status.ABORTED})
+_OVER = frozenset({Status.FINISHED, Status.KILLED, Status.SHED, Status.ABORTED, Status.ABANDONED})

@@ -12,6 +12,7 @@
 #   `collapse_after_s`: from the disturbance's start to the first minute with a hit rate below 0.5;
 #   `recovered_after_s`: from its end until no minute before the end of arrivals is below 0.8 (None:
 #   never recovered). A steady run measures both from the start of the goodput window.
+#   `prefill_share`: by prefill index, its share of all calls the prefill router sent (whole run).
 # No I/O: progress is reported through a callback with the simulated time.
 """Run a scenario end to end and summarize it (goodput, hit rates, TTFT, live sessions)."""
 
@@ -124,6 +125,12 @@ def _outcome(run: SessionRun, unloaded_s: float | None) -> SessionOutcome:
                           run.steps, run.good_steps, spec.is_burst)
 
 
+def _shares(counts: Sequence[int]) -> list[float] | None:
+    """Each count's share of the total, by index (None: nothing counted)."""
+    total = sum(counts)
+    return None if total == 0 else [count / total for count in counts]
+
+
 def _percentile(values: Sequence[float], q: int) -> float | None:
     if len(values) < 2:
         return values[0] if values else None
@@ -158,6 +165,7 @@ def summarize(spec: RunSpec, engine: Engine, outcomes: Sequence[SessionOutcome],
         "host_cache_tokens": spec.deployment.host_cache_tokens * spec.deployment.num_prefill,
         "simulated_s": engine.now,
         "written_back_tokens": sum(p.written_back_tokens for p in engine.prefill),
+        "prefill_share": _shares(engine.prefill_router.num_routed),
         "reservation_scale": spec.reservation_scale,
         "knee_tokens": None if spec.calibration is None else spec.calibration.knee_tokens,
         "reservation_ratio": 1.0 if spec.calibration is None else spec.calibration.reservation_ratio,

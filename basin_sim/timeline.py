@@ -8,8 +8,14 @@
 # - TTFT is kept per call (time the first token reached decode, and its value): calls, not steps.
 # - State (live and held sessions, working set, cache and queue sizes) is sampled at every engine
 #   tick into parallel lists.
-# Invariant: every per-bin list has the same length; every sample list has the same length.
-"""The run's timeline: binned prefill hits, per-call TTFT, and periodic state samples."""
+# - Per bin, counts of what happened in it (`COUNTS`): attempts that timed out, attempts sent after a
+#   timeout (retries), sessions abandoned by their clients, sessions arrived at the door, sessions
+#   finished. Binned like the hits, in the same lists' length.
+# - Per bin, the state at its end (`BinState`): the engine records it once every event before the
+#   bin's end has been handled and none after it, so bin k's state is exact at (k + 1) x bin_s.
+# Invariants: every per-bin list (hits and counts) has the same length; every sample list has the
+# same length; bin_states[k].end_s == (k + 1) x bin_s.
+"""The run's timeline: binned prefill hits and counts, per-call TTFT, periodic and per-bin state."""
 
 from __future__ import annotations
 
@@ -35,8 +41,24 @@ class Sample:
     decode_reserved_tokens: int
 
 
+COUNTS = ("timeouts", "retries", "abandoned", "arrivals", "completions")
+
+
+@dataclass(frozen=True)
+class BinState:
+    """The engine's state at the end of one bin."""
+
+    end_s: float
+    live_sessions: int  # burst sessions included
+    live_burst_sessions: int
+    held_sessions: int
+    working_set_tokens: int
+    prefill_queued: int  # requests waiting in a prefill queue (their decode memory reserved)
+    prealloc_queued: int  # requests waiting for decode memory (then for prefill)
+
+
 class Timeline:
-    """Binned hits, TTFTs and state samples of one run."""
+    """Binned hits and counts, TTFTs, state samples and per-bin end states of one run."""
 
     def __init__(self, bin_s: float = 60.0) -> None:
         if not bin_s > 0:
@@ -48,14 +70,23 @@ class Timeline:
         self.ttft_time_s: list[float] = []
         self.ttft_s: list[float] = []
         self.samples: list[Sample] = []
+        self.counts: dict[str, list[int]] = {name: [] for name in COUNTS}
+        self.bin_states: list[BinState] = []
 
-    def record_prefill(self, now: float, prompt_tokens: int, device_hit_tokens: int, host_hit_tokens: int) -> None:
-        """A request's cache hit was decided at `now`."""
+    def _bin(self, now: float) -> int:
+        """The index of the bin holding `now`, every per-bin list grown to hold it."""
         index = int(now // self.bin_s)
         while len(self.prompt_tokens) <= index:
             self.prompt_tokens.append(0)
             self.device_hit_tokens.append(0)
             self.host_hit_tokens.append(0)
+            for values in self.counts.values():
+                values.append(0)
+        return index
+
+    def record_prefill(self, now: float, prompt_tokens: int, device_hit_tokens: int, host_hit_tokens: int) -> None:
+        """A request's cache hit was decided at `now`."""
+        index = self._bin(now)
         self.prompt_tokens[index] += prompt_tokens
         self.device_hit_tokens[index] += device_hit_tokens
         self.host_hit_tokens[index] += host_hit_tokens
@@ -68,6 +99,49 @@ class Timeline:
     def record_sample(self, sample: Sample) -> None:
         """Keep one state sample."""
         self.samples.append(sample)
+
+    def record_timeout(self, now: float) -> None:
+        """An attempt of a call timed out at `now`."""
+        self._count("timeouts", now)
+
+    def record_retry(self, now: float) -> None:
+        """An attempt after a timeout was sent at `now`."""
+        self._count("retries", now)
+
+    def record_abandoned(self, now: float) -> None:
+        """A session's client gave it up at `now`."""
+        self._count("abandoned", now)
+
+    def record_arrival(self, now: float) -> None:
+        """A session arrived at the door at `now`."""
+        self._count("arrivals", now)
+
+    def record_completion(self, now: float) -> None:
+        """A session finished (its last answer) at `now`."""
+        self._count("completions", now)
+
+    def _count(self, name: str, now: float) -> None:
+        self.counts[name][self._bin(now)] += 1
+
+    def record_bin_state(self, state: BinState) -> None:
+        """Keep the state at the end of the next bin (bins end in order, none skipped)."""
+        expected_s = (len(self.bin_states) + 1) * self.bin_s
+        if state.end_s != expected_s:
+            raise ValueError(f"bin state for the end at {state.end_s} s, expected the end at {expected_s} s")
+        self.bin_states.append(state)
+
+    def count_series(self, name: str) -> list[int]:
+        """One count per bin, from bin 0 to the last bin with a count or an end state."""
+        if name not in self.counts:
+            raise KeyError(f"no count {name!r}; known: {list(COUNTS)}")
+        values = self.counts[name]
+        return values + [0] * max(0, len(self.bin_states) - len(values))
+
+    def bin_state_series(self, name: str) -> list[float]:
+        """One field of the per-bin end states (e.g. 'live_sessions'), bin 0 first."""
+        if name not in {f.name for f in fields(BinState)}:
+            raise KeyError(f"no bin state field {name!r}")
+        return [float(getattr(s, name)) for s in self.bin_states]
 
     def hit_rate(self, start_s: float, end_s: float) -> float | None:
         """Hit rate over the whole bins inside [start_s, end_s); None if nothing was prefilled."""

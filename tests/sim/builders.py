@@ -23,9 +23,9 @@ TINY = Profile(
 
 
 def deployment(profile: Profile = TINY, *, cache_tokens: int = 100_000, decode_tokens: int = 100_000,
-               host_tokens: int = 0, num_decode: int = 1) -> Deployment:
-    """A 1P-nD deployment of the tiny profile with the given memories."""
-    return Deployment("tiny", profile, 1, num_decode, cache_tokens, decode_tokens, host_tokens)
+               host_tokens: int = 0, num_decode: int = 1, num_prefill: int = 1) -> Deployment:
+    """A mP-nD deployment (1P1D by default) of the tiny profile with the given memories."""
+    return Deployment("tiny", profile, num_prefill, num_decode, cache_tokens, decode_tokens, host_tokens)
 
 
 def session(session_id: str, prompts: list[int], completion: int = 100, gap_s: float = 1.0,

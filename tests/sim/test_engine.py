@@ -129,3 +129,54 @@ def test_a_host_tier_hit_costs_a_load_back_instead_of_recompute(host_tokens: int
     assert engine.timeline.ttft_s[:2] == [pytest.approx(0.217), pytest.approx(0.21 + 0.005 + 2_500e-6)]
     assert engine.timeline.ttft_s[2] == pytest.approx(second_ttft_s)
     assert engine.timeline.host_hit_tokens == [1_500 if host_tokens else 0]
+
+
+def test_the_state_at_each_bin_end_comes_before_the_events_at_that_time() -> None:
+    engine = Engine(deployment(), FcfsPolicy("sglang"), tick_s=None)
+    engine.add(spec(session("a", [2_000], completion=100)))  # ends at 2.217
+    engine.add(spec(session("c", [2_000], completion=5_000), arrival_s=30.0, is_burst=True))  # decodes 100 s
+    engine.add(spec(session("b", [2_000], completion=100), arrival_s=60.0))  # arrives exactly at the end of bin 0
+    engine.add(spec(session("d", [3_000], completion=2_000), arrival_s=90.0))  # decodes 40 s
+    engine.run_until(120.0)
+    first, second = engine.timeline.bin_states
+    state = ("end_s", "live_sessions", "live_burst_sessions", "working_set_tokens")
+    assert [getattr(first, name) for name in state] == [60.0, 1, 1, 2_000]
+    assert [getattr(second, name) for name in state] == [120.0, 2, 1, 5_000]
+    assert (second.held_sessions, second.prefill_queued, second.prealloc_queued) == (0, 0, 0)
+    assert engine.timeline.count_series("arrivals") == [2, 2]
+    assert engine.timeline.count_series("completions") == [1, 1]
+    engine.run_until(200.0)
+    assert engine.timeline.bin_state_series("live_sessions") == [1.0, 2.0, 0.0]
+
+
+def test_the_session_over_hook_hears_of_every_end_once() -> None:
+    class ShedS(FcfsPolicy):
+        def on_arrival(self, session_id: str, now: float, session: object) -> Decisions:  # type: ignore[override]
+            return Decisions(shed=("s",)) if session_id == "s" else Decisions(admit=(session_id,))
+
+    over: list[tuple[str, Status, float | None]] = []
+    engine = Engine(deployment(), ShedS("shed-s"), tick_s=None,
+                    on_session_over=lambda run: over.append((run.spec.session_id, run.status, run.ended_s)))
+    engine.add(spec(session("s", [1_000]), arrival_s=0.8))
+    engine.add(spec(session("k", [2_000], completion=1_000)))
+    engine.add(spec(session("f", [1_500], completion=10)))
+    engine.kill_at(1.0, ["k"])
+    engine.run_until(math.inf)
+    assert [(sid, status) for sid, status, _ in over] == \
+        [("f", Status.FINISHED), ("s", Status.SHED), ("k", Status.KILLED)]
+    assert [ended for _, _, ended in over][1:] == [0.8, 1.0]
+
+
+def test_a_kill_during_the_kv_transfer_gives_back_the_pin_and_the_reservation_at_once() -> None:
+    engine = Engine(deployment(), FcfsPolicy("sglang"), tick_s=None)
+    engine.add(spec(session("a", [2_000])))  # prefilled at 0.21, its KV moves until 0.217
+    engine.run_until(0.212)
+    request = engine.runs["a"].request
+    assert request is not None and request.stage == Stage.TRANSFER
+    engine.kill_at(0.212, ["a"])
+    engine.run_until(0.212)
+    assert request.is_aborted and engine.decode[0].reserved_tokens == 0 and engine.prefill[0].cache.pinned_tokens == 0
+    engine.check()
+    engine.run_until(math.inf)  # the transfer's end finds nothing to do
+    assert engine.runs["a"].status == Status.KILLED and engine.timeline.ttft_s == []
+    engine.check()
