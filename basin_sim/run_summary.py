@@ -10,6 +10,7 @@
 # - `first_call_wait_p50_s`: the median over window sessions of arrival -> first token of call 1; a
 #   session shed or abandoned before that counts until it was shed or gave up; one still waiting
 #   when the run stopped counts until then.
+# - `prefill_busy_fraction`: the prefill instances' batch time over the goodput window, per instance.
 # - `recovered_after_s`: seconds from the last rate change or burst end to the start of the first
 #   minute from which every later minute's hit rate (up to the end of arrivals) is within
 #   RECOVERY_TOLERANCE of `hit_rate_pre`; null if none. `is_stuck`: some minute in the window's last
@@ -60,6 +61,8 @@ def summarize(spec: RunSpec, engine: Engine, outcomes: Sequence[SessionOutcome],
         "sessions_killed": sum(o.status == "killed" for o in outcomes),
         "hit_rate_pre": hit_pre, "hit_rate_post": timeline.hit_rate(*window),
         "ttft_p50_post_s": _median(timeline.ttfts(*window)),
+        "prefill_busy_fraction": sum(p.busy_s(*window) for p in engine.prefill)
+        / ((window[1] - window[0]) * len(engine.prefill)),
         "recovered_after_s": _recovered_after_s(timeline, spec, hit_pre),
         "is_stuck": _is_stuck(timeline, window, hit_pre),
         "cache_tokens": spec.deployment.prefill_cache_tokens * spec.deployment.num_prefill,

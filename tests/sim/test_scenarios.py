@@ -6,10 +6,13 @@ from __future__ import annotations
 import pytest
 
 from basin_sim.catalog import load_profile
+from basin_sim.engine import Engine
+from basin_sim.policies.fcfs import FcfsPolicy
 from basin_sim.profile import Deployment
 from basin_sim.simulate import RunResult, RunSpec, run_scenario
 from basin_sim.workload.scenarios import RateStep, Scenario
 from basin_sim.workload.synthetic import generate_corpus
+from tests.sim.builders import deployment, session, spec
 
 POOL = generate_corpus(3, 40)
 CACHE_TOKENS = 200_000
@@ -65,3 +68,15 @@ def test_the_summary_counts_window_sessions_and_the_timeline_starts_after_warmup
     assert sum(e["arrivals"] for e in timeline) == len(after_warmup)  # warm-up arrivals are in no minute
     assert all(e["cache_tokens"] == CACHE_TOKENS for e in timeline)
     assert result.timeline.hit_rate(WARMUP_S, WARMUP_S + 60.0) == timeline[0]["hit_rate"]
+
+
+def test_the_prefill_busy_fraction_is_batch_time_over_the_window() -> None:
+    engine = Engine(deployment(), FcfsPolicy("sglang"), tick_s=None)
+    engine.add(spec(session("a", [2_000])))  # one uncached 2,000-token prefill: 10 ms + 2,000 x 0.1 ms
+    engine.run_until(100.0)
+    (batch,) = engine.prefill[0].busy_intervals
+    assert batch == (0.0, pytest.approx(0.21))
+    assert engine.prefill[0].busy_s(0.0, 100.0) == pytest.approx(0.21)
+    assert engine.prefill[0].busy_s(0.1, 100.0) == pytest.approx(0.11)  # only the overlap counts
+    summary = run(4.0).summary
+    assert 0 < summary["prefill_busy_fraction"] <= 1
