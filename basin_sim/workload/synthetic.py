@@ -6,18 +6,21 @@ the text carries real (learnable, noisy) signal about the session's peak context
 and log-sd of calls per session, first prompt, tool output per call, completion, gap) come from
 `fit_family` on the real table (values in `FAMILIES`; `tests/sim/test_synthetic.py` refits them).
 Used when no real corpus is present, and by the simulator for scales the real corpora do not reach.
+`presets.py` derives named pools from these families (their tool gaps drawn by a `GapSampler`).
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from basin_runtime.session_table import Call, Session
 
 SYNTHETIC_TOKENIZER = "qwen3.6"
+
+GapSampler = Callable[[random.Random], float]  # one tool gap in seconds, drawn from the session's stream
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,14 @@ _MODIFIERS = ("small", "single-line", "simple", "minor", "across all modules", "
               "quick", "one", "whole repository", "interactive", "concurrent", "incremental")
 
 
+def family_named(benchmark: str, families: Sequence[Family] = FAMILIES) -> Family:
+    """The family of that benchmark name; KeyError naming the known ones."""
+    for candidate in families:
+        if candidate.benchmark == benchmark:
+            return candidate
+    raise KeyError(f"no synthetic family {benchmark!r}; known: {', '.join(f.benchmark for f in families)}")
+
+
 def _loadings() -> dict[str, float]:
     """Each word's pull toward large sessions: fixed, independent of the corpus seed."""
     rng = random.Random(20260417)
@@ -104,17 +115,18 @@ def _draw(rng: random.Random, dist: LogNormal, shift: float = 0.0) -> float:
     return math.exp(rng.gauss(dist.mu + shift * dist.sigma, dist.sigma))
 
 
-def synthetic_session(rng: random.Random, family: Family, index: int) -> Session:
-    """One synthetic session of a family."""
+def synthetic_session(rng: random.Random, family: Family, index: int, draw_gap: GapSampler | None = None) -> Session:
+    """One synthetic session of a family; gaps from `draw_gap` if given, else the family's log-normal."""
     z = rng.gauss(0.0, 1.0)
     n_calls = max(1, round(_draw(rng, LogNormal(family.n_calls.mu, family.n_calls.sigma * 0.6), 0.8 * z / 0.6)))
     text = task_text(rng, family, z)
     first = int(_draw(rng, family.first_prompt_tokens))
     calls: list[Call] = []
     prompt = first
+    gap_of = draw_gap if draw_gap is not None else lambda r: _draw(r, family.gap_s)
     for k in range(n_calls):
         completion = max(1, int(_draw(rng, family.completion_tokens)))
-        gap = _draw(rng, family.gap_s) if k + 1 < n_calls else None
+        gap = gap_of(rng) if k + 1 < n_calls else None
         calls.append(Call(prompt, completion, None, None, gap))
         output = _draw(rng, family.tool_output_tokens, 0.3 * z)
         if rng.random() < 0.02:  # an occasional large jump: a whole file or log dumped into the context

@@ -2,8 +2,10 @@
 
 `messages` is the whole conversation; each assistant message carries `extra.response`, the raw API
 response with `usage` and `created` (unix seconds). Only `created` is recorded per call, so a call's
-gap is the time between two consecutive `created` stamps: an upper bound on the tool time, since it
-also holds the next call's own latency at the agent's provider. A `resolved.json`
+gap is the time between two consecutive `created` stamps: an upper bound on the tool time, since
+`created` is stamped when the provider starts a generation, so the gap also holds this call's own
+generation latency (it follows this call's completion size; basin_sim/workload/tool_time.py takes a
+latency line off). A `resolved.json`
 (instance_id -> bool) in the file's folder or the one above it is used when present.
 """
 

@@ -1,0 +1,260 @@
+# Tool time: how long a session sits idle, holding its cache, between a call's answer and its next call.
+#
+# Rules:
+# - A session has one gap per call but the last: seconds from call k's answer to call k+1's request
+#   (tool execution plus the agent's own harness). `resolve_gaps` returns them, every one (recorded or
+#   modelled) multiplied by `tool_time_scale` (finite, >= 0; 1.0 = as recorded / modelled).
+# - GAP_SOURCES states per benchmark whether its recorded `gap_s` are real tool time and which fitted
+#   model fills the gaps it lacks. Decided from the data (the evidence `--fit` prints), not by a threshold:
+#   * terminal-bench: real. `t` is when the terminal recording printed a message, so a gap runs from the
+#     answer's print to the observation's print: the command itself (median 0.04 s: ls/cat take ~20 ms,
+#     pip ~29 s; 212 of 2300 gaps are the 30 s command timeout). The model's latency comes after the
+#     observation and is not in the gap (Spearman of gap with the call's own completion tokens -0.01).
+#   * swebench-verified: real, biased up. `created` (integer seconds) is stamped when OpenRouter starts
+#     the generation, so a gap also holds call k's own latency at the agent's provider: Spearman 0.60 with
+#     call k's completion tokens, -0.12 with call k+1's; the one 600 s gap follows a 69,557-token answer.
+#     That part is removed with the latency line, the 5%-quantile regression of gap on the call's
+#     completion tokens (1.568 s + 8.28 ms/token): a floor, so what is left (mean 3.2 s of the recorded
+#     6.8 s) is still an upper bound on tool + harness time, at 1 s resolution.
+#   * tau-bench-airline: nothing recorded (gap_s null): drawn from the swebench-verified model.
+#   * synthetic-* and presets: their gaps come from log-normals (synthetic.py), not from a measurement:
+#     drawn from the model of the benchmark they mirror.
+#   * any other benchmark (e.g. a gateway log): recorded gaps are real; missing ones from DEFAULT_MODEL.
+# - A recorded gap of a real benchmark is kept, minus its model's latency line, floored at 0. Every gap
+#   of a benchmark without real gaps, and every missing gap, is drawn from the model: the inverse CDF of
+#   its quantile table (piecewise linear), one `rng.random()` per drawn gap, in call order.
+#   Same session, rng state and scale -> the same gaps.
+# - The constants in TOOL_TIME are printed by
+#   `python -m basin_sim.workload.tool_time --fit data/sessions.parquet` (fit_models); a test refits them.
+"""Per-benchmark tool-time models fitted on the real gaps, and the gaps a replayed session waits."""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import itertools
+import math
+import random
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from basin_runtime.session_table import Session, SessionTableError, read_sessions
+
+QUANTILE_PROBS: tuple[float, ...] = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6,
+                                     0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 0.975, 0.99, 0.995, 0.999, 1.0)
+LATENCY_QUANTILE = 0.05  # the latency line is the floor under the gaps: their 5% quantile given the call's size
+
+
+class ToolTimeError(ValueError):
+    """A tool-time model, scale or fit that cannot be used; the message names the value."""
+
+
+@dataclass(frozen=True)
+class ToolTimeModel:
+    """Tool time of one benchmark: a quantile table, and the latency its recorded gaps carry."""
+
+    benchmark: str  # the corpus it was fitted on
+    quantiles_s: tuple[float, ...]  # tool time at QUANTILE_PROBS
+    latency_base_s: float = 0.0  # own-model latency in a recorded gap: base + per_token x completion tokens
+    latency_s_per_token: float = 0.0
+    num_gaps: int = 0  # recorded gaps it was fitted on
+
+    def __post_init__(self) -> None:
+        q = self.quantiles_s
+        if len(q) != len(QUANTILE_PROBS) or q[0] < 0 or any(b < a for a, b in itertools.pairwise(q)):
+            raise ToolTimeError(f"tool-time model {self.benchmark!r}: quantiles_s must be {len(QUANTILE_PROBS)} "
+                                f"non-decreasing values >= 0, got {q}")
+        if self.latency_base_s < 0 or self.latency_s_per_token < 0:
+            raise ToolTimeError(f"tool-time model {self.benchmark!r}: negative latency line "
+                                f"({self.latency_base_s}, {self.latency_s_per_token})")
+
+    def quantile_s(self, p: float) -> float:
+        """Tool time at probability p (linear between the table's points)."""
+        i = min(bisect.bisect_right(QUANTILE_PROBS, p), len(QUANTILE_PROBS) - 1)
+        p0, p1 = QUANTILE_PROBS[i - 1], QUANTILE_PROBS[i]
+        q0, q1 = self.quantiles_s[i - 1], self.quantiles_s[i]
+        return q0 + (q1 - q0) * (min(max(p, p0), p1) - p0) / (p1 - p0)
+
+    def sample_s(self, rng: random.Random) -> float:
+        """One tool time drawn from the model."""
+        return self.quantile_s(rng.random())
+
+    def latency_s(self, completion_tokens: int) -> float:
+        """The part of a recorded gap after a call of this size that was the recording model's own latency."""
+        return self.latency_base_s + self.latency_s_per_token * completion_tokens
+
+
+@dataclass(frozen=True)
+class GapSource:
+    """What a benchmark's recorded gaps are, and which model fills those it lacks."""
+
+    is_real: bool  # recorded gaps are measured tool time (kept, minus the model's latency line)
+    model: str  # the TOOL_TIME entry that draws the gaps it lacks
+    has_own_latency: bool  # recorded gaps include the call's own model latency: `model` is the benchmark's own
+    #                        fit, whose latency line is removed from them
+    reason: str
+
+
+# Fitted by `python -m basin_sim.workload.tool_time --fit data/sessions.parquet` on the session table of
+# params.yaml's corpora (qwen3.6 tokens).
+TOOL_TIME: Mapping[str, ToolTimeModel] = {
+    "swebench-verified": ToolTimeModel(
+        "swebench-verified",
+        (0.0, 0.0, 0.134, 0.314, 0.703, 0.886, 1.018, 1.101, 1.199, 1.266, 1.612, 1.916, 2.112, 2.266, 2.817,
+         3.2, 3.967, 4.907, 6.667, 11.175, 16.761, 30.805, 39.957, 61.64, 113.472),
+        latency_base_s=1.568, latency_s_per_token=0.00828, num_gaps=15495),
+    "terminal-bench": ToolTimeModel(
+        "terminal-bench",
+        (0.0, 0.013, 0.015, 0.017, 0.018, 0.02, 0.022, 0.024, 0.027, 0.033, 0.04, 0.054, 0.082, 0.181, 0.391,
+         1.283, 2.861, 7.924, 29.173, 29.895, 29.965, 30.015, 30.059, 30.52, 62.069),
+        num_gaps=2300),
+}
+DEFAULT_MODEL = "swebench-verified"
+
+GAP_SOURCES: Mapping[str, GapSource] = {
+    "swebench-verified": GapSource(True, "swebench-verified", True,
+                                   "created stamps at generation start: gap = own latency + tool, 1 s resolution"),
+    "terminal-bench": GapSource(True, "terminal-bench", False,
+                                "terminal recording: answer printed -> observation printed = the command"),
+    "tau-bench-airline": GapSource(False, "swebench-verified", False, "no timestamps recorded"),
+    "synthetic-swebench": GapSource(False, "swebench-verified", False, "log-normal of raw created gaps"),
+    "synthetic-terminal": GapSource(False, "terminal-bench", False, "log-normal of gaps clamped to >= 1 s"),
+    "synthetic-tau": GapSource(False, "swebench-verified", False, "assumed log-normal"),
+    "paper-terminal-bench": GapSource(False, "terminal-bench", False, "preset: drawn from the model"),
+}
+
+
+def gap_source(benchmark: str) -> GapSource:
+    """The benchmark's gap source; an unlisted benchmark's recorded gaps count as real."""
+    return GAP_SOURCES.get(benchmark, GapSource(True, DEFAULT_MODEL, False, "unlisted: recorded gaps are real"))
+
+
+def has_real_tool_time(benchmark: str) -> bool:
+    """Whether the benchmark's recorded gaps are measured tool time."""
+    return gap_source(benchmark).is_real
+
+
+def model_for(benchmark: str) -> ToolTimeModel:
+    """The tool-time model that fills the benchmark's missing (or not real) gaps."""
+    return TOOL_TIME[gap_source(benchmark).model]
+
+
+def check_scale(tool_time_scale: float) -> float:
+    """The scale itself, or ToolTimeError if it is not a finite number >= 0."""
+    if not (math.isfinite(tool_time_scale) and tool_time_scale >= 0):
+        raise ToolTimeError(f"tool_time_scale must be a finite number >= 0, got {tool_time_scale!r}")
+    return tool_time_scale
+
+
+def resolve_gaps(session: Session, rng: random.Random, tool_time_scale: float = 1.0) -> tuple[float, ...]:
+    """Tool time after each call but the last: real gaps kept (latency removed), the rest drawn; all scaled."""
+    scale = check_scale(tool_time_scale)
+    source = gap_source(session.benchmark)
+    model = TOOL_TIME[source.model]
+    gaps: list[float] = []
+    for call in session.calls[:-1]:
+        if source.is_real and call.gap_s is not None:
+            own_latency_s = model.latency_s(call.completion_tokens) if source.has_own_latency else 0.0
+            tool_s = max(0.0, call.gap_s - own_latency_s)
+        else:
+            tool_s = model.sample_s(rng)
+        gaps.append(tool_s * scale)
+    return tuple(gaps)
+
+
+# ---- fitting ----------------------------------------------------------------------------------------
+
+def _gaps_and_sizes(sessions: Sequence[Session], benchmark: str) -> tuple[np.ndarray, np.ndarray]:
+    pairs = [(c.gap_s, c.completion_tokens) for s in sessions if s.benchmark == benchmark
+             for c in s.calls[:-1] if c.gap_s is not None]
+    return np.array([g for g, _ in pairs], float), np.array([n for _, n in pairs], float)
+
+
+def _pinball(residuals: np.ndarray, q: float) -> float:
+    return float(np.mean(np.maximum(q * residuals, (q - 1) * residuals)))
+
+
+def fit_latency_line(gaps_s: np.ndarray, sizes: np.ndarray, q: float = LATENCY_QUANTILE) -> tuple[float, float]:
+    """(base_s, s_per_token): the q-quantile regression line of gaps on call sizes, slope >= 0."""
+    def loss(slope: float) -> tuple[float, float]:  # best intercept for a slope: the q-quantile of what is left
+        rest = gaps_s - slope * sizes
+        base = float(np.quantile(rest, q))
+        return _pinball(rest - base, q), base
+
+    low, high = 0.0, 0.1  # s per token; the loss profile is convex in the slope
+    for _ in range(80):
+        a, b = low + (high - low) / 3, high - (high - low) / 3
+        low, high = (low, b) if loss(a)[0] <= loss(b)[0] else (a, high)
+    slope = (low + high) / 2
+    return round(max(0.0, loss(slope)[1]), 3), round(slope, 5)
+
+
+def fit_tool_time(sessions: Sequence[Session], benchmark: str) -> ToolTimeModel:
+    """Fit a benchmark's model on its recorded gaps (its own latency removed when GAP_SOURCES says so)."""
+    gaps_s, sizes = _gaps_and_sizes(sessions, benchmark)
+    if len(gaps_s) < 100:
+        raise ToolTimeError(f"benchmark {benchmark!r}: {len(gaps_s)} recorded gaps, need at least 100 to fit")
+    base_s, per_token = fit_latency_line(gaps_s, sizes) if gap_source(benchmark).has_own_latency else (0.0, 0.0)
+    tool_s = np.maximum(0.0, gaps_s - (base_s + per_token * sizes))
+    quantiles = tuple(round(float(v), 3) for v in np.quantile(tool_s, QUANTILE_PROBS))
+    return ToolTimeModel(benchmark, quantiles, base_s, per_token, len(gaps_s))
+
+
+def fit_models(sessions: Sequence[Session]) -> dict[str, ToolTimeModel]:
+    """A model for every benchmark in the sessions whose recorded gaps are real."""
+    benchmarks = sorted({s.benchmark for s in sessions if s.benchmark in GAP_SOURCES})
+    return {b: fit_tool_time(sessions, b) for b in benchmarks if has_real_tool_time(b)}
+
+
+def _ranks(values: np.ndarray) -> np.ndarray:
+    order = np.argsort(values, kind="stable")
+    ranks = np.empty(len(values))
+    ranks[order] = np.arange(len(values))
+    _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
+    return (np.bincount(inverse, weights=ranks) / counts)[inverse]  # ties share their mean rank
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float:
+    """Spearman rank correlation (ties averaged)."""
+    return float(np.corrcoef(_ranks(np.asarray(x, float)), _ranks(np.asarray(y, float)))[0, 1])
+
+
+def evidence(sessions: Sequence[Session], benchmark: str) -> str:
+    """One line on what a benchmark's recorded gaps hold: coverage, median, p90, latency correlations."""
+    group = [s for s in sessions if s.benchmark == benchmark]
+    total = sum(s.n_calls - 1 for s in group)
+    triples = [(a.gap_s, a.completion_tokens, b.completion_tokens) for s in group
+               for a, b in zip(s.calls, s.calls[1:], strict=False) if a.gap_s is not None]
+    if len(triples) < 3:
+        return f"{benchmark}: {len(triples)} of {total} gaps recorded"
+    gaps = [t[0] for t in triples]
+    own, following = spearman(gaps, [t[1] for t in triples]), spearman(gaps, [t[2] for t in triples])
+    return (f"{benchmark}: {len(gaps)} of {total} gaps recorded, median {np.median(gaps):.3f} s, "
+            f"p90 {np.quantile(gaps, 0.9):.3f} s, Spearman with the call's own completion tokens {own:.2f}, "
+            f"with the next call's {following:.2f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the evidence per benchmark and the fitted TOOL_TIME constants."""
+    parser = argparse.ArgumentParser(prog="python -m basin_sim.workload.tool_time", description=__doc__)
+    parser.add_argument("--fit", type=Path, required=True, metavar="SESSIONS", help="session table (.parquet)")
+    args = parser.parse_args(argv)
+    try:
+        sessions = read_sessions(args.fit)
+        models = fit_models(sessions)
+    except (SessionTableError, ToolTimeError) as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2
+    for benchmark in sorted({s.benchmark for s in sessions}):
+        print(f"# {evidence(sessions, benchmark)}")
+    for model in models.values():
+        print(f"{model.benchmark!r}: {model!r},")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
