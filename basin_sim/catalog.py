@@ -1,41 +1,44 @@
-# The named files the simulator ships: profiles, deployments and scenarios (YAML under basin_sim/).
+# The named files the simulator ships, and the files users write: profiles, deployments, scenarios.
 # This module does file I/O; the model modules never call it.
 #
 # Rules:
 # - A name is a file stem in its folder (`scenarios/surge-100.yaml` -> 'surge-100'); a path to a
 #   .yaml file is accepted too. An unknown name raises `CatalogError` listing the known names.
 # - Every file is checked whole: a missing or unknown key, or a value of the wrong kind, raises
-#   `CatalogError` naming the file and the key.
-# - A deployment names its profile and records the overload rate measured for each cache kind and
-#   workload ('table': the real session table; 'synthetic': the synthetic corpus) by
-#   `python -m basin_sim calibrate --write` (which rewrites just that line of the file).
-"""Load profiles, deployments and scenarios by name; record calibrated overload rates."""
+#   `CatalogError` naming the file and the key (`bursts[1].kill_at_s`, not just "bad burst").
+# - A deployment file: `profile` (name or file), `num_prefill`, `num_decode`, `cache` (gpu | host),
+#   optional per-instance `prefill_cache_tokens`, `decode_kv_tokens`, `host_cache_tokens` (default:
+#   the profile's whole KV pool, and its host tier when `cache` is host). Overload rates are not kept
+#   here: they depend on the workload, and are measured on first use (calibrate/rates.py).
+# - A scenario file: see basin_sim/workload/scenarios.py and the README's schema; `clients` holds
+#   `basin_sim.clients.ClientPolicy` fields.
+"""Load profiles, deployments and scenarios by name or path, checking every key."""
 
 from __future__ import annotations
 
 import dataclasses
-import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from basin_sim.clients import ClientError, ClientPolicy
 from basin_sim.profile import CACHE_KINDS, CacheKind, Deployment, Profile, ProfileError
-from basin_sim.workload.scenarios import Burst, Scenario, ScenarioError, Surge
+from basin_sim.workload.scenarios import (
+    BurstSpec,
+    PopulationSpec,
+    RateStep,
+    Scenario,
+    ScenarioError,
+    WorkloadSpec,
+)
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 PROFILES_DIR = PACKAGE_DIR / "profiles"
 DEPLOYMENTS_DIR = PACKAGE_DIR / "deployments"
 SCENARIOS_DIR = PACKAGE_DIR / "scenarios"
-
-
-WORKLOADS = ("table", "synthetic")
-
-
-def rate_key(cache: CacheKind, workload: str) -> str:
-    """The deployment-file key holding the overload rate for this cache kind and workload."""
-    return f"overload_rate_{cache}_per_s" if workload == "table" else f"overload_rate_{cache}_{workload}_per_s"
 
 
 class CatalogError(ValueError):
@@ -44,27 +47,29 @@ class CatalogError(ValueError):
 
 @dataclass(frozen=True)
 class DeploymentSpec:
-    """A deployment file: instance counts, profile, measured overload rates per cache kind and workload."""
+    """A deployment file: instance counts, profile, cache kind and per-instance memories."""
 
     name: str
     path: Path
     profile: Profile
     num_prefill: int
     num_decode: int
-    overload_rate_per_s: dict[str, float | None]  # by `rate_key`
+    cache: CacheKind
+    prefill_cache_tokens: int | None = None
+    decode_kv_tokens: int | None = None
+    host_cache_tokens: int | None = None
 
-    def build(self, cache: CacheKind) -> Deployment:
-        """The deployment with a GPU-only cache or with the host tier."""
-        return Deployment.of(self.name, self.profile, self.num_prefill, self.num_decode, cache)
-
-    def overload_rate(self, cache: CacheKind, workload: str) -> float:
-        """The calibrated overload rate; a clear error if it was never measured."""
-        key = rate_key(cache, workload)
-        rate = self.overload_rate_per_s[key]
-        if rate is None:
-            raise CatalogError(f"{self.path}: {key} is not calibrated; run python -m basin_sim calibrate "
-                               f"--deployment {self.name} --cache {cache} --write (with the same workload)")
-        return rate
+    def build(self, cache: CacheKind | None = None) -> Deployment:
+        """The deployment, with the file's cache kind unless `cache` overrides it."""
+        kind = self.cache if cache is None else cache
+        try:
+            base = Deployment.of(self.name, self.profile, self.num_prefill, self.num_decode, kind)
+            host = base.host_cache_tokens if self.host_cache_tokens is None or kind == "gpu" else self.host_cache_tokens
+            return dataclasses.replace(
+                base, prefill_cache_tokens=self.prefill_cache_tokens or base.prefill_cache_tokens,
+                decode_kv_tokens=self.decode_kv_tokens or base.decode_kv_tokens, host_cache_tokens=host)
+        except ProfileError as exc:
+            raise CatalogError(f"{self.path}: {exc}") from exc
 
 
 def names(folder: Path) -> list[str]:
@@ -126,56 +131,108 @@ def load_profile(name: str) -> Profile:
         raise CatalogError(f"{path}: {exc}") from exc
 
 
+_DEPLOYMENT_OPTIONAL = ("prefill_cache_tokens", "decode_kv_tokens", "host_cache_tokens")
+
+
 def load_deployment(name: str) -> DeploymentSpec:
     """A deployment by name (or path), with its profile."""
     path = _resolve(DEPLOYMENTS_DIR, name, "deployment")
-    keys = {rate_key(cache, workload) for cache in CACHE_KINDS for workload in WORKLOADS}
-    data = _read(path, {"name", "profile", "num_prefill", "num_decode", *keys})
-    rates = {key: None if data[key] is None else _number(path, data, key) for key in sorted(keys)}
-    return DeploymentSpec(str(data["name"]), path, load_profile(str(data["profile"])),
-                          _whole(path, data, "num_prefill"), _whole(path, data, "num_decode"), rates)
+    data = _read(path, {"profile", "num_prefill", "num_decode", "cache"}, {"name", *_DEPLOYMENT_OPTIONAL})
+    cache = data["cache"]
+    if cache not in CACHE_KINDS:
+        raise CatalogError(f"{path}: cache must be one of {list(CACHE_KINDS)}, got {cache!r}")
+    memories = {key: _whole(path, data, key) for key in _DEPLOYMENT_OPTIONAL if data.get(key) is not None}
+    spec = DeploymentSpec(str(data.get("name", path.stem)), path, load_profile(str(data["profile"])),
+                          _whole(path, data, "num_prefill"), _whole(path, data, "num_decode"), cache, **memories)
+    spec.build()  # checks the counts and memories now, naming the file
+    return spec
 
 
-def write_overload_rate(spec: DeploymentSpec, cache: CacheKind, workload: str, rate_per_s: float,
-                        note: str) -> None:
-    """Rewrite the deployment file's overload-rate line for `cache` and `workload`, keeping every other line."""
-    key = rate_key(cache, workload)
-    text = spec.path.read_text()
-    line = f"{key}: {rate_per_s:.4f}  # {note}"
-    new, count = re.subn(rf"^{key}:.*$", line, text, flags=re.MULTILINE)
-    if count != 1:
-        raise CatalogError(f"{spec.path}: expected one line starting with {key}:, found {count}")
-    spec.path.write_text(new)
+_SCENARIO_KEYS = ({"name", "duration_s", "warmup_s", "goodput_window"},
+                  {"description", "rate", "population", "bursts", "workload", "clients"})
 
 
 def load_scenario(name: str) -> Scenario:
     """A scenario by name (or path)."""
     path = _resolve(SCENARIOS_DIR, name, "scenario")
-    data = _read(path, {"name", "description", "duration_s", "warmup_s", "window_start_s"},
-                 {"load_fraction", "surge", "burst"})
+    data = _read(path, *_SCENARIO_KEYS)
+    window = _fields(path, "goodput_window", data["goodput_window"], {"from_s": float, "to_s": float})
+    rate = tuple(RateStep(**_fields(path, f"rate[{k}]", step, {"from_s": float, "x_overload": float}))
+                 for k, step in enumerate(_items(path, "rate", data.get("rate"))))
+    bursts = tuple(BurstSpec(**_fields(path, f"bursts[{k}]", b, _BURST_FIELDS, optional={"kill_at_s"}))
+                   for k, b in enumerate(_items(path, "bursts", data.get("bursts"))))
+    population = None
+    if data.get("population") is not None:
+        population = PopulationSpec(**_fields(path, "population", data["population"], {"agents": int,
+                                                                                       "think_s": float},
+                                              optional={"think_s"}))
+    clients = data.get("clients") or {}
+    if not isinstance(clients, Mapping):
+        raise CatalogError(f"{path}: clients must be a mapping, got {clients!r}")
+    try:
+        ClientPolicy(**clients)
+    except TypeError as exc:
+        known = [f.name for f in dataclasses.fields(ClientPolicy)]
+        unknown = sorted(set(clients) - set(known))
+        raise CatalogError(f"{path}: clients: unknown key(s) {unknown}; known: {known}") from exc
+    except ClientError as exc:
+        raise CatalogError(f"{path}: clients: {exc}") from exc
     try:
         return Scenario(
-            name=str(data["name"]), description=str(data["description"]),
+            name=str(data["name"]), description=str(data.get("description", "")),
             duration_s=_number(path, data, "duration_s"), warmup_s=_number(path, data, "warmup_s"),
-            window_start_s=_number(path, data, "window_start_s"),
-            load_fraction=_number(path, data, "load_fraction") if "load_fraction" in data else 0.5,
-            surge=_part(path, data, "surge", Surge), burst=_part(path, data, "burst", Burst),
-        )
+            goodput_from_s=window["from_s"], goodput_to_s=window["to_s"], rate=rate, population=population,
+            bursts=bursts, workload=_workload(path, data.get("workload")), clients=dict(clients))
     except ScenarioError as exc:
         raise CatalogError(f"{path}: {exc}") from exc
 
 
-def _part(path: Path, data: dict[str, Any], key: str, cls: type[Surge] | type[Burst]) -> Any:
-    part = data.get(key)
-    if part is None:
-        return None
-    kinds = {f.name: f.type for f in dataclasses.fields(cls)}
-    if not isinstance(part, dict) or set(part) != set(kinds):
-        raise CatalogError(f"{path}: {key} must be a mapping with exactly the keys {sorted(kinds)}, got {part!r}")
-    for name, kind in kinds.items():
-        value = part[name]
-        ok = isinstance(value, bool) if kind == "bool" else (
-            not isinstance(value, bool) and isinstance(value, int if kind == "int" else (int, float)))
-        if not ok:
-            raise CatalogError(f"{path}: {key}.{name} must be a {kind}, got {value!r}")
-    return cls(**part)
+_BURST_FIELDS: dict[str, type] = {"from_s": float, "to_s": float, "x_base": float, "max_unloaded_s": float,
+                                  "kill_at_s": float}
+
+
+def _workload(path: Path, raw: object) -> WorkloadSpec:
+    if raw is None:
+        return WorkloadSpec()
+    values = _fields(path, "workload", raw, {"benchmarks": list, "preset": str, "tool_time_scale": float},
+                     optional={"benchmarks", "preset", "tool_time_scale"})
+    benchmarks = values.get("benchmarks")
+    if benchmarks is not None:
+        if not benchmarks or not all(isinstance(b, str) for b in benchmarks):
+            raise CatalogError(f"{path}: workload.benchmarks must be a non-empty list of names, got {benchmarks!r}")
+        values["benchmarks"] = tuple(benchmarks)
+    return WorkloadSpec(**values)
+
+
+def _items(path: Path, key: str, raw: object) -> list[object]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise CatalogError(f"{path}: {key} must be a list, got {raw!r}")
+    return raw
+
+
+def _fields(path: Path, where: str, raw: object, kinds: Mapping[str, type],
+            optional: set[str] = frozenset()) -> dict[str, Any]:  # type: ignore[assignment]
+    """The keys of one mapping, each of its kind (float accepts whole numbers); unknown keys refused."""
+    if not isinstance(raw, Mapping):
+        raise CatalogError(f"{path}: {where} must be a mapping, got {raw!r}")
+    missing = set(kinds) - set(optional) - set(raw)
+    unknown = set(raw) - set(kinds)
+    if missing or unknown:
+        raise CatalogError(f"{path}: {where}: missing keys {sorted(missing)}, unknown keys {sorted(unknown)}; "
+                           f"known: {sorted(kinds)}")
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        kind = kinds[key]
+        if value is None and key in optional:
+            continue
+        if kind is float:
+            is_ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            value = float(value) if is_ok else value
+        else:
+            is_ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+        if not is_ok:
+            raise CatalogError(f"{path}: {where}.{key} must be a {kind.__name__}, got {value!r}")
+        values[key] = value
+    return values

@@ -1,8 +1,9 @@
 """Command line: `basin-sim run|calibrate|knee|risk` (`python -m basin_sim`): one scenario, or a measurement.
 
     python -m basin_sim run --scenario surge-100 --deployment 1p3d --policy sglang --seed 1 --json
-    python -m basin_sim run --scenario steady --deployment 1p3d --policy hicache --plot-dir plots/
-    python -m basin_sim calibrate --deployment 1p3d --cache gpu --write
+    python -m basin_sim run --scenario my-surge.yaml --deployment my-deployment.yaml --policy sglang --json
+    python -m basin_sim run --scenario steady --deployment 1p3d-host --policy sglang --plot-dir plots/
+    python -m basin_sim calibrate --deployment 1p3d --scenario surge-100
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -20,13 +22,16 @@ from tqdm import tqdm
 
 from basin_runtime.calibration import Calibration, CalibrationError, calibration_from_mapping, load_calibration
 from basin_runtime.predictor import PredictorError
-from basin_sim import catalog
+from basin_runtime.session_table import Session
+from basin_sim import catalog, compare
 from basin_sim.calibrate.commands import add_commands, calibrate_main, knee_main, risk_main
+from basin_sim.calibrate.rates import DEFAULT_RATES_FILE, RateCache, RatesError, overload_rate_for
 from basin_sim.policies import UnknownPolicyError, policy_names, policy_spec
 from basin_sim.predictions import load_predictor, predict_pool
 from basin_sim.profile import CacheKind, Deployment
 from basin_sim.simulate import RunSpec, run_scenario
-from basin_sim.workload.pool import DEFAULT_SESSIONS, PoolError, load_pool
+from basin_sim.workload.pool import DEFAULT_SESSIONS, PoolError, load_pool, workload_pool
+from basin_sim.workload.scenarios import Scenario, ScenarioError
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +40,11 @@ class UsageError(ValueError):
     """Bad input from the command line; the message says what and which names are known."""
 
 
-def _cache_for(policy: str, cache: str | None) -> CacheKind:
+def _cache_for(policy: str, cache: str | None, file_cache: CacheKind) -> CacheKind:
+    """--cache, else the deployment file's; `hicache` (sglang with the host tier) switches a GPU file to host."""
     spec = policy_spec(policy)
     if cache is None:
-        return "host" if spec.uses_host_tier else "gpu"
+        return "host" if spec.uses_host_tier else file_cache
     if spec.uses_host_tier and cache != "host":
         raise UsageError(f"policy {policy!r} needs the host tier; use --cache host (or leave --cache out)")
     return "host" if cache == "host" else "gpu"
@@ -64,23 +70,23 @@ class _Progress:
 def _run(args: argparse.Namespace) -> int:
     scenario = catalog.load_scenario(args.scenario)
     deployment_spec = catalog.load_deployment(args.deployment)
-    cache = _cache_for(args.policy, args.cache)
-    pool, workload = load_pool(args.sessions, args.synthetic)
-    rate = args.overload_rate or deployment_spec.overload_rate(cache, workload)
+    deployment = deployment_spec.build(_cache_for(args.policy, args.cache, deployment_spec.cache))
+    base, source = load_pool(args.sessions, args.synthetic)
+    pool = workload_pool(base, scenario.workload)
+    rate, rate_source = _overload_rate(args, deployment, pool, scenario)
     peaks: dict[str, float] = {}
     if args.policy == "basin":
         peaks = predict_pool(load_predictor(args.model), pool)
-    deployment = deployment_spec.build(cache)
     spec = RunSpec(scenario, deployment, args.policy, args.seed, rate, predicted_peak_tokens=peaks,
                    reservation_scale=args.reservation_scale, calibration=_calibration(args, deployment))
-    progress = _Progress(scenario.duration_s, f"{scenario.name}/{deployment_spec.name}/{args.policy}",
-                         not args.quiet)
+    progress = _Progress(scenario.warmup_s + scenario.duration_s,
+                         f"{scenario.name}/{deployment_spec.name}/{args.policy}", not args.quiet)
     started = time.perf_counter()
     try:
         result = run_scenario(spec, pool, progress)
     finally:
         progress.close()
-    summary: dict[str, Any] = {"workload": workload, **result.summary}
+    summary: dict[str, Any] = {"workload": source, "overload_rate_source": rate_source, **result.summary}
     log.info("simulated %.0f s in %.1f s wall", summary["simulated_s"], time.perf_counter() - started)
     if args.plot_dir is not None:
         from basin_sim.plots import plot_run
@@ -89,6 +95,18 @@ def _run(args: argparse.Namespace) -> int:
         log.info("wrote %s", path)
     print(json.dumps(summary, sort_keys=True) if args.json else _table(summary))
     return 0
+
+
+def _overload_rate(args: argparse.Namespace, deployment: Deployment, pool: Sequence[Session],
+                   scenario: Scenario) -> tuple[float, str]:
+    """--overload-rate, or the cached (else measured now) rate of this shape and workload."""
+    if args.overload_rate is not None:
+        if not args.overload_rate > 0:
+            raise UsageError(f"--overload-rate must be > 0, got {args.overload_rate}")
+        return args.overload_rate, "--overload-rate"
+    if scenario.population is not None:
+        return 0.0, "closed population (no overload rate)"
+    return overload_rate_for(deployment, pool, scenario.workload, scenario.clients, RateCache(args.rates_file))
 
 
 def _calibration(args: argparse.Namespace, deployment: Deployment) -> Calibration | None:
@@ -120,14 +138,19 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m basin_sim", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="simulate one scenario and print its summary")
-    run.add_argument("--scenario", required=True, help=f"one of {catalog.names(catalog.SCENARIOS_DIR)}, or a .yaml")
-    run.add_argument("--deployment", required=True, help=f"one of {catalog.names(catalog.DEPLOYMENTS_DIR)}")
-    run.add_argument("--cache", choices=("gpu", "host"), help="default: host for policies that need it, else gpu")
+    run.add_argument("--scenario", required=True,
+                     help=f"one of {catalog.names(catalog.SCENARIOS_DIR)}, or a scenario .yaml file")
+    run.add_argument("--deployment", required=True,
+                     help=f"one of {catalog.names(catalog.DEPLOYMENTS_DIR)}, or a deployment .yaml file")
+    run.add_argument("--cache", choices=("gpu", "host"), help="override the deployment file's cache kind")
     run.add_argument("--policy", required=True, help=f"one of {list(policy_names())}")
     run.add_argument("--seed", type=int, default=1)
     run.add_argument("--json", action="store_true", help="print one JSON line")
     run.add_argument("--plot-dir", type=Path, help="write the timeline PNG here")
-    run.add_argument("--overload-rate", type=float, help="override the deployment's calibrated rate (per s)")
+    run.add_argument("--overload-rate", type=float,
+                     help="sessions/s that x_overload multiplies (default: measured for this shape and workload, "
+                          "cached in --rates-file)")
+    run.add_argument("--rates-file", type=Path, default=DEFAULT_RATES_FILE, help="the overload-rate cache")
     run.add_argument("--model", type=Path, default=Path("models/peak_predictor.onnx"),
                      help="peak predictor for policy basin (default: the shipped pooled model)")
     run.add_argument("--reservation-scale", type=float, default=1.0, help="basin: reserve this x each predicted peak")
@@ -136,6 +159,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--calibration", type=Path, help="basin: the knee calibration file (`knee --out`): knee, "
                      "reservation ratio, peak completion rate (the flags above win)")
     add_commands(sub)
+    sub.add_parser("compare", add_help=False, help="the scenario x deployment x policy grid over seeds "
+                   "(basin-sim compare --help)")
     for command in (run, sub.choices["calibrate"], sub.choices["knee"], sub.choices["risk"]):
         command.add_argument("--sessions", type=Path, default=DEFAULT_SESSIONS, help="session table (parquet)")
         command.add_argument("--synthetic", action="store_true", help="use the synthetic corpus")
@@ -145,12 +170,16 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status."""
+    words = sys.argv[1:] if argv is None else argv
+    if words[:1] == ["compare"]:
+        return compare.main(words[1:])
     parser = _parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(words)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         commands = {"calibrate": calibrate_main, "run": _run, "knee": knee_main, "risk": risk_main}
         return commands[args.command](args)
-    except (catalog.CatalogError, UnknownPolicyError, UsageError, PoolError, PredictorError, CalibrationError) as exc:
+    except (catalog.CatalogError, UnknownPolicyError, UsageError, PoolError, PredictorError, CalibrationError,
+            RatesError, ScenarioError) as exc:
         parser.exit(2, f"{parser.prog}: error: {exc}\n")

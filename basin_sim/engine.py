@@ -360,6 +360,8 @@ class Engine:
             self._end(run, Status.ABORTED)  # SGLang rejects a request larger than an instance's memory
             return
         priority = self.policy.priority(spec.session_id, self.now)
+        if run.attempt == 0:
+            run.call_sent_s = self.now
         rid = self._next_request_id
         self._next_request_id += 1
         prefill, decode = self._route(spec, call.prompt_tokens)
@@ -416,7 +418,11 @@ class Engine:
         hold_until_s = None if self.pin_ttl_s is None else math.inf  # Continuum: held until TTL after the answer
         request.prefill.cache.release(request.run.spec.session_id, self.now, hold_until_s)
         self._kick(request.prefill)
-        self.timeline.record_ttft(self.now, self.now - request.sent_s)
+        run = request.run
+        sent_s = request.sent_s if run.call_sent_s is None else run.call_sent_s
+        self.timeline.record_ttft(self.now, self.now - sent_s)  # from the call's first send (retries count)
+        if run.next_call == 0 and run.first_token_s is None:
+            run.first_token_s = self.now
         request.stage = Stage.DECODING
         request.decode.join(request.slot, self.now)
         self._schedule_decode(request.decode)

@@ -34,6 +34,7 @@ class SessionOutcome:
     steps: float
     good_steps: float
     is_burst: bool = False
+    first_token_s: float | None = None  # the first token of the first call (None: never came)
 
     @property
     def deadline_s(self) -> float | None:

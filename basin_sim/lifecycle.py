@@ -96,6 +96,8 @@ class SessionRun:
     attempt: int = 0  # attempt of the current call (0: the first)
     timeouts: int = 0  # attempts of this session that timed out
     retries: int = 0  # attempts of this session sent after a timeout
+    call_sent_s: float | None = None  # when the current call's first attempt was sent
+    first_token_s: float | None = None  # when the first token of the session's first call reached decode
 
     @property
     def is_over(self) -> bool:

@@ -90,11 +90,14 @@ def plot_run(result: RunResult, out_dir: Path) -> Path:
     fig, axes = plt.subplots(6, 1, figsize=(10, 13), sharex=True)
     _panels(result, axes)
     for ax in axes:
-        if scenario.pre_end_s < scenario.window_start_s:
-            ax.axvspan(scenario.pre_end_s / 60, scenario.window_start_s / 60, color="orange", alpha=0.15)
-        ax.axvline(scenario.duration_s / 60, color="grey", lw=0.8)
+        if scenario.pre_end_s < scenario.last_change_s:
+            ax.axvspan(scenario.engine_s(scenario.pre_end_s) / 60, scenario.engine_s(scenario.last_change_s) / 60,
+                       color="orange", alpha=0.15)
+        ax.axvspan(0, scenario.warmup_s / 60, color="grey", alpha=0.1)
+        ax.axvline(scenario.engine_s(scenario.duration_s) / 60, color="grey", lw=0.8)
         ax.grid(alpha=0.3)
-    axes[-1].set_xlabel("minutes (shaded: surge or burst; grey line: arrivals stop)")
+    axes[-1].set_xlabel("minutes from the start of warm-up (grey: warm-up; orange: surge or burst; "
+                        "line: arrivals stop)")
     fig.suptitle(f"{summary['scenario']} on {summary['deployment']} ({summary['cache']} cache), policy "
                  f"{summary['policy']}, seed {summary['seed']}: goodput {summary['goodput_per_hour']:.0f}/h, "
                  f"hit rate {_fmt(summary['hit_rate_pre'])} -> {_fmt(summary['hit_rate_post'])}", fontsize=10)

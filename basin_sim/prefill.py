@@ -16,6 +16,7 @@
 #   layer by layer, overlapped with the batch's compute: the batch takes max(compute, transfer).
 # - A cancelled job (its session was killed) is skipped in the queue; in a batch it is returned by
 #   `finish_batch` at once, so the caller releases its chain.
+# - Every batch's (start, end) is kept in `busy_intervals` (in time order), for the busy fraction.
 # Invariant: waiting_tokens == sum of prompt tokens of queued, not cancelled, jobs.
 """A prefill instance: FCFS/priority queue, chunked-prefill batches, prefix cache hits."""
 
@@ -70,6 +71,7 @@ class PrefillInstance:
         self._chunked: PrefillJob | None = None
         self.write_back: Callable[[PrefillJob], int] | None = None
         self.written_back_tokens = 0
+        self.busy_intervals: list[tuple[float, float]] = []
 
     @property
     def num_waiting(self) -> int:
@@ -111,7 +113,12 @@ class PrefillInstance:
         if written:
             duration = max(duration, self.profile.write_back_s(written))
         self.batch = PrefillBatch(tuple(parts), tuple(started), now + duration)
+        self.busy_intervals.append((now, now + duration))
         return self.batch
+
+    def busy_s(self, start_s: float, end_s: float) -> float:
+        """Seconds of [start_s, end_s) this instance spent running batches."""
+        return sum(max(0.0, min(end, end_s) - max(start, start_s)) for start, end in self.busy_intervals)
 
     def finish_batch(self) -> list[PrefillJob]:
         """End the running batch; return the jobs it completed (and the cancelled ones)."""

@@ -1,23 +1,26 @@
-# One run of a scenario on a deployment under a policy, and its summary.
+# One run of a scenario on a deployment under a policy.
 #
 # Rules:
-# - Arrivals stop at `duration_s`. The run then goes on (no new arrivals) until every session that
-#   arrived in the goodput window has finished or passed its deadline (arrival + 4 x unloaded time),
-#   so late arrivals are judged fairly; `max_drain_s` caps that tail.
-# - Unloaded times are computed for every non-burst session (memoized per base session), so goodput
-#   can be read for any window; the summary's goodput uses the `post` window.
+# - The engine's clock starts at the start of warm-up; the scenario's times count from its end
+#   (workload/scenarios.py). Warm-up is excluded from every metric (run_summary.py).
+# - Arrivals stop at `duration_s`. The run then drains (no new arrivals) until every session that
+#   arrived in the goodput window has ended or passed its deadline (arrival + 4 x unloaded time), so
+#   late arrivals are judged fairly; `max_drain_s` caps that tail.
+# - Unloaded times are computed for every goodput-window session and, for bursts, every pool
+#   session (memoized per pool session): tool time included, alone on the same deployment.
+# - Bursts with `kill_at_s` abort their live or queued sessions then (`Engine.kill_at`).
+# - Clients: the scenario's `clients` (basin_sim.clients.ClientPolicy fields; none given: the
+#   sourced defaults) time out, retry and give up; their jitter, the routers' tie-breaks and a closed
+#   population's draws all come from the run's seed.
+# - A closed population starts its agents at the start of warm-up; each agent's next session
+#   starts when its last one is over, until arrivals stop (`duration_s`).
 # - The summary is plain JSON types and depends only on the inputs: same inputs, same summary.
-#   Hit rates are token-weighted over whole timeline bins: `pre` [warmup, first disturbance), `surge`
-#   (the disturbance), `post` [window start, duration), `last` (the last quarter of `post`).
-#   `collapse_after_s`: from the disturbance's start to the first minute with a hit rate below 0.5;
-#   `recovered_after_s`: from its end until no minute before the end of arrivals is below 0.8 (None:
-#   never recovered). A steady run measures both from the start of the goodput window.
-#   `prefill_share`: by prefill index, its share of all calls the prefill router sent (whole run).
 # No I/O: progress is reported through a callback with the simulated time.
-"""Run a scenario end to end and summarize it (goodput, hit rates, TTFT, live sessions)."""
+"""Run a scenario end to end: sessions, engine, drain, outcomes and the run's summary."""
 
 from __future__ import annotations
 
+import random
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,14 +28,23 @@ from typing import Any
 
 from basin_runtime.policy.calibrated import Calibration
 from basin_runtime.session_table import Session
+from basin_sim.clients import ClientError, ClientPolicy, ClosedPopulation
 from basin_sim.engine import Engine
-from basin_sim.goodput import SLOWDOWN_LIMIT, SessionOutcome, goodput
+from basin_sim.goodput import SLOWDOWN_LIMIT, SessionOutcome
 from basin_sim.lifecycle import SessionRun, SessionSpec
 from basin_sim.policies import PolicyContext, make_policy
 from basin_sim.profile import Deployment
+from basin_sim.run_summary import summarize
 from basin_sim.timeline import Timeline
 from basin_sim.unloaded import UnloadedTimes
-from basin_sim.workload.scenarios import Scenario, generate_sessions
+from basin_sim.workload.scenarios import (
+    Scenario,
+    ScenarioError,
+    burst_kills,
+    generate_sessions,
+    shared_prefix_tokens,
+    to_spec,
+)
 
 ProgressCallback = Callable[[float], None]
 
@@ -45,7 +57,7 @@ class RunSpec:
     deployment: Deployment
     policy_name: str
     seed: int
-    overload_rate_per_s: float  # the deployment's measured overload rate; base rate = load_fraction x this
+    overload_rate_per_s: float  # of the deployment's shape (GPU cache) for this workload
     tick_s: float = 10.0
     bin_s: float = 60.0
     step_s: float = 60.0  # how often the progress callback is called (simulated seconds)
@@ -57,8 +69,8 @@ class RunSpec:
 
     @property
     def base_rate_per_s(self) -> float:
-        """Arrival rate outside surges."""
-        return self.scenario.load_fraction * self.overload_rate_per_s
+        """Arrival rate of the first segment (warm-up and the `pre` window)."""
+        return self.scenario.first_x_overload * self.overload_rate_per_s
 
 
 @dataclass(frozen=True)
@@ -71,38 +83,74 @@ class RunResult:
     outcomes: tuple[SessionOutcome, ...]
 
 
+def pool_unloaded_s(pool: Sequence[Session], unloaded: UnloadedTimes) -> Callable[[Session], float]:
+    """A pool session's unloaded time (alone on the deployment, tool time included)."""
+    shared = shared_prefix_tokens(pool)
+    return lambda session: unloaded.of(to_spec(session.session_id, session, 0.0, shared))
+
+
 def run_scenario(spec: RunSpec, pool: Sequence[Session], progress: ProgressCallback | None = None,
                  unloaded: UnloadedTimes | None = None) -> RunResult:
     """Simulate one scenario run."""
     scenario = spec.scenario
-    sessions = generate_sessions(scenario, pool, spec.base_rate_per_s, spec.seed)
     unloaded = unloaded if unloaded is not None and unloaded.deployment == spec.deployment \
         else UnloadedTimes(spec.deployment)
-    unloaded_s = {s.session_id: unloaded.of(s) for s in sessions if not s.is_burst}
-    in_window = {s.session_id: unloaded_s[s.session_id] for s in sessions
-                 if not s.is_burst and scenario.window_start_s <= s.arrival_s < scenario.duration_s}
+    sessions = generate_sessions(scenario, pool, spec.overload_rate_per_s, spec.seed, pool_unloaded_s(pool, unloaded))
+    window = (scenario.engine_s(scenario.goodput_from_s), scenario.engine_s(scenario.goodput_to_s))
     timeline = Timeline(spec.bin_s)
-    engine = Engine(spec.deployment, make_policy(spec.policy_name, policy_context(spec, sessions)),
-                    timeline=timeline, tick_s=spec.tick_s)
+    end_s = scenario.engine_s(scenario.duration_s)
+    population = _population(scenario, pool, spec.seed, end_s)
+    engine = Engine(spec.deployment, make_policy(spec.policy_name, policy_context(spec, sessions or pool_specs(pool))),
+                    timeline=timeline, tick_s=spec.tick_s, router_seed=spec.seed, clients=client_policy(scenario),
+                    client_seed=spec.seed, on_session_over=None if population is None else population.session_over)
     for session in sessions:
         engine.add(session)
-    if scenario.burst is not None and scenario.burst.kill:
-        engine.kill_at(scenario.burst.end_s, [s.session_id for s in sessions if s.is_burst])
-    _advance(engine, scenario.duration_s, spec.step_s, progress)
+    if population is not None:
+        population.start(engine, 0.0)
+    for at_s, ids in burst_kills(scenario, sessions):
+        engine.kill_at(at_s, ids)
+    _advance(engine, end_s, spec.step_s, progress)
+    in_window = {sid: unloaded.of(run.spec) for sid, run in engine.runs.items()
+                 if not run.spec.is_burst and window[0] <= run.spec.arrival_s < window[1]}
     deadlines = {sid: engine.runs[sid].spec.arrival_s + SLOWDOWN_LIMIT * t for sid, t in in_window.items()}
-    stop_s = min(max(deadlines.values(), default=scenario.duration_s), scenario.duration_s + spec.max_drain_s)
+    stop_s = min(max(deadlines.values(), default=end_s), end_s + spec.max_drain_s)
     pending = [sid for sid in deadlines if not engine.runs[sid].is_over]
     while pending and engine.now < stop_s:
         _advance(engine, min(engine.now + spec.step_s, stop_s), spec.step_s, progress)
         pending = [sid for sid in pending if not engine.runs[sid].is_over and deadlines[sid] >= engine.now]
-    outcomes = tuple(_outcome(run, unloaded_s.get(sid)) for sid, run in engine.runs.items())
+    outcomes = tuple(_outcome(run, in_window.get(sid)) for sid, run in engine.runs.items())
     return RunResult(spec, summarize(spec, engine, outcomes, len(pool)), timeline, outcomes)
+
+
+def client_policy(scenario: Scenario) -> ClientPolicy:
+    """The scenario's clients: `ClientPolicy` with its `clients` fields (sourced defaults for the rest)."""
+    try:
+        return ClientPolicy(**scenario.clients)
+    except (TypeError, ClientError) as exc:
+        raise ScenarioError(f"scenario {scenario.name!r}: clients: {exc}") from exc
+
+
+def pool_specs(pool: Sequence[Session]) -> list[SessionSpec]:
+    """The pool as specs (arrival 0): what a closed population may start."""
+    shared = shared_prefix_tokens(pool)
+    return [to_spec(s.session_id, s, 0.0, shared) for s in pool]
+
+
+def _population(scenario: Scenario, pool: Sequence[Session], seed: int, stop_s: float) -> ClosedPopulation | None:
+    if scenario.population is None:
+        return None
+    shared = shared_prefix_tokens(pool)
+    return ClosedPopulation(scenario.population.agents, pool, random.Random(seed * 7919 + 5),
+                            lambda sid, s, t: to_spec(sid, s, t, shared), think_time_s=scenario.population.think_s,
+                            stop_s=stop_s)
 
 
 def tool_gap_quantile_s(sessions: Sequence[SessionSpec], q: int = 90) -> float | None:
     """The q-th percentile of the tool gaps of these sessions (None: no gaps)."""
     gaps = [g for s in sessions for g in s.gaps_s]
-    return _percentile(gaps, q)
+    if len(gaps) < 2:
+        return gaps[0] if gaps else None
+    return statistics.quantiles(gaps, n=100, method="inclusive")[q - 1]
 
 
 def policy_context(spec: RunSpec, sessions: Sequence[SessionSpec]) -> PolicyContext:
@@ -122,66 +170,4 @@ def _advance(engine: Engine, until_s: float, step_s: float, progress: ProgressCa
 def _outcome(run: SessionRun, unloaded_s: float | None) -> SessionOutcome:
     spec = run.spec
     return SessionOutcome(spec.session_id, spec.arrival_s, run.ended_s, run.status.value, unloaded_s,
-                          run.steps, run.good_steps, spec.is_burst)
-
-
-def _shares(counts: Sequence[int]) -> list[float] | None:
-    """Each count's share of the total, by index (None: nothing counted)."""
-    total = sum(counts)
-    return None if total == 0 else [count / total for count in counts]
-
-
-def _percentile(values: Sequence[float], q: int) -> float | None:
-    if len(values) < 2:
-        return values[0] if values else None
-    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
-
-
-def summarize(spec: RunSpec, engine: Engine, outcomes: Sequence[SessionOutcome], pool_size: int) -> dict[str, Any]:
-    """The one-line JSON summary of a run."""
-    scenario, timeline = spec.scenario, engine.timeline
-    pre, post = (scenario.warmup_s, scenario.pre_end_s), (scenario.window_start_s, scenario.duration_s)
-    last = (post[1] - (post[1] - post[0]) / 4, post[1])
-    result = goodput(outcomes, *post)
-    statuses = [o.status for o in outcomes]
-    summary: dict[str, Any] = {
-        "scenario": scenario.name, "deployment": spec.deployment.name, "cache": spec.deployment.cache_kind,
-        "policy": spec.policy_name, "seed": spec.seed, "pool_sessions": pool_size,
-        "base_rate_per_s": spec.base_rate_per_s, "overload_rate_per_s": spec.overload_rate_per_s,
-        "goodput_per_hour": result.per_hour, "sessions_arrived": result.arrived, "sessions_good": result.good,
-        "sessions_finished": result.finished, "sessions_total": len(outcomes),
-        "sessions_killed": statuses.count("killed"), "sessions_aborted": statuses.count("aborted"),
-        "sessions_shed": statuses.count("shed"),
-        "hit_rate_pre": timeline.hit_rate(*pre), "hit_rate_surge": timeline.hit_rate(scenario.pre_end_s, post[0]),
-        "hit_rate_post": timeline.hit_rate(*post), "hit_rate_last": timeline.hit_rate(*last),
-        "ttft_p50_pre_s": _percentile(timeline.ttfts(*pre), 50),
-        "ttft_p50_post_s": _percentile(timeline.ttfts(*post), 50),
-        "ttft_p90_post_s": _percentile(timeline.ttfts(*post), 90),
-        "live_sessions_pre": timeline.mean_sample("live_sessions", *pre),
-        "live_sessions_post": timeline.mean_sample("live_sessions", *post),
-        "working_set_pre_tokens": timeline.mean_sample("working_set_tokens", *pre),
-        "working_set_post_tokens": timeline.mean_sample("working_set_tokens", *post),
-        "cache_tokens": spec.deployment.prefill_cache_tokens * spec.deployment.num_prefill,
-        "host_cache_tokens": spec.deployment.host_cache_tokens * spec.deployment.num_prefill,
-        "simulated_s": engine.now,
-        "written_back_tokens": sum(p.written_back_tokens for p in engine.prefill),
-        "prefill_share": _shares(engine.prefill_router.num_routed),
-        "reservation_scale": spec.reservation_scale,
-        "knee_tokens": None if spec.calibration is None else spec.calibration.knee_tokens,
-        "reservation_ratio": 1.0 if spec.calibration is None else spec.calibration.reservation_ratio,
-    }
-    summary.update(_collapse(timeline, scenario))
-    return summary
-
-
-COLLAPSED_HIT_RATE = 0.5  # a minute with a hit rate below this is a collapsed minute
-RECOVERED_HIT_RATE = 0.8  # recovered once no minute falls below this until the end of arrivals
-
-
-def _collapse(timeline: Timeline, scenario: Scenario) -> dict[str, float | None]:
-    """Seconds from the disturbance's start to the first collapsed minute, and from its end to recovery."""
-    start, end = scenario.pre_end_s, scenario.window_start_s
-    collapsed = timeline.first_collapse_s(COLLAPSED_HIT_RATE, start, scenario.duration_s)
-    recovered = timeline.recovered_s(RECOVERED_HIT_RATE, end, scenario.duration_s)
-    return {"collapse_after_s": None if collapsed is None else collapsed - start,
-            "recovered_after_s": None if recovered is None else recovered - end}
+                          run.steps, run.good_steps, spec.is_burst, run.first_token_s)

@@ -17,21 +17,22 @@ from pathlib import Path
 
 from basin_runtime.session_table import Session
 from basin_sim import catalog
+from basin_sim.calibrate.rates import RateCache, overload_rate_for
 from basin_sim.engine import Engine
 from basin_sim.policies import PolicyContext, make_policy
 from basin_sim.profile import CacheKind, Deployment
 from basin_sim.radix_cache import RadixCache
 from basin_sim.simulate import RunSpec, run_scenario
-from basin_sim.workload.pool import DEFAULT_SESSIONS, load_pool
-from basin_sim.workload.scenarios import Scenario, generate_sessions
+from basin_sim.workload.pool import DEFAULT_SESSIONS, load_pool, workload_pool
+from basin_sim.workload.scenarios import RateStep, Scenario, generate_sessions
 
 
 def engine_hours(deployment: Deployment, pool: list[Session], rate_per_s: float,
                  hours: float) -> tuple[float, int, int]:
     """Wall seconds to simulate `hours` of steady arrivals (no drain, no unloaded times), sessions, calls."""
     duration = hours * 3600.0
-    scenario = Scenario("bench", "steady", duration_s=duration, warmup_s=0.0, window_start_s=duration / 2,
-                        load_fraction=1.0)
+    scenario = Scenario("bench", duration_s=duration, warmup_s=0.0, goodput_from_s=0.0, goodput_to_s=duration,
+                        rate=(RateStep(0.0, 1.0),))
     sessions = generate_sessions(scenario, pool, rate_per_s, seed=1)
     policy = "hicache" if deployment.has_host_tier else "sglang"
     started = time.perf_counter()
@@ -85,9 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     cache: CacheKind = args.cache
     spec = catalog.load_deployment(args.deployment)
-    pool, workload = load_pool(args.sessions, use_synthetic=False)
+    base, workload = load_pool(args.sessions, use_synthetic=False)
+    steady = catalog.load_scenario("steady")
+    pool = workload_pool(base, steady.workload)
     deployment = spec.build(cache)
-    overload = spec.overload_rate(cache, workload)
+    overload, _ = overload_rate_for(deployment, pool, steady.workload, steady.clients, RateCache())
     rate = 0.5 * overload
     print(f"{spec.name} ({cache} cache), workload {workload} ({len(pool)} sessions), pre-surge load "
           f"{rate:.4f} sessions/s (half of the calibrated {overload:.4f})")
@@ -103,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         result = run_scenario(RunSpec(scenario, deployment, policy, 1, overload), pool)
         wall = time.perf_counter() - started
         print(f"whole run {name}/{policy}: {wall:.1f} s wall for {result.summary['simulated_s'] / 3600:.2f} "
-              f"simulated h, {result.summary['sessions_total']} sessions (with unloaded times and drain)")
+              f"simulated h, {len(result.outcomes)} sessions (with unloaded times and drain)")
     sizes = [int(n) for n in filter(None, args.cache_chains.split(","))]
     if sizes:
         costs = "; ".join(f"{n:,} chains {cache_admit_us(n):.1f} us/admit" for n in sizes)

@@ -23,9 +23,10 @@ from basin_runtime.calibration import calibration_from_mapping
 from basin_sim import catalog
 from basin_sim.calibrate.commands import RAMP_FRACTIONS, RAMP_STEP_S, calibration_record
 from basin_sim.calibrate.ramp import run_ramp
+from basin_sim.calibrate.rates import DEFAULT_RATES_FILE, RateCache, overload_rate_for
 from basin_sim.predictions import load_predictor, predict_pool, ratio_quantiles
 from basin_sim.simulate import RunSpec, run_scenario
-from basin_sim.workload.pool import load_pool
+from basin_sim.workload.pool import load_pool, workload_pool
 from pipeline.params import simulate_params
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--deployment", default="1p3d")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--scenario-override", help="run every scenario as this one (tests: a tiny .yaml)")
+    parser.add_argument("--rates-file", type=Path, default=DEFAULT_RATES_FILE,
+                        help="the overload-rate cache (measured on first use for this deployment and workload)")
+    parser.add_argument("--overload-rate", type=float, help="use this overload rate instead (sessions/s)")
     return parser
 
 
@@ -63,10 +67,14 @@ def main(argv: list[str] | None = None) -> int:
     from basin_sim.plots import plot_run
 
     started = time.perf_counter()
-    pool, workload = load_pool(args.sessions, False)
+    base, workload = load_pool(args.sessions, False)
+    scenarios = {name: catalog.load_scenario(args.scenario_override or name) for name, _ in RUNS}
+    pool = workload_pool(base, scenarios["surge-100"].workload)
     peaks = predict_pool(load_predictor(args.model), pool)
     spec = catalog.load_deployment(args.deployment)
-    deployment, rate = spec.build("gpu"), spec.overload_rate("gpu", workload)
+    deployment = spec.build("gpu")
+    rate = args.overload_rate or overload_rate_for(deployment, pool, scenarios["surge-100"].workload,
+                                                   scenarios["surge-100"].clients, RateCache(args.rates_file))[0]
     metrics: dict[str, Any] = {"workload": workload, "deployment": spec.name, "seed": args.seed, "runs": {},
                                "reservation_quantile": {}}
 
@@ -85,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def run(scenario_name: str, policy: str, scale: float = 1.0, measured: dict[str, Any] = calibration
             ) -> dict[str, Any]:
-        scenario = catalog.load_scenario(args.scenario_override or scenario_name)
+        scenario = scenarios[scenario_name]
         result = run_scenario(RunSpec(scenario, deployment, policy, args.seed, rate, predicted_peak_tokens=peaks,
                                       reservation_scale=scale,
                                       calibration=calibration_from_mapping(measured, "the stage's knee ramp")), pool)

@@ -1,6 +1,6 @@
 """`basin-sim calibrate|knee|risk`: the overload rate; the cache knee on a simulated ramp; the risk test.
 
-    python -m basin_sim calibrate --deployment 1p3d --cache gpu --write
+    python -m basin_sim calibrate --deployment 1p3d --scenario surge-100
     python -m basin_sim knee --deployment 1p3d --model models/peak_predictor.onnx --out data/calibration-1p3d.json
     python -m basin_sim risk --deployment 1p3d
 """
@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import statistics
@@ -15,14 +16,17 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from basin_runtime.session_table import Session
 from basin_sim import catalog
 from basin_sim.calibrate.fluid import fixed_points, risk_test
 from basin_sim.calibrate.overload import CalibrationSettings, find_overload_rate
 from basin_sim.calibrate.ramp import RampStep, ramp_knee, run_ramp
 from basin_sim.calibrate.ramp import calibration_record as ramp_calibration_record
+from basin_sim.calibrate.rates import DEFAULT_RATES_FILE, RateCache, overload_rate_for, rate_key
 from basin_sim.predictions import load_predictor, predict_pool
-from basin_sim.profile import CacheKind, Deployment
-from basin_sim.workload.pool import load_pool
+from basin_sim.profile import Deployment
+from basin_sim.workload.pool import load_pool, workload_pool
+from basin_sim.workload.scenarios import Scenario
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +42,17 @@ def calibration_record(deployment: Deployment, steps: list[RampStep], command: s
                                    f"{command}: simulated stepped ramp ({len(steps)} steps of {step_s:.0f} s)")
 
 
-def _ramp(args: argparse.Namespace) -> tuple[Deployment, list[RampStep], float]:
-
+def _workload(args: argparse.Namespace) -> tuple[Deployment, list[Session], Scenario]:
+    """The deployment (with --cache if given), the scenario's workload pool, and the scenario."""
     spec = catalog.load_deployment(args.deployment)
-    deployment = spec.build(args.cache)
-    pool, workload = load_pool(args.sessions, args.synthetic)
-    rate = spec.overload_rate(args.cache, workload)
+    scenario = catalog.load_scenario(args.scenario)
+    base, _ = load_pool(args.sessions, args.synthetic)
+    return spec.build(getattr(args, "cache", None)), workload_pool(base, scenario.workload), scenario
+
+
+def _ramp(args: argparse.Namespace) -> tuple[Deployment, list[RampStep], float]:
+    deployment, pool, scenario = _workload(args)
+    rate, _ = overload_rate_for(deployment, pool, scenario.workload, scenario.clients, RateCache(args.rates_file))
     reservations = None
     if getattr(args, "model", None) is not None:
         scale = args.reservation_scale
@@ -54,27 +63,24 @@ def _ramp(args: argparse.Namespace) -> tuple[Deployment, list[RampStep], float]:
 
 
 def calibrate_main(args: argparse.Namespace) -> int:
-    """Find the overload rate of a deployment; with --write, record it in the deployment file."""
-    deployment_spec = catalog.load_deployment(args.deployment)
-    cache: CacheKind = args.cache
-    pool, workload = load_pool(args.sessions, args.synthetic)
+    """Measure the overload rate of a deployment's shape (GPU cache) on a scenario's workload; cache it."""
+    deployment, pool, scenario = _workload(args)
+    shape = dataclasses.replace(deployment, host_cache_tokens=0)
     settings = CalibrationSettings(horizon_s=args.horizon_s, seeds=tuple(range(1, args.seeds + 1)),
                                    min_overloaded=args.min_overloaded)
-    policy = "hicache" if cache == "host" else "sglang"
 
     def report(rate: float, count: int) -> None:
         log.info("rate %.4f/s: %d of %d trials overloaded", rate, count, len(settings.seeds))
 
-    found = find_overload_rate(deployment_spec.build(cache), policy, pool, settings, report)
-    print(f"{deployment_spec.name} cache={cache} workload={workload}: overload rate "
+    found = find_overload_rate(shape, "sglang", pool, settings, report)
+    print(f"{deployment.name} (GPU cache), workload of {scenario.name}: overload rate "
           f"{found.overload_rate_per_s:.4f} sessions/s ({found.overload_rate_per_s * 3600:.0f}/h)")
-    if args.write:
-        command = (f"python -m basin_sim calibrate --deployment {deployment_spec.name} --cache {cache}"
-                   f"{' --synthetic' if workload == 'synthetic' else ''} --write")
-        note = (f"{command}; {settings.min_overloaded}/{len(settings.seeds)} trials overload within "
-                f"{settings.horizon_s:.0f} s")
-        catalog.write_overload_rate(deployment_spec, cache, workload, found.overload_rate_per_s, note)
-        log.info("wrote %s", deployment_spec.path)
+    cache = RateCache(args.rates_file)
+    command = f"basin-sim calibrate --deployment {args.deployment} --scenario {args.scenario}"
+    cache.put(rate_key(shape, scenario.workload, scenario.clients, pool), found.overload_rate_per_s, {
+        "deployment": deployment.name, "workload": dataclasses.asdict(scenario.workload),
+        "settings": dataclasses.asdict(settings), "tried": [list(t) for t in found.tried], "command": command})
+    log.info("recorded in %s", cache.path)
     return 0
 
 
@@ -86,7 +92,7 @@ def knee_main(args: argparse.Namespace) -> int:
         print(f"rate {s.rate_per_s:.4f}/s  load {s.load:.3f}  hit {s.hit_rate:.3f}  live {s.live_sessions:.0f}{ratio}")
     model = "" if args.model is None else f" --model {args.model} --reservation-scale {args.reservation_scale:g}"
     record = calibration_record(deployment, steps, f"python -m basin_sim knee --deployment {args.deployment} "
-                                f"--cache {args.cache}{model}", args.step_s)
+                                f"--scenario {args.scenario}{model}", args.step_s)
     print(json.dumps(record, indent=2))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -118,9 +124,7 @@ def risk_main(args: argparse.Namespace) -> int:
 
 def add_commands(sub: Any) -> None:
     """Add `calibrate`, `knee` and `risk` to the CLI's subparsers."""
-    calibrate = sub.add_parser("calibrate", help="measure a deployment's overload rate")
-    calibrate.add_argument("--deployment", required=True)
-    calibrate.add_argument("--cache", choices=("gpu", "host"), default="gpu")
+    calibrate = sub.add_parser("calibrate", help="measure a deployment shape's overload rate on a workload; cache it")
     calibrate.add_argument("--seeds", type=int, default=5, help="trials per rate (seeds 1..N)")
     calibrate.add_argument("--min-overloaded", type=int, default=4, help="trials that must overload")
     calibrate.add_argument("--horizon-s", type=float, default=1800.0)
@@ -134,9 +138,13 @@ def add_commands(sub: Any) -> None:
                       help="no predictor: the calibration file holds no reservation_ratio (prototype mode)")
     knee.add_argument("--reservation-scale", type=float, default=1.0, help="reserve this x each predicted peak")
     risk = sub.add_parser("risk", help="fluid model fixed points and the cache-first / decode-first verdict")
+    for command in (calibrate, knee, risk):
+        command.add_argument("--deployment", required=True, help="a deployment name or .yaml file")
+        command.add_argument("--scenario", default="steady",
+                             help="whose workload and clients (name or .yaml; default steady)")
+        command.add_argument("--rates-file", type=Path, default=DEFAULT_RATES_FILE, help="the overload-rate cache")
     for command in (knee, risk):
-        command.add_argument("--deployment", required=True)
-        command.add_argument("--cache", choices=("gpu", "host"), default="gpu")
+        command.add_argument("--cache", choices=("gpu", "host"), help="override the deployment file's cache kind")
         command.add_argument("--seed", type=int, default=1)
         command.add_argument("--step-s", type=float, default=RAMP_STEP_S,
                              help=f"simulated seconds per ramp step (default {RAMP_STEP_S:.0f})")

@@ -13,7 +13,7 @@
 # - The search doubles the rate from `start_rate_per_s` until it overloads, then bisects down to
 #   `resolution_per_s`; it assumes overloading is monotone in the rate (true of the majority rule in
 #   practice, not guaranteed).
-# No I/O: the CLI writes the result into the deployment file.
+# No I/O: calibrate/rates.py caches the result under data/.
 """Find a deployment's overload rate by steady-load trials (doubling, then bisection)."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from basin_sim.engine import Engine
 from basin_sim.policies import PolicyContext, make_policy
 from basin_sim.profile import Deployment
 from basin_sim.timeline import Timeline
-from basin_sim.workload.scenarios import Scenario, generate_sessions
+from basin_sim.workload.scenarios import RateStep, Scenario, generate_sessions
 
 
 @dataclass(frozen=True)
@@ -54,8 +54,8 @@ class Calibration:
 def trial_overloads(deployment: Deployment, policy_name: str, pool: Sequence[Session], rate_per_s: float,
                     seed: int, settings: CalibrationSettings) -> bool:
     """One steady trial: True if it overloads within the horizon."""
-    scenario = Scenario("calibration", "steady trial", duration_s=settings.horizon_s, warmup_s=0.0,
-                        window_start_s=settings.horizon_s / 2, load_fraction=1.0)
+    scenario = Scenario("calibration", duration_s=settings.horizon_s, warmup_s=0.0, goodput_from_s=0.0,
+                        goodput_to_s=settings.horizon_s, rate=(RateStep(0.0, 1.0),))
     engine = Engine(deployment, make_policy(policy_name, PolicyContext(deployment)), timeline=Timeline(60.0))
     for spec in generate_sessions(scenario, pool, rate_per_s, seed):
         engine.add(spec)

@@ -1,97 +1,176 @@
-# Workloads: which sessions arrive when.
+# Scenarios: which sessions arrive when, as a user writes them (`scenarios/*.yaml`, or any file).
 #
-# Rules:
-# - Sessions are drawn uniformly with replacement from a pool (a session table, or the synthetic
-#   corpus) and replayed call by call: per-call prompt and completion tokens, tool gaps from the
-#   trace. A gap the trace did not record (tau-bench has no timestamps) is DEFAULT_GAP_S.
-# - Arrivals are Poisson at rate lambda(t): base_rate_per_s, times `surge.rate_factor` inside the surge
-#   window. Interarrival times are drawn segment by segment (exact for a piecewise-constant rate).
-# - The intervention (`burst`): extra Poisson arrivals at `rate_factor` x base_rate_per_s inside the
-#   burst window, of *short* sessions (pool sessions cut to their first `max_calls` calls); when
-#   `kill` is true every burst session still running at the end of the window is killed then.
+# Rules (time):
+# - Times count from the end of warm-up: t = 0 there. Warm-up, [-warmup_s, 0), runs at the first
+#   rate segment and is excluded from every metric and from the timeline. The engine's clock starts
+#   at the start of warm-up, so engine time = t + warmup_s (`engine_s`).
+# - Arrivals stop at `duration_s`; the run then drains (simulate.py).
+# Rules (arrivals):
+# - Open population (`rate`): piecewise-constant Poisson arrivals, segment k from `from_s` to the
+#   next segment (or `duration_s`) at `x_overload` x the overload rate of the deployment's shape with
+#   a GPU-only cache, measured for this workload (calibrate/rates.py), so every policy and cache tier
+#   sees the same absolute arrivals. The first segment starts at 0. Interarrival times are drawn
+#   segment by segment (exact for a piecewise-constant rate).
+# - Closed population (`population`): N agents, each starting its next session `think_s` after its
+#   previous one is over (finished, abandoned, shed, killed); exactly one of `rate` and
+#   `population` is given.
+# - Sessions are drawn uniformly with replacement from the pool (workload/pool.py: benchmarks or a
+#   preset, tool time resolved) and replayed call by call.
+# - Bursts: extra Poisson arrivals at `x_base` x the first segment's rate inside [from_s, to_s), each
+#   burst on its own random stream, so regular arrivals depend only on the seed. Burst sessions are
+#   drawn uniformly, with replacement, from the pool sessions whose unloaded time (tool time
+#   included) is <= `max_unloaded_s`, never truncated; fewer than MIN_BURST_CANDIDATES candidates is
+#   an error. `kill_at_s` (optional) aborts every live or queued session of that burst then.
 # - Sessions of one benchmark share a system-prompt prefix: the smallest first prompt of that
 #   benchmark in the pool (so it is a prefix of every session's first prompt).
-# - Base arrivals and burst arrivals use separate random streams of the seed, so adding a burst does
-#   not move the base arrivals. Same pool, scenario, rate and seed -> the same sessions.
-# Windows: `pre` = [warmup_s, first disturbance); `post` = [window_start_s, duration_s); goodput counts
-# sessions arriving in `post`. A steady scenario uses the same window as the surge scenarios.
-"""Scenarios (surges, kill-bursts) and the session arrivals they generate."""
+# Rules (windows):
+# - `pre` = [0, first rate change or burst) (the whole run if there is none); the goodput window is
+#   [goodput_window.from_s, goodput_window.to_s) with to_s <= duration_s; goodput counts non-burst
+#   sessions arriving in it. `last_change_s` = the last rate change or burst end (0 if none).
+"""Scenarios (rate segments, bursts, closed populations) and the session arrivals they generate."""
 
 from __future__ import annotations
 
-import itertools
 import random
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 from basin_runtime.session_table import Session
 from basin_sim.lifecycle import SessionSpec
 
 DEFAULT_GAP_S = 4.5  # a customer's reply takes a few seconds (the synthetic tau family's median, exp(1.5))
+MIN_BURST_CANDIDATES = 10
 
 
 class ScenarioError(ValueError):
-    """A scenario whose windows or rates do not make sense."""
+    """A scenario whose times, rates or sessions do not make sense; the message names the field."""
 
 
 @dataclass(frozen=True)
-class Surge:
-    """Arrivals at `rate_factor` x the base rate inside [start_s, end_s)."""
+class RateStep:
+    """From `from_s` on (until the next step), arrivals at `x_overload` x the overload rate."""
 
-    start_s: float
-    end_s: float
-    rate_factor: float
+    from_s: float
+    x_overload: float
 
 
 @dataclass(frozen=True)
-class Burst:
-    """Extra short sessions at `rate_factor` x the base rate inside [start_s, end_s); killed at end_s if `kill`."""
+class BurstSpec:
+    """Extra sessions of unloaded time <= `max_unloaded_s` at `x_base` x the first rate in [from_s, to_s)."""
 
-    start_s: float
-    end_s: float
-    rate_factor: float
-    max_calls: int
-    kill: bool
+    from_s: float
+    to_s: float
+    x_base: float
+    max_unloaded_s: float
+    kill_at_s: float | None = None
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """Which sessions: some benchmarks of the pool (None: all) or a synthetic preset; tool time scale."""
+
+    benchmarks: tuple[str, ...] | None = None
+    preset: str | None = None
+    tool_time_scale: float = 1.0
+
+
+@dataclass(frozen=True)
+class PopulationSpec:
+    """A closed population: `agents` agents, each starting a new session `think_s` after the last one."""
+
+    agents: int
+    think_s: float = 0.0
 
 
 @dataclass(frozen=True)
 class Scenario:
-    """A load pattern; times in seconds from the start of the run."""
+    """A load pattern; times in seconds from the end of warm-up (see the rules above)."""
 
     name: str
-    description: str
-    duration_s: float  # arrivals stop here
-    warmup_s: float  # the `pre` window starts here
-    window_start_s: float  # goodput and the `post` window start here
-    load_fraction: float = 0.5  # base rate = load_fraction x the deployment's overload rate
-    surge: Surge | None = None
-    burst: Burst | None = None
+    duration_s: float
+    warmup_s: float
+    goodput_from_s: float
+    goodput_to_s: float
+    rate: tuple[RateStep, ...] = ()
+    population: PopulationSpec | None = None
+    bursts: tuple[BurstSpec, ...] = ()
+    workload: WorkloadSpec = WorkloadSpec()
+    clients: Mapping[str, Any] = field(default_factory=dict)  # ClientPolicy fields (basin_sim.clients)
+    description: str = ""
 
     def __post_init__(self) -> None:
-        if not 0 <= self.warmup_s < self.pre_end_s <= self.window_start_s < self.duration_s:
-            raise ScenarioError(f"scenario {self.name!r}: need 0 <= warmup_s < disturbance start <= window_start_s "
-                                f"< duration_s, got {self.warmup_s}, {self.pre_end_s}, {self.window_start_s}, "
-                                f"{self.duration_s}")
-        if self.load_fraction <= 0:
-            raise ScenarioError(f"scenario {self.name!r}: load_fraction must be > 0, got {self.load_fraction}")
-        for part in (self.surge, self.burst):
-            if part is not None and not (part.start_s < part.end_s <= self.window_start_s and part.rate_factor >= 0):
-                raise ScenarioError(f"scenario {self.name!r}: {part} must end by window_start_s, with rate_factor >= 0")
-        if self.burst is not None and self.burst.max_calls < 1:
-            raise ScenarioError(f"scenario {self.name!r}: burst.max_calls must be >= 1")
+        where = f"scenario {self.name!r}"
+        if not self.duration_s > 0 or not self.warmup_s >= 0:
+            raise ScenarioError(f"{where}: need duration_s > 0 and warmup_s >= 0, got {self.duration_s}, "
+                                f"{self.warmup_s}")
+        if self.warmup_s % 60:
+            raise ScenarioError(f"{where}: warmup_s must be whole minutes (the timeline's minutes start at its end), "
+                                f"got {self.warmup_s}")
+        if (not self.rate) == (self.population is None):
+            raise ScenarioError(f"{where}: give exactly one of `rate` (open arrivals) and `population` (closed)")
+        self._check_rate(where)
+        if self.population is not None and (self.population.agents < 1 or self.population.think_s < 0):
+            raise ScenarioError(f"{where}: population needs agents >= 1 and think_s >= 0, got {self.population}")
+        if not 0 <= self.goodput_from_s < self.goodput_to_s <= self.duration_s:
+            raise ScenarioError(f"{where}: goodput_window needs 0 <= from_s < to_s <= duration_s, got "
+                                f"{self.goodput_from_s}, {self.goodput_to_s} with duration_s {self.duration_s}")
+        for k, burst in enumerate(self.bursts):
+            _check_burst(f"{where}: bursts[{k}]", burst, self.duration_s)
+        if self.workload.tool_time_scale < 0:
+            raise ScenarioError(f"{where}: workload.tool_time_scale must be >= 0, got {self.workload.tool_time_scale}")
+        if self.workload.preset is not None and self.workload.benchmarks is not None:
+            raise ScenarioError(f"{where}: workload takes `benchmarks` or `preset`, not both")
+
+    def _check_rate(self, where: str) -> None:
+        if not self.rate:
+            return
+        if self.rate[0].from_s != 0:
+            raise ScenarioError(f"{where}: rate[0].from_s must be 0, got {self.rate[0].from_s}")
+        for k, step in enumerate(self.rate):
+            if step.x_overload < 0:
+                raise ScenarioError(f"{where}: rate[{k}].x_overload must be >= 0, got {step.x_overload}")
+            if k and not self.rate[k - 1].from_s < step.from_s < self.duration_s:
+                raise ScenarioError(f"{where}: rate[{k}].from_s must grow and stay below duration_s, got {step.from_s}")
+
+    @property
+    def first_x_overload(self) -> float:
+        """The first segment's rate multiplier (warm-up runs at it); 0 for a closed population."""
+        return self.rate[0].x_overload if self.rate else 0.0
 
     @property
     def pre_end_s(self) -> float:
-        """End of the `pre` window: the first disturbance, or the goodput window for a steady run."""
-        starts = [p.start_s for p in (self.surge, self.burst) if p is not None]
-        return min(starts, default=self.window_start_s)
+        """End of the `pre` window: the first rate change or burst; `duration_s` when there is none."""
+        starts = [s.from_s for s in self.rate[1:]] + [b.from_s for b in self.bursts]
+        return min(starts, default=self.duration_s)
 
-    def rate_factor_at(self, time_s: float) -> float:
-        """lambda(t) / base rate for the base arrivals."""
-        surge = self.surge
-        if surge is not None and surge.start_s <= time_s < surge.end_s:
-            return surge.rate_factor
-        return 1.0
+    @property
+    def last_change_s(self) -> float:
+        """The last rate change or burst end (0 when the load never changes)."""
+        ends = [s.from_s for s in self.rate[1:]] + [b.to_s for b in self.bursts]
+        return max(ends, default=0.0)
+
+    def engine_s(self, t_s: float) -> float:
+        """Engine time of scenario time `t_s` (the engine starts at the start of warm-up)."""
+        return t_s + self.warmup_s
+
+    def segments(self) -> list[tuple[float, float, float]]:
+        """(start, end, x_overload) in scenario time, warm-up included as (-warmup_s, 0, first x)."""
+        parts = [(-self.warmup_s, 0.0, self.first_x_overload)] if self.warmup_s > 0 else []
+        for k, step in enumerate(self.rate):
+            end = self.rate[k + 1].from_s if k + 1 < len(self.rate) else self.duration_s
+            parts.append((step.from_s, end, step.x_overload))
+        return parts
+
+
+def _check_burst(where: str, burst: BurstSpec, duration_s: float) -> None:
+    if not 0 <= burst.from_s < burst.to_s <= duration_s:
+        raise ScenarioError(f"{where}: need 0 <= from_s < to_s <= duration_s, got {burst.from_s}, {burst.to_s}")
+    if burst.x_base < 0 or burst.max_unloaded_s <= 0:
+        raise ScenarioError(f"{where}: need x_base >= 0 and max_unloaded_s > 0, got {burst.x_base}, "
+                            f"{burst.max_unloaded_s}")
+    if burst.kill_at_s is not None and not burst.from_s <= burst.kill_at_s <= duration_s:
+        raise ScenarioError(f"{where}: kill_at_s must be in [from_s, duration_s], got {burst.kill_at_s}")
 
 
 def shared_prefix_tokens(pool: Sequence[Session]) -> dict[str, int]:
@@ -122,32 +201,57 @@ def _poisson(rng: random.Random, start_s: float, end_s: float, rate_per_s: float
     return times
 
 
-def _segments(scenario: Scenario) -> list[tuple[float, float, float]]:
-    cuts = sorted({0.0, scenario.duration_s, *([scenario.surge.start_s, scenario.surge.end_s]
-                                               if scenario.surge else [])})
-    return [(a, b, scenario.rate_factor_at(a)) for a, b in itertools.pairwise(cuts)]
+def _rng(seed: int, stream: int) -> random.Random:
+    return random.Random(seed * 7919 + stream)
 
 
-def generate_sessions(scenario: Scenario, pool: Sequence[Session], base_rate_per_s: float,
-                      seed: int) -> list[SessionSpec]:
-    """Every session of one run, in arrival order (burst sessions flagged)."""
+def generate_sessions(scenario: Scenario, pool: Sequence[Session], overload_rate_per_s: float, seed: int,
+                      unloaded_s: Callable[[Session], float] | None = None) -> list[SessionSpec]:
+    """Every open-arrival and burst session of one run, in arrival order, arrival times in engine time.
+
+    `unloaded_s` gives a pool session's unloaded time; it is needed only when there are bursts.
+    """
     if not pool:
         raise ScenarioError("the session pool is empty")
-    if base_rate_per_s <= 0:
-        raise ScenarioError(f"base_rate_per_s must be > 0, got {base_rate_per_s}")
+    if scenario.rate and overload_rate_per_s <= 0:
+        raise ScenarioError(f"overload_rate_per_s must be > 0, got {overload_rate_per_s}")
     shared = shared_prefix_tokens(pool)
-    rng = random.Random(seed * 7919 + 1)
+    rng = _rng(seed, 1)
     specs: list[SessionSpec] = []
-    for start, end, factor in _segments(scenario):
-        for t in _poisson(rng, start, end, base_rate_per_s * factor):
+    for start, end, x in scenario.segments():
+        for t in _poisson(rng, start, end, x * overload_rate_per_s):
             base = pool[rng.randrange(len(pool))]
-            specs.append(to_spec(f"{len(specs):06d}:{base.session_id}", base, t, shared))
-    burst = scenario.burst
-    if burst is not None:
-        burst_rng = random.Random(seed * 7919 + 2)
-        for k, t in enumerate(_poisson(burst_rng, burst.start_s, burst.end_s, base_rate_per_s * burst.rate_factor)):
-            base = pool[burst_rng.randrange(len(pool))]
-            short = replace(base, calls=base.calls[:burst.max_calls])
-            specs.append(to_spec(f"burst{k:06d}:{base.session_id}", short, t, shared, is_burst=True))
+            specs.append(to_spec(f"{len(specs):06d}:{base.session_id}", base, scenario.engine_s(t), shared))
+    base_rate = scenario.first_x_overload * overload_rate_per_s
+    for b, burst in enumerate(scenario.bursts):
+        candidates = burst_candidates(scenario.name, b, burst, pool, unloaded_s)
+        burst_rng = _rng(seed, 2 + b)
+        for k, t in enumerate(_poisson(burst_rng, burst.from_s, burst.to_s, base_rate * burst.x_base)):
+            base = candidates[burst_rng.randrange(len(candidates))]
+            specs.append(to_spec(f"burst{b}-{k:06d}:{base.session_id}", base, scenario.engine_s(t), shared,
+                                 is_burst=True))
     specs.sort(key=lambda s: (s.arrival_s, s.session_id))
     return specs
+
+
+def burst_candidates(name: str, index: int, burst: BurstSpec, pool: Sequence[Session],
+                     unloaded_s: Callable[[Session], float] | None) -> list[Session]:
+    """The pool sessions a burst draws from: unloaded time <= max_unloaded_s; at least MIN_BURST_CANDIDATES."""
+    if unloaded_s is None:
+        raise ScenarioError(f"scenario {name!r}: bursts[{index}] needs the pool's unloaded times")
+    candidates = [s for s in pool if unloaded_s(s) <= burst.max_unloaded_s]
+    if len(candidates) < MIN_BURST_CANDIDATES:
+        raise ScenarioError(f"scenario {name!r}: bursts[{index}]: only {len(candidates)} pool sessions have an "
+                            f"unloaded time <= max_unloaded_s={burst.max_unloaded_s:g} s (need "
+                            f">= {MIN_BURST_CANDIDATES}); raise max_unloaded_s or use a larger pool")
+    return candidates
+
+
+def burst_kills(scenario: Scenario, specs: Sequence[SessionSpec]) -> list[tuple[float, list[str]]]:
+    """(engine time, burst session ids) for every burst with a `kill_at_s`."""
+    kills = []
+    for b, burst in enumerate(scenario.bursts):
+        if burst.kill_at_s is not None:
+            ids = [s.session_id for s in specs if s.is_burst and s.session_id.startswith(f"burst{b}-")]
+            kills.append((scenario.engine_s(burst.kill_at_s), ids))
+    return kills

@@ -16,8 +16,8 @@ MODEL = Path("models/peak_predictor.onnx")
 @pytest.mark.skipif(not MODEL.exists(), reason="the shipped predictor is not in this checkout")
 def test_the_stage_writes_goodput_per_policy_and_per_reservation_quantile(tmp_path: Path) -> None:
     scenario = tmp_path / "tiny.yaml"
-    scenario.write_text("name: tiny\ndescription: tiny\nduration_s: 600\nwarmup_s: 60\nwindow_start_s: 120\n"
-                        "load_fraction: 0.1\n")
+    scenario.write_text("name: tiny\nduration_s: 540\nwarmup_s: 60\nrate: [{from_s: 0, x_overload: 0.1}]\n"
+                        "goodput_window: {from_s: 60, to_s: 540}\n")
     predictions = tmp_path / "predictions.csv"
     predictions.write_text("benchmark,true_peak_tokens,pooled_predicted,own_predicted\n"
                            + "".join(f"b,{1000 * k},1000,1000\n" for k in range(1, 11)))
@@ -25,7 +25,7 @@ def test_the_stage_writes_goodput_per_policy_and_per_reservation_quantile(tmp_pa
     assert stage.main(["--model", str(MODEL), "--sessions", str(tmp_path / "absent.parquet"),
                        "--predictions", str(predictions), "--out-metrics", str(out), "--plot-dir", str(tmp_path),
                        "--out-calibration", str(calibration_path), "--ramp-step-s", "300",
-                       "--scenario-override", str(scenario)]) == 0
+                       "--scenario-override", str(scenario), "--overload-rate", "0.36"]) == 0
     metrics = json.loads(out.read_text())
     calibration = load_calibration(calibration_path)  # the gateway reads what the stage measured
     assert calibration.reservation_ratio > 1.0  # predicted peaks exceed the contexts of live sessions

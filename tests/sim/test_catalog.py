@@ -1,4 +1,4 @@
-"""The shipped files load; unknown names and broken files give errors that say what and where."""
+"""The shipped files load; user files are checked key by key; errors say what and where."""
 
 from __future__ import annotations
 
@@ -8,23 +8,44 @@ import pytest
 
 from basin_sim import catalog
 from basin_sim.policies import PolicyContext, UnknownPolicyError, make_policy, policy_names, policy_spec
+from basin_sim.workload.scenarios import BurstSpec, RateStep, WorkloadSpec
 from tests.sim.builders import deployment
+
+GOOD = """name: my-surge
+duration_s: 5400
+warmup_s: 1200
+workload: {benchmarks: [terminal-bench], tool_time_scale: 1.0}
+rate:
+  - {from_s: 0, x_overload: 0.5}
+  - {from_s: 900, x_overload: 1.0}
+  - {from_s: 1500, x_overload: 0.5}
+bursts:
+  - {from_s: 900, to_s: 1500, x_base: 4.0, max_unloaded_s: 300, kill_at_s: 1500}
+goodput_window: {from_s: 1500, to_s: 5100}
+"""
 
 
 def test_every_shipped_scenario_deployment_and_profile_loads() -> None:
     scenarios = catalog.names(catalog.SCENARIOS_DIR)
-    assert {"steady", "surge-33", "surge-100", "kill-burst", "kill-burst-keep"} <= set(scenarios)
+    assert {"steady", "surge-33", "surge-100", "kill-burst", "kill-burst-keep", "closed-agents"} <= set(scenarios)
     for name in scenarios:
         assert catalog.load_scenario(name).name == name
-    for name in ("1p1d", "1p3d"):
+    for name in catalog.names(catalog.DEPLOYMENTS_DIR):
         spec = catalog.load_deployment(name)
         assert spec.build("gpu").host_cache_tokens == 0 and spec.build("host").host_cache_tokens > 0
-        for cache in ("gpu", "host"):
-            for workload in catalog.WORKLOADS:
-                assert spec.overload_rate(cache, workload) > 0  # every shipped rate is calibrated
-    surge = catalog.load_scenario("surge-100")
-    steady = catalog.load_scenario("steady")
-    assert (surge.window_start_s, surge.duration_s) == (steady.window_start_s, steady.duration_s)
+        assert spec.build().cache_kind == spec.cache
+    surge, steady = catalog.load_scenario("surge-100"), catalog.load_scenario("steady")
+    assert (surge.goodput_from_s, surge.goodput_to_s) == (steady.goodput_from_s, steady.goodput_to_s)
+    assert surge.rate[1] == RateStep(900.0, 1.0) and surge.rate[2].from_s - surge.rate[1].from_s == 600.0  # 10 min
+
+
+def test_the_readme_example_file_loads_as_written(tmp_path: Path) -> None:
+    path = tmp_path / "my-surge.yaml"
+    path.write_text(GOOD)
+    scenario = catalog.load_scenario(str(path))
+    assert scenario.workload == WorkloadSpec(benchmarks=("terminal-bench",), tool_time_scale=1.0)
+    assert scenario.bursts == (BurstSpec(900.0, 1500.0, 4.0, 300.0, kill_at_s=1500.0),)
+    assert (scenario.pre_end_s, scenario.last_change_s) == (900.0, 1500.0)
 
 
 def test_unknown_names_list_the_known_ones() -> None:
@@ -34,18 +55,36 @@ def test_unknown_names_list_the_known_ones() -> None:
         catalog.load_deployment("2p2d")
 
 
-def test_a_broken_file_names_the_file_and_the_key(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("old", "new", "message"), [
+    ("warmup_s: 1200\n", "warmup_s: 1200\nsurgee: 1\n", r"unknown keys \['surgee'\]"),
+    ("x_base: 4.0,", "x_base: 4.0, kill: yes,", r"bursts\[0\]: missing keys \[\], unknown keys \['kill'\]"),
+    ("max_unloaded_s: 300", "max_unloaded_s: '300'", r"bursts\[0\]\.max_unloaded_s must be a float, got '300'"),
+    ("{from_s: 900, x_overload: 1.0}", "{from_s: 900}", r"rate\[1\]: missing keys \['x_overload'\]"),
+    ("tool_time_scale: 1.0}", "tool_time: 1.0}", r"workload: .*unknown keys \['tool_time'\]"),
+    ("to_s: 5100}", "to_s: 9999}", "goodput_window needs 0 <= from_s < to_s <= duration_s"),
+    ("duration_s: 5400\n", "", r"missing keys \['duration_s'\]"),
+])
+def test_a_broken_scenario_names_the_file_and_the_key(tmp_path: Path, old: str, new: str, message: str) -> None:
     path = tmp_path / "bad.yaml"
-    path.write_text("name: bad\ndescription: x\nduration_s: 100\nwarmup_s: 0\nwindow_start_s: 50\nsurgee: 1\n")
-    with pytest.raises(catalog.CatalogError, match=r"bad\.yaml: missing keys \[\], unknown keys \['surgee'\]"):
+    assert old in GOOD
+    path.write_text(GOOD.replace(old, new, 1))
+    with pytest.raises(catalog.CatalogError, match=rf"bad\.yaml: .*{message}"):
         catalog.load_scenario(str(path))
-    path.write_text("name: bad\ndescription: x\nduration_s: 100\nwarmup_s: 0\nwindow_start_s: 50\n"
-                    "burst: {start_s: 10, end_s: 20, rate_factor: 2, max_calls: 3, kill: 'yes'}\n")
-    with pytest.raises(catalog.CatalogError, match=r"bad\.yaml: burst\.kill must be a bool, got 'yes'"):
-        catalog.load_scenario(str(path))
-    path.write_text("name: bad\ndescription: x\nduration_s: 100\nwarmup_s: 60\nwindow_start_s: 50\n")
-    with pytest.raises(catalog.CatalogError, match=r"bad\.yaml: .*warmup_s"):
-        catalog.load_scenario(str(path))
+
+
+def test_a_deployment_file_names_its_profile_cache_and_memories(tmp_path: Path) -> None:
+    path = tmp_path / "mine.yaml"
+    path.write_text("profile: h100-qwen3.6-35b-a3b\nnum_prefill: 2\nnum_decode: 2\ncache: host\n"
+                    "prefill_cache_tokens: 500000\n")
+    spec = catalog.load_deployment(str(path))
+    built = spec.build()
+    assert (spec.name, built.num_prefill, built.prefill_cache_tokens, built.cache_kind) == ("mine", 2, 500_000, "host")
+    path.write_text("profile: h100-qwen3.6-35b-a3b\nnum_prefill: 2\nnum_decode: 2\ncache: ssd\n")
+    with pytest.raises(catalog.CatalogError, match=r"mine\.yaml: cache must be one of \['gpu', 'host'\]"):
+        catalog.load_deployment(str(path))
+    path.write_text("profile: h100-qwen3.6-35b-a3b\nnum_prefill: 0\nnum_decode: 2\ncache: gpu\n")
+    with pytest.raises(catalog.CatalogError, match=r"mine\.yaml: .*num_prefill must be a whole number > 0"):
+        catalog.load_deployment(str(path))
 
 
 def test_the_registry_builds_known_policies_and_refuses_unknown_ones() -> None:

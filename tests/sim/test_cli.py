@@ -8,40 +8,52 @@ from pathlib import Path
 import pytest
 
 from basin_runtime.session_table import write_sessions
+from basin_sim.calibrate import rates as rates_module
+from basin_sim.calibrate.overload import Calibration
+from basin_sim.calibrate.rates import RateCache, rate_key
+from basin_sim.catalog import load_deployment, load_scenario
 from basin_sim.cli import main
+from basin_sim.workload.pool import workload_pool
 from basin_sim.workload.synthetic import generate_corpus
 
 SCENARIO = """name: tiny-surge
 description: a short surge for tests
-duration_s: 1200
+duration_s: 1080
 warmup_s: 120
-window_start_s: 600
-surge: {start_s: 300, end_s: 600, rate_factor: 2.0}
+rate:
+  - {from_s: 0, x_overload: 0.5}
+  - {from_s: 180, x_overload: 1.0}
+  - {from_s: 480, x_overload: 0.5}
+goodput_window: {from_s: 480, to_s: 1080}
 """
 DEPLOYMENT = """name: tiny
 profile: h100-qwen3.6-35b-a3b
 num_prefill: 1
 num_decode: 1
-overload_rate_gpu_per_s: 0.1
-overload_rate_host_per_s: null
-overload_rate_gpu_synthetic_per_s: 0.1
-overload_rate_host_synthetic_per_s: null
+cache: gpu
 """
+RATE = ["--overload-rate", "0.1"]
 
 
 @pytest.fixture
 def files(tmp_path: Path) -> dict[str, str]:
     (tmp_path / "s.yaml").write_text(SCENARIO)
     (tmp_path / "d.yaml").write_text(DEPLOYMENT)
-    write_sessions(tmp_path / "sessions.parquet", generate_corpus(2, 10))
+    pool = generate_corpus(2, 10)
+    write_sessions(tmp_path / "sessions.parquet", pool)
+    rates = RateCache(tmp_path / "rates.json")  # the steady workload's rate on `tiny`, as if measured before
+    shape = load_deployment(str(tmp_path / "d.yaml")).build("gpu")
+    steady = load_scenario("steady")
+    rates.put(rate_key(shape, steady.workload, steady.clients, workload_pool(pool, steady.workload)), 0.1,
+              {"command": "seeded by the test"})
     return {"scenario": str(tmp_path / "s.yaml"), "deployment": str(tmp_path / "d.yaml"),
-            "sessions": str(tmp_path / "sessions.parquet"), "dir": str(tmp_path)}
+            "sessions": str(tmp_path / "sessions.parquet"), "dir": str(tmp_path), "rates": str(rates.path)}
 
 
 def test_run_prints_one_json_summary_line_and_writes_the_timeline_plot(
         files: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["run", "--scenario", files["scenario"], "--deployment", files["deployment"], "--policy", "sglang",
-            "--seed", "3", "--json", "--quiet", "--sessions", files["sessions"], "--plot-dir", files["dir"]]
+            "--seed", "3", "--json", "--quiet", "--sessions", files["sessions"], "--plot-dir", files["dir"], *RATE]
     assert main(argv) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 1
@@ -57,7 +69,7 @@ def test_run_prints_one_json_summary_line_and_writes_the_timeline_plot(
 def test_without_a_session_table_it_says_it_uses_the_synthetic_corpus(
         files: dict[str, str], capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
     argv = ["run", "--scenario", files["scenario"], "--deployment", files["deployment"], "--policy", "sglang",
-            "--json", "--quiet", "--sessions", str(Path(files["dir"]) / "missing.parquet")]
+            "--json", "--quiet", "--sessions", str(Path(files["dir"]) / "missing.parquet"), *RATE]
     assert main(argv) == 0
     assert json.loads(capsys.readouterr().out)["workload"] == "synthetic"
     assert "SYNTHETIC corpus" in caplog.text
@@ -66,7 +78,7 @@ def test_without_a_session_table_it_says_it_uses_the_synthetic_corpus(
 @pytest.mark.parametrize(("argv", "message"), [
     (["--scenario", "surge-1000", "--deployment", "1p3d", "--policy", "sglang"],
      "unknown scenario 'surge-1000'; known scenarios: "
-     "kill-burst, kill-burst-keep, steady, surge-100, surge-200, surge-33"),
+     "closed-agents, kill-burst, kill-burst-keep, steady, surge-100, surge-100-30min, surge-200, surge-33"),
     (["--scenario", "steady", "--deployment", "9p9d", "--policy", "sglang"], "known deployments: 1p1d, 1p3d"),
     (["--scenario", "steady", "--deployment", "1p3d", "--policy", "vllm"],
      "unknown policy 'vllm'; known policies: sglang, hicache"),
@@ -85,7 +97,8 @@ def test_basin_loads_the_shipped_predictor_and_refuses_a_missing_one(
         files: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
     model = Path(__file__).resolve().parents[2] / "models" / "peak_predictor.onnx"
     argv = ["run", "--scenario", files["scenario"], "--deployment", files["deployment"], "--policy", "basin",
-            "--json", "--quiet", "--sessions", files["sessions"], "--model", str(model), "--reservation-scale", "0.6"]
+            "--json", "--quiet", "--sessions", files["sessions"], *RATE, "--model", str(model),
+            "--reservation-scale", "0.6"]
     assert main(argv) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["policy"] == "basin" and summary["reservation_scale"] == 0.6
@@ -103,7 +116,7 @@ def test_knee_writes_a_calibration_file_the_gateway_reads_and_run_uses_it(
     model = Path(__file__).resolve().parents[2] / "models" / "peak_predictor.onnx"
     out = Path(files["dir"]) / "calibration.json"
     assert main(["knee", "--deployment", files["deployment"], "--sessions", files["sessions"], "--quiet",
-                 "--step-s", "600", "--model", str(model), "--out", str(out)]) == 0
+                 "--step-s", "600", "--model", str(model), "--out", str(out), "--rates-file", files["rates"]]) == 0
     printed = capsys.readouterr().out
     assert printed.count("reserved/working set") == 8  # one line per ramp step
     calibration = load_calibration(out)
@@ -111,7 +124,7 @@ def test_knee_writes_a_calibration_file_the_gateway_reads_and_run_uses_it(
     assert calibration.reservation_ratio > 1.0
     assert main(["run", "--scenario", files["scenario"], "--deployment", files["deployment"], "--policy", "basin",
                  "--json", "--quiet", "--sessions", files["sessions"], "--model", str(model),
-                 "--calibration", str(out)]) == 0
+                 "--calibration", str(out), *RATE]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["knee_tokens"] == calibration.knee_tokens
     assert summary["reservation_ratio"] == calibration.reservation_ratio
@@ -121,14 +134,14 @@ def test_knee_without_a_model_writes_no_reservation_ratio_and_a_bad_calibration_
         files: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
     out = Path(files["dir"]) / "proto.json"
     assert main(["knee", "--deployment", files["deployment"], "--sessions", files["sessions"], "--quiet",
-                 "--step-s", "600", "--no-model", "--out", str(out)]) == 0
+                 "--step-s", "600", "--no-model", "--out", str(out), "--rates-file", files["rates"]]) == 0
     assert "reservation_ratio" not in json.loads(out.read_text())
     capsys.readouterr()
     bad = Path(files["dir"]) / "bad.json"
     bad.write_text('{"knee_tokens": 5}')
     with pytest.raises(SystemExit) as info:
         main(["run", "--scenario", files["scenario"], "--deployment", files["deployment"], "--policy", "basin-proto",
-              "--quiet", "--sessions", files["sessions"], "--calibration", str(bad)])
+              "--quiet", "--sessions", files["sessions"], "--calibration", str(bad), *RATE])
     assert info.value.code == 2
     assert "bad.json: missing ['cache_capacity_tokens']" in capsys.readouterr().err
 
@@ -136,10 +149,36 @@ def test_knee_without_a_model_writes_no_reservation_ratio_and_a_bad_calibration_
 def test_risk_prints_the_fluid_model_points_and_a_verdict(
         files: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["risk", "--deployment", files["deployment"], "--sessions", files["sessions"], "--quiet",
-                 "--step-s", "600"]) == 0
+                 "--step-s", "600", "--rates-file", files["rates"]]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("X(N): N=")
     verdict = json.loads(next(line for line in lines if line.startswith("{")))
     assert verdict["cache_limit_sessions"] > 0 and verdict["decode_limit_sessions"] > 0
     assert verdict["verdict"] in lines[-1]
     assert lines[-1].startswith("tiny: ") and ("cache first" in lines[-1] or "decode first" in lines[-1])
+
+
+def test_a_shape_and_workload_without_a_recorded_rate_is_measured_once_cached_and_said(
+        files: dict[str, str], capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    measured: list[float] = []
+
+    def fake_search(deployment: object, policy: str, pool: object, settings: object) -> Calibration:
+        measured.append(0.12)  # the real search takes minutes; its arithmetic is tested in test_calibrate.py
+        assert policy == "sglang" and deployment.host_cache_tokens == 0
+        return Calibration(0.12, ((0.05, 0), (0.1, 2), (0.2, 5)))
+
+    monkeypatch.setattr(rates_module, "find_overload_rate", fake_search)
+    rates = Path(files["dir"]) / "new-rates.json"
+    argv = ["run", "--scenario", files["scenario"], "--deployment", files["deployment"], "--policy", "sglang",
+            "--json", "--quiet", "--sessions", files["sessions"], "--rates-file", str(rates)]
+    assert main(argv) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert first["overload_rate_source"] == "measured now" and first["overload_rate_per_s"] == 0.12
+    assert "calibrating now" in caplog.text and str(rates) in caplog.text
+    assert main(argv) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["overload_rate_source"] == "cache" and measured == [0.12]  # measured once
+    assert main([*argv[:-2], "--rates-file", str(rates), "--cache", "host"]) == 0  # same shape, host tier
+    assert json.loads(capsys.readouterr().out)["overload_rate_per_s"] == 0.12 and measured == [0.12]
+    assert first["base_rate_per_s"] == pytest.approx(0.5 * 0.12)

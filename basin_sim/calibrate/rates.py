@@ -1,0 +1,128 @@
+# Overload rates, measured once per deployment shape and workload, cached under data/.
+#
+# Rules:
+# - A scenario's `x_overload` multiplies the overload rate of the deployment's shape with a GPU-only
+#   cache, measured for the scenario's workload, so every policy and cache tier of that shape sees
+#   the same absolute arrivals.
+# - The key is everything the rate depends on: the shape (the profile's numbers, instance counts,
+#   per-instance memories; cache kind forced to gpu), the workload (benchmarks or preset,
+#   tool_time_scale), the client knobs, and a fingerprint of the pool (session ids, per-call tokens
+#   and tool gaps). Canonical JSON, so equal inputs give equal keys.
+# - The cache is one JSON file (default data/sim/overload_rates.json; never the package folder),
+#   one entry per key with the rate, the calibration settings and the command that measured it. A
+#   missing entry is measured (calibrate/overload.py, minutes) and written before it is used; the
+#   caller is told it was measured. A file that cannot be read is an error naming it, never ignored.
+"""The overload-rate cache: key from deployment shape + workload, measured on first use."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from basin_runtime.session_table import Session
+from basin_sim.calibrate.overload import CalibrationSettings, find_overload_rate
+from basin_sim.profile import Deployment
+from basin_sim.workload.scenarios import WorkloadSpec
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RATES_FILE = Path("data/sim/overload_rates.json")
+
+
+class RatesError(ValueError):
+    """The overload-rate cache file cannot be read or written; the message names it."""
+
+
+def pool_fingerprint(pool: Sequence[Session]) -> str:
+    """A hash of what the pool replays: ids, per-call prompt/completion tokens and tool gaps."""
+    digest = hashlib.sha256()
+    for session in pool:
+        calls = [(c.prompt_tokens, c.completion_tokens, c.gap_s) for c in session.calls]
+        digest.update(json.dumps([session.session_id, session.benchmark, calls]).encode())
+    return digest.hexdigest()[:16]
+
+
+def rate_key(deployment: Deployment, workload: WorkloadSpec, clients: Mapping[str, Any],
+             pool: Sequence[Session]) -> str:
+    """The canonical key of one overload rate (see the rules above)."""
+    shape = dataclasses.asdict(dataclasses.replace(deployment, name="", host_cache_tokens=0))
+    return json.dumps({"shape": shape, "workload": dataclasses.asdict(workload), "clients": dict(clients),
+                       "pool": pool_fingerprint(pool)}, sort_keys=True, default=list)
+
+
+class RateCache:
+    """The JSON file of measured overload rates."""
+
+    def __init__(self, path: Path = DEFAULT_RATES_FILE) -> None:
+        self.path = path
+
+    def _entries(self) -> dict[str, Any]:
+        if not self.path.exists():
+            return {}
+        try:
+            entries = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise RatesError(f"{self.path}: cannot read the overload-rate cache: {exc}") from exc
+        if not isinstance(entries, dict):
+            raise RatesError(f"{self.path}: the overload-rate cache must hold a JSON object")
+        return entries
+
+    def get(self, key: str) -> float | None:
+        """The cached rate for `key`, or None."""
+        entry = self._entries().get(key)
+        if entry is None:
+            return None
+        rate = entry.get("overload_rate_per_s") if isinstance(entry, dict) else None
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or rate <= 0:
+            raise RatesError(f"{self.path}: entry has no valid overload_rate_per_s: {entry!r}")
+        return float(rate)
+
+    def put(self, key: str, rate_per_s: float, note: Mapping[str, Any]) -> None:
+        """Record a measured rate (the file is rewritten whole, keys sorted)."""
+        entries = self._entries()
+        entries[key] = {"overload_rate_per_s": rate_per_s, **note}
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.write_text(json.dumps(entries, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        except OSError as exc:
+            raise RatesError(f"{self.path}: cannot write the overload-rate cache: {exc}") from exc
+
+
+def cached_overload_rate(cache: RateCache, key: str, measure: Callable[[], tuple[float, Mapping[str, Any]]],
+                         what: str) -> tuple[float, bool]:
+    """(rate, was_measured_now): the cached rate, or a new measurement written to the cache first."""
+    rate = cache.get(key)
+    if rate is not None:
+        return rate, False
+    log.warning("no overload rate recorded for %s in %s: calibrating now (several minutes; cached after)",
+                what, cache.path)
+    rate, note = measure()
+    cache.put(key, rate, note)
+    return rate, True
+
+
+def overload_rate_for(deployment: Deployment, pool: Sequence[Session], workload: WorkloadSpec,
+                      clients: Mapping[str, Any], cache: RateCache,
+                      settings: CalibrationSettings | None = None) -> tuple[float, str]:
+    """(rate, source): the overload rate of `deployment`'s shape with a GPU cache for this workload.
+
+    `source` is 'cache' or 'measured now' (then written to the cache).
+    """
+    shape = dataclasses.replace(deployment, host_cache_tokens=0)
+    key = rate_key(shape, workload, clients, pool)
+    settings = settings if settings is not None else CalibrationSettings()
+
+    def measure() -> tuple[float, Mapping[str, Any]]:
+        found = find_overload_rate(shape, "sglang", pool, settings)
+        return found.overload_rate_per_s, {
+            "deployment": deployment.name, "workload": dataclasses.asdict(workload),
+            "settings": dataclasses.asdict(settings), "tried": [list(t) for t in found.tried],
+            "command": "basin-sim calibrate (or the first run of this shape and workload)"}
+
+    rate, was_measured = cached_overload_rate(cache, key, measure, f"{deployment.name} (GPU cache) on this workload")
+    return rate, "measured now" if was_measured else "cache"

@@ -1,0 +1,142 @@
+# The run's one-line JSON: what a user compares across policies, seeds and deployments.
+#
+# Rules:
+# - Times in the summary are scenario times (0 = end of warm-up); warm-up is in no metric and no
+#   timeline entry. Hit rates are (device + host hit tokens) / prompt tokens over whole minutes, as
+#   SGLang counts prefill hits (the model has no storage tier, so "storage" adds nothing).
+# - `hit_rate_pre` over [0, first rate change or burst); `hit_rate_post` over the goodput window.
+# - Window sessions: non-burst sessions arriving in the goodput window. `sessions_arrived`,
+#   `sessions_good`, `sessions_shed`, `sessions_abandoned` count them; goodput per hour of window.
+# - `first_call_wait_p50_s`: the median over window sessions of arrival -> first token of call 1; a
+#   session shed or abandoned before that counts until it was shed or gave up; one still waiting
+#   when the run stopped counts until then.
+# - `prefill_busy_fraction`: the prefill instances' batch time over the goodput window, per instance.
+# - `recovered_after_s`: seconds from the last rate change or burst end to the start of the first
+#   minute from which every later minute's hit rate (up to the end of arrivals) is within
+#   RECOVERY_TOLERANCE of `hit_rate_pre`; null if none. `is_stuck`: some minute in the window's last
+#   STUCK_MINUTES minutes has a hit rate below `hit_rate_pre` - STUCK_DROP.
+# - `timeline`: one entry per simulated minute after warm-up (t_s its start), states read at the
+#   minute's end, counts over the minute (`retries`: attempts after a call's first); `ttft_p50_s` is
+#   from a call's first send, so a call retried after a timeout counts its whole wait.
+# - `prefill_share`: by prefill index, its share of the requests the prefill router sent (attempts).
+"""The summary of one run: goodput, hit rates, waits, recovery, per-minute timeline, prefill shares."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from basin_sim.engine import Engine
+from basin_sim.goodput import SessionOutcome, goodput
+from basin_sim.timeline import Timeline
+
+if TYPE_CHECKING:
+    from basin_sim.simulate import RunSpec
+
+RECOVERY_TOLERANCE = 0.05
+STUCK_MINUTES = 30
+STUCK_DROP = 0.15
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def summarize(spec: RunSpec, engine: Engine, outcomes: Sequence[SessionOutcome], pool_size: int) -> dict[str, Any]:
+    """The one-line JSON summary of a run."""
+    scenario, timeline = spec.scenario, engine.timeline
+    at = scenario.engine_s
+    window = (at(scenario.goodput_from_s), at(scenario.goodput_to_s))
+    result = goodput(outcomes, *window)
+    in_window = [o for o in outcomes if not o.is_burst and window[0] <= o.arrival_s < window[1]]
+    hit_pre = timeline.hit_rate(at(0.0), at(scenario.pre_end_s))
+    summary: dict[str, Any] = {
+        "scenario": scenario.name, "deployment": spec.deployment.name, "cache": spec.deployment.cache_kind,
+        "policy": spec.policy_name, "seed": spec.seed, "pool_sessions": pool_size,
+        "base_rate_per_s": spec.base_rate_per_s, "overload_rate_per_s": spec.overload_rate_per_s,
+        "goodput_per_hour": result.per_hour, "sessions_arrived": result.arrived, "sessions_good": result.good,
+        "sessions_shed": sum(o.status == "shed" for o in in_window),
+        "sessions_abandoned": sum(o.status == "abandoned" for o in in_window),
+        "sessions_killed": sum(o.status == "killed" for o in outcomes),
+        "hit_rate_pre": hit_pre, "hit_rate_post": timeline.hit_rate(*window),
+        "first_call_wait_p50_s": _first_call_wait_p50_s(in_window, engine.now),
+        "ttft_p50_post_s": _median(timeline.ttfts(*window)),
+        "prefill_busy_fraction": sum(p.busy_s(*window) for p in engine.prefill)
+        / ((window[1] - window[0]) * len(engine.prefill)),
+        "recovered_after_s": _recovered_after_s(timeline, spec, hit_pre),
+        "is_stuck": _is_stuck(timeline, window, hit_pre),
+        "cache_tokens": spec.deployment.prefill_cache_tokens * spec.deployment.num_prefill,
+        "simulated_s": engine.now - scenario.warmup_s,
+        "written_back_tokens": sum(p.written_back_tokens for p in engine.prefill),
+        "prefill_share": _shares(engine.prefill_router.num_routed),
+        "timeouts": sum(timeline.count_series("timeouts")), "retries": sum(timeline.count_series("retries")),
+        "reservation_scale": spec.reservation_scale,
+        "knee_tokens": None if spec.calibration is None else spec.calibration.knee_tokens,
+        "reservation_ratio": 1.0 if spec.calibration is None else spec.calibration.reservation_ratio,
+    }
+    summary["timeline"] = minute_timeline(spec, engine)
+    return summary
+
+
+def _recovered_after_s(timeline: Timeline, spec: RunSpec, hit_pre: float | None) -> float | None:
+    scenario = spec.scenario
+    if hit_pre is None:
+        return None
+    change, end = scenario.engine_s(scenario.last_change_s), scenario.engine_s(scenario.duration_s)
+    bins = timeline.bin_hit_rates(change, end)
+    recovered: float | None = None
+    for time_s, rate in bins:
+        is_near = rate is None or abs(rate - hit_pre) <= RECOVERY_TOLERANCE
+        if not is_near:
+            recovered = None
+        elif recovered is None:
+            recovered = time_s
+    return None if recovered is None else recovered - change
+
+
+def _is_stuck(timeline: Timeline, window: tuple[float, float], hit_pre: float | None) -> bool:
+    if hit_pre is None:
+        return False
+    start = max(window[0], window[1] - STUCK_MINUTES * 60.0)
+    return any(rate is not None and rate < hit_pre - STUCK_DROP for _, rate in timeline.bin_hit_rates(start, window[1]))
+
+
+def minute_timeline(spec: RunSpec, engine: Engine) -> list[dict[str, Any]]:
+    """One entry per simulated minute after warm-up (see the rules above)."""
+    timeline, warmup = engine.timeline, spec.scenario.warmup_s
+    cache_tokens = spec.deployment.prefill_cache_tokens * spec.deployment.num_prefill
+    first = round(warmup / timeline.bin_s)
+    counts = {name: timeline.count_series(name) for name in ("arrivals", "completions", "timeouts", "retries")}
+    states = {name: timeline.bin_state_series(name) for name in
+              ("live_sessions", "live_burst_sessions", "held_sessions", "working_set_tokens", "prefill_queued")}
+    entries = []
+    for k in range(first, len(timeline.bin_states)):
+        start = k * timeline.bin_s
+        entry: dict[str, Any] = {"t_s": start - warmup, "hit_rate": timeline.hit_rate(start, start + timeline.bin_s)}
+        entry.update({name: int(series[k]) for name, series in states.items()})
+        entry["queued"] = entry.pop("prefill_queued")
+        entry["cache_tokens"] = cache_tokens
+        entry["ttft_p50_s"] = _median(timeline.ttfts(start, start + timeline.bin_s))
+        entry.update({name: _at(series, k) for name, series in counts.items()})
+        entries.append(entry)
+    return entries
+
+
+def _at(series: Sequence[int], index: int) -> int:
+    return series[index] if index < len(series) else 0
+
+
+def _first_call_wait_p50_s(outcomes: Sequence[SessionOutcome], end_s: float) -> float | None:
+    """Median of arrival -> first token of call 1 (until shed, given up or the run's end without one)."""
+    waits = []
+    for o in outcomes:
+        until = o.first_token_s if o.first_token_s is not None else (o.ended_s if o.ended_s is not None else end_s)
+        waits.append(until - o.arrival_s)
+    return _median(waits)
+
+
+def _shares(counts: Sequence[int]) -> list[float] | None:
+    """Each count's share of the total, by index (None: nothing counted)."""
+    total = sum(counts)
+    return None if total == 0 else [count / total for count in counts]
