@@ -78,7 +78,8 @@ def test_without_a_session_table_it_says_it_uses_the_synthetic_corpus(
 @pytest.mark.parametrize(("argv", "message"), [
     (["--scenario", "surge-1000", "--deployment", "1p3d", "--policy", "sglang"],
      "unknown scenario 'surge-1000'; known scenarios: "
-     "closed-agents, kill-burst, kill-burst-keep, steady, surge-100, surge-100-30min, surge-200, surge-33"),
+     "closed-agents, kill-burst, kill-burst-keep, steady, surge-100, surge-100-30min, surge-100-give-up, surge-200, "
+     "surge-33"),
     (["--scenario", "steady", "--deployment", "9p9d", "--policy", "sglang"], "known deployments: 1p1d, 1p3d"),
     (["--scenario", "steady", "--deployment", "1p3d", "--policy", "vllm"],
      "unknown policy 'vllm'; known policies: sglang, hicache"),
