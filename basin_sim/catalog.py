@@ -170,7 +170,7 @@ def load_scenario(name: str) -> Scenario:
     if not isinstance(clients, Mapping):
         raise CatalogError(f"{path}: clients must be a mapping, got {clients!r}")
     try:
-        ClientPolicy(**clients)
+        client_policy = ClientPolicy(**clients)
     except TypeError as exc:
         known = [f.name for f in dataclasses.fields(ClientPolicy)]
         unknown = sorted(set(clients) - set(known))
@@ -182,7 +182,7 @@ def load_scenario(name: str) -> Scenario:
             name=str(data["name"]), description=str(data.get("description", "")),
             duration_s=_number(path, data, "duration_s"), warmup_s=_number(path, data, "warmup_s"),
             goodput_from_s=window["from_s"], goodput_to_s=window["to_s"], rate=rate, population=population,
-            bursts=bursts, workload=_workload(path, data.get("workload")), clients=dict(clients))
+            bursts=bursts, workload=_workload(path, data.get("workload")), clients=client_policy)
     except ScenarioError as exc:
         raise CatalogError(f"{path}: {exc}") from exc
 

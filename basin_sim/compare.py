@@ -73,12 +73,11 @@ def _knee(cell: Cell, seed: int) -> dict[str, Any]:
                                                  f"--scenario {cell.scenario.name}")
 
 
-def _run(key: tuple[str, str], policy: str, seed: int) -> dict[str, Any]:
+def _run(key: tuple[str, str], policy: str, seed: int, knee: dict[str, Any] | None) -> dict[str, Any]:
     cell = _CELLS[key]
-    is_basin = policy in ("basin", "basin-proto")
     calibration = None
-    if is_basin and cell.calibration is not None:
-        calibration = calibration_from_mapping(cell.calibration, f"the {cell.deployment.name} knee ramp")
+    if policy in ("basin", "basin-proto") and knee is not None:
+        calibration = calibration_from_mapping(knee, f"the {cell.deployment.name} knee ramp")
     run = RunSpec(cell.scenario, cell.deployment.build("host" if policy == "hicache" else None), policy, seed,
                   cell.overload_rate_per_s, predicted_peak_tokens=cell.peaks if policy == "basin" else {},
                   calibration=calibration)
@@ -163,9 +162,9 @@ def main(argv: list[str] | None = None) -> int:
         if any(p in ("basin", "basin-proto") for p in args.policies):
             knees = {key: executor.submit(_knee, cell, args.seeds[0]) for key, cell in cells.items()}
             cells = {key: dataclasses.replace(cell, calibration=knees[key].result()) for key, cell in cells.items()}
-    with ProcessPoolExecutor(args.jobs, initializer=_init, initargs=(cells,)) as executor:
-        futures: list[Future[dict[str, Any]]] = [executor.submit(_run, key, p, seed) for key in cells
-                                                 for p in args.policies for seed in args.seeds]
+        futures: list[Future[dict[str, Any]]] = [executor.submit(_run, key, p, seed, cell.calibration)
+                                                 for key, cell in cells.items() for p in args.policies
+                                                 for seed in args.seeds]
         rows = []
         for done, future in enumerate(as_completed(futures), 1):
             rows.append(future.result())

@@ -9,8 +9,8 @@
 # - Unloaded times are computed for every goodput-window session and, for bursts, every pool
 #   session (memoized per pool session): tool time included, alone on the same deployment.
 # - Bursts with `kill_at_s` abort their live or queued sessions then (`Engine.kill_at`).
-# - Clients: the scenario's `clients` (basin_sim.clients.ClientPolicy fields; none given: the
-#   sourced defaults) time out, retry and give up; their jitter, the routers' tie-breaks and a closed
+# - Clients: the scenario's `clients` (a basin_sim.clients.ClientPolicy; the sourced defaults unless
+#   the file sets fields) time out, retry and give up; their jitter, the routers' tie-breaks and a closed
 #   population's draws all come from the run's seed.
 # - A closed population starts its agents at the start of warm-up; each agent's next session
 #   starts when its last one is over, until arrivals stop (`duration_s`).
@@ -28,7 +28,7 @@ from typing import Any
 
 from basin_runtime.policy.calibrated import Calibration
 from basin_runtime.session_table import Session
-from basin_sim.clients import ClientError, ClientPolicy, ClosedPopulation
+from basin_sim.clients import ClosedPopulation
 from basin_sim.engine import Engine
 from basin_sim.goodput import SLOWDOWN_LIMIT, SessionOutcome
 from basin_sim.lifecycle import SessionRun, SessionSpec
@@ -39,7 +39,6 @@ from basin_sim.timeline import Timeline
 from basin_sim.unloaded import UnloadedTimes
 from basin_sim.workload.scenarios import (
     Scenario,
-    ScenarioError,
     burst_kills,
     generate_sessions,
     shared_prefix_tokens,
@@ -101,7 +100,7 @@ def run_scenario(spec: RunSpec, pool: Sequence[Session], progress: ProgressCallb
     end_s = scenario.engine_s(scenario.duration_s)
     population = _population(scenario, pool, spec.seed, end_s)
     engine = Engine(spec.deployment, make_policy(spec.policy_name, policy_context(spec, sessions or pool_specs(pool))),
-                    timeline=timeline, tick_s=spec.tick_s, router_seed=spec.seed, clients=client_policy(scenario),
+                    timeline=timeline, tick_s=spec.tick_s, router_seed=spec.seed, clients=scenario.clients,
                     client_seed=spec.seed, on_session_over=None if population is None else population.session_over)
     for session in sessions:
         engine.add(session)
@@ -120,14 +119,6 @@ def run_scenario(spec: RunSpec, pool: Sequence[Session], progress: ProgressCallb
         pending = [sid for sid in pending if not engine.runs[sid].is_over and deadlines[sid] >= engine.now]
     outcomes = tuple(_outcome(run, in_window.get(sid)) for sid, run in engine.runs.items())
     return RunResult(spec, summarize(spec, engine, outcomes, len(pool)), timeline, outcomes)
-
-
-def client_policy(scenario: Scenario) -> ClientPolicy:
-    """The scenario's clients: `ClientPolicy` with its `clients` fields (sourced defaults for the rest)."""
-    try:
-        return ClientPolicy(**scenario.clients)
-    except (TypeError, ClientError) as exc:
-        raise ScenarioError(f"scenario {scenario.name!r}: clients: {exc}") from exc
 
 
 def pool_specs(pool: Sequence[Session]) -> list[SessionSpec]:

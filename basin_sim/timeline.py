@@ -157,24 +157,6 @@ class Timeline:
         first, last = math.ceil(start_s / self.bin_s), int(end_s // self.bin_s)
         return [(k * self.bin_s, self.hit_rate(k * self.bin_s, (k + 1) * self.bin_s)) for k in range(first, last)]
 
-    def first_collapse_s(self, threshold: float, start_s: float, end_s: float) -> float | None:
-        """Start of the first whole bin in [start_s, end_s) whose hit rate is below `threshold`."""
-        for time_s, rate in self.bin_hit_rates(start_s, end_s):
-            if rate is not None and rate < threshold:
-                return time_s
-        return None
-
-    def recovered_s(self, threshold: float, start_s: float, end_s: float) -> float | None:
-        """When the hit rate got back to `threshold` for good: the end of the last bin below it in
-        [start_s, end_s), `start_s` if none was below; None if the last bin is still below."""
-        bins = self.bin_hit_rates(start_s, end_s)
-        below = [t for t, rate in bins if rate is not None and rate < threshold]
-        if not below:
-            return start_s
-        if bins and below[-1] == bins[-1][0]:
-            return None
-        return below[-1] + self.bin_s
-
     def ttfts(self, start_s: float, end_s: float) -> list[float]:
         """TTFTs of calls whose first token arrived in [start_s, end_s)."""
         lo = bisect.bisect_left(self.ttft_time_s, start_s)

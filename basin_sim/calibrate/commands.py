@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import statistics
@@ -19,10 +18,10 @@ from typing import Any
 from basin_runtime.session_table import Session
 from basin_sim import catalog
 from basin_sim.calibrate.fluid import fixed_points, risk_test
-from basin_sim.calibrate.overload import CalibrationSettings, find_overload_rate
+from basin_sim.calibrate.overload import CalibrationSettings
 from basin_sim.calibrate.ramp import RampStep, ramp_knee, run_ramp
 from basin_sim.calibrate.ramp import calibration_record as ramp_calibration_record
-from basin_sim.calibrate.rates import DEFAULT_RATES_FILE, RateCache, overload_rate_for, rate_key
+from basin_sim.calibrate.rates import DEFAULT_RATES_FILE, RateCache, measure_overload_rate, overload_rate_for
 from basin_sim.predictions import load_predictor, predict_pool
 from basin_sim.profile import Deployment
 from basin_sim.workload.pool import load_pool, workload_pool
@@ -65,21 +64,18 @@ def _ramp(args: argparse.Namespace) -> tuple[Deployment, list[RampStep], float]:
 def calibrate_main(args: argparse.Namespace) -> int:
     """Measure the overload rate of a deployment's shape (GPU cache) on a scenario's workload; cache it."""
     deployment, pool, scenario = _workload(args)
-    shape = dataclasses.replace(deployment, host_cache_tokens=0)
     settings = CalibrationSettings(horizon_s=args.horizon_s, seeds=tuple(range(1, args.seeds + 1)),
                                    min_overloaded=args.min_overloaded)
 
     def report(rate: float, count: int) -> None:
         log.info("rate %.4f/s: %d of %d trials overloaded", rate, count, len(settings.seeds))
 
-    found = find_overload_rate(shape, "sglang", pool, settings, report)
-    print(f"{deployment.name} (GPU cache), workload of {scenario.name}: overload rate "
-          f"{found.overload_rate_per_s:.4f} sessions/s ({found.overload_rate_per_s * 3600:.0f}/h)")
     cache = RateCache(args.rates_file)
     command = f"basin-sim calibrate --deployment {args.deployment} --scenario {args.scenario}"
-    cache.put(rate_key(shape, scenario.workload, scenario.clients, pool), found.overload_rate_per_s, {
-        "deployment": deployment.name, "workload": dataclasses.asdict(scenario.workload),
-        "settings": dataclasses.asdict(settings), "tried": [list(t) for t in found.tried], "command": command})
+    rate = measure_overload_rate(deployment, pool, scenario.workload, scenario.clients, cache, settings, command,
+                                 report)
+    print(f"{deployment.name} (GPU cache), workload of {scenario.name}: overload rate "
+          f"{rate:.4f} sessions/s ({rate * 3600:.0f}/h)")
     log.info("recorded in %s", cache.path)
     return 0
 

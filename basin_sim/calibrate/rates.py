@@ -26,6 +26,7 @@ from typing import Any
 
 from basin_runtime.session_table import Session
 from basin_sim.calibrate.overload import CalibrationSettings, find_overload_rate
+from basin_sim.clients import ClientPolicy
 from basin_sim.profile import Deployment
 from basin_sim.workload.scenarios import WorkloadSpec
 
@@ -47,11 +48,11 @@ def pool_fingerprint(pool: Sequence[Session]) -> str:
     return digest.hexdigest()[:16]
 
 
-def rate_key(deployment: Deployment, workload: WorkloadSpec, clients: Mapping[str, Any],
+def rate_key(deployment: Deployment, workload: WorkloadSpec, clients: ClientPolicy,
              pool: Sequence[Session]) -> str:
     """The canonical key of one overload rate (see the rules above)."""
     shape = dataclasses.asdict(dataclasses.replace(deployment, name="", host_cache_tokens=0))
-    return json.dumps({"shape": shape, "workload": dataclasses.asdict(workload), "clients": dict(clients),
+    return json.dumps({"shape": shape, "workload": dataclasses.asdict(workload), "clients": dataclasses.asdict(clients),
                        "pool": pool_fingerprint(pool)}, sort_keys=True, default=list)
 
 
@@ -93,36 +94,29 @@ class RateCache:
             raise RatesError(f"{self.path}: cannot write the overload-rate cache: {exc}") from exc
 
 
-def cached_overload_rate(cache: RateCache, key: str, measure: Callable[[], tuple[float, Mapping[str, Any]]],
-                         what: str) -> tuple[float, bool]:
-    """(rate, was_measured_now): the cached rate, or a new measurement written to the cache first."""
-    rate = cache.get(key)
-    if rate is not None:
-        return rate, False
-    log.warning("no overload rate recorded for %s in %s: calibrating now (several minutes; cached after)",
-                what, cache.path)
-    rate, note = measure()
-    cache.put(key, rate, note)
-    return rate, True
+def measure_overload_rate(deployment: Deployment, pool: Sequence[Session], workload: WorkloadSpec,
+                          clients: ClientPolicy, cache: RateCache, settings: CalibrationSettings, command: str,
+                          report: Callable[[float, int], None] | None = None) -> float:
+    """Measure the overload rate of `deployment`'s shape with a GPU cache on this workload; record it in `cache`."""
+    shape = dataclasses.replace(deployment, host_cache_tokens=0)
+    found = find_overload_rate(shape, "sglang", pool, settings, report)
+    cache.put(rate_key(shape, workload, clients, pool), found.overload_rate_per_s, {
+        "deployment": deployment.name, "workload": dataclasses.asdict(workload),
+        "settings": dataclasses.asdict(settings), "tried": [list(t) for t in found.tried], "command": command})
+    return found.overload_rate_per_s
 
 
 def overload_rate_for(deployment: Deployment, pool: Sequence[Session], workload: WorkloadSpec,
-                      clients: Mapping[str, Any], cache: RateCache,
-                      settings: CalibrationSettings | None = None) -> tuple[float, str]:
-    """(rate, source): the overload rate of `deployment`'s shape with a GPU cache for this workload.
+                      clients: ClientPolicy, cache: RateCache) -> tuple[float, str]:
+    """(rate, source): the cached overload rate of this shape and workload, else measured now and cached.
 
-    `source` is 'cache' or 'measured now' (then written to the cache).
+    `source` is 'cache' or 'measured now'.
     """
-    shape = dataclasses.replace(deployment, host_cache_tokens=0)
-    key = rate_key(shape, workload, clients, pool)
-    settings = settings if settings is not None else CalibrationSettings()
-
-    def measure() -> tuple[float, Mapping[str, Any]]:
-        found = find_overload_rate(shape, "sglang", pool, settings)
-        return found.overload_rate_per_s, {
-            "deployment": deployment.name, "workload": dataclasses.asdict(workload),
-            "settings": dataclasses.asdict(settings), "tried": [list(t) for t in found.tried],
-            "command": "basin-sim calibrate (or the first run of this shape and workload)"}
-
-    rate, was_measured = cached_overload_rate(cache, key, measure, f"{deployment.name} (GPU cache) on this workload")
-    return rate, "measured now" if was_measured else "cache"
+    rate = cache.get(rate_key(dataclasses.replace(deployment, host_cache_tokens=0), workload, clients, pool))
+    if rate is not None:
+        return rate, "cache"
+    log.warning("no overload rate recorded for %s (GPU cache) on this workload in %s: calibrating now "
+                "(several minutes; cached after)", deployment.name, cache.path)
+    command = "basin-sim calibrate (or the first run of this shape and workload)"
+    return measure_overload_rate(deployment, pool, workload, clients, cache, CalibrationSettings(), command), \
+        "measured now"

@@ -32,11 +32,11 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from basin_runtime.session_table import Session
+from basin_sim.clients import ClientPolicy
 from basin_sim.lifecycle import SessionSpec
 
 DEFAULT_GAP_S = 4.5  # a customer's reply takes a few seconds (the synthetic tau family's median, exp(1.5))
@@ -96,7 +96,7 @@ class Scenario:
     population: PopulationSpec | None = None
     bursts: tuple[BurstSpec, ...] = ()
     workload: WorkloadSpec = WorkloadSpec()
-    clients: Mapping[str, Any] = field(default_factory=dict)  # ClientPolicy fields (basin_sim.clients)
+    clients: ClientPolicy = field(default_factory=ClientPolicy)  # sourced defaults unless the file sets fields
     description: str = ""
 
     def __post_init__(self) -> None:

@@ -164,7 +164,8 @@ def test_a_shape_and_workload_without_a_recorded_rate_is_measured_once_cached_an
         monkeypatch: pytest.MonkeyPatch) -> None:
     measured: list[float] = []
 
-    def fake_search(deployment: object, policy: str, pool: object, settings: object) -> Calibration:
+    def fake_search(deployment: object, policy: str, pool: object, settings: object, report: object = None
+                    ) -> Calibration:
         measured.append(0.12)  # the real search takes minutes; its arithmetic is tested in test_calibrate.py
         assert policy == "sglang" and deployment.host_cache_tokens == 0
         return Calibration(0.12, ((0.05, 0), (0.1, 2), (0.2, 5)))
