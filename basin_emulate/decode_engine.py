@@ -2,19 +2,17 @@
 # aggregated steps) driven by the model clock, with the tokens each request has emitted so far.
 #
 # Rules:
-# - A request reserves prompt + min(max_new_tokens, decode_reserve_tokens) tokens (SGLang clips the
-#   estimate at SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION; with no max_new_tokens asked, the clip itself)
-#   in the instance's pre-allocation queue, ordered like the prefill queue (ordering.py). A request
-#   whose reservation exceeds the whole memory is refused (`RequestTooLargeError`): it would block the
-#   queue head forever.
+# - A request queues for its pre-allocation in the instance's queue, ordered like the prefill queue
+#   (ordering.py), and is admitted by SGLang's rule (basin_sim/decode.py: prompt + 512 of headroom per
+#   active request, prompt + min(max_new_tokens, 4096) when the batch is small); decode memory then
+#   grows with every token and the instance retracts requests when it runs out (a retracted request's
+#   tokens stop until it resumes). A request that cannot fit even an empty instance is refused
+#   (`RequestTooLargeError`): it would block the queue head forever.
 # - Granted, it waits for its KV (the caller fetches it from the prefill side), then `join`s the batch.
 #   Its first token came with the KV (prefill computed it); the other n - 1 are decode steps, so its
 #   slot runs n - 1 steps and leaves (freeing its reservation) after the last one.
-# - Tokens out at model time t: 1 + floor(S(t) - start_step), where S is the instance's step counter.
-#   DecodeInstance keeps S inside; the adapter reads it back from its public results: after
-#   `join(slot, t)` S(t) = slot.start_step, after a leave S = slot.start_step + slot.steps, and the
-#   step time of the new epoch is `profile.decode_step_s(batch, kv_tokens())`, the value the instance
-#   just computed from the same public inputs. Between joins and leaves S grows linearly (`_Epoch`).
+# - Tokens out at model time t: 1 + floor(tokens the instance decoded for it by t)
+#   (`DecodeInstance.emitted_tokens`, which knows its stints between retractions).
 # - One timer drives the batch: at the next completion (`next_completion_s`), or earlier at the next
 #   flush while a streaming request decodes. A flush wakes every streaming request whose token count
 #   grew; flushes are at least `flush_wall_s` of wall time apart (tokens due in between go out in one
@@ -66,18 +64,6 @@ class DecodeTicket:
     emitted: int = 0  # tokens out as of the last flush (streaming requests only)
 
 
-@dataclass(frozen=True)
-class _Epoch:
-    """The batch's step counter since its last join or leave: S(t) = steps + (t - time_s) / step_s."""
-
-    time_s: float = 0.0
-    steps: float = 0.0
-    step_s: float = 0.0
-
-    def steps_at(self, now_s: float) -> float:
-        return self.steps + (now_s - self.time_s) / self.step_s if self.step_s > 0 else self.steps
-
-
 class DecodeEngine:
     """One decode instance of the profile, in real time."""
 
@@ -91,7 +77,6 @@ class DecodeEngine:
         self.generated_tokens = 0
         self._tickets: dict[int, DecodeTicket] = {}
         self._next_id = 0
-        self._epoch = _Epoch()
         self._timer: asyncio.TimerHandle | None = None
 
     def count(self, stage: DecodeStage) -> int:
@@ -103,22 +88,18 @@ class DecodeEngine:
         """True when no request is inside."""
         return not self._tickets
 
-    def reservation_tokens(self, prompt_tokens: int, max_new_tokens: int | None) -> int:
-        """KV tokens pre-allocated for a request (SGLang's clipped estimate of its completion)."""
-        clip = self.profile.decode_reserve_tokens
-        return prompt_tokens + (clip if max_new_tokens is None else min(max_new_tokens, clip))
-
     def submit(self, prompt_tokens: int, max_new_tokens: int | None, total_tokens: int, priority_key: float,
                is_streaming: bool, arrival_s: float) -> DecodeTicket:
-        """Queue a request (arrived at model time `arrival_s`) for its memory reservation."""
-        reservation = self.reservation_tokens(prompt_tokens, max_new_tokens)
-        if reservation > self.capacity_tokens:
+        """Queue a request (arrived at model time `arrival_s`) for its pre-allocation."""
+        slot = DecodeSlot(priority_key, prompt_tokens, max(0, total_tokens - 1), max_new_tokens)
+        if not self.instance.can_ever_fit(slot):
+            need = prompt_tokens + max(self.instance.reserved_decode_tokens,
+                                       slot.estimate_new_tokens(self.instance.clip_max_new_tokens))
             raise RequestTooLargeError(
-                f"the request needs {reservation} tokens of KV ({prompt_tokens} prompt + its completion estimate), "
+                f"the request needs {need} tokens of KV ({prompt_tokens} prompt + its completion estimate), "
                 f"more than this decode server's pool (max_total_num_tokens={self.capacity_tokens})")
         self._next_id += 1
-        slot = DecodeSlot(priority_key, prompt_tokens, max(0, total_tokens - 1), reservation,
-                          request_id=self._next_id)
+        slot.request_id = self._next_id
         loop = asyncio.get_running_loop()
         ticket = DecodeTicket(slot, total_tokens, is_streaming, arrival_s, loop.create_future(), loop.create_future())
         self._tickets[slot.request_id] = ticket
@@ -133,7 +114,6 @@ class DecodeEngine:
     def join(self, ticket: DecodeTicket, at_s: float) -> None:
         """The request's KV arrived at model time `at_s` (>= every event so far): it decodes from now on."""
         self.instance.join(ticket.slot, at_s)
-        self._epoch = _Epoch(at_s, ticket.slot.start_step, self._step_s())
         ticket.stage, ticket.join_s, ticket.emitted = DecodeStage.DECODING, at_s, 1
         ticket.progress.set()
         self._reschedule()
@@ -148,7 +128,7 @@ class DecodeEngine:
             return ticket.total_tokens if ticket.finished.done() else ticket.emitted
         if ticket.stage != DecodeStage.DECODING:
             return 0
-        steps = math.floor(self._epoch.steps_at(now_s) - ticket.slot.start_step + _STEP_EPSILON)
+        steps = math.floor(self.instance.emitted_tokens(ticket.slot, now_s) + _STEP_EPSILON)
         return min(ticket.total_tokens, 1 + max(0, steps))
 
     def withdraw(self, ticket: DecodeTicket) -> None:
@@ -166,18 +146,13 @@ class DecodeEngine:
         else:
             now = self.clock.catch_up()
             self.instance.leave(slot, now)
-            self._epoch = _Epoch(now, slot.start_step + slot.steps, self._step_s())
             self._reschedule()
         self._grant()
 
     # --- the batch -------------------------------------------------------------------------------------
 
-    def _step_s(self) -> float:
-        batch = self.instance.batch_size
-        return self.profile.decode_step_s(batch, self.instance.kv_tokens()) if batch else 0.0
-
     def _grant(self) -> None:
-        for slot in self.instance.pop_reserved():
+        for slot in self.instance.pop_reserved(self.clock.now_s):
             ticket = self._tickets[slot.request_id]
             ticket.stage = DecodeStage.TRANSFER
             ticket.granted.set_result(self.clock.now_s)
@@ -186,11 +161,11 @@ class DecodeEngine:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        when = self.instance.next_completion_s()
+        when = self.instance.next_event_s()
         if when is None:
             return
         if any(t.is_streaming and t.stage == DecodeStage.DECODING for t in self._tickets.values()):
-            flush_s = self.clock.now_s + max(self._epoch.step_s, self.flush_wall_s * self.clock.time_scale)
+            flush_s = self.clock.now_s + max(self.instance.step_s, self.flush_wall_s * self.clock.time_scale)
             when = min(when, flush_s)
         self._timer = self.clock.call_at(when, self._on_tick)
 
@@ -209,10 +184,7 @@ class DecodeEngine:
 
     def _on_leave(self, slot: DecodeSlot) -> None:
         """A request emitted its last token (pop_finished has just taken it out at its own end time)."""
-        epoch = self._epoch
-        steps = slot.start_step + slot.steps
-        when = epoch.time_s + (steps - epoch.steps) * epoch.step_s
-        self._epoch = _Epoch(when, steps, self._step_s())
+        when = self.instance.epoch_s
         ticket = self._tickets.pop(slot.request_id)
         ticket.stage, ticket.emitted = DecodeStage.DONE, ticket.total_tokens
         self.generated_tokens += ticket.total_tokens

@@ -120,10 +120,11 @@ class DecodeServer:
     def state(self) -> EngineState:
         """Load and memory now."""
         engine, instance = self.engine, self.engine.instance
+        now = engine.clock.now_s
         return EngineState(
             num_running_reqs=instance.batch_size, num_queue_reqs=engine.count(DecodeStage.PREALLOC),
-            num_used_tokens=instance.reserved_tokens, max_total_num_tokens=instance.capacity_tokens,
-            kv_available_tokens=instance.idle_tokens(), kv_evictable_tokens=0, cache_hit_rate=0.0,
+            num_used_tokens=round(instance.used_tokens(now)), max_total_num_tokens=instance.capacity_tokens,
+            kv_available_tokens=max(0, int(instance.free_tokens(now))), kv_evictable_tokens=0, cache_hit_rate=0.0,
             pd_queues={"num_decode_prealloc_queue_reqs": engine.count(DecodeStage.PREALLOC),
                        "num_decode_transfer_queue_reqs": engine.count(DecodeStage.TRANSFER)},
             effective_tokens={"input": 0, "device_hit": 0, "host_hit": 0}, cached_tokens={"device": 0, "host": 0},

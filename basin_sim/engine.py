@@ -8,17 +8,20 @@
 # - A session's call is sent at its arrival (first call) or after the previous answer plus the tool
 #   gap. The request is routed at once (router.py: smg's cache_aware, one router for the prefill pool
 #   and one for the decode pool; each counts the request in flight from routing until its answer ends
-#   or it is cancelled, and forgets a session's entries when it ends), waits for decode memory, then
-#   for prefill, is prefilled (cache hit free, the rest computed), its KV moves to decode at the
+#   or it is cancelled, and forgets a session's entries when it ends), waits for its decode
+#   pre-allocation (decode.py: SGLang's admission rule, re-evaluated whenever decode memory or the
+#   running batch changes; a request that cannot fit an empty instance aborts its session), then for
+#   prefill, is prefilled (cache hit free, the rest computed), its KV moves to decode at the
 #   profile's bandwidth (the prefill cache keeps it pinned until then), and it decodes
-#   `completion_tokens` steps.
+#   `completion_tokens` steps; decode may retract it when its memory runs out and resume it
+#   later (decode.py), which the engine does not see beyond the timing.
 # - The policy sees every arrival, call, end and tick (policies/base.py); a held session waits at the
 #   door and its waiting counts in its end-to-end time. The tick's hit rate is the gateway's own
 #   signal: `basin_runtime.policy.hit_rate.HitRateWindow` fed with each call's prompt and cached
 #   (device + host hit) tokens when its answer ends, as the gateway reads them from the usage.
 # - Working set = sum of the latest prompt of every live session (tool-running ones included).
 # - Aborting a request (a kill, a client timeout, a client giving up) withdraws it wherever it is, as
-#   SGLang aborts a request whose client went away: it gives back its decode reservation (queued or
+#   SGLang aborts a request whose client went away: it gives back its decode pre-allocation (queued or
 #   held), its prefill job and its cache pin at once, except a job inside a running prefill batch,
 #   which the batch finishes (its compute is spent) and then drops. Whatever was prefilled stays in the
 #   radix cache as unpinned, evictable KV (SGLang caches an aborted request's computed prefix); this
@@ -55,6 +58,7 @@
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 import random
@@ -101,7 +105,10 @@ class Engine:
         self.prefill = [PrefillInstance(i, self.profile, RadixCache(deployment.prefill_cache_tokens,
                                                                     deployment.host_cache_tokens))
                         for i in range(deployment.num_prefill)]
-        self.decode = [DecodeInstance(i, self.profile, deployment.decode_kv_tokens, step_slo_s)
+        self.decode = [DecodeInstance(i, self.profile, deployment.decode_kv_tokens, step_slo_s,
+                                      reserved_decode_tokens=deployment.decode_reserved_tokens,
+                                      clip_max_new_tokens=deployment.decode_clip_max_new_tokens,
+                                      retraction_policy=deployment.retraction_policy)
                        for i in range(deployment.num_decode)]
         self.prefill_router = CacheAwareRouter(deployment.num_prefill, seed=router_seed)
         self.decode_router = CacheAwareRouter(deployment.num_decode, seed=router_seed + 1)
@@ -111,6 +118,7 @@ class Engine:
             self.ledger = LendingLedger(LEND_CAP_FRACTION)
             for decode in self.decode:
                 self.ledger.add_instance(str(decode.index), decode.capacity_tokens)
+                decode.reclaim = functools.partial(self._reclaim_for_step, decode)
             for prefill in self.prefill:
                 prefill.write_back = self._write_back
         self.now = 0.0
@@ -180,17 +188,22 @@ class Engine:
         assert self.num_live == len(live) and self.num_live_burst == sum(run.spec.is_burst for run in live)
         assert self.num_held == sum(run.status == Status.HELD for run in self.runs.values())
         assert self.working_set_tokens == sum(run.context_tokens for run in live)
-        reserved, queued = [0] * len(self.decode), [0] * len(self.decode)
+        allocated, queued = [0] * len(self.decode), [0] * len(self.decode)
         for rid, request in self._requests.items():
             assert rid == request.request_id
             if request.is_aborted:
                 assert request.stage == Stage.PREFILLING and request.job.is_cancelled, f"aborted request {rid}"
             else:
                 assert request.run.request is request and request.run.status == Status.LIVE, f"request {rid}"
-            tally = queued if request.stage == Stage.PREALLOC else reserved
-            tally[request.decode.index] += request.slot.reservation_tokens
+            if request.stage == Stage.PREALLOC:
+                queued[request.decode.index] += request.slot.prompt_tokens
+            elif request.stage != Stage.DECODING:
+                assert request.slot.is_allocated, f"request {rid} at {request.stage} holds no pre-allocation"
+                allocated[request.decode.index] += request.slot.prompt_tokens
         for decode in self.decode:
-            assert (decode.reserved_tokens, decode.queued_tokens) == (reserved[decode.index], queued[decode.index])
+            decode.check()
+            assert (decode.allocated_waiting_tokens, decode.queued_tokens) == (allocated[decode.index],
+                                                                               queued[decode.index])
         for prefill in self.prefill:
             prefill.cache.check()
         for run in self.runs.values():
@@ -212,7 +225,7 @@ class Engine:
             prefill_waiting=sum(p.num_waiting for p in self.prefill),
             decode_queued=sum(d.num_queued for d in self.decode),
             decode_running=sum(d.batch_size for d in self.decode),
-            decode_reserved_tokens=sum(d.reserved_tokens for d in self.decode),
+            decode_reserved_tokens=round(sum(d.used_tokens(self.now) for d in self.decode)),
         )
 
     # --- sessions ----------------------------------------------------------------------------------
@@ -355,8 +368,8 @@ class Engine:
         self.working_set_tokens += call.prompt_tokens - run.context_tokens
         run.context_tokens = call.prompt_tokens
         self._apply(self.policy.on_call(spec.session_id, self.now, call.prompt_tokens))
-        reservation = call.prompt_tokens + max(call.completion_tokens, self.profile.decode_reserve_tokens)
-        if call.prompt_tokens > self.deployment.prefill_cache_tokens or reservation > self.deployment.decode_kv_tokens:
+        slot = DecodeSlot(0.0, call.prompt_tokens, call.completion_tokens)  # agents set no max_tokens
+        if call.prompt_tokens > self.deployment.prefill_cache_tokens or not self.decode[0].can_ever_fit(slot):
             self._end(run, Status.ABORTED)  # SGLang rejects a request larger than an instance's memory
             return
         priority = self.policy.priority(spec.session_id, self.now)
@@ -366,7 +379,7 @@ class Engine:
         self._next_request_id += 1
         prefill, decode = self._route(spec, call.prompt_tokens)
         job = PrefillJob(priority, rid, spec.session_id, spec.group_key, spec.group_tokens, call.prompt_tokens)
-        slot = DecodeSlot(priority, call.prompt_tokens, call.completion_tokens, reservation, request_id=rid)
+        slot.priority, slot.request_id = priority, rid
         request = run.request = self._requests[rid] = Request(rid, run, self.now, prefill, decode, job, slot,
                                                               attempt=run.attempt)
         if self.clients is not None:
@@ -375,17 +388,21 @@ class Engine:
         self._grant(decode)
 
     def _grant(self, decode: DecodeInstance) -> None:
+        """Hand out decode memory: resume retracted requests, pre-allocate queued ones (their prefill may start)."""
+        version = decode.version
         while True:
-            for slot in decode.pop_reserved():
+            for slot in decode.pop_reserved(self.now):
                 request = self._requests[slot.request_id]
                 request.stage = Stage.PREFILL_WAIT
                 request.prefill.enqueue(request.job)
                 self._kick(request.prefill)
-            shortfall = decode.head_shortfall_tokens()
+            shortfall = decode.head_shortfall_tokens(self.now)
             if shortfall == 0 or self.ledger is None or decode.lent_tokens == 0:
-                return
+                break
             self.ledger.reclaim(str(decode.index), shortfall)  # decode wins: lent KV goes first
             self._sync_lent()
+        if decode.version != version:  # resumed requests rejoined the batch, or memory moved
+            self._schedule_decode(decode)
 
     def _kick(self, prefill: PrefillInstance) -> None:
         if self.pin_ttl_s is not None:
@@ -425,10 +442,11 @@ class Engine:
             run.first_token_s = self.now
         request.stage = Stage.DECODING
         request.decode.join(request.slot, self.now)
+        self._grant(request.decode)  # a longer running batch changes SGLang's admission terms
         self._schedule_decode(request.decode)
 
     def _schedule_decode(self, decode: DecodeInstance) -> None:
-        when = decode.next_completion_s()
+        when = decode.next_event_s()
         if when is not None:
             self._at(when, _DECODE_NEXT, (decode, decode.version))
 
@@ -477,7 +495,7 @@ class Engine:
             request.prefill.cache.hold(session_id, self.now + self.pin_ttl_s)
         if self.ledger is not None:
             tokens = slot.prompt_tokens + slot.completion_tokens
-            if tokens <= request.decode.idle_tokens():
+            if tokens <= request.decode.idle_tokens(self.now):
                 self.ledger.lend(session_id, str(request.decode.index), tokens)
                 self._sync_lent()
 
@@ -501,7 +519,16 @@ class Engine:
     def _sync_lent(self) -> None:
         assert self.ledger is not None
         for decode in self.decode:
-            decode.lent_tokens = self.ledger.lent_tokens(str(decode.index))
+            lent = self.ledger.lent_tokens(str(decode.index))
+            if lent != decode.lent_tokens:
+                decode.lent_tokens = lent  # moves the point where decode memory runs out
+                self._schedule_decode(decode)
+
+    def _reclaim_for_step(self, decode: DecodeInstance, tokens: int) -> None:
+        """A decode step does not fit: lent KV goes first (before SGLang would retract a request)."""
+        assert self.ledger is not None
+        self.ledger.reclaim(str(decode.index), tokens)
+        self._sync_lent()
 
     def _cancel(self, request: Request) -> None:
         """Abort a request; a job in a running prefill batch gives its part back when the batch ends.

@@ -118,6 +118,11 @@ class Deployment:
     prefill_cache_tokens: int
     decode_kv_tokens: int
     host_cache_tokens: int = 0
+    # SGLang decode server settings (basin_sim/decode.py): --num-reserved-decode-tokens,
+    # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION and --retraction-policy, at their defaults.
+    decode_reserved_tokens: int = 512
+    decode_clip_max_new_tokens: int = 4096
+    retraction_policy: Literal["length", "priority"] = "length"
 
     def __post_init__(self) -> None:
         for name in ("num_prefill", "num_decode", "prefill_cache_tokens", "decode_kv_tokens"):
@@ -126,6 +131,12 @@ class Deployment:
                 raise ProfileError(f"deployment {self.name!r}: {name} must be a whole number > 0, got {value!r}")
         if self.host_cache_tokens < 0:
             raise ProfileError(f"deployment {self.name!r}: host_cache_tokens must be >= 0")
+        if self.decode_reserved_tokens < 0 or self.decode_clip_max_new_tokens < 0:
+            raise ProfileError(f"deployment {self.name!r}: decode_reserved_tokens and decode_clip_max_new_tokens "
+                               "must be >= 0")
+        if self.retraction_policy not in ("length", "priority"):
+            raise ProfileError(f"deployment {self.name!r}: retraction_policy must be length or priority, "
+                               f"got {self.retraction_policy!r}")
 
     @classmethod
     def of(cls, name: str, profile: Profile, num_prefill: int, num_decode: int, cache: CacheKind) -> Deployment:

@@ -101,10 +101,10 @@ async def test_a_prompt_larger_than_the_pool_is_refused_at_once() -> None:
 async def test_decode_preallocation_waits_while_memory_is_full() -> None:
     clock = started_clock(20.0)
     decode = DecodeEngine(TINY, clock, 10_000)
-    # Reservations: prompt + min(max_new_tokens, 1000).
-    first = decode.submit(6_000, 5, 5, 0.0, False, clock.catch_up())
-    second = decode.submit(3_500, None, 3, 0.0, False, clock.catch_up())
-    assert decode.instance.reserved_tokens == 6_005
+    # Nothing runs yet, so each needs prompt + max(512, min(max_new_tokens, 4096)); only the prompt is taken.
+    first = decode.submit(6_000, 5, 5, 0.0, False, clock.catch_up())  # needs 6512
+    second = decode.submit(3_500, None, 3, 0.0, False, clock.catch_up())  # needs 7596 of the 4000 left
+    assert decode.instance.used_tokens() == 6_000
     assert first.granted.done() and not second.granted.done()
     assert second.stage == DecodeStage.PREALLOC and decode.count(DecodeStage.PREALLOC) == 1
 
@@ -112,9 +112,9 @@ async def test_decode_preallocation_waits_while_memory_is_full() -> None:
     finished_s = await decode.wait_finished(first)
     assert finished_s - first.join_s == pytest.approx(4 * TINY.decode_step_s(1, 6_000))  # 5 tokens: 1 + 4 steps
     assert await decode.wait_granted(second) >= finished_s  # granted once the first freed its memory
-    assert decode.instance.reserved_tokens == 4_500
+    assert decode.instance.used_tokens() == 3_500
     decode.withdraw(second)
-    assert decode.instance.reserved_tokens == 0 and decode.is_idle
+    assert decode.instance.used_tokens() == 0 and decode.is_idle
 
 
 async def test_decode_emits_tokens_step_by_step_and_a_withdrawal_frees_the_seat() -> None:
@@ -130,7 +130,7 @@ async def test_decode_emits_tokens_step_by_step_and_a_withdrawal_frees_the_seat(
     assert seen == sorted(seen) and seen[0] > 1  # steps of 20 ms (5 ms wall) each add a token
     assert decode.tokens_out(ticket, clock.now_s + 10 * TINY.decode_step_s(1, 1000)) >= seen[-1] + 9
     decode.withdraw(ticket)
-    assert decode.instance.batch_size == 0 and decode.instance.reserved_tokens == 0
+    assert decode.instance.batch_size == 0 and decode.instance.used_tokens() == 0
     assert not ticket.finished.done()
 
 

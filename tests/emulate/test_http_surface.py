@@ -98,10 +98,10 @@ async def test_a_client_leaving_gives_back_decode_memory_and_prefill_pins() -> N
                   asyncio.create_task(call_raw(p.decode.app, CHAT, body, leave, sent))]
         while decode_engine.instance.batch_size == 0:
             await asyncio.sleep(0.01)
-        assert decode_engine.instance.reserved_tokens > 0
+        assert decode_engine.instance.used_tokens() > 0
         leave.set()
         await asyncio.gather(*halves)
-        assert decode_engine.instance.reserved_tokens == 0 and decode_engine.is_idle
+        assert decode_engine.instance.used_tokens() == 0 and decode_engine.is_idle
         assert prefill_engine.cache.pinned_tokens == 0 and prefill_engine.is_idle
         # 2. Streamed: the client leaves after the first chunk.
         leave, sent = asyncio.Event(), []
@@ -112,7 +112,7 @@ async def test_a_client_leaving_gives_back_decode_memory_and_prefill_pins() -> N
             await asyncio.sleep(0.01)
         leave.set()
         await asyncio.gather(*halves)
-        assert decode_engine.instance.reserved_tokens == 0 and decode_engine.instance.batch_size == 0
+        assert decode_engine.instance.used_tokens() == 0 and decode_engine.instance.batch_size == 0
         # 3. Waiting for memory: a request that cannot be reserved yet, whose client leaves while it waits.
         blocker = decode_engine.submit(8_000, 500, 500, 0.0, False, 0.0)
         leave, sent = asyncio.Event(), []
@@ -123,7 +123,7 @@ async def test_a_client_leaving_gives_back_decode_memory_and_prefill_pins() -> N
         leave.set()
         await waiting
         decode_engine.withdraw(blocker)
-        assert decode_engine.instance.reserved_tokens == 0 and decode_engine.instance.queued_tokens == 0
+        assert decode_engine.instance.used_tokens() == 0 and decode_engine.instance.queued_tokens == 0
         # 4. The prefill's own client leaves while it waits for its decode half: its room is closed.
         leave = asyncio.Event()
         prefill_only = asyncio.create_task(call_raw(p.prefill.app, CHAT, json.dumps(

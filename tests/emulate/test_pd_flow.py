@@ -163,7 +163,7 @@ async def test_when_the_peer_never_shows_both_halves_answer_500_and_give_back_me
             p.prefill.http.post(CHAT, json={**body, "bootstrap_room": 1_000_002}))
         elapsed_s = time.monotonic() - started
         decode_engine, prefill_engine = p.decode.role.engine, p.prefill.role.engine
-        assert decode_engine.instance.reserved_tokens == 0 and decode_engine.is_idle
+        assert decode_engine.instance.used_tokens() == 0 and decode_engine.is_idle
         assert prefill_engine.cache.pinned_tokens == 0 and prefill_engine.is_idle
 
     assert decode_alone.status_code == 500 and "1000001" in decode_alone.json()["message"]
@@ -177,7 +177,7 @@ async def test_a_decode_whose_prefill_is_unreachable_fails_at_once() -> None:
         body = {"messages": [{"role": "user", "content": "hi"}], "bootstrap_host": "127.0.0.1",
                 "bootstrap_port": 9, "bootstrap_room": 5}
         response = await decode.http.post(CHAT, json=body)
-        assert decode.role.engine.instance.reserved_tokens == 0
+        assert decode.role.engine.instance.used_tokens() == 0
     assert response.status_code == 500 and "cannot reach" in response.json()["message"]
 
 

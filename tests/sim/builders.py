@@ -23,9 +23,12 @@ TINY = Profile(
 
 
 def deployment(profile: Profile = TINY, *, cache_tokens: int = 100_000, decode_tokens: int = 100_000,
-               host_tokens: int = 0, num_decode: int = 1, num_prefill: int = 1) -> Deployment:
-    """A mP-nD deployment (1P1D by default) of the tiny profile with the given memories."""
-    return Deployment("tiny", profile, num_prefill, num_decode, cache_tokens, decode_tokens, host_tokens)
+               host_tokens: int = 0, num_decode: int = 1, num_prefill: int = 1, reserved_tokens: int = 100,
+               clip_tokens: int = 1_000) -> Deployment:
+    """A mP-nD deployment (1P1D by default) of the tiny profile with the given memories; decode keeps
+    `reserved_tokens` of headroom per active request and estimates a completion as `clip_tokens`."""
+    return Deployment("tiny", profile, num_prefill, num_decode, cache_tokens, decode_tokens, host_tokens,
+                      decode_reserved_tokens=reserved_tokens, decode_clip_max_new_tokens=clip_tokens)
 
 
 def session(session_id: str, prompts: list[int], completion: int = 100, gap_s: float = 1.0,

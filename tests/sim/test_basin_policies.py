@@ -181,11 +181,11 @@ def test_decode_reclaims_lent_memory_oldest_first_before_a_reservation_waits() -
     engine.ledger.lend("old", "0", 2_000)
     engine.ledger.lend("new", "0", 2_000)
     engine._sync_lent()
-    engine.add(spec(session("x", [5_500], completion=100), 0.0))  # reserves 6_500: 500 must come back
+    engine.add(spec(session("x", [5_500], completion=100), 0.0))  # alone it needs 5500 + 1000: 500 must come back
     engine.run_until(0.0)
     assert [e.session_id for e in engine.ledger.entries("0")] == ["new"]
-    assert engine.decode[0].reserved_tokens == 6_500 and engine.decode[0].lent_tokens == 2_000
-    assert engine.decode[0].reserved_tokens + engine.decode[0].lent_tokens <= 10_000
+    assert engine.decode[0].used_tokens() == 5_500 and engine.decode[0].lent_tokens == 2_000
+    assert engine.decode[0].used_tokens() + engine.decode[0].lent_tokens <= 10_000
 
 
 def test_the_reservation_ratio_puts_basin_s_budget_in_reservation_units_but_not_the_prototype_s() -> None:

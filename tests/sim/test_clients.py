@@ -61,7 +61,7 @@ def assert_empty(engine: Engine) -> None:
     engine.check()
     assert engine.num_live == engine.num_held == engine.working_set_tokens == 0
     for decode in engine.decode:
-        assert (decode.reserved_tokens, decode.queued_tokens, decode.lent_tokens, decode.batch_size) == (0, 0, 0, 0)
+        assert (decode.used_tokens(), decode.queued_tokens, decode.lent_tokens, decode.batch_size) == (0, 0, 0, 0)
     for prefill in engine.prefill:
         assert prefill.waiting_tokens == 0 and prefill.batch is None
         assert prefill.cache.pinned_tokens == 0
@@ -159,7 +159,7 @@ def test_an_attempt_timed_out_in_any_stage_gives_everything_back_and_the_retry_h
     run = engine.runs["a"]
     assert run.request is None and run.timeouts == 1 and request.is_aborted
     engine.check()
-    assert engine.decode[0].reserved_tokens == 0 and engine.prefill[0].cache.pinned_tokens == 0
+    assert engine.decode[0].used_tokens() == 0 and engine.prefill[0].cache.pinned_tokens == 0
     engine.run_until(math.inf)
     assert run.status == Status.FINISHED and run.ended_s == pytest.approx(timeout_s + 0.5 + RETRY_S)
     assert engine.timeline.device_hit_tokens == [19_999]  # the retry's hit; the first attempt computed all
@@ -266,12 +266,17 @@ def test_a_session_held_at_the_door_is_withdrawn_at_its_time_limit() -> None:
 
 
 def test_without_clients_nobody_gives_up() -> None:
-    engine = Engine(deployment(decode_tokens=39_500), Recording(), tick_s=None)
-    engine.add(spec(session("blocker", [2_000], completion=35_000)))  # 700 s of decode, 37000 reserved
+    # The blocker holds nearly all decode memory for 700 s (700 steps of 1 s): a waits far beyond any
+    # client's timeout, and nobody gives up.
+    profile = with_profile(decode_step_fixed_s=1.0)
+    engine = Engine(deployment(profile, decode_tokens=39_500), Recording(), tick_s=None)
+    engine.add(spec(session("blocker", [37_000], completion=700)))
     engine.add(spec(session("a", [2_000], completion=10)))
     engine.run_until(math.inf)
-    assert engine.runs["a"].status == Status.FINISHED and engine.runs["a"].timeouts == 0
-    assert engine.runs["a"].ended_s == pytest.approx(0.217 + 700.0 + 0.367)
+    a, blocker = engine.runs["a"], engine.runs["blocker"]
+    assert a.status == Status.FINISHED and a.timeouts == 0 and a.attempt == 0
+    assert blocker.ended_s is not None and blocker.ended_s > 700.0
+    assert a.first_token_s is not None and a.first_token_s > blocker.ended_s
 
 
 def test_a_timer_that_no_longer_applies_does_not_move_the_clock() -> None:

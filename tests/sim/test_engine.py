@@ -40,19 +40,20 @@ def test_the_second_call_hits_the_first_prompt_after_the_tool_gap() -> None:
 
 
 def test_a_request_waits_while_decode_is_full_and_goes_when_memory_is_freed() -> None:
-    # Each request reserves 2000 + max(100, 1000) = 3000 tokens; decode holds 3500.
+    # a alone needs 2000 + its 1000-token estimate; then b needs 2000 + 100 of headroom, plus 100 for a,
+    # and a's estimate (SGLang's single-request term: 3000 - a's KV) caps what is left: b waits.
     engine = Engine(deployment(decode_tokens=3_500), FcfsPolicy("sglang"), tick_s=None)
     engine.add(spec(session("a", [2_000])))
     engine.add(spec(session("b", [2_000])))
     engine.run_until(1.0)
     decode = engine.decode[0]
-    assert (decode.reserved_tokens, decode.num_queued) == (3_000, 1)
+    assert decode.used_tokens(1.0) == pytest.approx(2_000 + (1.0 - 0.217) / 0.02) and decode.num_queued == 1
     assert engine.runs["b"].request is not None and engine.runs["b"].request.stage == Stage.PREALLOC
     engine.run_until(math.inf)
     a_end = 0.21 + 0.007 + 2.0
     b_prefill = 0.01 + 1_500 * 1e-4  # the shared 500 tokens hit
     assert engine.runs["b"].ended_s == pytest.approx(a_end + b_prefill + 0.007 + 2.0)
-    assert decode.reserved_tokens == 0 and engine.prefill[0].cache.pinned_tokens == 0
+    assert decode.used_tokens() == 0 and engine.prefill[0].cache.pinned_tokens == 0
 
 
 def test_a_request_larger_than_an_instance_aborts_its_session() -> None:
@@ -64,17 +65,19 @@ def test_a_request_larger_than_an_instance_aborts_its_session() -> None:
 
 def test_killed_sessions_give_back_everything_they_hold() -> None:
     engine = Engine(deployment(decode_tokens=6_500), FcfsPolicy("sglang"), tick_s=None)
-    for name in ("a", "b", "c"):  # a, b decode; c waits for decode memory
+    # a and b get memory at once; c once they decode (their KV is retractable, so it needs only 2000 +
+    # headroom); d, later, waits for decode memory.
+    for name in ("a", "b", "c"):
         engine.add(spec(session(name, [2_000], completion=1_000)))
     engine.add(spec(session("d", [2_000], completion=10), arrival_s=0.5))
     engine.run_until(1.0)
     stages = {n: r.request.stage for n, r in engine.runs.items() if r.request is not None}
-    assert stages == {"a": Stage.DECODING, "b": Stage.DECODING, "c": Stage.PREALLOC, "d": Stage.PREALLOC}
+    assert stages == {"a": Stage.DECODING, "b": Stage.DECODING, "c": Stage.DECODING, "d": Stage.PREALLOC}
     engine.kill_at(1.0, ["a", "b", "c"])
     engine.run_until(math.inf)
     assert [engine.runs[n].status for n in "abcd"] == [Status.KILLED] * 3 + [Status.FINISHED]
     assert engine.runs["d"].ended_s == pytest.approx(1.0 + 0.01 + 0.15 + 0.007 + 10 * 0.02)
-    assert engine.decode[0].reserved_tokens == 0 and engine.decode[0].queued_tokens == 0
+    assert engine.decode[0].used_tokens() == 0 and engine.decode[0].queued_tokens == 0
     assert engine.prefill[0].cache.pinned_tokens == 0 and engine.num_live == 0 and engine.working_set_tokens == 0
 
 
@@ -175,8 +178,26 @@ def test_a_kill_during_the_kv_transfer_gives_back_the_pin_and_the_reservation_at
     assert request is not None and request.stage == Stage.TRANSFER
     engine.kill_at(0.212, ["a"])
     engine.run_until(0.212)
-    assert request.is_aborted and engine.decode[0].reserved_tokens == 0 and engine.prefill[0].cache.pinned_tokens == 0
+    assert request.is_aborted and engine.decode[0].used_tokens() == 0 and engine.prefill[0].cache.pinned_tokens == 0
     engine.check()
     engine.run_until(math.inf)  # the transfer's end finds nothing to do
     assert engine.runs["a"].status == Status.KILLED and engine.timeline.ttft_s == []
+    engine.check()
+
+
+def test_decode_retracts_when_its_memory_runs_out_and_every_session_still_finishes() -> None:
+    # Two long answers admitted while small grow past decode memory: one is retracted, resumed once the
+    # other finished, and both sessions finish with their whole completions; nothing is left held.
+    engine = Engine(deployment(decode_tokens=8_000, clip_tokens=0), FcfsPolicy("sglang"),
+                    tick_s=None)
+    for name in ("a", "b"):
+        engine.add(spec(session(name, [1_000], completion=5_000)))
+    engine.run_until(70.0)  # 2 x 1000 prompt + 2 tokens per 20 ms step reach 8000 after ~60 s
+    decode = engine.decode[0]
+    engine.check()
+    assert decode.num_retractions == 1 and decode.batch_size == 1 and decode.num_retracted == 1
+    engine.run_until(math.inf)
+    assert [engine.runs[n].status for n in "ab"] == [Status.FINISHED] * 2
+    assert sorted(engine.runs[n].steps for n in "ab") == [pytest.approx(5_000), pytest.approx(5_001)]
+    assert decode.used_tokens() == 0 and decode.num_queued == 0
     engine.check()
