@@ -54,6 +54,7 @@ class Profile:
     host_load_bytes_per_s: float  # host tier -> device (PCIe)
     host_cache_ratio: float  # host pool size as a multiple of the device pool (SGLang --hicache-ratio)
     decode_reserve_tokens: int  # completion tokens decode reserves beyond the prompt
+    pd_request_overhead_s: float = 0.0  # per request in PD: bootstrap handshake and transfer polling
 
     def __post_init__(self) -> None:
         for name in ("kv_pool_tokens", "chunked_prefill_tokens", "experts_total", "experts_per_token",
@@ -74,8 +75,9 @@ class Profile:
 
     def prefill_batch_s(self, computed_tokens: int, attention_pairs: float, load_back_tokens: int) -> float:
         """Duration of one prefill batch (see the cost model at the top of this module)."""
-        return (self.prefill_batch_fixed_s + self.prefill_token_s * computed_tokens
-                + self.prefill_attention_pair_s * attention_pairs + self.load_back_s(load_back_tokens))
+        compute = (self.prefill_batch_fixed_s + self.prefill_token_s * computed_tokens
+                   + self.prefill_attention_pair_s * attention_pairs)
+        return max(compute, self.load_back_s(load_back_tokens))  # load-back overlaps the forward, layer by layer
 
     def load_back_s(self, tokens: int) -> float:
         """Time to copy `tokens` of KV from the host tier back to the device."""
@@ -89,9 +91,9 @@ class Profile:
         return self.decode_step_fixed_s + read / self.hbm_bytes_per_s
 
     def transfer_s(self, tokens: int) -> float:
-        """Time to move one request's KV (its whole prompt) from prefill to decode."""
+        """Time from a request's prefill end to its KV on decode (PD overhead + its whole prompt's KV)."""
         size = tokens * self.kv_bytes_per_token + self.state_bytes_per_request
-        return self.transfer_fixed_s + size / self.transfer_bytes_per_s
+        return self.pd_request_overhead_s + self.transfer_fixed_s + size / self.transfer_bytes_per_s
 
     def write_back_s(self, tokens: int) -> float:
         """Time to write `tokens` of lent KV back from decode to prefill (the KV-transfer bandwidth)."""
