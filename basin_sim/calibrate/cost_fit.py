@@ -52,10 +52,11 @@ POINT_REQUIRED = {"id": str, "kind": str, "model": str, "gpu": str, "engine": st
 POINT_OPTIONAL = {"batch_size": float, "context_tokens": float, "input_tokens": int, "output_tokens": int,
                   "chunk_tokens": int, "tolerance_rel": float, "why_not_fitted": str, "rate_per_min": float,
                   "benchmark": str, "requests": int}
+PAPER_NEEDS = ("rate_per_min", "benchmark")
 KIND_NEEDS = {"decode_step": ("batch_size", "context_tokens"), "prefill": ("input_tokens",),
               "request": ("input_tokens", "output_tokens"),
-              "prefill_stream": ("requests", "input_tokens", "output_tokens"), "paper_ttft_p50": ("rate_per_min", "benchmark"),
-              "paper_hit_rate": ("rate_per_min", "benchmark"), "paper_prefill_busy": ("rate_per_min", "benchmark")}
+              "prefill_stream": ("requests", "input_tokens", "output_tokens"),
+              **{kind: PAPER_NEEDS for kind in PAPER_KINDS}}
 FITTED_FIELDS = ("prefill_batch_fixed_s", "prefill_token_s", "prefill_attention_pair_s", "decode_step_fixed_s",
                  "hbm_bytes_per_s", "pd_request_overhead_s")
 
@@ -151,7 +152,7 @@ class Hardware:
                          self.decode_step_fixed_s, 1 / self.hbm_efficiency])
 
     @classmethod
-    def of_vector(cls, x: Sequence[float]) -> Hardware:
+    def of_vector(cls, x: Sequence[float] | np.ndarray) -> Hardware:
         """The constants of a vector x (see `vector`)."""
         return cls(float(x[0]), 1 / float(x[1]), 1 / float(x[2]), float(x[3]), 1 / float(x[4]))
 
@@ -228,9 +229,10 @@ def peak_flops(gpu: Gpu, dtype: str) -> float:
 
 def profile_for(base: Profile, hardware: Hardware, model: Model, gpu: Gpu) -> Profile:
     """`base` with `model`'s architecture on `gpu` at the shared hardware constants."""
+    linear_flops_per_s = hardware.linear_efficiency * peak_flops(gpu, model.weight_dtype)
     return dataclasses.replace(
         base, prefill_batch_fixed_s=hardware.prefill_batch_fixed_s,
-        prefill_token_s=model.linear_flops_per_token / (hardware.linear_efficiency * peak_flops(gpu, model.weight_dtype)),
+        prefill_token_s=model.linear_flops_per_token / linear_flops_per_s,
         prefill_attention_pair_s=model.attention_flops_per_pair / (hardware.attention_efficiency * gpu.bf16_flops),
         decode_step_fixed_s=hardware.decode_step_fixed_s, hbm_bytes_per_s=hardware.hbm_efficiency * gpu.hbm_bytes_per_s,
         dense_weight_bytes=model.dense_weight_bytes, expert_weight_bytes=model.expert_weight_bytes,
