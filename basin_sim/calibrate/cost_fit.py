@@ -13,7 +13,8 @@
 #   paper's rate on its benchmark's sessions (one seed unless told). TTFT moves one for one with the
 #   per-request PD overhead (`Profile.pd_request_overhead_s`, in every request's transfer), so that one
 #   constant is solved by a few simulated runs (secant steps, exact when the shift is uniform); the
-#   hit rate and busy share are printed as checks.
+#   hit rate and busy share are printed as checks, and with --overload the overload rate (the paper's
+#   ~6.6 sessions/min; a minute of trials).
 # - `--write` rewrites only the fitted numbers' lines of the profile yaml (its header is kept; the
 #   header's per-point table is the fit's printout, to be pasted by hand when the points change).
 """Fit the profile's hardware constants to measured points (`python -m basin_sim.calibrate.cost_fit`)."""
@@ -26,6 +27,7 @@ import logging
 import math
 import re
 import statistics
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,13 +37,13 @@ import numpy as np
 import yaml
 
 from basin_runtime.session_table import Session
-from basin_sim.catalog import PROFILES_DIR, load_profile
+from basin_sim.catalog import PROFILES_DIR, CatalogError, load_profile
 from basin_sim.profile import Deployment, Profile
 
 log = logging.getLogger(__name__)
 
 PUBLIC_KINDS = ("decode_step", "prefill", "request", "prefill_stream")
-PAPER_KINDS = ("paper_ttft_p50", "paper_hit_rate", "paper_prefill_busy")
+PAPER_KINDS = ("paper_ttft_p50", "paper_hit_rate", "paper_prefill_busy", "paper_overload_per_min")
 DEFAULT_PROFILE = "h100-qwen3.6-35b-a3b"
 GPU_FIELDS = {"hbm_bytes_per_s": float, "bf16_flops": float, "fp8_flops": float}
 MODEL_FIELDS = {"weight_dtype": str, "linear_flops_per_token": float, "attention_flops_per_pair": float,
@@ -342,6 +344,13 @@ def fit_pd_overhead(profile: Profile, pool: Sequence[Session], point: Point, see
     return profile, anchors
 
 
+def simulate_overload_per_min(profile: Profile, pool: Sequence[Session]) -> float:
+    """The 1p1d overload rate (sessions/min) by calibrate/overload.py's steady trials (about a minute)."""
+    from basin_sim.calibrate.overload import find_overload_rate
+
+    return 60 * find_overload_rate(Deployment.of("1p1d", profile, 1, 1, "gpu"), "sglang", pool).overload_rate_per_s
+
+
 # ---- the report and the profile file ---------------------------------------------------------------
 
 def table(measurements: Measurements, base: Profile, hardware: Hardware,
@@ -353,7 +362,7 @@ def table(measurements: Measurements, base: Profile, hardware: Hardware,
             model = measurements.models[point.model]
             value: float | None = predict_s(point, profile_for(base, hardware, model, measurements.gpus[point.gpu]))
         else:
-            value = None if anchors is None else anchors[point.kind]
+            value = None if anchors is None else anchors.get(point.kind)
         rows.append((point, value, None if value is None else value / point.value - 1))
     return rows
 
@@ -392,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=Path, default=Path("data/sessions.parquet"))
     parser.add_argument("--seeds", type=int, default=1, help="seeds per simulated run of the paper's anchors")
     parser.add_argument("--no-paper", action="store_true", help="skip the simulated paper anchors")
+    parser.add_argument("--overload", action="store_true", help="also measure the overload rate (a minute)")
     parser.add_argument("--write", action="store_true", help="write the fitted numbers into the profile yaml")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -404,9 +414,10 @@ def main(argv: list[str] | None = None) -> int:
         profile = profile_for(base, hardware, model, gpu)
         anchors = None
         if not args.no_paper:
-            profile, anchors = _paper(profile, measurements, args.sessions, tuple(range(1, args.seeds + 1)))
-    except (MeasurementError, FitError) as exc:
-        print(f"error: {exc}")
+            profile, anchors = _paper(profile, measurements, args.sessions, tuple(range(1, args.seeds + 1)),
+                                      args.overload)
+    except (MeasurementError, FitError, CatalogError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     print(format_table(table(measurements, base, hardware, anchors)))
     print(f"\nhardware: {hardware}")
@@ -418,8 +429,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _paper(profile: Profile, measurements: Measurements, sessions: Path,
-           seeds: tuple[int, ...]) -> tuple[Profile, dict[str, float]]:
+def _paper(profile: Profile, measurements: Measurements, sessions: Path, seeds: tuple[int, ...],
+           with_overload: bool) -> tuple[Profile, dict[str, float]]:
     from basin_sim.workload.pool import PoolError, load_pool, workload_pool
     from basin_sim.workload.scenarios import WorkloadSpec
 
@@ -430,7 +441,10 @@ def _paper(profile: Profile, measurements: Measurements, sessions: Path,
         pool = workload_pool(load_pool(sessions, False)[0], WorkloadSpec(benchmarks=(ttft.benchmark,)))
     except PoolError as exc:
         raise MeasurementError(f"point {ttft.id}: field 'benchmark': {exc}") from exc
-    return fit_pd_overhead(profile, pool, ttft, seeds)
+    profile, anchors = fit_pd_overhead(profile, pool, ttft, seeds)
+    if with_overload:
+        anchors["paper_overload_per_min"] = simulate_overload_per_min(profile, pool)
+    return profile, anchors
 
 
 if __name__ == "__main__":

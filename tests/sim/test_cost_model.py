@@ -23,6 +23,7 @@ from basin_sim.calibrate.cost_fit import (
     fit_public,
     hardware_of,
     load_measurements,
+    main,
     predict_s,
     profile_for,
     simulate_anchors,
@@ -98,8 +99,8 @@ def test_the_shipped_profile_reproduces_the_paper_s_anchors(measurements: Measur
                                                             terminal_bench: list[Session]) -> None:
     paper = [p for p in measurements.points if p.kind in PAPER_KINDS]
     anchors = simulate_anchors(shipped, terminal_bench, paper[0].rate_per_min)
-    assert {p.kind for p in paper} == set(anchors)
-    for point in paper:
+    assert set(anchors) == {"paper_ttft_p50", "paper_hit_rate", "paper_prefill_busy"}
+    for point in (p for p in paper if p.kind in anchors):
         error = anchors[point.kind] / point.value - 1
         assert abs(error) <= measurements.tolerance(point), f"{point.id}: simulated off by {error:+.1%}"
 
@@ -208,3 +209,13 @@ def test_writing_the_profile_changes_only_the_fitted_numbers(tmp_path: Path, shi
 def test_numbers_are_written_so_yaml_reads_floats(value: float) -> None:
     read = yaml.safe_load(f"x: {yaml_number(value)}")["x"]
     assert isinstance(read, float) and math.isclose(read, value, rel_tol=1e-3)
+
+
+def test_the_command_prints_every_point_and_the_constants(measurements: Measurements,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--no-paper"]) == 0
+    out = capsys.readouterr().out
+    assert all(point.id in out for point in measurements.points)
+    assert all(f"{field}: " in out for field in FITTED_FIELDS)
+    assert main(["--profile", "no-such-profile", "--no-paper"]) == 2
+    assert "no-such-profile" in capsys.readouterr().err
