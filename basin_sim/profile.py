@@ -1,18 +1,30 @@
 # The hardware side of the model: a named profile (one GPU instance serving one model) with its cost
 # model, and a deployment (how many prefill and decode instances, with which caches).
 #
-# Cost model (every number comes from the profile; the shipped profile documents its sources):
-# - Prefill batch:  t = batch_fixed_s + token_s * computed_tokens
+# Cost model (every number comes from the profile; the shipped profile's numbers are fitted to public
+# measurements and the paper's anchors by calibrate/cost_fit.py, its header says which and how well):
+# - Prefill batch:  t = max(compute, load_back_bytes / host_load_bytes_per_s), where
+#                   compute = batch_fixed_s + token_s * computed_tokens
 #                       + attention_pair_s * sum_i computed_i * (context_before_i + computed_i / 2)
-#                       + load_back_bytes / host_load_bytes_per_s
-#   (linear layers cost per computed token; causal attention costs per (query, key) pair; host-tier
-#   load-back is not overlapped with compute, which is conservative).
+#   (linear layers cost per computed token; causal attention costs per (query, key) pair). Host-tier
+#   load-back overlaps the forward: SGLang's HiCache loads a batch's host hits layer by layer on a
+#   side stream and the forward of layer i waits only for layer i's load
+#   (sglang/srt/managers/cache_controller.py: LayerDoneCounter; its `wait_until(layer)` is called from
+#   the KV pool's per-layer getters, sglang/srt/mem_cache/memory_pool.py), so a batch takes the
+#   longer of the two, not their sum.
 # - Decode step:    t = step_fixed_s + (dense_weight_bytes + expert_weight_bytes * touched(B)) / hbm
 #                       + kv_tokens * kv_read_bytes_per_token / hbm + B * 2 * state_bytes_per_request / hbm
 #   where touched(B) = 1 - (1 - experts_per_token / experts_total) ** B is the share of routed experts a
 #   batch of B requests reads (a MoE decode step reads every expert some token was routed to), and each
 #   request's fixed state (linear attention) is read and written once per step.
-# - KV transfer prefill -> decode: t = transfer_fixed_s + (tokens * kv_bytes + state_bytes) / bandwidth.
+# - KV transfer prefill -> decode: t = pd_request_overhead_s + transfer_fixed_s
+#                       + (tokens * kv_bytes + state_bytes) / bandwidth.
+#   pd_request_overhead_s is what a request waits in SGLang PD besides compute and bytes: decode's
+#   pre-allocation and the bootstrap handshake before prefill may run (disaggregation/decode.py
+#   DecodePreallocQueue, disaggregation/prefill.py PrefillBootstrapQueue), and decode noticing the
+#   finished transfer, polled once per scheduler iteration (disaggregation/decode.py
+#   DecodeTransferQueue.pop_transferred). It holds no GPU, so it delays the first token only; the model
+#   puts it after the batch (same TTFT). A write-back of lent KV (decode -> prefill) does not pay it.
 # Invariants: every cost is finite and > 0 for a non-empty batch; all counts are whole tokens.
 """Hardware profiles, their cost model, and deployments (P prefill and D decode instances)."""
 
@@ -54,6 +66,7 @@ class Profile:
     host_load_bytes_per_s: float  # host tier -> device (PCIe)
     host_cache_ratio: float  # host pool size as a multiple of the device pool (SGLang --hicache-ratio)
     decode_reserve_tokens: int  # completion tokens decode reserves beyond the prompt
+    pd_request_overhead_s: float = 0.0  # per request in PD: bootstrap handshake and transfer polling
 
     def __post_init__(self) -> None:
         for name in ("kv_pool_tokens", "chunked_prefill_tokens", "experts_total", "experts_per_token",
@@ -74,8 +87,9 @@ class Profile:
 
     def prefill_batch_s(self, computed_tokens: int, attention_pairs: float, load_back_tokens: int) -> float:
         """Duration of one prefill batch (see the cost model at the top of this module)."""
-        return (self.prefill_batch_fixed_s + self.prefill_token_s * computed_tokens
-                + self.prefill_attention_pair_s * attention_pairs + self.load_back_s(load_back_tokens))
+        compute = (self.prefill_batch_fixed_s + self.prefill_token_s * computed_tokens
+                   + self.prefill_attention_pair_s * attention_pairs)
+        return max(compute, self.load_back_s(load_back_tokens))  # load-back overlaps the forward, layer by layer
 
     def load_back_s(self, tokens: int) -> float:
         """Time to copy `tokens` of KV from the host tier back to the device."""
@@ -89,9 +103,9 @@ class Profile:
         return self.decode_step_fixed_s + read / self.hbm_bytes_per_s
 
     def transfer_s(self, tokens: int) -> float:
-        """Time to move one request's KV (its whole prompt) from prefill to decode."""
+        """Time from a request's prefill end to its KV on decode (PD overhead + its whole prompt's KV)."""
         size = tokens * self.kv_bytes_per_token + self.state_bytes_per_request
-        return self.transfer_fixed_s + size / self.transfer_bytes_per_s
+        return self.pd_request_overhead_s + self.transfer_fixed_s + size / self.transfer_bytes_per_s
 
     def write_back_s(self, tokens: int) -> float:
         """Time to write `tokens` of lent KV back from decode to prefill (the KV-transfer bandwidth)."""

@@ -5,5 +5,6 @@
 #   ramp.py       the stepped load ramp, its knee and the gateway's calibration record
 #   knee.py       knee detection on a hit-rate-vs-working-set curve
 #   fluid.py      the fluid model dN/dt = lambda - X(N)/K and the cache-first / decode-first test
+#   cost_fit.py   the profile's cost constants fitted to public measurements and the paper's anchors
 #   commands.py   the `calibrate`, `knee` and `risk` subcommands of `basin-sim`
 """Calibration and analysis of simulated deployments: overload rate, knee, fluid model, risk test."""
