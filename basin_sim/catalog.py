@@ -74,7 +74,7 @@ class DeploymentSpec:
 
 def names(folder: Path) -> list[str]:
     """The names of the YAML files in a catalog folder."""
-    return sorted(p.stem for p in folder.glob("*.yaml"))
+    return sorted(p.stem for p in folder.glob("*.yaml") if "." not in p.stem)  # not *.measurements.yaml
 
 
 def _resolve(folder: Path, name: str, kind: str) -> Path:

@@ -65,12 +65,10 @@ class Profile:
     transfer_bytes_per_s: float  # prefill -> decode (RDMA)
     host_load_bytes_per_s: float  # host tier -> device (PCIe)
     host_cache_ratio: float  # host pool size as a multiple of the device pool (SGLang --hicache-ratio)
-    decode_reserve_tokens: int  # completion tokens decode reserves beyond the prompt
     pd_request_overhead_s: float = 0.0  # per request in PD: bootstrap handshake and transfer polling
 
     def __post_init__(self) -> None:
-        for name in ("kv_pool_tokens", "chunked_prefill_tokens", "experts_total", "experts_per_token",
-                     "decode_reserve_tokens"):
+        for name in ("kv_pool_tokens", "chunked_prefill_tokens", "experts_total", "experts_per_token"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ProfileError(f"profile {self.name!r}: {name} must be a whole number > 0, got {value!r}")

@@ -13,8 +13,10 @@
 # - `prefill_busy_fraction`: the prefill instances' batch time over the goodput window, per instance.
 # - `recovered_after_s`: seconds from the last rate change or burst end to the start of the first
 #   minute from which every later minute's hit rate (up to the end of arrivals) is within
-#   RECOVERY_TOLERANCE of `hit_rate_pre`; null if none. `is_stuck`: some minute in the window's last
-#   STUCK_MINUTES minutes has a hit rate below `hit_rate_pre` - STUCK_DROP.
+#   RECOVERY_TOLERANCE of `hit_rate_pre`; null if none. `is_stuck`: the hit rate over the window's last
+#   STUCK_MINUTES minutes (token-weighted, as one window) is below `hit_rate_pre` - STUCK_DROP. One
+#   minute alone is too noisy at a few sessions a minute: a new session's cold first prompt can take
+#   a healthy minute below that line.
 # - `timeline`: one entry per simulated minute after warm-up (t_s its start), states read at the
 #   minute's end, counts over the minute (`retries`: attempts after a call's first); `ttft_p50_s` is
 #   from a call's first send, so a call retried after a timeout counts its whole wait.
@@ -35,7 +37,7 @@ if TYPE_CHECKING:
     from basin_sim.simulate import RunSpec
 
 RECOVERY_TOLERANCE = 0.05
-STUCK_MINUTES = 30
+STUCK_MINUTES = 10
 STUCK_DROP = 0.15
 
 
@@ -99,7 +101,8 @@ def _is_stuck(timeline: Timeline, window: tuple[float, float], hit_pre: float | 
     if hit_pre is None:
         return False
     start = max(window[0], window[1] - STUCK_MINUTES * 60.0)
-    return any(rate is not None and rate < hit_pre - STUCK_DROP for _, rate in timeline.bin_hit_rates(start, window[1]))
+    rate = timeline.hit_rate(start, window[1])
+    return rate is not None and rate < hit_pre - STUCK_DROP
 
 
 def minute_timeline(spec: RunSpec, engine: Engine) -> list[dict[str, Any]]:

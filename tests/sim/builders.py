@@ -18,7 +18,7 @@ TINY = Profile(
     prefill_batch_fixed_s=0.01, prefill_token_s=1e-4, prefill_attention_pair_s=0.0, chunked_prefill_tokens=4_096,
     decode_step_fixed_s=0.02, dense_weight_bytes=0.0, expert_weight_bytes=0.0, experts_total=8,
     experts_per_token=1, kv_read_bytes_per_token=0.0, hbm_bytes_per_s=1e12, transfer_fixed_s=0.005,
-    transfer_bytes_per_s=1e9, host_load_bytes_per_s=1e9, host_cache_ratio=2.0, decode_reserve_tokens=1_000,
+    transfer_bytes_per_s=1e9, host_load_bytes_per_s=1e9, host_cache_ratio=2.0,
 )
 
 
