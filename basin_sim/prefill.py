@@ -2,6 +2,14 @@
 #
 # Rules:
 # - Jobs wait in (priority, seq) order (FCFS when the priority is the call's arrival time).
+# - Priority preemption never fires on a PD prefill instance, as in SGLang: with
+#   --enable-priority-scheduling, `PrefillAdder.preempt_to_schedule` (managers/schedule_policy.py,
+#   called from Scheduler.get_new_batch_prefill in managers/scheduler.py only once the running batch
+#   is full) takes its victims from the running *decode* batch, priority gap >
+#   --priority-scheduling-preemption-threshold (10); a disaggregated prefill server keeps no running
+#   batch (finished prefills go to its inflight queue, disaggregation/prefill.py), so there is nothing
+#   to preempt and the chunked request in progress always continues first. An urgent job waits for the
+#   running batch and goes at the head of the next one.
 # - One batch runs at a time. A batch takes the job left chunked by the previous batch first, then
 #   queue heads while the token budget (`chunked_prefill_tokens`) lasts; a job that does not fit in
 #   the rest of the budget is chunked: it computes what fits now and continues next batch (at most one

@@ -24,6 +24,15 @@
 #   chains has device segments. With a host tier the node moves to the host (evicting the host's LRU
 #   leaves for room); without one, or if it cannot fit, it is dropped, with the unreachable host nodes
 #   below it. Host eviction is LRU over host leaves, never pinned ones.
+#   SGLang's HiCache (mem_cache/unified_radix_cache.py, managers/cache_controller.py) writes through:
+#   --hicache-write-policy write_through (the default) backs a node up to host when it is inserted
+#   (write_through_threshold 1), so evicting a device node only drops its device copy, and the host
+#   pool (--hicache-ratio x the device pool) holds copies of device nodes as well as host-only ones.
+#   Keeping tiers exclusive with a host tier of (ratio - 1) x the device pool (profile.py) gives the
+#   same host-only capacity once the device is full; the write-through copies cost no prefill time
+#   (they run on their own stream). Load-back: a host hit is copied back before its batch runs,
+#   layer by layer overlapped with the forward (profile.py); SGLang skips load-backs under
+#   load_back_threshold = 10 tokens, which conversation-sized hits never are.
 # - Records: the cache keeps a chain's record while some segment of it is on the device or the host,
 #   or it is pinned (a request or a hold); a group's while it is cached or has a chain record. Once
 #   neither holds, the record goes (an ended session's KV stays until LRU eviction takes it, as in

@@ -202,3 +202,26 @@ def test_decode_retracts_when_its_memory_runs_out_and_every_session_still_finish
     assert sorted(engine.runs[n].steps for n in "ab") == [pytest.approx(5_000), pytest.approx(5_001)]
     assert decode.used_tokens() == 0 and decode.num_queued == 0
     engine.check()
+
+
+def test_an_urgent_call_does_not_preempt_a_running_prefill_but_goes_first_in_the_next_batch() -> None:
+    # SGLang PD prefill has no running batch to preempt: the urgent job waits for the batch in flight,
+    # and the chunked request in progress continues first (SGLang adds it before the waiting queue);
+    # then the urgent job goes ahead of the relaxed one queued before it.
+    class Urgency(FcfsPolicy):
+        def priority(self, session_id: str, now: float) -> float:
+            return {"long": 5.0, "relaxed": 3.0, "urgent": 0.0}[session_id]
+
+    engine = Engine(deployment(), Urgency("sglang"), tick_s=None)
+    engine.add(spec(session("long", [8_193], completion=1)))  # two 4096-token chunks and 1 token
+    engine.add(spec(session("relaxed", [4_000], completion=1), arrival_s=0.05))
+    engine.add(spec(session("urgent", [4_000], completion=1), arrival_s=0.1))
+    engine.run_until(0.2)
+    prefill = engine.prefill[0]
+    assert prefill.batch is not None and [job.session_key for job, _ in prefill.batch.parts] == ["long"]
+    engine.run_until(0.5)  # the second batch: still only the long prompt's chunk
+    assert prefill.batch is not None and [job.session_key for job, _ in prefill.batch.parts] == ["long"]
+    engine.run_until(math.inf)
+    first_token = {n: engine.runs[n].first_token_s for n in ("long", "relaxed", "urgent")}
+    assert first_token["long"] is not None and first_token["urgent"] is not None and first_token["relaxed"] is not None
+    assert first_token["urgent"] < first_token["relaxed"]  # urgent overtook the relaxed call queued before it
