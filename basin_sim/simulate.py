@@ -1,6 +1,9 @@
 # One run of a scenario on a deployment under a policy.
 #
 # Rules:
+# - Arrival rates: each `rate` segment is `x_overload` x `overload_rate_per_s` or an absolute
+#   `per_min`; a scenario with no `x_overload` segment (`Scenario.needs_overload_rate` False) runs
+#   with `overload_rate_per_s` = 0, and callers must not calibrate for it.
 # - The engine's clock starts at the start of warm-up; the scenario's times count from its end
 #   (workload/scenarios.py). Warm-up is excluded from every metric (run_summary.py).
 # - Arrivals stop at `duration_s`. The run then drains (no new arrivals) until every session that
@@ -56,7 +59,7 @@ class RunSpec:
     deployment: Deployment
     policy_name: str
     seed: int
-    overload_rate_per_s: float  # of the deployment's shape (GPU cache) for this workload
+    overload_rate_per_s: float  # of the deployment's shape (GPU cache) for this workload; 0 if nothing needs it
     tick_s: float = 10.0
     bin_s: float = 60.0
     step_s: float = 60.0  # how often the progress callback is called (simulated seconds)
@@ -69,7 +72,7 @@ class RunSpec:
     @property
     def base_rate_per_s(self) -> float:
         """Arrival rate of the first segment (warm-up and the `pre` window)."""
-        return self.scenario.first_x_overload * self.overload_rate_per_s
+        return self.scenario.base_rate_per_s(self.overload_rate_per_s)
 
 
 @dataclass(frozen=True)
