@@ -26,12 +26,13 @@ from basin_sim.calibrate.rates import DEFAULT_RATES_FILE, RateCache, rate_key
 from basin_sim.engine import Engine
 from basin_sim.policies import PolicyContext, make_policy
 from basin_sim.profile import Deployment
+from basin_sim.simulate import ArrivalFeed
 from basin_sim.timeline import Timeline
 from basin_sim.workload.pool import DEFAULT_SESSIONS, load_pool, workload_pool
 from basin_sim.workload.scenarios import RateStep, Scenario, generate_sessions
 
 LOAD_FRACTION = 0.5  # of 1P3D's overload rate: the steady scenario's load
-TICK_S = 10.0  # as run_scenario (RunSpec.tick_s)
+TICK_S, STEP_S = 10.0, 60.0  # as run_scenario (RunSpec.tick_s, RunSpec.step_s)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,9 +71,10 @@ def run_hour(deployment: Deployment, pool: list[Session], per_min: float, hours:
         profiler.enable()
     engine = Engine(deployment, make_policy("sglang", PolicyContext(deployment)), timeline=Timeline(60.0),
                     tick_s=TICK_S, router_seed=seed, clients=scenario.clients, client_seed=seed)
-    for spec in sessions:
-        engine.add(spec)
-    engine.run_until(scenario.engine_s(duration_s))
+    feed, end_s = ArrivalFeed(engine, sessions), scenario.engine_s(duration_s)
+    while engine.now < end_s:  # as run_scenario does: arrivals one step ahead of the clock
+        feed.add_until(min(engine.now + STEP_S, end_s))
+        engine.run_until(min(engine.now + STEP_S, end_s))
     if profiler is not None:
         profiler.disable()
     wall_s, cpu_s = time.perf_counter() - started, time.process_time() - started_cpu

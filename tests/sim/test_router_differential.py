@@ -27,8 +27,8 @@ class Pair:
     """The router and its reference, driven together."""
 
     def __init__(self, num_workers: int, seed: int, **thresholds: float) -> None:
-        self.new = CacheAwareRouter(num_workers, seed=seed, **thresholds)  # type: ignore[arg-type]
-        self.old = RouterV1(num_workers, seed=seed, **thresholds)  # type: ignore[arg-type]
+        self.new = CacheAwareRouter(num_workers, seed=seed, **thresholds)
+        self.old = RouterV1(num_workers, seed=seed, **thresholds)
         self.kinds: Counter[str] = Counter()
 
     def route(self, session: str, group: str, prompt_tokens: int) -> int | None:

@@ -16,8 +16,17 @@ from basin_sim.catalog import load_profile
 from basin_sim.engine import Engine
 from basin_sim.policies.fcfs import FcfsPolicy
 from basin_sim.profile import Deployment
-from basin_sim.simulate import RunResult, RunSpec, run_scenario
-from basin_sim.workload.scenarios import BurstSpec, PopulationSpec, RateStep, Scenario, ScenarioError, generate_sessions
+from basin_sim.simulate import ArrivalFeed, RunResult, RunSpec, run_scenario
+from basin_sim.timeline import Timeline
+from basin_sim.workload.scenarios import (
+    BurstSpec,
+    PopulationSpec,
+    RateStep,
+    Scenario,
+    ScenarioError,
+    burst_kills,
+    generate_sessions,
+)
 from basin_sim.workload.synthetic import generate_corpus
 from tests.sim.builders import deployment, session, spec
 
@@ -199,3 +208,38 @@ def test_the_cli_runs_a_per_min_scenario_without_calibrating(tmp_path: Path, mon
     assert summary["overload_rate_source"] == "no x_overload segment (no overload rate)"
     assert summary["base_rate_per_s"] == pytest.approx(2 / 60) and summary["overload_rate_per_s"] == 0.0
     assert not rates.exists()
+
+
+def test_feeding_arrivals_a_step_ahead_changes_no_event() -> None:
+    # run_scenario adds open arrivals one step ahead of the clock; the same run with every arrival added
+    # at the start (as before) must end every session the same way at the same time, kills included.
+    scenario = _surge((RateStep(0.0, per_min=1.8), RateStep(600.0, per_min=7.2)),
+                      (BurstSpec(600.0, 1_200.0, 3.0, max_unloaded_s=1e9, kill_at_s=900.0),))
+    sessions = generate_sessions(scenario, POOL, 0.0, 5, _one_s)
+    end_s, kills = scenario.engine_s(scenario.duration_s), burst_kills(scenario, sessions)
+
+    def engine() -> Engine:
+        return Engine(SMALL, FcfsPolicy("sglang"), timeline=Timeline(60.0), router_seed=5)
+
+    upfront = engine()
+    for spec_ in sessions:
+        upfront.add(spec_)
+    for at_s, ids in kills:
+        upfront.kill_at(at_s, ids)
+    upfront.run_until(end_s)
+    fed = engine()
+    arrivals_s = {s.session_id: s.arrival_s for s in sessions}
+    for at_s, ids in kills:
+        fed.kill_at(at_s, [sid for sid in ids if arrivals_s[sid] <= at_s])
+    feed = ArrivalFeed(fed, sessions)
+    most_ahead = 0
+    while fed.now < end_s:  # as run_scenario's loop does it
+        feed.add_until(min(fed.now + 60.0, end_s))
+        most_ahead = max(most_ahead, sum(run.status.value == "arriving" for run in fed.runs.values()))
+        fed.run_until(min(fed.now + 60.0, end_s))
+    assert feed.is_done and most_ahead < len(sessions) / 10  # the heap held a step of arrivals, not the run's
+
+    def ends(e: Engine) -> list[tuple[str, str, float | None, int, float]]:
+        return [(sid, r.status.value, r.ended_s, r.next_call, r.steps) for sid, r in sorted(e.runs.items())]
+    assert ends(fed) == ends(upfront) and sum(r.status.value == "killed" for r in fed.runs.values()) > 0
+    assert fed.timeline.samples == upfront.timeline.samples and fed.timeline.bin_states == upfront.timeline.bin_states
