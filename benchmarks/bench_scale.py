@@ -149,8 +149,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{run.cpu_ms_per_session:>15.3f}", flush=True)
     one, many = results[small.name], results[large.name]
     print(f"per-session cost {large.name} / {small.name}: {many.ms_per_session / one.ms_per_session:.2f}x wall, "
-          f"{many.cpu_ms_per_session / one.cpu_ms_per_session:.2f}x cpu (target <= 1.5x); {small.name} hour {one.wall_s:.1f} s (target < 10 s), {large.name} hour "
-          f"{many.wall_s:.1f} s (target < 300 s)")
+          f"{many.cpu_ms_per_session / one.cpu_ms_per_session:.2f}x cpu (target <= 1.5x); {small.name} hour "
+          f"{one.wall_s:.1f} s (target < 10 s), {large.name} hour {many.wall_s:.1f} s (target < 300 s)")
     return 0
 
 
