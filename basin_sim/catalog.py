@@ -10,8 +10,9 @@
 #   optional per-instance `prefill_cache_tokens`, `decode_kv_tokens`, `host_cache_tokens` (default:
 #   the profile's whole KV pool, and its host tier when `cache` is host). Overload rates are not kept
 #   here: they depend on the workload, and are measured on first use (calibrate/rates.py).
-# - A scenario file: see basin_sim/workload/scenarios.py and the README's schema; `clients` holds
-#   `basin_sim.clients.ClientPolicy` fields.
+# - A scenario file: see basin_sim/workload/scenarios.py and the README's schema; each `rate`
+#   segment gives `from_s` and exactly one of `x_overload` and `per_min` (the scenario names the
+#   segment otherwise); `clients` holds `basin_sim.clients.ClientPolicy` fields.
 """Load profiles, deployments and scenarios by name or path, checking every key."""
 
 from __future__ import annotations
@@ -157,7 +158,7 @@ def load_scenario(name: str) -> Scenario:
     path = _resolve(SCENARIOS_DIR, name, "scenario")
     data = _read(path, *_SCENARIO_KEYS)
     window = _fields(path, "goodput_window", data["goodput_window"], {"from_s": float, "to_s": float})
-    rate = tuple(RateStep(**_fields(path, f"rate[{k}]", step, {"from_s": float, "x_overload": float}))
+    rate = tuple(RateStep(**_fields(path, f"rate[{k}]", step, _RATE_FIELDS, optional={"x_overload", "per_min"}))
                  for k, step in enumerate(_items(path, "rate", data.get("rate"))))
     bursts = tuple(BurstSpec(**_fields(path, f"bursts[{k}]", b, _BURST_FIELDS, optional={"kill_at_s"}))
                    for k, b in enumerate(_items(path, "bursts", data.get("bursts"))))
@@ -187,6 +188,7 @@ def load_scenario(name: str) -> Scenario:
         raise CatalogError(f"{path}: {exc}") from exc
 
 
+_RATE_FIELDS: dict[str, type] = {"from_s": float, "x_overload": float, "per_min": float}  # one of the last two
 _BURST_FIELDS: dict[str, type] = {"from_s": float, "to_s": float, "x_base": float, "max_unloaded_s": float,
                                   "kill_at_s": float}
 

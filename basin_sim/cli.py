@@ -104,8 +104,8 @@ def _overload_rate(args: argparse.Namespace, deployment: Deployment, pool: Seque
         if not args.overload_rate > 0:
             raise UsageError(f"--overload-rate must be > 0, got {args.overload_rate}")
         return args.overload_rate, "--overload-rate"
-    if scenario.population is not None:
-        return 0.0, "closed population (no overload rate)"
+    if not scenario.needs_overload_rate:  # a closed population, or every segment in per_min: never calibrate
+        return 0.0, "no x_overload segment (no overload rate)"
     return overload_rate_for(deployment, pool, scenario.workload, scenario.clients, RateCache(args.rates_file))
 
 

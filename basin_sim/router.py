@@ -40,11 +40,17 @@
 #   1.24M tokens, ~5M characters, in the steady runs on 3p1d and 1p3d) is far below 2^26, so when smg
 #   does prune (1p3d's one tenant receives ~28M distinct tokens over a run) its LRU takes long-ended
 #   sessions' text, never matched again, before any live session's.
+# Cost: a step does no scan over the pool (a 300-worker pool routes as fast as a 3-worker one): the
+# total load is kept (so the mean), the workers of each load in index order (so the least loaded and
+# its ties: a spill's target is the pool's least loaded worker too, since that one is never over the
+# gate), and per group its MAX_CANDIDATES lowest tenants. Decisions and random draws are those of the
+# scanning version (tests/sim/router_v1.py, checked by tests/sim/test_router_differential.py).
 # Every step is validated before anything changes: a bad step raises RouterError and changes nothing.
 """smg's cache-aware routing (radix-tree affinity under a balance gate) for one pool of workers."""
 
 from __future__ import annotations
 
+import bisect
 import enum
 import math
 import random
@@ -83,6 +89,16 @@ class Route:
 class _Group:
     tokens: int
     tenants: set[int] = field(default_factory=set)
+    lowest: list[int] = field(default_factory=list)  # the MAX_CANDIDATES lowest tenants, ascending
+
+    def add(self, worker: int) -> None:
+        if worker in self.tenants:
+            return
+        self.tenants.add(worker)
+        lowest = self.lowest
+        if len(lowest) < MAX_CANDIDATES or worker < lowest[-1]:
+            bisect.insort(lowest, worker)
+            del lowest[MAX_CANDIDATES:]
 
 
 @dataclass(slots=True)
@@ -122,6 +138,9 @@ class CacheAwareRouter:
         self.balance_rel_threshold = balance_rel_threshold
         self._rng = random.Random(seed)
         self._loads = [0] * num_workers
+        self._total_load = 0  # == sum(self._loads)
+        self._by_load: dict[int, list[int]] = {0: list(range(num_workers))}  # load -> its workers, ascending
+        self._min_load = 0  # the lowest load (its list is never empty)
         self._routed = [0] * num_workers
         self._groups: dict[str, _Group] = {}
         self._conversations: dict[str, _Conversation] = {}
@@ -163,14 +182,14 @@ class CacheAwareRouter:
         matched = max(matching.values(), default=0)
         if matched > group_tokens:
             return matched, tuple(sorted(w for w, t in matching.items() if t == matched)[:MAX_CANDIDATES])
-        tenants = self.group_tenants(group_key)
-        if not tenants:
+        group = self._groups.get(group_key)
+        if group is None or not group.tenants:
             return 0, ()
-        return group_tokens, tuple(sorted(tenants)[:MAX_CANDIDATES])
+        return group_tokens, tuple(group.lowest)
 
     def is_over(self, worker: int) -> bool:
         """True if this worker is over the balance gate now."""
-        avg_load = sum(self._loads) / self.num_workers
+        avg_load = self._total_load / self.num_workers
         return is_over(self._loads[worker], avg_load, self.balance_abs_threshold, self.balance_rel_threshold)
 
     # --- steps -----------------------------------------------------------------------------------
@@ -181,9 +200,9 @@ class CacheAwareRouter:
         if matched / prompt_tokens > self.cache_threshold:
             route = self._choose_on_hit(candidates, matched)
         else:
-            route = Route(self._least_loaded(range(self.num_workers)), RouteKind.MISS, matched)
+            route = Route(self._least_loaded_of_pool(), RouteKind.MISS, matched)
         self._insert(route.worker, session_key, group_key, group_tokens, prompt_tokens)
-        self._loads[route.worker] += 1
+        self._move(route.worker, +1)
         self._routed[route.worker] += 1
         return route
 
@@ -193,7 +212,7 @@ class CacheAwareRouter:
             raise RouterError(f"worker {worker} is not in a pool of {self.num_workers}")
         if self._loads[worker] == 0:
             raise RouterError(f"worker {worker} has no request in flight to finish")
-        self._loads[worker] -= 1
+        self._move(worker, -1)
 
     def forget(self, session_key: str) -> None:
         """Drop an ended session's entries (no request of it will come again)."""
@@ -213,21 +232,38 @@ class CacheAwareRouter:
             raise RouterError(f"session {session_key!r} is in group {conversation.group_key!r}, not {group_key!r}")
 
     def _choose_on_hit(self, candidates: Sequence[int], matched: int) -> Route:
-        avg_load = sum(self._loads) / self.num_workers
-        under = [w for w in range(self.num_workers) if not is_over(
-            self._loads[w], avg_load, self.balance_abs_threshold, self.balance_rel_threshold)]
-        holders = [w for w in candidates if w in under]
+        holders = [w for w in candidates if not self.is_over(w)]
         if holders:
             return Route(self._least_loaded(holders), RouteKind.HIT, matched)
-        return Route(self._least_loaded(under), RouteKind.SPILL, matched)  # `under` is never empty: see the rules
+        # the least loaded workers under the gate are the pool's least loaded (never over: see the rules)
+        return Route(self._least_loaded_of_pool(), RouteKind.SPILL, matched)
 
-    def _least_loaded(self, workers: Sequence[int] | range) -> int:
+    def _least_loaded(self, workers: Sequence[int]) -> int:
         lowest = min(self._loads[w] for w in workers)
         ties = [w for w in workers if self._loads[w] == lowest]
         return ties[0] if len(ties) == 1 else self._rng.choice(ties)
 
+    def _least_loaded_of_pool(self) -> int:
+        ties = self._by_load[self._min_load]  # in index order, as a scan of the pool lists them
+        return ties[0] if len(ties) == 1 else self._rng.choice(ties)
+
+    def _move(self, worker: int, step: int) -> None:
+        """Change a worker's load by `step` (+1 or -1), keeping the total, the buckets and the lowest load."""
+        old = self._loads[worker]
+        new = self._loads[worker] = old + step
+        self._total_load += step
+        bucket = self._by_load[old]
+        del bucket[bisect.bisect_left(bucket, worker)]
+        if not bucket:
+            del self._by_load[old]
+        bisect.insort(self._by_load.setdefault(new, []), worker)
+        if new < self._min_load:
+            self._min_load = new
+        elif old == self._min_load and old not in self._by_load:
+            self._min_load = new  # the lowest bucket emptied: the mover is now the lowest
+
     def _insert(self, worker: int, session_key: str, group_key: str, group_tokens: int, prompt_tokens: int) -> None:
-        self._groups.setdefault(group_key, _Group(group_tokens)).tenants.add(worker)
+        self._groups.setdefault(group_key, _Group(group_tokens)).add(worker)
         conversation = self._conversations.setdefault(session_key, _Conversation(group_key))
         held = conversation.held_tokens
         for rewritten in [w for w, t in held.items() if t > prompt_tokens]:

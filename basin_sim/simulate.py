@@ -1,8 +1,15 @@
 # One run of a scenario on a deployment under a policy.
 #
 # Rules:
+# - Arrival rates: each `rate` segment is `x_overload` x `overload_rate_per_s` or an absolute
+#   `per_min`; a scenario with no `x_overload` segment (`Scenario.needs_overload_rate` False) runs
+#   with `overload_rate_per_s` = 0, and callers must not calibrate for it.
 # - The engine's clock starts at the start of warm-up; the scenario's times count from its end
 #   (workload/scenarios.py). Warm-up is excluded from every metric (run_summary.py).
+# - Open arrivals are added to the engine one progress step (`step_s`) ahead of its clock, in arrival
+#   order (`ArrivalFeed`), not all at the start: the same events in the same order, except that an
+#   event at exactly the same instant as an arrival now comes first (arrival times are continuous:
+#   never seen in practice), and a burst's kill lists only the sessions arrived by then.
 # - Arrivals stop at `duration_s`. The run then drains (no new arrivals) until every session that
 #   arrived in the goodput window has ended or passed its deadline (arrival + 4 x unloaded time), so
 #   late arrivals are judged fairly; `max_drain_s` caps that tail.
@@ -56,7 +63,7 @@ class RunSpec:
     deployment: Deployment
     policy_name: str
     seed: int
-    overload_rate_per_s: float  # of the deployment's shape (GPU cache) for this workload
+    overload_rate_per_s: float  # of the deployment's shape (GPU cache) for this workload; 0 if nothing needs it
     tick_s: float = 10.0
     bin_s: float = 60.0
     step_s: float = 60.0  # how often the progress callback is called (simulated seconds)
@@ -69,7 +76,7 @@ class RunSpec:
     @property
     def base_rate_per_s(self) -> float:
         """Arrival rate of the first segment (warm-up and the `pre` window)."""
-        return self.scenario.first_x_overload * self.overload_rate_per_s
+        return self.scenario.base_rate_per_s(self.overload_rate_per_s)
 
 
 @dataclass(frozen=True)
@@ -102,13 +109,14 @@ def run_scenario(spec: RunSpec, pool: Sequence[Session], progress: ProgressCallb
     engine = Engine(spec.deployment, make_policy(spec.policy_name, policy_context(spec, sessions or pool_specs(pool))),
                     timeline=timeline, tick_s=spec.tick_s, router_seed=spec.seed, clients=scenario.clients,
                     client_seed=spec.seed, on_session_over=None if population is None else population.session_over)
-    for session in sessions:
-        engine.add(session)
     if population is not None:
         population.start(engine, 0.0)
-    for at_s, ids in burst_kills(scenario, sessions):
-        engine.kill_at(at_s, ids)
-    _advance(engine, end_s, spec.step_s, progress)
+    arrivals_s = {s.session_id: s.arrival_s for s in sessions}
+    for at_s, ids in burst_kills(scenario, sessions):  # a session arriving after its kill is never killed
+        engine.kill_at(at_s, [sid for sid in ids if arrivals_s[sid] <= at_s])
+    feed = ArrivalFeed(engine, sessions)
+    _advance(engine, end_s, spec.step_s, progress, feed)
+    assert feed.is_done, "an open arrival at or after duration_s"
     in_window = {sid: unloaded.of(run.spec) for sid, run in engine.runs.items()
                  if not run.spec.is_burst and window[0] <= run.spec.arrival_s < window[1]}
     deadlines = {sid: engine.runs[sid].spec.arrival_s + SLOWDOWN_LIMIT * t for sid, t in in_window.items()}
@@ -151,9 +159,35 @@ def policy_context(spec: RunSpec, sessions: Sequence[SessionSpec]) -> PolicyCont
                          calibration=spec.calibration, pin_ttl_s=ttl if ttl is None or ttl > 0 else None)
 
 
-def _advance(engine: Engine, until_s: float, step_s: float, progress: ProgressCallback | None) -> None:
+class ArrivalFeed:
+    """Hands the engine its open arrivals one step ahead of its clock, so its event heap holds only the
+    sessions due soon (a heap of every future arrival makes each event cost more as the run grows)."""
+
+    def __init__(self, engine: Engine, sessions: Sequence[SessionSpec]) -> None:
+        self.engine = engine
+        self._sessions = sessions  # in arrival order
+        self._next = 0
+
+    @property
+    def is_done(self) -> bool:
+        """True once every session has been added."""
+        return self._next == len(self._sessions)
+
+    def add_until(self, until_s: float) -> None:
+        """Add every session arriving at or before `until_s` not added yet."""
+        sessions, engine = self._sessions, self.engine
+        while self._next < len(sessions) and sessions[self._next].arrival_s <= until_s:
+            engine.add(sessions[self._next])
+            self._next += 1
+
+
+def _advance(engine: Engine, until_s: float, step_s: float, progress: ProgressCallback | None,
+             feed: ArrivalFeed | None = None) -> None:
     while engine.now < until_s:
-        engine.run_until(min(engine.now + step_s, until_s))
+        step_end_s = min(engine.now + step_s, until_s)
+        if feed is not None:
+            feed.add_until(step_end_s)
+        engine.run_until(step_end_s)
         if progress is not None:
             progress(engine.now)
 

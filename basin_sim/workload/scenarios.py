@@ -7,20 +7,23 @@
 # - Arrivals stop at `duration_s`; the run then drains (simulate.py).
 # Rules (arrivals):
 # - Open population (`rate`): piecewise-constant Poisson arrivals, segment k from `from_s` to the
-#   next segment (or `duration_s`) at `x_overload` x the overload rate of the deployment's shape with
-#   a GPU-only cache, measured for this workload (calibrate/rates.py), so every policy and cache tier
-#   sees the same absolute arrivals. The first segment starts at 0. Interarrival times are drawn
-#   segment by segment (exact for a piecewise-constant rate).
+#   next segment (or `duration_s`) at exactly one of: `x_overload` x the overload rate of the
+#   deployment's shape with a GPU-only cache, measured for this workload (calibrate/rates.py), so
+#   every policy and cache tier sees the same absolute arrivals; or `per_min` sessions per minute,
+#   absolute (no overload rate needed: a scenario whose segments are all `per_min` never
+#   calibrates, `needs_overload_rate` is False). The first segment starts at 0. Interarrival times
+#   are drawn segment by segment (exact for a piecewise-constant rate).
 # - Closed population (`population`): N agents, each starting its next session `think_s` after its
 #   previous one is over (finished, abandoned, shed, killed); exactly one of `rate` and
 #   `population` is given.
 # - Sessions are drawn uniformly with replacement from the pool (workload/pool.py: benchmarks or a
 #   preset, tool time resolved) and replayed call by call.
-# - Bursts: extra Poisson arrivals at `x_base` x the first segment's rate inside [from_s, to_s), each
-#   burst on its own random stream, so regular arrivals depend only on the seed. Burst sessions are
-#   drawn uniformly, with replacement, from the pool sessions whose unloaded time (tool time
-#   included) is <= `max_unloaded_s`, never truncated; fewer than MIN_BURST_CANDIDATES candidates is
-#   an error. `kill_at_s` (optional) aborts every live or queued session of that burst then.
+# - Bursts: extra Poisson arrivals at `x_base` x the first segment's rate (however it is given)
+#   inside [from_s, to_s), each burst on its own random stream, so regular arrivals depend only on
+#   the seed. Burst sessions are drawn uniformly, with replacement, from the pool sessions whose
+#   unloaded time (tool time included) is <= `max_unloaded_s`, never truncated; fewer than
+#   MIN_BURST_CANDIDATES candidates is an error. `kill_at_s` (optional) aborts every live or queued
+#   session of that burst then.
 # - Sessions of one benchmark share a system-prompt prefix: the smallest first prompt of that
 #   benchmark in the pool (so it is a prefix of every session's first prompt).
 # Rules (windows):
@@ -49,10 +52,21 @@ class ScenarioError(ValueError):
 
 @dataclass(frozen=True)
 class RateStep:
-    """From `from_s` on (until the next step), arrivals at `x_overload` x the overload rate."""
+    """From `from_s` on (until the next step), arrivals at `x_overload` x the overload rate or `per_min`/min.
+
+    Exactly one of the two is given (the scenario checks it, naming the segment).
+    """
 
     from_s: float
-    x_overload: float
+    x_overload: float | None = None
+    per_min: float | None = None
+
+    def rate_per_s(self, overload_rate_per_s: float) -> float:
+        """Sessions per second of this segment (`overload_rate_per_s` is read only for `x_overload`)."""
+        if self.per_min is not None:
+            return self.per_min / 60.0
+        assert self.x_overload is not None, "a RateStep outside a Scenario gives neither x_overload nor per_min"
+        return self.x_overload * overload_rate_per_s
 
 
 @dataclass(frozen=True)
@@ -128,15 +142,24 @@ class Scenario:
         if self.rate[0].from_s != 0:
             raise ScenarioError(f"{where}: rate[0].from_s must be 0, got {self.rate[0].from_s}")
         for k, step in enumerate(self.rate):
-            if step.x_overload < 0:
-                raise ScenarioError(f"{where}: rate[{k}].x_overload must be >= 0, got {step.x_overload}")
+            if (step.x_overload is None) == (step.per_min is None):
+                raise ScenarioError(f"{where}: rate[{k}] needs exactly one of x_overload (x the overload rate) and "
+                                    f"per_min (sessions per minute), got x_overload={step.x_overload}, "
+                                    f"per_min={step.per_min}")
+            key, value = ("per_min", step.per_min) if step.x_overload is None else ("x_overload", step.x_overload)
+            if value is None or not value >= 0:  # also refuses NaN
+                raise ScenarioError(f"{where}: rate[{k}].{key} must be >= 0, got {value}")
             if k and not self.rate[k - 1].from_s < step.from_s < self.duration_s:
                 raise ScenarioError(f"{where}: rate[{k}].from_s must grow and stay below duration_s, got {step.from_s}")
 
     @property
-    def first_x_overload(self) -> float:
-        """The first segment's rate multiplier (warm-up runs at it); 0 for a closed population."""
-        return self.rate[0].x_overload if self.rate else 0.0
+    def needs_overload_rate(self) -> bool:
+        """True if some segment is an `x_overload` multiple (False: absolute rates, or a closed population)."""
+        return any(step.x_overload is not None for step in self.rate)
+
+    def base_rate_per_s(self, overload_rate_per_s: float) -> float:
+        """The first segment's sessions per second (warm-up runs at it; bursts multiply it); 0 if closed."""
+        return self.rate[0].rate_per_s(overload_rate_per_s) if self.rate else 0.0
 
     @property
     def pre_end_s(self) -> float:
@@ -154,12 +177,13 @@ class Scenario:
         """Engine time of scenario time `t_s` (the engine starts at the start of warm-up)."""
         return t_s + self.warmup_s
 
-    def segments(self) -> list[tuple[float, float, float]]:
-        """(start, end, x_overload) in scenario time, warm-up included as (-warmup_s, 0, first x)."""
-        parts = [(-self.warmup_s, 0.0, self.first_x_overload)] if self.warmup_s > 0 else []
+    def segments(self, overload_rate_per_s: float) -> list[tuple[float, float, float]]:
+        """(start, end, sessions per second) in scenario time, warm-up included as (-warmup_s, 0, first rate)."""
+        base = self.base_rate_per_s(overload_rate_per_s)
+        parts = [(-self.warmup_s, 0.0, base)] if self.warmup_s > 0 else []
         for k, step in enumerate(self.rate):
             end = self.rate[k + 1].from_s if k + 1 < len(self.rate) else self.duration_s
-            parts.append((step.from_s, end, step.x_overload))
+            parts.append((step.from_s, end, step.rate_per_s(overload_rate_per_s)))
         return parts
 
 
@@ -209,20 +233,22 @@ def generate_sessions(scenario: Scenario, pool: Sequence[Session], overload_rate
                       unloaded_s: Callable[[Session], float] | None = None) -> list[SessionSpec]:
     """Every open-arrival and burst session of one run, in arrival order, arrival times in engine time.
 
+    `overload_rate_per_s` is what `x_overload` segments multiply (ignored when there are none: pass 0).
     `unloaded_s` gives a pool session's unloaded time; it is needed only when there are bursts.
     """
     if not pool:
         raise ScenarioError("the session pool is empty")
-    if scenario.rate and overload_rate_per_s <= 0:
-        raise ScenarioError(f"overload_rate_per_s must be > 0, got {overload_rate_per_s}")
+    if scenario.needs_overload_rate and not overload_rate_per_s > 0:
+        raise ScenarioError(f"scenario {scenario.name!r} has x_overload segments: overload_rate_per_s must be > 0, "
+                            f"got {overload_rate_per_s}")
     shared = shared_prefix_tokens(pool)
     rng = _rng(seed, 1)
     specs: list[SessionSpec] = []
-    for start, end, x in scenario.segments():
-        for t in _poisson(rng, start, end, x * overload_rate_per_s):
+    for start, end, rate_per_s in scenario.segments(overload_rate_per_s):
+        for t in _poisson(rng, start, end, rate_per_s):
             base = pool[rng.randrange(len(pool))]
             specs.append(to_spec(f"{len(specs):06d}:{base.session_id}", base, scenario.engine_s(t), shared))
-    base_rate = scenario.first_x_overload * overload_rate_per_s
+    base_rate = scenario.base_rate_per_s(overload_rate_per_s)
     for b, burst in enumerate(scenario.bursts):
         candidates = burst_candidates(scenario.name, b, burst, pool, unloaded_s)
         burst_rng = _rng(seed, 2 + b)

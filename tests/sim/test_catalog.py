@@ -18,7 +18,7 @@ workload: {benchmarks: [terminal-bench], tool_time_scale: 1.0}
 rate:
   - {from_s: 0, x_overload: 0.5}
   - {from_s: 900, x_overload: 1.0}
-  - {from_s: 1500, x_overload: 0.5}
+  - {from_s: 1500, per_min: 3.3}
 bursts:
   - {from_s: 900, to_s: 1500, x_base: 4.0, max_unloaded_s: 300, kill_at_s: 1500}
 goodput_window: {from_s: 1500, to_s: 5100}
@@ -46,12 +46,24 @@ def test_the_readme_example_file_loads_as_written(tmp_path: Path) -> None:
     assert scenario.workload == WorkloadSpec(benchmarks=("terminal-bench",), tool_time_scale=1.0)
     assert scenario.bursts == (BurstSpec(900.0, 1500.0, 4.0, 300.0, kill_at_s=1500.0),)
     assert (scenario.pre_end_s, scenario.last_change_s) == (900.0, 1500.0)
+    assert scenario.rate[2] == RateStep(1500.0, per_min=3.3) and scenario.needs_overload_rate
+
+
+def test_a_scenario_of_per_min_segments_needs_no_overload_rate(tmp_path: Path) -> None:
+    path = tmp_path / "absolute.yaml"
+    path.write_text(GOOD.replace("x_overload: 0.5}", "per_min: 30}").replace("x_overload: 1.0}", "per_min: 60}"))
+    scenario = catalog.load_scenario(str(path))
+    assert [(s.x_overload, s.per_min) for s in scenario.rate] == [(None, 30.0), (None, 60.0), (None, 3.3)]
+    assert not scenario.needs_overload_rate
+    assert scenario.base_rate_per_s(0.0) == 0.5  # 30 per minute; bursts multiply it
+    assert scenario.segments(0.0) == [(-1200.0, 0.0, 0.5), (0.0, 900.0, 0.5), (900.0, 1500.0, 1.0),
+                                      (1500.0, 5400.0, 3.3 / 60)]
 
 
 def test_unknown_names_list_the_known_ones() -> None:
     with pytest.raises(catalog.CatalogError, match=r"unknown scenario 'surge-1000'; known scenarios: .*surge-100"):
         catalog.load_scenario("surge-1000")
-    with pytest.raises(catalog.CatalogError, match="known deployments: 1p1d, 1p3d"):
+    with pytest.raises(catalog.CatalogError, match="known deployments: 100p300d, 1p1d, 1p3d"):
         catalog.load_deployment("2p2d")
 
 
@@ -59,7 +71,13 @@ def test_unknown_names_list_the_known_ones() -> None:
     ("warmup_s: 1200\n", "warmup_s: 1200\nsurgee: 1\n", r"unknown keys \['surgee'\]"),
     ("x_base: 4.0,", "x_base: 4.0, kill: yes,", r"bursts\[0\]: missing keys \[\], unknown keys \['kill'\]"),
     ("max_unloaded_s: 300", "max_unloaded_s: '300'", r"bursts\[0\]\.max_unloaded_s must be a float, got '300'"),
-    ("{from_s: 900, x_overload: 1.0}", "{from_s: 900}", r"rate\[1\]: missing keys \['x_overload'\]"),
+    ("{from_s: 900, x_overload: 1.0}", "{from_s: 900}",
+     r"rate\[1\] needs exactly one of x_overload .* and per_min .*, got x_overload=None, per_min=None"),
+    ("{from_s: 900, x_overload: 1.0}", "{from_s: 900, x_overload: 1.0, per_min: 6}",
+     r"rate\[1\] needs exactly one of .*, got x_overload=1.0, per_min=6.0"),
+    ("per_min: 3.3}", "per_min: -3.3}", r"rate\[2\]\.per_min must be >= 0, got -3.3"),
+    ("per_min: 3.3}", "per_min: '3.3'}", r"rate\[2\]\.per_min must be a float, got '3.3'"),
+    ("per_min: 3.3}", "per_s: 3.3}", r"rate\[2\]: missing keys \[\], unknown keys \['per_s'\]"),
     ("tool_time_scale: 1.0}", "tool_time: 1.0}", r"workload: .*unknown keys \['tool_time'\]"),
     ("to_s: 5100}", "to_s: 9999}", "goodput_window needs 0 <= from_s < to_s <= duration_s"),
     ("duration_s: 5400\n", "", r"missing keys \['duration_s'\]"),

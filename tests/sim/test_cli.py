@@ -80,7 +80,7 @@ def test_without_a_session_table_it_says_it_uses_the_synthetic_corpus(
      "unknown scenario 'surge-1000'; known scenarios: "
      "closed-agents, kill-burst, kill-burst-keep, steady, surge-100, surge-100-30min, surge-100-give-up, surge-200, "
      "surge-33"),
-    (["--scenario", "steady", "--deployment", "9p9d", "--policy", "sglang"], "known deployments: 1p1d, 1p3d"),
+    (["--scenario", "steady", "--deployment", "9p9d", "--policy", "sglang"], "known deployments: 100p300d, 1p1d, 1p3d"),
     (["--scenario", "steady", "--deployment", "1p3d", "--policy", "vllm"],
      "unknown policy 'vllm'; known policies: sglang, hicache"),
     (["--scenario", "steady", "--deployment", "1p3d", "--policy", "hicache", "--cache", "gpu"],

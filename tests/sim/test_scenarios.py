@@ -3,16 +3,30 @@ falls; the same seed gives the same summary; the run JSON's fields by hand-check
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
+from pathlib import Path
 
 import pytest
 
+from basin_runtime.session_table import Session, write_sessions
+from basin_sim import cli
 from basin_sim.catalog import load_profile
 from basin_sim.engine import Engine
 from basin_sim.policies.fcfs import FcfsPolicy
 from basin_sim.profile import Deployment
-from basin_sim.simulate import RunResult, RunSpec, run_scenario
-from basin_sim.workload.scenarios import PopulationSpec, RateStep, Scenario
+from basin_sim.simulate import ArrivalFeed, RunResult, RunSpec, run_scenario
+from basin_sim.timeline import Timeline
+from basin_sim.workload.scenarios import (
+    BurstSpec,
+    PopulationSpec,
+    RateStep,
+    Scenario,
+    ScenarioError,
+    burst_kills,
+    generate_sessions,
+)
 from basin_sim.workload.synthetic import generate_corpus
 from tests.sim.builders import deployment, session, spec
 
@@ -123,3 +137,109 @@ def test_three_prefills_share_the_calls_and_the_json_has_every_field() -> None:
                           "working_set_tokens", "cache_tokens", "ttft_p50_s", "arrivals", "completions", "queued",
                           "timeouts", "retries"}
     assert entry["cache_tokens"] == 3 * 400_000 and summary["base_rate_per_s"] == pytest.approx(0.05)
+
+
+# --- absolute rates (`per_min`) -------------------------------------------------------------------
+
+def _surge(steps: tuple[RateStep, ...], bursts: tuple[BurstSpec, ...] = ()) -> Scenario:
+    return Scenario("abs", duration_s=3_000.0, warmup_s=600.0, goodput_from_s=1_800.0, goodput_to_s=3_000.0,
+                    rate=steps, bursts=bursts)
+
+
+BURST = (BurstSpec(600.0, 1_200.0, 2.0, max_unloaded_s=1e9),)
+
+
+def _one_s(_: Session) -> float:
+    return 1.0  # every pool session a burst candidate
+
+
+def test_per_min_segments_draw_the_same_arrivals_as_the_equal_x_overload_rate() -> None:
+    # 0.05 sessions/s x {1, 4, 1} is 3, 12, 3 sessions per minute; the burst is x_base x the first rate either way.
+    relative = _surge((RateStep(0.0, 1.0), RateStep(600.0, 4.0), RateStep(1_800.0, 1.0)), BURST)
+    absolute = _surge((RateStep(0.0, per_min=3.0), RateStep(600.0, per_min=12.0), RateStep(1_800.0, per_min=3.0)),
+                      BURST)
+    mixed = _surge((RateStep(0.0, per_min=3.0), RateStep(600.0, 4.0), RateStep(1_800.0, per_min=3.0)), BURST)
+    assert not absolute.needs_overload_rate and mixed.needs_overload_rate
+    expected = generate_sessions(relative, POOL, 0.05, 3, _one_s)
+    assert sum(s.is_burst for s in expected) > 0
+    assert generate_sessions(absolute, POOL, 0.0, 3, _one_s) == expected
+    assert generate_sessions(absolute, POOL, 99.0, 3, _one_s) == expected  # the overload rate is never read
+    assert generate_sessions(mixed, POOL, 0.05, 3, _one_s) == expected
+    with pytest.raises(ScenarioError, match=r"scenario 'abs' has x_overload segments: overload_rate_per_s must be "
+                                            r"> 0, got 0.0"):
+        generate_sessions(mixed, POOL, 0.0, 3, _one_s)
+
+
+def test_a_run_at_per_min_needs_no_overload_rate_and_reports_its_base_rate() -> None:
+    scenario = _surge((RateStep(0.0, per_min=1.8),))
+    result = run_scenario(RunSpec(scenario, SMALL, "sglang", 1, 0.0, max_drain_s=600.0), POOL)
+    assert result.summary["base_rate_per_s"] == pytest.approx(0.03)
+    arrived = sum(e["arrivals"] for e in result.summary["timeline"][:50])  # 50 minutes after warm-up at 1.8/min
+    assert 50 * 1.8 * 0.7 < arrived < 50 * 1.8 * 1.3
+
+
+@pytest.mark.parametrize(("step", "message"), [
+    (RateStep(0.0), r"rate\[0\] needs exactly one of x_overload .* got x_overload=None, per_min=None"),
+    (RateStep(0.0, 1.0, 3.0), r"rate\[0\] needs exactly one of .* got x_overload=1.0, per_min=3.0"),
+    (RateStep(0.0, per_min=-3.0), r"rate\[0\]\.per_min must be >= 0, got -3.0"),
+    (RateStep(0.0, per_min=float("nan")), r"rate\[0\]\.per_min must be >= 0, got nan"),
+])
+def test_a_rate_segment_gives_exactly_one_valid_rate(step: RateStep, message: str) -> None:
+    with pytest.raises(ScenarioError, match=rf"scenario 'abs': {message}"):
+        _surge((step,))
+    with pytest.raises(ScenarioError, match=message.replace("0", "1", 1)):
+        _surge((RateStep(0.0, per_min=1.0), dataclasses.replace(step, from_s=60.0)))
+
+
+def test_the_cli_runs_a_per_min_scenario_without_calibrating(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    def no_calibration(*_: object) -> tuple[float, str]:
+        raise AssertionError("an all-per_min scenario asked for an overload rate")
+
+    monkeypatch.setattr(cli, "overload_rate_for", no_calibration)
+    (tmp_path / "s.yaml").write_text("name: abs\nduration_s: 600\nwarmup_s: 60\nrate:\n  - {from_s: 0, per_min: 2}\n"
+                                     "goodput_window: {from_s: 0, to_s: 600}\n")
+    write_sessions(tmp_path / "sessions.parquet", generate_corpus(2, 10))
+    rates = tmp_path / "rates.json"
+    argv = ["run", "--scenario", str(tmp_path / "s.yaml"), "--deployment", "1p1d", "--policy", "sglang", "--json",
+            "--quiet", "--sessions", str(tmp_path / "sessions.parquet"), "--rates-file", str(rates)]
+    assert cli.main(argv) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["overload_rate_source"] == "no x_overload segment (no overload rate)"
+    assert summary["base_rate_per_s"] == pytest.approx(2 / 60) and summary["overload_rate_per_s"] == 0.0
+    assert not rates.exists()
+
+
+def test_feeding_arrivals_a_step_ahead_changes_no_event() -> None:
+    # run_scenario adds open arrivals one step ahead of the clock; the same run with every arrival added
+    # at the start (as before) must end every session the same way at the same time, kills included.
+    scenario = _surge((RateStep(0.0, per_min=1.8), RateStep(600.0, per_min=7.2)),
+                      (BurstSpec(600.0, 1_200.0, 3.0, max_unloaded_s=1e9, kill_at_s=900.0),))
+    sessions = generate_sessions(scenario, POOL, 0.0, 5, _one_s)
+    end_s, kills = scenario.engine_s(scenario.duration_s), burst_kills(scenario, sessions)
+
+    def engine() -> Engine:
+        return Engine(SMALL, FcfsPolicy("sglang"), timeline=Timeline(60.0), router_seed=5)
+
+    upfront = engine()
+    for spec_ in sessions:
+        upfront.add(spec_)
+    for at_s, ids in kills:
+        upfront.kill_at(at_s, ids)
+    upfront.run_until(end_s)
+    fed = engine()
+    arrivals_s = {s.session_id: s.arrival_s for s in sessions}
+    for at_s, ids in kills:
+        fed.kill_at(at_s, [sid for sid in ids if arrivals_s[sid] <= at_s])
+    feed = ArrivalFeed(fed, sessions)
+    most_ahead = 0
+    while fed.now < end_s:  # as run_scenario's loop does it
+        feed.add_until(min(fed.now + 60.0, end_s))
+        most_ahead = max(most_ahead, sum(run.status.value == "arriving" for run in fed.runs.values()))
+        fed.run_until(min(fed.now + 60.0, end_s))
+    assert feed.is_done and most_ahead < len(sessions) / 10  # the heap held a step of arrivals, not the run's
+
+    def ends(e: Engine) -> list[tuple[str, str, float | None, int, float]]:
+        return [(sid, r.status.value, r.ended_s, r.next_call, r.steps) for sid, r in sorted(e.runs.items())]
+    assert ends(fed) == ends(upfront) and sum(r.status.value == "killed" for r in fed.runs.values()) > 0
+    assert fed.timeline.samples == upfront.timeline.samples and fed.timeline.bin_states == upfront.timeline.bin_states
