@@ -194,20 +194,25 @@ def ramp_limits(steps: Sequence[RampStep], deployment: Deployment, timeline: Tim
         return RampLimits("cache" if cache < decode else "decode", cache, decode, knee)
     if timeline is None or step_s is None:
         return RampLimits("decode", cache, decode, knee)
-    start, end = cache * step_s, (cache + 1) * step_s
-    floor = knee.plateau_hit_rate - tolerance
-    minutes = [(t, timeline.bin_s) for t, _ in timeline.bin_hit_rates(start, end)]
-    cache_minute = _first_run([hit is not None and hit < floor for _, hit in timeline.bin_hit_rates(start, end)],
-                              confirm)
-    decode_tokens = deployment.decode_kv_tokens * deployment.num_decode
-    full = []
-    for t, width in minutes:
-        in_use = timeline.mean_sample("decode_reserved_tokens", t, t + width) or 0.0
-        queued = timeline.mean_sample("decode_queued", t, t + width) or 0.0
-        full.append(in_use / decode_tokens >= DECODE_FULL_SHARE or queued >= QUEUED_PER_DECODE * deployment.num_decode)
-    decode_minute = _first_run(full, confirm)
-    is_cache = cache_minute is not None and (decode_minute is None or cache_minute < decode_minute)
+    is_cache = _cache_minute_first(timeline, deployment, cache * step_s, (cache + 1) * step_s,
+                                   knee.plateau_hit_rate - tolerance, confirm)
     return RampLimits("cache" if is_cache else "decode", cache, decode, knee, is_tie_broken_by_minute=True)
+
+
+def _cache_minute_first(timeline: Timeline, deployment: Deployment, start_s: float, end_s: float, floor: float,
+                        confirm: int) -> bool:
+    """True if, minute by minute in [start_s, end_s), the hit rate stays below `floor` (for `confirm`
+    minutes) strictly before decode memory is full (for `confirm` minutes)."""
+    decode_tokens = deployment.decode_kv_tokens * deployment.num_decode
+    is_low, is_full = [], []
+    for t, hit in timeline.bin_hit_rates(start_s, end_s):
+        is_low.append(hit is not None and hit < floor)
+        in_use = timeline.mean_sample("decode_reserved_tokens", t, t + timeline.bin_s) or 0.0
+        queued = timeline.mean_sample("decode_queued", t, t + timeline.bin_s) or 0.0
+        is_full.append(in_use / decode_tokens >= DECODE_FULL_SHARE
+                       or queued >= QUEUED_PER_DECODE * deployment.num_decode)
+    cache_minute, decode_minute = _first_run(is_low, confirm), _first_run(is_full, confirm)
+    return cache_minute is not None and (decode_minute is None or cache_minute < decode_minute)
 
 
 def _first_run(flags: Sequence[bool], length: int) -> int | None:

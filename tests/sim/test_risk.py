@@ -13,7 +13,7 @@ from basin_sim.calibrate.ramp import RampStep, is_decode_full, ramp_limits, run_
 from basin_sim.calibrate.rates import RateCache, rate_key
 from basin_sim.catalog import load_deployment, load_scenario
 from basin_sim.cli import main
-from basin_sim.timeline import Timeline
+from basin_sim.timeline import Sample, Timeline
 from basin_sim.workload.pool import workload_pool
 from basin_sim.workload.synthetic import generate_corpus
 from tests.sim.builders import deployment, session
@@ -61,6 +61,29 @@ def test_first_limit_is_the_earlier_step_and_says_where_each_limit_was_hit() -> 
     assert (neither.first_limit, neither.cache_step, neither.decode_step) == ("none", None, None)
     tie = ramp_limits([*plateau, _step(0.5, 1.2, memory=0.99), _step(0.3, 2.0, memory=0.99)], d)
     assert (tie.first_limit, tie.cache_step, tie.decode_step) == ("decode", 3, 3)  # no timeline: not shown
+
+
+def _minutes(low_from: int, full_from: int, d_tokens: int) -> Timeline:
+    """A timeline of the step [900, 1200) s: hit rate 0.3 from minute `low_from`, decode full from `full_from`."""
+    timeline = Timeline(60.0)
+    for minute in range(20):
+        k = minute - 15
+        timeline.record_prefill(minute * 60.0 + 1, 1_000, 300 if k >= low_from else 950, 0)
+        in_use = d_tokens if k >= full_from else d_tokens // 2
+        timeline.record_sample(Sample(minute * 60.0 + 30, 10, 0, 0, 0, 0, 0, 0, 0, 1, in_use))
+    return timeline
+
+
+def test_a_same_step_tie_goes_to_the_limit_whose_minutes_come_first() -> None:
+    d = deployment()
+    steps = [_step(0.95, 0.2), _step(0.96, 0.4), _step(0.95, 0.6), _step(0.5, 1.2, memory=0.99),
+             _step(0.3, 2.0, memory=0.99)]
+    early_cache = ramp_limits(steps, d, _minutes(low_from=1, full_from=3, d_tokens=100_000), 300.0)
+    assert (early_cache.first_limit, early_cache.is_tie_broken_by_minute) == ("cache", True)
+    early_decode = ramp_limits(steps, d, _minutes(low_from=2, full_from=1, d_tokens=100_000), 300.0)
+    assert (early_decode.first_limit, early_decode.cache_step, early_decode.decode_step) == ("decode", 3, 3)
+    same_minute = ramp_limits(steps, d, _minutes(low_from=2, full_from=2, d_tokens=100_000), 300.0)
+    assert same_minute.first_limit == "decode"  # still tied: cache-first is not shown
 
 
 def test_decode_is_full_at_95_percent_in_use_or_one_queued_request_per_instance() -> None:
