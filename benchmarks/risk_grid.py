@@ -113,6 +113,7 @@ def run_cell(cell: Cell, sessions: Path, rates_file: Path, risk_seed: int, ramp_
             "verdict": risk["verdict"], "first_limit": ramp["first_limit"],
             "cache_limit_sessions": risk["cache_limit_sessions"],
             "decode_limit_sessions": risk["decode_limit_sessions"],
+            "engine_decode_limit_sessions": risk["engine_decode_limit_sessions"],
             "knee_is_censored": risk["knee_is_censored"], "decode_holding_share": risk["decode_holding_share"],
             "mean_context_tokens": risk["mean_context_tokens"], "cache_limit_step": ramp["cache_limit_step"],
             "decode_limit_step": ramp["decode_limit_step"], "is_tie_broken_by_minute": ramp["is_tie_broken_by_minute"],

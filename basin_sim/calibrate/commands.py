@@ -172,6 +172,8 @@ def risk_record(ramp: RampRun) -> dict[str, Any]:
     holding = min(1.0, max(1e-6, statistics.fmean(shares) if shares else 1.0))
     decode_tokens = deployment.decode_kv_tokens * deployment.num_decode
     verdict = risk_test(knee.load * capacity, context, decode_tokens, holding)
+    # A diagnostic beside the verdict: what the simulated engine itself held per live session.
+    in_engine = statistics.fmean(s.decode_memory_share * decode_tokens / s.live_sessions for s in plateau)
     return {"deployment": deployment.name, "verdict": verdict.verdict,
             "cache_limit_sessions": verdict.cache_limit_sessions,
             "decode_limit_sessions": verdict.decode_limit_sessions,
@@ -179,6 +181,8 @@ def risk_record(ramp: RampRun) -> dict[str, Any]:
             "mean_context_tokens": context, "decode_capacity_tokens": decode_tokens,
             "decode_headroom_tokens": SGLANG_RESERVED_DECODE_TOKENS, "decode_holding_share": holding,
             "decode_tokens_per_session": verdict.decode_tokens_per_session,
+            "engine_decode_tokens_per_session": in_engine,
+            "engine_decode_limit_sessions": decode_tokens / in_engine if in_engine > 0 else None,
             "decode_busy_share": statistics.fmean(s.decode_busy_share for s in plateau),
             "plateau_steps": len(plateau), "overload_rate_per_s": ramp.overload_rate_per_s,
             "overload_rate_source": ramp.overload_rate_source, "pre_surge_rate_per_s": pre_rate,

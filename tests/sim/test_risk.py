@@ -161,6 +161,8 @@ def test_risk_json_is_one_object_with_the_verdict_and_both_limits(
     assert (record["cache_limit_sessions"] < record["decode_limit_sessions"]) == (record["verdict"] == "cache-first")
     assert record["overload_rate_per_s"] == 0.1 and record["fractions_of_overload_rate"] == [0.5, 1.0, 2.0]
     assert 0 < record["decode_holding_share"] <= 1
+    in_engine = record["engine_decode_tokens_per_session"]  # the diagnostic: what the engine itself held
+    assert in_engine > 0 and record["engine_decode_limit_sessions"] == pytest.approx(1_300_000 / in_engine)
 
 
 def test_ramp_json_has_every_step_and_the_first_limit(files: dict[str, str],
