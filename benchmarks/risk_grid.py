@@ -195,12 +195,16 @@ def _table(matrix: dict[str, dict[str, int]], rows: list[dict[str, Any]], wall_s
     for verdict in VERDICTS:
         lines.append(f"{verdict:32s}  " + "  ".join(f"{matrix[verdict][limit]:6d}" for limit in LIMITS))
     lines.append("")
-    lines.append(f"{'deployment':36s} {'verdict':12s} {'cache N':>8s} {'decode N':>8s} {'ramp':>6s} "
-                 f"{'c.step':>6s} {'d.step':>6s}")
+    lines.append(f"{'deployment':36s} {'verdict':12s} {'cache N':>8s} {'decode N':>8s} {'engine N':>8s} "
+                 f"{'ramp':>6s} {'c.step':>6s} {'d.step':>6s}  tie by minute")
     for row in rows:
+        engine = row["engine_decode_limit_sessions"]
         lines.append(f"{row['deployment']:36s} {row['verdict']:12s} {row['cache_limit_sessions']:8.0f} "
-                     f"{row['decode_limit_sessions']:8.0f} {row['first_limit']:>6s} {row['cache_limit_step']!s:>6s} "
-                     f"{row['decode_limit_step']!s:>6s}")
+                     f"{row['decode_limit_sessions']:8.0f} {engine or float('nan'):8.0f} {row['first_limit']:>6s} "
+                     f"{row['cache_limit_step']!s:>6s} {row['decode_limit_step']!s:>6s}  "
+                     f"{'yes' if row['is_tie_broken_by_minute'] else ''}")
+    lines.append("cache N / decode N: the risk test's limits in live sessions; engine N: decode memory / what the "
+                 "simulated engine held per live session on the plateau (a diagnostic)")
     lines.append(f"{len(rows)} deployments in {wall_s:.0f} s wall ({measured} overload rates measured)")
     return "\n".join(lines)
 
