@@ -1,4 +1,4 @@
-"""Command line: `basin-sim run|calibrate|knee|risk` (`python -m basin_sim`): one scenario, or a measurement.
+"""Command line: `basin-sim run|calibrate|knee|risk|ramp` (`python -m basin_sim`): one scenario, or a measurement.
 
     python -m basin_sim run --scenario surge-100 --deployment 1p3d --policy sglang --seed 1 --json
     python -m basin_sim run --scenario my-surge.yaml --deployment my-deployment.yaml --policy sglang --json
@@ -24,7 +24,7 @@ from basin_runtime.calibration import Calibration, CalibrationError, calibration
 from basin_runtime.predictor import PredictorError
 from basin_runtime.session_table import Session
 from basin_sim import catalog, compare
-from basin_sim.calibrate.commands import add_commands, calibrate_main, knee_main, risk_main
+from basin_sim.calibrate.commands import RampError, add_commands, calibrate_main, knee_main, ramp_main, risk_main
 from basin_sim.calibrate.rates import DEFAULT_RATES_FILE, RateCache, RatesError, overload_rate_for
 from basin_sim.policies import UnknownPolicyError, policy_names, policy_spec
 from basin_sim.predictions import load_predictor, predict_pool
@@ -161,7 +161,7 @@ def _parser() -> argparse.ArgumentParser:
     add_commands(sub)
     sub.add_parser("compare", add_help=False, help="the scenario x deployment x policy grid over seeds "
                    "(basin-sim compare --help)")
-    for command in (run, sub.choices["calibrate"], sub.choices["knee"], sub.choices["risk"]):
+    for command in (run, *(sub.choices[name] for name in ("calibrate", "knee", "risk", "ramp"))):
         command.add_argument("--sessions", type=Path, default=DEFAULT_SESSIONS, help="session table (parquet)")
         command.add_argument("--synthetic", action="store_true", help="use the synthetic corpus")
         command.add_argument("--quiet", action="store_true", help="no progress bar, warnings only")
@@ -178,8 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
-        commands = {"calibrate": calibrate_main, "run": _run, "knee": knee_main, "risk": risk_main}
+        commands = {"calibrate": calibrate_main, "run": _run, "knee": knee_main, "risk": risk_main, "ramp": ramp_main}
         return commands[args.command](args)
     except (catalog.CatalogError, UnknownPolicyError, UsageError, PoolError, PredictorError, CalibrationError,
-            RatesError, ScenarioError) as exc:
+            RatesError, ScenarioError, RampError) as exc:
         parser.exit(2, f"{parser.prog}: error: {exc}\n")

@@ -1,35 +1,55 @@
-"""`basin-sim calibrate|knee|risk`: the overload rate; the cache knee on a simulated ramp; the risk test.
+"""`basin-sim calibrate|knee|risk|ramp`: the overload rate; the cache knee; the risk test; which limit binds.
 
     python -m basin_sim calibrate --deployment 1p3d --scenario surge-100
     python -m basin_sim knee --deployment 1p3d --model models/peak_predictor.onnx --out data/calibration-1p3d.json
-    python -m basin_sim risk --deployment 1p3d
+    python -m basin_sim risk --deployment 1p3d --json
+    python -m basin_sim ramp --deployment 1p3d --json
+
+`risk` predicts from the knee ramp's plateau which limit live sessions meet first (fluid.py);
+`ramp` runs a ramp that goes past the overload rate and reports which limit it actually hit first
+(ramp.py `ramp_limits`): the ground truth the risk test is checked against (benchmarks/risk_grid.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import statistics
-from dataclasses import asdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from basin_runtime.session_table import Session
 from basin_sim import catalog
-from basin_sim.calibrate.fluid import fixed_points, risk_test
+from basin_sim.calibrate.fluid import SGLANG_RESERVED_DECODE_TOKENS, fixed_points, risk_test
 from basin_sim.calibrate.overload import CalibrationSettings
-from basin_sim.calibrate.ramp import RampStep, ramp_knee, run_ramp
+from basin_sim.calibrate.ramp import (
+    DECODE_FULL_SHARE,
+    QUEUED_PER_DECODE,
+    RampStep,
+    ramp_knee,
+    ramp_limits,
+    run_ramp,
+)
 from basin_sim.calibrate.ramp import calibration_record as ramp_calibration_record
 from basin_sim.calibrate.rates import DEFAULT_RATES_FILE, RateCache, measure_overload_rate, overload_rate_for
 from basin_sim.predictions import load_predictor, predict_pool
 from basin_sim.profile import Deployment
+from basin_sim.timeline import Timeline
 from basin_sim.workload.pool import load_pool, workload_pool
 from basin_sim.workload.scenarios import Scenario
 
 log = logging.getLogger(__name__)
 
-RAMP_FRACTIONS = (0.2, 0.4, 0.6, 0.7, 0.8, 0.9, 1.0, 1.2)  # of the overload rate
+RAMP_FRACTIONS = (0.2, 0.4, 0.6, 0.7, 0.8, 0.9, 1.0, 1.2)  # of the overload rate: the knee (and risk) ramp
+# The limits ramp (`ramp`) goes on past the overload rate, where some limit must bind: at 1x most
+# 30-minute trials already overload (calibrate/overload.py), so 1.5x and 2x leave no deployment whose
+# limits all hold unless neither memory is what overloads it (then `none` is the answer). Steps of
+# 0.05x from 0.8x to 1x: the shipped deployments go from plateau to collapse within 0.2x there, and
+# which limit comes first is decided inside that span.
+LIMIT_RAMP_FRACTIONS = (0.2, 0.4, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0, 1.1, 1.2, 1.5, 2.0)
 RAMP_STEP_S = 1200.0
 
 
@@ -42,23 +62,60 @@ def calibration_record(deployment: Deployment, steps: list[RampStep], command: s
 
 
 def _workload(args: argparse.Namespace) -> tuple[Deployment, list[Session], Scenario]:
-    """The deployment (with --cache if given), the scenario's workload pool, and the scenario."""
+    """The deployment (with --cache if given), the scenario's workload pool (--tool-time-scale), the scenario."""
     spec = catalog.load_deployment(args.deployment)
     scenario = catalog.load_scenario(args.scenario)
+    scale = getattr(args, "tool_time_scale", None)
+    if scale is not None:
+        if not scale >= 0:
+            raise RampError(f"--tool-time-scale must be >= 0, got {scale}")
+        scenario = dataclasses.replace(scenario, workload=dataclasses.replace(scenario.workload, tool_time_scale=scale))
     base, _ = load_pool(args.sessions, args.synthetic)
     return spec.build(getattr(args, "cache", None)), workload_pool(base, scenario.workload), scenario
 
 
-def _ramp(args: argparse.Namespace) -> tuple[Deployment, list[RampStep], float]:
+@dataclass(frozen=True)
+class RampRun:
+    """A ramp as the commands ran it: the deployment, the rates, the steps and the timeline."""
+
+    deployment: Deployment
+    overload_rate_per_s: float
+    overload_rate_source: str
+    fractions: tuple[float, ...]
+    step_s: float
+    steps: list[RampStep]
+    timeline: Timeline
+    calls_per_session: float
+
+
+class RampError(ValueError):
+    """Ramp settings that cannot be run (rates, step length); the message names the option."""
+
+
+def simulated_ramp(deployment: Deployment, pool: list[Session], scenario: Scenario, rates: RateCache,
+                   fractions: tuple[float, ...], step_s: float, seed: int,
+                   reservations: dict[str, float] | None = None) -> RampRun:
+    """A ramp at `fractions` x the overload rate of this shape and workload (cached, else measured now)."""
+    if len(fractions) < 2 or any(not f > 0 for f in fractions):
+        raise RampError(f"--fractions needs at least 2 rates > 0 (of the overload rate), got {list(fractions)}")
+    if not step_s >= 120:
+        raise RampError(f"--step-s must be >= 120 (two whole minutes in each step's second half), got {step_s}")
+    rate, source = overload_rate_for(deployment, pool, scenario.workload, scenario.clients, rates)
+    timeline = Timeline(60.0)
+    steps = run_ramp(deployment, pool, [f * rate for f in fractions], step_s, seed, reservations, timeline=timeline)
+    calls = statistics.fmean(s.n_calls for s in pool)
+    return RampRun(deployment, rate, source, fractions, step_s, steps, timeline, calls)
+
+
+def _ramp(args: argparse.Namespace, default_fractions: tuple[float, ...] = RAMP_FRACTIONS) -> RampRun:
     deployment, pool, scenario = _workload(args)
-    rate, _ = overload_rate_for(deployment, pool, scenario.workload, scenario.clients, RateCache(args.rates_file))
     reservations = None
     if getattr(args, "model", None) is not None:
         scale = args.reservation_scale
         reservations = {sid: scale * peak for sid, peak in predict_pool(load_predictor(args.model), pool).items()}
-    steps = run_ramp(deployment, pool, [f * rate for f in RAMP_FRACTIONS], args.step_s, args.seed, reservations)
-    calls = statistics.fmean(s.n_calls for s in pool)
-    return deployment, steps, calls
+    fractions = default_fractions if getattr(args, "fractions", None) is None else tuple(args.fractions)
+    return simulated_ramp(deployment, pool, scenario, RateCache(args.rates_file), fractions, args.step_s, args.seed,
+                          reservations)
 
 
 def calibrate_main(args: argparse.Namespace) -> int:
@@ -82,7 +139,8 @@ def calibrate_main(args: argparse.Namespace) -> int:
 
 def knee_main(args: argparse.Namespace) -> int:
     """Run the ramp, print the points and the knee, write the calibration file."""
-    deployment, steps, _ = _ramp(args)
+    ramp = _ramp(args)
+    deployment, steps = ramp.deployment, ramp.steps
     for s in steps:
         ratio = "" if s.reservation_ratio is None else f"  reserved/working set {s.reservation_ratio:.2f}"
         print(f"rate {s.rate_per_s:.4f}/s  load {s.load:.3f}  hit {s.hit_rate:.3f}  live {s.live_sessions:.0f}{ratio}")
@@ -96,30 +154,102 @@ def knee_main(args: argparse.Namespace) -> int:
     return 0
 
 
-def risk_main(args: argparse.Namespace) -> int:
-    """X(N) from the ramp, fixed points at the pre-surge rate, and the cache-first / decode-first verdict."""
-    deployment, steps, calls = _ramp(args)
+def risk_record(ramp: RampRun) -> dict[str, Any]:
+    """The risk test on a knee ramp: X(N), fixed points at the pre-surge rate, both limits, the verdict."""
+    deployment, steps = ramp.deployment, ramp.steps
     points = sorted({round(s.live_sessions, 3): s.calls_per_s for s in steps if s.live_sessions > 0}.items())
     ns, xs = [n for n, _ in points], [x for _, x in points]
-    pre_rate = steps[0].rate_per_s / RAMP_FRACTIONS[0] * 0.5
-    print("X(N): " + ", ".join(f"N={n:.0f} X={x:.2f}/s" for n, x in points))
-    for point in fixed_points(ns, xs, pre_rate, calls):
-        kind = "stable" if point.is_stable else "UNSTABLE"
-        print(f"fixed point at N={point.live_sessions:.0f} live sessions: {kind}")
+    pre_rate = 0.5 * ramp.overload_rate_per_s  # the scenarios' pre-surge load
+    fixed = fixed_points(ns, xs, pre_rate, ramp.calls_per_session) if len(ns) >= 2 else []
     knee = ramp_knee(steps)
     capacity = deployment.prefill_cache_tokens * deployment.num_prefill
-    plateau = [s for s in steps if s.load <= knee.load and s.live_sessions > 0] or steps[:1]
+    plateau = [s for s in steps if s.load <= knee.load and s.live_sessions > 0] or \
+        [s for s in steps if s.live_sessions > 0][:1]
+    if not plateau:
+        raise ValueError(f"{deployment.name}: no ramp step had a live session; raise the rates or --step-s")
     context = statistics.fmean(s.load * capacity / s.live_sessions for s in plateau)
-    busy = min(1.0, max(1e-6, statistics.fmean(s.decode_busy_share for s in plateau)))
-    verdict = risk_test(knee.load * capacity, context, deployment.decode_kv_tokens * deployment.num_decode, busy)
-    print(json.dumps({"pre_surge_rate_per_s": pre_rate, "calls_per_session": calls,
-                      "mean_context_tokens": context, "decode_busy_share": busy, **asdict(verdict)}))
-    print(f"{deployment.name}: {verdict.describe()}")
+    shares = [s.decode_holding_share for s in plateau if s.decode_holding_share is not None]
+    holding = min(1.0, max(1e-6, statistics.fmean(shares) if shares else 1.0))
+    decode_tokens = deployment.decode_kv_tokens * deployment.num_decode
+    verdict = risk_test(knee.load * capacity, context, decode_tokens, holding)
+    # A diagnostic beside the verdict: what the simulated engine itself held per live session.
+    in_engine = statistics.fmean(s.decode_memory_share * decode_tokens / s.live_sessions for s in plateau)
+    return {"deployment": deployment.name, "verdict": verdict.verdict,
+            "cache_limit_sessions": verdict.cache_limit_sessions,
+            "decode_limit_sessions": verdict.decode_limit_sessions,
+            "knee_tokens": knee.load * capacity, "knee_is_censored": knee.is_censored,
+            "mean_context_tokens": context, "decode_capacity_tokens": decode_tokens,
+            "decode_headroom_tokens": SGLANG_RESERVED_DECODE_TOKENS, "decode_holding_share": holding,
+            "decode_tokens_per_session": verdict.decode_tokens_per_session,
+            "engine_decode_tokens_per_session": in_engine,
+            "engine_decode_limit_sessions": decode_tokens / in_engine if in_engine > 0 else None,
+            "decode_busy_share": statistics.fmean(s.decode_busy_share for s in plateau),
+            "plateau_steps": len(plateau), "overload_rate_per_s": ramp.overload_rate_per_s,
+            "overload_rate_source": ramp.overload_rate_source, "pre_surge_rate_per_s": pre_rate,
+            "calls_per_session": ramp.calls_per_session,
+            "x_of_n": [{"live_sessions": n, "calls_per_s": x} for n, x in points],
+            "fixed_points": [{"live_sessions": p.live_sessions, "is_stable": p.is_stable} for p in fixed],
+            "fractions_of_overload_rate": list(ramp.fractions), "step_s": ramp.step_s}
+
+
+def risk_main(args: argparse.Namespace) -> int:
+    """X(N) from the knee ramp, fixed points at the pre-surge rate, and the cache-first / decode-first verdict."""
+    record = risk_record(_ramp(args))
+    if args.json:
+        print(json.dumps(record, sort_keys=True))
+        return 0
+    print("X(N): " + ", ".join(f"N={p['live_sessions']:.0f} X={p['calls_per_s']:.2f}/s" for p in record["x_of_n"]))
+    for point in record["fixed_points"]:
+        kind = "stable" if point["is_stable"] else "UNSTABLE"
+        print(f"fixed point at N={point['live_sessions']:.0f} live sessions: {kind}")
+    print(f"mean live context {record['mean_context_tokens']:.0f} tokens; a live session holds "
+          f"{record['decode_tokens_per_session']:.0f} decode tokens on average ((context + "
+          f"{record['decode_headroom_tokens']}) x holding share {record['decode_holding_share']:.3f}); "
+          f"decode memory {record['decode_capacity_tokens']} tokens")
+    censored = " (knee beyond the ramp: a low estimate)" if record["knee_is_censored"] else ""
+    print(f"{record['deployment']}: cache knee reached at {record['cache_limit_sessions']:.0f} live sessions"
+          f"{censored}, decode memory at {record['decode_limit_sessions']:.0f}: {record['verdict']}")
+    return 0
+
+
+def ramp_record(ramp: RampRun) -> dict[str, Any]:
+    """The limits ramp: per step hit rate, decode memory share and queue; which limit was hit first, and where."""
+    deployment = ramp.deployment
+    limits = ramp_limits(ramp.steps, deployment, ramp.timeline, ramp.step_s)
+    steps = [{"index": k, "x_overload": f, "rate_per_s": s.rate_per_s, "hit_rate": s.hit_rate, "load": s.load,
+              "live_sessions": s.live_sessions, "decode_memory_share": s.decode_memory_share,
+              "prealloc_queued": s.prealloc_queued, "decode_holding_share": s.decode_holding_share,
+              "calls_per_s": s.calls_per_s}
+             for k, (f, s) in enumerate(zip(ramp.fractions, ramp.steps, strict=True))]
+    return {"deployment": deployment.name, "first_limit": limits.first_limit, "cache_limit_step": limits.cache_step,
+            "decode_limit_step": limits.decode_step, "is_tie_broken_by_minute": limits.is_tie_broken_by_minute,
+            "knee_load": limits.knee.load, "knee_is_censored": limits.knee.is_censored,
+            "plateau_hit_rate": limits.knee.plateau_hit_rate,
+            "thresholds": {"decode_memory_share": DECODE_FULL_SHARE,
+                           "prealloc_queued_per_decode_instance": QUEUED_PER_DECODE, "hit_rate_tolerance": 0.05,
+                           "confirm_steps": 2},
+            "num_decode": deployment.num_decode, "decode_capacity_tokens": deployment.decode_kv_tokens *
+            deployment.num_decode, "overload_rate_per_s": ramp.overload_rate_per_s,
+            "overload_rate_source": ramp.overload_rate_source, "step_s": ramp.step_s, "steps": steps}
+
+
+def ramp_main(args: argparse.Namespace) -> int:
+    """Run the limits ramp and say which limit (cache knee or decode memory) it hit first."""
+    record = ramp_record(_ramp(args, LIMIT_RAMP_FRACTIONS))
+    if args.json:
+        print(json.dumps(record, sort_keys=True))
+        return 0
+    for step in record["steps"]:
+        print(f"step {step['index']}  {step['x_overload']:.2f}x = {step['rate_per_s']:.4f}/s  hit "
+              f"{step['hit_rate']:.3f}  load {step['load']:.3f}  live {step['live_sessions']:.0f}  decode memory "
+              f"{step['decode_memory_share']:.3f}  queued {step['prealloc_queued']:.1f}")
+    print(f"{record['deployment']}: first limit {record['first_limit']} (cache at step {record['cache_limit_step']}, "
+          f"decode at step {record['decode_limit_step']})")
     return 0
 
 
 def add_commands(sub: Any) -> None:
-    """Add `calibrate`, `knee` and `risk` to the CLI's subparsers."""
+    """Add `calibrate`, `knee`, `risk` and `ramp` to the CLI's subparsers."""
     calibrate = sub.add_parser("calibrate", help="measure a deployment shape's overload rate on a workload; cache it")
     calibrate.add_argument("--seeds", type=int, default=5, help="trials per rate (seeds 1..N)")
     calibrate.add_argument("--min-overloaded", type=int, default=4, help="trials that must overload")
@@ -134,13 +264,20 @@ def add_commands(sub: Any) -> None:
                       help="no predictor: the calibration file holds no reservation_ratio (prototype mode)")
     knee.add_argument("--reservation-scale", type=float, default=1.0, help="reserve this x each predicted peak")
     risk = sub.add_parser("risk", help="fluid model fixed points and the cache-first / decode-first verdict")
-    for command in (calibrate, knee, risk):
+    ramp = sub.add_parser("ramp", help="a ramp past the overload rate: which limit (cache, decode) it hits first")
+    for command in (calibrate, knee, risk, ramp):
         command.add_argument("--deployment", required=True, help="a deployment name or .yaml file")
         command.add_argument("--scenario", default="steady",
                              help="whose workload and clients (name or .yaml; default steady)")
         command.add_argument("--rates-file", type=Path, default=DEFAULT_RATES_FILE, help="the overload-rate cache")
-    for command in (knee, risk):
+    for command in (knee, risk, ramp):
         command.add_argument("--cache", choices=("gpu", "host"), help="override the deployment file's cache kind")
         command.add_argument("--seed", type=int, default=1)
         command.add_argument("--step-s", type=float, default=RAMP_STEP_S,
                              help=f"simulated seconds per ramp step (default {RAMP_STEP_S:.0f})")
+    for command, fractions in ((risk, RAMP_FRACTIONS), (ramp, LIMIT_RAMP_FRACTIONS)):
+        command.add_argument("--json", action="store_true", help="print one JSON object")
+        command.add_argument("--fractions", type=float, nargs="+",
+                             help=f"ramp rates as multiples of the overload rate (default {list(fractions)})")
+        command.add_argument("--tool-time-scale", type=float,
+                             help="override the scenario's workload.tool_time_scale")

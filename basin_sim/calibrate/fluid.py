@@ -10,8 +10,14 @@
 #   carries N past the unstable point leaves the deployment collapsed at the old lambda: the
 #   metastable failure.
 # - Risk test: both limits as a number of live sessions. Cache: knee tokens / mean context of a live
-#   session. Decode: decode KV tokens / (mean context x share of a session's life spent decoding).
-#   Whichever is smaller binds first: "cache first" deployments are the ones Basin protects.
+#   session. Decode: decode KV tokens of all decode instances / what one live session holds on decode
+#   on average: (mean context + SGLang's `--num-reserved-decode-tokens` headroom, 512) x the share of
+#   its life it has a request holding decode memory (pre-allocated and waiting for or under prefill,
+#   transferring, or decoding; not while its tool runs or while it waits in the pre-allocation
+#   queue). SGLang PD's decode (sglang/srt/disaggregation/decode.py) keeps 512 tokens free per active
+#   request (`_active_reserved_tokens`) beyond the KV it holds, so memory is spent at that rate.
+#   Whichever limit is smaller binds first: "cache-first" deployments are the ones Basin protects;
+#   equal limits count as "decode-first" (cache-first must be shown, not assumed).
 """dN/dt = lambda - X(N)/K: fixed points, stability, and the cache-first / decode-first test."""
 
 from __future__ import annotations
@@ -65,22 +71,38 @@ def fixed_points(ns: Sequence[float], xs: Sequence[float], arrival_rate_per_s: f
     return points
 
 
+SGLANG_RESERVED_DECODE_TOKENS = 512  # --num-reserved-decode-tokens (sglang/srt/arg_groups/fields/disagg.py)
+VERDICTS = ("cache-first", "decode-first")
+
+
 @dataclass(frozen=True)
 class RiskVerdict:
+    """Both limits in live sessions and which binds first."""
+
     cache_limit_sessions: float
     decode_limit_sessions: float
-    verdict: str  # "cache first" or "decode first"
+    decode_tokens_per_session: float  # what one live session holds on decode, on average
+    verdict: str  # one of VERDICTS
 
     def describe(self) -> str:
+        """One line for people."""
         return (f"cache knee reached at {self.cache_limit_sessions:.0f} live sessions, decode memory at "
                 f"{self.decode_limit_sessions:.0f}: {self.verdict}")
 
 
 def risk_test(knee_tokens: float, mean_context_tokens: float, decode_capacity_tokens: float,
-              decode_busy_share: float) -> RiskVerdict:
-    """The paper's test: which limit a growing number of live sessions meets first."""
-    if min(knee_tokens, mean_context_tokens, decode_capacity_tokens) <= 0 or not 0 < decode_busy_share <= 1:
-        raise ValueError("risk test needs positive token sizes and a decode busy share in (0, 1]")
+              decode_holding_share: float, headroom_tokens: float = SGLANG_RESERVED_DECODE_TOKENS) -> RiskVerdict:
+    """The paper's test: which limit a growing number of live sessions meets first (rules above)."""
+    sizes = {"knee_tokens": knee_tokens, "mean_context_tokens": mean_context_tokens,
+             "decode_capacity_tokens": decode_capacity_tokens}
+    bad = {name: value for name, value in sizes.items() if not value > 0}
+    if bad:
+        raise ValueError(f"risk test needs positive token sizes, got {bad}")
+    if not 0 < decode_holding_share <= 1:
+        raise ValueError(f"risk test needs a decode holding share in (0, 1], got {decode_holding_share!r}")
+    if not headroom_tokens >= 0:
+        raise ValueError(f"risk test needs headroom_tokens >= 0, got {headroom_tokens!r}")
     cache = knee_tokens / mean_context_tokens
-    decode = decode_capacity_tokens / (mean_context_tokens * decode_busy_share)
-    return RiskVerdict(cache, decode, "cache first" if cache < decode else "decode first")
+    held = (mean_context_tokens + headroom_tokens) * decode_holding_share
+    decode = decode_capacity_tokens / held
+    return RiskVerdict(cache, decode, held, VERDICTS[0] if cache < decode else VERDICTS[1])

@@ -10,6 +10,8 @@
 #   point on the plateau and the first point off it.
 # - A ramp that never leaves the plateau gives the last load with `is_censored=True`: the knee lies
 #   beyond what was measured, so the measured maximum is a safe (low) estimate.
+# - `first_off_index` is the position, in the caller's order, of the first point off the plateau
+#   (None when censored): the ramp step at which the cache limit was hit.
 """Knee detection: where the hit rate leaves its high plateau as the working set grows."""
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ class Knee:
     load: float
     plateau_hit_rate: float
     is_censored: bool
+    first_off_index: int | None = None  # the first point off the plateau, in the input's order
 
 
 def _plateau(hit_rates: Sequence[float], tolerance: float) -> float:
@@ -43,15 +46,16 @@ def find_knee(points: Sequence[tuple[float, float]], tolerance: float = 0.05, co
     """The knee of a ramp's (load, hit rate) points."""
     if len(points) < 2:
         raise ValueError(f"a knee needs at least 2 ramp points, got {len(points)}")
-    ordered = sorted(points)
-    loads = [p[0] for p in ordered]
-    rates = [p[1] for p in ordered]
+    order = sorted(range(len(points)), key=lambda k: points[k])
+    loads = [points[k][0] for k in order]
+    rates = [points[k][1] for k in order]
     plateau = _plateau(rates, tolerance)
     floor = plateau - tolerance
-    for i in range(1, len(ordered)):
+    for i in range(1, len(order)):
         window = rates[i:i + confirm]
         if rates[i] < floor and all(r < floor for r in window):
             x0, y0, x1, y1 = loads[i - 1], rates[i - 1], loads[i], rates[i]
             share = (y0 - floor) / (y0 - y1) if y0 > y1 else 0.0
-            return Knee(x0 + min(max(share, 0.0), 1.0) * (x1 - x0), plateau, is_censored=False)
+            return Knee(x0 + min(max(share, 0.0), 1.0) * (x1 - x0), plateau, is_censored=False,
+                        first_off_index=order[i])
     return Knee(loads[-1], plateau, is_censored=True)

@@ -1,11 +1,26 @@
 # A stepped load ramp: steady arrivals at rising rates, each step long enough to settle, under plain
 # SGLang (no admission control). Per step, over its second half: mean working set / cache capacity,
-# token-weighted hit rate, mean live sessions, and calls completed per second (first tokens seen).
+# token-weighted hit rate, mean live sessions, calls completed per second (first tokens seen), decode
+# memory in use / all decode memory (`decode_reserved_tokens`), requests waiting for decode memory
+# (`decode_queued`: the pre-allocation queue, retracted requests too), and the decode holding share:
+# requests holding decode memory (stage past the pre-allocation queue: waiting for or under prefill,
+# transferring, decoding) / live sessions, counted every `sample_s`.
 # The knee (knee.py) and X(N) for the fluid model (fluid.py) are read off these points.
 # With reservations (pool session id -> the tokens Basin would reserve for it: scale x predicted
 # peak), each step also records the reservation ratio: sum over live sessions of max(reservation,
 # context) / sum of their contexts, sampled every `sample_s` of the step's second half. It converts
 # the knee (a working set) into the unit Basin's admission sums (reservations).
+# Which limit a ramp hits first (`ramp_limits`):
+# - cache: the first step off the hit-rate plateau (knee.py's detection, `first_off_index`);
+# - decode: the first step whose decode memory is >= DECODE_FULL_SHARE in use, or whose
+#   pre-allocation queue holds >= QUEUED_PER_DECODE requests per decode instance on average. SGLang
+#   admits a request only while free memory covers 512 tokens per active request plus its own prompt
+#   + 4096, so memory in use saturates a few percent below 100%: 95% is reached only when admission
+#   is blocked. A queue of one request per instance on average over 10 minutes means requests wait
+#   for memory most of the time (a transient one from one large prompt averages far below it);
+# - the earlier step wins; in the same step, the earlier minute in which the condition holds for two
+#   minutes in a row (the knee's `confirm`); still tied: `decode` (cache-first must be shown);
+#   neither: `none`.
 # No I/O.
 """Stepped load ramp on the simulator: (load, hit rate, live sessions, calls/s) per step."""
 
@@ -19,7 +34,7 @@ from typing import Any
 from basin_runtime.session_table import Session
 from basin_sim.calibrate.knee import Knee, find_knee
 from basin_sim.engine import Engine
-from basin_sim.lifecycle import Status
+from basin_sim.lifecycle import Stage, Status
 from basin_sim.policies import PolicyContext, make_policy
 from basin_sim.profile import Deployment
 from basin_sim.timeline import Timeline
@@ -38,17 +53,28 @@ class RampStep:
     sessions_finished_per_s: float
     decode_busy_share: float  # mean decoding requests / mean live sessions
     reservation_ratio: float | None = None  # sum of max(reservation, context) / sum of context, live sessions
+    decode_memory_share: float = 0.0  # mean decode memory in use / all decode memory
+    prealloc_queued: float = 0.0  # mean requests waiting for decode memory (all decode instances)
+    decode_holding_share: float | None = None  # mean requests holding decode memory / mean live (None: unmeasured)
+
+
+HOLDING_STAGES = frozenset({Stage.PREFILL_WAIT, Stage.PREFILLING, Stage.TRANSFER, Stage.DECODING})
+DECODE_FULL_SHARE = 0.95
+QUEUED_PER_DECODE = 1.0
+LIMITS = ("cache", "decode", "none")
 
 
 def run_ramp(deployment: Deployment, pool: Sequence[Session], rates_per_s: Sequence[float], step_s: float,
-             seed: int = 1, reservations: Mapping[str, float] | None = None, sample_s: float = 60.0) -> list[RampStep]:
-    """Run the rates one after another on one engine; one `RampStep` per rate."""
+             seed: int = 1, reservations: Mapping[str, float] | None = None, sample_s: float = 30.0,
+             timeline: Timeline | None = None) -> list[RampStep]:
+    """Run the rates one after another on one engine; one `RampStep` per rate (into `timeline` if given)."""
     policy = "hicache" if deployment.has_host_tier else "sglang"
-    timeline = Timeline(60.0)
+    timeline = Timeline(60.0) if timeline is None else timeline
     engine = Engine(deployment, make_policy(policy, PolicyContext(deployment)), timeline=timeline)
     shared = shared_prefix_tokens(pool)
     rng = random.Random(seed)
     capacity = deployment.prefill_cache_tokens * deployment.num_prefill
+    decode_tokens = deployment.decode_kv_tokens * deployment.num_decode
     steps: list[RampStep] = []
     count = 0
     reserved: dict[str, float] = {}  # run id -> its reservation
@@ -64,31 +90,45 @@ def run_ramp(deployment: Deployment, pool: Sequence[Session], rates_per_s: Seque
             t += rng.expovariate(rate)
         half = start + step_s / 2
         engine.run_until(half)
-        ratio = _reservation_ratio(engine, reserved, half, end, sample_s) if reservations is not None else None
-        engine.run_until(end)
+        sampled = _sample_second_half(engine, reserved if reservations is not None else None, half, end, sample_s)
         finished = sum(1 for r in engine.runs.values() if r.ended_s is not None and half <= r.ended_s < end)
         hit = timeline.hit_rate(half, end)
         live = timeline.mean_sample("live_sessions", half, end) or 0.0
         decoding = timeline.mean_sample("decode_running", half, end) or 0.0
+        in_use = timeline.mean_sample("decode_reserved_tokens", half, end) or 0.0
         steps.append(RampStep(rate, (timeline.mean_sample("working_set_tokens", half, end) or 0.0) / capacity,
                               0.0 if hit is None else hit, live, len(timeline.ttfts(half, end)) / (end - half),
-                              finished / (end - half), decoding / live if live > 0 else 0.0, ratio))
+                              finished / (end - half), decoding / live if live > 0 else 0.0, sampled.ratio,
+                              in_use / decode_tokens, timeline.mean_sample("decode_queued", half, end) or 0.0,
+                              sampled.holding_share))
     return steps
 
 
-def _reservation_ratio(engine: Engine, reserved: Mapping[str, float], start: float, end: float,
-                       sample_s: float) -> float | None:
-    """Run the engine from `start` to `end`, sampling sum(max(reservation, context)) / sum(context) of live runs."""
+@dataclass(frozen=True)
+class _Sampled:
+    holding_share: float | None  # requests holding decode memory / live sessions, over the samples
+    ratio: float | None  # the reservation ratio (None without reservations)
+
+
+def _sample_second_half(engine: Engine, reserved: Mapping[str, float] | None, start: float, end: float,
+                        sample_s: float) -> _Sampled:
+    """Run the engine from `start` to `end`, counting every `sample_s` the live runs, those holding decode
+    memory and, with reservations, sum(max(reservation, context)) / sum(context)."""
     held = contexts = 0.0
+    live = holding = 0
     t = start
     while t < end:
         t = min(t + sample_s, end)
         engine.run_until(t)
-        for run_id, run in engine.runs.items():
-            if run.status is Status.LIVE and run.context_tokens > 0:
-                held += max(reserved[run_id], run.context_tokens)
+        for run in engine.runs.values():
+            if run.status is not Status.LIVE:
+                continue
+            live += 1
+            holding += run.request is not None and run.request.stage in HOLDING_STAGES
+            if reserved is not None and run.context_tokens > 0:
+                held += max(reserved[run.spec.session_id], run.context_tokens)
                 contexts += run.context_tokens
-    return held / contexts if contexts > 0 else None
+    return _Sampled(holding / live if live else None, held / contexts if contexts > 0 else None)
 
 
 def calibration_record(steps: Sequence[RampStep], capacity_tokens: float, source: str) -> dict[str, Any]:
@@ -123,3 +163,61 @@ def plateau_reservation_ratio(steps: Sequence[RampStep], knee: Knee) -> float | 
 def ramp_knee(steps: Sequence[RampStep], tolerance: float = 0.05, confirm: int = 2) -> Knee:
     """The knee of a ramp, in units of cache capacity."""
     return find_knee([(s.load, s.hit_rate) for s in steps], tolerance, confirm)
+
+
+@dataclass(frozen=True)
+class RampLimits:
+    """Which limit a ramp hit first, and at which steps (indices into the ramp) each was hit."""
+
+    first_limit: str  # one of LIMITS
+    cache_step: int | None
+    decode_step: int | None
+    knee: Knee
+    is_tie_broken_by_minute: bool = False
+
+
+def is_decode_full(step: RampStep, num_decode: int) -> bool:
+    """Decode memory binds in this step (the thresholds in the rules above)."""
+    return step.decode_memory_share >= DECODE_FULL_SHARE or step.prealloc_queued >= QUEUED_PER_DECODE * num_decode
+
+
+def ramp_limits(steps: Sequence[RampStep], deployment: Deployment, timeline: Timeline | None = None,
+                step_s: float | None = None, tolerance: float = 0.05, confirm: int = 2) -> RampLimits:
+    """The first limit of a ramp (rules above); `timeline` and `step_s` break a same-step tie by minute."""
+    knee = ramp_knee(steps, tolerance, confirm)
+    cache = knee.first_off_index
+    decode = next((k for k, s in enumerate(steps) if is_decode_full(s, deployment.num_decode)), None)
+    if cache is None or decode is None:
+        first = "none" if cache is None and decode is None else "cache" if decode is None else "decode"
+        return RampLimits(first, cache, decode, knee)
+    if cache != decode:
+        return RampLimits("cache" if cache < decode else "decode", cache, decode, knee)
+    if timeline is None or step_s is None:
+        return RampLimits("decode", cache, decode, knee)
+    is_cache = _cache_minute_first(timeline, deployment, cache * step_s, (cache + 1) * step_s,
+                                   knee.plateau_hit_rate - tolerance, confirm)
+    return RampLimits("cache" if is_cache else "decode", cache, decode, knee, is_tie_broken_by_minute=True)
+
+
+def _cache_minute_first(timeline: Timeline, deployment: Deployment, start_s: float, end_s: float, floor: float,
+                        confirm: int) -> bool:
+    """True if, minute by minute in [start_s, end_s), the hit rate stays below `floor` (for `confirm`
+    minutes) strictly before decode memory is full (for `confirm` minutes)."""
+    decode_tokens = deployment.decode_kv_tokens * deployment.num_decode
+    is_low, is_full = [], []
+    for t, hit in timeline.bin_hit_rates(start_s, end_s):
+        is_low.append(hit is not None and hit < floor)
+        in_use = timeline.mean_sample("decode_reserved_tokens", t, t + timeline.bin_s) or 0.0
+        queued = timeline.mean_sample("decode_queued", t, t + timeline.bin_s) or 0.0
+        is_full.append(in_use / decode_tokens >= DECODE_FULL_SHARE
+                       or queued >= QUEUED_PER_DECODE * deployment.num_decode)
+    cache_minute, decode_minute = _first_run(is_low, confirm), _first_run(is_full, confirm)
+    return cache_minute is not None and (decode_minute is None or cache_minute < decode_minute)
+
+
+def _first_run(flags: Sequence[bool], length: int) -> int | None:
+    """The first index from which `length` flags in a row are true (fewer at the end count), or None."""
+    for i, flag in enumerate(flags):
+        if flag and all(flags[i:i + length]):
+            return i
+    return None

@@ -153,10 +153,8 @@ def test_risk_prints_the_fluid_model_points_and_a_verdict(
                  "--step-s", "600", "--rates-file", files["rates"]]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("X(N): N=")
-    verdict = json.loads(next(line for line in lines if line.startswith("{")))
-    assert verdict["cache_limit_sessions"] > 0 and verdict["decode_limit_sessions"] > 0
-    assert verdict["verdict"] in lines[-1]
-    assert lines[-1].startswith("tiny: ") and ("cache first" in lines[-1] or "decode first" in lines[-1])
+    assert lines[-1].startswith("tiny: cache knee reached at ") and "live sessions" in lines[-1]
+    assert lines[-1].endswith(("cache-first", "decode-first"))  # the --json fields: tests/sim/test_risk.py
 
 
 def test_a_shape_and_workload_without_a_recorded_rate_is_measured_once_cached_and_said(

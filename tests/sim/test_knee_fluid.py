@@ -57,8 +57,16 @@ def test_too_much_load_has_no_fixed_point_and_bad_input_is_refused() -> None:
 
 def test_risk_test_verdicts() -> None:
     cache_first = risk_test(knee_tokens=2_000_000, mean_context_tokens=20_000, decode_capacity_tokens=3_000_000,
-                            decode_busy_share=0.3)
-    assert cache_first.cache_limit_sessions == 100 and cache_first.decode_limit_sessions == 500
-    assert cache_first.verdict == "cache first" and "100 live sessions" in cache_first.describe()
+                            decode_holding_share=0.3)
+    # decode: 3M / ((20,000 + 512 headroom) x 0.3) = 487.5 live sessions
+    assert cache_first.cache_limit_sessions == 100
+    assert cache_first.decode_limit_sessions == pytest.approx(3_000_000 / (20_512 * 0.3))
+    assert cache_first.verdict == "cache-first" and "100 live sessions" in cache_first.describe()
     decode_first = risk_test(2_000_000, 20_000, 300_000, 0.5)
-    assert decode_first.verdict == "decode first"
+    assert decode_first.verdict == "decode-first"
+
+
+def test_the_knee_names_the_first_point_off_the_plateau_in_the_callers_order() -> None:
+    points = [(0.1, 0.95), (0.9, 0.3), (0.3, 0.94), (0.6, 0.5), (0.2, 0.95)]  # off the plateau from 0.6 on
+    assert find_knee(points).first_off_index == 3
+    assert find_knee([(0.2, 0.9), (0.4, 0.92)]).first_off_index is None
