@@ -126,6 +126,10 @@ def _cells(args: argparse.Namespace) -> dict[tuple[str, str], Cell]:
         peaks = {} if predictor is None else predict_pool(predictor, pool)
         for deployment_name in args.deployments:
             spec = catalog.load_deployment(deployment_name)
+            needs_rate = scenario.needs_overload_rate or any(p.startswith("basin") for p in args.policies)
+            if not needs_rate:  # absolute arrivals and no knee ramp to scale: nothing to calibrate
+                cells[(scenario_name, deployment_name)] = Cell(scenario, spec, pool, peaks, 0.0, None)
+                continue
             rate, source = overload_rate_for(spec.build("gpu"), pool, scenario.workload, scenario.clients, cache)
             print(f"{scenario.name} on {spec.name}: overload rate {rate:.4f}/s ({source})", file=sys.stderr)
             cells[(scenario_name, deployment_name)] = Cell(scenario, spec, pool, peaks, rate, None)

@@ -317,11 +317,11 @@ def simulate_anchors(profile: Profile, pool: Sequence[Session], rate_per_min: fl
     """The steady scenario on 1p1d at `rate_per_min`: mean over seeds of TTFT p50, hit rate, busy share."""
     from basin_sim.catalog import load_scenario
     from basin_sim.simulate import RunSpec, run_scenario
+    from basin_sim.workload.scenarios import RateStep
 
-    scenario = load_scenario("steady")
+    scenario = dataclasses.replace(load_scenario("steady"), rate=(RateStep(0.0, per_min=rate_per_min),))
     deployment = Deployment.of("1p1d", profile, 1, 1, "gpu")
-    overload = rate_per_min / 60 / scenario.rate[0].x_overload  # the steady load is x_overload of this rate
-    runs = [run_scenario(RunSpec(scenario, deployment, "sglang", seed, overload), pool).summary for seed in seeds]
+    runs = [run_scenario(RunSpec(scenario, deployment, "sglang", seed, 0.0), pool).summary for seed in seeds]
     return {"paper_ttft_p50": statistics.fmean(r["ttft_p50_post_s"] for r in runs),
             "paper_hit_rate": statistics.fmean(r["hit_rate_post"] for r in runs),
             "paper_prefill_busy": statistics.fmean(r["prefill_busy_fraction"] for r in runs)}
