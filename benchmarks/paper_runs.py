@@ -8,7 +8,7 @@ Per scenario (plain SGLang, `sglang` policy, on `1p1d`): goodput of the sessions
 after the surge, share of seeds stuck, hit rate before / after, TTFT p50 after, minutes to recover,
 prefill busy share, and live regular sessions at minute 50 (the burst scenarios' measure); each a
 mean +- standard deviation over the seeds. Writes data/sim/paper_runs.json; with --plots, the timeline
-PNG of one stuck and one recovered run (the first seed of each kind found). Scenario parameters are
+PNG of the first stuck run (any scenario) and the first surge-100 run that is not stuck. Scenario parameters are
 the paper's; nothing here is tuned. With --relative, every rate keeps the paper's factor of its
 overload rate (3.3/min = 0.5 x its ~6.6/min) but applies it to the model's own measured overload rate
 of the deployment on that workload (calibrate/rates.py, measured once and cached).
@@ -96,10 +96,9 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             print(f"[{k}/{len(jobs)}] {row['scenario']} seed {row['seed']}: goodput {row['goodput_per_hour']:.0f}/h "
                   f"stuck {row['is_stuck']} ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
-            if result is not None and "surge" in row["scenario"]:
-                kind = "stuck" if row["is_stuck"] else "recovered"
-                if kind not in plotted:
-                    plotted[kind] = plot_run(result, args.plots)
+            kind = "stuck" if row["is_stuck"] else "recovered" if "surge-100" in row["scenario"] else None
+            if result is not None and kind is not None and kind not in plotted:
+                plotted[kind] = plot_run(result, args.plots)
     table = []
     for w in args.workloads:
         for name in SCENARIOS:
