@@ -65,7 +65,7 @@ LIMITS = ("cache", "decode", "none")
 
 
 def run_ramp(deployment: Deployment, pool: Sequence[Session], rates_per_s: Sequence[float], step_s: float,
-             seed: int = 1, reservations: Mapping[str, float] | None = None, sample_s: float = 30.0,
+             seed: int = 1, reservations: Mapping[str, float] | None = None, sample_s: float = 60.0,
              timeline: Timeline | None = None) -> list[RampStep]:
     """Run the rates one after another on one engine; one `RampStep` per rate (into `timeline` if given)."""
     policy = "hicache" if deployment.has_host_tier else "sglang"
