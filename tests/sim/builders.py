@@ -7,8 +7,9 @@ whatever the batch; transfer 5 ms + 1 us per token; load-back 1 us per token.
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
-from basin_runtime.session_table import Call, Session
+from basin_runtime.session_table import Call, Session, write_sessions
 from basin_sim.lifecycle import SessionSpec
 from basin_sim.profile import Deployment, Profile
 
@@ -48,3 +49,23 @@ def spec(s: Session, arrival_s: float = 0.0, shared_tokens: int = 500, is_burst:
 def with_profile(**changes: float) -> Profile:
     """The tiny profile with some fields changed."""
     return replace(TINY, **changes)
+
+
+def seeded_files(tmp_path: Path, deployment_yaml: str, rate_per_s: float = 0.1) -> dict[str, str]:
+    """A deployment file, a small synthetic session table and a rates cache holding the steady workload's
+    overload rate on that deployment, as if measured before (so no test calibrates)."""
+    from basin_sim.calibrate.rates import RateCache, rate_key
+    from basin_sim.catalog import load_deployment, load_scenario
+    from basin_sim.workload.pool import workload_pool
+    from basin_sim.workload.synthetic import generate_corpus
+
+    (tmp_path / "d.yaml").write_text(deployment_yaml)
+    pool = generate_corpus(2, 10)
+    write_sessions(tmp_path / "sessions.parquet", pool)
+    rates = RateCache(tmp_path / "rates.json")
+    shape = load_deployment(str(tmp_path / "d.yaml")).build("gpu")
+    steady = load_scenario("steady")
+    rates.put(rate_key(shape, steady.workload, steady.clients, workload_pool(pool, steady.workload)), rate_per_s,
+              {"command": "seeded by the test"})
+    return {"deployment": str(tmp_path / "d.yaml"), "sessions": str(tmp_path / "sessions.parquet"),
+            "rates": str(rates.path), "dir": str(tmp_path)}

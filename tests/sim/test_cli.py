@@ -7,14 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from basin_runtime.session_table import write_sessions
 from basin_sim.calibrate import rates as rates_module
 from basin_sim.calibrate.overload import Calibration
-from basin_sim.calibrate.rates import RateCache, rate_key
-from basin_sim.catalog import load_deployment, load_scenario
 from basin_sim.cli import main
-from basin_sim.workload.pool import workload_pool
-from basin_sim.workload.synthetic import generate_corpus
+from tests.sim.builders import seeded_files
 
 SCENARIO = """name: tiny-surge
 description: a short surge for tests
@@ -38,16 +34,7 @@ RATE = ["--overload-rate", "0.1"]
 @pytest.fixture
 def files(tmp_path: Path) -> dict[str, str]:
     (tmp_path / "s.yaml").write_text(SCENARIO)
-    (tmp_path / "d.yaml").write_text(DEPLOYMENT)
-    pool = generate_corpus(2, 10)
-    write_sessions(tmp_path / "sessions.parquet", pool)
-    rates = RateCache(tmp_path / "rates.json")  # the steady workload's rate on `tiny`, as if measured before
-    shape = load_deployment(str(tmp_path / "d.yaml")).build("gpu")
-    steady = load_scenario("steady")
-    rates.put(rate_key(shape, steady.workload, steady.clients, workload_pool(pool, steady.workload)), 0.1,
-              {"command": "seeded by the test"})
-    return {"scenario": str(tmp_path / "s.yaml"), "deployment": str(tmp_path / "d.yaml"),
-            "sessions": str(tmp_path / "sessions.parquet"), "dir": str(tmp_path), "rates": str(rates.path)}
+    return {"scenario": str(tmp_path / "s.yaml"), **seeded_files(tmp_path, DEPLOYMENT)}
 
 
 def test_run_prints_one_json_summary_line_and_writes_the_timeline_plot(
@@ -77,9 +64,7 @@ def test_without_a_session_table_it_says_it_uses_the_synthetic_corpus(
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--scenario", "surge-1000", "--deployment", "1p3d", "--policy", "sglang"],
-     "unknown scenario 'surge-1000'; known scenarios: "
-     "closed-agents, kill-burst, kill-burst-keep, steady, surge-100, surge-100-30min, surge-100-give-up, surge-200, "
-     "surge-33"),
+     "unknown scenario 'surge-1000'; known scenarios: closed-agents, kill-burst, kill-burst-keep, paper-burst-keep"),
     (["--scenario", "steady", "--deployment", "9p9d", "--policy", "sglang"], "known deployments: 100p300d, 1p1d, 1p3d"),
     (["--scenario", "steady", "--deployment", "1p3d", "--policy", "vllm"],
      "unknown policy 'vllm'; known policies: sglang, hicache"),

@@ -7,16 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from basin_runtime.session_table import write_sessions
 from basin_sim.calibrate.fluid import SGLANG_RESERVED_DECODE_TOKENS, risk_test
 from basin_sim.calibrate.ramp import RampStep, is_decode_full, ramp_limits, run_ramp
-from basin_sim.calibrate.rates import RateCache, rate_key
-from basin_sim.catalog import load_deployment, load_scenario
 from basin_sim.cli import main
 from basin_sim.timeline import Sample, Timeline
-from basin_sim.workload.pool import workload_pool
-from basin_sim.workload.synthetic import generate_corpus
-from tests.sim.builders import deployment, session
+from tests.sim.builders import deployment, seeded_files, session
 
 
 def test_the_decode_limit_counts_context_plus_sglangs_headroom_for_the_share_held() -> None:
@@ -129,16 +124,7 @@ cache: gpu
 
 @pytest.fixture
 def files(tmp_path: Path) -> dict[str, str]:
-    (tmp_path / "d.yaml").write_text(DEPLOYMENT)
-    pool = generate_corpus(2, 10)
-    write_sessions(tmp_path / "sessions.parquet", pool)
-    rates = RateCache(tmp_path / "rates.json")  # the steady workload's rate on `tiny`, as if measured before
-    shape = load_deployment(str(tmp_path / "d.yaml")).build("gpu")
-    steady = load_scenario("steady")
-    rates.put(rate_key(shape, steady.workload, steady.clients, workload_pool(pool, steady.workload)), 0.1,
-              {"command": "seeded by the test"})
-    return {"deployment": str(tmp_path / "d.yaml"), "sessions": str(tmp_path / "sessions.parquet"),
-            "rates": str(rates.path)}
+    return seeded_files(tmp_path, DEPLOYMENT)
 
 
 def _argv(command: str, files: dict[str, str], *extra: str) -> list[str]:
