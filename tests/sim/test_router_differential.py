@@ -152,5 +152,5 @@ class RouterMachine(RuleBasedStateMachine):
             self.pair.check(self.sessions)
 
 
-RouterMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=50, deadline=None, database=None)
+RouterMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=40, deadline=None, database=None)
 test_router_machine = RouterMachine.TestCase
