@@ -58,6 +58,7 @@
 
 from __future__ import annotations
 
+import collections
 import functools
 import heapq
 import math
@@ -129,6 +130,11 @@ class Engine:
         self.working_set_tokens = 0
         self._tick_s = tick_s
         self._events: list[tuple[float, int, int, object]] = []
+        # Client timers of one fixed delay each (call timeout, session time limit) are due in the order
+        # they were set, so each waits in a FIFO queue instead of the heap (most are void by then, and
+        # at scale they would be most of the heap): same (time, seq) order, O(1) per timer.
+        self._timeouts: collections.deque[tuple[float, int, int, object]] = collections.deque()
+        self._give_ups: collections.deque[tuple[float, int, int, object]] = collections.deque()
         self._seq = 0
         self._requests: dict[int, Request] = {}
         self._next_request_id = 0
@@ -157,9 +163,21 @@ class Engine:
 
     def run_until(self, until_s: float) -> None:
         """Process every event up to `until_s` (math.inf: until nothing is left to do)."""
-        events = self._events
-        while events and events[0][0] <= until_s:
-            time_s, _, kind, payload = heapq.heappop(events)
+        events, timeouts, give_ups = self._events, self._timeouts, self._give_ups
+        while True:  # the earliest (time, seq) of the heap and the two timer queues
+            entry = events[0] if events else None
+            queue = None
+            if timeouts and (entry is None or timeouts[0] < entry):
+                entry, queue = timeouts[0], timeouts
+            if give_ups and (entry is None or give_ups[0] < entry):
+                entry, queue = give_ups[0], give_ups
+            if entry is None or entry[0] > until_s:
+                break
+            if queue is None:
+                heapq.heappop(events)
+            else:
+                queue.popleft()
+            time_s, _, kind, payload = entry
             if kind >= _TIMEOUT and self._is_void(kind, payload):  # a client's timer that no longer applies
                 continue
             if time_s >= self._next_bin_end_s:
@@ -239,7 +257,8 @@ class Engine:
         self.num_held += 1
         self.timeline.record_arrival(self.now)
         if self.clients is not None and self.clients.session_time_limit_s is not None:
-            self._at(self.now + self.clients.session_time_limit_s, _GIVE_UP, run)
+            self._seq += 1
+            self._give_ups.append((self.now + self.clients.session_time_limit_s, self._seq, _GIVE_UP, run))
         self._apply(self.policy.on_arrival(run.spec.session_id, self.now, run.spec.session))
 
     def _start(self, run: SessionRun) -> None:
@@ -383,7 +402,8 @@ class Engine:
         request = run.request = self._requests[rid] = Request(rid, run, self.now, prefill, decode, job, slot,
                                                               attempt=run.attempt)
         if self.clients is not None:
-            self._at(self.now + self.clients.call_timeout_s, _TIMEOUT, request)
+            self._seq += 1
+            self._timeouts.append((self.now + self.clients.call_timeout_s, self._seq, _TIMEOUT, request))
         decode.enqueue(request.slot)
         self._grant(decode)
 

@@ -26,7 +26,7 @@ from basin_sim.calibrate.rates import DEFAULT_RATES_FILE, RateCache, rate_key
 from basin_sim.engine import Engine
 from basin_sim.policies import PolicyContext, make_policy
 from basin_sim.profile import Deployment
-from basin_sim.simulate import ArrivalFeed
+from basin_sim.simulate import ArrivalFeed, sparse_gc
 from basin_sim.timeline import Timeline
 from basin_sim.workload.pool import DEFAULT_SESSIONS, load_pool, workload_pool
 from basin_sim.workload.scenarios import RateStep, Scenario, generate_sessions
@@ -72,9 +72,10 @@ def run_hour(deployment: Deployment, pool: list[Session], per_min: float, hours:
     engine = Engine(deployment, make_policy("sglang", PolicyContext(deployment)), timeline=Timeline(60.0),
                     tick_s=TICK_S, router_seed=seed, clients=scenario.clients, client_seed=seed)
     feed, end_s = ArrivalFeed(engine, sessions), scenario.engine_s(duration_s)
-    while engine.now < end_s:  # as run_scenario does: arrivals one step ahead of the clock
-        feed.add_until(min(engine.now + STEP_S, end_s))
-        engine.run_until(min(engine.now + STEP_S, end_s))
+    with sparse_gc():  # as run_scenario does
+        while engine.now < end_s:  # as run_scenario does: arrivals one step ahead of the clock
+            feed.add_until(min(engine.now + STEP_S, end_s))
+            engine.run_until(min(engine.now + STEP_S, end_s))
     if profiler is not None:
         profiler.disable()
     wall_s, cpu_s = time.perf_counter() - started, time.process_time() - started_cpu
