@@ -57,7 +57,7 @@ from basin_sim.workload.scenarios import (
 ProgressCallback = Callable[[float], None]
 
 
-GC_THRESHOLDS = (100_000, 50, 1_000)  # gen0, gen1, gen2 (CPython's defaults: 700, 10, 10)
+GC_THRESHOLDS = (200_000, 1_000, 1_000)  # gen0, gen1, gen2 (CPython's defaults: 700, 10, 10)
 
 @dataclass(frozen=True)
 class RunSpec:
@@ -101,13 +101,14 @@ def pool_unloaded_s(pool: Sequence[Session], unloaded: UnloadedTimes) -> Callabl
 
 @contextlib.contextmanager
 def sparse_gc() -> Iterator[None]:
-    """Run the block with Python's cyclic collector triggered 100x less often, then restore it.
+    """Run the block with Python's cyclic collector triggered far less often, then restore it.
 
     A run creates millions of short-lived objects next to hundreds of thousands of long-lived ones
     (sessions, cache chains, router trees); with the default thresholds the collector's full passes
-    scan all of them again and again, a cost that grows with the deployment (measured: 10P30D's cost
-    per session 1.50x 1P3D's with the defaults, 1.25x with these; `benchmarks/bench_scale.py`). The
-    model makes no reference cycles it relies on the collector for.
+    scan all of them again and again, a cost that grows with the deployment (measured with
+    `benchmarks/bench_scale.py --large <a 10P30D file> --scale 10`: 10P30D's cost per session 1.50x 1P3D's with
+    the defaults, 1.17x with these, 1.10x with no collection at all). The model makes no reference
+    cycles it relies on the collector for.
     """
     before = gc.get_threshold()
     gc.set_threshold(*GC_THRESHOLDS)
