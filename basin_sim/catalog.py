@@ -8,7 +8,9 @@
 #   `CatalogError` naming the file and the key (`bursts[1].kill_at_s`, not just "bad burst").
 # - A deployment file: `profile` (name or file), `num_prefill`, `num_decode`, `cache` (gpu | host),
 #   optional per-instance `prefill_cache_tokens`, `decode_kv_tokens`, `host_cache_tokens` (default:
-#   the profile's whole KV pool, and its host tier when `cache` is host). Overload rates are not kept
+#   the profile's whole KV pool, and its host tier when `cache` is host), optional SGLang decode
+#   settings `decode_reserved_tokens`, `decode_clip_max_new_tokens`, `retraction_policy` (default:
+#   SGLang's, see basin_sim/decode.py). Overload rates are not kept
 #   here: they depend on the workload, and are measured on first use (calibrate/rates.py).
 # - A scenario file: see basin_sim/workload/scenarios.py and the README's schema; each `rate`
 #   segment gives `from_s` and exactly one of `x_overload` and `per_min` (the scenario names the
@@ -59,6 +61,7 @@ class DeploymentSpec:
     prefill_cache_tokens: int | None = None
     decode_kv_tokens: int | None = None
     host_cache_tokens: int | None = None
+    server: dict[str, Any] = dataclasses.field(default_factory=dict)  # SGLang decode settings (_SERVER_KEYS)
 
     def build(self, cache: CacheKind | None = None) -> Deployment:
         """The deployment, with the file's cache kind unless `cache` overrides it."""
@@ -68,7 +71,8 @@ class DeploymentSpec:
             host = base.host_cache_tokens if self.host_cache_tokens is None or kind == "gpu" else self.host_cache_tokens
             return dataclasses.replace(
                 base, prefill_cache_tokens=self.prefill_cache_tokens or base.prefill_cache_tokens,
-                decode_kv_tokens=self.decode_kv_tokens or base.decode_kv_tokens, host_cache_tokens=host)
+                decode_kv_tokens=self.decode_kv_tokens or base.decode_kv_tokens, host_cache_tokens=host,
+                **self.server)
         except ProfileError as exc:
             raise CatalogError(f"{self.path}: {exc}") from exc
 
@@ -133,18 +137,24 @@ def load_profile(name: str) -> Profile:
 
 
 _DEPLOYMENT_OPTIONAL = ("prefill_cache_tokens", "decode_kv_tokens", "host_cache_tokens")
+_SERVER_KEYS = ("decode_reserved_tokens", "decode_clip_max_new_tokens", "retraction_policy")  # basin_sim/decode.py
 
 
 def load_deployment(name: str) -> DeploymentSpec:
     """A deployment by name (or path), with its profile."""
     path = _resolve(DEPLOYMENTS_DIR, name, "deployment")
-    data = _read(path, {"profile", "num_prefill", "num_decode", "cache"}, {"name", *_DEPLOYMENT_OPTIONAL})
+    data = _read(path, {"profile", "num_prefill", "num_decode", "cache"},
+                 {"name", *_DEPLOYMENT_OPTIONAL, *_SERVER_KEYS})
     cache = data["cache"]
     if cache not in CACHE_KINDS:
         raise CatalogError(f"{path}: cache must be one of {list(CACHE_KINDS)}, got {cache!r}")
     memories = {key: _whole(path, data, key) for key in _DEPLOYMENT_OPTIONAL if data.get(key) is not None}
+    server: dict[str, Any] = {key: _whole(path, data, key) for key in _SERVER_KEYS[:2] if data.get(key) is not None}
+    if data.get("retraction_policy") is not None:
+        server["retraction_policy"] = str(data["retraction_policy"])
     spec = DeploymentSpec(str(data.get("name", path.stem)), path, load_profile(str(data["profile"])),
-                          _whole(path, data, "num_prefill"), _whole(path, data, "num_decode"), cache, **memories)
+                          _whole(path, data, "num_prefill"), _whole(path, data, "num_decode"), cache, **memories,
+                          server=server)
     spec.build()  # checks the counts and memories now, naming the file
     return spec
 

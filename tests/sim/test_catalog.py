@@ -105,6 +105,26 @@ def test_a_deployment_file_names_its_profile_cache_and_memories(tmp_path: Path) 
         catalog.load_deployment(str(path))
 
 
+def test_a_deployment_file_may_set_sglang_s_decode_settings_and_defaults_them_otherwise(tmp_path: Path) -> None:
+    path = tmp_path / "mine.yaml"
+    base = "profile: h100-qwen3.6-35b-a3b\nnum_prefill: 1\nnum_decode: 1\ncache: gpu\n"
+    path.write_text(base)
+    built = catalog.load_deployment(str(path)).build()
+    assert (built.decode_reserved_tokens, built.decode_clip_max_new_tokens, built.retraction_policy) == \
+        (512, 4096, "length")
+    path.write_text(base + "decode_reserved_tokens: 256\ndecode_clip_max_new_tokens: 8192\n"
+                    "retraction_policy: priority\n")
+    built = catalog.load_deployment(str(path)).build()
+    assert (built.decode_reserved_tokens, built.decode_clip_max_new_tokens, built.retraction_policy) == \
+        (256, 8192, "priority")
+    path.write_text(base + "retraction_policy: oldest\n")
+    with pytest.raises(catalog.CatalogError, match=r"mine\.yaml: .*retraction_policy must be length or priority"):
+        catalog.load_deployment(str(path))
+    path.write_text(base + "decode_reserved_tokens: lots\n")
+    with pytest.raises(catalog.CatalogError, match=r"mine\.yaml: decode_reserved_tokens must be a whole number"):
+        catalog.load_deployment(str(path))
+
+
 def test_the_registry_builds_known_policies_and_refuses_unknown_ones() -> None:
     assert policy_names()[:2] == ("sglang", "hicache")
     assert policy_spec("hicache").uses_host_tier and not policy_spec("sglang").uses_host_tier
