@@ -78,9 +78,43 @@ def _json_object(raw: bytes) -> dict[str, Any]:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise BadRequestError(f"the request body is not valid JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise BadRequestError("the request body is nested too deeply to read") from exc
     if not isinstance(body, dict):
         raise BadRequestError(f"the request body must be a JSON object, not {type(body).__name__}")
+    try:  # the gateway re-serialises the body as UTF-8 (and logs parts of it): text must be valid Unicode
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise BadRequestError(f"`{_surrogate_path(body)}` holds a lone UTF-16 surrogate (an escape in "
+                              "\\ud800-\\udfff without its pair), which is not valid Unicode text") from exc
     return body
+
+
+def _surrogate_path(body: object) -> str:
+    """Where the first string (or key) that is not encodable as UTF-8 sits, as `a.b[2]`."""
+    stack: list[tuple[str, object]] = [("", body)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            if not _encodes(value):
+                return path or "(the body)"
+        elif isinstance(value, dict):
+            for key, item in reversed(list(value.items())):
+                key_path = f"{path}.{key}" if path else str(key)
+                if not _encodes(str(key)):
+                    return f"{path or '(the body)'} key {key!r}"
+                stack.append((key_path, item))
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{k}]", item) for k, item in reversed(list(enumerate(value))))
+    return "(the body)"
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _messages(body: Mapping[str, Any]) -> list[Message]:

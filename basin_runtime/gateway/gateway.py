@@ -43,7 +43,7 @@ from basin_runtime.gateway.measure import FirstCall, Meter, PromptMemo
 from basin_runtime.gateway.metrics import GatewayMetrics
 from basin_runtime.gateway.predictors import PeakModel, Predictors
 from basin_runtime.gateway.priority import request_id, stamp
-from basin_runtime.gateway.proxy import CallEnd, Upstream
+from basin_runtime.gateway.proxy import CallEnd, EndHook, Upstream
 from basin_runtime.gateway.session_log import SessionLogWriter
 from basin_runtime.gateway.sessions import CallRecord, SessionEntry, session_id_for
 from basin_runtime.gateway.waiting import EndReason, WaitingRoom
@@ -111,12 +111,18 @@ class Gateway:
         entry.calls.append(record)
         entry.in_flight += 1
         self.metrics.calls_in_flight.inc()
-        drop_usage_chunk = _ask_for_usage(call)
-        body = json.dumps(call.body, ensure_ascii=False).encode("utf-8")
-        self.metrics.added_latency.observe(max(0.0, time.perf_counter() - arrived - held_s))
-        response = await self.upstream.forward("POST", call.path, headers, body, request.receive,
-                                               on_end=partial(self._call_ended, entry, record),
-                                               drop_usage_chunk=drop_usage_chunk)
+        end = _EndOnce(partial(self._call_ended, entry, record))
+        try:  # from here every exit path ends the call exactly once, or the session could never be released
+            drop_usage_chunk = _ask_for_usage(call)
+            body = json.dumps(call.body, ensure_ascii=False).encode("utf-8")
+            self.metrics.added_latency.observe(max(0.0, time.perf_counter() - arrived - held_s))
+            response = await self.upstream.forward("POST", call.path, headers, body, request.receive,
+                                                   on_end=end, drop_usage_chunk=drop_usage_chunk)
+        except BaseException:
+            if not end.has_ended:
+                logger.exception("call %s of session %r failed inside the gateway", rid, entry.session_id)
+                await asyncio.shield(end(CallEnd("gateway_error")))
+            raise
         if entry.session_id.isascii() and entry.session_id.isprintable():
             response.headers[self.session_header] = entry.session_id
         return response
@@ -207,6 +213,20 @@ class Gateway:
         self.lending.session_ended(entry.session_id)
         if self.session_log is not None and entry.calls:
             self.session_log.append(log_record(entry, reason, self.room.clock.wall(), self.meter.tokenizer.name))
+
+
+class _EndOnce:
+    """A call's end hook that runs once, however many exit paths reach it."""
+
+    def __init__(self, hook: EndHook) -> None:
+        self._hook = hook
+        self.has_ended = False
+
+    async def __call__(self, end: CallEnd) -> None:
+        if self.has_ended:
+            return
+        self.has_ended = True
+        await self._hook(end)
 
 
 def _ask_for_usage(call: Call) -> bool:

@@ -636,6 +636,13 @@ async def test_a_client_leaving_before_the_answer_starts_cancels_the_upstream_re
         ("/v1/completions", b'{"model": "m"}', "no `prompt`"),
         ("/v1/completions", b'{"prompt": {"a": 1}}', "`prompt` must be"),
         ("/generate", b'{"sampling_params": {}}', "no `text` or `input_ids`"),
+        # a lone surrogate anywhere, as issue 16 found it: never counted, never a plain-text 500
+        (CHAT, b'{"model": "fake", "stop": "\\ud800", "messages": [{"role": "user", "content": "hi"}]}',
+         "`stop` holds a lone UTF-16 surrogate"),
+        (CHAT, b'{"model": "m\\ud800", "messages": [{"role": "user", "content": "hi"}]}', "`model` holds"),
+        (CHAT, b'{"user": "u\\ud800", "messages": [{"role": "user", "content": "hi"}]}', "`user` holds"),
+        (CHAT, b'{"messages": [{"role": "user", "content": "x\\udfff"}]}', "`messages[0].content` holds"),
+        (CHAT, b'[' * 100_000 + b']' * 100_000, "nested too deeply"),
     ],
 )
 async def test_a_malformed_call_is_400_with_a_json_error(rig: Rig, path: str, raw: bytes, fragment: str) -> None:
@@ -644,6 +651,24 @@ async def test_a_malformed_call_is_400_with_a_json_error(rig: Rig, path: str, ra
     error = response.json()["error"]
     assert fragment in error["message"] and error["type"] == "invalid_request_error"
     assert rig.upstream.requests == [] and len(rig.room.registry) == 0
+
+
+async def test_a_call_that_fails_inside_the_gateway_after_it_was_counted_is_ended_and_frees_its_session(
+        rig: Rig) -> None:
+    # Any failure after the call was counted in flight (here an unexpected error from the upstream client)
+    # must end the call once, so the session can still be released and idle-swept.
+    async def broken(request: httpx.Request) -> httpx.Response:
+        raise RuntimeError("a bug below the proxy")
+
+    rig.upstream.handler = broken
+    with pytest.raises(RuntimeError, match="a bug below the proxy"):
+        await rig.chat("s1", "task")
+    entry = rig.room.registry.get("s1")
+    assert entry is not None and (entry.in_flight, entry.calls[0].outcome) == (0, "gateway_error")
+    assert rig.gateway.metrics.calls_in_flight._value.get() == 0
+    assert (await rig.client.post("/basin/sessions/s1/end")).status_code == 200
+    snapshot = rig.policy.snapshot()
+    assert (snapshot.live, snapshot.reserved_tokens) == ((), 0)  # its budget is back
 
 
 async def _refuse(request: httpx.Request) -> httpx.Response:
