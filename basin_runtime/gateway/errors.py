@@ -39,6 +39,10 @@ class SessionNotFoundError(GatewayError):
     """No live or queued session has this id."""
 
 
+class PathNotForwardedError(GatewayError):
+    """A read-only path outside the forwarded list (e.g. `..` segments reaching the router's internals)."""
+
+
 class SessionEndedError(GatewayError):
     """The session was ended while its first call waited for admission."""
 
@@ -92,6 +96,8 @@ def _classify(exc: Exception) -> tuple[int, str, dict[str, Any], dict[str, str]]
             return 401, "unauthorized", {}, {"WWW-Authenticate": "Bearer"}
         case SessionNotFoundError() | UnknownSessionError():
             return 404, "session_not_found", {}, {}
+        case PathNotForwardedError():
+            return 404, "not_found", {}, {}
         case SessionEndedError():
             return 409, "session_ended", {}, {}
         case ClientGoneError():

@@ -31,13 +31,14 @@ import secrets
 import time
 from collections.abc import Sequence
 from functools import partial
+from urllib.parse import unquote
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from basin_runtime.gateway.calls import Call, CallKind, parse_call
 from basin_runtime.gateway.engine_metrics import EngineHitWindow, EngineScraper
-from basin_runtime.gateway.errors import SessionEndedError
+from basin_runtime.gateway.errors import PathNotForwardedError, SessionEndedError
 from basin_runtime.gateway.lending import WRITEBACK_HEADER, LendingTracker, writeback_header
 from basin_runtime.gateway.measure import FirstCall, Meter, PromptMemo
 from basin_runtime.gateway.metrics import GatewayMetrics
@@ -98,6 +99,9 @@ class Gateway:
     def refresh_metrics(self) -> None:
         """Set the state gauges from the policy (on a scrape and after each tick)."""
         self.metrics.refresh(self.room.policy.snapshot(), self.hit_rate(), self.is_shadow)
+        if self.session_log is not None:
+            self.metrics.log_failed.set(self.session_log.num_failed)
+            self.metrics.log_dropped.set(self.session_log.num_dropped)
 
     async def handle(self, kind: CallKind, request: Request) -> Response:
         """Serve one inference call."""
@@ -128,8 +132,18 @@ class Gateway:
         return response
 
     async def pass_through(self, request: Request) -> Response:
-        """Forward a read-only request (models, server info) without session accounting."""
-        return await self.upstream.forward(request.method, request.url.path, request.headers, None,
+        """Forward a read-only request (models, server info) without session accounting.
+
+        Only the listed paths go upstream, exactly: a path with a `.` or `..` segment, an empty segment
+        or an encoded slash or backslash (raw or percent-encoded) is refused, so `/v1/models/../../workers`
+        cannot reach the router's internals.
+        """
+        raw = request.scope.get("raw_path") or request.url.path.encode()
+        path = unquote(raw.decode("latin-1").split("?", 1)[0])
+        segments = path.split("/")[1:]
+        if any(s in ("", ".", "..") for s in segments) or "\\" in path or "%2f" in raw.decode("latin-1").lower():
+            raise PathNotForwardedError(f"{path!r} is not a path the gateway forwards")
+        return await self.upstream.forward(request.method, path, request.headers, None,
                                            request.receive, params=request.url.query)
 
     async def end_session(self, session_id: str) -> SessionEntry:

@@ -66,6 +66,11 @@ class GatewayMetrics:
                                        buckets=LATENCY_BUCKETS_S)
         self.peak_ratio = Histogram("basin_peak_prediction_ratio", "True peak / predicted peak at session end",
                                     registry=r, buckets=RATIO_BUCKETS)
+        self.log_failed = Gauge("basin_session_log_failed_records",
+                                "Finished sessions the session log could not write (bad record or I/O error)",
+                                registry=r)
+        self.log_dropped = Gauge("basin_session_log_dropped_records",
+                                 "Finished sessions dropped because the session log's queue was full", registry=r)
         self.hit_ratio.set(float("nan"))
 
     def refresh(self, snapshot: PolicySnapshot, hit_rate: float | None, is_shadow: bool) -> None:

@@ -11,6 +11,12 @@
 # - Text-free (`keep_text=False`): the task text is not written (`task_text: null`); its length
 #   (`task_chars`) and every token count are. Ingest rejects such records for text models, by name.
 # - `close()` writes what is queued, then stops the thread; appends after it raise.
+# - A record that cannot be written (it does not encode as JSON/UTF-8) is skipped with an error log
+#   line naming the session and counted in `num_failed`; the thread goes on with the next one. No
+#   exception ends the writer thread: it logs, counts the batch as failed and keeps serving.
+# - Files hold users' task texts: the folder is created 0700 and every file 0600 (owner only).
+# - A live file whose last line is torn (a crash mid-append) gets a newline before the next record,
+#   so the torn line stays one bad line and never swallows the next record.
 """The durable, rotating session-log writer (a thread fed by a queue)."""
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import BinaryIO
 
 from basin_runtime.session_log import SessionLogRecord
 
@@ -40,10 +47,11 @@ class SessionLogWriter:
         self.keep_text = keep_text
         self.num_written = 0
         self.num_dropped = 0
+        self.num_failed = 0  # records that could not be encoded or written
         self._queue: queue.Queue[object] = queue.Queue(maxsize=max_queued)
         self._is_closed = False
         self._seq = 0
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._thread = threading.Thread(target=self._run, name="basin-session-log", daemon=True)
         self._thread.start()
 
@@ -91,7 +99,8 @@ class SessionLogWriter:
             is_stopping = any(r is _STOP for r in items)
             try:
                 self._write(records)
-            except OSError:
+            except Exception:  # the writer must outlive any failure, and say so
+                self.num_failed += len(records)
                 logger.exception("session log %s: writing %d sessions failed", self.path, len(records))
             finally:
                 for _ in items:
@@ -101,16 +110,25 @@ class SessionLogWriter:
         if not records:
             return
         size = self.path.stat().st_size if self.path.exists() else 0
-        handle = self.path.open("ab")
+        handle = self._open()
+        if size > 0 and not self._ends_with_newline():
+            handle.write(b"\n")  # a torn last line stays a line of its own
+            size += 1
         try:
             for record in records:
-                line = (record.to_json() + "\n").encode("utf-8")
+                try:
+                    line = (record.to_json() + "\n").encode("utf-8")
+                except (ValueError, TypeError) as exc:  # UnicodeEncodeError is a ValueError
+                    self.num_failed += 1
+                    logger.error("session log %s: session %r not logged, its record does not encode: %s",
+                                 self.path, record.session_id, exc)
+                    continue
                 if size > 0 and size + len(line) > self.max_bytes:
                     handle.flush()
                     os.fsync(handle.fileno())
                     handle.close()
                     self._rotate()
-                    handle = self.path.open("ab")
+                    handle = self._open()
                     size = 0
                 handle.write(line)
                 size += len(line)
@@ -119,6 +137,16 @@ class SessionLogWriter:
             os.fsync(handle.fileno())
         finally:
             handle.close()
+
+    def _open(self) -> BinaryIO:
+        """The live file for appending, created owner-only (0600)."""
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        return os.fdopen(fd, "ab")
+
+    def _ends_with_newline(self) -> bool:
+        with self.path.open("rb") as handle:
+            handle.seek(-1, os.SEEK_END)
+            return handle.read(1) == b"\n"
 
     def _rotate(self) -> None:
         self._seq += 1

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote
 
 import httpx
 import pytest
@@ -732,3 +733,27 @@ async def test_models_and_info_endpoints_pass_through_with_the_authorization(rig
     assert sent.headers["authorization"] == "Bearer k"
     assert len(rig.room.registry) == 0
 
+
+
+@pytest.mark.parametrize("raw_path", [b"/v1/models/../../workers", b"/v1/models/%2e%2e/%2e%2e/get_loads",
+                                      b"/v1/models/..%2f..%2fworkers", b"/v1/models/a/./b", b"/v1/models//x",
+                                      b"/v1/models/..%5c..%5cworkers"])
+async def test_a_pass_through_path_that_leaves_the_list_is_refused_and_never_forwarded(rig: Rig,
+                                                                                        raw_path: bytes) -> None:
+    # Sent as-is (curl --path-as-is): the ASGI scope carries the raw path, dots and escapes untouched.
+    messages: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        messages.append(message)
+
+    scope = {"type": "http", "http_version": "1.1", "method": "GET", "scheme": "http",
+             "path": unquote(raw_path.decode()), "raw_path": raw_path, "root_path": "", "query_string": b"",
+             "headers": [(b"host", b"gateway")], "client": ("127.0.0.1", 1), "server": ("gateway", 80)}
+    await rig.app(scope, receive, send)
+    start = next(m for m in messages if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in messages if m["type"] == "http.response.body")
+    assert start["status"] == 404 and json.loads(body)["error"]["type"] in ("not_found", "invalid_request_error")
+    assert rig.upstream.requests == []

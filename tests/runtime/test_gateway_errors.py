@@ -31,7 +31,8 @@ def test_every_gateway_error_maps_to_one_status_and_an_openai_style_body() -> No
         assert (error["message"], error["code"]) == (str(exc), response.status_code)
         statuses[cls.__name__] = response.status_code
     assert statuses == {
-        "BadRequestError": 400, "AdminAuthError": 401, "SessionNotFoundError": 404, "SessionEndedError": 409,
+        "BadRequestError": 400, "AdminAuthError": 401, "SessionNotFoundError": 404, "PathNotForwardedError": 404,
+        "SessionEndedError": 409,
         "ClientGoneError": 499, "SessionShedError": 503, "UpstreamError": 502, "UpstreamRefusedError": 502,
         "UpstreamTimeoutError": 504, "UpstreamStatusError": 502,
     }

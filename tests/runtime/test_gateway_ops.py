@@ -341,6 +341,33 @@ async def test_appending_after_close_raises(tmp_path: Path) -> None:
         writer.append(SessionLogRecord("s", "m", "t", None, 0, 0.0, 1.0, "ended", ()))
 
 
+async def test_a_record_that_does_not_encode_is_skipped_counted_and_the_writer_goes_on(tmp_path: Path) -> None:
+    writer = SessionLogWriter(tmp_path / "sessions.jsonl")
+    writer.append(SessionLogRecord("bad", "m\ud800", "t", None, 0, 0.0, 1.0, "ended", ()))  # a lone surrogate
+    writer.append(SessionLogRecord("good", "m", "t", None, 0, 0.0, 1.0, "ended", ()))
+    await asyncio.to_thread(writer.flush)
+    writer.append(SessionLogRecord("later", "m", "t", None, 0, 0.0, 1.0, "ended", ()))
+    await asyncio.to_thread(writer.close)
+    ids = [SessionLogRecord.from_json(line).session_id for line in writer.path.read_text().splitlines()]
+    assert ids == ["good", "later"] and (writer.num_written, writer.num_failed) == (2, 1)
+
+
+async def test_the_log_is_owner_only_and_a_torn_last_line_does_not_swallow_the_next_record(tmp_path: Path) -> None:
+    path = tmp_path / "log" / "sessions.jsonl"
+    writer = SessionLogWriter(path)
+    writer.append(SessionLogRecord("a", "m", "t", None, 0, 0.0, 1.0, "ended", ()))
+    await asyncio.to_thread(writer.close)
+    assert (path.stat().st_mode & 0o777, path.parent.stat().st_mode & 0o777) == (0o600, 0o700)
+    with path.open("ab") as handle:
+        handle.write(b'{"session_id": "torn", "mod')  # a crash mid-append
+    writer = SessionLogWriter(path)
+    writer.append(SessionLogRecord("b", "m", "t", None, 0, 0.0, 1.0, "ended", ()))
+    await asyncio.to_thread(writer.close)
+    lines = path.read_text().splitlines()
+    assert len(lines) == 3 and lines[1].startswith('{"session_id": "torn"')
+    assert [SessionLogRecord.from_json(lines[k]).session_id for k in (0, 2)] == ["a", "b"]
+
+
 # --- deploy files --------------------------------------------------------------------------------
 
 
