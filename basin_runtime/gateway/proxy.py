@@ -133,6 +133,12 @@ class Upstream:
         return UpstreamResponse(response, on_end, drop_usage_chunk=drop_usage_chunk)
 
 
+def _answered(status_code: int) -> CallOutcome:
+    """A call answered in full: `completed`, or `rejected` when the upstream refused it (4xx: a bad
+    parameter, a rate limit), which must not count as served work nor leave context to lend."""
+    return "rejected" if 400 <= status_code < 500 else "completed"
+
+
 def _whole_length(response: UpstreamAnswer) -> int | None:
     """The body length of an answer to read whole: not SSE, with a small Content-Length; else None."""
     if response.headers.get("content-type", "").startswith("text/event-stream"):
@@ -159,7 +165,7 @@ class WholeUpstreamResponse(Response):
         outcome: CallOutcome = "client_gone"
         try:
             await super().__call__(scope, receive, send)
-            outcome = "completed"
+            outcome = _answered(self.status_code)
         except (ClientDisconnect, OSError):
             outcome = "client_gone"
         finally:
@@ -225,7 +231,7 @@ class UpstreamResponse(StreamingResponse):
                 outcome = "upstream_error"
                 logger.warning("upstream %s reported a failure mid-answer: %s", self._upstream.url, self._error)
             else:
-                outcome = "completed"
+                outcome = _answered(self.status_code)
         except (ClientDisconnect, OSError):
             outcome = "client_gone"
         except UpstreamBrokenError as exc:  # the upstream failed mid-answer; the client sees a cut stream

@@ -30,7 +30,7 @@ from basin_runtime.policy import Shed
 
 SessionState = Literal["queued", "live"]
 Verdict: TypeAlias = Literal["admitted", "ended"] | Shed
-CallOutcome = Literal["completed", "client_gone", "upstream_error", "gateway_error"]
+CallOutcome = Literal["completed", "rejected", "client_gone", "upstream_error", "gateway_error"]
 
 
 def session_id_for(call: Call, headers: Mapping[str, str], header_name: str) -> tuple[str, bool]:

@@ -718,6 +718,10 @@ async def test_an_upstream_4xx_passes_through_unchanged(rig: Rig) -> None:
     response = await rig.chat("s1", "task", temperature=-1)
     assert response.status_code == 400
     assert response.json() == {"object": "error", "message": "temperature must be >= 0"}
+    entry = rig.room.registry.get("s1")  # refused upstream: not served work, and nothing to lend
+    assert entry is not None and (entry.in_flight, entry.calls[0].outcome) == (0, "rejected")
+    assert b'basin_calls_total{outcome="rejected"} 1.0' in rig.gateway.metrics.render()
+    assert rig.gateway.lending.ledger.holder_of("s1") is None
 
 
 # --- pass-through --------------------------------------------------------------------------------
