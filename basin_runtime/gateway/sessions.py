@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Literal, TypeAlias
 
 from basin_runtime.gateway.calls import Call
+from basin_runtime.gateway.errors import BadRequestError
 from basin_runtime.gateway.measure import PromptMemo
 from basin_runtime.messages import message_text
 from basin_runtime.policy import Shed
@@ -33,13 +34,19 @@ Verdict: TypeAlias = Literal["admitted", "ended"] | Shed
 CallOutcome = Literal["completed", "rejected", "client_gone", "upstream_error", "gateway_error"]
 
 
+MAX_SESSION_ID_CHARS = 256  # ids are kept per session, logged and echoed in a response header
+
+
 def session_id_for(call: Call, headers: Mapping[str, str], header_name: str) -> tuple[str, bool]:
-    """(session id, is a single-call session) by header, then `user`, then the conversation's hash."""
+    """(session id, is a single-call session) by header, then `user`, then the conversation's hash.
+
+    An id longer than MAX_SESSION_ID_CHARS is refused (`BadRequestError` naming where it came from).
+    """
     value = headers.get(header_name, "").strip()
     if value:
-        return value, False
+        return _bounded(value, f"the {header_name} header"), False
     if call.user is not None:
-        return call.user, False
+        return _bounded(call.user, "the `user` field"), False
     if call.messages is None:
         return f"call-{uuid.uuid4().hex}", True
     system = next((m for m in call.messages if m.get("role") == "system"), None)
@@ -47,6 +54,13 @@ def session_id_for(call: Call, headers: Mapping[str, str], header_name: str) -> 
     head = [message_text(m.get("content")) if m is not None else None for m in (system, user)]
     digest = hashlib.sha256(json.dumps(head, ensure_ascii=False).encode("utf-8")).hexdigest()
     return f"conv-{digest[:24]}", False
+
+
+def _bounded(session_id: str, where: str) -> str:
+    if len(session_id) > MAX_SESSION_ID_CHARS:
+        raise BadRequestError(f"the session id in {where} is {len(session_id)} characters long; at most "
+                              f"{MAX_SESSION_ID_CHARS} are accepted")
+    return session_id
 
 
 @dataclass

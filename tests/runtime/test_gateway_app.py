@@ -672,6 +672,20 @@ async def test_a_call_that_fails_inside_the_gateway_after_it_was_counted_is_ende
     assert (snapshot.live, snapshot.reserved_tokens) == ((), 0)  # its budget is back
 
 
+@pytest.mark.parametrize(("headers", "fields", "where"), [
+    ({"X-Session-ID": "s" * 257}, {}, "X-Session-ID header"),
+    ({}, {"user": "u" * 5_000}, "`user` field"),
+])
+async def test_a_session_id_longer_than_256_characters_is_a_400_and_nothing_is_held(
+        rig: Rig, headers: dict[str, str], fields: dict[str, str], where: str) -> None:
+    response = await rig.client.post(CHAT, json={"model": "m", "messages": conversation("task"), **fields},
+                                     headers=headers)
+    assert response.status_code == 400 and where in response.json()["error"]["message"]
+    assert rig.upstream.requests == [] and len(rig.room.registry) == 0
+    ok = await rig.chat("s" * 256, "task")  # the longest id accepted, echoed back
+    assert ok.status_code == 200 and ok.headers["x-session-id"] == "s" * 256
+
+
 async def _refuse(request: httpx.Request) -> httpx.Response:
     raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
 
