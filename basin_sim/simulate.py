@@ -59,6 +59,7 @@ ProgressCallback = Callable[[float], None]
 
 GC_THRESHOLDS = (200_000, 1_000, 1_000)  # gen0, gen1, gen2 (CPython's defaults: 700, 10, 10)
 
+
 @dataclass(frozen=True)
 class RunSpec:
     """Everything one run depends on (besides the session pool)."""
@@ -144,7 +145,7 @@ def _run_scenario(spec: RunSpec, pool: Sequence[Session], progress: ProgressCall
     for at_s, ids in burst_kills(scenario, sessions):  # a session arriving after its kill is never killed
         engine.kill_at(at_s, [sid for sid in ids if arrivals_s[sid] <= at_s])
     feed = ArrivalFeed(engine, sessions)
-    _advance(engine, end_s, spec.step_s, progress, feed)
+    advance(engine, end_s, spec.step_s, progress, feed)
     assert feed.is_done, "an open arrival at or after duration_s"
     in_window = {sid: unloaded.of(run.spec) for sid, run in engine.runs.items()
                  if not run.spec.is_burst and window[0] <= run.spec.arrival_s < window[1]}
@@ -152,7 +153,7 @@ def _run_scenario(spec: RunSpec, pool: Sequence[Session], progress: ProgressCall
     stop_s = min(max(deadlines.values(), default=end_s), end_s + spec.max_drain_s)
     pending = [sid for sid in deadlines if not engine.runs[sid].is_over]
     while pending and engine.now < stop_s:
-        _advance(engine, min(engine.now + spec.step_s, stop_s), spec.step_s, progress)
+        advance(engine, min(engine.now + spec.step_s, stop_s), spec.step_s, progress)
         pending = [sid for sid in pending if not engine.runs[sid].is_over and deadlines[sid] >= engine.now]
     outcomes = tuple(_outcome(run, in_window.get(sid)) for sid, run in engine.runs.items())
     return RunResult(spec, summarize(spec, engine, outcomes, len(pool)), timeline, outcomes)
@@ -210,8 +211,9 @@ class ArrivalFeed:
             self._next += 1
 
 
-def _advance(engine: Engine, until_s: float, step_s: float, progress: ProgressCallback | None,
-             feed: ArrivalFeed | None = None) -> None:
+def advance(engine: Engine, until_s: float, step_s: float, progress: ProgressCallback | None = None,
+            feed: ArrivalFeed | None = None) -> None:
+    """Run the engine to `until_s` in steps of `step_s`, feeding it arrivals one step ahead."""
     while engine.now < until_s:
         step_end_s = min(engine.now + step_s, until_s)
         if feed is not None:

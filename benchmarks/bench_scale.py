@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import dataclasses
-import json
 import logging
 import sys
 import time
@@ -26,7 +25,7 @@ from basin_sim.calibrate.rates import DEFAULT_RATES_FILE, RateCache, rate_key
 from basin_sim.engine import Engine
 from basin_sim.policies import PolicyContext, make_policy
 from basin_sim.profile import Deployment
-from basin_sim.simulate import ArrivalFeed, sparse_gc
+from basin_sim.simulate import ArrivalFeed, advance, sparse_gc
 from basin_sim.timeline import Timeline
 from basin_sim.workload.pool import DEFAULT_SESSIONS, load_pool, workload_pool
 from basin_sim.workload.scenarios import RateStep, Scenario, generate_sessions
@@ -73,9 +72,7 @@ def run_hour(deployment: Deployment, pool: list[Session], per_min: float, hours:
                     tick_s=TICK_S, router_seed=seed, clients=scenario.clients, client_seed=seed)
     feed, end_s = ArrivalFeed(engine, sessions), scenario.engine_s(duration_s)
     with sparse_gc():  # as run_scenario does
-        while engine.now < end_s:  # as run_scenario does: arrivals one step ahead of the clock
-            feed.add_until(min(engine.now + STEP_S, end_s))
-            engine.run_until(min(engine.now + STEP_S, end_s))
+        advance(engine, end_s, STEP_S, feed=feed)
     if profiler is not None:
         profiler.disable()
     wall_s, cpu_s = time.perf_counter() - started, time.process_time() - started_cpu
@@ -87,25 +84,6 @@ def run_hour(deployment: Deployment, pool: list[Session], per_min: float, hours:
     return ScaleRun(wall_s, cpu_s, len(sessions), sum(run.ended_s is not None for run in engine.runs.values()),
                     sum(run.next_call for run in engine.runs.values()), engine.timeline.hit_rate(*hour),
                     sum(live) / len(live) / deployment.num_decode if live else 0.0)
-
-
-def cached_overload_rate(path: Path, deployment: Deployment, scenario: Scenario,
-                         pool: list[Session]) -> tuple[float | None, str]:
-    """(rate, where from): the cache's entry for this shape, workload and clients, else one recorded with other
-    client knobs for the same shape, workload and pool (the calibration trials run without clients:
-    calibrate/overload.py), else (None, why)."""
-    key = rate_key(deployment, scenario.workload, scenario.clients, pool)
-    rate = RateCache(path).get(key)
-    if rate is not None:
-        return rate, f"{path}"
-    if not path.exists():
-        return None, f"{path} does not exist"
-    wanted = {k: v for k, v in json.loads(key).items() if k != "clients"}
-    rates = {entry["overload_rate_per_s"] for entry_key, entry in json.loads(path.read_text()).items()
-             if {k: v for k, v in json.loads(entry_key).items() if k != "clients"} == wanted}
-    if len(rates) != 1:
-        return None, f"{path}: {len(rates)} rates for this shape, workload and pool"
-    return rates.pop(), f"{path}, the entry of this shape, workload and pool recorded with other client knobs"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,9 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     pool = workload_pool(base, steady.workload)
     small = catalog.load_deployment(args.small).build("gpu")
     large = catalog.load_deployment(args.large).build("gpu")
-    overload, source = cached_overload_rate(args.rates_file, small, steady, pool)
     if args.overload_rate is not None:
         overload, source = args.overload_rate, "--overload-rate"
+    else:
+        overload = RateCache(args.rates_file).get(rate_key(small, steady.workload, steady.clients, pool))
+        source = str(args.rates_file)
     if overload is None:
         print(f"no overload rate of {small.name} for this workload in {args.rates_file}: run `basin-sim calibrate "
               f"--deployment {small.name} --scenario steady`, or pass --rates-file or --overload-rate", file=sys.stderr)

@@ -17,6 +17,7 @@ of the deployment on that workload (calibrate/rates.py, measured once and cached
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -26,11 +27,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from basin_runtime.session_table import Session
 from basin_sim import catalog
 from basin_sim.calibrate.rates import RateCache, overload_rate_for
 from basin_sim.plots import plot_run
 from basin_sim.simulate import RunResult, RunSpec, run_scenario
 from basin_sim.workload.pool import load_pool, workload_pool
+from basin_sim.workload.scenarios import WorkloadSpec
 
 SCENARIOS = ("steady", "surge-100", "surge-33", "burst-kill", "burst-keep")
 PAPER = {  # the paper's measurements on its 1P1D H100 deployment (issue 15)
@@ -44,11 +47,17 @@ MINUTE_50_S = 3_000.0
 PAPER_OVERLOAD_PER_MIN = 6.6  # 3.3 sessions/min is half the paper deployment's overload rate
 
 
+@functools.cache
+def _pool(workload: WorkloadSpec) -> list[Session]:
+    """The scenario's session pool, read once per worker process."""
+    base, _ = load_pool(Path("data/sessions.parquet"), False)
+    return workload_pool(base, workload)
+
+
 def _one(job: tuple[str, int, str, bool, bool]) -> tuple[dict[str, Any], RunResult | None]:
     scenario_name, seed, deployment_name, keep, relative = job
     scenario = catalog.load_scenario(scenario_name)
-    base, _ = load_pool(Path("data/sessions.parquet"), False)
-    pool = workload_pool(base, scenario.workload)
+    pool = _pool(scenario.workload)
     deployment = catalog.load_deployment(deployment_name).build(None)
     rate = 0.0
     if relative:

@@ -138,10 +138,9 @@ class Gateway:
         or an encoded slash or backslash (raw or percent-encoded) is refused, so `/v1/models/../../workers`
         cannot reach the router's internals.
         """
-        raw = request.scope.get("raw_path") or request.url.path.encode()
-        path = unquote(raw.decode("latin-1").split("?", 1)[0])
-        segments = path.split("/")[1:]
-        if any(s in ("", ".", "..") for s in segments) or "\\" in path or "%2f" in raw.decode("latin-1").lower():
+        raw = (request.scope.get("raw_path") or request.url.path.encode()).decode("latin-1").split("?", 1)[0]
+        path = unquote(raw)
+        if any(s in ("", ".", "..") for s in path.split("/")[1:]) or "\\" in path or "%2f" in raw.lower():
             raise PathNotForwardedError(f"{path!r} is not a path the gateway forwards")
         return await self.upstream.forward(request.method, path, request.headers, None,
                                            request.receive, params=request.url.query)

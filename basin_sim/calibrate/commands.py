@@ -23,7 +23,7 @@ from typing import Any
 
 from basin_runtime.session_table import Session
 from basin_sim import catalog
-from basin_sim.calibrate.fluid import SGLANG_RESERVED_DECODE_TOKENS, fixed_points, risk_test
+from basin_sim.calibrate.fluid import fixed_points, risk_test
 from basin_sim.calibrate.overload import CalibrationSettings
 from basin_sim.calibrate.ramp import (
     DECODE_FULL_SHARE,
@@ -171,7 +171,7 @@ def risk_record(ramp: RampRun) -> dict[str, Any]:
     shares = [s.decode_holding_share for s in plateau if s.decode_holding_share is not None]
     holding = min(1.0, max(1e-6, statistics.fmean(shares) if shares else 1.0))
     decode_tokens = deployment.decode_kv_tokens * deployment.num_decode
-    verdict = risk_test(knee.load * capacity, context, decode_tokens, holding)
+    verdict = risk_test(knee.load * capacity, context, decode_tokens, holding, deployment.decode_reserved_tokens)
     # A diagnostic beside the verdict: what the simulated engine itself held per live session.
     in_engine = statistics.fmean(s.decode_memory_share * decode_tokens / s.live_sessions for s in plateau)
     return {"deployment": deployment.name, "verdict": verdict.verdict,
@@ -179,7 +179,7 @@ def risk_record(ramp: RampRun) -> dict[str, Any]:
             "decode_limit_sessions": verdict.decode_limit_sessions,
             "knee_tokens": knee.load * capacity, "knee_is_censored": knee.is_censored,
             "mean_context_tokens": context, "decode_capacity_tokens": decode_tokens,
-            "decode_headroom_tokens": SGLANG_RESERVED_DECODE_TOKENS, "decode_holding_share": holding,
+            "decode_headroom_tokens": deployment.decode_reserved_tokens, "decode_holding_share": holding,
             "decode_tokens_per_session": verdict.decode_tokens_per_session,
             "engine_decode_tokens_per_session": in_engine,
             "engine_decode_limit_sessions": decode_tokens / in_engine if in_engine > 0 else None,

@@ -26,6 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
+from basin_sim.decode import NUM_RESERVED_DECODE_TOKENS
+
 
 @dataclass(frozen=True)
 class FixedPoint:
@@ -71,7 +73,7 @@ def fixed_points(ns: Sequence[float], xs: Sequence[float], arrival_rate_per_s: f
     return points
 
 
-SGLANG_RESERVED_DECODE_TOKENS = 512  # --num-reserved-decode-tokens (sglang/srt/arg_groups/fields/disagg.py)
+SGLANG_RESERVED_DECODE_TOKENS = NUM_RESERVED_DECODE_TOKENS  # the decode model's default (basin_sim/decode.py)
 VERDICTS = ("cache-first", "decode-first")
 
 
