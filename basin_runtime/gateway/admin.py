@@ -8,14 +8,13 @@
 #   files (swapped in only if every one loads) and/or the calibration file (its reference budget
 #   is applied; other calibration fields need a restart), from the paths the gateway started with.
 # - `PUT /basin/shadow {"enabled": bool}` turns shadow mode on or off.
-# - A bad body is 400 naming the field; a file that cannot be loaded is 400 naming it, and nothing
-#   changes.
+# - Bodies are read within the gateway's limits, as inference bodies are (`limits.py`); a bad body
+#   is 400 naming the field; a file that cannot be loaded is 400 naming it, and nothing changes.
 """Admin endpoints: state, sessions, budget, reloads, shadow mode."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -24,9 +23,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from basin_runtime.gateway.calls import read_json_object
 from basin_runtime.gateway.config import ConfigError, GatewayConfig, read_calibration
 from basin_runtime.gateway.errors import BadRequestError
 from basin_runtime.gateway.gateway import Gateway
+from basin_runtime.gateway.limits import Limits, read_body
 from basin_runtime.gateway.predictors import Predictors
 
 Guard = Callable[[Request], None]
@@ -70,14 +71,9 @@ def sessions_view(gateway: Gateway) -> list[dict[str, Any]]:
     return views
 
 
-async def _json_body(request: Request) -> dict[str, Any]:
-    try:
-        body = json.loads(await request.body() or b"{}")
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BadRequestError(f"the request body is not valid JSON: {exc}") from exc
-    if not isinstance(body, dict):
-        raise BadRequestError("the request body must be a JSON object")
-    return body
+async def _json_body(request: Request, limits: Limits) -> dict[str, Any]:
+    raw = await read_body(request, limits.max_body_bytes)
+    return read_json_object(raw or b"{}", limits.max_json_depth)
 
 
 def _flag(body: dict[str, Any], key: str, default: bool = False) -> bool:
@@ -105,7 +101,7 @@ def admin_routes(gateway: Gateway, guard: Guard, reloader: Reloader | None) -> l
         return JSONResponse({"sessions": sessions_view(gateway)})
 
     async def budget(request: Request) -> Response:
-        value = (await _json_body(request)).get("budget_tokens")
+        value = (await _json_body(request, gateway.limits)).get("budget_tokens")
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise BadRequestError(f"`budget_tokens` must be a whole number > 0, got {value!r}")
         events = await gateway.room.set_budget(value)
@@ -113,7 +109,7 @@ def admin_routes(gateway: Gateway, guard: Guard, reloader: Reloader | None) -> l
         return JSONResponse({"policy": gateway.room.policy.snapshot().to_dict(), "num_admitted": len(events) - 1})
 
     async def reload(request: Request) -> Response:
-        body = await _json_body(request)
+        body = await _json_body(request, gateway.limits)
         want_models, want_calibration = _flag(body, "models"), _flag(body, "calibration")
         if reloader is None:
             raise BadRequestError("this gateway was built without its configuration; nothing to reload from")
@@ -133,7 +129,7 @@ def admin_routes(gateway: Gateway, guard: Guard, reloader: Reloader | None) -> l
         return JSONResponse({"reloaded": done})
 
     async def shadow(request: Request) -> Response:
-        gateway.is_shadow = _flag(await _json_body(request), "enabled")
+        gateway.is_shadow = _flag(await _json_body(request, gateway.limits), "enabled")
         gateway.refresh_metrics()
         return JSONResponse({"is_shadow": gateway.is_shadow})
 

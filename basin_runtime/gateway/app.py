@@ -8,7 +8,10 @@
 #   gauges are refreshed from the policy on each scrape.
 # - `/basin/...` are admin endpoints (`admin.py`): with an admin token configured, they need
 #   `Authorization: Bearer <token>`; without one they are open (bind to loopback then).
-# - Errors become responses only through `errors.error_response`.
+# - Errors become responses only through `errors.error_response`, and every answer the gateway makes
+#   itself is JSON: Starlette's own 404 (no route) and 405 (wrong method, with Allow) become
+#   `not_found` / `method_not_allowed`; any other exception that reaches the app's edge before the
+#   answer started is logged with its traceback and answered 500 `internal_error` (`_LastResort`).
 # - The lifespan starts the upstream client (the aiohttp session must be made on the running loop),
 #   runs the waiting room's timers and, when configured, the engines' /metrics scraper
 #   (`engine_metrics.py`), and closes the upstream client when the app built it itself.
@@ -21,19 +24,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from basin_runtime.gateway.admin import Reloader, admin_routes
 from basin_runtime.gateway.calls import UPSTREAM_PATHS, CallKind
 from basin_runtime.gateway.clock import Clock, MonotonicClock
 from basin_runtime.gateway.config import ConfigError, GatewayConfig, gateway_policy_config, read_calibration
-from basin_runtime.gateway.errors import AdminAuthError, GatewayError, error_response
+from basin_runtime.gateway.errors import (
+    AdminAuthError,
+    GatewayError,
+    GatewayInternalError,
+    MethodNotAllowedError,
+    RouteNotFoundError,
+    error_response,
+)
 from basin_runtime.gateway.gateway import Gateway
 from basin_runtime.gateway.lending import LendingTracker
 from basin_runtime.gateway.measure import Meter
@@ -47,6 +61,8 @@ from basin_runtime.policy import Policy, PolicyError
 from basin_runtime.policy.hit_rate import HitRateWindow
 from basin_runtime.task_text import TaskTextError, TaskTextRule
 from basin_runtime.tokenizer import TokenizerError, get_tokenizer
+
+logger = logging.getLogger(__name__)
 
 PASS_THROUGH_PATHS = (
     "/v1/models", "/v1/models/{model_id:path}", "/server_info", "/get_server_info", "/model_info",
@@ -104,12 +120,62 @@ def create_app(gateway: Gateway, *, admin_token: str | None = None, tick_interva
         Route("/basin/sessions/{session_id:path}/end", end_session, methods=["POST"]),
     ]
     routes += admin_routes(gateway, lambda request: _require_admin(request, admin_token), reloader)
-    handlers = {GatewayError: _error_handler, PolicyError: _error_handler}
-    return Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
+    handlers = {GatewayError: _error_handler, PolicyError: _error_handler, HTTPException: _route_error_handler}
+    return Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan,
+                     middleware=[Middleware(_LastResort)])
 
 
 async def _error_handler(request: Request, exc: Exception) -> Response:
     return error_response(exc)
+
+
+async def _route_error_handler(request: Request, exc: Exception) -> Response:
+    """Starlette's routing errors (no route, wrong method) as the gateway's JSON errors."""
+    assert isinstance(exc, HTTPException)
+    path = request.url.path[:200]
+    if exc.status_code == 404:
+        return error_response(RouteNotFoundError(f"no route for {request.method} {path}"))
+    if exc.status_code == 405:
+        allow = (exc.headers or {}).get("Allow", "")
+        return error_response(MethodNotAllowedError(f"{path} does not take {request.method}; it takes {allow}", allow))
+    return await _answer_unexpected(request.scope, exc)
+
+
+class _LastResort:
+    """Answers any exception no handler took with a JSON 500 `internal_error`, logged with its traceback.
+
+    Once the answer has started nothing more can be said: the exception goes on to the server, which
+    closes the connection.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        has_started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal has_started
+            has_started = has_started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as exc:
+            if has_started:
+                raise
+            response = await _answer_unexpected(scope, exc)
+            await response(scope, receive, send)
+
+
+async def _answer_unexpected(scope: Scope, exc: Exception) -> Response:
+    logger.error("unexpected error serving %s %s; answered 500 internal_error", scope.get("method"),
+                 str(scope.get("path"))[:200], exc_info=exc)
+    return error_response(GatewayInternalError(f"the gateway failed unexpectedly ({type(exc).__name__}); "
+                                               "the details are in its log"))
 
 
 def _require_admin(request: Request, admin_token: str | None) -> None:
@@ -150,7 +216,7 @@ def build_gateway(config: GatewayConfig, client: UpstreamClient | httpx.AsyncCli
                    hit_window=HitRateWindow(config.hit_rate_window_s, config.hit_rate_min_prompt_tokens),
                    lending=lending, session_log=session_log, is_shadow=config.shadow,
                    engine_metrics_urls=config.engine_metrics_urls,
-                   engine_metrics_interval_s=config.engine_metrics_interval_s)
+                   engine_metrics_interval_s=config.engine_metrics_interval_s, limits=config.limits)
 
 
 def upstream_client(config: GatewayConfig) -> UpstreamClient:

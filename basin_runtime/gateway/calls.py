@@ -1,22 +1,39 @@
 # One inference call as the gateway reads it: which endpoint, the parsed body, what it asks about.
 #
 # Rules:
-# - The body must be a JSON object; a chat call needs a non-empty `messages` list of objects with a
-#   string `role`; `/v1/completions` needs `prompt`; `/generate` needs `text` or `input_ids`.
-#   Anything else is a `BadRequestError` (400) naming the field; SGLang validates the rest.
+# - The body must be UTF-8 JSON text (RFC 8259: no NaN or Infinity, no number too large for a
+#   float or past Python's 4300-digit integers, no lone UTF-16 surrogate) holding an object nested
+#   at most `max_json_depth` levels (`limits.py`). Anything else is a 400 naming what is wrong.
+# - The shape of what the gateway itself reads is checked here, once, so later code can trust it
+#   (SGLang validates the rest); a wrong one is a 400 naming the field:
+#     chat: a non-empty `messages` list of objects with a string `role`; a message's `content` is
+#       absent, null, a string or a list of content parts (objects with a string `type`; a `text`
+#       part has a string `text`); its `tool_calls` absent, null or a list of objects whose
+#       `function`, if given, is an object; `tools` absent, null or a list of objects.
+#     `/v1/completions` needs `prompt`; `/generate` needs `text` or `input_ids`: a string, a list of
+#       strings, a list of token ids or a list of such lists.
+#     every endpoint: `stream` absent, null or true/false; `stream_options` absent, null or an
+#       object whose `include_usage` is absent, null or true/false; `user` absent, null or a string.
 # - A chat call whose messages already hold an assistant turn is a continuation: plainly not the
 #   first call of its session. Raw-prompt calls (`/v1/completions`, `/generate`) never are.
 # - A list of prompts is a batch; the task text of a raw-prompt call is its (first) text prompt.
+# - The forwarded body (`Call.encode`) is the client's own bytes with the top-level fields the
+#   gateway added spliced in before the closing brace; it is re-serialised only when the gateway
+#   changed a field the client sent (its own `priority`, or `stream_options` without
+#   `include_usage`). The gateway sets no body field but `GATEWAY_FIELDS`.
 """Parse and validate the body of an inference call."""
 
 from __future__ import annotations
 
 import json
+import math
+import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from basin_runtime.gateway.errors import BadRequestError
+from basin_runtime.gateway.errors import BadRequestError, NestingTooDeepError
+from basin_runtime.gateway.limits import DEFAULT_MAX_JSON_DEPTH, check_depth
 from basin_runtime.messages import Message
 
 CallKind = Literal["chat", "completion", "generate"]
@@ -25,6 +42,8 @@ UPSTREAM_PATHS: dict[CallKind, str] = {
     "completion": "/v1/completions",
     "generate": "/generate",
 }
+GATEWAY_FIELDS = ("priority", "rid", "stream_options")  # the top-level fields the gateway may set
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # the only way a valid UTF-8 text holds a surrogate
 
 
 @dataclass(frozen=True)
@@ -39,11 +58,18 @@ class Call:
     token_ids_count: int  # raw-prompt calls: prompt tokens sent as ids
     is_batch: bool
     user: str | None
+    raw: bytes = b""  # the body as the client sent it
+    sent: Mapping[str, Any] = field(default_factory=dict)  # the client's own values of GATEWAY_FIELDS
 
     @property
     def path(self) -> str:
         """The upstream path this call goes to."""
         return UPSTREAM_PATHS[self.kind]
+
+    @property
+    def num_bytes(self) -> int:
+        """The size of the body as sent."""
+        return len(self.raw)
 
     @property
     def is_stream(self) -> bool:
@@ -55,39 +81,76 @@ class Call:
         """True if the conversation already holds an assistant turn."""
         return self.messages is not None and any(m.get("role") == "assistant" for m in self.messages)
 
+    def encode(self) -> bytes:
+        """The body to forward: the client's bytes plus the fields the gateway added (see the rules)."""
+        added = {k: self.body[k] for k in GATEWAY_FIELDS if k in self.body and k not in self.sent}
+        if any(k not in self.body or not _same(self.body[k], v) for k, v in self.sent.items()) or not self.raw:
+            return json.dumps(self.body, ensure_ascii=False).encode("utf-8")
+        if not added:
+            return self.raw
+        head = self.raw.rstrip()
+        assert head.endswith(b"}"), "a parsed body is a JSON object"
+        fields = ",".join(f"{json.dumps(k)}:{json.dumps(v, ensure_ascii=False)}" for k, v in added.items())
+        comma = "," if len(self.body) > len(added) else ""
+        return head[:-1] + f"{comma}{fields}}}".encode()
 
-def parse_call(kind: CallKind, raw: bytes) -> Call:
+
+def _same(a: object, b: object) -> bool:
+    return a is b or (type(a) is type(b) and a == b)
+
+
+def parse_call(kind: CallKind, raw: bytes, max_json_depth: int = DEFAULT_MAX_JSON_DEPTH) -> Call:
     """Parse one call's body; raises `BadRequestError` naming what is wrong."""
-    body = _json_object(raw)
-    user = body.get("user")
-    user = user if isinstance(user, str) and user else None
+    body = read_json_object(raw, max_json_depth)
+    _common_shape(body)
+    user = body.get("user") or None
+    sent = {k: body[k] for k in GATEWAY_FIELDS if k in body}
     if kind == "chat":
         messages = _messages(body)
-        tools = body.get("tools") if isinstance(body.get("tools"), list) else None
-        return Call(kind, body, messages, tools, (), 0, False, user)
-    field = "prompt" if kind == "completion" else ("text" if "text" in body else "input_ids")
-    if field not in body:
+        tools = _list_of_objects(body, "tools")
+        return Call(kind, body, messages, tools, (), 0, False, user, raw, sent)
+    name = "prompt" if kind == "completion" else ("text" if "text" in body else "input_ids")
+    if name not in body:
         wanted = "`prompt`" if kind == "completion" else "`text` or `input_ids`"
         raise BadRequestError(f"the request has no {wanted}")
-    texts, ids_count, is_batch = _prompt(field, body[field])
-    return Call(kind, body, None, None, texts, ids_count, is_batch, user)
+    texts, ids_count, is_batch = _prompt(name, body[name])
+    return Call(kind, body, None, None, texts, ids_count, is_batch, user, raw, sent)
 
 
-def _json_object(raw: bytes) -> dict[str, Any]:
+def read_json_object(raw: bytes, max_json_depth: int = DEFAULT_MAX_JSON_DEPTH) -> dict[str, Any]:
+    """A request body as a JSON object (the rules' first point); `BadRequestError` naming what is wrong."""
     try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadRequestError(f"the request body is not UTF-8 text (byte {exc.start}: {exc.reason})") from exc
+    try:
+        body = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
+    except RecursionError as exc:  # a last resort: the depth limit below is far under Python's recursion limit
+        raise NestingTooDeepError("the request body is nested too deeply to read", "max_json_depth",
+                                  max_json_depth) from exc
+    except ValueError as exc:  # JSONDecodeError, NaN/Infinity, or an integer past 4300 digits
         raise BadRequestError(f"the request body is not valid JSON: {exc}") from exc
-    except RecursionError as exc:
-        raise BadRequestError("the request body is nested too deeply to read") from exc
     if not isinstance(body, dict):
-        raise BadRequestError(f"the request body must be a JSON object, not {type(body).__name__}")
-    try:  # the gateway re-serialises the body as UTF-8 (and logs parts of it): text must be valid Unicode
-        json.dumps(body, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise BadRequestError(f"`{_surrogate_path(body)}` holds a lone UTF-16 surrogate (an escape in "
-                              "\\ud800-\\udfff without its pair), which is not valid Unicode text") from exc
+        raise BadRequestError(f"the request body must be a JSON object, not {_kind(body)}")
+    check_depth(body, max_json_depth)
+    if _SURROGATE_ESCAPE.search(text) is not None:  # escaped pairs (emoji) are fine; a lone half is not
+        try:  # the gateway re-serialises the body as UTF-8 (and logs parts of it): text must be valid Unicode
+            json.dumps(body, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise BadRequestError(f"`{_surrogate_path(body)}` holds a lone UTF-16 surrogate (an escape in "
+                                  "\\ud800-\\udfff without its pair), which is not valid Unicode text") from exc
     return body
+
+
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:40]} is too large")
+    return value
 
 
 def _surrogate_path(body: object) -> str:
@@ -117,6 +180,41 @@ def _encodes(text: str) -> bool:
     return True
 
 
+def _kind(value: object) -> str:
+    """A JSON value's type in words: `a string`, `a number`, `true`, `null`, `an object`, ..."""
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    if isinstance(value, (int, float)):
+        return "a number"
+    names: dict[type, str] = {str: "a string", list: "a list", dict: "an object"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _optional(container: Mapping[str, Any], key: str, expected: type, words: str, where: str = "") -> None:
+    value = container.get(key)
+    if value is not None and not isinstance(value, expected):
+        raise BadRequestError(f"`{where}{key}` must be {words} or null, got {_kind(value)}")
+
+
+def _common_shape(body: Mapping[str, Any]) -> None:
+    _optional(body, "stream", bool, "true or false")
+    _optional(body, "stream_options", dict, "an object")
+    _optional(body.get("stream_options") or {}, "include_usage", bool, "true or false", "stream_options.")
+    _optional(body, "user", str, "a string")
+
+
+def _list_of_objects(body: Mapping[str, Any], key: str, where: str = "") -> list[dict[str, Any]] | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise BadRequestError(f"`{where}{key}` must be a list of objects or null, got {_kind(value)}")
+    for k, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise BadRequestError(f"`{where}{key}[{k}]` must be an object, got {_kind(item)}")
+    return value
+
+
 def _messages(body: Mapping[str, Any]) -> list[Message]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -124,19 +222,42 @@ def _messages(body: Mapping[str, Any]) -> list[Message]:
     for k, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise BadRequestError(f"messages[{k}] must be an object with a string `role`")
+        _content(f"messages[{k}].content", message.get("content"))
+        for j, call in enumerate(_list_of_objects(message, "tool_calls", f"messages[{k}].") or ()):
+            if "function" in call and not isinstance(call["function"], dict):
+                raise BadRequestError(f"`messages[{k}].tool_calls[{j}].function` must be an object (with `name` "
+                                      f"and `arguments`), got {_kind(call['function'])}")
     return messages
 
 
-def _prompt(field: str, value: object) -> tuple[tuple[str, ...], int, bool]:
+def _content(where: str, content: object) -> None:
+    if content is None or isinstance(content, str):
+        return
+    if not isinstance(content, list):
+        raise BadRequestError(f"`{where}` must be a string, a list of content parts or null, got {_kind(content)}")
+    for k, part in enumerate(content):
+        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+            got = "an object without one" if isinstance(part, dict) else _kind(part)
+            raise BadRequestError(f"`{where}[{k}]` must be a content part (an object with a string `type`), got {got}")
+        if part["type"] == "text" and not isinstance(part.get("text"), str):
+            got = _kind(part.get("text"))
+            raise BadRequestError(f"`{where}[{k}].text` must be a string in a `text` part, got {got}")
+
+
+def _prompt(name: str, value: object) -> tuple[tuple[str, ...], int, bool]:
     """(text prompts, number of token ids, is batch) of a `prompt`/`text`/`input_ids` value."""
     if isinstance(value, str):
         return (value,), 0, False
     if isinstance(value, list) and value:
         if all(isinstance(v, str) for v in value):
             return tuple(value), 0, True
-        if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        if all(_is_token_id(v) for v in value):
             return (), len(value), False
-        if all(isinstance(v, list) and all(isinstance(i, int) for i in v) for v in value):
+        if all(isinstance(v, list) and all(_is_token_id(i) for i in v) for v in value):
             return (), sum(len(v) for v in value), True
-    got = json.dumps(value)[:80]
-    raise BadRequestError(f"`{field}` must be a string, a list of strings or token ids, got {got}")
+    raise BadRequestError(f"`{name}` must be a string, a list of strings or token ids, or a list of lists of "
+                          f"token ids, got {_kind(value) if value != [] else 'an empty list'}")
+
+
+def _is_token_id(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -25,6 +25,13 @@ from typing import Any
 import yaml
 
 from basin_runtime.calibration import Calibration, CalibrationError, load_calibration
+from basin_runtime.gateway.limits import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_JSON_DEPTH,
+    DEFAULT_MAX_SESSION_ID_CHARS,
+    MAX_JSON_DEPTH_CEILING,
+    Limits,
+)
 from basin_runtime.policy import PolicyConfig, PolicyError
 from basin_runtime.policy.calibrated import policy_config
 from basin_runtime.policy.hit_rate import DEFAULT_MIN_PROMPT_TOKENS, DEFAULT_WINDOW_S
@@ -75,6 +82,14 @@ class GatewayConfig:
     lending_decode_instances: Mapping[str, int] = field(default_factory=dict)
     lending_default_capacity_tokens: int = 1_000_000
     lending_cap_fraction: float = LEND_CAP_FRACTION
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
+    max_session_id_chars: int = DEFAULT_MAX_SESSION_ID_CHARS
+
+    @property
+    def limits(self) -> Limits:
+        """The input limits (`limits.py`)."""
+        return Limits(self.max_body_bytes, self.max_json_depth, self.max_session_id_chars)
 
 
 def _str(key: str, value: object) -> str:
@@ -156,6 +171,13 @@ def _fraction(key: str, value: object) -> float:
     return float(value)
 
 
+def _json_depth(key: str, value: object) -> int:
+    depth = _int(key, value)
+    if not 3 <= depth <= MAX_JSON_DEPTH_CEILING:  # a chat body is 3 deep; Python recurses per level
+        raise ConfigError(f"{key}: expected a whole number from 3 to {MAX_JSON_DEPTH_CEILING}, got {value!r}")
+    return depth
+
+
 def _models(key: str, value: object) -> list[str]:
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, list) or not items or not all(isinstance(v, str) and v for v in items):
@@ -175,6 +197,7 @@ _CHECKS: dict[str, Callable[[str, object], object]] = {
     "session_log_max_bytes": _positive_int, "session_log_keep_files": _int, "session_log_keep_text": _bool,
     "lending_decode_instances": _instances, "lending_default_capacity_tokens": _positive_int,
     "lending_cap_fraction": _fraction,
+    "max_body_bytes": _positive_int, "max_json_depth": _json_depth, "max_session_id_chars": _positive_int,
 }
 
 CONFIG_KEYS = frozenset(_CHECKS)
@@ -248,6 +271,13 @@ def build_parser() -> argparse.ArgumentParser:
              f"{_default('lending_default_capacity_tokens')})")
     add("--lending-cap-fraction", type=float, metavar="F",
         help=f"share of a decode worker's capacity it may lend (default {_default('lending_cap_fraction')})")
+    add("--max-body-bytes", type=int, metavar="N",
+        help=f"largest request body accepted, refused with 413 while it is read (default {_default('max_body_bytes')})")
+    add("--max-json-depth", type=int, metavar="N",
+        help=f"deepest JSON nesting accepted in a request body, 3..{MAX_JSON_DEPTH_CEILING} "
+             f"(default {_default('max_json_depth')})")
+    add("--max-session-id-chars", type=int, metavar="N",
+        help=f"longest session id accepted, from the header or `user` (default {_default('max_session_id_chars')})")
     return parser
 
 

@@ -3,19 +3,24 @@
 # Rules:
 # - Every failure a client can see is a `GatewayError` subclass raised where it is found; nothing
 #   else in the gateway picks a status code. `error_response` is the only mapping:
-#     400 bad request (malformed JSON, no messages/prompt)     401 admin token missing or wrong
-#     404 unknown session                                       409 session ended while it waited
+#     400 bad request (malformed JSON, wrong shape, no messages/prompt; `invalid_request_error`)
+#     400/413 a limit passed (`LimitError`: `json_too_deep`, `session_id_too_long`, 413 `request_too_large`)
+#     401 admin token missing or wrong                          404 unknown session, path or route
+#     405 method not allowed on a route (with Allow)            409 session ended while it waited
 #     499 client went away (nobody reads it; for the logs)      502 upstream refused or answered 5xx
 #     503 session shed (with Retry-After and the reason)        504 upstream timed out
-#     500 a policy error (a bug: the policy refused a step the gateway thought legal)
+#     500 a policy error (a bug: the policy refused a step the gateway thought legal), or any
+#         unexpected exception (`internal_error`, turned into a `GatewayInternalError` by the app's
+#         last-resort handler): never a plain-text answer.
 # - Bodies are OpenAI-style: {"error": {"message", "type", "code", ...details}}; upstream failures
-#   carry the upstream's own words.
+#   carry the upstream's own words; a limit names itself, its value and the option that sets it
+#   (`limit`, `limit_value`, `option`).
 """Gateway errors and their HTTP responses."""
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 from starlette.responses import JSONResponse
 
@@ -31,6 +36,40 @@ class BadRequestError(GatewayError):
     """The request cannot be served as sent."""
 
 
+class LimitError(BadRequestError):
+    """A request passed one of the gateway's input limits (`limits.py`): names the limit and its option."""
+
+    status_code: ClassVar[int] = 400
+    kind: ClassVar[str] = "invalid_request_error"
+
+    def __init__(self, message: str, limit: str, value: int) -> None:
+        option = "--" + limit.replace("_", "-")
+        super().__init__(f"{message} (limit `{limit}` = {value}; set it with {option} or `{limit}:` in the "
+                         "config file)")
+        self.limit = limit
+        self.value = value
+        self.option = option
+
+
+class BodyTooLargeError(LimitError):
+    """The request body is larger than `max_body_bytes`."""
+
+    status_code: ClassVar[int] = 413
+    kind: ClassVar[str] = "request_too_large"
+
+
+class NestingTooDeepError(LimitError):
+    """The request's JSON is nested deeper than `max_json_depth`."""
+
+    kind: ClassVar[str] = "json_too_deep"
+
+
+class SessionIdTooLongError(LimitError):
+    """A session id is longer than `max_session_id_chars`."""
+
+    kind: ClassVar[str] = "session_id_too_long"
+
+
 class AdminAuthError(GatewayError):
     """An admin endpoint was called without the right bearer token."""
 
@@ -41,6 +80,22 @@ class SessionNotFoundError(GatewayError):
 
 class PathNotForwardedError(GatewayError):
     """A read-only path outside the forwarded list (e.g. `..` segments reaching the router's internals)."""
+
+
+class RouteNotFoundError(GatewayError):
+    """No route has this path."""
+
+
+class MethodNotAllowedError(GatewayError):
+    """The route exists but not for this method."""
+
+    def __init__(self, message: str, allow: str) -> None:
+        super().__init__(message)
+        self.allow = allow
+
+
+class GatewayInternalError(GatewayError):
+    """An unexpected exception inside the gateway (a bug), answered as JSON instead of plain text."""
 
 
 class SessionEndedError(GatewayError):
@@ -90,14 +145,18 @@ def error_response(exc: Exception) -> JSONResponse:
 
 def _classify(exc: Exception) -> tuple[int, str, dict[str, Any], dict[str, str]]:
     match exc:
+        case LimitError():
+            return exc.status_code, exc.kind, {"limit": exc.limit, "limit_value": exc.value, "option": exc.option}, {}
         case BadRequestError():
             return 400, "invalid_request_error", {}, {}
         case AdminAuthError():
             return 401, "unauthorized", {}, {"WWW-Authenticate": "Bearer"}
         case SessionNotFoundError() | UnknownSessionError():
             return 404, "session_not_found", {}, {}
-        case PathNotForwardedError():
+        case PathNotForwardedError() | RouteNotFoundError():
             return 404, "not_found", {}, {}
+        case MethodNotAllowedError():
+            return 405, "method_not_allowed", {}, {"Allow": exc.allow}
         case SessionEndedError():
             return 409, "session_ended", {}, {}
         case ClientGoneError():
@@ -112,6 +171,8 @@ def _classify(exc: Exception) -> tuple[int, str, dict[str, Any], dict[str, str]]
             return 502, "upstream_unavailable", {}, {}
         case PolicyError():
             return 500, "policy_error", {}, {}
+        case GatewayInternalError():
+            return 500, "internal_error", {}, {}
     raise TypeError(f"no HTTP mapping for {type(exc).__name__}: {exc}")
 
 

@@ -1,7 +1,8 @@
 # The request path: one inference call from the client to the upstream and back.
 #
 # Rules:
-# - A call is parsed (400 if malformed), its session identified, then:
+# - A call's body is read within the limits (`limits.py`) and parsed (400 if malformed), its
+#   session identified, then:
 #   unknown session -> measured (task text, first prompt, prediction; in a worker thread, off the
 #     event loop) and arrives at the policy; a continuation (assistant turns already present) is
 #     adopted instead: it never waits, whatever the policy says;
@@ -19,18 +20,21 @@
 #   admission and session end (`metrics.py`, `lending.py`, `session_log.py`).
 # - Shadow mode: the policy decides as usual, but a queued session's calls are not held (counted in
 #   `basin_shadow_would_hold_total`); `_admit` is the one place a call is held.
+# - A body of OFF_LOOP_BODY_BYTES or more is parsed, counted (a known session's later calls) and
+#   encoded for forwarding in a worker thread, so one huge prompt never stalls the event loop;
+#   smaller ones stay inline, where that work is cheaper than the thread hop.
 # - Added latency is the wall time from the call's arrival to its forwarding, minus any queue wait.
 """The gateway's request path: identify, admit or queue, stamp, forward, record."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
+from typing import TypeVar
 from urllib.parse import unquote
 
 from starlette.requests import Request
@@ -40,6 +44,7 @@ from basin_runtime.gateway.calls import Call, CallKind, parse_call
 from basin_runtime.gateway.engine_metrics import EngineHitWindow, EngineScraper
 from basin_runtime.gateway.errors import PathNotForwardedError, SessionEndedError
 from basin_runtime.gateway.lending import WRITEBACK_HEADER, LendingTracker, writeback_header
+from basin_runtime.gateway.limits import Limits, read_body
 from basin_runtime.gateway.measure import FirstCall, Meter, PromptMemo
 from basin_runtime.gateway.metrics import GatewayMetrics
 from basin_runtime.gateway.predictors import PeakModel, Predictors
@@ -53,6 +58,10 @@ from basin_runtime.session_log import LoggedCall, SessionLogRecord
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
+# Parsing, counting and encoding a body this large move to a worker thread (`_off_loop_if_large`);
+# below it they cost less than the thread hop (measured: benchmarks/bench_big_prompt.py).
+OFF_LOOP_BODY_BYTES = 256 << 10
 ROUTED_WORKER_HEADER = "x-smg-routed-worker-id"  # smg's answer header: the worker (the decode one in PD) that served
 
 
@@ -63,7 +72,8 @@ class Gateway:
                  session_header: str = "X-Session-ID", workload_header: str = "X-Basin-Workload",
                  hit_window: HitRateWindow | None = None, lending: LendingTracker | None = None,
                  session_log: SessionLogWriter | None = None, is_shadow: bool = False,
-                 engine_metrics_urls: Sequence[str] = (), engine_metrics_interval_s: float = 5.0) -> None:
+                 engine_metrics_urls: Sequence[str] = (), engine_metrics_interval_s: float = 5.0,
+                 limits: Limits | None = None) -> None:
         self.room = room
         self.meter = meter
         self.predictors = predictors
@@ -76,6 +86,7 @@ class Gateway:
         self.lending = lending or LendingTracker()
         self.session_log = session_log
         self.is_shadow = is_shadow
+        self.limits = limits or Limits()
         self.engine_scraper = None if not engine_metrics_urls else EngineScraper(
             engine_metrics_urls, EngineHitWindow(self.hit_window.window_s, self.hit_window.min_prompt_tokens),
             room.clock.now, self.metrics.engine_scrape_errors, interval_s=engine_metrics_interval_s)
@@ -106,7 +117,8 @@ class Gateway:
     async def handle(self, kind: CallKind, request: Request) -> Response:
         """Serve one inference call."""
         arrived = time.perf_counter()
-        call = parse_call(kind, await request.body())
+        raw = await read_body(request, self.limits.max_body_bytes)
+        call = await _off_loop_if_large(len(raw), parse_call, kind, raw, self.limits.max_json_depth)
         entry, prompt_tokens, held_s = await self._admit(call, request)
         rid = stamp(call.body, entry.priority,
                     None if call.is_batch else request_id(self.tag, entry.session_id, len(entry.calls)))
@@ -118,7 +130,7 @@ class Gateway:
         end = _EndOnce(partial(self._call_ended, entry, record))
         try:  # from here every exit path ends the call exactly once, or the session could never be released
             drop_usage_chunk = _ask_for_usage(call)
-            body = json.dumps(call.body, ensure_ascii=False).encode("utf-8")
+            body = await _off_loop_if_large(call.num_bytes, call.encode)
             self.metrics.added_latency.observe(max(0.0, time.perf_counter() - arrived - held_s))
             response = await self.upstream.forward("POST", call.path, headers, body, request.receive,
                                                    on_end=end, drop_usage_chunk=drop_usage_chunk)
@@ -159,13 +171,14 @@ class Gateway:
         return headers
 
     async def _admit(self, call: Call, request: Request) -> tuple[SessionEntry, int, float]:
-        session_id, is_single_call = session_id_for(call, request.headers, self.session_header)
+        session_id, is_single_call = session_id_for(call, request.headers, self.session_header,
+                                                    self.limits.max_session_id_chars)
         entry = self.room.registry.get(session_id)
         is_new = False
         if entry is None:
             entry, prompt_tokens, is_new = await self._arrive(session_id, is_single_call, call, request)
         else:
-            prompt_tokens = self.meter.prompt_tokens(call, entry.memo)
+            prompt_tokens = await _off_loop_if_large(call.num_bytes, self.meter.prompt_tokens, call, entry.memo)
         if not is_new and not await self.room.observe(entry, prompt_tokens):
             raise SessionEndedError(f"session {session_id!r} ended while this call was being read; send it again")
         held_s = 0.0
@@ -240,6 +253,13 @@ class _EndOnce:
             return
         self.has_ended = True
         await self._hook(end)
+
+
+async def _off_loop_if_large(num_bytes: int, work: Callable[..., T], *args: object) -> T:
+    """`work(*args)`, in a worker thread when the call's body is at least OFF_LOOP_BODY_BYTES."""
+    if num_bytes < OFF_LOOP_BODY_BYTES:
+        return work(*args)
+    return await asyncio.to_thread(work, *args)
 
 
 def _ask_for_usage(call: Call) -> bool:

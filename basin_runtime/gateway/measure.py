@@ -7,6 +7,9 @@
 # - A session keeps a `PromptMemo`: each message's count under a digest of the message. Agents
 #   resend a growing history, so a later call counts only the messages after the longest unchanged
 #   prefix; a rewritten history is recounted from the first change. The result stays exact.
+# - A large call is counted in a worker thread (`gateway.py`), possibly beside another call of the
+#   same session on the event loop: a count reads the memo's counts once and swaps in new ones
+#   whole, so neither sees half of the other's update (the last one to finish is kept).
 # - Task text: `extract_task_text` with the configured rule (the function ingest uses); a
 #   conversation without a user message has an empty task text. A raw prompt is read as the first
 #   user message.
@@ -18,9 +21,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 
 from basin_runtime.gateway.calls import Call
 from basin_runtime.gateway.errors import BadRequestError
@@ -28,15 +30,32 @@ from basin_runtime.messages import Message
 from basin_runtime.task_text import TaskTextError, TaskTextRule, extract_task_text
 from basin_runtime.tokenizer import ChatTokenizer, TokenizerError
 
+_LONG_TEXT_CHARS = 1 << 16  # a message text past this is hashed as UTF-8 bytes: re-serialising it costs more
+
+
+@dataclass(frozen=True)
+class MemoCounts:
+    """One chat prompt's per-message token counts under the messages' digests, and its tools' count."""
+
+    keys: tuple[bytes, ...] = ()
+    tokens: tuple[int, ...] = ()
+    tools_key: bytes | None = None
+    tools_tokens: int = 0
+
 
 @dataclass
 class PromptMemo:
-    """Per-message token counts of a session's last chat prompt, keyed by message digests."""
+    """The counts of a session's last chat prompt, swapped whole (one attribute) after each count."""
 
-    keys: list[bytes] = field(default_factory=list)
-    tokens: list[int] = field(default_factory=list)
-    tools_key: bytes | None = None
-    tools_tokens: int = 0
+    counts: MemoCounts = field(default_factory=MemoCounts)
+
+    @property
+    def keys(self) -> tuple[bytes, ...]:
+        return self.counts.keys
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        return self.counts.tokens
 
 
 @dataclass(frozen=True)
@@ -59,37 +78,41 @@ class Meter:
         """The call's prompt size; a chat call reuses and updates the session's memo."""
         if call.messages is None:
             return sum(self.tokenizer.count_text(text) for text in call.texts) + call.token_ids_count
-        try:
-            return self._chat_tokens(call.messages, call.tools, memo)
-        except (TokenizerError, TypeError) as exc:
-            raise BadRequestError(f"cannot read the messages: {exc}") from exc
+        return self._total(self._chat_counts(call, memo))
 
     def first_call(self, call: Call, memo: PromptMemo) -> FirstCall:
         """Task text, first prompt size and current prompt size of a session's first call."""
-        prompt_tokens = self.prompt_tokens(call, memo)
         if call.messages is None:
+            prompt_tokens = self.prompt_tokens(call, memo)
             return FirstCall(self._task_text([{"role": "user", "content": "".join(call.texts[:1])}]),
                              prompt_tokens, prompt_tokens)
-        first = prompt_tokens
+        counts = self._chat_counts(call, memo)
+        prompt_tokens = first = self._total(counts)
         assistant = next((k for k, m in enumerate(call.messages) if m.get("role") == "assistant"), None)
         if assistant is not None:
-            first = sum(memo.tokens[:assistant]) + memo.tools_tokens + self.tokenizer.generation_prompt_tokens
+            first = self._total(replace(counts, tokens=counts.tokens[:assistant]))
         return FirstCall(self._task_text(call.messages), first, prompt_tokens)
 
-    def _chat_tokens(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None,
-                     memo: PromptMemo) -> int:
-        keys = [_digest(message) for message in messages]
-        same = 0
-        while same < min(len(keys), len(memo.keys)) and keys[same] == memo.keys[same]:
-            same += 1
-        memo.tokens[same:] = [self.tokenizer.count_message(m) for m in messages[same:]]
-        memo.keys = keys
-        has_system = any(m.get("role") == "system" for m in messages)
-        tools_key = _digest([tools, has_system])
-        if tools_key != memo.tools_key:
-            memo.tools_tokens = self.tokenizer.count_tools(tools, has_system)
-            memo.tools_key = tools_key
-        return sum(memo.tokens) + memo.tools_tokens + self.tokenizer.generation_prompt_tokens
+    def _total(self, counts: MemoCounts) -> int:
+        return sum(counts.tokens) + counts.tools_tokens + self.tokenizer.generation_prompt_tokens
+
+    def _chat_counts(self, call: Call, memo: PromptMemo) -> MemoCounts:
+        """The counts of a chat call, from the memo's unchanged prefix on; the memo then holds them."""
+        messages, tools, old = call.messages or (), call.tools, memo.counts
+        try:
+            keys = tuple(_digest(message) for message in messages)
+            same = 0
+            while same < min(len(keys), len(old.keys)) and keys[same] == old.keys[same]:
+                same += 1
+            tokens = old.tokens[:same] + tuple(self.tokenizer.count_message(m) for m in messages[same:])
+            has_system = any(m.get("role") == "system" for m in messages)
+            tools_key = _digest([tools, has_system])
+            tools_tokens = (old.tools_tokens if tools_key == old.tools_key
+                            else self.tokenizer.count_tools(tools, has_system))
+        except (TokenizerError, TypeError) as exc:
+            raise BadRequestError(f"cannot read the messages: {exc}") from exc
+        memo.counts = MemoCounts(keys, tokens, tools_key, tools_tokens)
+        return memo.counts
 
     def _task_text(self, messages: Sequence[Message]) -> str:
         try:
@@ -101,5 +124,15 @@ class Meter:
 
 
 def _digest(value: object) -> bytes:
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-    return hashlib.blake2b(text.encode("utf-8"), digest_size=16).digest()
+    """A digest of a message (or of the tools): a long text content is hashed as bytes, not re-serialised."""
+    content = value.get("content") if isinstance(value, dict) else None
+    if isinstance(value, dict) and isinstance(content, str) and len(content) > _LONG_TEXT_CHARS:
+        digest = hashlib.blake2b(_json({k: v for k, v in value.items() if k != "content"}), digest_size=16)
+        digest.update(b"\x00content\x00")  # a NUL never appears in JSON text: no collision with the plain form
+        digest.update(content.encode("utf-8"))
+        return digest.digest()
+    return hashlib.blake2b(_json(value), digest_size=16).digest()
+
+
+def _json(value: object) -> bytes:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")

@@ -6,6 +6,7 @@
 #   and its first user message). A raw-prompt call (`/v1/completions`, `/generate`) with neither
 #   header nor `user` has nothing stable to hash: it is a session of its own, ended with its call.
 #   Two runs of the same task at once hash alike and share a session: give such clients a header.
+#   A header or `user` id is bounded in length and characters (`limits.checked_session_id`).
 # - The registry holds exactly the sessions the policy holds (live or queued), under the same ids;
 #   an ended, withdrawn or shed session is removed, and its id is then unknown again.
 # - A session is idle when it is live, has no call in flight, and its last call ended (or started)
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Literal, TypeAlias
 
 from basin_runtime.gateway.calls import Call
-from basin_runtime.gateway.errors import BadRequestError
+from basin_runtime.gateway.limits import DEFAULT_MAX_SESSION_ID_CHARS, checked_session_id
 from basin_runtime.gateway.measure import PromptMemo
 from basin_runtime.messages import message_text
 from basin_runtime.policy import Shed
@@ -34,19 +35,18 @@ Verdict: TypeAlias = Literal["admitted", "ended"] | Shed
 CallOutcome = Literal["completed", "rejected", "client_gone", "upstream_error", "gateway_error"]
 
 
-MAX_SESSION_ID_CHARS = 256  # ids are kept per session, logged and echoed in a response header
-
-
-def session_id_for(call: Call, headers: Mapping[str, str], header_name: str) -> tuple[str, bool]:
+def session_id_for(call: Call, headers: Mapping[str, str], header_name: str,
+                   max_chars: int = DEFAULT_MAX_SESSION_ID_CHARS) -> tuple[str, bool]:
     """(session id, is a single-call session) by header, then `user`, then the conversation's hash.
 
-    An id longer than MAX_SESSION_ID_CHARS is refused (`BadRequestError` naming where it came from).
+    An id too long or of characters it may not hold is refused (`limits.checked_session_id`: a 400
+    naming where it came from).
     """
     value = headers.get(header_name, "").strip()
     if value:
-        return _bounded(value, f"the {header_name} header"), False
+        return checked_session_id(value, f"the {header_name} header", max_chars, is_header=True), False
     if call.user is not None:
-        return _bounded(call.user, "the `user` field"), False
+        return checked_session_id(call.user, "the `user` field", max_chars, is_header=False), False
     if call.messages is None:
         return f"call-{uuid.uuid4().hex}", True
     system = next((m for m in call.messages if m.get("role") == "system"), None)
@@ -54,13 +54,6 @@ def session_id_for(call: Call, headers: Mapping[str, str], header_name: str) -> 
     head = [message_text(m.get("content")) if m is not None else None for m in (system, user)]
     digest = hashlib.sha256(json.dumps(head, ensure_ascii=False).encode("utf-8")).hexdigest()
     return f"conv-{digest[:24]}", False
-
-
-def _bounded(session_id: str, where: str) -> str:
-    if len(session_id) > MAX_SESSION_ID_CHARS:
-        raise BadRequestError(f"the session id in {where} is {len(session_id)} characters long; at most "
-                              f"{MAX_SESSION_ID_CHARS} are accepted")
-    return session_id
 
 
 @dataclass

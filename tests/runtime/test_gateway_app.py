@@ -3,6 +3,7 @@
 `Rig` wires a real `Gateway` (real tokenizer, real policy) to a stub predictor and a recording fake
 upstream. Most calls go through `httpx.ASGITransport`; tests that must see bytes as they are sent or
 make the client vanish drive the ASGI app directly (`RawCall`), since ASGITransport buffers answers.
+The `rig` and `full` fixtures (`conftest.py`) are rigs made by `rig_for`.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from urllib.parse import unquote
 
 import httpx
 import pytest
-import pytest_asyncio
 from starlette.applications import Starlette
 
 from basin_runtime.gateway.app import create_app
@@ -133,19 +133,6 @@ async def rig_for(*, budget_tokens: int = 1_000_000, model: StubModel | None = N
     finally:
         await client.aclose()
         await upstream_client.aclose()
-
-
-@pytest_asyncio.fixture
-async def rig() -> AsyncIterator[Rig]:
-    async with rig_for() as made:
-        yield made
-
-
-@pytest_asyncio.fixture
-async def full() -> AsyncIterator[Rig]:
-    """A one-token budget: once one session is live, every other one waits."""
-    async with rig_for(budget_tokens=1) as made:
-        yield made
 
 
 async def eventually(condition: Callable[[], bool], timeout_s: float = 2.0) -> None:
@@ -643,7 +630,37 @@ async def test_a_client_leaving_before_the_answer_starts_cancels_the_upstream_re
         (CHAT, b'{"model": "m\\ud800", "messages": [{"role": "user", "content": "hi"}]}', "`model` holds"),
         (CHAT, b'{"user": "u\\ud800", "messages": [{"role": "user", "content": "hi"}]}', "`user` holds"),
         (CHAT, b'{"messages": [{"role": "user", "content": "x\\udfff"}]}', "`messages[0].content` holds"),
-        (CHAT, b'[' * 100_000 + b']' * 100_000, "nested too deeply"),
+        # a body that is not UTF-8 JSON text, or holds numbers JSON has not (issue 16 item 7)
+        (CHAT, b'{"messages": [{"role": "user", "content": "caf\xe9"}]}', "not UTF-8 text (byte 46"),
+        (CHAT, b'{"max_tokens": NaN, "messages": [{"role": "user", "content": "x"}]}', "NaN is not a JSON number"),
+        (CHAT, b'{"temperature": 1e999, "messages": [{"role": "user", "content": "x"}]}', "1e999 is too large"),
+        (CHAT, b'{"max_tokens": ' + b"9" * 5000 + b', "messages": [{"role": "user", "content": "x"}]}',
+         "not valid JSON"),
+        # well-formed JSON of the wrong shape where the gateway reads it (issue 16 item 7): each was a 500
+        (CHAT, b'{"messages": [{"role": "user", "content": 42}]}', "`messages[0].content` must be a string"),
+        (CHAT, b'{"messages": [{"role": "user", "content": true}]}', "got true"),
+        (CHAT, b'{"messages": [{"role": "user", "content": {"text": "x"}}]}', "got an object"),
+        (CHAT, b'{"messages": [{"role": "user", "content": [{"text": "no type"}]}]}',
+         "`messages[0].content[0]` must be a content part"),
+        (CHAT, b'{"messages": [{"role": "user", "content": ["bare"]}]}', "got a string"),
+        (CHAT, b'{"messages": [{"role": "user", "content": [{"type": "text"}]}]}',
+         "`messages[0].content[0].text` must be a string"),
+        (CHAT, b'{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": null, '
+               b'"tool_calls": [{"id": "1", "function": "bash"}]}, {"role": "user", "content": "y"}]}',
+         "`messages[1].tool_calls[0].function` must be an object"),
+        (CHAT, b'{"messages": [{"role": "assistant", "tool_calls": {"function": {}}}]}',
+         "`messages[0].tool_calls` must be a list"),
+        (CHAT, b'{"messages": [{"role": "assistant", "tool_calls": [7]}]}', "`messages[0].tool_calls[0]` must be"),
+        (CHAT, b'{"tools": [1], "messages": [{"role": "user", "content": "x"}]}', "`tools[0]` must be an object"),
+        (CHAT, b'{"tools": "bash", "messages": [{"role": "user", "content": "x"}]}', "`tools` must be a list"),
+        (CHAT, b'{"stream": "yes", "messages": [{"role": "user", "content": "x"}]}', "`stream` must be true or false"),
+        (CHAT, b'{"stream": true, "stream_options": "usage", "messages": [{"role": "user", "content": "x"}]}',
+         "`stream_options` must be an object"),
+        (CHAT, b'{"stream": true, "stream_options": {"include_usage": 1}, "messages": [{"role": "user", '
+               b'"content": "x"}]}', "`stream_options.include_usage` must be true or false"),
+        (CHAT, b'{"user": ["u"], "messages": [{"role": "user", "content": "x"}]}', "`user` must be a string"),
+        ("/v1/completions", b'{"prompt": "x", "stream": 1}', "`stream` must be true or false"),
+        ("/generate", b'{"input_ids": [1, true]}', "`input_ids` must be"),
     ],
 )
 async def test_a_malformed_call_is_400_with_a_json_error(rig: Rig, path: str, raw: bytes, fragment: str) -> None:
@@ -662,8 +679,9 @@ async def test_a_call_that_fails_inside_the_gateway_after_it_was_counted_is_ende
         raise RuntimeError("a bug below the proxy")
 
     rig.upstream.handler = broken
-    with pytest.raises(RuntimeError, match="a bug below the proxy"):
-        await rig.chat("s1", "task")
+    response = await rig.chat("s1", "task")
+    error = response.json()["error"]  # JSON, never Starlette's plain-text 500
+    assert (response.status_code, error["type"]) == (500, "internal_error") and "RuntimeError" in error["message"]
     entry = rig.room.registry.get("s1")
     assert entry is not None and (entry.in_flight, entry.calls[0].outcome) == (0, "gateway_error")
     assert rig.gateway.metrics.calls_in_flight._value.get() == 0

@@ -16,6 +16,7 @@ from basin_runtime.gateway.cli import main
 from basin_runtime.gateway.clock import ManualClock
 from basin_runtime.gateway.config import CONFIG_KEYS, ConfigError, GatewayConfig, build_parser, load_config
 from basin_runtime.gateway.config import gateway_policy_config as policy_config
+from basin_runtime.gateway.limits import Limits
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "models"
@@ -113,6 +114,26 @@ def test_a_bad_config_file_names_the_file_the_key_and_the_value(tmp_path: Path, 
 def test_a_bad_command_line_value_names_the_option() -> None:
     with pytest.raises(ConfigError, match="command line: tick_interval_s: expected a number of seconds > 0"):
         parse("--upstream", "http://r:1", "--model", "m.onnx", "--tick-interval-s", "-1")
+
+
+def test_the_limits_are_options_on_the_command_line_and_in_the_file(tmp_path: Path) -> None:
+    config_file = tmp_path / "gw.yaml"
+    config_file.write_text("upstream: http://r:1\nmodel: m.onnx\nmax-json-depth: 64\nmax_session_id_chars: 80\n")
+    argv = ["--config", str(config_file), "--max-body-bytes", "1048576"]
+    config = load_config(vars(build_parser().parse_args(argv)))
+    assert config.limits == Limits(max_body_bytes=1 << 20, max_json_depth=64, max_session_id_chars=80)
+    assert GatewayConfig(upstream="http://r", default_model=Path("m")).limits == Limits(64 << 20, 128, 256)
+
+
+@pytest.mark.parametrize(("argv", "fragment"), [
+    (["--max-body-bytes", "0"], "max_body_bytes: expected a whole number > 0"),
+    (["--max-json-depth", "2"], "max_json_depth: expected a whole number from 3 to 512"),
+    (["--max-json-depth", "900"], "max_json_depth: expected a whole number from 3 to 512"),
+    (["--max-session-id-chars", "0"], "max_session_id_chars: expected a whole number > 0"),
+])
+def test_a_bad_limit_is_refused_naming_it(argv: list[str], fragment: str) -> None:
+    with pytest.raises(ConfigError, match=fragment):
+        load_config(vars(build_parser().parse_args(["--upstream", "http://r:1", "--model", "m.onnx", *argv])))
 
 
 def test_without_an_upstream_nothing_starts() -> None:

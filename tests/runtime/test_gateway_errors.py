@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import json
 
-from basin_runtime.gateway.errors import GatewayError, SessionShedError, UpstreamStatusError, error_response
+from basin_runtime.gateway.errors import (
+    BodyTooLargeError,
+    GatewayError,
+    LimitError,
+    MethodNotAllowedError,
+    NestingTooDeepError,
+    SessionIdTooLongError,
+    SessionShedError,
+    UpstreamStatusError,
+    error_response,
+)
 from basin_runtime.policy import PolicyError, Shed, UnknownSessionError
 
 
@@ -19,6 +29,11 @@ SHED = Shed("s", 1.0, 2.0, 3.0, 0.5, 0.1, 900.0, "arrival rate 0.5/s exceeds pea
 EXAMPLES: dict[type, GatewayError] = {
     SessionShedError: SessionShedError(SHED, 12.5),
     UpstreamStatusError: UpstreamStatusError(500, "scheduler crashed"),
+    LimitError: LimitError("too much", "max_things", 3),
+    BodyTooLargeError: BodyTooLargeError("too large", "max_body_bytes", 10),
+    NestingTooDeepError: NestingTooDeepError("too deep", "max_json_depth", 4),
+    SessionIdTooLongError: SessionIdTooLongError("too long", "max_session_id_chars", 8),
+    MethodNotAllowedError: MethodNotAllowedError("no PUT here", "GET"),
 }
 
 
@@ -31,8 +46,10 @@ def test_every_gateway_error_maps_to_one_status_and_an_openai_style_body() -> No
         assert (error["message"], error["code"]) == (str(exc), response.status_code)
         statuses[cls.__name__] = response.status_code
     assert statuses == {
-        "BadRequestError": 400, "AdminAuthError": 401, "SessionNotFoundError": 404, "PathNotForwardedError": 404,
-        "SessionEndedError": 409,
+        "BadRequestError": 400, "LimitError": 400, "BodyTooLargeError": 413, "NestingTooDeepError": 400,
+        "SessionIdTooLongError": 400, "AdminAuthError": 401, "SessionNotFoundError": 404,
+        "PathNotForwardedError": 404, "RouteNotFoundError": 404, "MethodNotAllowedError": 405,
+        "GatewayInternalError": 500, "SessionEndedError": 409,
         "ClientGoneError": 499, "SessionShedError": 503, "UpstreamError": 502, "UpstreamRefusedError": 502,
         "UpstreamTimeoutError": 504, "UpstreamStatusError": 502,
     }
@@ -43,6 +60,22 @@ def test_a_shed_answer_carries_retry_after_in_whole_seconds_and_the_reason() -> 
     error = json.loads(bytes(response.body))["error"]
     assert response.headers["retry-after"] == "13"
     assert (error["reason"], error["session_id"], error["retry_after_s"]) == (SHED.reason, "s", 13)
+
+
+def test_a_limit_names_itself_its_value_and_its_option_with_a_stable_type() -> None:
+    response = error_response(EXAMPLES[BodyTooLargeError])
+    error = json.loads(bytes(response.body))["error"]
+    assert (response.status_code, error["type"], error["limit"], error["limit_value"], error["option"]) == (
+        413, "request_too_large", "max_body_bytes", 10, "--max-body-bytes")
+    assert "`max_body_bytes` = 10" in error["message"] and "--max-body-bytes" in error["message"]
+    kinds = {cls: json.loads(bytes(error_response(EXAMPLES[cls]).body))["error"]["type"]
+             for cls in (NestingTooDeepError, SessionIdTooLongError)}
+    assert kinds == {NestingTooDeepError: "json_too_deep", SessionIdTooLongError: "session_id_too_long"}
+
+
+def test_a_wrong_method_answer_carries_allow() -> None:
+    response = error_response(EXAMPLES[MethodNotAllowedError])
+    assert (response.status_code, response.headers["allow"]) == (405, "GET")
 
 
 def test_policy_refusals_map_too() -> None:

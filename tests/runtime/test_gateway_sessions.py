@@ -61,7 +61,7 @@ def test_a_raw_prompt_without_header_or_user_is_a_single_call_session_each_time(
 def test_a_chat_call_is_a_continuation_once_it_holds_an_assistant_turn() -> None:
     assert not chat(("system", "s"), ("user", "u")).is_continuation
     assert chat(("user", "u"), ("assistant", "a"), ("user", "u2")).is_continuation
-    assert chat(("user", "u"), stream=True).is_stream and not chat(("user", "u"), stream="yes").is_stream
+    assert chat(("user", "u"), stream=True).is_stream and not chat(("user", "u"), stream=None).is_stream
 
 
 @pytest.mark.parametrize(
@@ -80,9 +80,36 @@ def test_raw_prompts_are_read_as_texts_or_token_ids(kind: str, raw: bytes, texts
     assert (call.texts, call.token_ids_count, call.is_batch, call.is_continuation) == (texts, ids, is_batch, False)
 
 
-def test_a_non_string_user_field_is_not_an_identity() -> None:
-    assert chat(("user", "u"), user=42).user is None
+def test_an_empty_or_null_user_field_is_not_an_identity_and_a_non_string_one_is_refused() -> None:
     assert chat(("user", "u"), user="").user is None
+    assert chat(("user", "u"), user=None).user is None
+    with pytest.raises(BadRequestError, match="`user` must be a string or null, got a number"):
+        chat(("user", "u"), user=42)
+
+
+# --- the forwarded body --------------------------------------------------------------------------
+
+
+def test_the_forwarded_body_is_the_client_bytes_with_the_gateway_fields_spliced_in() -> None:
+    raw = b'{"model": "m",  "messages": [{"role": "user", "content": "caf\\u00e9 \\ud83d\\ude00"}], "x": 1.50}\n '
+    call = parse_call("chat", raw)
+    call.body.update(priority=7, rid="basin-1", stream_options={"include_usage": True})
+    sent = call.encode()
+    assert sent.startswith(raw.rstrip()[:-1]) and json.loads(sent) == call.body  # the client's own bytes, then ours
+    assert parse_call("chat", raw).encode() == raw  # nothing added: the bytes as sent
+
+
+def test_the_body_is_re_serialised_when_the_gateway_changes_a_field_the_client_sent() -> None:
+    raw = b'{"priority": 999, "stream": true, "stream_options": {"continuous_usage_stats": false}, "prompt": "p"}'
+    call = parse_call("completion", raw)
+    call.body.update(priority=7, stream_options={"continuous_usage_stats": False, "include_usage": True})
+    assert json.loads(call.encode()) == call.body and b"999" not in call.encode()
+    kept = parse_call("completion", b'{"priority": 7, "prompt": "p"}')
+    kept.body["priority"] = 7
+    assert kept.encode() == b'{"priority": 7, "prompt": "p"}'
+    swapped = parse_call("completion", b'{"priority": true, "prompt": "p"}')
+    swapped.body["priority"] = 1  # equal to True in Python, but not the same JSON
+    assert json.loads(swapped.encode())["priority"] == 1 and b"true" not in swapped.encode()
 
 
 # --- measurement ---------------------------------------------------------------------------------
@@ -148,7 +175,7 @@ def test_an_unreadable_message_is_a_bad_request_and_leaves_the_memo_as_it_was() 
     meter = Meter(TOKENIZER, TaskTextRule())
     memo = PromptMemo()
     meter.prompt_tokens(chat(("user", "a")), memo)
-    before = (list(memo.keys), list(memo.tokens))
+    before = (memo.keys, memo.tokens)
     with pytest.raises(BadRequestError, match="cannot read the messages"):
         meter.prompt_tokens(chat(("user", "a"), ("oracle", "b")), memo)
     assert (memo.keys, memo.tokens) == before

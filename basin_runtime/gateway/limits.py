@@ -1,0 +1,137 @@
+# The gateway's input limits: how large a request body, how deeply nested its JSON, how long and of
+# which characters a session id may be.
+#
+# Rules:
+# - Each limit is a `GatewayConfig` option (`max_body_bytes`, `max_json_depth`,
+#   `max_session_id_chars`); a request over one is refused with a `LimitError` (4xx JSON naming the
+#   limit, its value and the option that sets it) before anything is counted or forwarded.
+# - Body size (413 `request_too_large`): a declared Content-Length over the limit is refused before
+#   a byte is read; otherwise the body is counted as it arrives and refused the moment it would pass
+#   the limit, so the gateway never holds more than the limit. A body whose size is not the one its
+#   Content-Length declared, or a Content-Length that is not a number, is a 400; a client that
+#   leaves while sending is `ClientGoneError`.
+# - JSON depth (400 `json_too_deep`): the parsed body is measured level by level, without recursion;
+#   the top-level object is depth 1. The limit stays far below Python's recursion limit (at most
+#   `MAX_JSON_DEPTH_CEILING`), so everything later that recurses over the body (re-serialising,
+#   token counting) is safe.
+# - Session ids (400): at most `max_session_id_chars` characters (`session_id_too_long`). An id from
+#   the session header must be printable ASCII, since it is echoed in the answer's header; an id
+#   from the `user` field may hold any Unicode text (OpenAI allows it) but no control characters;
+#   a `user` id that is not printable ASCII is kept but not echoed.
+"""Input limits: body size while reading, JSON nesting depth, session-id length and characters."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from starlette.requests import ClientDisconnect, Request
+
+from basin_runtime.gateway.errors import (
+    BadRequestError,
+    BodyTooLargeError,
+    ClientGoneError,
+    NestingTooDeepError,
+    SessionIdTooLongError,
+)
+
+# 64 MiB: a 300k-token agent conversation with tool output is a few MB of JSON; images sent as
+# base64 make bodies larger, and OpenAI accepts up to 50 MB of images per request, so every body
+# OpenAI would take fits, while one client cannot make the gateway hold gigabytes.
+DEFAULT_MAX_BODY_BYTES = 64 << 20
+# Real tool JSON schemas nest a few dozen levels at most (each nested object schema adds two:
+# `properties` and the property); the body itself adds about five (tools, tool, function, parameters).
+DEFAULT_MAX_JSON_DEPTH = 128
+MAX_JSON_DEPTH_CEILING = 512  # Python's recursion limit is 1000; re-serialising recurses per level
+DEFAULT_MAX_SESSION_ID_CHARS = 256  # ids are kept per session, logged and echoed in a response header
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_DIGITS = re.compile(r"[0-9]+")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The gateway's input limits (see the module rules)."""
+
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
+    max_session_id_chars: int = DEFAULT_MAX_SESSION_ID_CHARS
+
+
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    """The request body, refused (`BodyTooLargeError`) as soon as it is known to pass `max_bytes`."""
+    declared = _content_length(request, max_bytes)
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in request.stream():
+            if size + len(chunk) > max_bytes:
+                raise BodyTooLargeError(f"the request body passed {max_bytes} bytes while it was being read",
+                                        "max_body_bytes", max_bytes)
+            size += len(chunk)
+            chunks.append(chunk)
+    except ClientDisconnect as exc:
+        raise ClientGoneError("the client went away while sending its request body") from exc
+    if declared is not None and size != declared:
+        raise BadRequestError(f"the request body is {size} bytes but its Content-Length says {declared}")
+    return b"".join(chunks)
+
+
+def _content_length(request: Request, max_bytes: int) -> int | None:
+    """The declared body size; refused when it is not a number or is over `max_bytes`."""
+    value = request.headers.get("content-length")
+    if value is None:
+        return None
+    digits = value.strip(" \t")
+    if _DIGITS.fullmatch(digits) is None:
+        raise BadRequestError(f"the Content-Length header must be a whole number of bytes, got {value[:40]!r}")
+    digits = digits.lstrip("0") or "0"
+    if len(digits) > len(str(max_bytes)) or int(digits) > max_bytes:  # never parses a 4300-digit number
+        size = f"{digits} bytes" if len(digits) <= 20 else f"a {len(digits)}-digit number of bytes"
+        raise BodyTooLargeError(f"the request body is {size} (its Content-Length), more than the {max_bytes} accepted",
+                                "max_body_bytes", max_bytes)
+    return int(digits)
+
+
+def check_depth(body: object, max_depth: int) -> None:
+    """Refuse (`NestingTooDeepError`) JSON nested deeper than `max_depth` containers; no recursion."""
+    level: list[object] = [body] if isinstance(body, (dict, list)) else []
+    depth = 0
+    while level:
+        depth += 1
+        if depth > max_depth:
+            raise NestingTooDeepError(f"`{_deep_path(body, max_depth)}` is nested more than {max_depth} levels deep",
+                                      "max_json_depth", max_depth)
+        level = [child for container in level
+                 for child in (container.values() if isinstance(container, dict) else container)  # type: ignore[attr-defined]
+                 if isinstance(child, (dict, list))]
+
+
+def _deep_path(body: object, max_depth: int) -> str:
+    """Where the first container past `max_depth` sits, as `a.b[2]` (only called on failure)."""
+    stack: list[tuple[str, object, int]] = [("", body, 1)]
+    while stack:
+        path, value, depth = stack.pop()
+        if depth > max_depth:
+            return path or "(the body)"
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        for key, child in items:
+            if isinstance(child, (dict, list)):
+                child_path = f"{path}[{key}]" if isinstance(value, list) else (f"{path}.{key}" if path else str(key))
+                stack.append((child_path, child, depth + 1))
+    return "(the body)"
+
+
+def checked_session_id(session_id: str, where: str, max_chars: int, *, is_header: bool) -> str:
+    """`session_id` if it is short enough and of allowed characters; else a 400 naming `where` it came from."""
+    if len(session_id) > max_chars:
+        raise SessionIdTooLongError(f"the session id in {where} is {len(session_id)} characters long; at most "
+                                    f"{max_chars} are accepted", "max_session_id_chars", max_chars)
+    if is_header and not (session_id.isascii() and session_id.isprintable()):
+        bad = next(k for k, c in enumerate(session_id) if not (c.isascii() and c.isprintable()))
+        raise BadRequestError(f"the session id in {where} must be printable ASCII (it is echoed in the answer's "
+                              f"header); character {bad} is {session_id[bad]!r}")
+    control = _CONTROL.search(session_id)
+    if control is not None:
+        raise BadRequestError(f"the session id in {where} holds a control character {control.group()!r} at "
+                              f"character {control.start()}")
+    return session_id
