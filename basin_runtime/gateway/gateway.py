@@ -59,9 +59,10 @@ from basin_runtime.session_log import LoggedCall, SessionLogRecord
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-# Parsing, counting and encoding a body this large move to a worker thread (`_off_loop_if_large`);
-# below it they cost less than the thread hop (measured: benchmarks/bench_big_prompt.py).
-OFF_LOOP_BODY_BYTES = 256 << 10
+# Parsing, counting and encoding a body this large move to a worker thread (`_off_loop_if_large`).
+# Measured on a growing agent conversation: that work costs ~8 us per KiB (0.9 ms at 76 KiB, 9 ms at
+# 1 MiB) against ~60 us per thread hop; below 64 KiB it stays inline and stalls the loop < 1 ms.
+OFF_LOOP_BODY_BYTES = 64 << 10
 ROUTED_WORKER_HEADER = "x-smg-routed-worker-id"  # smg's answer header: the worker (the decode one in PD) that served
 
 
