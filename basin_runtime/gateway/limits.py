@@ -17,7 +17,8 @@
 # - Session ids (400): at most `max_session_id_chars` characters (`session_id_too_long`). An id from
 #   the session header must be printable ASCII, since it is echoed in the answer's header; an id
 #   from the `user` field may hold any Unicode text (OpenAI allows it) but no control characters;
-#   a `user` id that is not printable ASCII is kept but not echoed.
+#   a `user` id that is not printable ASCII is kept but not echoed. No id is or holds a `.` or `..`
+#   segment between slashes: clients drop those from the URL that ends the session.
 """Input limits: body size while reading, JSON nesting depth, session-id length and characters."""
 
 from __future__ import annotations
@@ -134,4 +135,7 @@ def checked_session_id(session_id: str, where: str, max_chars: int, *, is_header
     if control is not None:
         raise BadRequestError(f"the session id in {where} holds a control character {control.group()!r} at "
                               f"character {control.start()}")
+    if any(segment in (".", "..") for segment in session_id.split("/")):
+        raise BadRequestError(f"the session id in {where} is or holds a `.` or `..` path segment, which HTTP "
+                              f"clients drop from the URL that ends the session (/basin/sessions/ID/end)")
     return session_id

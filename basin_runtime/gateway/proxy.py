@@ -6,7 +6,9 @@
 #   gateway's. Nothing else in the gateway talks to the upstream.
 # - Request headers: the client's end-to-end headers go through, `Authorization` included; hop-by-hop
 #   headers, `Host` and `Content-Length` do not (the body may have been rewritten), and the gateway
-#   asks for `Accept-Encoding: identity`.
+#   asks for `Accept-Encoding: identity`. A header whose name is not an HTTP token or whose value is
+#   not printable ASCII (non-ASCII bytes, control characters: neither upstream client can send them
+#   as received) is not forwarded either (logged at debug level).
 # - An SSE answer, or one without a small `Content-Length`, streams through chunk by chunk as it
 #   arrives: never buffered whole. A non-SSE answer with `Content-Length` up to `WHOLE_BODY_BYTES` is
 #   read whole and sent in one piece (`WholeUpstreamResponse`: no streaming machinery per call; a
@@ -75,6 +77,7 @@ HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
     "transfer-encoding", "upgrade", "host", "content-length",
 })
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # an HTTP header name (RFC 9110 token)
 NOT_SENT = HOP_BY_HOP | {"accept-encoding", "expect"}  # the gateway asks for identity; the body is already here
 # Not passed back: hop-by-hop, what the gateway's own server sets, and the encoding undone here.
 NOT_RETURNED = HOP_BY_HOP | {"date", "server", "content-encoding"}
@@ -281,7 +284,14 @@ async def _read_start(response: UpstreamAnswer) -> str:
 
 
 def _request_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    kept = {k: v for k, v in headers.items() if k.lower() not in NOT_SENT}
+    kept = {}
+    for name, value in headers.items():
+        if name.lower() in NOT_SENT:
+            continue
+        if _TOKEN.fullmatch(name) is None or not (value.isascii() and value.replace("\t", " ").isprintable()):
+            logger.debug("header %r not forwarded: not an HTTP token name and printable ASCII value", name[:80])
+            continue
+        kept[name] = value
     kept["accept-encoding"] = "identity"
     return kept
 

@@ -3,6 +3,7 @@ routing errors and unexpected exceptions, the forwarded body, and big bodies han
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from collections.abc import MutableMapping
@@ -20,7 +21,11 @@ pytestmark = pytest.mark.asyncio
 
 
 class Driven:
-    """One request driven straight into the ASGI app with a scripted body: what was read, what came back."""
+    """One request driven straight into the ASGI app with a scripted body: what was read, what came back.
+
+    After the body the client stays until the answer is complete (then `http.disconnect`, as servers
+    send in-process), unless it `leaves` right after its chunks.
+    """
 
     def __init__(self, headers: dict[str, bytes], chunks: list[bytes], *, endless_chunk: bytes | None = None,
                  leaves: bool = False, method: str = "POST", path: str = CHAT) -> None:
@@ -31,6 +36,7 @@ class Driven:
         self.method, self.path = method, path
         self.num_received = 0
         self.sent: list[MutableMapping[str, Any]] = []
+        self._answered = asyncio.Event()
 
     async def run(self, app: Starlette) -> Driven:
         scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": self.method,
@@ -47,10 +53,14 @@ class Driven:
             return {"type": "http.request", "body": chunk, "more_body": more}
         if self.endless_chunk is not None:
             return {"type": "http.request", "body": self.endless_chunk, "more_body": True}
+        if not self.leaves:  # a client that stays: disconnected once the answer is complete
+            await self._answered.wait()
         return {"type": "http.disconnect"}
 
     async def _send(self, message: MutableMapping[str, Any]) -> None:
         self.sent.append(message)
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            self._answered.set()
 
     @property
     def status(self) -> int:
@@ -205,6 +215,16 @@ async def test_a_header_session_id_must_be_printable_ascii(value: bytes, fragmen
         assert call.status == 400 and fragment in call.error["message"]
         assert "X-Session-ID header" in call.error["message"]
         assert_nothing_held(rig)
+
+
+@pytest.mark.parametrize("session_id", [".", "..", "a/../b", "./x", "x/."])
+async def test_a_session_id_with_a_dot_segment_is_400_as_no_client_could_end_it(rig: Rig, session_id: str) -> None:
+    # Found by the fuzz suite: a session "." was held, but POST /basin/sessions/./end reaches /basin/sessions/end.
+    for response in (await rig.chat(session_id, "task"),
+                     await rig.client.post(CHAT, json={"messages": conversation("task"), "user": session_id})):
+        assert response.status_code == 400 and "`.` or `..` path segment" in response.json()["error"]["message"]
+    assert_nothing_held(rig)
+    assert (await rig.chat("a.b/..c/.d", "task")).status_code == 200  # dots inside a segment are fine
 
 
 @pytest.mark.parametrize("user", ["u\x00", "line\nbreak", "tab\there", "c1\x85"])

@@ -1,0 +1,411 @@
+"""The gateway under fuzzed input (issue 16): Hypothesis-made requests through the real ASGI app, in-process.
+
+Every example builds a fresh rig (`test_gateway_app.rig_for`: real gateway, tokenizer and policy; a stub
+predictor; a fake upstream that checks what it is sent and answers JSON, or SSE to a streamed call) whose
+gateway writes to one session log shared by the whole test, and drives it straight through ASGI, so any
+header bytes and body chunking can be sent:
+
+- schema-aware OpenAI chat-completions and completions bodies and SGLang `/generate` bodies (roles,
+  content strings and part lists, tool calls, tools, stream/stream_options, user, stop, max_tokens,
+  rid, priority, ...), then mutated: a node replaced by a value of another type, a huge number, a long
+  string or a deep nest; a field deleted; an extra field added;
+- hostile strings everywhere (lone surrogates, NUL and control characters, RTL and zero-width marks,
+  special tokens, CRLF, very long), bodies encoded with escaped or raw surrogates, raw non-JSON bytes,
+  truncated JSON, nesting bombs, 5000-digit numbers;
+- hostile headers: the session header (non-ASCII bytes, control characters, `\\r\\n` injection, too
+  long), the workload header, content-type, a Content-Length that lies or is not a number, chunked
+  bodies;
+- multi-call sessions: a first call, then continuations that grow the same conversation (sometimes
+  mutated), sessions ended midway and called again, ended twice.
+
+After EVERY request: the answer is the upstream's (forwarded) or a JSON 4xx the gateway made (the body
+parses and has `error.type`), never a 5xx; a session id echoed in the answer is printable ASCII; what
+reached the upstream is a UTF-8 JSON object carrying an integer `priority`; `/basin/state` and
+`/basin/sessions` answer, and the policy's totals equal the sums over the sessions (live and queued
+sets, working set = sum of last prompts, reserved = sum of max(peak, last prompt)); no call is in
+flight; the session-log writer thread is alive and has failed or dropped nothing. At the end of each
+example every session is ended through `/basin/sessions/{id}/end`: then nothing is live, queued,
+reserved or in flight, and `/metrics` renders. At the end of the test the session log is read back:
+every line is a valid record.
+
+Reproducible: `derandomize=True` (a fixed seed per test) and no example database. `BASIN_FUZZ_SCALE=10`
+runs ten times as many examples (locally, to look harder).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from starlette.responses import JSONResponse
+
+from basin_runtime.gateway.admin import sessions_view
+from basin_runtime.gateway.session_log import SessionLogWriter
+from basin_runtime.session_log import SessionLogRecord
+from tests.runtime.test_gateway_app import ANSWER, Rig, rig_for
+from tests.runtime.test_gateway_limits import Driven
+
+SCALE = int(os.environ.get("BASIN_FUZZ_SCALE", "1"))
+FUZZ = settings(derandomize=True, database=None, deadline=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                       HealthCheck.large_base_example, HealthCheck.filter_too_much])
+PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions", "generate": "/generate"}
+SSE_ANSWER = (b'data: {"id": "c1", "choices": [{"index": 0, "delta": {"content": "ok"}}]}\n\n'
+              b'data: {"id": "c1", "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 1}}\n\n'
+              b"data: [DONE]\n\n")
+
+# --- strategies: strings and JSON values ---------------------------------------------------------
+
+HOSTILE = ["\ud800", "\udfff", "\ud83d", "\x00", "\x01", "\x1b[31m", "\x7f", "\x85", "\u2028", "\u202e", "\u200b",
+           "\ufeff", "\r\n", "\n", "\t", '"', "\\", "\\u0000", "é", "𝕏", "🙂", "<|im_start|>", "<|im_end|>",
+           "<tool_call>", "{", "]", "%2e%2e/", " "]
+LONG = ["x" * 257, "long words " * 1500, "🙂" * 3000]
+texts = st.one_of(
+    st.text(max_size=30),
+    st.lists(st.one_of(st.sampled_from(HOSTILE), st.text(max_size=4)), max_size=6).map("".join),
+    st.sampled_from(["", "fix the failing test", *LONG]),
+)
+ids = st.text(alphabet=st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=24)
+numbers = st.one_of(st.integers(-(2**70), 2**70), st.floats(allow_nan=True, allow_infinity=True),
+                    st.sampled_from([0, -1, 2**31, 2**63, 10**300, 1e308]))
+scalars = st.one_of(st.none(), st.booleans(), numbers, texts)
+values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                       st.dictionaries(texts, inner, max_size=3)), max_leaves=6)
+
+
+def nest(depth: int) -> Any:
+    value: Any = "deep"
+    for k in range(depth):
+        value = [value] if k % 2 else {"d": value}
+    return value
+
+
+hostile_values = st.one_of(values, st.builds(nest, st.sampled_from([60, 130])), st.just("y" * 50_000),
+                           st.builds(lambda: [0] * 5_000))  # built afresh: a mutation never changes a shared one
+
+# --- strategies: OpenAI / SGLang bodies ----------------------------------------------------------
+
+parts = st.one_of(
+    st.fixed_dictionaries({"type": st.just("text"), "text": texts}),
+    st.fixed_dictionaries({"type": st.just("image_url"), "image_url": st.fixed_dictionaries({"url": texts})}),
+)
+contents = st.one_of(texts, st.none(), st.lists(parts, max_size=3))
+tool_calls = st.lists(st.fixed_dictionaries({
+    "id": ids, "type": st.just("function"),
+    "function": st.fixed_dictionaries({"name": texts, "arguments": st.one_of(texts, st.just('{"cmd": "ls"}'))}),
+}), max_size=2)
+messages = st.fixed_dictionaries(
+    {"role": st.one_of(st.sampled_from(["system", "user", "assistant", "tool", "developer"]), texts),
+     "content": contents},
+    optional={"name": texts, "tool_calls": tool_calls, "tool_call_id": ids},
+)
+tools = st.lists(st.fixed_dictionaries({"type": st.just("function"), "function": st.fixed_dictionaries(
+    {"name": texts, "parameters": st.one_of(st.just({"type": "object"}), values)}, optional={"description": texts})}),
+    max_size=2)
+stream_options = st.fixed_dictionaries({}, optional={"include_usage": st.booleans(),
+                                                     "continuous_usage_stats": st.booleans()})
+common = {"model": texts, "stream": st.booleans(), "stream_options": stream_options, "user": texts,
+          "stop": st.one_of(texts, st.lists(texts, max_size=3)), "max_tokens": st.integers(0, 10**6),
+          "temperature": st.floats(0, 2), "n": st.integers(1, 3), "seed": st.integers(), "rid": ids,
+          "priority": st.integers(-(2**40), 2**40)}
+chat_bodies = st.fixed_dictionaries(
+    {"messages": st.lists(messages, min_size=1, max_size=5)},
+    optional={**common, "tools": tools, "tool_choice": st.sampled_from(["auto", "none"])})
+token_ids = st.lists(st.integers(0, 150_000), min_size=1, max_size=6)
+prompts = st.one_of(texts, st.lists(texts, min_size=1, max_size=3), token_ids,
+                    st.lists(token_ids, min_size=1, max_size=2))
+completion_bodies = st.fixed_dictionaries({"prompt": prompts}, optional={**common, "echo": st.booleans()})
+generate_bodies = st.one_of(st.fixed_dictionaries({"text": st.one_of(texts, st.lists(texts, min_size=1, max_size=2))}),
+                            st.fixed_dictionaries({"input_ids": st.one_of(token_ids, st.lists(token_ids, min_size=1))})
+                            ).flatmap(lambda body: st.fixed_dictionaries(
+                                {k: st.just(v) for k, v in body.items()},
+                                optional={"sampling_params": st.dictionaries(texts, values, max_size=3),
+                                          "stream": st.booleans(), "rid": ids}))
+BODIES = {"chat": chat_bodies, "completion": completion_bodies, "generate": generate_bodies}
+
+
+# Any method on known and made-up paths; no admin change (a budget of 1 would queue every later call of the
+# sequential driver), though a session may be ended.
+known_paths = st.sampled_from(["/health", "/metrics", "/v1/models", "/v1/models/m", "/get_model_info", "/basin/state",
+                               "/basin/sessions", "/basin/budget", "/basin/sessions/s/end", *PATHS.values()])
+paths = st.one_of(known_paths, st.tuples(known_paths, st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E),
+                                                              max_size=12)).map("".join))
+routes = st.tuples(st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]), paths).filter(
+    lambda route: route[0] in ("GET", "HEAD") or not route[1].startswith(("/basin/budget", "/basin/reload",
+                                                                          "/basin/shadow")))
+
+
+def locations(value: Any, max_depth: int = 12, max_paths: int = 400) -> list[tuple[Any, ...]]:
+    """Paths to the nodes of a JSON value (the root excluded), down to `max_depth`, at most `max_paths`."""
+    found: list[tuple[Any, ...]] = []
+    stack: list[tuple[tuple[Any, ...], Any]] = [((), value)]
+    while stack and len(found) < max_paths:
+        path, node = stack.pop(0)
+        if path:
+            found.append(path)
+        if len(path) < max_depth:
+            items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+            stack.extend(((*path, key), item) for key, item in items)
+    return found
+
+
+def mutate(data: st.DataObject, body: dict[str, Any]) -> dict[str, Any]:
+    """`body` with 0 to 3 nodes replaced by a hostile value, deleted, or given an extra field."""
+    for _ in range(data.draw(st.sampled_from([0, 0, 1, 1, 2, 3]), label="mutations")):
+        paths = locations(body)
+        if not paths:
+            break
+        path = data.draw(st.sampled_from(paths), label="mutated at")
+        parent: Any = body
+        for key in path[:-1]:
+            parent = parent[key]
+        operation = data.draw(st.sampled_from(["replace", "replace", "delete", "add"]), label="operation")
+        if operation == "replace":
+            parent[path[-1]] = data.draw(hostile_values, label="value")
+        elif operation == "delete":
+            del parent[path[-1]]
+        elif isinstance(parent, dict):
+            parent[data.draw(texts, label="extra key")] = data.draw(values, label="extra value")
+    return body
+
+
+# --- strategies: bytes and headers ---------------------------------------------------------------
+
+
+def encode(data: st.DataObject, body: Any) -> bytes:
+    """`body` as bytes: escaped or raw UTF-8 (raw surrogates stay, as invalid UTF-8), or broken on purpose."""
+    how = data.draw(st.sampled_from(["ascii", "ascii", "utf-8", "truncated", "garbage", "bomb", "digits"]),
+                    label="encoding")
+    if how == "garbage":
+        return data.draw(st.binary(max_size=64), label="garbage")
+    if how == "bomb":
+        depth = data.draw(st.sampled_from([129, 900, 100_000]), label="bomb depth")
+        return b'{"messages": ' + b"[" * depth + b"]" * depth + b"}"
+    if how == "digits":
+        return b'{"max_tokens": ' + b"9" * 5000 + b', "messages": [{"role": "user", "content": "x"}], "prompt": "p"}'
+    raw = json.dumps(body, ensure_ascii=(how != "utf-8")).encode("utf-8", "surrogatepass")
+    if how == "truncated":
+        return raw[:data.draw(st.integers(0, max(0, len(raw) - 1)), label="cut at")]
+    return raw
+
+
+def header_value(data: st.DataObject, good: str | None) -> bytes | None:
+    """A header value: `good`, absent, or hostile bytes (non-ASCII, control characters, CRLF injection, long)."""
+    choice = data.draw(st.sampled_from(["good", "good", "good", "absent", "hostile"]), label="header")
+    if choice == "good":
+        return None if good is None else good.encode()
+    if choice == "absent":
+        return None
+    hostile = data.draw(st.one_of(texts, st.sampled_from(["s1\r\nX-Evil: 1", "s1\x00", "  padded  ", "s" * 300])),
+                        label="hostile header")
+    return hostile.encode("utf-8", "surrogatepass")
+
+
+def request_headers(data: st.DataObject, session: str | None, raw: bytes) -> dict[str, bytes]:
+    headers: dict[str, bytes] = {}
+    for name, good in (("x-session-id", session), ("x-basin-workload", None),
+                       ("content-type", "application/json")):
+        value = header_value(data, good)
+        if value is not None:
+            headers[name] = value
+    length = data.draw(st.sampled_from(["right", "right", "absent", "short", "long", "garbage"]), label="length")
+    if length != "absent":
+        headers["content-length"] = {"right": str(len(raw)), "short": str(max(0, len(raw) - 1)),
+                                     "long": str(len(raw) + 7), "garbage": "12x"}[length].encode()
+    return headers
+
+
+def chunks_of(data: st.DataObject, raw: bytes) -> list[bytes]:
+    if len(raw) < 2 or not data.draw(st.booleans(), label="chunked"):
+        return [raw]
+    cut = data.draw(st.integers(1, len(raw) - 1), label="chunk cut")
+    return [raw[:cut], b"", raw[cut:]]
+
+
+# --- the rig and the checks ----------------------------------------------------------------------
+
+
+class Checked:
+    """A rig whose fake upstream checks what reaches it, and the checks run after every request."""
+
+    def __init__(self, rig: Rig, log: SessionLogWriter) -> None:
+        self.rig = rig
+        self.log = log
+        self.forwarded_problems: list[str] = []
+        rig.upstream.handler = self.upstream
+
+    async def upstream(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "GET":
+            return httpx.Response(200, json={"path": request.url.path})
+        try:
+            body = json.loads(request.content.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            self.forwarded_problems.append(f"forwarded a body that is not UTF-8 JSON: {exc}")
+            return httpx.Response(200, json=ANSWER)
+        if not isinstance(body, dict) or type(body.get("priority")) is not int:
+            self.forwarded_problems.append(f"forwarded body without an integer priority: {str(body)[:200]}")
+            return httpx.Response(200, json=ANSWER)
+        if body.get("stream") is True:
+            return httpx.Response(200, content=SSE_ANSWER, headers={"content-type": "text/event-stream"})
+        return httpx.Response(200, json=ANSWER, headers={"x-smg-routed-worker-id": "http://d1"})
+
+    async def send(self, path: str, headers: dict[str, bytes], chunks: list[bytes], method: str = "POST") -> Driven:
+        """One request straight into the app, then every check."""
+        call = await Driven(headers, chunks, path=path, method=method).run(self.rig.app)
+        if path in PATHS.values() and method == "POST":
+            self.check_answer(call)
+        else:
+            self.check_other_answer(call)
+        await self.check_state()
+        return call
+
+    def check_other_answer(self, call: Driven) -> None:
+        """Any other route: forwarded or answered by the gateway, but never a 5xx, and a JSON error if an error."""
+        body = b"".join(m.get("body", b"") for m in call.sent if m["type"] == "http.response.body")
+        assert call.status < 500, (call.method, call.path, call.status, body[:300])
+        if call.status >= 400:
+            error = json.loads(body)["error"]
+            assert isinstance(error["type"], str) and error["code"] == call.status, error
+
+    def check_answer(self, call: Driven) -> None:
+        assert not self.forwarded_problems, self.forwarded_problems
+        body = b"".join(m.get("body", b"") for m in call.sent if m["type"] == "http.response.body")
+        assert call.status < 500, (call.status, body[:500])
+        start = next(m for m in call.sent if m["type"] == "http.response.start")
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in start["headers"]}
+        echoed = headers.get("x-session-id")
+        assert echoed is None or (echoed.isascii() and echoed.isprintable()), echoed
+        if call.status == 200:  # an SSE answer loses the usage chunk when the gateway asked for it itself
+            is_sse = headers.get("content-type", "").startswith("text/event-stream")
+            assert (body.startswith(SSE_ANSWER[:60]) and body.endswith(b"data: [DONE]\n\n") if is_sse
+                    else json.loads(body) == ANSWER), body[:300]
+            return
+        error = json.loads(body)["error"]
+        assert 400 <= call.status < 500 and isinstance(error["type"], str) and error["code"] == call.status, error
+        assert headers["content-type"] == "application/json", headers
+
+    async def check_state(self, *, over_http: bool = False) -> dict[str, Any]:
+        """The accounting checks; `/basin/state` and `/basin/sessions` answered in-process (as the endpoints
+        render them) after each request, over HTTP at the end of an example (cheaper, same JSON)."""
+        if over_http:
+            state = await self.rig.client.get("/basin/state")
+            listed = await self.rig.client.get("/basin/sessions")
+            assert (state.status_code, listed.status_code) == (200, 200), (state.text[:300], listed.text[:300])
+            policy, sessions = state.json()["policy"], listed.json()["sessions"]
+        else:
+            policy = json.loads(JSONResponse(self.rig.policy.snapshot().to_dict()).body)
+            sessions = json.loads(JSONResponse(sessions_view(self.rig.gateway)).body)
+        live = [s for s in sessions if s["state"] == "live"]
+        assert sorted(policy["live"]) == sorted(s["session_id"] for s in live), (policy, sessions)
+        assert sorted(policy["queued"]) == sorted(s["session_id"] for s in sessions if s["state"] == "queued")
+        assert policy["working_set_tokens"] == sum(s["last_prompt_tokens"] for s in live), (policy, sessions)
+        assert policy["reserved_tokens"] == sum(max(math.ceil(s["predicted_peak_tokens"]), s["last_prompt_tokens"])
+                                                for s in live), (policy, sessions)
+        assert all(s["in_flight"] == 0 and s["num_calls"] >= 1 for s in sessions), sessions
+        assert self.rig.gateway.metrics.calls_in_flight._value.get() == 0
+        assert self.log._thread.is_alive() and (self.log.num_failed, self.log.num_dropped) == (0, 0)
+        return {s["session_id"]: s for s in sessions}
+
+    async def end_everything(self) -> None:
+        for session_id in await self.check_state(over_http=True):
+            response = await self.rig.client.post(f"/basin/sessions/{quote(session_id, safe='')}/end")
+            assert response.status_code == 200, (session_id, response.text[:300])
+        assert await self.check_state(over_http=True) == {}
+        snapshot = self.rig.policy.snapshot()
+        assert (snapshot.live, snapshot.queued, snapshot.reserved_tokens, snapshot.working_set_tokens) == ((), (), 0, 0)
+        assert len(self.rig.room.registry) == 0
+        assert (await self.rig.client.get("/metrics")).status_code == 200
+
+
+@pytest.fixture(scope="module")
+def session_log(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SessionLogWriter]:
+    """One session log for the module's examples; read back whole at the end."""
+    writer = SessionLogWriter(tmp_path_factory.mktemp("fuzz-log") / "sessions.jsonl")
+    yield writer
+    writer.close()
+    assert writer.num_failed == writer.num_dropped == 0
+    with writer.path.open(encoding="utf-8") as handle:  # split into lines as ingest splits them
+        lines = list(handle)
+    assert len(lines) == writer.num_written > 0
+    for line in lines:
+        SessionLogRecord.from_json(line).check()
+
+
+def run_example(log: SessionLogWriter, scenario: Any) -> None:
+    async def main() -> None:
+        async with rig_for(gateway_options={"session_log": log}) as rig:
+            checked = Checked(rig, log)
+            await scenario(checked)
+            await checked.end_everything()
+
+    asyncio.run(main())
+
+
+# --- the fuzz tests ------------------------------------------------------------------------------
+
+
+@settings(FUZZ, max_examples=1200 * SCALE)
+@given(data=st.data())
+def test_one_hostile_request_at_a_time(session_log: SessionLogWriter, data: st.DataObject) -> None:
+    async def scenario(checked: Checked) -> None:
+        for _ in range(data.draw(st.integers(1, 3), label="requests")):
+            kind = data.draw(st.sampled_from(["chat", "chat", "chat", "completion", "generate", "route"]),
+                             label="endpoint")
+            if kind == "route":
+                method, path = data.draw(routes, label="route")
+                await checked.send(path, {}, [data.draw(st.binary(max_size=32), label="route body")], method)
+                continue
+            body = mutate(data, data.draw(BODIES[kind], label="body"))
+            raw = encode(data, body)
+            session = data.draw(st.one_of(st.none(), ids), label="session")
+            await checked.send(PATHS[kind], request_headers(data, session, raw), chunks_of(data, raw))
+
+    run_example(session_log, scenario)
+
+
+@settings(FUZZ, max_examples=800 * SCALE)
+@given(data=st.data())
+def test_multi_call_sessions(session_log: SessionLogWriter, data: st.DataObject) -> None:
+    async def scenario(checked: Checked) -> None:
+        sessions = data.draw(st.lists(st.tuples(st.sampled_from(["header", "user", "hash"]), ids), min_size=1,
+                                      max_size=3, unique_by=lambda s: s[1]), label="sessions")
+        histories = {sid: data.draw(st.lists(messages, min_size=1, max_size=3), label="first messages")
+                     for _, sid in sessions}
+        for _ in range(data.draw(st.integers(2, 6), label="steps")):
+            how, sid = data.draw(st.sampled_from(sessions), label="session")
+            step = data.draw(st.sampled_from(["call", "call", "call", "mutated call", "end"]), label="step")
+            if step == "end":
+                response = await checked.rig.client.post(f"/basin/sessions/{quote(sid, safe='')}/end")
+                assert response.status_code in (200, 404), response.text[:300]
+                await checked.check_state()
+                continue
+            history = histories[sid]
+            body: dict[str, Any] = {"model": "m", "messages": [dict(m) for m in history]}
+            if how == "user":
+                body["user"] = sid
+            if data.draw(st.booleans(), label="stream"):
+                body["stream"] = True
+            if step == "mutated call":
+                body = mutate(data, body)
+            raw = encode(data, body) if step == "mutated call" else json.dumps(body).encode()
+            headers = {"content-type": b"application/json"}
+            if how == "header":
+                headers["x-session-id"] = sid.encode()
+            call = await checked.send(PATHS["chat"], headers, [raw])
+            if call.status == 200:  # the agent goes on: the answer, then a new turn
+                history += [{"role": "assistant", "content": "ran it"},
+                            {"role": "user", "content": data.draw(texts, label="next turn")}]
+
+    run_example(session_log, scenario)
+
+
+# Regressions the suite found, kept by name.
