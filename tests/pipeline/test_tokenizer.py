@@ -54,3 +54,12 @@ def test_unknown_tokenizer_and_role_are_clear_errors() -> None:
         get_tokenizer("gpt-9")
     with pytest.raises(TokenizerError, match="role 'robot'"):
         get_tokenizer().count_message({"role": "robot", "content": "beep"})
+
+
+@pytest.mark.parametrize("text", [
+    "word " * 20_000 + "<|im_end|>\n" + "naïve café 😀 " * 8_000,  # past the length counted from a buffer
+    "x\ud800y " * 30_000,  # a lone surrogate is replaced, as the reference tokenizer does
+])
+def test_a_long_text_counts_what_the_reference_counts(text: str) -> None:
+    # Long texts are encoded into a buffer (no Python int per token, the GIL free meanwhile): same count.
+    assert get_tokenizer().count_text(text) == len(REFERENCE.encode(text, allowed_special="all"))

@@ -181,6 +181,38 @@ def test_an_unreadable_message_is_a_bad_request_and_leaves_the_memo_as_it_was() 
     assert (memo.keys, memo.tokens) == before
 
 
+def test_a_count_that_another_count_of_the_same_memo_overtakes_leaves_the_memo_exact() -> None:
+    # A large call is counted in a worker thread while another call of the same session may be counted on the
+    # event loop: each count reads the memo once and swaps in whole counts, so the memo always matches one call.
+    history = [("system", "you are an agent"), ("user", "fix the parser"), ("assistant", "ls"), ("user", "a.py")]
+    grown = chat(*history, ("assistant", "cat a.py"), ("user", "x = 1"))
+    rewritten = chat(("system", "you are an agent"), ("user", "a different task, rewritten"))
+    meter = Meter(TOKENIZER, TaskTextRule())
+    memo = PromptMemo()
+    meter.prompt_tokens(chat(*history), memo)
+
+    class Overtaken:
+        """The serving tokenizer, but the first new message's count lets a count of `rewritten` run meanwhile."""
+
+        generation_prompt_tokens = TOKENIZER.generation_prompt_tokens
+        has_overtaken = False
+
+        def count_message(self, message: dict[str, str]) -> int:
+            if not Overtaken.has_overtaken:
+                Overtaken.has_overtaken = True
+                Meter(TOKENIZER, TaskTextRule()).prompt_tokens(rewritten, memo)
+            return TOKENIZER.count_message(message)
+
+        def count_tools(self, tools: object, has_system: bool) -> int:
+            return 0
+
+    assert Meter(Overtaken(), TaskTextRule()).prompt_tokens(grown, memo) == TOKENIZER.count_prompt(  # type: ignore[arg-type]
+        grown.messages or ())
+    assert len(memo.keys) == len(memo.tokens) == 6
+    later = chat(*history, ("assistant", "cat a.py"), ("user", "x = 1"), ("assistant", "edit"), ("user", "ok"))
+    assert meter.prompt_tokens(later, memo) == TOKENIZER.count_prompt(later.messages or ())
+
+
 # --- priority ------------------------------------------------------------------------------------
 
 
