@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import threading
-from collections.abc import MutableMapping
+from collections.abc import AsyncIterator, MutableMapping
 from typing import Any
 
+import httpx
 import pytest
+import uvicorn
 from starlette.applications import Starlette
 
 from basin_runtime.gateway.gateway import OFF_LOOP_BODY_BYTES
@@ -73,6 +76,12 @@ class Driven:
         return error
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def body_of(size: int) -> bytes:
     """A chat body of exactly `size` bytes."""
     head = json.dumps({"model": "m", "messages": [{"role": "user", "content": ""}]}).encode()
@@ -133,6 +142,32 @@ async def test_a_client_leaving_while_it_sends_its_body_is_499_and_nothing_is_he
         call = await Driven({"x-session-id": b"s1"}, [b'{"messages": '], leaves=True).run(rig.app)
         assert (call.status, call.error["type"]) == (499, "client_closed_request")
         assert_nothing_held(rig)
+
+
+async def test_through_uvicorn_an_upload_over_the_limit_is_413_and_the_server_goes_on_serving() -> None:
+    # (uvicorn reads and drops the rest of a refused body to keep the connection; the gateway holds none of it)
+    async with rig_for(gateway_options={"limits": Limits(max_body_bytes=1 << 20)}) as rig:
+        port = free_port()
+        server = uvicorn.Server(uvicorn.Config(rig.app, host="127.0.0.1", port=port, log_level="warning",
+                                               lifespan="off"))
+        serving = asyncio.create_task(server.serve())
+        try:
+            while not server.started:
+                await asyncio.sleep(0.01)
+            async def chunked() -> AsyncIterator[bytes]:  # 8 MiB in 64 KiB chunks, without a Content-Length
+                for _ in range(128):
+                    yield b" " * (1 << 16)
+
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+                refused = await client.post(CHAT, content=chunked(), headers={"X-Session-ID": "s1"})
+                declared = await client.post(CHAT, content=b" " * (2 << 20), headers={"X-Session-ID": "s1"})
+                health = await client.get("/health")
+            assert (refused.status_code, refused.json()["error"]["type"]) == (413, "request_too_large")
+            assert (declared.status_code, health.status_code) == (413, 200)
+            assert_nothing_held(rig)
+        finally:
+            server.should_exit = True
+            await serving
 
 
 async def test_admin_bodies_are_read_within_the_same_limits() -> None:
