@@ -10,8 +10,10 @@
 #   `Authorization: Bearer <token>`; without one they are open (bind to loopback then).
 # - Errors become responses only through `errors.error_response`.
 # - The lifespan starts the upstream client (the aiohttp session must be made on the running loop),
-#   runs the waiting room's timers and, when configured, the engines' /metrics scraper
-#   (`engine_metrics.py`), and closes the upstream client when the app built it itself.
+#   runs the waiting room's timers, the live-sessions file's writer (`restart.py`) and, when
+#   configured, the engines' /metrics scraper (`engine_metrics.py`). At its end (the server has
+#   stopped: `cli.py` drains first) it ends every session still held as `shutdown` (logged), then
+#   closes the upstream client when the app built it itself, then the session log.
 # - Start-up loads the tokenizer, every model and the calibration before the app exists, so a bad
 #   file stops start-up with `ConfigError` naming it.
 """Starlette application and its construction from the configuration."""
@@ -21,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
@@ -40,6 +43,7 @@ from basin_runtime.gateway.measure import Meter
 from basin_runtime.gateway.metrics import CONTENT_TYPE
 from basin_runtime.gateway.predictors import Predictors
 from basin_runtime.gateway.proxy import Upstream
+from basin_runtime.gateway.restart import LiveSessionsFile
 from basin_runtime.gateway.session_log import SessionLogWriter
 from basin_runtime.gateway.upstream import UpstreamClient, make_client
 from basin_runtime.gateway.waiting import WaitingRoom
@@ -48,6 +52,9 @@ from basin_runtime.policy.hit_rate import HitRateWindow
 from basin_runtime.task_text import TaskTextError, TaskTextRule
 from basin_runtime.tokenizer import TokenizerError, get_tokenizer
 
+logger = logging.getLogger(__name__)
+
+LIVE_SESSIONS_INTERVAL_S = 2.0  # how stale the live-sessions file may be after a kill -9
 PASS_THROUGH_PATHS = (
     "/v1/models", "/v1/models/{model_id:path}", "/server_info", "/get_server_info", "/model_info",
     "/get_model_info", "/v1/loads", "/get_loads", "/health_generate",
@@ -83,6 +90,8 @@ def create_app(gateway: Gateway, *, admin_token: str | None = None, tick_interva
         tasks = {asyncio.create_task(gateway.room.run_timers(tick_interval_s, idle_timeout_s))}
         if gateway.engine_scraper is not None:
             tasks.add(asyncio.create_task(gateway.engine_scraper.run()))
+        if gateway.live_sessions is not None:
+            tasks.add(asyncio.create_task(_every(LIVE_SESSIONS_INTERVAL_S, gateway.save_live_sessions)))
         try:
             yield
         finally:
@@ -91,6 +100,7 @@ def create_app(gateway: Gateway, *, admin_token: str | None = None, tick_interva
             await asyncio.wait(tasks)
             if gateway.engine_scraper is not None:
                 await gateway.engine_scraper.aclose()
+            await gateway.shut_down()
             if on_shutdown is not None:
                 await on_shutdown()
             if gateway.session_log is not None:
@@ -105,7 +115,19 @@ def create_app(gateway: Gateway, *, admin_token: str | None = None, tick_interva
     ]
     routes += admin_routes(gateway, lambda request: _require_admin(request, admin_token), reloader)
     handlers = {GatewayError: _error_handler, PolicyError: _error_handler}
-    return Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
+    app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
+    app.state.gateway = gateway  # the server's graceful shutdown drains it first (`cli.py`)
+    return app
+
+
+async def _every(interval_s: float, step: Callable[[], Awaitable[None]]) -> None:
+    """Run `step` every `interval_s` until cancelled; a failed step is logged and the loop goes on."""
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            await step()
+        except Exception:
+            logger.exception("periodic gateway task failed")
 
 
 async def _error_handler(request: Request, exc: Exception) -> Response:
@@ -145,7 +167,9 @@ def build_gateway(config: GatewayConfig, client: UpstreamClient | httpx.AsyncCli
         config.session_log, max_bytes=config.session_log_max_bytes, keep_files=config.session_log_keep_files,
         keep_text=config.session_log_keep_text)
     upstream = Upstream(client if client is not None else upstream_client(config))
-    return Gateway(room, Meter(tokenizer, rule), predictors, upstream,
+    live_sessions = None if config.live_sessions_file is None else LiveSessionsFile(config.live_sessions_file)
+    return Gateway(room, Meter(tokenizer, rule), predictors, upstream, live_sessions=live_sessions,
+                   adoption_window_s=config.adoption_window_s,
                    session_header=config.session_header, workload_header=config.workload_header,
                    hit_window=HitRateWindow(config.hit_rate_window_s, config.hit_rate_min_prompt_tokens),
                    lending=lending, session_log=session_log, is_shadow=config.shadow,

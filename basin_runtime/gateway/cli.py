@@ -5,12 +5,19 @@
 #   the file or option, and exit status 2; never a traceback.
 # - Logging is configured here and only here. Binding beyond loopback without an admin token is
 #   allowed but warned about: anyone who can reach the port could end sessions.
+# - SIGTERM (or Ctrl-C) drains before uvicorn's own graceful shutdown: the gateway stops admitting
+#   (queued calls get 503 `shutting_down` at once), uvicorn closes the listener and lets live calls
+#   finish for up to `drain_timeout_s` (then cuts them), and the app's lifespan logs every session
+#   still held as `shutdown` and lists it for the next run to adopt. A second Ctrl-C forces the exit.
 """Command-line entry point of the gateway."""
 
 from __future__ import annotations
 
 import logging
+import math
+import socket
 import sys
+from collections.abc import Awaitable, Callable
 
 import uvicorn
 
@@ -37,8 +44,27 @@ def main(argv: list[str] | None = None) -> int:
         logger.warning("binding %s without an admin token: anyone who can reach it can end sessions "
                        "(set --admin-token or admin_token in the config file)", config.host)
     logger.info("basin-gateway on http://%s:%d in front of %s", config.host, config.port, config.upstream)
-    uvicorn.run(app, host=config.host, port=config.port, log_config=None, access_log=False, lifespan="on")
+    server = DrainingServer(uvicorn.Config(app, host=config.host, port=config.port, log_config=None,
+                                           access_log=False, lifespan="on",
+                                           timeout_graceful_shutdown=max(1, math.ceil(config.drain_timeout_s))),
+                            drain=app.state.gateway.drain)
+    server.run()
     return 0
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, draining the gateway before its graceful shutdown starts."""
+
+    def __init__(self, config: uvicorn.Config, drain: Callable[[], Awaitable[None]]) -> None:
+        super().__init__(config)
+        self._drain = drain
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        try:
+            await self._drain()
+        except Exception:  # the shutdown itself must go on
+            logger.exception("draining the gateway failed")
+        await super().shutdown(sockets)
 
 
 def _configure_logging(level_name: str) -> None:

@@ -7,6 +7,7 @@
 #     404 unknown session                                       409 session ended while it waited
 #     499 client went away (nobody reads it; for the logs)      502 upstream refused or answered 5xx
 #     503 session shed (with Retry-After and the reason)        504 upstream timed out
+#     503 shutting down (draining: no new session is admitted; with Retry-After)
 #     500 a policy error (a bug: the policy refused a step the gateway thought legal)
 # - Bodies are OpenAI-style: {"error": {"message", "type", "code", ...details}}; upstream failures
 #   carry the upstream's own words.
@@ -60,6 +61,14 @@ class SessionShedError(GatewayError):
         self.retry_after_s = retry_after_s
 
 
+class ShuttingDownError(GatewayError):
+    """The gateway is draining for a shutdown and admits no new session."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class UpstreamError(GatewayError):
     """The upstream failed to answer."""
 
@@ -104,6 +113,8 @@ def _classify(exc: Exception) -> tuple[int, str, dict[str, Any], dict[str, str]]
             return 499, "client_closed_request", {}, {}
         case SessionShedError():
             return 503, "session_shed", _shed_details(exc), {"Retry-After": str(math.ceil(exc.retry_after_s))}
+        case ShuttingDownError():
+            return 503, "shutting_down", {}, {"Retry-After": str(math.ceil(exc.retry_after_s))}
         case UpstreamTimeoutError():
             return 504, "upstream_timeout", {}, {}
         case UpstreamStatusError():

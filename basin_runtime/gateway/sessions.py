@@ -30,7 +30,7 @@ from basin_runtime.messages import message_text
 from basin_runtime.policy import Shed
 
 SessionState = Literal["queued", "live"]
-Verdict: TypeAlias = Literal["admitted", "ended"] | Shed
+Verdict: TypeAlias = Literal["admitted", "ended", "shutdown"] | Shed
 CallOutcome = Literal["completed", "rejected", "client_gone", "upstream_error", "gateway_error"]
 
 

@@ -269,3 +269,65 @@ async def test_a_shed_session_gets_503_with_a_reason(deployment: Deployment) -> 
     assert 0.5 <= waited_s < 5
     assert math.isfinite(error.body["waited_s"]) and error.body["waited_s"] >= 0.5
     assert deployment.records("e2e shed victim")["decode"] == []
+
+
+def restartable_gateway(tmp_path: Path, router: str, port: int, name: str, budget_tokens: int) -> Process:
+    """A gateway process logging to tmp_path/log (raw text kept), its live-sessions file beside the log."""
+    config = gateway_config(tmp_path, name, router, port, budget_tokens=budget_tokens,
+                            session_log=str(tmp_path / "log" / "sessions.jsonl"), session_log_keep_text=True,
+                            drain_timeout_s=5)
+    process = start(name, [sys.executable, "-m", "basin_runtime.gateway", "--config", str(config)], tmp_path)
+    wait_ready(process, f"http://127.0.0.1:{port}/health", time.monotonic() + STARTUP_TIMEOUT_S)
+    return process
+
+
+def stop_with_sigterm(process: Process) -> None:
+    os.killpg(process.popen.pid, signal.SIGTERM)
+    process.popen.wait(timeout=20)
+
+
+async def test_sigterm_logs_live_sessions_and_the_restarted_gateway_adopts_them(deployment: Deployment,
+                                                                                tmp_path: Path) -> None:
+    from basin_runtime.session_log import SessionLogRecord
+    from pipeline.adapters.gateway_log import read_gateway_log
+
+    port = free_port()
+    gateway = f"http://127.0.0.1:{port}"
+    sessions = [f"e2e-restart-{k}" for k in range(6)]
+    first = restartable_gateway(tmp_path, deployment.router, port, "restart-1", budget_tokens=1_000_000)
+    try:
+        async with client_for(gateway) as client:
+            for session in sessions:
+                await ask(client, session, f"e2e restart task {session}")
+        stop_with_sigterm(first)
+    finally:
+        first.kill()
+    log = tmp_path / "log" / "sessions.jsonl"
+    cut = [SessionLogRecord.from_json(line) for line in log.read_text().splitlines()]
+    assert sorted(r.session_id for r in cut) == sessions and {r.end_reason for r in cut} == {"shutdown"}
+
+    second = restartable_gateway(tmp_path, deployment.router, port, "restart-2", budget_tokens=1)
+    try:
+        async with client_for(gateway) as client:
+            await ask(client, "e2e-restart-blocker", "e2e restart blocker")  # fills the one-token budget
+            for session in sessions:  # each resumes its conversation: adopted, so none waits
+                history = [{"role": "user", "content": f"e2e restart task {session}"},
+                           {"role": "assistant", "content": "stand-in answer"}, {"role": "user", "content": "go on"}]
+                reply = await asyncio.wait_for(client.chat.completions.create(
+                    model="standin-model", messages=history, extra_headers={"X-Session-ID": session}), timeout=5)
+                assert reply.choices[0].message.content == "stand-in answer"
+            fabricated = asyncio.create_task(client.chat.completions.create(  # a made-up history still waits
+                model="standin-model", extra_headers={"X-Session-ID": "e2e-restart-fake"},
+                messages=[{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"},
+                          {"role": "user", "content": "z"}]))
+            await asyncio.sleep(1.0)
+            assert not fabricated.done()
+            fabricated.cancel()
+            await end(gateway, "e2e-restart-blocker", *sessions)
+        stop_with_sigterm(second)
+    finally:
+        second.kill()
+    resumed = [SessionLogRecord.from_json(line) for line in log.read_text().splitlines()][len(cut):]
+    assert {r.session_id for r in resumed if r.adopted} == set(sessions)
+    joined = [s for s in read_gateway_log(log, "e2e") if getattr(s, "session_id", "") in sessions]
+    assert len(joined) == 6 and all(len(s.calls) == 2 for s in joined)  # type: ignore[union-attr]

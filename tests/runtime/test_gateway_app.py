@@ -325,30 +325,33 @@ async def test_two_first_calls_of_one_new_session_at_once_make_one_session(rig: 
     assert len(rig.room.registry.get("twin").calls) == 2  # type: ignore[union-attr]
 
 
-# --- adoption after a restart --------------------------------------------------------------------
+# --- conversations that arrive with history (the restart-adoption rule: test_gateway_restart.py) ------
 
 
-async def test_a_continuation_from_an_unknown_session_is_adopted_live_with_its_current_context(rig: Rig) -> None:
+async def test_a_first_call_with_history_is_predicted_and_arrives_like_any_new_session(rig: Rig) -> None:
     messages = conversation("the task", "tests fail", "try again")
     response = await rig.client.post(CHAT, json={"messages": messages}, headers={"X-Session-ID": "old"})
 
     assert response.status_code == 200
     entry = rig.room.registry.get("old")
-    assert entry is not None and entry.is_adopted and entry.state == "live"
+    assert entry is not None and not entry.is_adopted and entry.state == "live"
     first_prompt = TOKENIZER.call_tokens(messages)[0].prompt_tokens
     assert rig.model.asked == [("the task", first_prompt)]  # the prediction its real first call would get
     assert rig.policy.snapshot().working_set_tokens == TOKENIZER.count_prompt(messages)
 
 
-async def test_an_adopted_session_is_never_held_even_when_admission_is_engaged(full: Rig) -> None:
+async def test_fabricated_histories_cannot_skip_the_queue(full: Rig) -> None:
+    """20 sessions whose first call carries a made-up assistant turn: one runs, the rest wait their turn."""
     await full.chat("live", "task")
-    response = await asyncio.wait_for(full.chat("old", "task", "more"), timeout=2)
-    assert response.status_code == 200
-    assert [b["messages"][-1]["content"] for b in full.upstream.bodies()] == ["task", "more"]
-    # Policy.adopt makes it live at once, over the budget: it is not new work.
-    assert full.policy.is_live("old") and full.policy.snapshot().queued == ()
-    assert full.policy.snapshot().reserved_tokens > full.policy.snapshot().budget_tokens
-    assert full.room.registry.get("old").state == "live"  # type: ignore[union-attr]
+    calls = [asyncio.create_task(full.chat(f"fake-{k}", f"task {k}", "more")) for k in range(20)]
+    await eventually(lambda: len(full.policy.snapshot().queued) == 20)
+    await asyncio.sleep(0.05)
+
+    assert not any(c.done() for c in calls)
+    assert len(full.upstream.bodies()) == 1 and full.policy.snapshot().live == ("live",)
+    for task in calls:
+        task.cancel()
+    await asyncio.gather(*calls, return_exceptions=True)
 
 
 # --- the waiting room ----------------------------------------------------------------------------
@@ -560,14 +563,16 @@ SMG_STREAM_ERROR = (b'data: {"error":{"message":"Stream error: error decoding re
 
 
 async def test_an_error_event_in_the_stream_is_passed_on_and_ends_the_call_as_an_upstream_error(rig: Rig) -> None:
+    assert (await rig.chat("s1", "task")).status_code == 200  # served once: a failed call does not release it
     rig.upstream.handler = _sse_events(b'data: {"choices":[{"delta":{"content":"he"}}]}\n\n', SMG_STREAM_ERROR,
                                        b"data: [DONE]\n\n")
-    call = RawCall(rig.app, {"messages": conversation("task"), "stream": True}, session="s1")
+    rig.gateway.lending.session_ended("s1")
+    call = RawCall(rig.app, {"messages": conversation("task", "more"), "stream": True}, session="s1")
     await asyncio.wait_for(call.run(), timeout=2)
 
     assert call.status == 200 and SMG_STREAM_ERROR in b"".join(call.body_chunks)  # the client reads the failure
     entry = rig.room.registry.get("s1")
-    assert entry is not None and (entry.in_flight, entry.calls[0].outcome) == (0, "upstream_error")
+    assert entry is not None and (entry.in_flight, entry.calls[1].outcome) == (0, "upstream_error")
     assert rig.gateway.lending.ledger.holder_of("s1") is None  # a failed call leaves no context on the worker
     assert b'basin_calls_total{outcome="upstream_error"} 1.0' in rig.gateway.metrics.render()
     assert rig.policy.is_live("s1")  # the session lives on; only the call failed
@@ -661,15 +666,19 @@ async def test_a_call_that_fails_inside_the_gateway_after_it_was_counted_is_ende
     async def broken(request: httpx.Request) -> httpx.Response:
         raise RuntimeError("a bug below the proxy")
 
+    assert (await rig.chat("s1", "task")).status_code == 200  # served once, so the failure does not release it
     rig.upstream.handler = broken
     with pytest.raises(RuntimeError, match="a bug below the proxy"):
-        await rig.chat("s1", "task")
+        await rig.chat("s1", "task", "more")
     entry = rig.room.registry.get("s1")
-    assert entry is not None and (entry.in_flight, entry.calls[0].outcome) == (0, "gateway_error")
+    assert entry is not None and (entry.in_flight, entry.calls[1].outcome) == (0, "gateway_error")
     assert rig.gateway.metrics.calls_in_flight._value.get() == 0
     assert (await rig.client.post("/basin/sessions/s1/end")).status_code == 200
     snapshot = rig.policy.snapshot()
     assert (snapshot.live, snapshot.reserved_tokens) == ((), 0)  # its budget is back
+    with pytest.raises(RuntimeError, match="a bug below the proxy"):  # a first call failing so: released
+        await rig.chat("s2", "task")
+    assert rig.room.registry.get("s2") is None and rig.policy.snapshot().reserved_tokens == 0
 
 
 @pytest.mark.parametrize(("headers", "fields", "where"), [
@@ -714,8 +723,10 @@ async def test_upstream_failures_are_502_or_504_with_the_upstream_words(rig: Rig
     assert response.status_code == status
     error = response.json()["error"]
     assert error["type"] == kind and words in error["message"]
-    entry = rig.room.registry.get("s1")
-    assert entry is not None and (entry.in_flight, entry.calls[0].outcome) == (0, "upstream_error")
+    assert rig.room.registry.get("s1") is None  # nothing of it was served: released, holding no budget
+    metrics = rig.gateway.metrics.render()
+    assert b'basin_calls_total{outcome="upstream_error"} 1.0' in metrics
+    assert b'basin_sessions_ended_total{reason="failed"} 1.0' in metrics
 
 
 async def test_an_upstream_5xx_reports_its_status_and_body(rig: Rig) -> None:
@@ -732,8 +743,7 @@ async def test_an_upstream_4xx_passes_through_unchanged(rig: Rig) -> None:
     response = await rig.chat("s1", "task", temperature=-1)
     assert response.status_code == 400
     assert response.json() == {"object": "error", "message": "temperature must be >= 0"}
-    entry = rig.room.registry.get("s1")  # refused upstream: not served work, and nothing to lend
-    assert entry is not None and (entry.in_flight, entry.calls[0].outcome) == (0, "rejected")
+    assert rig.room.registry.get("s1") is None  # refused upstream: not served work, nothing held, nothing to lend
     assert b'basin_calls_total{outcome="rejected"} 1.0' in rig.gateway.metrics.render()
     assert rig.gateway.lending.ledger.holder_of("s1") is None
 

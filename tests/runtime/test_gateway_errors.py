@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import json
 
-from basin_runtime.gateway.errors import GatewayError, SessionShedError, UpstreamStatusError, error_response
+from basin_runtime.gateway.errors import (
+    GatewayError,
+    SessionShedError,
+    ShuttingDownError,
+    UpstreamStatusError,
+    error_response,
+)
 from basin_runtime.policy import PolicyError, Shed, UnknownSessionError
 
 
@@ -19,6 +25,7 @@ SHED = Shed("s", 1.0, 2.0, 3.0, 0.5, 0.1, 900.0, "arrival rate 0.5/s exceeds pea
 EXAMPLES: dict[type, GatewayError] = {
     SessionShedError: SessionShedError(SHED, 12.5),
     UpstreamStatusError: UpstreamStatusError(500, "scheduler crashed"),
+    ShuttingDownError: ShuttingDownError("draining", 7.2),
 }
 
 
@@ -33,7 +40,8 @@ def test_every_gateway_error_maps_to_one_status_and_an_openai_style_body() -> No
     assert statuses == {
         "BadRequestError": 400, "AdminAuthError": 401, "SessionNotFoundError": 404, "PathNotForwardedError": 404,
         "SessionEndedError": 409,
-        "ClientGoneError": 499, "SessionShedError": 503, "UpstreamError": 502, "UpstreamRefusedError": 502,
+        "ClientGoneError": 499, "SessionShedError": 503, "ShuttingDownError": 503, "UpstreamError": 502,
+        "UpstreamRefusedError": 502,
         "UpstreamTimeoutError": 504, "UpstreamStatusError": 502,
     }
 

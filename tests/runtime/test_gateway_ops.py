@@ -279,7 +279,7 @@ def _ingest(tmp_path: Path, src: Path) -> tuple[int, Path]:
 
 
 async def test_finished_sessions_are_logged_and_read_back_by_ingest(tmp_path: Path) -> None:
-    writer = SessionLogWriter(tmp_path / "log" / "sessions.jsonl")
+    writer = SessionLogWriter(tmp_path / "log" / "sessions.jsonl", keep_text=True)
     async with ops_rig(session_log=writer, model=StubModel(default=321.0)) as rig:
         await rig.chat("s", "fix the bug")
         rig.clock.advance(2.0)
@@ -301,7 +301,7 @@ async def test_finished_sessions_are_logged_and_read_back_by_ingest(tmp_path: Pa
 
 
 async def test_the_log_rotates_keeps_the_newest_files_and_ingest_reads_the_folder(tmp_path: Path) -> None:
-    writer = SessionLogWriter(tmp_path / "sessions.jsonl", max_bytes=600, keep_files=2)
+    writer = SessionLogWriter(tmp_path / "sessions.jsonl", max_bytes=600, keep_files=2, keep_text=True)
     async with ops_rig(session_log=writer) as rig:
         for k in range(6):
             await rig.chat(f"s{k}", f"task number {k}")
@@ -318,7 +318,7 @@ async def test_the_log_rotates_keeps_the_newest_files_and_ingest_reads_the_folde
 
 
 async def test_text_free_logging_keeps_counts_only_and_ingest_rejects_it_for_text_models(tmp_path: Path) -> None:
-    writer = SessionLogWriter(tmp_path / "sessions.jsonl", keep_text=False)
+    writer = SessionLogWriter(tmp_path / "sessions.jsonl")  # the default: no raw text unless asked
     async with ops_rig(session_log=writer) as rig:
         await rig.chat("s", "secret task text")
         await rig.client.post("/basin/sessions/s/end")
