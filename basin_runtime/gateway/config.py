@@ -59,6 +59,7 @@ class GatewayConfig:
     upstream_client: str = "aiohttp"
     retry_after_s: float = 60.0
     admin_token: str | None = None
+    insecure_admin: bool = False  # serve /basin/ without a token beyond loopback (`cli.py` refuses otherwise)
     tokenizer: str = "qwen3.6"
     task_text_pattern: str | None = None
     log_level: str = "info"
@@ -171,7 +172,7 @@ _CHECKS: dict[str, Callable[[str, object], object]] = {
     "port": _int, "always_engaged": _bool, "session_header": _str, "workload_header": _str,
     "idle_timeout_s": _seconds, "tick_interval_s": _seconds, "upstream_timeout_s": _seconds,
     "upstream_connect_timeout_s": _seconds, "upstream_client": _upstream_client, "retry_after_s": _seconds,
-    "admin_token": _str,
+    "admin_token": _str, "insecure_admin": _bool,
     "tokenizer": _str, "task_text_pattern": _str, "log_level": _log_level, "policy": _policy,
     "shadow": _bool, "hit_rate_window_s": _seconds, "hit_rate_min_prompt_tokens": _int,
     "engine_metrics_urls": _urls, "engine_metrics_interval_s": _seconds, "session_log": _str,
@@ -224,8 +225,11 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"HTTP client to the upstream (default {_default('upstream_client')}; httpx is ~10x slower at load)")
     add("--retry-after-s", type=float, metavar="S",
         help=f"Retry-After of a shed session's 503 (default {_default('retry_after_s'):g})")
-    add("--admin-token", metavar="TOKEN", help="bearer token required on /basin/ endpoints (default: none; "
+    add("--admin-token", metavar="TOKEN", help="bearer token required on /basin/ endpoints, and the secret of "
+        "the sessions' end keys (default: none; "
         "prefer the config file, the command line is visible to other local users)")
+    add("--insecure-admin", action="store_true", help="bind beyond loopback without an admin token, every "
+        "/basin/ endpoint open to whoever reaches the port (refused otherwise)")
     add("--tokenizer", metavar="NAME", help=f"serving tokenizer (default {_default('tokenizer')})")
     add("--task-text-pattern", metavar="REGEX", help="regex narrowing the task text in the first user message")
     add("--log-level", choices=LOG_LEVELS, help=f"(default {_default('log_level')})")
