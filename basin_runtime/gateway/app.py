@@ -7,7 +7,11 @@
 # - `GET /metrics` is the gateway's own Prometheus exposition (open, like SGLang's); the state
 #   gauges are refreshed from the policy on each scrape.
 # - `/basin/...` are admin endpoints (`admin.py`): with an admin token configured, they need
-#   `Authorization: Bearer <token>`; without one they are open (bind to loopback then).
+#   `Authorization: Bearer <token>`; without one they are open (bind to loopback then; `cli.py`
+#   refuses any other address unless told `--insecure-admin`). The one exception is
+#   `POST /basin/sessions/{id}/end`, which also takes that session's end key in
+#   `X-Basin-Session-Key` (`session_keys.py`, derived from the admin token): an agent ends its own
+#   session without the operator's token. A key opens nothing else; a 401 names what each route takes.
 # - Errors become responses only through `errors.error_response`.
 # - The lifespan starts the upstream client (the aiohttp session must be made on the running loop),
 #   runs the waiting room's timers, the live-sessions file's writer (`restart.py`) and, when
@@ -44,6 +48,7 @@ from basin_runtime.gateway.metrics import CONTENT_TYPE
 from basin_runtime.gateway.predictors import Predictors
 from basin_runtime.gateway.proxy import Upstream
 from basin_runtime.gateway.restart import LiveSessionsFile
+from basin_runtime.gateway.session_keys import SESSION_KEY_HEADER, SessionKeys
 from basin_runtime.gateway.session_log import SessionLogWriter
 from basin_runtime.gateway.upstream import UpstreamClient, make_client
 from basin_runtime.gateway.waiting import WaitingRoom
@@ -64,7 +69,8 @@ PASS_THROUGH_PATHS = (
 def create_app(gateway: Gateway, *, admin_token: str | None = None, tick_interval_s: float = 1.0,
                idle_timeout_s: float = 600.0, on_shutdown: Callable[[], Awaitable[None]] | None = None,
                reloader: Reloader | None = None) -> Starlette:
-    """The ASGI app serving `gateway`."""
+    """The ASGI app serving `gateway` (its session end keys are derived from `admin_token`)."""
+    gateway.session_keys = SessionKeys(admin_token)
 
     def call_route(kind: CallKind) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
@@ -80,8 +86,9 @@ def create_app(gateway: Gateway, *, admin_token: str | None = None, tick_interva
         return Response(gateway.metrics.render(), media_type=CONTENT_TYPE)
 
     async def end_session(request: Request) -> Response:
-        _require_admin(request, admin_token)
-        entry = await gateway.end_session(request.path_params["session_id"])
+        session_id = request.path_params["session_id"]
+        _require_end_permission(request, admin_token, gateway.session_keys, session_id)
+        entry = await gateway.end_session(session_id)
         return JSONResponse({"session_id": entry.session_id, "was": entry.state, "calls": len(entry.calls)})
 
     @contextlib.asynccontextmanager
@@ -135,11 +142,23 @@ async def _error_handler(request: Request, exc: Exception) -> Response:
 
 
 def _require_admin(request: Request, admin_token: str | None) -> None:
-    if admin_token is None:
+    if admin_token is not None and not _has_admin_token(request, admin_token):
+        raise AdminAuthError(f"this admin endpoint needs `Authorization: Bearer <admin token>` (a session's "
+                             f"{SESSION_KEY_HEADER} opens only POST /basin/sessions/{{id}}/end of that session)")
+
+
+def _require_end_permission(request: Request, admin_token: str | None, keys: SessionKeys, session_id: str) -> None:
+    if admin_token is None or _has_admin_token(request, admin_token):
         return
+    key = request.headers.get(SESSION_KEY_HEADER)
+    if key is None or not keys.is_key_of(session_id, key):
+        raise AdminAuthError(f"ending a session needs `{SESSION_KEY_HEADER}: <its key>` (sent on the session's "
+                             f"first answer) or `Authorization: Bearer <admin token>`")
+
+
+def _has_admin_token(request: Request, admin_token: str) -> bool:
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), admin_token.encode()):
-        raise AdminAuthError("this admin endpoint needs `Authorization: Bearer <admin token>`")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), admin_token.encode())
 
 
 def build_gateway(config: GatewayConfig, client: UpstreamClient | httpx.AsyncClient | None = None,

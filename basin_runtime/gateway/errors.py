@@ -3,7 +3,7 @@
 # Rules:
 # - Every failure a client can see is a `GatewayError` subclass raised where it is found; nothing
 #   else in the gateway picks a status code. `error_response` is the only mapping:
-#     400 bad request (malformed JSON, no messages/prompt)     401 admin token missing or wrong
+#     400 bad request (malformed JSON, no messages/prompt)     401 admin token (or end key) missing or wrong
 #     404 unknown session                                       409 session ended while it waited
 #     499 client went away (nobody reads it; for the logs)      502 upstream refused or answered 5xx
 #     503 session shed (with Retry-After and the reason)        504 upstream timed out
@@ -33,7 +33,7 @@ class BadRequestError(GatewayError):
 
 
 class AdminAuthError(GatewayError):
-    """An admin endpoint was called without the right bearer token."""
+    """An admin endpoint was called without the right bearer token (or, to end a session, its end key)."""
 
 
 class SessionNotFoundError(GatewayError):

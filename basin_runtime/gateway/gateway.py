@@ -15,7 +15,8 @@
 #   `shut_down`, once the server has stopped, writes the live-sessions file for the next run and
 #   ends every session still held as `shutdown`, so each is in the session log.
 # - The forwarded body carries the session's priority and a rid (`priority.py`); the answer
-#   carries the session id in the session header, so a client identified by hash can end it.
+#   carries the session id in the session header, so a client identified by hash can end it, and
+#   the first answer of a session its end key (`session_keys.py`), so the agent can end it itself.
 # - A call is in flight from forwarding until its answer ends (`proxy.py` reports the end);
 #   idle time counts from the end of the last call. A single-call session ends with its call.
 # - A call's record keeps the worker that served it when the router names it (smg does), and the
@@ -53,6 +54,7 @@ from basin_runtime.gateway.predictors import PeakModel, Predictors
 from basin_runtime.gateway.priority import request_id, stamp
 from basin_runtime.gateway.proxy import CallEnd, EndHook, Upstream
 from basin_runtime.gateway.restart import Adoption, LiveSessionsFile
+from basin_runtime.gateway.session_keys import SESSION_KEY_HEADER, SessionKeys
 from basin_runtime.gateway.session_log import SessionLogWriter
 from basin_runtime.gateway.sessions import CallRecord, SessionEntry, session_id_for
 from basin_runtime.gateway.waiting import EndReason, WaitingRoom
@@ -81,6 +83,7 @@ class Gateway:
         self.session_header = session_header
         self.workload_header = workload_header
         self.tag = secrets.token_hex(2)  # tells this gateway run's rids from an earlier run's
+        self.session_keys = SessionKeys()  # `create_app` derives them from its admin token
         self.metrics = GatewayMetrics()
         self.hit_window = hit_window or HitRateWindow()
         self.lending = lending or LendingTracker()
@@ -145,6 +148,9 @@ class Gateway:
             raise
         if entry.session_id.isascii() and entry.session_id.isprintable():
             response.headers[self.session_header] = entry.session_id
+        if not (entry.has_sent_key or entry.is_single_call):
+            response.headers[SESSION_KEY_HEADER] = self.session_keys.key(entry.session_id)
+            entry.has_sent_key = True
         return response
 
     async def pass_through(self, request: Request) -> Response:
