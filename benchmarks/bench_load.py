@@ -68,7 +68,7 @@ PROFILE = {  # the round-number profile of the tests (tests/sim/builders.py TINY
     "chunked_prefill_tokens": 4096, "decode_step_fixed_s": 0.02, "dense_weight_bytes": 0.0,
     "expert_weight_bytes": 0.0, "experts_total": 8, "experts_per_token": 1, "kv_read_bytes_per_token": 0.0,
     "hbm_bytes_per_s": 1e12, "transfer_fixed_s": 0.005, "transfer_bytes_per_s": 1e9, "host_load_bytes_per_s": 1e9,
-    "host_cache_ratio": 2.0,
+    "host_cache_ratio": 2.0, "pd_request_overhead_s": 0.0,
 }
 SMG_FAST_RECOVERY = ("--health-check-interval-secs", "1", "--cb-timeout-duration-secs", "2")
 SYSTEM = "You are an autonomous coding agent. Follow the repository's conventions. " * 20  # shared by every session
