@@ -38,7 +38,7 @@ from typing import Any
 
 import httpx
 
-from basin_runtime.gateway.session_keys import SESSION_KEY_HEADER
+from basin_runtime.session_keys import SESSION_KEY_HEADER
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_FILE = ROOT / "models" / "peak_predictor.onnx"

@@ -62,7 +62,7 @@ import openai
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from basin_runtime.gateway.session_keys import SESSION_KEY_HEADER
+from basin_runtime.session_keys import SESSION_KEY_HEADER
 from basin_stack.stack import LocalStack, StackSpec
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -20,7 +20,6 @@
 #   lending.py      the lending ledger kept from served calls, and the write-back hint header
 #   session_log.py  the durable, rotating session-log writer (a thread fed by a queue)
 #   admin.py        /basin/ state, sessions, budget, reloads, shadow mode
-#   session_keys.py the per-session end keys agents end their own sessions with
 #   errors.py       the error tree and the one mapping to HTTP status codes
 #   gateway.py      the request path tying the above together
 #   app.py          Starlette routes, lifespan, building the app from the configuration

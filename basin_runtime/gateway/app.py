@@ -10,7 +10,7 @@
 #   `Authorization: Bearer <token>`; without one they are open (bind to loopback then; `cli.py`
 #   refuses any other address unless told `--insecure-admin`). The one exception is
 #   `POST /basin/sessions/{id}/end`, which also takes that session's end key in
-#   `X-Basin-Session-Key` (`session_keys.py`, derived from the admin token): an agent ends its own
+#   `X-Basin-Session-Key` (`basin_runtime/session_keys.py`, derived from the admin token): an agent ends its own
 #   session without the operator's token. A key opens nothing else; a 401 names what each route takes.
 # - Errors become responses only through `errors.error_response`.
 # - The lifespan starts the upstream client (the aiohttp session must be made on the running loop),
@@ -48,12 +48,12 @@ from basin_runtime.gateway.metrics import CONTENT_TYPE
 from basin_runtime.gateway.predictors import Predictors
 from basin_runtime.gateway.proxy import Upstream
 from basin_runtime.gateway.restart import LiveSessionsFile
-from basin_runtime.gateway.session_keys import SESSION_KEY_HEADER, SessionKeys
 from basin_runtime.gateway.session_log import SessionLogWriter
 from basin_runtime.gateway.upstream import UpstreamClient, make_client
 from basin_runtime.gateway.waiting import WaitingRoom
 from basin_runtime.policy import Policy, PolicyError
 from basin_runtime.policy.hit_rate import HitRateWindow
+from basin_runtime.session_keys import SESSION_KEY_HEADER, SessionKeys
 from basin_runtime.task_text import TaskTextError, TaskTextRule
 from basin_runtime.tokenizer import TokenizerError, get_tokenizer
 

@@ -16,7 +16,7 @@
 #   ends every session still held as `shutdown`, so each is in the session log.
 # - The forwarded body carries the session's priority and a rid (`priority.py`); the answer
 #   carries the session id in the session header, so a client identified by hash can end it, and
-#   the first answer of a session its end key (`session_keys.py`), so the agent can end it itself.
+#   the first answer of a session its end key (`basin_runtime/session_keys.py`), so the agent can end it itself.
 # - A call is in flight from forwarding until its answer ends (`proxy.py` reports the end);
 #   idle time counts from the end of the last call. A single-call session ends with its call.
 # - A call's record keeps the worker that served it when the router names it (smg does), and the
@@ -54,11 +54,11 @@ from basin_runtime.gateway.predictors import PeakModel, Predictors
 from basin_runtime.gateway.priority import request_id, stamp
 from basin_runtime.gateway.proxy import CallEnd, EndHook, Upstream
 from basin_runtime.gateway.restart import Adoption, LiveSessionsFile
-from basin_runtime.gateway.session_keys import SESSION_KEY_HEADER, SessionKeys
 from basin_runtime.gateway.session_log import SessionLogWriter
 from basin_runtime.gateway.sessions import CallRecord, SessionEntry, session_id_for
 from basin_runtime.gateway.waiting import EndReason, WaitingRoom
 from basin_runtime.policy.hit_rate import HitRateWindow
+from basin_runtime.session_keys import SESSION_KEY_HEADER, SessionKeys
 from basin_runtime.session_log import LoggedCall, SessionLogRecord
 
 logger = logging.getLogger(__name__)

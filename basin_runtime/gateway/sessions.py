@@ -100,7 +100,7 @@ class SessionEntry:
     calls: list[CallRecord] = field(default_factory=list)
     in_flight: int = 0
     waiters: int = 0
-    has_sent_key: bool = False  # its end key went out on an answer (`session_keys.py`)
+    has_sent_key: bool = False  # its end key went out on an answer (`basin_runtime/session_keys.py`)
 
     def is_idle(self, now: float, idle_timeout_s: float) -> bool:
         """Live, nothing in flight, and quiet for at least the idle timeout."""

@@ -1,14 +1,16 @@
 # A session's end key: the narrow permission an agent ends its own session with, apart from the
-# operator's admin token.
+# operator's admin token. Shared by the gateway (which derives, hands out and checks keys) and its
+# clients (the replayer, the benchmarks: the header name), so it lives in basin_runtime, which clients
+# may import, not in the gateway package; stdlib only.
 #
 # Rules:
 # - key(session id) = the first 32 hex characters of HMAC-SHA256(secret, "basin-session-end:" + id).
 #   The secret is the admin token when one is configured (replicas sharing a token derive the same
 #   keys, and a key outlives a restart), else 32 random bytes drawn once per process.
 # - The gateway hands a session its key in SESSION_KEY_HEADER on the first answer it forwards for it
-#   (`gateway.py`), not on every answer: anyone who knows a session's id can send a call under it,
+#   (`gateway/gateway.py`), not on every answer: anyone who knows a session's id can send a call under it,
 #   and must not get the key that way while the session is held.
-# - A key opens `POST /basin/sessions/{id}/end` of its own session and nothing else (`app.py`);
+# - A key opens `POST /basin/sessions/{id}/end` of its own session and nothing else (`gateway/app.py`);
 #   it is compared in constant time.
 """Per-session end keys derived from the gateway's secret."""
 
