@@ -10,8 +10,9 @@
 #   `Authorization: Bearer <token>`; without one they are open (bind to loopback then; `cli.py`
 #   refuses any other address unless told `--insecure-admin`). The one exception is
 #   `POST /basin/sessions/{id}/end`, which also takes that session's end key in
-#   `X-Basin-Session-Key` (`basin_runtime/session_keys.py`, derived from the admin token): an agent ends its own
-#   session without the operator's token. A key opens nothing else; a 401 names what each route takes.
+#   `X-Basin-Session-Key` (`basin_runtime/session_keys.py`, derived from the admin token): an
+#   agent ends its own session without the operator's token. A key opens nothing else; a 401
+#   names what each route takes.
 # - Errors become responses only through `errors.error_response`.
 # - The lifespan starts the upstream client (the aiohttp session must be made on the running loop),
 #   runs the waiting room's timers, the live-sessions file's writer (`restart.py`) and, when

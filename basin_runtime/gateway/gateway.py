@@ -16,7 +16,8 @@
 #   ends every session still held as `shutdown`, so each is in the session log.
 # - The forwarded body carries the session's priority and a rid (`priority.py`); the answer
 #   carries the session id in the session header, so a client identified by hash can end it, and
-#   the first answer of a session its end key (`basin_runtime/session_keys.py`), so the agent can end it itself.
+#   the first answer of a session carries its end key (`basin_runtime/session_keys.py`), so the
+#   agent can end it itself.
 # - A call is in flight from forwarding until its answer ends (`proxy.py` reports the end);
 #   idle time counts from the end of the last call. A single-call session ends with its call.
 # - A call's record keeps the worker that served it when the router names it (smg does), and the
