@@ -8,13 +8,18 @@
 #     499 client went away (nobody reads it; for the logs)      502 upstream refused or answered 5xx
 #     503 session shed (with Retry-After and the reason)        504 upstream timed out
 #     503 shutting down (draining: no new session is admitted; with Retry-After)
+#     502 upstream broke off mid-answer, or answered 2xx with a body that is not the JSON it claims
 #     500 a policy error (a bug: the policy refused a step the gateway thought legal)
 # - Bodies are OpenAI-style: {"error": {"message", "type", "code", ...details}}; upstream failures
 #   carry the upstream's own words.
+# - A failure after a streamed (SSE) answer has begun cannot change its status: `error_event` writes
+#   the same body as one SSE event (`data: {"error": {...}}`, as SGLang and smg do), whose `code` is
+#   the status the failure would have had.
 """Gateway errors and their HTTP responses."""
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -81,6 +86,14 @@ class UpstreamTimeoutError(UpstreamError):
     """The upstream did not answer in time."""
 
 
+class UpstreamStreamError(UpstreamError):
+    """The upstream's answer broke off after it began (reset, closed early, a stream without its end)."""
+
+
+class UpstreamBadAnswerError(UpstreamError):
+    """The upstream answered 2xx with a body that is not what it claims (JSON that does not parse)."""
+
+
 class UpstreamStatusError(UpstreamError):
     """The upstream answered with a 5xx status."""
 
@@ -93,8 +106,17 @@ class UpstreamStatusError(UpstreamError):
 def error_response(exc: Exception) -> JSONResponse:
     """The HTTP response for a gateway error or policy refusal (the only status mapping)."""
     status, kind, details, headers = _classify(exc)
-    error: dict[str, Any] = {"message": str(exc), "type": kind, "code": status, **details}
-    return JSONResponse({"error": error}, status_code=status, headers=headers)
+    return JSONResponse(_body(exc, status, kind, details), status_code=status, headers=headers)
+
+
+def error_event(exc: Exception) -> bytes:
+    """The SSE event telling a streaming client of a failure after its answer began (same body as `error_response`)."""
+    status, kind, details, _ = _classify(exc)
+    return b"data: " + json.dumps(_body(exc, status, kind, details), ensure_ascii=False).encode("utf-8") + b"\n\n"
+
+
+def _body(exc: Exception, status: int, kind: str, details: dict[str, Any]) -> dict[str, Any]:
+    return {"error": {"message": str(exc), "type": kind, "code": status, **details}}
 
 
 def _classify(exc: Exception) -> tuple[int, str, dict[str, Any], dict[str, str]]:
@@ -119,6 +141,10 @@ def _classify(exc: Exception) -> tuple[int, str, dict[str, Any], dict[str, str]]
             return 504, "upstream_timeout", {}, {}
         case UpstreamStatusError():
             return 502, "upstream_error", {"upstream_status": exc.status_code, "upstream_body": exc.body_text}, {}
+        case UpstreamStreamError():
+            return 502, "upstream_stream_error", {}, {}
+        case UpstreamBadAnswerError():
+            return 502, "upstream_bad_answer", {}, {}
         case UpstreamError():
             return 502, "upstream_unavailable", {}, {}
         case PolicyError():

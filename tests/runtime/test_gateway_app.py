@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import time
+import tracemalloc
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -26,7 +28,7 @@ from basin_runtime.gateway.clock import ManualClock
 from basin_runtime.gateway.gateway import Gateway
 from basin_runtime.gateway.measure import Meter
 from basin_runtime.gateway.predictors import Predictors
-from basin_runtime.gateway.proxy import Upstream
+from basin_runtime.gateway.proxy import CallEnd, Upstream, UpstreamResponse
 from basin_runtime.gateway.waiting import WaitingRoom
 from basin_runtime.policy import Policy, PolicyConfig
 from basin_runtime.task_text import TaskTextRule
@@ -586,6 +588,184 @@ async def test_the_word_error_inside_streamed_text_is_not_an_error_event(rig: Ri
 
     entry = rig.room.registry.get("s1")
     assert call.status == 200 and entry is not None and entry.calls[0].outcome == "completed"
+
+
+FIRST = b'data: {"choices":[{"delta":{"content":"he"}}]}\n\n'
+DONE = b"data: [DONE]\n\n"
+
+
+def _failing_stream(*events: bytes, fails: Exception | None = None, content_type: str = "text/event-stream",
+                    status: int = 200) -> Handler:
+    """An upstream that streams `events`, then raises `fails` (a transport failure) or just ends."""
+    async def handler(request: httpx.Request) -> httpx.Response:
+        async def chunks() -> AsyncIterator[bytes]:
+            for event in events:
+                yield event
+            if fails is not None:
+                raise fails
+
+        return httpx.Response(status, headers={"content-type": content_type}, content=chunks())
+
+    return handler
+
+
+def _error_of(body: bytes) -> dict[str, Any]:
+    """The one SSE error event in `body`, which must end with it and `[DONE]`."""
+    assert body.endswith(DONE) and body.count(b'data: {"error"') == 1, body
+    event = body[:-len(DONE)].rstrip(b"\n").rsplit(b"\n\n", 1)[-1]
+    error: dict[str, Any] = json.loads(event.removeprefix(b"data: "))["error"]
+    return error
+
+
+@pytest.mark.parametrize(("events", "fails", "kind", "code", "words"), [
+    ((FIRST,), None, "upstream_stream_error", 502, "ended its stream without `data: [DONE]`"),
+    ((FIRST, b'data: {"unfini'), None, "upstream_stream_error", 502,
+     "its unfinished last event was dropped: b'data: {\"unfini'"),
+    ((FIRST,), httpx.RemoteProtocolError("peer closed connection without sending complete message body"),
+     "upstream_stream_error", 502, "broke off mid-answer: RemoteProtocolError: peer closed connection"),
+    ((FIRST,), httpx.ReadTimeout("timed out"), "upstream_timeout", 504, "sent nothing for 5 s mid-answer"),
+])
+async def test_a_stream_the_upstream_does_not_finish_gets_an_error_event_then_done_and_ends_as_an_upstream_error(
+        rig: Rig, caplog: pytest.LogCaptureFixture, events: tuple[bytes, ...], fails: Exception | None, kind: str,
+        code: int, words: str) -> None:
+    rig.upstream.handler = _failing_stream(*events, fails=fails)
+    call = RawCall(rig.app, {"messages": conversation("task"), "stream": True}, session="s1")
+    await asyncio.wait_for(call.run(), timeout=2)
+
+    body = b"".join(call.body_chunks)
+    assert call.status == 200 and body.startswith(FIRST)
+    assert body.count(b"\n\n") == 3  # the first event, the error, [DONE]: an unfinished event is not passed on
+    error = _error_of(body)
+    assert (error["type"], error["code"]) == (kind, code) and words in error["message"], error
+    assert call.sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}  # ended, not cut
+    entry = rig.room.registry.get("s1")
+    assert entry is not None and (entry.in_flight, entry.calls[0].outcome) == (0, "upstream_error")
+    assert b'basin_calls_total{outcome="upstream_error"} 1.0' in rig.gateway.metrics.render()
+    assert any(words in r.getMessage() and r.levelname == "WARNING" for r in caplog.records)  # the reason is logged
+    assert rig.gateway.lending.ledger.holder_of("s1") is None and rig.policy.is_live("s1")
+
+
+async def test_an_upstream_error_event_without_done_gets_done_and_no_second_error(rig: Rig) -> None:
+    rig.upstream.handler = _failing_stream(FIRST, SMG_STREAM_ERROR)
+    call = RawCall(rig.app, {"messages": conversation("task"), "stream": True}, session="s1")
+    await asyncio.wait_for(call.run(), timeout=2)
+
+    assert b"".join(call.body_chunks) == FIRST + SMG_STREAM_ERROR + DONE
+    entry = rig.room.registry.get("s1")
+    assert entry is not None and entry.calls[0].outcome == "upstream_error"
+
+
+async def test_a_break_after_done_loses_nothing_and_the_call_completes(rig: Rig) -> None:
+    rig.upstream.handler = _failing_stream(FIRST, DONE, fails=httpx.RemoteProtocolError("no final chunk"))
+    call = RawCall(rig.app, {"messages": conversation("task"), "stream": True}, session="s1")
+    await asyncio.wait_for(call.run(), timeout=2)
+
+    assert b"".join(call.body_chunks) == FIRST + DONE
+    entry = rig.room.registry.get("s1")
+    assert entry is not None and entry.calls[0].outcome == "completed"
+
+
+# What smg 1.13 answers a streamed call whose decode worker answered 429 (tests/e2e/test_faults_smg.py): the
+# worker's status and Content-Length over a longer SSE body, so the event arrives cut, without [DONE].
+SMG_CUT_429 = b'data: {"error":{"message":{"object":"error","message":"rate limited","type":"BadRequestError'
+
+
+async def test_a_4xx_stream_passes_through_unchanged_and_ends_rejected(rig: Rig) -> None:
+    rig.upstream.handler = _failing_stream(SMG_CUT_429, status=429)
+    call = RawCall(rig.app, {"messages": conversation("task"), "stream": True}, session="s1")
+    await asyncio.wait_for(call.run(), timeout=2)
+
+    assert call.status == 429 and b"".join(call.body_chunks) == SMG_CUT_429  # the upstream's words, nothing added
+    entry = rig.room.registry.get("s1")
+    assert entry is not None and entry.calls[0].outcome == "rejected"
+
+
+async def test_a_2xx_answer_that_says_json_and_is_not_is_a_502_quoting_it(rig: Rig) -> None:
+    async def garbage(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=b"<html>oops", headers={"content-type": "application/json"})
+
+    rig.upstream.handler = garbage
+    response = await rig.chat("s1", "task")
+
+    assert response.status_code == 502
+    error = response.json()["error"]
+    assert error["type"] == "upstream_bad_answer" and "with a body that is not JSON: b'<html>oops'" in error["message"]
+    entry = rig.room.registry.get("s1")
+    assert entry is not None and (entry.in_flight, entry.calls[0].outcome) == (0, "upstream_error")
+
+
+async def test_a_streamed_plain_body_that_is_not_its_json_passes_but_ends_as_an_upstream_error(rig: Rig) -> None:
+    rig.upstream.handler = _failing_stream(b"<html>", b"oops", content_type="application/json")
+    response = await rig.chat("s1", "task")
+
+    assert (response.status_code, response.content) == (200, b"<html>oops")  # its head was already sent
+    entry = rig.room.registry.get("s1")
+    assert entry is not None and entry.calls[0].outcome == "upstream_error"
+
+
+async def test_a_plain_body_cut_mid_way_stays_cut_and_ends_as_an_upstream_error(
+        rig: Rig, caplog: pytest.LogCaptureFixture) -> None:
+    rig.upstream.handler = _failing_stream(b'{"id": "c1", "choi', fails=httpx.ReadError("connection reset"),
+                                           content_type="application/json")
+    call = RawCall(rig.app, {"messages": conversation("task")}, session="s1")
+    await asyncio.wait_for(call.run(), timeout=2)
+
+    assert call.status == 200 and call.body_chunks == [b'{"id": "c1", "choi']  # no event can go in a JSON body
+    assert not any(m.get("more_body") is False for m in call.sent if m["type"] == "http.response.body")
+    entry = rig.room.registry.get("s1")
+    assert entry is not None and (entry.in_flight, entry.calls[0].outcome) == (0, "upstream_error")
+    assert any("connection reset" in r.getMessage() for r in caplog.records)
+
+
+class ReplayedAnswer:
+    """An upstream SSE answer replaying fixed chunks (the `UpstreamAnswer` protocol), for the relay alone."""
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self._chunks = chunks
+        self.status_code, self.reason, self.url = 200, "OK", "http://router/v1/chat/completions"
+        self.headers = {"content-type": "text/event-stream"}
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        for chunk in self._chunks:
+            yield chunk
+
+    async def read(self, limit: int) -> bytes:
+        raise AssertionError("an SSE answer is never read whole")
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_a_huge_event_without_a_blank_line_is_relayed_in_linear_time_holding_a_bounded_amount() -> None:
+    # Issue 16, item 12: re-splitting `pending + chunk` made this quadratic (63 MB: 5.9 s of CPU, +226 MiB).
+    event = b'data: {"choices":[{"delta":{"content":"' + b"x" * (16 << 20) + b'"}}]}\n\n'
+    chunks = [event[k:k + (16 << 10)] for k in range(0, len(event), 16 << 10)] + [b'data: {"usage": {"prompt_to',
+                                                                                    b'kens": 7}}\n\n', DONE]
+    got, ends = bytearray(), list[CallEnd]()
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        got.extend(message.get("body", b""))
+
+    async def on_end(end: CallEnd) -> None:
+        ends.append(end)
+
+    response = UpstreamResponse(ReplayedAnswer(chunks), on_end)  # type: ignore[arg-type]
+    tracemalloc.start()
+    started = time.process_time()
+    await response({"type": "http", "asgi": {"spec_version": "2.4"}}, _never_disconnects, send)
+    cpu_s = time.process_time() - started
+    _, peak_bytes = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+
+    assert bytes(got) == b"".join(chunks) and ends[0].outcome == "completed"
+    assert ends[0].usage is not None and ends[0].usage.prompt_tokens == 7  # the events after it are still read
+    assert cpu_s < 1.0, cpu_s
+    assert peak_bytes - len(got) < 8 << 20, peak_bytes  # what the client got aside, about 1 MiB is held at most
+
+
+async def _never_disconnects() -> dict[str, Any]:
+    await asyncio.Event().wait()
+    raise AssertionError("unreachable")
 
 
 async def test_a_client_leaving_mid_stream_ends_the_call_and_closes_the_upstream(rig: Rig) -> None:
