@@ -12,6 +12,8 @@
 #   (queued calls get 503 `shutting_down` at once), uvicorn closes the listener and lets live calls
 #   finish for up to `drain_timeout_s` (then cuts them), and the app's lifespan logs every session
 #   still held as `shutdown` and lists it for the next run to adopt. A second Ctrl-C forces the exit.
+# - uvicorn keeps an idle client connection `keep_alive_s` (its own default, 5 s, is what the httpx and
+#   openai pools wait before reusing one, so the two race and the client gets a reset).
 """Command-line entry point of the gateway."""
 
 from __future__ import annotations
@@ -49,8 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     logger.info("basin-gateway on http://%s:%d in front of %s", config.host, config.port, config.upstream)
     server = DrainingServer(uvicorn.Config(app, host=config.host, port=config.port, log_config=None,
                                            access_log=False, lifespan="on",
+                                           timeout_keep_alive=config.keep_alive_s,  # type: ignore[arg-type]
                                            timeout_graceful_shutdown=max(1, math.ceil(config.drain_timeout_s))),
-                            drain=app.state.gateway.drain)
+                            drain=app.state.gateway.drain)  # (uvicorn types timeout_keep_alive int; a float works)
     server.run()
     return 0
 

@@ -56,6 +56,10 @@ class GatewayConfig:
     tick_interval_s: float = 1.0
     upstream_timeout_s: float = 900.0
     upstream_connect_timeout_s: float = 10.0
+    # Idle client connections are kept this long (uvicorn's own default, 5 s, equals the idle time of the
+    # httpx / openai pools, so a client reusing one at 5 s races the close and gets a reset): above every
+    # common client pool (httpx and openai 5 s, aiohttp 15 s) and load balancer (60 s), as smg's own 90 s.
+    keep_alive_s: float = 90.0
     upstream_client: str = "aiohttp"
     retry_after_s: float = 60.0
     admin_token: str | None = None
@@ -172,7 +176,7 @@ _CHECKS: dict[str, Callable[[str, object], object]] = {
     "port": _int, "always_engaged": _bool, "session_header": _str, "workload_header": _str,
     "idle_timeout_s": _seconds, "tick_interval_s": _seconds, "upstream_timeout_s": _seconds,
     "upstream_connect_timeout_s": _seconds, "upstream_client": _upstream_client, "retry_after_s": _seconds,
-    "admin_token": _str, "insecure_admin": _bool,
+    "keep_alive_s": _seconds, "admin_token": _str, "insecure_admin": _bool,
     "tokenizer": _str, "task_text_pattern": _str, "log_level": _log_level, "policy": _policy,
     "shadow": _bool, "hit_rate_window_s": _seconds, "hit_rate_min_prompt_tokens": _int,
     "engine_metrics_urls": _urls, "engine_metrics_interval_s": _seconds, "session_log": _str,
@@ -221,6 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"longest wait for upstream bytes (default {_default('upstream_timeout_s'):g})")
     add("--upstream-connect-timeout-s", type=float, metavar="S",
         help=f"longest wait to connect upstream (default {_default('upstream_connect_timeout_s'):g})")
+    add("--keep-alive-s", type=float, metavar="S",
+        help=f"how long an idle client connection is kept open (default {_default('keep_alive_s'):g}; keep it above "
+             f"the idle time of the clients' pools and of any proxy in front)")
     add("--upstream-client", choices=UPSTREAM_CLIENTS,
         help=f"HTTP client to the upstream (default {_default('upstream_client')}; httpx is ~10x slower at load)")
     add("--retry-after-s", type=float, metavar="S",
