@@ -609,6 +609,22 @@ def _failing_stream(*events: bytes, fails: Exception | None = None, content_type
     return handler
 
 
+async def _failing_call(rig: Rig, handler: Handler, *, is_stream: bool = True) -> RawCall:
+    """Session s1's second call, answered by `handler` (the first was served: a failed call leaves it live)."""
+    assert (await rig.chat("s1", "task")).status_code == 200
+    rig.gateway.lending.session_ended("s1")
+    rig.upstream.handler = handler
+    call = RawCall(rig.app, {"messages": conversation("task", "more"), "stream": is_stream}, session="s1")
+    await asyncio.wait_for(call.run(), timeout=2)
+    return call
+
+
+def _second_call_outcome(rig: Rig) -> tuple[int, str | None]:
+    entry = rig.room.registry.get("s1")
+    assert entry is not None and len(entry.calls) == 2
+    return entry.in_flight, entry.calls[1].outcome
+
+
 def _error_of(body: bytes) -> dict[str, Any]:
     """The one SSE error event in `body`, which must end with it and `[DONE]`."""
     assert body.endswith(DONE) and body.count(b'data: {"error"') == 1, body
@@ -628,9 +644,7 @@ def _error_of(body: bytes) -> dict[str, Any]:
 async def test_a_stream_the_upstream_does_not_finish_gets_an_error_event_then_done_and_ends_as_an_upstream_error(
         rig: Rig, caplog: pytest.LogCaptureFixture, events: tuple[bytes, ...], fails: Exception | None, kind: str,
         code: int, words: str) -> None:
-    rig.upstream.handler = _failing_stream(*events, fails=fails)
-    call = RawCall(rig.app, {"messages": conversation("task"), "stream": True}, session="s1")
-    await asyncio.wait_for(call.run(), timeout=2)
+    call = await _failing_call(rig, _failing_stream(*events, fails=fails))
 
     body = b"".join(call.body_chunks)
     assert call.status == 200 and body.startswith(FIRST)
@@ -638,31 +652,24 @@ async def test_a_stream_the_upstream_does_not_finish_gets_an_error_event_then_do
     error = _error_of(body)
     assert (error["type"], error["code"]) == (kind, code) and words in error["message"], error
     assert call.sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}  # ended, not cut
-    entry = rig.room.registry.get("s1")
-    assert entry is not None and (entry.in_flight, entry.calls[0].outcome) == (0, "upstream_error")
+    assert _second_call_outcome(rig) == (0, "upstream_error")
     assert b'basin_calls_total{outcome="upstream_error"} 1.0' in rig.gateway.metrics.render()
     assert any(words in r.getMessage() and r.levelname == "WARNING" for r in caplog.records)  # the reason is logged
     assert rig.gateway.lending.ledger.holder_of("s1") is None and rig.policy.is_live("s1")
 
 
 async def test_an_upstream_error_event_without_done_gets_done_and_no_second_error(rig: Rig) -> None:
-    rig.upstream.handler = _failing_stream(FIRST, SMG_STREAM_ERROR)
-    call = RawCall(rig.app, {"messages": conversation("task"), "stream": True}, session="s1")
-    await asyncio.wait_for(call.run(), timeout=2)
+    call = await _failing_call(rig, _failing_stream(FIRST, SMG_STREAM_ERROR))
 
     assert b"".join(call.body_chunks) == FIRST + SMG_STREAM_ERROR + DONE
-    entry = rig.room.registry.get("s1")
-    assert entry is not None and entry.calls[0].outcome == "upstream_error"
+    assert _second_call_outcome(rig) == (0, "upstream_error")
 
 
 async def test_a_break_after_done_loses_nothing_and_the_call_completes(rig: Rig) -> None:
-    rig.upstream.handler = _failing_stream(FIRST, DONE, fails=httpx.RemoteProtocolError("no final chunk"))
-    call = RawCall(rig.app, {"messages": conversation("task"), "stream": True}, session="s1")
-    await asyncio.wait_for(call.run(), timeout=2)
+    call = await _failing_call(rig, _failing_stream(FIRST, DONE, fails=httpx.RemoteProtocolError("no final chunk")))
 
     assert b"".join(call.body_chunks) == FIRST + DONE
-    entry = rig.room.registry.get("s1")
-    assert entry is not None and entry.calls[0].outcome == "completed"
+    assert _second_call_outcome(rig) == (0, "completed")
 
 
 # What smg 1.13 answers a streamed call whose decode worker answered 429 (tests/e2e/test_faults_smg.py): the
@@ -671,49 +678,40 @@ SMG_CUT_429 = b'data: {"error":{"message":{"object":"error","message":"rate limi
 
 
 async def test_a_4xx_stream_passes_through_unchanged_and_ends_rejected(rig: Rig) -> None:
-    rig.upstream.handler = _failing_stream(SMG_CUT_429, status=429)
-    call = RawCall(rig.app, {"messages": conversation("task"), "stream": True}, session="s1")
-    await asyncio.wait_for(call.run(), timeout=2)
+    call = await _failing_call(rig, _failing_stream(SMG_CUT_429, status=429))
 
     assert call.status == 429 and b"".join(call.body_chunks) == SMG_CUT_429  # the upstream's words, nothing added
-    entry = rig.room.registry.get("s1")
-    assert entry is not None and entry.calls[0].outcome == "rejected"
+    assert _second_call_outcome(rig) == (0, "rejected")
 
 
 async def test_a_2xx_answer_that_says_json_and_is_not_is_a_502_quoting_it(rig: Rig) -> None:
     async def garbage(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, content=b"<html>oops", headers={"content-type": "application/json"})
 
-    rig.upstream.handler = garbage
-    response = await rig.chat("s1", "task")
+    call = await _failing_call(rig, garbage, is_stream=False)
 
-    assert response.status_code == 502
-    error = response.json()["error"]
+    assert call.status == 502
+    error = json.loads(b"".join(call.body_chunks))["error"]
     assert error["type"] == "upstream_bad_answer" and "with a body that is not JSON: b'<html>oops'" in error["message"]
-    entry = rig.room.registry.get("s1")
-    assert entry is not None and (entry.in_flight, entry.calls[0].outcome) == (0, "upstream_error")
+    assert _second_call_outcome(rig) == (0, "upstream_error")
 
 
 async def test_a_streamed_plain_body_that_is_not_its_json_passes_but_ends_as_an_upstream_error(rig: Rig) -> None:
-    rig.upstream.handler = _failing_stream(b"<html>", b"oops", content_type="application/json")
-    response = await rig.chat("s1", "task")
+    call = await _failing_call(rig, _failing_stream(b"<html>", b"oops", content_type="application/json"),
+                               is_stream=False)
 
-    assert (response.status_code, response.content) == (200, b"<html>oops")  # its head was already sent
-    entry = rig.room.registry.get("s1")
-    assert entry is not None and entry.calls[0].outcome == "upstream_error"
+    assert (call.status, b"".join(call.body_chunks)) == (200, b"<html>oops")  # its head was already sent
+    assert _second_call_outcome(rig) == (0, "upstream_error")
 
 
 async def test_a_plain_body_cut_mid_way_stays_cut_and_ends_as_an_upstream_error(
         rig: Rig, caplog: pytest.LogCaptureFixture) -> None:
-    rig.upstream.handler = _failing_stream(b'{"id": "c1", "choi', fails=httpx.ReadError("connection reset"),
-                                           content_type="application/json")
-    call = RawCall(rig.app, {"messages": conversation("task")}, session="s1")
-    await asyncio.wait_for(call.run(), timeout=2)
+    call = await _failing_call(rig, _failing_stream(b'{"id": "c1", "choi', fails=httpx.ReadError("connection reset"),
+                                                    content_type="application/json"), is_stream=False)
 
     assert call.status == 200 and call.body_chunks == [b'{"id": "c1", "choi']  # no event can go in a JSON body
     assert not any(m.get("more_body") is False for m in call.sent if m["type"] == "http.response.body")
-    entry = rig.room.registry.get("s1")
-    assert entry is not None and (entry.in_flight, entry.calls[0].outcome) == (0, "upstream_error")
+    assert _second_call_outcome(rig) == (0, "upstream_error")
     assert any("connection reset" in r.getMessage() for r in caplog.records)
 
 
