@@ -48,7 +48,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import openai
@@ -91,11 +91,21 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
 # --- looking at the gateway and the engines ------------------------------------------------------
 
 
+class GatewayHost(Protocol):
+    """Where a probe looks: a `LocalStack`, or any rig with a gateway (`test_faults_smg.py`)."""
+
+    @property
+    def gateway_url(self) -> str | None: ...
+
+    @property
+    def engine_urls(self) -> list[str]: ...  # engines whose SGLang /metrics show the requests they hold
+
+
 @dataclass
 class Probe:
     """Reads the gateway's admin endpoints and metrics and the engines' metrics."""
 
-    stack: LocalStack
+    stack: GatewayHost
     http: httpx.AsyncClient
 
     @property
