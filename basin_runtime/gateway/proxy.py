@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -72,7 +71,7 @@ from basin_runtime.gateway.errors import (
 )
 from basin_runtime.gateway.sessions import CallOutcome
 from basin_runtime.gateway.signals import Usage, usage_of
-from basin_runtime.gateway.sse import Frame, SseFramer, event_data, is_comment
+from basin_runtime.gateway.sse import SseEvents, SseFramer
 from basin_runtime.gateway.upstream import HttpxUpstreamClient, UpstreamAnswer, UpstreamBrokenError, UpstreamClient
 
 logger = logging.getLogger(__name__)
@@ -100,9 +99,6 @@ ERROR_BODY_BYTES = 4096
 WHOLE_BODY_BYTES = 1 << 20  # a non-SSE answer with a Content-Length up to this is read whole, then sent
 USAGE_BODY_BYTES = 4 << 20  # a longer JSON answer is passed on but its usage is not read
 EVENT_BYTES = 1 << 20  # a longer SSE event is passed on as it arrives but not parsed (usage events are small)
-USAGE_EVENT = re.compile(rb'"usage"\s*:\s*\{|"meta_info"\s*:')
-ERROR_KEY = b'"error"'  # in an SSE event: maybe an error event (a JSON string holds it only as \"error\")
-DONE_DATA = b"[DONE]"
 DONE_EVENT = b"data: [DONE]\n\n"
 QUOTED_BYTES = 200  # of a bad answer or a dropped unfinished event, quoted in the error
 
@@ -224,46 +220,6 @@ class WholeUpstreamResponse(Response):
                 await self._on_end(CallEnd(outcome, self.status_code, self._upstream_headers, self._usage))
 
 
-class SseEvents:
-    """What the relay learns from an SSE answer's events as they pass: `[DONE]`, the first error
-    event, the last usage event, and whether anything but keep-alive comments came."""
-
-    def __init__(self, drop_usage_chunk: bool) -> None:
-        self.drop_usage_chunk = drop_usage_chunk
-        self.saw_done = False
-        self.error: str | None = None  # the message of the first error event
-        self.made_progress = False  # since the relay last cleared it: an event other than a comment
-        self._last_usage_event: bytes | None = None
-
-    def pass_on(self, frames: list[Frame]) -> bytes:
-        """The bytes of `frames` to send on (the usage-only chunk the client did not ask for left out)."""
-        return b"".join([frame.data for frame in frames if not frame.is_whole or self._keep(frame.data)])
-
-    def usage(self) -> Usage | None:
-        """The usage the last usage event reported."""
-        return None if self._last_usage_event is None else usage_of(_event_json(self._last_usage_event))
-
-    def is_done(self, event: bytes) -> bool:
-        """True for the `data: [DONE]` event."""
-        return DONE_DATA in event and event_data(event) == DONE_DATA
-
-    def _keep(self, event: bytes) -> bool:
-        """Note what `event` says; False if it is not to be passed on."""
-        if event.startswith(b":") and is_comment(event):
-            return True
-        self.made_progress = True
-        if DONE_DATA in event and event_data(event) == DONE_DATA:
-            self.saw_done = True
-            return True
-        if self.error is None and ERROR_KEY in event:
-            self.error = _error_of_event(event)
-        if USAGE_EVENT.search(event) is not None:
-            self._last_usage_event = event
-            if self.drop_usage_chunk and _is_usage_only(event):
-                return False
-        return True
-
-
 class UpstreamResponse(StreamingResponse):
     """The upstream's answer, passed through as its bytes arrive; ends the call exactly once."""
 
@@ -326,19 +282,22 @@ class UpstreamResponse(StreamingResponse):
         return self._read_timeout_s is not None and time.monotonic() - last_progress_s > self._read_timeout_s
 
     def _end_of_stream(self, framer: SseFramer) -> bytes:
-        """What follows the upstream's last bytes: whatever it left unfinished, passed as written, or the
-        error event of an answer the upstream did not finish (then `[DONE]`)."""
+        """What follows the upstream's last bytes: a refusal's (4xx) or `[DONE]`'s unfinished end as written, the
+        `[DONE]` a stream that reported its own error left out, or the error event of an answer the upstream
+        did not finish (then `[DONE]`). An unfinished event is dropped, as an SSE client would drop it."""
         events, rest = self._events, framer.rest()
+        if self._failure is None and not _is_ok(self.status_code):
+            return rest
         if rest and events.is_done(rest):  # `data: [DONE]` without its blank line: the answer is whole
             events.saw_done = True
-        if self._failure is None and _is_ok(self.status_code) and not events.saw_done and events.error is None:
-            unfinished = rest.strip(b"\r\n")
+        unfinished = b"" if events.saw_done else rest.strip(b"\r\n")
+        if self._failure is None and not events.saw_done and events.error is None:
             dropped = f"; its unfinished last event was dropped: {unfinished[:QUOTED_BYTES]!r}" if unfinished else ""
             self._failure = UpstreamStreamError(f"upstream {self._upstream.url} ended its stream without "
                                                 f"`data: [DONE]`{dropped}")
         if self._failure is not None:  # an oversized event cut mid-way is ended first (the client reads it broken)
             return (b"\n\n" if framer.is_passing else b"") + error_event(self._failure) + DONE_EVENT
-        return rest + (DONE_EVENT if events.error is not None and not events.saw_done else b"")
+        return (b"" if unfinished else rest) + (b"" if events.saw_done else DONE_EVENT)
 
     def _outcome(self) -> CallOutcome:
         if not self._is_complete:
@@ -366,30 +325,6 @@ class UpstreamResponse(StreamingResponse):
                 await self._chunks.aclose()
                 await self._upstream.aclose()
                 await self._on_end(CallEnd(outcome, self.status_code, self._upstream.headers, self._usage))
-
-
-def _event_json(event: bytes) -> object:
-    """The JSON of one SSE event's data, or None if it is not JSON."""
-    data = event_data(event)
-    try:
-        return None if data is None else json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return None
-
-
-def _error_of_event(event: bytes) -> str | None:
-    """The message of an SSE error event (`data: {"error": {...}}`), else None."""
-    chunk = _event_json(event)
-    error = chunk.get("error") if isinstance(chunk, dict) else None
-    if isinstance(error, dict):
-        return str(error.get("message") or error)[:ERROR_BODY_BYTES]
-    return error[:ERROR_BODY_BYTES] if isinstance(error, str) and error else None
-
-
-def _is_usage_only(event: bytes) -> bool:
-    """True for the final chunk `include_usage` adds: usage and an empty `choices` list."""
-    chunk = _event_json(event)
-    return isinstance(chunk, dict) and chunk.get("choices") == [] and isinstance(chunk.get("usage"), dict)
 
 
 async def _read_start(response: UpstreamAnswer) -> str:

@@ -13,15 +13,28 @@
 #   drops it); `is_passing` says an unfinished event is being given out in pieces instead.
 # - `event_data` reads an event's `data` lines as the spec does (joined by LF, one leading space
 #   dropped); `is_comment` is true for an event of comment lines (`:`) only, like a keep-alive.
-"""SSE framing: whole events out of a byte stream, linear in its length, holding a bounded amount."""
+# - `SseEvents` reads the whole events as they pass, for the relay (`proxy.py`): `data: [DONE]`, the
+#   first error event (`data: {"error": ...}`), the last event carrying usage (kept aside whole, so
+#   at most one event's bytes), whether anything but comments came, and which event not to pass on
+#   (the usage-only chunk, when the gateway itself asked for usage). Pieces of an oversized event
+#   pass unread.
+"""SSE framing and reading: whole events out of a byte stream, linear in its length, holding a bounded
+amount, and what the relay learns from them."""
 
 from __future__ import annotations
 
+import json
 import re
 from typing import NamedTuple
 
+from basin_runtime.gateway.signals import Usage, usage_of
+
 SEPARATOR = re.compile(rb"(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r|\n)")  # a line break, then an empty line's break
 LOOKBACK_BYTES = 3  # a separator that starts in the bytes already scanned starts at most this far back
+USAGE_EVENT = re.compile(rb'"usage"\s*:\s*\{|"meta_info"\s*:')
+ERROR_KEY = b'"error"'  # in an SSE event: maybe an error event (a JSON string holds it only as \"error\")
+DONE_DATA = b"[DONE]"
+ERROR_MESSAGE_CHARS = 4096  # of an upstream's error event, kept for the log
 
 
 class Frame(NamedTuple):
@@ -141,3 +154,67 @@ def event_data(event: bytes) -> bytes | None:
 def is_comment(event: bytes) -> bool:
     """True for an event made of comment lines only (`: ping`): a keep-alive, no progress."""
     return event.startswith(b":") and all(not line or line.startswith(b":") for line in event.splitlines())
+
+
+class SseEvents:
+    """What the relay learns from an SSE answer's events as they pass: `[DONE]`, the first error
+    event, the last usage event, and whether anything but keep-alive comments came."""
+
+    def __init__(self, drop_usage_chunk: bool) -> None:
+        self.drop_usage_chunk = drop_usage_chunk
+        self.saw_done = False
+        self.error: str | None = None  # the message of the first error event
+        self.made_progress = False  # since the relay last cleared it: an event other than a comment
+        self._last_usage_event: bytes | None = None
+
+    def pass_on(self, frames: list[Frame]) -> bytes:
+        """The bytes of `frames` to send on (the usage-only chunk the client did not ask for left out)."""
+        return b"".join([frame.data for frame in frames if not frame.is_whole or self._keep(frame.data)])
+
+    def usage(self) -> Usage | None:
+        """The usage the last usage event reported."""
+        return None if self._last_usage_event is None else usage_of(_event_json(self._last_usage_event))
+
+    def is_done(self, event: bytes) -> bool:
+        """True for the `data: [DONE]` event."""
+        return DONE_DATA in event and event_data(event) == DONE_DATA
+
+    def _keep(self, event: bytes) -> bool:
+        """Note what `event` says; False if it is not to be passed on."""
+        if event.startswith(b":") and is_comment(event):
+            return True
+        self.made_progress = True
+        if self.is_done(event):
+            self.saw_done = True
+            return True
+        if self.error is None and ERROR_KEY in event:
+            self.error = _error_of_event(event)
+        if USAGE_EVENT.search(event) is not None:
+            self._last_usage_event = event
+            if self.drop_usage_chunk and _is_usage_only(event):
+                return False
+        return True
+
+
+def _event_json(event: bytes) -> object:
+    """The JSON of one SSE event's data, or None if it is not JSON."""
+    data = event_data(event)
+    try:
+        return None if data is None else json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+
+
+def _error_of_event(event: bytes) -> str | None:
+    """The message of an SSE error event (`data: {"error": {...}}`), else None."""
+    chunk = _event_json(event)
+    error = chunk.get("error") if isinstance(chunk, dict) else None
+    if isinstance(error, dict):
+        return str(error.get("message") or error)[:ERROR_MESSAGE_CHARS]
+    return error[:ERROR_MESSAGE_CHARS] if isinstance(error, str) and error else None
+
+
+def _is_usage_only(event: bytes) -> bool:
+    """True for the final chunk `include_usage` adds: usage and an empty `choices` list."""
+    chunk = _event_json(event)
+    return isinstance(chunk, dict) and chunk.get("choices") == [] and isinstance(chunk.get("usage"), dict)

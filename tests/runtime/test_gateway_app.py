@@ -658,11 +658,20 @@ async def test_a_stream_the_upstream_does_not_finish_gets_an_error_event_then_do
     assert rig.gateway.lending.ledger.holder_of("s1") is None and rig.policy.is_live("s1")
 
 
-async def test_an_upstream_error_event_without_done_gets_done_and_no_second_error(rig: Rig) -> None:
-    call = await _failing_call(rig, _failing_stream(FIRST, SMG_STREAM_ERROR))
+@pytest.mark.parametrize("tail", [b"", b'data: {"unfini'], ids=["ends-there", "then-an-unfinished-event"])
+async def test_an_upstream_error_event_without_done_gets_done_and_no_second_error(rig: Rig, tail: bytes) -> None:
+    call = await _failing_call(rig, _failing_stream(FIRST, SMG_STREAM_ERROR, tail))
 
     assert b"".join(call.body_chunks) == FIRST + SMG_STREAM_ERROR + DONE
     assert _second_call_outcome(rig) == (0, "upstream_error")
+
+
+@pytest.mark.parametrize("done", [DONE, b"data: [DONE]", DONE + b"\n"], ids=["whole", "no-blank-line", "extra-LF"])
+async def test_a_stream_ending_at_done_is_passed_on_as_written_and_completes(rig: Rig, done: bytes) -> None:
+    call = await _failing_call(rig, _failing_stream(FIRST, done))
+
+    assert b"".join(call.body_chunks) == FIRST + done
+    assert _second_call_outcome(rig) == (0, "completed")
 
 
 async def test_a_break_after_done_loses_nothing_and_the_call_completes(rig: Rig) -> None:
