@@ -11,7 +11,7 @@ It records every inference request (`GET /_records`) and answers chat completion
 with `usage.prompt_tokens_details.cached_tokens` (as SGLang with `--enable-cache-report`).
 
 A fault is scripted per request by its last user message, `fault:<kind> ...`, and acted out by the
-worker of the role `--faulty-role` names (default decode; the other one answers as usual):
+decode worker (the one whose answer smg returns; the prefill worker answers as usual):
 `status-429`, `status-500`, `status-503` (SGLang's JSON error body with that status), `garbage` (200,
 `application/json`, a body that is not JSON), `truncate` (a stream that ends cleanly after two
 chunks, without `[DONE]`), `hang` (a stream that sends one chunk, then nothing until the client
@@ -45,8 +45,8 @@ STATUS_FAULTS = {"status-429": 429, "status-500": 500, "status-503": 503}
 STREAM_FAULTS = ("truncate", "hang", "kill")
 
 
-def create_app(role: str, bootstrap_port: int | None, faulty_role: str = "decode") -> Starlette:
-    """The worker app for `role` ("prefill" or "decode"); it acts out scripted faults if it is `faulty_role`."""
+def create_app(role: str, bootstrap_port: int | None) -> Starlette:
+    """The worker app for `role` ("prefill" or "decode"); a decode worker acts out scripted faults."""
     records: list[dict[str, Any]] = []
 
     async def inference(request: Request) -> Response:
@@ -56,7 +56,7 @@ def create_app(role: str, bootstrap_port: int | None, faulty_role: str = "decode
         record.update(path=request.url.path, role=role, at=time.time(),
                       authorization=request.headers.get("authorization"), content=content)
         records.append(record)
-        fault = _fault_of(content) if role == faulty_role else None
+        fault = _fault_of(content) if role == "decode" else None
         if fault in STATUS_FAULTS:
             return JSONResponse({"object": "error", "message": f"stand-in {role} scripted {fault}",
                                  "type": "BadRequestError" if fault == "status-429" else "InternalServerError",
@@ -171,9 +171,8 @@ def main() -> None:
     parser.add_argument("--role", choices=("prefill", "decode"), required=True)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--bootstrap-port", type=int)
-    parser.add_argument("--faulty-role", choices=("prefill", "decode"), default="decode")
     args = parser.parse_args()
-    uvicorn.run(create_app(args.role, args.bootstrap_port, args.faulty_role), host="127.0.0.1", port=args.port,
+    uvicorn.run(create_app(args.role, args.bootstrap_port), host="127.0.0.1", port=args.port,
                 log_level="warning", access_log=False)
 
 
