@@ -14,6 +14,9 @@
 #   it as "error" with the message.
 # - A session that ends other than shed is ended at the gateway (POST /basin/sessions/{id}/end,
 #   best effort: other servers answer 404) so it stops holding budget; `end_sessions=False` skips it.
+#   It is ended with the session's own end key, kept from the answer that carried it
+#   (X-Basin-Session-Key, the gateway's first answer of the session), as an agent would: no admin
+#   token needed. `admin_token` is only a fallback, for a session whose key never arrived.
 # - Stopping: with `stop_s`, everything still running at that model time is cancelled (the knee
 #   ramp). Without, the run drains after the last arrival until every session is over or past its
 #   goodput deadline (arrival + SLOWDOWN_LIMIT x unloaded time), at most `max_drain_s` model seconds.
@@ -40,6 +43,7 @@ import openai
 
 from basin_loadgen.replay import ConversationBuilder, PlannedSession
 from basin_loadgen.replay_summary import CallRecord, SessionRecord, StateSample
+from basin_runtime.session_keys import SESSION_KEY_HEADER
 from basin_sim.goodput import SLOWDOWN_LIMIT
 from basin_sim.workload.pool import load_pool
 from basin_sim.workload.scenarios import DEFAULT_GAP_S
@@ -62,7 +66,7 @@ class ClientSettings:
     max_wait_s: float = 600.0  # wall seconds a call may wait for its first token
     request_timeout_s: float = 3600.0  # wall seconds a whole call may take
     end_sessions: bool = True
-    admin_token: str | None = None  # bearer token for the gateway's /basin/ endpoints
+    admin_token: str | None = None  # ends a session whose end key never arrived (the gateway's operator token)
     sample_s: float = 10.0  # model seconds between state samples
     max_drain_s: float = 3600.0  # model seconds the run may go on after the last arrival
     max_connections: int = 4096
@@ -103,6 +107,7 @@ class Replayer:
         self.samples: list[StateSample] = []
         self.model: str | None = settings.model
         self._live: dict[str, SessionRecord] = {}
+        self._end_keys: dict[str, str] = {}  # run id -> the end key the gateway gave the session
         self._origin: float | None = None
         self._client: openai.AsyncOpenAI | None = None
         self._http: httpx.AsyncClient | None = None
@@ -234,6 +239,7 @@ class Replayer:
             self.on_session_end(record)
         if record.status != "shed" and self.settings.end_sessions:
             await self._end_session(record.run_id)
+        self._end_keys.pop(record.run_id, None)
 
     async def _call(self, record: SessionRecord, call: CallRecord, messages: list[dict[str, Any]]) -> str:
         assert self._client is not None and self.model is not None
@@ -245,11 +251,15 @@ class Replayer:
                 # The messages go in `extra_body` (which overrides `messages` in the JSON): the SDK walks
                 # `messages` through its TypedDict transform on every call, ~1 ms of CPU per message, which
                 # for a 100-message conversation costs more than the call.
-                stream = await self._client.chat.completions.create(
+                raw = await self._client.chat.completions.with_raw_response.create(
                     model=self.model, messages=[], max_tokens=call.max_tokens, stream=True,
                     stream_options={"include_usage": True}, user=record.run_id, extra_body={"messages": messages},
                     extra_headers={"X-Session-ID": record.run_id, "X-Basin-Workload": record.benchmark})
                 call.response_s = self.now_s()
+                key = raw.headers.get(SESSION_KEY_HEADER)
+                if key is not None:
+                    self._end_keys[record.run_id] = key
+                stream = raw.parse()
                 async with stream:
                     async for chunk in stream:
                         if chunk.usage is not None:
@@ -284,11 +294,21 @@ class Replayer:
 
     async def _end_session(self, run_id: str) -> None:
         assert self._http is not None
-        headers = {} if self.settings.admin_token is None else {"Authorization": f"Bearer {self.settings.admin_token}"}
+        key = self._end_keys.get(run_id)
+        if key is not None:
+            headers = {SESSION_KEY_HEADER: key}
+        elif self.settings.admin_token is not None:
+            headers = {"Authorization": f"Bearer {self.settings.admin_token}"}
+        else:
+            headers = {}
         try:
-            await self._http.post(f"{self.settings.server_root}/basin/sessions/{run_id}/end", headers=headers)
+            response = await self._http.post(f"{self.settings.server_root}/basin/sessions/{run_id}/end",
+                                             headers=headers)
         except httpx.HTTPError as exc:
             log.debug("ending session %s: %s", run_id, exc)
+            return
+        if response.status_code == 401:  # it goes on holding budget until the gateway's idle timeout
+            log.warning("the gateway refused to end session %s: %s", run_id, response.text[:300])
 
 
 def _status_stop(exc: openai.APIStatusError) -> _SessionStop:
@@ -344,7 +364,8 @@ def _parser() -> argparse.ArgumentParser:
                         "first token before the session is given up (aborted)")
     parser.add_argument("--no-end-sessions", dest="end_sessions", action="store_false",
                         help="do not POST /basin/sessions/{id}/end when a session is over")
-    parser.add_argument("--admin-token", help="bearer token for the gateway's /basin/ endpoints")
+    parser.add_argument("--admin-token", help="the gateway's admin token, to end a session whose end key never "
+                        "arrived (sessions are ended with their own keys)")
     parser.add_argument("--bin-s", type=float, default=60.0, help="timeline bin (model seconds)")
     parser.add_argument("--sample-s", type=float, default=10.0, help="state sample period (model seconds)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar, warnings only")

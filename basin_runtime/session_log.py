@@ -1,16 +1,25 @@
 """The gateway's session log: one JSON line per finished session, read back by `pipeline.ingest`.
 
-Format `basin-session-log`, version 1. Each line is an object:
+Format `basin-session-log`, version 2 (version 1 lines are still read). Each line is an object:
 
-    {"format": "basin-session-log", "version": 1,
+    {"format": "basin-session-log", "version": 2,
      "session_id": str, "workload": str | null, "model": str, "tokenizer": str,
      "task_text": str | null,        # null when the gateway keeps no raw text
      "task_chars": int,              # length of the task text, always kept
      "started_at": float, "ended_at": float,   # unix seconds
-     "end_reason": "ended" | "idle" | "withdrawn" | "shed",
+     "end_reason": "ended" | "idle" | "withdrawn" | "shed" | "failed" | "shutdown",
      "predicted_peak_tokens": float | null,
+     "adopted": bool,                # version 2: the session was live before a gateway restart and this
+                                     # record starts at its adoption call (its earlier calls are in the
+                                     # previous run's record, if that run logged it)
      "calls": [{"started_at": float, "ended_at": float | null, "prompt_tokens": int,
-                "completion_tokens": int, "cached_tokens": int | null}]}
+                "completion_tokens": int, "cached_tokens": int | null,
+                "outcome": str | null}]}    # version 2: the call's outcome (`CallOutcome`)
+
+End reasons: `failed` - released because no call of the session was ever served (its first calls all
+failed: upstream down, a 4xx); `shutdown` - still live when the gateway shut down gracefully (the
+record is cut there; the session may be adopted by the next run). Version 1 lines read as
+`adopted: false` with no call outcomes.
 
 Token counts are already the serving tokenizer's (the gateway counts with `basin_runtime.tokenizer`).
 """
@@ -24,8 +33,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 LOG_FORMAT = "basin-session-log"
-LOG_VERSION = 1
-END_REASONS = ("ended", "idle", "withdrawn", "shed")
+LOG_VERSION = 2
+READ_VERSIONS = (1, 2)
+END_REASONS = ("ended", "idle", "withdrawn", "shed", "failed", "shutdown")
 
 
 class SessionLogError(ValueError):
@@ -41,6 +51,7 @@ class LoggedCall:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int | None = None
+    outcome: str | None = None  # version 2; None when read from a version-1 line
 
 
 @dataclass(frozen=True)
@@ -58,6 +69,7 @@ class SessionLogRecord:
     calls: tuple[LoggedCall, ...]
     workload: str | None = None
     predicted_peak_tokens: float | None = None
+    adopted: bool = False
 
     def to_json(self) -> str:
         """One log line (no trailing newline)."""
@@ -74,10 +86,9 @@ class SessionLogRecord:
             raise SessionLogError(f"not JSON: {exc}") from exc
         if not isinstance(obj, Mapping):
             raise SessionLogError("a log line must be a JSON object")
-        if obj.get("format") != LOG_FORMAT or obj.get("version") != LOG_VERSION:
-            raise SessionLogError(
-                f"format {obj.get('format')!r} version {obj.get('version')!r}, expected {LOG_FORMAT!r} {LOG_VERSION}"
-            )
+        if obj.get("format") != LOG_FORMAT or obj.get("version") not in READ_VERSIONS:
+            raise SessionLogError(f"format {obj.get('format')!r} version {obj.get('version')!r}, expected "
+                                  f"{LOG_FORMAT!r} version {' or '.join(map(str, READ_VERSIONS))}")
         return cls._from_mapping(obj)
 
     @classmethod
@@ -96,6 +107,7 @@ class SessionLogRecord:
                 calls=calls,
                 workload=obj.get("workload"),
                 predicted_peak_tokens=obj.get("predicted_peak_tokens"),
+                adopted=_flag(obj.get("adopted", False)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise SessionLogError(f"missing or malformed field: {exc}") from exc
@@ -113,3 +125,9 @@ class SessionLogRecord:
                 raise SessionLogError(f"call {k}: negative token count")
             if not math.isfinite(call.started_at):
                 raise SessionLogError(f"call {k}: started_at {call.started_at} is not finite")
+
+
+def _flag(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"adopted must be true or false, got {value!r}")
+    return value

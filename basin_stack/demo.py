@@ -138,7 +138,8 @@ def gateway_options(settings: DemoSettings, calibration_file: Path, session_log:
     if "peak_completion_rate_per_s" in measured:  # model units: the stack scales the policy section
         policy["peak_completion_rate_per_s"] = measured["peak_completion_rate_per_s"]
     return {"model": models, "calibration": str(calibration_file.resolve()), "policy": policy,
-            "session_log": str(session_log.resolve()), "upstream_timeout_s": 3600.0, "log_level": "warning"}
+            "session_log": str(session_log.resolve()), "session_log_keep_text": True,  # the demo retrains from it
+            "upstream_timeout_s": 3600.0, "log_level": "warning"}
 
 
 def run_one(settings: DemoSettings, mode: str, pool: Any, deployment: Any, rate_per_s: float,

@@ -16,6 +16,8 @@
 #   drops a dead worker and re-admits a restarted one only on its health checks (default every 60 s)
 #   and its circuit breaker (60 s): pass `router_args` to shorten them.
 # - Emulator lag: `lag()` reads each engine's /server_info `basin_emulate.lag` (wall seconds).
+# - The gateway's admin token, when its config sets one, is the operator's (`admin_headers`); agents
+#   end their own sessions with the end keys the gateway hands them.
 """Start and stop a loopback PD stack: basin-emulate engines, smg, and the Basin gateway."""
 
 from __future__ import annotations
@@ -166,6 +168,12 @@ class LocalStack:
         return self.gateway_url or self.router_url
 
     @property
+    def admin_headers(self) -> dict[str, str]:
+        """The operator's credential for the gateway's /basin/ endpoints (none unless its config sets admin_token)."""
+        token = (self.spec.gateway or {}).get("admin_token")
+        return {} if token is None else {"Authorization": f"Bearer {token}"}
+
+    @property
     def engine_urls(self) -> list[str]:
         """Every engine's base URL, prefill first."""
         return [*self.prefill_urls, *self.decode_urls]
@@ -229,6 +237,7 @@ class LocalStack:
             options.setdefault("engine_metrics_urls", [f"{url}/metrics" for url in self.prefill_urls])
             config = logs / "gateway.yaml"
             config.write_text(yaml.safe_dump(gateway_config(options, spec.time_scale)), encoding="utf-8")
+            config.chmod(0o600)  # it may hold the admin token
             self.procs["gateway"] = Proc("gateway", [python, "-m", "basin_runtime.gateway", "--config", str(config)],
                                          logs / "gateway.log", f"{self.gateway_url}/health")
 

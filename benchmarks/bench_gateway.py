@@ -5,8 +5,9 @@ a subprocess) and the real gateway (`python -m basin_runtime.gateway` in a subpr
 
 1. Unloaded added latency: calls one at a time, directly and through the gateway, interleaved;
    added = via-gateway latency minus direct latency (p50, p99 of the per-pair differences).
-2. At 200 concurrent sessions (each making `--calls` growing chat calls, then ended through the
-   admin endpoint): p50/p99 latency direct and via the gateway, the difference, the gateway's own
+2. At 200 concurrent sessions (each making `--calls` growing chat calls, then ending itself with the
+   end key its first answer carried; the gateway runs with an admin token that only the benchmark's
+   state read uses): p50/p99 latency direct and via the gateway, the difference, the gateway's own
    `basin_gateway_added_latency_seconds` (time before forwarding) and throughput via / direct.
 3. Memory: the gateway's RSS (from /proc) while 10,000 sessions pass through it (200 at a time).
 
@@ -24,6 +25,7 @@ import contextlib
 import itertools
 import json
 import os
+import secrets
 import socket
 import statistics
 import subprocess
@@ -35,6 +37,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from basin_runtime.session_keys import SESSION_KEY_HEADER
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_FILE = ROOT / "models" / "peak_predictor.onnx"
@@ -123,7 +127,8 @@ class Connection:
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
 
-    async def post(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+    async def post(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+        """(status, headers by lower-case name, body)."""
         if self.writer is None or self.writer.is_closing():
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
         assert self.reader is not None
@@ -132,21 +137,19 @@ class Connection:
                           f"content-length: {len(body)}\r\n{head}\r\n".encode() + body)
         status_line = await self.reader.readline()
         status = int(status_line.split()[1])
-        length, is_chunked = None, False
+        answer_headers: dict[str, str] = {}
         while (line := await self.reader.readline()) not in (b"\r\n", b""):
             name, _, value = line.decode("latin-1").partition(":")
-            if name.lower() == "content-length":
-                length = int(value)
-            elif name.lower() == "transfer-encoding" and "chunked" in value.lower():
-                is_chunked = True
-        if not is_chunked:
-            return status, await self.reader.readexactly(length or 0)
+            answer_headers[name.lower()] = value.strip()
+        length = answer_headers.get("content-length")
+        if "chunked" not in answer_headers.get("transfer-encoding", "").lower():
+            return status, answer_headers, await self.reader.readexactly(int(length or 0))
         data = b""
         while (size := int((await self.reader.readline()).split(b";")[0], 16)) > 0:
             data += await self.reader.readexactly(size)
             await self.reader.readline()
         await self.reader.readline()
-        return status, data
+        return status, answer_headers, data
 
     def close(self) -> None:
         if self.writer is not None:
@@ -178,16 +181,20 @@ async def run_sessions(base: str, first: int, count: int, calls: int, concurrenc
         try:
             while not queue.empty():
                 k = queue.get_nowait()
-                sid = f"bench-{k}"
+                sid, key = f"bench-{k}", None
                 for turn in range(calls):
                     body = json.dumps({"model": "standin", "messages": messages(k, turn), "max_tokens": 1}).encode()
                     started = time.perf_counter()
-                    status, answer = await conn.post("/v1/chat/completions", body, {"x-session-id": sid})
+                    status, headers, answer = await conn.post("/v1/chat/completions", body, {"x-session-id": sid})
                     latencies.append(time.perf_counter() - started)
                     if status != 200:
                         raise RuntimeError(f"call failed: {status} {answer[:200]!r}")
-                if is_gateway:
-                    await conn.post(f"/basin/sessions/{sid}/end", b"", {})
+                    key = key or headers.get(SESSION_KEY_HEADER.lower())
+                if is_gateway:  # as an agent: its own end key, no admin token
+                    status, _, answer = await conn.post(f"/basin/sessions/{sid}/end", b"",
+                                                        {SESSION_KEY_HEADER: key} if key else {})
+                    if status != 200:
+                        raise RuntimeError(f"ending {sid} failed: {status} {answer[:200]!r}")
         finally:
             conn.close()
 
@@ -217,22 +224,26 @@ async def gateway_added_quantiles(client: httpx.AsyncClient, gateway: str) -> tu
 
 
 @contextlib.asynccontextmanager
-async def servers(log_dir: str, upstream_client: str) -> AsyncIterator[tuple[str, str, int]]:
+async def servers(log_dir: str, upstream_client: str, admin_token: str) -> AsyncIterator[tuple[str, str, int]]:
     up_port, gw_port = free_port(), free_port()
     upstream, gateway = f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{gw_port}"
+    config = Path(log_dir) / "gateway.yaml"  # the token in a 0600 file, not on the command line
+    config.write_text(json.dumps({"admin_token": admin_token}), encoding="utf-8")
+    config.chmod(0o600)
     with process([sys.executable, __file__, "--serve-upstream", str(up_port)]) as up_proc:
         await wait_healthy(upstream, up_proc)
         with process([sys.executable, "-m", "basin_runtime.gateway", "--upstream", upstream, "--port", str(gw_port),
                       "--model", str(MODEL_FILE), "--budget-tokens", str(10**12), "--log-level", "warning",
-                      "--upstream-client", upstream_client,
+                      "--upstream-client", upstream_client, "--config", str(config),
                       "--session-log", str(Path(log_dir) / "sessions.jsonl")]) as gw_proc:
             await wait_healthy(gateway, gw_proc)
             yield upstream, gateway, gw_proc.pid
 
 
 async def bench(args: argparse.Namespace) -> None:
+    admin_token = secrets.token_hex(16)
     with tempfile.TemporaryDirectory() as log_dir:
-        async with servers(log_dir, args.upstream_client) as (upstream, gateway, gw_pid), \
+        async with servers(log_dir, args.upstream_client, admin_token) as (upstream, gateway, gw_pid), \
                 httpx.AsyncClient(trust_env=False, timeout=60) as client:
             # warm-up (tokenizer, model, connections)
             await run_sessions(gateway, 10**6, 50, 2, 50, True, [])
@@ -256,7 +267,8 @@ async def bench(args: argparse.Namespace) -> None:
                 await run_sessions(gateway, 10**7 + done, batch, 2, args.concurrency, True, [])
                 done += batch
                 rss.append((done, rss_mib(gw_pid)))
-            state = (await client.get(gateway + "/basin/state")).json()["policy"]
+            admin = {"Authorization": f"Bearer {admin_token}"}
+            state = (await client.get(gateway + "/basin/state", headers=admin)).json()["policy"]
 
     ms = 1000.0
     print(f"machine: {os.cpu_count()} cpus; upstream: raw ASGI on uvicorn; gateway: basin_runtime.gateway "

@@ -18,13 +18,17 @@ mode and the Basin gateway (a budget nobody reaches: admission never holds a ses
    every call with its session's priority and the engines (priority scheduling on) serve in that
    order, so the via-gateway tail can be longer and its median shorter; the histogram is the overhead.
 3. Kill under load, via the gateway: `--kill-sessions` sessions at a time call in closed loops (a
-   session ends after `--kill-session-calls` calls and a new one takes its place); after `--warmup-s`
-   one decode engine is SIGKILLed, restarted `--outage-s` later. Printed: errors by kind (what the
-   clients saw), when smg marked the engine unhealthy and healthy again, when the last call failed
+   session ends itself after `--kill-session-calls` calls, with the end key its first answer carried,
+   and a new one takes its place); after `--warmup-s` one decode engine is SIGKILLed, restarted
+   `--outage-s` later. Printed: errors by kind (what the clients saw), how the sessions' own ends
+   were answered, when smg marked the engine unhealthy and healthy again, when the last call failed
    (service back), when the restarted engine served its first call; then the gateway's accounting is
    checked (reserved and working-set tokens = sums over its live sessions; zero once they end).
 4. Memory and lag: RSS (and peak RSS) of the gateway, smg and each engine (their whole process groups,
    from /proc), and each emulator's scheduler lag (`LocalStack.lag()`, wall seconds, last 60 s).
+
+The gateway runs with an admin token (random per run, `LocalStack.admin_headers`): the benchmark's
+operator reads (state, sessions) and end-of-phase sweeps use it; sessions never do.
 
 smg runs with its defaults (health checks every 60 s, circuit breaker open 60 s), which is what a
 deployment gets; `--smg-fast-recovery` passes a 1 s health check and a 2 s circuit-breaker timeout.
@@ -43,6 +47,7 @@ import asyncio
 import contextlib
 import math
 import os
+import secrets
 import sys
 import tempfile
 import time
@@ -57,6 +62,7 @@ import openai
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from basin_runtime.session_keys import SESSION_KEY_HEADER
 from basin_stack.stack import LocalStack, StackSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,7 +74,7 @@ PROFILE = {  # the round-number profile of the tests (tests/sim/builders.py TINY
     "chunked_prefill_tokens": 4096, "decode_step_fixed_s": 0.02, "dense_weight_bytes": 0.0,
     "expert_weight_bytes": 0.0, "experts_total": 8, "experts_per_token": 1, "kv_read_bytes_per_token": 0.0,
     "hbm_bytes_per_s": 1e12, "transfer_fixed_s": 0.005, "transfer_bytes_per_s": 1e9, "host_load_bytes_per_s": 1e9,
-    "host_cache_ratio": 2.0,
+    "host_cache_ratio": 2.0, "pd_request_overhead_s": 0.0,
 }
 SMG_FAST_RECOVERY = ("--health-check-interval-secs", "1", "--cb-timeout-duration-secs", "2")
 SYSTEM = "You are an autonomous coding agent. Follow the repository's conventions. " * 20  # shared by every session
@@ -105,6 +111,7 @@ class Session:
     max_tokens: int
     calls: list[Call] = field(default_factory=list)
     messages: list[dict[str, Any]] = field(default_factory=list)
+    end_key: str | None = None  # from the gateway's first answer: what the session is ended with
 
     def __post_init__(self) -> None:
         self.messages = [{"role": "system", "content": SYSTEM},
@@ -118,6 +125,7 @@ class Session:
                 model=MODEL, messages=[], extra_body={"messages": self.messages}, max_tokens=self.max_tokens,
                 stream=True, extra_headers={"X-Session-ID": self.session_id})
             call.served_by = raw.headers.get("x-smg-routed-worker-id")
+            self.end_key = self.end_key or raw.headers.get(SESSION_KEY_HEADER)
             async with raw.parse() as stream:
                 async for chunk in stream:
                     for choice in chunk.choices:
@@ -263,7 +271,7 @@ async def unloaded_phase(stack: LocalStack, http: httpx.AsyncClient, rounds: int
         for k in range(3):  # warm-up: connections, the shared system prompt in the prefix cache
             await Session(f"warm-{k}", max_tokens).call(direct)
             await Session(f"warm-via-{k}", max_tokens).call(via)
-        await end_sessions(http, stack.gateway_url)
+        await end_sessions(http, stack)
         before = await scrape(http, f"{stack.gateway_url}/metrics")
         sessions = {"direct": Session("unloaded-direct", max_tokens), "via": Session("unloaded-via", max_tokens)}
         pairs: list[tuple[Call, Call]] = []
@@ -280,20 +288,22 @@ async def unloaded_phase(stack: LocalStack, http: httpx.AsyncClient, rounds: int
           f"{ms(pct([d.total_s for d, _ in good], 50))}; added by the gateway: TTFT p50 {ms(pct(ttft, 50))} "
           f"p99 {ms(pct(ttft, 99))}, end to end p50 {ms(pct(total, 50))} p99 {ms(pct(total, 99))}; "
           f"its own time before forwarding p50 <= {ms(own[0])} p99 <= {ms(own[1])}")
-    await end_sessions(http, stack.gateway_url)
+    await end_sessions(http, stack)
 
 
-async def end_sessions(http: httpx.AsyncClient, gateway: str) -> int:
-    """End every session the gateway holds; how many."""
-    ids = [s["session_id"] for s in (await http.get(f"{gateway}/basin/sessions")).json()["sessions"]]
-    await asyncio.gather(*(http.post(f"{gateway}/basin/sessions/{sid}/end") for sid in ids))
+async def end_sessions(http: httpx.AsyncClient, stack: LocalStack) -> int:
+    """End every session the gateway holds (the operator's sweep, with the admin token); how many."""
+    gateway, admin = stack.gateway_url, stack.admin_headers
+    ids = [s["session_id"] for s in (await http.get(f"{gateway}/basin/sessions", headers=admin)).json()["sessions"]]
+    await asyncio.gather(*(http.post(f"{gateway}/basin/sessions/{sid}/end", headers=admin) for sid in ids))
     return len(ids)
 
 
-async def check_accounting(http: httpx.AsyncClient, gateway: str) -> str:
+async def check_accounting(http: httpx.AsyncClient, stack: LocalStack) -> str:
     """Compare the policy's sums with the sums over the sessions the gateway lists."""
-    policy = (await http.get(f"{gateway}/basin/state")).json()["policy"]
-    sessions = (await http.get(f"{gateway}/basin/sessions")).json()["sessions"]
+    gateway, admin = stack.gateway_url, stack.admin_headers
+    policy = (await http.get(f"{gateway}/basin/state", headers=admin)).json()["policy"]
+    sessions = (await http.get(f"{gateway}/basin/sessions", headers=admin)).json()["sessions"]
     working = sum(s["last_prompt_tokens"] for s in sessions)
     reserved = sum(max(math.ceil(s["predicted_peak_tokens"]), s["last_prompt_tokens"]) for s in sessions)
     in_flight = sum(s["in_flight"] for s in sessions)
@@ -314,6 +324,7 @@ async def kill_phase(stack: LocalStack, http: httpx.AsyncClient, slots: int, ses
     runs: list[Session] = []
     stop = asyncio.Event()
     marks: dict[str, float] = {}
+    end_status: Counter[int] = Counter()
 
     async def loop(slot: int, client: openai.AsyncOpenAI) -> None:
         for k in range(1_000_000):
@@ -324,7 +335,11 @@ async def kill_phase(stack: LocalStack, http: httpx.AsyncClient, slots: int, ses
                 await asyncio.sleep(0.05 if call.ok else 0.5)
                 if stop.is_set():
                     return
-            await http.post(f"{gateway}/basin/sessions/{session.session_id}/end")
+            # as an agent: its own end key, no admin token (a session whose first call failed has none)
+            key = {} if session.end_key is None else {SESSION_KEY_HEADER: session.end_key}
+            with contextlib.suppress(httpx.HTTPError):
+                response = await http.post(f"{gateway}/basin/sessions/{session.session_id}/end", headers=key)
+                end_status[response.status_code] += 1
 
     async def watch_health() -> None:
         while not stop.is_set():
@@ -389,7 +404,8 @@ async def kill_phase(stack: LocalStack, http: httpx.AsyncClient, slots: int, ses
     outcomes = {k.split("=")[1][:-1]: after[k] - before.get(k, 0.0) for k in after
                 if k.startswith("basin_calls_total{")}
     print(f"  gateway calls by outcome: {outcomes}; clients saw {len(failed)} failures")
-    print(f"  gateway accounting before ending the sessions: {await check_accounting(http, stack.gateway_url)}")
+    print(f"  sessions ended by their own keys, by status: {dict(sorted(end_status.items()))}")
+    print(f"  gateway accounting before ending the sessions: {await check_accounting(http, stack)}")
 
 
 async def bench(args: argparse.Namespace, stack: LocalStack) -> None:
@@ -418,15 +434,13 @@ async def bench(args: argparse.Namespace, stack: LocalStack) -> None:
         ok_direct = sum(c.ok for s in direct for c in s.calls)
         print(f"throughput via / direct: {ok_via / via_s:.1f} / {ok_direct / direct_s:.1f} calls/s "
               f"= {ok_via / via_s / (ok_direct / direct_s):.2f}x")
-        print(f"gateway accounting after the load: {await check_accounting(http, stack.gateway_url)}")
-        print(f"ended {await end_sessions(http, stack.gateway_url)} sessions; "
-              f"after: {await check_accounting(http, stack.gateway_url)}")
+        print(f"gateway accounting after the load: {await check_accounting(http, stack)}")
+        print(f"ended {await end_sessions(http, stack)} sessions; after: {await check_accounting(http, stack)}")
         print_memory(stack)
 
         await kill_phase(stack, http, args.kill_sessions, args.kill_session_calls, args.max_tokens, args.warmup_s,
                          args.outage_s, args.recover_timeout_s)
-        print(f"ended {await end_sessions(http, stack.gateway_url)} sessions; "
-              f"after: {await check_accounting(http, stack.gateway_url)}")
+        print(f"ended {await end_sessions(http, stack)} sessions; after: {await check_accounting(http, stack)}")
         busy = {}
         for url in stack.engine_urls:
             samples = await scrape(http, f"{url}/metrics")
@@ -464,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
         profile = folder / "bench-tiny.yaml"
         profile.write_text(yaml.safe_dump(PROFILE), encoding="utf-8")
         gateway = {"model": [str(MODEL_FILE)], "budget_tokens": 10**12, "upstream_timeout_s": 60.0,
-                   "log_level": "warning"}
+                   "log_level": "warning", "admin_token": secrets.token_hex(16)}
         router_args = SMG_FAST_RECOVERY if args.smg_fast_recovery else ()
         spec = StackSpec(folder / "logs", num_prefill=1, num_decode=args.num_decode, time_scale=args.time_scale,
                          profile=str(profile), gateway=gateway, router_args=router_args, startup_timeout_s=90.0)

@@ -7,14 +7,21 @@
 # - `GET /metrics` is the gateway's own Prometheus exposition (open, like SGLang's); the state
 #   gauges are refreshed from the policy on each scrape.
 # - `/basin/...` are admin endpoints (`admin.py`): with an admin token configured, they need
-#   `Authorization: Bearer <token>`; without one they are open (bind to loopback then).
+#   `Authorization: Bearer <token>`; without one they are open (bind to loopback then; `cli.py`
+#   refuses any other address unless told `--insecure-admin`). The one exception is
+#   `POST /basin/sessions/{id}/end`, which also takes that session's end key in
+#   `X-Basin-Session-Key` (`basin_runtime/session_keys.py`, derived from the admin token): an
+#   agent ends its own session without the operator's token. A key opens nothing else; a 401
+#   names what each route takes.
 # - Errors become responses only through `errors.error_response`, and every answer the gateway makes
 #   itself is JSON: Starlette's own 404 (no route) and 405 (wrong method, with Allow) become
 #   `not_found` / `method_not_allowed`; any other exception that reaches the app's edge before the
 #   answer started is logged with its traceback and answered 500 `internal_error` (`_LastResort`).
 # - The lifespan starts the upstream client (the aiohttp session must be made on the running loop),
-#   runs the waiting room's timers and, when configured, the engines' /metrics scraper
-#   (`engine_metrics.py`), and closes the upstream client when the app built it itself.
+#   runs the waiting room's timers, the live-sessions file's writer (`restart.py`) and, when
+#   configured, the engines' /metrics scraper (`engine_metrics.py`). At its end (the server has
+#   stopped: `cli.py` drains first) it ends every session still held as `shutdown` (logged), then
+#   closes the upstream client when the app built it itself, then the session log.
 # - Start-up loads the tokenizer, every model and the calibration before the app exists, so a bad
 #   file stops start-up with `ConfigError` naming it.
 """Starlette application and its construction from the configuration."""
@@ -54,16 +61,19 @@ from basin_runtime.gateway.measure import Meter
 from basin_runtime.gateway.metrics import CONTENT_TYPE
 from basin_runtime.gateway.predictors import Predictors
 from basin_runtime.gateway.proxy import Upstream
+from basin_runtime.gateway.restart import LiveSessionsFile
 from basin_runtime.gateway.session_log import SessionLogWriter
 from basin_runtime.gateway.upstream import UpstreamClient, make_client
 from basin_runtime.gateway.waiting import WaitingRoom
 from basin_runtime.policy import Policy, PolicyError
 from basin_runtime.policy.hit_rate import HitRateWindow
+from basin_runtime.session_keys import SESSION_KEY_HEADER, SessionKeys
 from basin_runtime.task_text import TaskTextError, TaskTextRule
 from basin_runtime.tokenizer import TokenizerError, get_tokenizer
 
 logger = logging.getLogger(__name__)
 
+LIVE_SESSIONS_INTERVAL_S = 2.0  # how stale the live-sessions file may be after a kill -9
 PASS_THROUGH_PATHS = (
     "/v1/models", "/v1/models/{model_id:path}", "/server_info", "/get_server_info", "/model_info",
     "/get_model_info", "/v1/loads", "/get_loads", "/health_generate",
@@ -73,7 +83,8 @@ PASS_THROUGH_PATHS = (
 def create_app(gateway: Gateway, *, admin_token: str | None = None, tick_interval_s: float = 1.0,
                idle_timeout_s: float = 600.0, on_shutdown: Callable[[], Awaitable[None]] | None = None,
                reloader: Reloader | None = None) -> Starlette:
-    """The ASGI app serving `gateway`."""
+    """The ASGI app serving `gateway` (its session end keys are derived from `admin_token`)."""
+    gateway.session_keys = SessionKeys(admin_token)
 
     def call_route(kind: CallKind) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
@@ -89,8 +100,9 @@ def create_app(gateway: Gateway, *, admin_token: str | None = None, tick_interva
         return Response(gateway.metrics.render(), media_type=CONTENT_TYPE)
 
     async def end_session(request: Request) -> Response:
-        _require_admin(request, admin_token)
-        entry = await gateway.end_session(request.path_params["session_id"])
+        session_id = request.path_params["session_id"]
+        _require_end_permission(request, admin_token, gateway.session_keys, session_id)
+        entry = await gateway.end_session(session_id)
         return JSONResponse({"session_id": entry.session_id, "was": entry.state, "calls": len(entry.calls)})
 
     @contextlib.asynccontextmanager
@@ -99,6 +111,8 @@ def create_app(gateway: Gateway, *, admin_token: str | None = None, tick_interva
         tasks = {asyncio.create_task(gateway.room.run_timers(tick_interval_s, idle_timeout_s))}
         if gateway.engine_scraper is not None:
             tasks.add(asyncio.create_task(gateway.engine_scraper.run()))
+        if gateway.live_sessions is not None:
+            tasks.add(asyncio.create_task(_every(LIVE_SESSIONS_INTERVAL_S, gateway.save_live_sessions)))
         try:
             yield
         finally:
@@ -107,6 +121,7 @@ def create_app(gateway: Gateway, *, admin_token: str | None = None, tick_interva
             await asyncio.wait(tasks)
             if gateway.engine_scraper is not None:
                 await gateway.engine_scraper.aclose()
+            await gateway.shut_down()
             if on_shutdown is not None:
                 await on_shutdown()
             if gateway.session_log is not None:
@@ -121,8 +136,20 @@ def create_app(gateway: Gateway, *, admin_token: str | None = None, tick_interva
     ]
     routes += admin_routes(gateway, lambda request: _require_admin(request, admin_token), reloader)
     handlers = {GatewayError: _error_handler, PolicyError: _error_handler, HTTPException: _route_error_handler}
-    return Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan,
-                     middleware=[Middleware(_LastResort)])
+    app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan,
+                    middleware=[Middleware(_LastResort)])
+    app.state.gateway = gateway  # the server's graceful shutdown drains it first (`cli.py`)
+    return app
+
+
+async def _every(interval_s: float, step: Callable[[], Awaitable[None]]) -> None:
+    """Run `step` every `interval_s` until cancelled; a failed step is logged and the loop goes on."""
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            await step()
+        except Exception:
+            logger.exception("periodic gateway task failed")
 
 
 async def _error_handler(request: Request, exc: Exception) -> Response:
@@ -179,11 +206,23 @@ async def _answer_unexpected(scope: Scope, exc: Exception) -> Response:
 
 
 def _require_admin(request: Request, admin_token: str | None) -> None:
-    if admin_token is None:
+    if admin_token is not None and not _has_admin_token(request, admin_token):
+        raise AdminAuthError(f"this admin endpoint needs `Authorization: Bearer <admin token>` (a session's "
+                             f"{SESSION_KEY_HEADER} opens only POST /basin/sessions/{{id}}/end of that session)")
+
+
+def _require_end_permission(request: Request, admin_token: str | None, keys: SessionKeys, session_id: str) -> None:
+    if admin_token is None or _has_admin_token(request, admin_token):
         return
+    key = request.headers.get(SESSION_KEY_HEADER)
+    if key is None or not keys.is_key_of(session_id, key):
+        raise AdminAuthError(f"ending a session needs `{SESSION_KEY_HEADER}: <its key>` (sent on the session's "
+                             f"first answer) or `Authorization: Bearer <admin token>`")
+
+
+def _has_admin_token(request: Request, admin_token: str) -> bool:
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), admin_token.encode()):
-        raise AdminAuthError("this admin endpoint needs `Authorization: Bearer <admin token>`")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), admin_token.encode())
 
 
 def build_gateway(config: GatewayConfig, client: UpstreamClient | httpx.AsyncClient | None = None,
@@ -211,7 +250,9 @@ def build_gateway(config: GatewayConfig, client: UpstreamClient | httpx.AsyncCli
         config.session_log, max_bytes=config.session_log_max_bytes, keep_files=config.session_log_keep_files,
         keep_text=config.session_log_keep_text)
     upstream = Upstream(client if client is not None else upstream_client(config))
-    return Gateway(room, Meter(tokenizer, rule), predictors, upstream,
+    live_sessions = None if config.live_sessions_file is None else LiveSessionsFile(config.live_sessions_file)
+    return Gateway(room, Meter(tokenizer, rule), predictors, upstream, live_sessions=live_sessions,
+                   adoption_window_s=config.adoption_window_s,
                    session_header=config.session_header, workload_header=config.workload_header,
                    hit_window=HitRateWindow(config.hit_rate_window_s, config.hit_rate_min_prompt_tokens),
                    lending=lending, session_log=session_log, is_shadow=config.shadow,

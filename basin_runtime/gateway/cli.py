@@ -3,23 +3,37 @@
 # Rules:
 # - A bad option, config, model or calibration file ends start-up with one line on stderr naming
 #   the file or option, and exit status 2; never a traceback.
-# - Logging is configured here and only here. Binding beyond loopback without an admin token is
-#   allowed but warned about: anyone who can reach the port could end sessions.
+# - Logging is configured here and only here.
+# - Binding beyond loopback (127.0.0.0/8, ::1, localhost; `0.0.0.0` and `::` are every address)
+#   without an admin token ends start-up like a bad option: every /basin/ endpoint would be open to
+#   whoever reaches the port. `--insecure-admin` (`insecure_admin: true`) starts anyway, with a
+#   warning naming them.
+# - SIGTERM (or Ctrl-C) drains before uvicorn's own graceful shutdown: the gateway stops admitting
+#   (queued calls get 503 `shutting_down` at once), uvicorn closes the listener and lets live calls
+#   finish for up to `drain_timeout_s` (then cuts them), and the app's lifespan logs every session
+#   still held as `shutdown` and lists it for the next run to adopt. A second Ctrl-C forces the exit.
+# - uvicorn keeps an idle client connection `keep_alive_s` (its own default, 5 s, is what the httpx and
+#   openai pools wait before reusing one, so the two race and the client gets a reset).
 """Command-line entry point of the gateway."""
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+import math
+import socket
 import sys
+from collections.abc import Awaitable, Callable
 
 import uvicorn
 
 from basin_runtime.gateway.app import build_app
-from basin_runtime.gateway.config import ConfigError, build_parser, load_config
+from basin_runtime.gateway.config import ConfigError, GatewayConfig, build_parser, load_config
 
 logger = logging.getLogger(__name__)
 
-LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
+OPEN_ENDPOINTS = ("GET /basin/state", "GET /basin/sessions", "PUT /basin/budget", "POST /basin/reload",
+                  "PUT /basin/shadow", "POST /basin/sessions/{id}/end (ending any session)")
 CHATTY_LOGGERS = ("httpx", "httpcore")  # a line per upstream request at INFO; only worth it when debugging
 
 
@@ -29,16 +43,58 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(vars(args))
         _configure_logging(config.log_level)
+        check_admin_exposure(config)
         app = build_app(config)
     except ConfigError as exc:
         print(f"basin-gateway: error: {exc}", file=sys.stderr)
         return 2
-    if config.admin_token is None and not (config.host in LOOPBACK_HOSTS or config.host.startswith("127.")):
-        logger.warning("binding %s without an admin token: anyone who can reach it can end sessions "
-                       "(set --admin-token or admin_token in the config file)", config.host)
     logger.info("basin-gateway on http://%s:%d in front of %s", config.host, config.port, config.upstream)
-    uvicorn.run(app, host=config.host, port=config.port, log_config=None, access_log=False, lifespan="on")
+    server = DrainingServer(uvicorn.Config(app, host=config.host, port=config.port, log_config=None,
+                                           access_log=False, lifespan="on",
+                                           timeout_keep_alive=config.keep_alive_s,  # type: ignore[arg-type]
+                                           timeout_graceful_shutdown=max(1, math.ceil(config.drain_timeout_s))),
+                            drain=app.state.gateway.drain)  # (uvicorn types timeout_keep_alive int; a float works)
+    server.run()
     return 0
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, draining the gateway before its graceful shutdown starts."""
+
+    def __init__(self, config: uvicorn.Config, drain: Callable[[], Awaitable[None]]) -> None:
+        super().__init__(config)
+        self._drain = drain
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        try:
+            await self._drain()
+        except Exception:  # the shutdown itself must go on
+            logger.exception("draining the gateway failed")
+        await super().shutdown(sockets)
+
+
+def is_loopback(host: str) -> bool:
+    """True if `host` binds only the loopback interface (127.0.0.0/8, ::1, localhost)."""
+    if host.lower().rstrip(".") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.removeprefix("[").removesuffix("]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to any interface
+
+
+def check_admin_exposure(config: GatewayConfig) -> None:
+    """`ConfigError` if the admin endpoints would be open beyond loopback; a warning if told to allow it."""
+    if config.admin_token is not None or is_loopback(config.host):
+        return
+    endpoints = ", ".join(OPEN_ENDPOINTS)
+    if not config.insecure_admin:
+        raise ConfigError(f"host {config.host}: binding beyond loopback without an admin token would leave every "
+                          f"/basin/ endpoint open to whoever reaches the port ({endpoints}); set --admin-token "
+                          f"(or admin_token: in the config file), or pass --insecure-admin (insecure_admin: true) "
+                          f"to run it open anyway")
+    logger.warning("--insecure-admin: binding %s without an admin token; whoever reaches the port can use %s",
+                   config.host, endpoints)
 
 
 def _configure_logging(level_name: str) -> None:

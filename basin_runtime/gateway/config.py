@@ -63,9 +63,14 @@ class GatewayConfig:
     tick_interval_s: float = 1.0
     upstream_timeout_s: float = 900.0
     upstream_connect_timeout_s: float = 10.0
+    # Idle client connections are kept this long (uvicorn's own default, 5 s, equals the idle time of the
+    # httpx / openai pools, so a client reusing one at 5 s races the close and gets a reset): above every
+    # common client pool (httpx and openai 5 s, aiohttp 15 s) and load balancer (60 s), as smg's own 90 s.
+    keep_alive_s: float = 90.0
     upstream_client: str = "aiohttp"
     retry_after_s: float = 60.0
     admin_token: str | None = None
+    insecure_admin: bool = False  # serve /basin/ without a token beyond loopback (`cli.py` refuses otherwise)
     tokenizer: str = "qwen3.6"
     task_text_pattern: str | None = None
     log_level: str = "info"
@@ -78,7 +83,10 @@ class GatewayConfig:
     session_log: Path | None = None
     session_log_max_bytes: int = 256 << 20
     session_log_keep_files: int = 20
-    session_log_keep_text: bool = True
+    session_log_keep_text: bool = False
+    live_sessions_file: Path | None = None  # default: beside the session log, `<stem>.live.json`
+    adoption_window_s: float = 600.0
+    drain_timeout_s: float = 30.0
     lending_decode_instances: Mapping[str, int] = field(default_factory=dict)
     lending_default_capacity_tokens: int = 1_000_000
     lending_cap_fraction: float = LEND_CAP_FRACTION
@@ -190,11 +198,12 @@ _CHECKS: dict[str, Callable[[str, object], object]] = {
     "port": _int, "always_engaged": _bool, "session_header": _str, "workload_header": _str,
     "idle_timeout_s": _seconds, "tick_interval_s": _seconds, "upstream_timeout_s": _seconds,
     "upstream_connect_timeout_s": _seconds, "upstream_client": _upstream_client, "retry_after_s": _seconds,
-    "admin_token": _str,
+    "keep_alive_s": _seconds, "admin_token": _str, "insecure_admin": _bool,
     "tokenizer": _str, "task_text_pattern": _str, "log_level": _log_level, "policy": _policy,
     "shadow": _bool, "hit_rate_window_s": _seconds, "hit_rate_min_prompt_tokens": _int,
     "engine_metrics_urls": _urls, "engine_metrics_interval_s": _seconds, "session_log": _str,
     "session_log_max_bytes": _positive_int, "session_log_keep_files": _int, "session_log_keep_text": _bool,
+    "live_sessions_file": _str, "adoption_window_s": _seconds, "drain_timeout_s": _seconds,
     "lending_decode_instances": _instances, "lending_default_capacity_tokens": _positive_int,
     "lending_cap_fraction": _fraction,
     "max_body_bytes": _positive_int, "max_json_depth": _json_depth, "max_session_id_chars": _positive_int,
@@ -239,12 +248,18 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"longest wait for upstream bytes (default {_default('upstream_timeout_s'):g})")
     add("--upstream-connect-timeout-s", type=float, metavar="S",
         help=f"longest wait to connect upstream (default {_default('upstream_connect_timeout_s'):g})")
+    add("--keep-alive-s", type=float, metavar="S",
+        help=f"how long an idle client connection is kept open (default {_default('keep_alive_s'):g}; keep it above "
+             f"the idle time of the clients' pools and of any proxy in front)")
     add("--upstream-client", choices=UPSTREAM_CLIENTS,
         help=f"HTTP client to the upstream (default {_default('upstream_client')}; httpx is ~10x slower at load)")
     add("--retry-after-s", type=float, metavar="S",
         help=f"Retry-After of a shed session's 503 (default {_default('retry_after_s'):g})")
-    add("--admin-token", metavar="TOKEN", help="bearer token required on /basin/ endpoints (default: none; "
+    add("--admin-token", metavar="TOKEN", help="bearer token required on /basin/ endpoints, and the secret of "
+        "the sessions' end keys (default: none; "
         "prefer the config file, the command line is visible to other local users)")
+    add("--insecure-admin", action="store_true", help="bind beyond loopback without an admin token, every "
+        "/basin/ endpoint open to whoever reaches the port (refused otherwise)")
     add("--tokenizer", metavar="NAME", help=f"serving tokenizer (default {_default('tokenizer')})")
     add("--task-text-pattern", metavar="REGEX", help="regex narrowing the task text in the first user message")
     add("--log-level", choices=LOG_LEVELS, help=f"(default {_default('log_level')})")
@@ -258,7 +273,17 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"engine /metrics scrape period (default {_default('engine_metrics_interval_s'):g})")
     add("--session-log", metavar="PATH", help="append each finished session to this JSONL file (default: none)")
     add("--session-log-keep-text", type=_yes_no, metavar="yes|no",
-        help="keep the raw task text in the session log (default yes; no keeps only counts)")
+        help="keep the raw task text (users' code and prompts) in the session log, which retraining from "
+             "the log needs (default no: only lengths and token counts)")
+    add("--live-sessions-file", metavar="PATH",
+        help="where the live sessions are listed for the next run to adopt after a restart (default: beside "
+             "the session log as <stem>.live.json; without either, no session is adopted)")
+    add("--adoption-window-s", type=float, metavar="S",
+        help=f"how long after start-up a listed session may resume without queueing "
+             f"(default {_default('adoption_window_s'):g})")
+    add("--drain-timeout-s", type=float, metavar="S",
+        help=f"on SIGTERM, how long live calls may run to their end before they are cut "
+             f"(default {_default('drain_timeout_s'):g})")
     add("--hit-rate-min-prompt-tokens", type=int, metavar="N",
         help=f"prompt tokens the window needs before the hit rate counts "
              f"(default {_default('hit_rate_min_prompt_tokens')})")
@@ -327,7 +352,7 @@ def _checked(source: str, key: str, value: object) -> object:
 
 
 def _relative_paths(key: str, value: Any, base: Path) -> Any:
-    if key in ("calibration", "session_log"):
+    if key in ("calibration", "session_log", "live_sessions_file"):
         return str(base / value)
     if key == "model":
         return [_rebase_model(entry, base) for entry in value]
@@ -344,10 +369,13 @@ def _resolve(values: dict[str, Any]) -> GatewayConfig:
         raise ConfigError("no upstream: give --upstream URL (the SGLang router) or `upstream:` in the config file")
     default_model, workload_models = _split_models(values.pop("model", []))
     calibration = values.pop("calibration", None)
-    session_log = values.pop("session_log", None)
+    session_log = None if (log := values.pop("session_log", None)) is None else Path(log)
+    live_file = values.pop("live_sessions_file", None)
+    live_sessions_file = Path(live_file) if live_file is not None else (
+        None if session_log is None else session_log.with_name(f"{session_log.stem}.live.json"))
     return GatewayConfig(default_model=default_model, workload_models=workload_models,
                          calibration=None if calibration is None else Path(calibration),
-                         session_log=None if session_log is None else Path(session_log), **values)
+                         session_log=session_log, live_sessions_file=live_sessions_file, **values)
 
 
 def _split_models(entries: Sequence[str]) -> tuple[Path, dict[str, Path]]:

@@ -5,20 +5,26 @@
 #   else in the gateway picks a status code. `error_response` is the only mapping:
 #     400 bad request (malformed JSON, wrong shape, no messages/prompt; `invalid_request_error`)
 #     400/413 a limit passed (`LimitError`: `json_too_deep`, `session_id_too_long`, 413 `request_too_large`)
-#     401 admin token missing or wrong                          404 unknown session, path or route
+#     401 admin token (or end key) missing or wrong             404 unknown session, path or route
 #     405 method not allowed on a route (with Allow)            409 session ended while it waited
 #     499 client went away (nobody reads it; for the logs)      502 upstream refused or answered 5xx
 #     503 session shed (with Retry-After and the reason)        504 upstream timed out
+#     503 shutting down (draining: no new session is admitted; with Retry-After)
+#     502 upstream broke off mid-answer, or answered 2xx with a body that is not the JSON it claims
 #     500 a policy error (a bug: the policy refused a step the gateway thought legal), or any
 #         unexpected exception (`internal_error`, turned into a `GatewayInternalError` by the app's
 #         last-resort handler): never a plain-text answer.
 # - Bodies are OpenAI-style: {"error": {"message", "type", "code", ...details}}; upstream failures
 #   carry the upstream's own words; a limit names itself, its value and the option that sets it
 #   (`limit`, `limit_value`, `option`).
+# - A failure after a streamed (SSE) answer has begun cannot change its status: `error_event` writes
+#   the same body as one SSE event (`data: {"error": {...}}`, as SGLang and smg do), whose `code` is
+#   the status the failure would have had.
 """Gateway errors and their HTTP responses."""
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any, ClassVar
 
@@ -71,7 +77,7 @@ class SessionIdTooLongError(LimitError):
 
 
 class AdminAuthError(GatewayError):
-    """An admin endpoint was called without the right bearer token."""
+    """An admin endpoint was called without the right bearer token (or, to end a session, its end key)."""
 
 
 class SessionNotFoundError(GatewayError):
@@ -115,6 +121,14 @@ class SessionShedError(GatewayError):
         self.retry_after_s = retry_after_s
 
 
+class ShuttingDownError(GatewayError):
+    """The gateway is draining for a shutdown and admits no new session."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class UpstreamError(GatewayError):
     """The upstream failed to answer."""
 
@@ -125,6 +139,14 @@ class UpstreamRefusedError(UpstreamError):
 
 class UpstreamTimeoutError(UpstreamError):
     """The upstream did not answer in time."""
+
+
+class UpstreamStreamError(UpstreamError):
+    """The upstream's answer broke off after it began (reset, closed early, a stream without its end)."""
+
+
+class UpstreamBadAnswerError(UpstreamError):
+    """The upstream answered 2xx with a body that is not what it claims (JSON that does not parse)."""
 
 
 class UpstreamStatusError(UpstreamError):
@@ -139,8 +161,17 @@ class UpstreamStatusError(UpstreamError):
 def error_response(exc: Exception) -> JSONResponse:
     """The HTTP response for a gateway error or policy refusal (the only status mapping)."""
     status, kind, details, headers = _classify(exc)
-    error: dict[str, Any] = {"message": str(exc), "type": kind, "code": status, **details}
-    return JSONResponse({"error": error}, status_code=status, headers=headers)
+    return JSONResponse(_body(exc, status, kind, details), status_code=status, headers=headers)
+
+
+def error_event(exc: Exception) -> bytes:
+    """The SSE event telling a streaming client of a failure after its answer began (same body as `error_response`)."""
+    status, kind, details, _ = _classify(exc)
+    return b"data: " + json.dumps(_body(exc, status, kind, details), ensure_ascii=False).encode("utf-8") + b"\n\n"
+
+
+def _body(exc: Exception, status: int, kind: str, details: dict[str, Any]) -> dict[str, Any]:
+    return {"error": {"message": str(exc), "type": kind, "code": status, **details}}
 
 
 def _classify(exc: Exception) -> tuple[int, str, dict[str, Any], dict[str, str]]:
@@ -163,10 +194,16 @@ def _classify(exc: Exception) -> tuple[int, str, dict[str, Any], dict[str, str]]
             return 499, "client_closed_request", {}, {}
         case SessionShedError():
             return 503, "session_shed", _shed_details(exc), {"Retry-After": str(math.ceil(exc.retry_after_s))}
+        case ShuttingDownError():
+            return 503, "shutting_down", {}, {"Retry-After": str(math.ceil(exc.retry_after_s))}
         case UpstreamTimeoutError():
             return 504, "upstream_timeout", {}, {}
         case UpstreamStatusError():
             return 502, "upstream_error", {"upstream_status": exc.status_code, "upstream_body": exc.body_text}, {}
+        case UpstreamStreamError():
+            return 502, "upstream_stream_error", {}, {}
+        case UpstreamBadAnswerError():
+            return 502, "upstream_bad_answer", {}, {}
         case UpstreamError():
             return 502, "upstream_unavailable", {}, {}
         case PolicyError():

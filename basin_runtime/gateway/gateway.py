@@ -4,12 +4,21 @@
 # - A call's body is read within the limits (`limits.py`) and parsed (400 if malformed), its
 #   session identified, then:
 #   unknown session -> measured (task text, first prompt, prediction; in a worker thread, off the
-#     event loop) and arrives at the policy; a continuation (assistant turns already present) is
-#     adopted instead: it never waits, whatever the policy says;
+#     event loop) and arrives at the policy, history or not (few-shot turns, a fabricated history:
+#     all wait their turn); only a session the previous run of this gateway held live, resuming
+#     within the adoption window, is adopted instead and never waits (`restart.py`);
 #   known session -> the prompt size is observed (counting only the new messages).
 #   A queued (not adopted) session's call then waits in the waiting room.
+# - A session none of whose calls was ever served (its calls failed: upstream down, 5xx, a 4xx, a
+#   gateway error) is released as `failed` when its last call in flight ends: a failed first call
+#   holds no budget. A failed call is logged (warning) with its session, rid and status.
+# - Shutdown: `drain` stops admitting (queued calls get 503 at once) while live sessions are served;
+#   `shut_down`, once the server has stopped, writes the live-sessions file for the next run and
+#   ends every session still held as `shutdown`, so each is in the session log.
 # - The forwarded body carries the session's priority and a rid (`priority.py`); the answer
-#   carries the session id in the session header, so a client identified by hash can end it.
+#   carries the session id in the session header, so a client identified by hash can end it, and
+#   the first answer of a session carries its end key (`basin_runtime/session_keys.py`), so the
+#   agent can end it itself.
 # - A call is in flight from forwarding until its answer ends (`proxy.py` reports the end);
 #   idle time counts from the end of the last call. A single-call session ends with its call.
 # - A call's record keeps the worker that served it when the router names it (smg does), and the
@@ -50,10 +59,12 @@ from basin_runtime.gateway.metrics import GatewayMetrics
 from basin_runtime.gateway.predictors import PeakModel, Predictors
 from basin_runtime.gateway.priority import request_id, stamp
 from basin_runtime.gateway.proxy import CallEnd, EndHook, Upstream
+from basin_runtime.gateway.restart import Adoption, LiveSessionsFile
 from basin_runtime.gateway.session_log import SessionLogWriter
 from basin_runtime.gateway.sessions import CallRecord, SessionEntry, session_id_for
 from basin_runtime.gateway.waiting import EndReason, WaitingRoom
 from basin_runtime.policy.hit_rate import HitRateWindow
+from basin_runtime.session_keys import SESSION_KEY_HEADER, SessionKeys
 from basin_runtime.session_log import LoggedCall, SessionLogRecord
 
 logger = logging.getLogger(__name__)
@@ -64,6 +75,7 @@ T = TypeVar("T")
 # 1 MiB) against ~60 us per thread hop; below 64 KiB it stays inline and stalls the loop < 1 ms.
 OFF_LOOP_BODY_BYTES = 64 << 10
 ROUTED_WORKER_HEADER = "x-smg-routed-worker-id"  # smg's answer header: the worker (the decode one in PD) that served
+FAILED_OUTCOMES = frozenset({"rejected", "upstream_error", "gateway_error"})
 
 
 class Gateway:
@@ -74,6 +86,7 @@ class Gateway:
                  hit_window: HitRateWindow | None = None, lending: LendingTracker | None = None,
                  session_log: SessionLogWriter | None = None, is_shadow: bool = False,
                  engine_metrics_urls: Sequence[str] = (), engine_metrics_interval_s: float = 5.0,
+                 live_sessions: LiveSessionsFile | None = None, adoption_window_s: float = 600.0,
                  limits: Limits | None = None) -> None:
         self.room = room
         self.meter = meter
@@ -82,6 +95,7 @@ class Gateway:
         self.session_header = session_header
         self.workload_header = workload_header
         self.tag = secrets.token_hex(2)  # tells this gateway run's rids from an earlier run's
+        self.session_keys = SessionKeys()  # `create_app` derives them from its admin token
         self.metrics = GatewayMetrics()
         self.hit_window = hit_window or HitRateWindow()
         self.lending = lending or LendingTracker()
@@ -91,6 +105,12 @@ class Gateway:
         self.engine_scraper = None if not engine_metrics_urls else EngineScraper(
             engine_metrics_urls, EngineHitWindow(self.hit_window.window_s, self.hit_window.min_prompt_tokens),
             room.clock.now, self.metrics.engine_scrape_errors, interval_s=engine_metrics_interval_s)
+        self.live_sessions = live_sessions
+        previous = set() if live_sessions is None else live_sessions.read()
+        self.adoption = Adoption(previous, room.clock.now(), adoption_window_s)
+        if previous:
+            logger.info("%d sessions live before the restart may be adopted within %.0f s", len(previous),
+                        adoption_window_s)
         room.hit_rate = self.hit_rate
         room.on_session_end = self._session_ended
         room.on_admitted = self._session_admitted
@@ -142,6 +162,9 @@ class Gateway:
             raise
         if entry.session_id.isascii() and entry.session_id.isprintable():
             response.headers[self.session_header] = entry.session_id
+        if not (entry.has_sent_key or entry.is_single_call):
+            response.headers[SESSION_KEY_HEADER] = self.session_keys.key(entry.session_id)
+            entry.has_sent_key = True
         return response
 
     async def pass_through(self, request: Request) -> Response:
@@ -161,6 +184,29 @@ class Gateway:
     async def end_session(self, session_id: str) -> SessionEntry:
         """End a session on the client's or operator's word."""
         return await self.room.end(session_id, "ended")
+
+    async def save_live_sessions(self) -> None:
+        """Write the live-sessions file if the set of live sessions changed (off the event loop)."""
+        if self.live_sessions is not None:
+            ids = [e.session_id for e in self.room.registry if e.state == "live" and not e.is_single_call]
+            await asyncio.to_thread(self.live_sessions.write, ids)
+
+    async def drain(self) -> None:
+        """A graceful shutdown begins: admit nothing more; queued calls get 503 now."""
+        withdrawn = await self.room.drain()
+        logger.info("draining: %d queued sessions withdrawn, %d live sessions served until the server stops",
+                    len(withdrawn), len(self.room.registry))
+
+    async def shut_down(self) -> None:
+        """The server has stopped: save the live sessions for the next run, then end each as `shutdown`."""
+        self.room.is_draining = True
+        await self.save_live_sessions()
+        held = list(self.room.registry)
+        for entry in held:
+            await self.room.release(entry.session_id, "shutdown")
+        if held:
+            logger.info("shut down with %d sessions live: each logged as `shutdown`%s", len(held),
+                        "" if self.live_sessions is None else f", listed in {self.live_sessions.path}")
 
     def _headers(self, entry: SessionEntry, request: Request) -> dict[str, str]:
         headers = {k: v for k, v in request.headers.items() if k.lower() != WRITEBACK_HEADER.lower()}
@@ -198,8 +244,9 @@ class Gateway:
         model = self.predictors.for_workload(workload)
         memo = PromptMemo()
         first, peak = await asyncio.to_thread(self._predict, call, memo, model)
+        is_adopted = self.adoption.claim(session_id, call.is_continuation, self.room.clock.now())
         entry, is_new = await self.room.arrive(session_id, first, peak, workload=workload, memo=memo,
-                                               is_adopted=call.is_continuation, is_single_call=is_single_call,
+                                               is_adopted=is_adopted, is_single_call=is_single_call,
                                                model=call.body.get("model") if isinstance(call.body.get("model"),
                                                                                           str) else None)
         return entry, first.prompt_tokens, is_new
@@ -229,8 +276,15 @@ class Gateway:
         entry.in_flight -= 1
         self.metrics.calls_in_flight.dec()
         entry.last_active_s = now
+        if end.outcome in FAILED_OUTCOMES:
+            log = logger.info if end.outcome == "rejected" else logger.warning
+            log("call %s of session %r ended %s (upstream status %s)", record.rid, entry.session_id, end.outcome,
+                end.status_code)
         if entry.is_single_call:
             await self.room.release(entry.session_id, "ended")
+        elif (end.outcome in FAILED_OUTCOMES and is_held and entry.in_flight == 0
+              and not any(c.outcome == "completed" for c in entry.calls)):
+            await self.room.release(entry.session_id, "failed")  # nothing served: hold no budget for it
 
     def _session_admitted(self, entry: SessionEntry, waited_s: float) -> None:
         self.metrics.session_admitted(waited_s)
@@ -276,10 +330,11 @@ def _ask_for_usage(call: Call) -> bool:
 
 def log_record(entry: SessionEntry, reason: EndReason, ended_at: float, tokenizer: str) -> SessionLogRecord:
     """The session-log line of a finished session (unknown completion tokens are written as 0)."""
-    calls = tuple(LoggedCall(c.started_at, c.ended_at, c.prompt_tokens, c.completion_tokens or 0, c.cached_tokens)
-                  for c in entry.calls)
+    calls = tuple(LoggedCall(c.started_at, c.ended_at, c.prompt_tokens, c.completion_tokens or 0, c.cached_tokens,
+                             c.outcome) for c in entry.calls)
     return SessionLogRecord(
         session_id=entry.session_id, model=entry.model or "unknown", tokenizer=tokenizer, task_text=entry.task_text,
         task_chars=len(entry.task_text), started_at=entry.started_at, ended_at=ended_at, end_reason=reason,
         calls=calls, workload=entry.workload, predicted_peak_tokens=entry.predicted_peak_tokens,
+        adopted=entry.is_adopted,
     )

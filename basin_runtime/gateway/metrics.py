@@ -6,9 +6,10 @@
 #   from one `PolicySnapshot` by `refresh`, which runs after every tick and on every scrape.
 # - Counters and histograms are fed by the gateway as things happen: admissions (with the queue
 #   wait), session ends (with the reason, and the predictor's error), call ends (with usage).
-# - The predictor's error is judged on sessions that ran to their end (`ended`, `idle`) and made a
-#   call: true peak = the largest prompt of any call (what the predictor predicts), ratio = true
-#   peak / predicted peak; an overflow is a true peak above the prediction.
+# - The predictor's error is judged on sessions that ran to their end (`ended`, `idle`), made a
+#   call and were not adopted after a restart (their first calls are in the previous run): true
+#   peak = the largest prompt of any call (what the predictor predicts), ratio = true peak /
+#   predicted peak; an overflow is a true peak above the prediction.
 """Prometheus metrics of the gateway."""
 
 from __future__ import annotations
@@ -95,7 +96,8 @@ class GatewayMetrics:
         self.ended.labels(reason).inc()
         if reason == "shed":
             self.shed.inc()
-        if reason not in JUDGED_REASONS or not entry.calls or entry.predicted_peak_tokens <= 0:
+        if (reason not in JUDGED_REASONS or entry.is_adopted or not entry.calls
+                or entry.predicted_peak_tokens <= 0):  # an adopted session's record starts mid-way
             return
         true_peak = max(c.prompt_tokens for c in entry.calls)
         self.judged.inc()

@@ -17,19 +17,33 @@
 # - Before the answer's head arrives, the client is watched: if it leaves, the upstream request is
 #   cancelled. Failures then: cannot connect -> `UpstreamRefusedError`; timeout ->
 #   `UpstreamTimeoutError`; a 5xx -> `UpstreamStatusError` with the start of the upstream's body.
-#   A 4xx passes through unchanged (the client's own mistake, in the upstream's words).
+#   A 4xx passes through unchanged (the client's own mistake, in the upstream's words). A 2xx read
+#   whole that says it is JSON and does not parse -> `UpstreamBadAnswerError` (502, its start quoted).
 # - `on_end(CallEnd)` is called exactly once per forwarded call: when the body has been sent, when
 #   the client disconnects, or when the upstream fails (before or during the body). It carries the
 #   upstream's status and headers (smg names the worker that answered there), and the call's usage.
 # - Usage (`signals.py`): a JSON answer is copied aside as it streams (up to `USAGE_BODY_BYTES`) and
-#   parsed at its end; an SSE answer is framed into events (`\n\n`-separated, as SGLang writes them)
-#   and the last one carrying `usage` or `meta_info` is parsed at the end. When the gateway itself
-#   added `stream_options.include_usage` (`drop_usage_chunk`), the final usage-only chunk (empty
-#   `choices`) is not passed on: the client did not ask for it, and SGLang would not have sent it.
-# - A failure the upstream reports inside an SSE answer (an event `data: {"error": {...}}`: smg writes
-#   one, then `[DONE]`, when the engine it streams from dies mid-answer; SGLang does the same for an
-#   aborted request) is passed on to the client as written, and the call ends as `upstream_error`,
-#   not `completed`, although the stream itself ended cleanly.
+#   parsed at its end; an SSE answer is framed into events as it streams (`sse.py`: any of the SSE
+#   line endings, linear in its length) and the last event carrying `usage` or `meta_info` is kept
+#   aside and parsed at the end. An event over `EVENT_BYTES` is passed on as it arrives, unparsed.
+#   When the gateway itself added `stream_options.include_usage` (`drop_usage_chunk`), the final
+#   usage-only chunk (empty `choices`) is not passed on: the client did not ask for it, and SGLang
+#   would not have sent it.
+# - An SSE answer is passed on event by event (an unfinished event is held until its blank line), so
+#   the gateway can always end it cleanly. A failure the upstream reports inside it (an event
+#   `data: {"error": {...}}`: smg writes one, then `[DONE]`, when the engine it streams from dies
+#   mid-answer; SGLang does the same for an aborted request) is passed on as written, and a 2xx call
+#   ends as `upstream_error`, not `completed`, although the stream itself ended cleanly.
+# - A 2xx SSE answer the upstream does not finish gets the gateway's own error event
+#   (`errors.error_event`) then `data: [DONE]`, the call ends `upstream_error` and the reason is
+#   logged: the connection breaks (`upstream_stream_error`), the body ends without `[DONE]` (its
+#   unfinished last event is dropped, as an SSE client would), no bytes come within the read timeout
+#   (`upstream_timeout`), or only SSE comments come for that long (`upstream_timeout`: smg writes a
+#   keep-alive comment every 15 s while a worker is silent, which would otherwise hold a hung call
+#   for ever; SGLang itself writes none, so a healthy call waiting in its queue is bounded exactly as
+#   before, by `upstream_timeout_s`). A break after `[DONE]` loses nothing and is not a failure.
+# - A non-SSE body cut mid-way cannot carry an event: the client gets a cut body; the call still
+#   ends `upstream_error` and the reason is logged.
 """Upstream forwarding, streaming the answer back chunk by chunk."""
 
 from __future__ import annotations
@@ -37,6 +51,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -49,17 +64,20 @@ from starlette.types import Receive, Scope, Send
 from basin_runtime.disconnect import race_client
 from basin_runtime.gateway.errors import (
     ClientGoneError,
+    UpstreamBadAnswerError,
     UpstreamError,
     UpstreamRefusedError,
     UpstreamStatusError,
+    UpstreamStreamError,
     UpstreamTimeoutError,
+    error_event,
 )
 from basin_runtime.gateway.sessions import CallOutcome
-from basin_runtime.gateway.signals import Usage, usage_of_bytes
+from basin_runtime.gateway.signals import Usage, usage_of
+from basin_runtime.gateway.sse import SseEvents, SseFramer
 from basin_runtime.gateway.upstream import HttpxUpstreamClient, UpstreamAnswer, UpstreamBrokenError, UpstreamClient
 
 logger = logging.getLogger(__name__)
-
 
 
 @dataclass(frozen=True)
@@ -84,8 +102,9 @@ NOT_RETURNED = HOP_BY_HOP | {"date", "server", "content-encoding"}
 ERROR_BODY_BYTES = 4096
 WHOLE_BODY_BYTES = 1 << 20  # a non-SSE answer with a Content-Length up to this is read whole, then sent
 USAGE_BODY_BYTES = 4 << 20  # a longer JSON answer is passed on but its usage is not read
-USAGE_EVENT = re.compile(rb'"usage"\s*:\s*\{|"meta_info"\s*:')
-ERROR_KEY = b'"error"'  # in an SSE event: maybe an error event (a JSON string holds it only as \"error\")
+EVENT_BYTES = 1 << 20  # a longer SSE event is passed on as it arrives but not parsed (usage events are small)
+DONE_EVENT = b"data: [DONE]\n\n"
+QUOTED_BYTES = 200  # of a bad answer or a dropped unfinished event, quoted in the error
 
 
 async def _no_end(end: CallEnd) -> None:
@@ -124,22 +143,30 @@ class Upstream:
             await on_end(CallEnd("upstream_error", response.status_code, response.headers))
             raise UpstreamStatusError(response.status_code, text)
         length = _whole_length(response)
-        if length is not None:
-            try:
-                body = await response.read(length)
-            except UpstreamBrokenError as exc:
-                await on_end(CallEnd("upstream_error", response.status_code, response.headers))
-                raise UpstreamError(f"upstream {response.url} failed mid-answer: {exc}") from exc
-            finally:
-                await response.aclose()
-            return WholeUpstreamResponse(body, response.status_code, response.headers, on_end)
-        return UpstreamResponse(response, on_end, drop_usage_chunk=drop_usage_chunk)
+        if length is None:
+            return UpstreamResponse(response, on_end, drop_usage_chunk=drop_usage_chunk,
+                                    read_timeout_s=self.client.read_timeout_s)
+        try:
+            body = await response.read(length)
+            usage = _usage_of_json(response, body)
+        except (UpstreamBrokenError, UpstreamBadAnswerError) as exc:
+            await on_end(CallEnd("upstream_error", response.status_code, response.headers))
+            if isinstance(exc, UpstreamBadAnswerError):
+                raise
+            raise _mid_answer_error(response.url, exc, self.client.read_timeout_s) from exc
+        finally:
+            await response.aclose()
+        return WholeUpstreamResponse(body, response.status_code, response.headers, on_end, usage)
 
 
 def _answered(status_code: int) -> CallOutcome:
     """A call answered in full: `completed`, or `rejected` when the upstream refused it (4xx: a bad
     parameter, a rate limit), which must not count as served work nor leave context to lend."""
     return "rejected" if 400 <= status_code < 500 else "completed"
+
+
+def _is_ok(status_code: int) -> bool:
+    return 200 <= status_code < 300
 
 
 def _whole_length(response: UpstreamAnswer) -> int | None:
@@ -155,13 +182,34 @@ def _whole_length(response: UpstreamAnswer) -> int | None:
     return length if 0 <= length <= WHOLE_BODY_BYTES else None
 
 
+def _usage_of_json(response: UpstreamAnswer, body: bytes) -> Usage | None:
+    """The usage in a whole JSON answer; `UpstreamBadAnswerError` if a 2xx answer claims JSON and is not."""
+    try:
+        return usage_of(json.loads(body))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        media_type = response.headers.get("content-type", "").split(";")[0].strip().lower()
+        if _is_ok(response.status_code) and (media_type == "application/json" or media_type.endswith("+json")):
+            raise UpstreamBadAnswerError(f"upstream {response.url} answered {response.status_code} with a body "
+                                         f"that is not JSON: {body[:QUOTED_BYTES]!r}") from None
+        return None
+
+
+def _mid_answer_error(url: str, exc: UpstreamBrokenError, read_timeout_s: float | None) -> UpstreamError:
+    """The gateway's error for an upstream that failed after its answer began."""
+    if exc.is_timeout:
+        return UpstreamTimeoutError(f"upstream {url} sent nothing for {read_timeout_s or 0:g} s mid-answer "
+                                    f"(upstream_timeout_s): {exc}")
+    return UpstreamStreamError(f"upstream {url} broke off mid-answer: {exc}")
+
+
 class WholeUpstreamResponse(Response):
     """An upstream answer read whole, sent in one piece; ends the call exactly once."""
 
-    def __init__(self, body: bytes, status_code: int, upstream_headers: Mapping[str, str], on_end: EndHook) -> None:
+    def __init__(self, body: bytes, status_code: int, upstream_headers: Mapping[str, str], on_end: EndHook,
+                 usage: Usage | None) -> None:
         self._upstream_headers = upstream_headers
         self._on_end = on_end
-        self._usage = usage_of_bytes(body)
+        self._usage = usage
         super().__init__(body, status_code=status_code, headers=_response_headers(upstream_headers))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -179,65 +227,101 @@ class WholeUpstreamResponse(Response):
 class UpstreamResponse(StreamingResponse):
     """The upstream's answer, passed through as its bytes arrive; ends the call exactly once."""
 
-    def __init__(self, upstream: UpstreamAnswer, on_end: EndHook, *, drop_usage_chunk: bool = False) -> None:
+    def __init__(self, upstream: UpstreamAnswer, on_end: EndHook, *, drop_usage_chunk: bool = False,
+                 read_timeout_s: float | None = None) -> None:
         self._upstream = upstream
         self._on_end = on_end
         self._is_complete = False
         self._usage: Usage | None = None
-        self._error: str | None = None  # the first error event of an SSE answer
-        self._drop_usage_chunk = drop_usage_chunk
+        self._events = SseEvents(drop_usage_chunk)
+        self._failure: UpstreamError | None = None  # how the upstream failed mid-answer, in the gateway's words
+        self._read_timeout_s = read_timeout_s
         is_sse = upstream.headers.get("content-type", "").startswith("text/event-stream")
         self._chunks = self._relay_sse() if is_sse else self._relay()
         super().__init__(self._chunks, status_code=upstream.status_code, headers=_response_headers(upstream.headers))
 
     async def _relay(self) -> AsyncGenerator[bytes, None]:
         body = bytearray()
-        async for chunk in self._upstream.chunks():
+        async for chunk in self._upstream.chunks():  # a break raises: a plain body cannot carry an event
             if len(body) <= USAGE_BODY_BYTES:
                 body += chunk
             yield chunk
         if len(body) <= USAGE_BODY_BYTES:
-            self._usage = usage_of_bytes(bytes(body))
+            try:
+                self._usage = _usage_of_json(self._upstream, bytes(body))
+            except UpstreamBadAnswerError as exc:
+                self._failure = exc
         self._is_complete = True
 
     async def _relay_sse(self) -> AsyncGenerator[bytes, None]:
-        pending = b""
-        last_usage_event: bytes | None = None
-        async for chunk in self._upstream.chunks():
-            if not self._drop_usage_chunk:
-                yield chunk
-            *events, pending = (pending + chunk).split(b"\n\n")
-            passed = []
-            for event in events:
-                if self._error is None and ERROR_KEY in event:
-                    self._error = _error_of_event(event)
-                if USAGE_EVENT.search(event) is not None:
-                    last_usage_event = event
-                    if self._drop_usage_chunk and _is_usage_only(event):
-                        continue
-                passed.append(event + b"\n\n")
-            if self._drop_usage_chunk and passed:
-                yield b"".join(passed)
-        if self._drop_usage_chunk and pending:
-            yield pending
-        if last_usage_event is not None:
-            self._usage = usage_of_bytes(last_usage_event)
+        framer, events = SseFramer(EVENT_BYTES), self._events
+        chunks = self._upstream.chunks()
+        last_progress_s = time.monotonic()
+        try:
+            async for chunk in chunks:
+                passed = events.pass_on(framer.feed(chunk))
+                if passed:
+                    yield passed
+                if events.made_progress or framer.held_bytes or framer.is_passing:
+                    events.made_progress, last_progress_s = False, time.monotonic()
+                elif self._is_stalled(last_progress_s):
+                    self._failure = UpstreamTimeoutError(
+                        f"upstream {self._upstream.url} sent nothing but SSE comments for {self._read_timeout_s:g} s "
+                        f"mid-answer (upstream_timeout_s)")
+                    break
+        except UpstreamBrokenError as exc:
+            if events.saw_done:  # everything the client needs has been passed on
+                logger.info("upstream %s broke off after [DONE]: %s", self._upstream.url, exc)
+            else:
+                self._failure = _mid_answer_error(self._upstream.url, exc, self._read_timeout_s)
+        finally:
+            await chunks.aclose()
+        ending = self._end_of_stream(framer)
+        if ending:
+            yield ending
+        self._usage = events.usage()
         self._is_complete = True
+
+    def _is_stalled(self, last_progress_s: float) -> bool:
+        return self._read_timeout_s is not None and time.monotonic() - last_progress_s > self._read_timeout_s
+
+    def _end_of_stream(self, framer: SseFramer) -> bytes:
+        """What follows the upstream's last bytes: a refusal's (4xx) or `[DONE]`'s unfinished end as written, the
+        `[DONE]` a stream that reported its own error left out, or the error event of an answer the upstream
+        did not finish (then `[DONE]`). An unfinished event is dropped, as an SSE client would drop it."""
+        events, rest = self._events, framer.rest()
+        if self._failure is None and not _is_ok(self.status_code):
+            return rest
+        if rest and events.is_done(rest):  # `data: [DONE]` without its blank line: the answer is whole
+            events.saw_done = True
+        unfinished = b"" if events.saw_done else rest.strip(b"\r\n")
+        if self._failure is None and not events.saw_done and events.error is None:
+            dropped = f"; its unfinished last event was dropped: {unfinished[:QUOTED_BYTES]!r}" if unfinished else ""
+            self._failure = UpstreamStreamError(f"upstream {self._upstream.url} ended its stream without "
+                                                f"`data: [DONE]`{dropped}")
+        if self._failure is not None:  # an oversized event cut mid-way is ended first (the client reads it broken)
+            return (b"\n\n" if framer.is_passing else b"") + error_event(self._failure) + DONE_EVENT
+        return (b"" if unfinished else rest) + (b"" if events.saw_done else DONE_EVENT)
+
+    def _outcome(self) -> CallOutcome:
+        if not self._is_complete:
+            return "client_gone"
+        if self._failure is not None:  # the gateway told the client why, in the stream
+            logger.warning("upstream failure mid-answer: %s", self._failure)
+            return "upstream_error"
+        if self._events.error is not None and _is_ok(self.status_code):  # the upstream failed and said so
+            logger.warning("upstream %s reported a failure mid-answer: %s", self._upstream.url, self._events.error)
+            return "upstream_error"
+        return _answered(self.status_code)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         outcome: CallOutcome = "client_gone"
         try:
             await super().__call__(scope, receive, send)
-            if not self._is_complete:
-                outcome = "client_gone"
-            elif self._error is not None:  # the upstream failed and said so in the stream
-                outcome = "upstream_error"
-                logger.warning("upstream %s reported a failure mid-answer: %s", self._upstream.url, self._error)
-            else:
-                outcome = _answered(self.status_code)
+            outcome = self._outcome()
         except (ClientDisconnect, OSError):
             outcome = "client_gone"
-        except UpstreamBrokenError as exc:  # the upstream failed mid-answer; the client sees a cut stream
+        except UpstreamBrokenError as exc:  # a plain body cut mid-way: the client sees a cut body
             outcome = "upstream_error"
             logger.warning("upstream %s failed mid-answer: %s: %s", self._upstream.url, type(exc).__name__, exc)
         finally:
@@ -245,32 +329,6 @@ class UpstreamResponse(StreamingResponse):
                 await self._chunks.aclose()
                 await self._upstream.aclose()
                 await self._on_end(CallEnd(outcome, self.status_code, self._upstream.headers, self._usage))
-
-
-def _event_json(event: bytes) -> object:
-    """The JSON of one SSE event's `data:` payload, or None if it is not JSON."""
-    text = event.strip()
-    if text.startswith(b"data:"):
-        text = text[5:].strip()
-    try:
-        return json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return None
-
-
-def _error_of_event(event: bytes) -> str | None:
-    """The message of an SSE error event (`data: {"error": {...}}`), else None."""
-    chunk = _event_json(event)
-    error = chunk.get("error") if isinstance(chunk, dict) else None
-    if isinstance(error, dict):
-        return str(error.get("message") or error)[:ERROR_BODY_BYTES]
-    return error[:ERROR_BODY_BYTES] if isinstance(error, str) and error else None
-
-
-def _is_usage_only(event: bytes) -> bool:
-    """True for the final chunk `include_usage` adds: usage and an empty `choices` list."""
-    chunk = _event_json(event)
-    return isinstance(chunk, dict) and chunk.get("choices") == [] and isinstance(chunk.get("usage"), dict)
 
 
 async def _read_start(response: UpstreamAnswer) -> str:

@@ -39,7 +39,7 @@ _STOP = object()
 class SessionLogWriter:
     """Appends finished sessions to a JSONL file off the event loop, rotating and pruning it."""
 
-    def __init__(self, path: Path, *, max_bytes: int = 256 << 20, keep_files: int = 20, keep_text: bool = True,
+    def __init__(self, path: Path, *, max_bytes: int = 256 << 20, keep_files: int = 20, keep_text: bool = False,
                  max_queued: int = 100_000) -> None:
         self.path = path
         self.max_bytes = max_bytes

@@ -31,7 +31,7 @@ from basin_runtime.messages import message_text
 from basin_runtime.policy import Shed
 
 SessionState = Literal["queued", "live"]
-Verdict: TypeAlias = Literal["admitted", "ended"] | Shed
+Verdict: TypeAlias = Literal["admitted", "ended", "shutdown"] | Shed
 CallOutcome = Literal["completed", "rejected", "client_gone", "upstream_error", "gateway_error"]
 
 
@@ -93,6 +93,7 @@ class SessionEntry:
     calls: list[CallRecord] = field(default_factory=list)
     in_flight: int = 0
     waiters: int = 0
+    has_sent_key: bool = False  # its end key went out on an answer (`basin_runtime/session_keys.py`)
 
     def is_idle(self, now: float, idle_timeout_s: float) -> bool:
         """Live, nothing in flight, and quiet for at least the idle timeout."""

@@ -11,10 +11,8 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 
 @dataclass(frozen=True)
@@ -46,15 +44,3 @@ def usage_of(answer: object) -> Usage | None:
         return Usage(_count(meta.get("prompt_tokens")), _count(meta.get("completion_tokens")),
                      _count(meta.get("cached_tokens")))
     return None
-
-
-def usage_of_bytes(data: bytes) -> Usage | None:
-    """The usage in a JSON answer body or one SSE event (`data: {...}`); None if there is none."""
-    text = data.strip()
-    if text.startswith(b"data:"):
-        text = text[5:].strip()
-    try:
-        answer: Any = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return None
-    return usage_of(answer)

@@ -8,9 +8,11 @@
 #   read to its end); it is safe to call more than once.
 # - Failures before the head: cannot connect (or any transport failure) -> `UpstreamRefusedError`;
 #   no connection or bytes in time -> `UpstreamTimeoutError`. Failures while reading the body ->
-#   `UpstreamBrokenError`. Cancelling `send` (the client left) releases the connection.
+#   `UpstreamBrokenError` (`is_timeout` when no bytes came within the read timeout: with both
+#   clients the read timeout holds mid-body too). Cancelling `send` (the client left) releases the
+#   connection.
 # - Timeouts: `connect_s` to connect, `read_s` the longest wait for the next upstream bytes (so a long
-#   SSE answer is never cut while tokens keep coming).
+#   SSE answer is never cut while tokens keep coming); `read_timeout_s` says which (None: no limit).
 # - `AiohttpUpstreamClient` (the default for a real upstream) makes its `aiohttp.ClientSession` in
 #   `start()`, on the running loop (the app's lifespan), and closes it in `aclose()`.
 #   `HttpxUpstreamClient` wraps an `httpx.AsyncClient` (the unit tests inject `httpx.MockTransport`).
@@ -20,7 +22,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from typing import Protocol
 
 import aiohttp
@@ -33,6 +35,10 @@ KEEPALIVE_S = 2.0  # idle connections dropped before uvicorn's (SGLang's server'
 
 class UpstreamBrokenError(Exception):
     """The upstream failed while its body was being read (the head had arrived)."""
+
+    def __init__(self, message: str, *, is_timeout: bool = False) -> None:
+        super().__init__(message)
+        self.is_timeout = is_timeout  # no bytes within the read timeout (else: reset, closed early, bad framing)
 
 
 class UpstreamAnswer(Protocol):
@@ -50,7 +56,7 @@ class UpstreamAnswer(Protocol):
     @property
     def url(self) -> str: ...
 
-    def chunks(self) -> AsyncIterator[bytes]:
+    def chunks(self) -> AsyncGenerator[bytes, None]:
         """The body, chunk by chunk as it arrives; `UpstreamBrokenError` if the upstream fails."""
         ...
 
@@ -71,6 +77,11 @@ class UpstreamClient(Protocol):
 
     @property
     def is_closed(self) -> bool: ...
+
+    @property
+    def read_timeout_s(self) -> float | None:
+        """The longest wait for the next upstream bytes (None: no limit)."""
+        ...
 
     async def start(self) -> None:
         """Get ready to send (on the running loop)."""
@@ -111,12 +122,13 @@ class HttpxAnswer:
     def url(self) -> str:
         return str(self._response.url)
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    async def chunks(self) -> AsyncGenerator[bytes, None]:
         try:
             async for chunk in self._response.aiter_bytes():
                 yield chunk
         except httpx.HTTPError as exc:
-            raise UpstreamBrokenError(f"{type(exc).__name__}: {exc}") from exc
+            raise UpstreamBrokenError(f"{type(exc).__name__}: {exc or 'no detail'}",
+                                      is_timeout=isinstance(exc, httpx.TimeoutException)) from exc
 
     async def read(self, limit: int) -> bytes:
         data = b""
@@ -150,6 +162,10 @@ class HttpxUpstreamClient:
     @property
     def is_closed(self) -> bool:
         return self.client.is_closed
+
+    @property
+    def read_timeout_s(self) -> float | None:
+        return self.client.timeout.read
 
     async def start(self) -> None:
         """Nothing to do: httpx opens connections on first use."""
@@ -195,12 +211,13 @@ class AiohttpAnswer:
     def url(self) -> str:
         return str(self._response.url)
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    async def chunks(self) -> AsyncGenerator[bytes, None]:
         try:
             async for chunk in self._response.content.iter_any():
                 yield chunk
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise UpstreamBrokenError(f"{type(exc).__name__}: {exc or 'no detail'}") from exc
+        except (TimeoutError, aiohttp.ClientError) as exc:  # aiohttp's ServerTimeoutError is a TimeoutError
+            raise UpstreamBrokenError(f"{type(exc).__name__}: {exc or 'no detail'}",
+                                      is_timeout=isinstance(exc, TimeoutError)) from exc
 
     async def read(self, limit: int) -> bytes:
         data = b""
@@ -233,6 +250,10 @@ class AiohttpUpstreamClient:
     @property
     def is_closed(self) -> bool:
         return self._is_closed
+
+    @property
+    def read_timeout_s(self) -> float | None:
+        return self._timeout.sock_read
 
     async def start(self) -> None:
         if self._session is None and not self._is_closed:

@@ -8,8 +8,12 @@
 #   is resolved once: "admitted" (by any event that admits it), a `Shed`, or "ended" (ended by the
 #   admin endpoint while queued). Later calls of a queued session wait on the same future.
 # - When the last waiter of a queued session leaves (client gone or task cancelled), the session is
-#   withdrawn (`policy.finish`). Adopted sessions never wait, even if the policy queues them; if
-#   the policy sheds one, it is forgotten and its next call adopts it again.
+#   withdrawn (`policy.finish`). Adopted sessions (`restart.py`: live before a restart) never wait,
+#   even if the policy queues them; if the policy sheds one, it is forgotten and its next call
+#   arrives as a new session.
+# - Draining (a graceful shutdown has begun): nothing new is admitted. Every queued session is
+#   withdrawn at once and its waiting calls get "shutdown" (503); a session arriving while draining
+#   is refused the same way. Live sessions keep being served until the server stops.
 # - Whatever a policy step admits is applied at once (state, decision). Timers: `tick` every
 #   `tick_interval_s` (hit rate from `hit_rate`, None until issue 6 feeds it), and an idle sweep.
 # - `on_session_end(entry, reason)` is told of every session that leaves, and `on_admitted(entry,
@@ -29,7 +33,13 @@ from starlette.types import Receive
 
 from basin_runtime.disconnect import race_client
 from basin_runtime.gateway.clock import Clock
-from basin_runtime.gateway.errors import ClientGoneError, SessionEndedError, SessionNotFoundError, SessionShedError
+from basin_runtime.gateway.errors import (
+    ClientGoneError,
+    SessionEndedError,
+    SessionNotFoundError,
+    SessionShedError,
+    ShuttingDownError,
+)
 from basin_runtime.gateway.measure import FirstCall, PromptMemo
 from basin_runtime.gateway.priority import sglang_priority
 from basin_runtime.gateway.sessions import SessionEntry, SessionRegistry, Verdict
@@ -37,7 +47,7 @@ from basin_runtime.policy import Admitted, BudgetMoved, Event, Policy, Shed
 
 logger = logging.getLogger(__name__)
 
-EndReason = Literal["ended", "idle", "withdrawn", "shed"]
+EndReason = Literal["ended", "idle", "withdrawn", "shed", "failed", "shutdown"]
 SessionEndHook = Callable[[SessionEntry, EndReason], None]
 AdmittedHook = Callable[[SessionEntry, float], None]
 
@@ -57,6 +67,7 @@ class WaitingRoom:
         self.hit_rate = hit_rate
         self.on_session_end = on_session_end
         self.on_admitted: AdmittedHook | None = None
+        self.is_draining = False
 
     async def arrive(self, session_id: str, first: FirstCall, predicted_peak_tokens: float, *,
                      workload: str | None, memo: PromptMemo, is_adopted: bool = False,
@@ -66,6 +77,9 @@ class WaitingRoom:
             existing = self.registry.get(session_id)
             if existing is not None:
                 return existing, False
+            if self.is_draining:
+                raise ShuttingDownError("the gateway is shutting down and admits no new session; retry "
+                                        "against its replacement", self._retry_after_s)
             now = self.clock.now()
             step = self.policy.adopt if is_adopted else self.policy.arrive
             events = step(session_id, now, predicted_peak_tokens, first.prompt_tokens)
@@ -109,9 +123,27 @@ class WaitingRoom:
             raise SessionNotFoundError(f"no live or queued session {session_id!r}")
         return entry
 
-    async def tick(self) -> list[Event]:
-        """Let the policy move the budget, admit and shed; apply what it decided."""
+    async def drain(self) -> list[SessionEntry]:
+        """Stop admitting: withdraw every queued session (its calls get 503); return them."""
         async with self._lock:
+            self.is_draining = True
+            queued = [e for e in self.registry if e.state == "queued"]
+            now = self.clock.now()
+            for entry in queued:
+                self.registry.remove(entry.session_id)
+                self.policy.finish(entry.session_id, now)  # a queued session's finish admits nobody here
+                if not entry.decision.done():
+                    entry.decision.set_result("shutdown")
+        for entry in queued:
+            logger.info("session %s withdrawn: the gateway is shutting down", entry.session_id)
+            self._notify_end(entry, "withdrawn")
+        return queued
+
+    async def tick(self) -> list[Event]:
+        """Let the policy move the budget, admit and shed; apply what it decided (nothing while draining)."""
+        async with self._lock:
+            if self.is_draining:
+                return []
             now = self.clock.now()
             events = self.policy.tick(now, self.hit_rate())
             self._apply(events, now)
@@ -201,5 +233,8 @@ class WaitingRoom:
     def _raise_unless_admitted(self, entry: SessionEntry, verdict: Verdict) -> None:
         if isinstance(verdict, Shed):
             raise SessionShedError(verdict, self._retry_after_s)
+        if verdict == "shutdown":
+            raise ShuttingDownError(f"the gateway is shutting down; session {entry.session_id!r} was withdrawn "
+                                    "from the queue before admission", self._retry_after_s)
         if verdict == "ended":
             raise SessionEndedError(f"session {entry.session_id!r} was ended while its call waited for admission")

@@ -11,6 +11,12 @@ Rules:
   text are the same task to a text model, so they must share a cross-validation fold.
 - A record whose raw task text was not kept cannot train a text model, so it is rejected with that
   reason rather than dropped silently; a call's gap runs from its end to the next call's start.
+- Restarts (format version 2): a session cut by a graceful shutdown (`end_reason: shutdown`) and
+  adopted by the next run (`adopted: true`, same session id, later in the same file) is one session:
+  the two records are joined (calls in order; text, start and prediction from the first part). A cut
+  part never resumed in its file, or an adopted part whose first part is not there (the previous run
+  was killed, or rotation split them), has an unknown first prompt or peak: rejected, with that reason.
+- A session released as `failed` (none of its calls was served) has nothing to learn from: rejected.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 from basin_runtime.session_log import SessionLogError, SessionLogRecord
@@ -67,15 +74,38 @@ def record_to_session(record: SessionLogRecord, source: str) -> Session:
 
 
 def read_gateway_log(path: Path, source: str) -> Iterator[Session | Reject]:
-    """Read every line of a gateway session log."""
+    """Read every line of a gateway session log, joining the parts of sessions adopted across a restart."""
+    cut: dict[str, tuple[int, SessionLogRecord]] = {}  # session id -> (line, record) of a part cut by a shutdown
     try:
         with open_text(path) as handle:
             for number, line in enumerate(handle, start=1):
                 if not line.strip():
                     continue
                 try:
-                    yield record_to_session(SessionLogRecord.from_json(line), source)
+                    record = SessionLogRecord.from_json(line)
+                    if record.adopted:
+                        first = cut.pop(record.session_id, None)
+                        if first is None:
+                            raise ValueError("adopted after a gateway restart, but its earlier part is not in this "
+                                             "file (the previous run was killed, or rotation split it): its first "
+                                             "prompt is mid-session")
+                        number, record = first[0], join_parts(first[1], record)
+                    if record.end_reason == "shutdown":
+                        cut[record.session_id] = (number, record)
+                        continue
+                    if record.end_reason == "failed":
+                        raise ValueError("none of the session's calls was served (end reason `failed`)")
+                    yield record_to_session(record, source)
                 except (SessionLogError, ValueError) as exc:
                     yield Reject(str(path), number, str(exc))
     except (OSError, EOFError, UnicodeDecodeError) as exc:
         yield Reject(str(path), 0, f"unreadable file: {exc}")
+        return
+    for number, _ in cut.values():
+        yield Reject(str(path), number, "cut by a gateway shutdown and not resumed in this file: its peak is unknown")
+
+
+def join_parts(first: SessionLogRecord, adopted: SessionLogRecord) -> SessionLogRecord:
+    """One record of a session cut by a shutdown (`first`) and adopted by the next gateway run."""
+    return replace(first, ended_at=adopted.ended_at, end_reason=adopted.end_reason,
+                   calls=first.calls + adopted.calls, adopted=False)

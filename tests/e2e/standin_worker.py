@@ -10,6 +10,13 @@ bootstrap port (smg probes it with a TCP connect at registration and only warns 
 It records every inference request (`GET /_records`) and answers chat completions streamed and not,
 with `usage.prompt_tokens_details.cached_tokens` (as SGLang with `--enable-cache-report`).
 
+A fault is scripted per request by its last user message, `fault:<kind> ...`, and acted out by the
+decode worker (the one whose answer smg returns; the prefill worker answers as usual):
+`status-429`, `status-500`, `status-503` (SGLang's JSON error body with that status), `garbage` (200,
+`application/json`, a body that is not JSON), `truncate` (a stream that ends cleanly after two
+chunks, without `[DONE]`), `hang` (a stream that sends one chunk, then nothing until the client
+leaves) and `kill` (one chunk, then the worker SIGKILLs itself).
+
     python -m tests.e2e.standin_worker --role prefill --port P --bootstrap-port B
 """
 
@@ -19,6 +26,8 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
+import signal
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -31,18 +40,31 @@ from starlette.routing import Route
 
 MODEL = "standin-model"
 RECORDED_FIELDS = ("priority", "rid", "bootstrap_host", "bootstrap_port", "bootstrap_room", "stream", "user")
+FAULT_PREFIX = "fault:"
+STATUS_FAULTS = {"status-429": 429, "status-500": 500, "status-503": 503}
+STREAM_FAULTS = ("truncate", "hang", "kill")
 
 
 def create_app(role: str, bootstrap_port: int | None) -> Starlette:
-    """The worker app for `role` ("prefill" or "decode")."""
+    """The worker app for `role` ("prefill" or "decode"); a decode worker acts out scripted faults."""
     records: list[dict[str, Any]] = []
 
     async def inference(request: Request) -> Response:
         body = json.loads(await request.body())
+        content = _last_user_text(body)
         record = {key: body.get(key) for key in RECORDED_FIELDS}
         record.update(path=request.url.path, role=role, at=time.time(),
-                      authorization=request.headers.get("authorization"), content=_last_user_text(body))
+                      authorization=request.headers.get("authorization"), content=content)
         records.append(record)
+        fault = _fault_of(content) if role == "decode" else None
+        if fault in STATUS_FAULTS:
+            return JSONResponse({"object": "error", "message": f"stand-in {role} scripted {fault}",
+                                 "type": "BadRequestError" if fault == "status-429" else "InternalServerError",
+                                 "param": None, "code": STATUS_FAULTS[fault]}, status_code=STATUS_FAULTS[fault])
+        if fault == "garbage":
+            return Response(b"<html>stand-in garbage, not JSON", media_type="application/json")
+        if fault in STREAM_FAULTS:
+            return StreamingResponse(_faulty_chunks(body, fault), media_type="text/event-stream")
         if body.get("stream"):
             return StreamingResponse(_chunks(body), media_type="text/event-stream")
         return JSONResponse(_completion(body))
@@ -93,6 +115,13 @@ def _last_user_text(body: dict[str, Any]) -> str | None:
     return str(users[-1].get("content")) if users else None
 
 
+def _fault_of(content: str | None) -> str | None:
+    """The fault a request's last user message scripts (`fault:<kind> ...`), if any."""
+    if content is None or not content.startswith(FAULT_PREFIX):
+        return None
+    return content[len(FAULT_PREFIX):].split(maxsplit=1)[0]
+
+
 def _usage(body: dict[str, Any]) -> dict[str, Any]:
     prompt = len(json.dumps(body.get("messages") or body.get("prompt") or body.get("text") or "")) // 4
     return {"prompt_tokens": prompt, "completion_tokens": 3, "total_tokens": prompt + 3,
@@ -116,6 +145,20 @@ async def _chunks(body: dict[str, Any]) -> AsyncIterator[bytes]:
     if (body.get("stream_options") or {}).get("include_usage"):
         yield _sse({**base, "choices": [], "usage": _usage(body)})
     yield b"data: [DONE]\n\n"
+
+
+async def _faulty_chunks(body: dict[str, Any], fault: str) -> AsyncIterator[bytes]:
+    """A stream that goes wrong after its first chunk(s): `truncate`, `hang` or `kill`."""
+    base = {"id": "cmpl-standin", "object": "chat.completion.chunk", "created": int(time.time()), "model": MODEL}
+    yield _sse({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": "cut "},
+                                     "finish_reason": None}]})
+    await asyncio.sleep(0.02)
+    if fault == "truncate":
+        yield _sse({**base, "choices": [{"index": 0, "delta": {"content": "short"}, "finish_reason": None}]})
+        return  # a clean end of the body, without [DONE]
+    if fault == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    await asyncio.Event().wait()  # hang: nothing more, until the client leaves
 
 
 def _sse(payload: dict[str, Any]) -> bytes:

@@ -20,7 +20,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -110,34 +110,53 @@ def gateway_config(logs: Path, name: str, router: str, port: int, **extra: Any) 
     return path
 
 
+def start_standin(role: str, port: int, logs: Path, *, bootstrap_port: int | None = None,
+                  name: str | None = None) -> Process:
+    """A stand-in worker (`standin_worker.py`) of `role` on `port` (a prefill one also on `bootstrap_port`)."""
+    argv = [sys.executable, "-m", "tests.e2e.standin_worker", "--role", role, "--port", str(port)]
+    if bootstrap_port is not None:
+        argv += ["--bootstrap-port", str(bootstrap_port)]
+    return start(name or role, argv, logs)
+
+
+def start_pd_router(logs: Path, processes: list[Process], router_args: Sequence[str] = ()) -> dict[str, int]:
+    """A prefill and a decode stand-in, then smg in PD mode in front of them, every one ready; the ports by name
+    (prefill, bootstrap, decode, router). Each process started is appended to `processes` for the caller to kill."""
+    ports = {name: free_port() for name in ("prefill", "bootstrap", "decode", "router", "metrics")}
+    url = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
+    workers = [start_standin("prefill", ports["prefill"], logs, bootstrap_port=ports["bootstrap"]),
+               start_standin("decode", ports["decode"], logs)]
+    processes += workers
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    for process in workers:
+        wait_ready(process, f"{url[process.name]}/health", deadline)
+    router = start("router", [
+        sys.executable, "-m", "smg.launch_router", "--pd-disaggregation",
+        "--prefill", url["prefill"], str(ports["bootstrap"]), "--decode", url["decode"],
+        "--host", "127.0.0.1", "--port", str(ports["router"]),
+        # smg serves Prometheus metrics on 0.0.0.0:29000 unless told otherwise: keep it on loopback.
+        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(ports["metrics"]), "--log-level", "warn",
+        *router_args,
+    ], logs)
+    processes.append(router)
+    wait_ready(router, f"{url['router']}/readiness", deadline)  # both workers registered and healthy
+    return ports
+
+
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     logs = tmp_path_factory.mktemp("e2e")
-    ports = {name: free_port() for name in ("prefill", "bootstrap", "decode", "router", "metrics", "full", "shed")}
-    url = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
-    python = sys.executable
     processes: list[Process] = []
     try:
-        processes.append(start("prefill", [python, "-m", "tests.e2e.standin_worker", "--role", "prefill", "--port",
-                                           str(ports["prefill"]), "--bootstrap-port", str(ports["bootstrap"])], logs))
-        processes.append(start("decode", [python, "-m", "tests.e2e.standin_worker", "--role", "decode", "--port",
-                                          str(ports["decode"])], logs))
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        for process in processes:
-            wait_ready(process, f"{url[process.name]}/health", deadline)
-        router = start("router", [
-            python, "-m", "smg.launch_router", "--pd-disaggregation",
-            "--prefill", url["prefill"], str(ports["bootstrap"]), "--decode", url["decode"],
-            "--host", "127.0.0.1", "--port", str(ports["router"]),
-            # smg serves Prometheus metrics on 0.0.0.0:29000 unless told otherwise: keep it on loopback.
-            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(ports["metrics"]), "--log-level", "warn",
-        ], logs)
-        processes.append(router)
+        ports = start_pd_router(logs, processes)
+        ports.update(full=free_port(), shed=free_port())
+        url = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
         shedding = {"policy": {"peak_completion_rate_per_s": 1e-4, "shed_wait_s": 0.5, "arrival_window_s": 60}}
         for name, extra in (("full", {}), ("shed", shedding)):
             config = gateway_config(logs, name, url["router"], ports[name], **extra)
-            processes.append(start(name, [python, "-m", "basin_runtime.gateway", "--config", str(config)], logs))
-        wait_ready(router, f"{url['router']}/readiness", deadline)  # both workers registered and healthy
+            processes.append(start(name, [sys.executable, "-m", "basin_runtime.gateway", "--config", str(config)],
+                                   logs))
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
         for process in processes[3:]:
             wait_ready(process, f"{url[process.name]}/health", deadline)
         yield Deployment(url["prefill"], url["decode"], url["router"], url["full"], url["shed"])
@@ -269,3 +288,66 @@ async def test_a_shed_session_gets_503_with_a_reason(deployment: Deployment) -> 
     assert 0.5 <= waited_s < 5
     assert math.isfinite(error.body["waited_s"]) and error.body["waited_s"] >= 0.5
     assert deployment.records("e2e shed victim")["decode"] == []
+
+
+def restartable_gateway(tmp_path: Path, router: str, port: int, name: str, budget_tokens: int,
+                        **extra: Any) -> Process:
+    """A gateway process logging to tmp_path/log (raw text kept), its live-sessions file beside the log."""
+    config = gateway_config(tmp_path, name, router, port, budget_tokens=budget_tokens,
+                            session_log=str(tmp_path / "log" / "sessions.jsonl"), session_log_keep_text=True,
+                            drain_timeout_s=5, **extra)
+    process = start(name, [sys.executable, "-m", "basin_runtime.gateway", "--config", str(config)], tmp_path)
+    wait_ready(process, f"http://127.0.0.1:{port}/health", time.monotonic() + STARTUP_TIMEOUT_S)
+    return process
+
+
+def stop_with_sigterm(process: Process) -> None:
+    os.killpg(process.popen.pid, signal.SIGTERM)
+    process.popen.wait(timeout=20)
+
+
+async def test_sigterm_logs_live_sessions_and_the_restarted_gateway_adopts_them(deployment: Deployment,
+                                                                                tmp_path: Path) -> None:
+    from basin_runtime.session_log import SessionLogRecord
+    from pipeline.adapters.gateway_log import read_gateway_log
+
+    port = free_port()
+    gateway = f"http://127.0.0.1:{port}"
+    sessions = [f"e2e-restart-{k}" for k in range(6)]
+    first = restartable_gateway(tmp_path, deployment.router, port, "restart-1", budget_tokens=1_000_000)
+    try:
+        async with client_for(gateway) as client:
+            for session in sessions:
+                await ask(client, session, f"e2e restart task {session}")
+        stop_with_sigterm(first)
+    finally:
+        first.kill()
+    log = tmp_path / "log" / "sessions.jsonl"
+    cut = [SessionLogRecord.from_json(line) for line in log.read_text().splitlines()]
+    assert sorted(r.session_id for r in cut) == sessions and {r.end_reason for r in cut} == {"shutdown"}
+
+    second = restartable_gateway(tmp_path, deployment.router, port, "restart-2", budget_tokens=1)
+    try:
+        async with client_for(gateway) as client:
+            await ask(client, "e2e-restart-blocker", "e2e restart blocker")  # fills the one-token budget
+            for session in sessions:  # each resumes its conversation: adopted, so none waits
+                history = [{"role": "user", "content": f"e2e restart task {session}"},
+                           {"role": "assistant", "content": "stand-in answer"}, {"role": "user", "content": "go on"}]
+                reply = await asyncio.wait_for(client.chat.completions.create(
+                    model="standin-model", messages=history, extra_headers={"X-Session-ID": session}), timeout=5)
+                assert reply.choices[0].message.content == "stand-in answer"
+            fabricated = asyncio.create_task(client.chat.completions.create(  # a made-up history still waits
+                model="standin-model", extra_headers={"X-Session-ID": "e2e-restart-fake"},
+                messages=[{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"},
+                          {"role": "user", "content": "z"}]))
+            await asyncio.sleep(1.0)
+            assert not fabricated.done()
+            fabricated.cancel()
+            await end(gateway, "e2e-restart-blocker", *sessions)
+        stop_with_sigterm(second)
+    finally:
+        second.kill()
+    resumed = [SessionLogRecord.from_json(line) for line in log.read_text().splitlines()][len(cut):]
+    assert {r.session_id for r in resumed if r.adopted} == set(sessions)
+    joined = [s for s in read_gateway_log(log, "e2e") if getattr(s, "session_id", "") in sessions]
+    assert len(joined) == 6 and all(len(s.calls) == 2 for s in joined)  # type: ignore[union-attr]

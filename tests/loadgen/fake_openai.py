@@ -19,7 +19,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import uvicorn
 from starlette.applications import Starlette
@@ -165,23 +165,29 @@ class FakeServer:
 def running_fake() -> Iterator[FakeServer]:
     """Serve a fake on a free loopback port in a background thread until the block ends."""
     engine = FakeEngine()
+    with serving(build_app(engine)) as url:
+        yield FakeServer(url, engine)
+
+
+@contextmanager
+def serving(app: Starlette, lifespan: Literal["on", "off"] = "off") -> Iterator[str]:
+    """Serve `app` on a free loopback port in a background thread until the block ends; its root URL."""
     # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and a
     # plain socket.socket() says 0, which costs every response a 40 ms delayed-ACK stall.
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(build_app(engine), log_level="warning", lifespan="off", ws="none", http="h11",
-                            access_log=False)
+    config = uvicorn.Config(app, log_level="warning", lifespan=lifespan, ws="none", http="h11", access_log=False)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
     while not server.started:
         if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("the fake OpenAI server did not start")
+            raise RuntimeError("the in-process server did not start")
         time.sleep(0.01)
     try:
-        yield FakeServer(f"http://127.0.0.1:{port}", engine)
+        yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
         thread.join(timeout=10)

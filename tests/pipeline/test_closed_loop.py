@@ -108,7 +108,7 @@ async def _upstream(request: httpx.Request) -> httpx.Response:
 async def drive_gateway(plan: list[Planned], log_file: Path, model: Any = None,
                         workload_models: dict[str, Any] | None = None) -> None:
     """Send every planned session through a real gateway that logs to `log_file`, one after another."""
-    writer = SessionLogWriter(log_file)
+    writer = SessionLogWriter(log_file, keep_text=True)  # the closed loop retrains from the raw text
     async with rig_for(model=model, workload_models=workload_models,
                        gateway_options={"session_log": writer}) as rig:
         rig.upstream.handler = _upstream

@@ -273,3 +273,19 @@ def test_the_app_lifespan_starts_the_timers_and_closes_what_it_owns() -> None:
     with TestClient(app) as http:
         assert http.get("/health").json() == {"status": "ok"}
     assert client.is_closed
+
+
+def test_the_keep_alive_comes_from_the_command_line_or_the_file_and_reaches_uvicorn(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    base = ["--upstream", "http://127.0.0.1:9", "--model", str(DEFAULT_MODEL), "--budget-tokens", "10"]
+    assert parse(*base).keep_alive_s == 90.0  # above the client pools' 5 s (httpx, openai) and 15 s (aiohttp)
+    assert parse(*base, "--config", str(write(tmp_path / "a.yaml", "keep-alive-s: 30\n"))).keep_alive_s == 30.0
+    for bad in ("0", "-1", "soon"):
+        with pytest.raises(ConfigError, match="keep_alive_s: expected a number of seconds > 0"):
+            parse(*base, "--config", str(write(tmp_path / "b.yaml", f"keep_alive_s: {bad}\n")))
+    served: list[float] = []
+    monkeypatch.setattr("basin_runtime.gateway.cli.DrainingServer.run",
+                        lambda server: served.append(server.config.timeout_keep_alive))
+
+    assert main([*base, "--keep-alive-s", "75.5", "--log-level", "warning"]) == 0
+    assert served == [75.5]

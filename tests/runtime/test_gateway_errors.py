@@ -12,7 +12,10 @@ from basin_runtime.gateway.errors import (
     NestingTooDeepError,
     SessionIdTooLongError,
     SessionShedError,
+    ShuttingDownError,
     UpstreamStatusError,
+    UpstreamTimeoutError,
+    error_event,
     error_response,
 )
 from basin_runtime.policy import PolicyError, Shed, UnknownSessionError
@@ -34,6 +37,7 @@ EXAMPLES: dict[type, GatewayError] = {
     NestingTooDeepError: NestingTooDeepError("too deep", "max_json_depth", 4),
     SessionIdTooLongError: SessionIdTooLongError("too long", "max_session_id_chars", 8),
     MethodNotAllowedError: MethodNotAllowedError("no PUT here", "GET"),
+    ShuttingDownError: ShuttingDownError("draining", 7.2),
 }
 
 
@@ -50,9 +54,21 @@ def test_every_gateway_error_maps_to_one_status_and_an_openai_style_body() -> No
         "SessionIdTooLongError": 400, "AdminAuthError": 401, "SessionNotFoundError": 404,
         "PathNotForwardedError": 404, "RouteNotFoundError": 404, "MethodNotAllowedError": 405,
         "GatewayInternalError": 500, "SessionEndedError": 409,
-        "ClientGoneError": 499, "SessionShedError": 503, "UpstreamError": 502, "UpstreamRefusedError": 502,
-        "UpstreamTimeoutError": 504, "UpstreamStatusError": 502,
+        "ClientGoneError": 499, "SessionShedError": 503, "ShuttingDownError": 503, "UpstreamError": 502,
+        "UpstreamRefusedError": 502,
+        "UpstreamTimeoutError": 504, "UpstreamStatusError": 502, "UpstreamStreamError": 502,
+        "UpstreamBadAnswerError": 502,
     }
+
+
+def test_an_error_event_carries_the_same_body_as_the_response_in_smgs_sse_shape() -> None:
+    for cls in _subclasses(GatewayError):
+        exc = EXAMPLES.get(cls) or cls("what \u00e9 happened")
+        event = error_event(exc)
+        assert event.startswith(b"data: {") and event.endswith(b"}\n\n") and event.count(b"\n") == 2
+        assert json.loads(event[len(b"data: "):]) == json.loads(bytes(error_response(exc).body))
+    timeout = json.loads(error_event(UpstreamTimeoutError("no bytes for 900 s"))[len(b"data: "):])
+    assert timeout == {"error": {"message": "no bytes for 900 s", "type": "upstream_timeout", "code": 504}}
 
 
 def test_a_shed_answer_carries_retry_after_in_whole_seconds_and_the_reason() -> None:

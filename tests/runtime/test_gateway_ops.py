@@ -108,23 +108,26 @@ async def test_a_shed_session_counts_as_shed() -> None:
 # --- usage and the hit rate ----------------------------------------------------------------------
 
 
-def _sse(*events: dict[str, Any]) -> bytes:
-    return b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+def _sse(*events: dict[str, Any], separator: bytes = b"\n\n") -> bytes:
+    return b"".join(b"data: " + json.dumps(e).encode() + separator for e in events) + b"data: [DONE]" + separator
 
 
-STREAM = _sse({"choices": [{"index": 0, "delta": {"content": "hi"}}], "usage": None},
-              {"choices": [], "usage": {"prompt_tokens": 20, "completion_tokens": 3,
-                                         "prompt_tokens_details": {"cached_tokens": 15}}})
+CHUNK = {"choices": [{"index": 0, "delta": {"content": "hi"}}], "usage": None}
+USAGE_CHUNK = {"choices": [], "usage": {"prompt_tokens": 20, "completion_tokens": 3,
+                                        "prompt_tokens_details": {"cached_tokens": 15}}}
 
 
-async def _stream_answer(request: httpx.Request) -> httpx.Response:
-    return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=STREAM)
-
-
+@pytest.mark.parametrize("separator", [b"\n\n", b"\r\n\r\n", b"\r\r"], ids=["LF", "CRLF", "CR"])
 @pytest.mark.parametrize("asks_for_usage", [False, True])
-async def test_a_streamed_call_gets_its_usage_which_a_client_that_did_not_ask_never_sees(asks_for_usage: bool) -> None:
+async def test_a_streamed_call_gets_its_usage_which_a_client_that_did_not_ask_never_sees(asks_for_usage: bool,
+                                                                                         separator: bytes) -> None:
+    stream = _sse(CHUNK, USAGE_CHUNK, separator=separator)  # every SSE line ending is legal
+
+    async def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=stream)
+
     async with ops_rig() as rig:
-        rig.upstream.handler = _stream_answer
+        rig.upstream.handler = answer
         fields: dict[str, Any] = {"stream": True, "stream_options": {"include_usage": True}} if asks_for_usage \
             else {"stream": True}
         response = await rig.chat("s", "task", **fields)
@@ -132,8 +135,9 @@ async def test_a_streamed_call_gets_its_usage_which_a_client_that_did_not_ask_ne
 
     assert rig.upstream.bodies()[0]["stream_options"] == {"include_usage": True}
     assert entry is not None and (entry.calls[0].completion_tokens, entry.calls[0].cached_tokens) == (3, 15)
-    assert response.content.endswith(b"data: [DONE]\n\n")
-    assert (b'"usage": {' in response.content) is asks_for_usage
+    assert entry.calls[0].outcome == "completed"
+    # Byte for byte what the upstream wrote, less the usage-only chunk the gateway itself asked for.
+    assert response.content == (stream if asks_for_usage else _sse(CHUNK, separator=separator))
 
 
 async def test_a_generate_call_gets_its_cached_tokens_from_meta_info() -> None:
@@ -279,7 +283,7 @@ def _ingest(tmp_path: Path, src: Path) -> tuple[int, Path]:
 
 
 async def test_finished_sessions_are_logged_and_read_back_by_ingest(tmp_path: Path) -> None:
-    writer = SessionLogWriter(tmp_path / "log" / "sessions.jsonl")
+    writer = SessionLogWriter(tmp_path / "log" / "sessions.jsonl", keep_text=True)
     async with ops_rig(session_log=writer, model=StubModel(default=321.0)) as rig:
         await rig.chat("s", "fix the bug")
         rig.clock.advance(2.0)
@@ -301,7 +305,7 @@ async def test_finished_sessions_are_logged_and_read_back_by_ingest(tmp_path: Pa
 
 
 async def test_the_log_rotates_keeps_the_newest_files_and_ingest_reads_the_folder(tmp_path: Path) -> None:
-    writer = SessionLogWriter(tmp_path / "sessions.jsonl", max_bytes=600, keep_files=2)
+    writer = SessionLogWriter(tmp_path / "sessions.jsonl", max_bytes=600, keep_files=2, keep_text=True)
     async with ops_rig(session_log=writer) as rig:
         for k in range(6):
             await rig.chat(f"s{k}", f"task number {k}")
@@ -318,7 +322,7 @@ async def test_the_log_rotates_keeps_the_newest_files_and_ingest_reads_the_folde
 
 
 async def test_text_free_logging_keeps_counts_only_and_ingest_rejects_it_for_text_models(tmp_path: Path) -> None:
-    writer = SessionLogWriter(tmp_path / "sessions.jsonl", keep_text=False)
+    writer = SessionLogWriter(tmp_path / "sessions.jsonl")  # the default: no raw text unless asked
     async with ops_rig(session_log=writer) as rig:
         await rig.chat("s", "secret task text")
         await rig.client.post("/basin/sessions/s/end")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from basin_runtime.gateway.signals import Usage, usage_of, usage_of_bytes
+from basin_runtime.gateway.signals import Usage, usage_of
 from basin_runtime.policy.hit_rate import HitRateWindow
 
 
@@ -45,6 +45,3 @@ def test_usage_comes_from_openai_usage_or_generate_meta_info() -> None:
     assert usage_of({"usage": None}) is None
     assert usage_of([1, 2]) is None
     assert usage_of({"usage": {"prompt_tokens": -1, "completion_tokens": True}}) == Usage(None, None, None)
-    chunk = b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1}}'
-    assert usage_of_bytes(chunk) == Usage(3, 1, None)
-    assert usage_of_bytes(b"data: [DONE]") is None

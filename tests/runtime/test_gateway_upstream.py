@@ -1,18 +1,22 @@
 """The upstream clients (`upstream.py`) against a small aiohttp server on loopback: bodies whole and
-streamed chunk by chunk, refused / timed-out / 5xx mapped to the gateway's errors, cancellation."""
+streamed chunk by chunk, refused / timed-out / 5xx mapped to the gateway's errors, cancellation, and
+streams that fail after their head (hang, keep-alive comments only, reset, cut short) with each client."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, MutableMapping
 from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 from aiohttp import web
 
 from basin_runtime.gateway.errors import UpstreamRefusedError, UpstreamStatusError, UpstreamTimeoutError
-from basin_runtime.gateway.proxy import Upstream
+from basin_runtime.gateway.proxy import CallEnd, Upstream
 from basin_runtime.gateway.upstream import UpstreamClient, make_client
 
 pytestmark = pytest.mark.asyncio
@@ -50,6 +54,32 @@ class Server:
     async def broken(self, request: web.Request) -> web.Response:
         return web.Response(status=503, text="scheduler crashed")
 
+    async def faulty_sse(self, request: web.Request) -> web.StreamResponse:
+        """One event, then the fault the path names: hang, pings (comments only), reset, cut (no [DONE])."""
+        fault = request.match_info["fault"]
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(FIRST_EVENT)
+        if fault == "reset":
+            assert request.transport is not None
+            await asyncio.sleep(0.05)  # let the client read the first event: a reset can discard unread bytes
+            request.transport.abort()  # mid chunked body: the client sees the connection break
+            return response
+        if fault == "cut":
+            await response.write_eof()  # a clean end, without [DONE]
+            return response
+        try:
+            while True:
+                await asyncio.sleep(0.05)
+                if fault == "pings":
+                    await response.write(b": ping\n\n")  # what smg writes while a worker is silent
+        except (asyncio.CancelledError, ConnectionError):
+            self.gone.set()
+            raise
+
+
+FIRST_EVENT = b'data: {"choices":[{"delta":{"content":"he"}}]}\n\n'
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -62,7 +92,8 @@ async def serving(kind: str, read_s: float = 5.0) -> AsyncIterator[tuple[Server,
     server = Server()
     app = web.Application(handler_args={"handler_cancellation": True})
     app.add_routes([web.post("/echo", server.echo), web.get("/echo", server.echo), web.get("/sse", server.sse),
-                    web.post("/slow", server.slow), web.post("/broken", server.broken)])
+                    web.post("/slow", server.slow), web.post("/broken", server.broken),
+                    web.post("/sse/{fault}", server.faulty_sse)])
     runner = web.AppRunner(app, handler_cancellation=True)
     await runner.setup()
     port = free_port()
@@ -149,3 +180,52 @@ async def test_the_aiohttp_client_needs_start() -> None:
     with pytest.raises(RuntimeError, match="before start"):
         await client.send("GET", "/", {}, None)
     await client.aclose()
+
+
+async def relay(upstream: Upstream, path: str) -> tuple[int, bytes, CallEnd, float]:
+    """Forward a POST and send its answer to a client that reads everything: status, body, end, seconds."""
+    ends: list[CallEnd] = []
+    sent: list[MutableMapping[str, Any]] = []
+
+    async def on_end(end: CallEnd) -> None:
+        ends.append(end)
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        sent.append(message)
+
+    started = time.monotonic()
+    response = await upstream.forward("POST", path, {}, b"{}", never, on_end=on_end)
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "method": "POST", "path": path}
+    await asyncio.wait_for(response(scope, never, send), timeout=10)
+    (end,) = ends
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return sent[0]["status"], body, end, time.monotonic() - started
+
+
+def error_events(body: bytes) -> list[dict[str, Any]]:
+    events = [json.loads(e[len(b"data: "):]) for e in body.split(b"\n\n") if e.startswith(b"data: {")]
+    return [e["error"] for e in events if "error" in e]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("fault", "error_type", "code", "words"), [
+    ("hang", "upstream_timeout", 504, "sent nothing for 0.3 s mid-answer"),
+    ("pings", "upstream_timeout", 504, "sent nothing but SSE comments for 0.3 s mid-answer"),
+    ("reset", "upstream_stream_error", 502, "broke off mid-answer"),
+    ("cut", "upstream_stream_error", 502, "ended its stream without `data: [DONE]`"),
+])
+async def test_a_stream_that_fails_after_its_head_ends_with_an_error_event_and_done(
+        kind: str, fault: str, error_type: str, code: int, words: str) -> None:
+    async with serving(kind, read_s=0.3) as (server, client):
+        status, body, end, took_s = await relay(Upstream(client), f"/sse/{fault}")
+        if fault in ("hang", "pings"):
+            await asyncio.wait_for(server.gone.wait(), 5)  # the upstream request was dropped, not left hanging
+
+    assert status == 200 and body.startswith(FIRST_EVENT) and body.endswith(b"data: [DONE]\n\n")
+    (error,) = error_events(body)
+    assert (error["type"], error["code"]) == (error_type, code) and words in error["message"], error
+    assert end.outcome == "upstream_error"
+    if fault == "pings":
+        assert b": ping\n\n" in body  # keep-alives pass on, but do not count as progress
+    if fault in ("hang", "pings"):
+        assert 0.3 <= took_s < 3.0  # bounded by the read timeout (upstream_timeout_s), even with pings coming

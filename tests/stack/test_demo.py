@@ -55,7 +55,7 @@ def test_a_tiny_demo_runs_both_modes_through_emulators_smg_and_the_gateway(tmp_p
         assert [s["status"] for s in run["sessions"]] == ["finished"] * 6
         assert run["summary"]["cached_tokens"] > 0  # resent conversations hit the emulated prefix cache
         assert (out / f"timeline-{mode}.png").stat().st_size > 0
-    logged = [SessionLogRecord.from_json(line) for path in sorted((out / "gateway-log").glob("*"))
+    logged = [SessionLogRecord.from_json(line) for path in sorted((out / "gateway-log").glob("*.jsonl"))
               for line in path.read_text().splitlines()]
     assert len(logged) == 6  # the with-gateway run's sessions, for the closed loop
     assert (out / "comparison.png").stat().st_size > 0

@@ -1,0 +1,264 @@
+"""Restarts, shutdowns and failed first calls, in-process (the rig of test_gateway_app.py).
+
+- The adoption rule: only a session the previous run listed as live, resuming with its history within
+  the adoption window, skips the queue; everything else arrives like a new session.
+- A graceful shutdown: draining withdraws queued sessions at once (503 `shutting_down`), refuses new
+  ones, serves live ones; `shut_down` lists the live sessions for the next run and logs each as
+  `shutdown`; the next run adopts them and logs them marked `adopted`; ingest joins the two parts.
+- A session whose calls all failed is released as `failed`: it holds no budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from basin_runtime.gateway.restart import LiveSessionsFile
+from basin_runtime.gateway.session_log import SessionLogWriter
+from basin_runtime.session_log import SessionLogRecord
+from pipeline.adapters.gateway_log import read_gateway_log
+from pipeline.records import Reject
+from tests.runtime.test_gateway_app import Rig, eventually, rig_for
+
+pytestmark = pytest.mark.asyncio
+
+
+def restart_rig(tmp_path: Path, *, budget_tokens: int = 1, window_s: float = 600.0,
+                **options: Any) -> Any:
+    """A rig whose gateway keeps its live-sessions file and session log in `tmp_path`."""
+    writer = SessionLogWriter(tmp_path / "log" / "sessions.jsonl", keep_text=True)
+    return rig_for(budget_tokens=budget_tokens, gateway_options={
+        "live_sessions": LiveSessionsFile(tmp_path / "log" / "sessions.live.json"), "adoption_window_s": window_s,
+        "session_log": writer, **options})
+
+
+def logged(tmp_path: Path) -> list[SessionLogRecord]:
+    path = tmp_path / "log" / "sessions.jsonl"
+    if not path.exists():
+        return []
+    return [SessionLogRecord.from_json(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def list_live(tmp_path: Path, *session_ids: str) -> None:
+    """What a previous run would have left."""
+    LiveSessionsFile(tmp_path / "log" / "sessions.live.json").write(session_ids)
+
+
+async def finish(rig: Rig) -> None:
+    assert rig.gateway.session_log is not None
+    await asyncio.to_thread(rig.gateway.session_log.flush)
+
+
+# --- the adoption rule ---------------------------------------------------------------------------
+
+
+async def test_a_session_listed_by_the_previous_run_resumes_without_queueing_and_is_logged_adopted(
+        tmp_path: Path) -> None:
+    list_live(tmp_path, "old")
+    async with restart_rig(tmp_path) as rig:
+        await rig.chat("live", "task")  # the one-token budget is now full
+        response = await asyncio.wait_for(rig.chat("old", "task", "more"), timeout=2)
+        assert response.status_code == 200
+        entry = rig.room.registry.get("old")
+        assert entry is not None and entry.is_adopted and entry.state == "live"
+        assert (await rig.client.post("/basin/sessions/old/end")).status_code == 200
+        await finish(rig)
+    (record,) = [r for r in logged(tmp_path) if r.session_id == "old"]
+    assert record.adopted and record.end_reason == "ended" and len(record.calls) == 1
+
+
+async def test_a_listed_session_resuming_after_the_window_waits_like_a_new_one(tmp_path: Path) -> None:
+    list_live(tmp_path, "old")
+    async with restart_rig(tmp_path, window_s=60.0) as rig:
+        await rig.chat("live", "task")
+        rig.clock.advance(61.0)
+        call = asyncio.create_task(rig.chat("old", "task", "more"))
+        await eventually(lambda: rig.policy.is_queued("old"))
+        assert not rig.room.registry.get("old").is_adopted  # type: ignore[union-attr]
+        call.cancel()
+        await asyncio.gather(call, return_exceptions=True)
+
+
+async def test_a_listed_id_is_adopted_at_most_once_and_only_with_its_history(tmp_path: Path) -> None:
+    list_live(tmp_path, "old", "again")
+    async with restart_rig(tmp_path) as rig:
+        await rig.chat("live", "task")
+        # A call without history under a listed id is a new run of the task: it queues, and the
+        # listing is used up, so a later call with history under that id queues too.
+        fresh = asyncio.create_task(rig.chat("again", "task"))
+        await eventually(lambda: rig.policy.is_queued("again"))
+        fresh.cancel()
+        await asyncio.gather(fresh, return_exceptions=True)
+        await eventually(lambda: rig.room.registry.get("again") is None)
+        late = asyncio.create_task(rig.chat("again", "task", "more"))
+        await eventually(lambda: rig.policy.is_queued("again"))
+        late.cancel()
+        await asyncio.gather(late, return_exceptions=True)
+        # "old" is adopted once; ended and back with history, it is a new session and waits.
+        assert (await asyncio.wait_for(rig.chat("old", "task", "more"), timeout=2)).status_code == 200
+        assert (await rig.client.post("/basin/sessions/old/end")).status_code == 200
+        twice = asyncio.create_task(rig.chat("old", "task", "more", "and more"))
+        await eventually(lambda: rig.policy.is_queued("old"))
+        twice.cancel()
+        await asyncio.gather(twice, return_exceptions=True)
+
+
+async def test_without_a_live_sessions_file_nothing_is_adopted(tmp_path: Path) -> None:
+    async with rig_for(budget_tokens=1) as rig:
+        assert rig.gateway.live_sessions is None
+        await rig.chat("live", "task")
+        call = asyncio.create_task(rig.chat("old", "task", "more"))
+        await eventually(lambda: rig.policy.is_queued("old"))
+        call.cancel()
+        await asyncio.gather(call, return_exceptions=True)
+
+
+@pytest.mark.parametrize("content", ["{not json", json.dumps({"format": "other", "sessions": ["old"]}),
+                                     json.dumps({"format": "basin-live-sessions", "sessions": "old"})])
+async def test_a_bad_live_sessions_file_adopts_nobody_and_says_so(tmp_path: Path, content: str,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "log" / "sessions.live.json"
+    path.parent.mkdir()
+    path.write_text(content, encoding="utf-8")
+    with caplog.at_level(logging.WARNING):
+        async with restart_rig(tmp_path) as rig:
+            assert len(rig.gateway.adoption) == 0
+    assert "no session will be adopted" in caplog.text
+
+
+async def test_the_live_sessions_file_is_owner_only_and_rewritten_only_on_change(tmp_path: Path) -> None:
+    live = LiveSessionsFile(tmp_path / "state" / "live.json")
+    assert live.write(["b", "a"]) and not live.write(["a", "b"]) and live.write(["a"])
+    assert live.read() == {"a"}
+    assert (tmp_path / "state").stat().st_mode & 0o777 == 0o700
+    assert live.path.stat().st_mode & 0o777 == 0o600
+
+
+# --- a graceful shutdown -------------------------------------------------------------------------
+
+
+async def test_draining_withdraws_queued_sessions_refuses_new_ones_and_serves_live_ones(tmp_path: Path) -> None:
+    async with restart_rig(tmp_path) as rig:
+        await rig.chat("live", "task")
+        queued = asyncio.create_task(rig.chat("waiting", "task two"))
+        await eventually(lambda: rig.policy.is_queued("waiting"))
+
+        await rig.gateway.drain()
+        withdrawn = await asyncio.wait_for(queued, timeout=2)
+        assert withdrawn.status_code == 503 and withdrawn.json()["error"]["type"] == "shutting_down"
+        assert withdrawn.headers["retry-after"] == "30"
+        new = await rig.chat("new", "task three")
+        assert new.status_code == 503 and new.json()["error"]["type"] == "shutting_down"
+        assert (await rig.chat("live", "task", "more")).status_code == 200  # live work goes on
+        snapshot = rig.policy.snapshot()
+        assert snapshot.live == ("live",) and snapshot.queued == ()
+        assert [e.session_id for e in rig.room.registry] == ["live"]
+
+
+async def test_shutdown_logs_every_live_session_and_the_next_run_adopts_them(tmp_path: Path) -> None:
+    sessions = [f"agent-{k}" for k in range(6)]
+    async with restart_rig(tmp_path, budget_tokens=1_000_000) as first:
+        for session in sessions:
+            assert (await first.chat(session, f"task {session}")).status_code == 200
+        await first.gateway.drain()
+        await first.gateway.shut_down()
+        assert len(first.room.registry) == 0 and first.policy.snapshot().live == ()
+        await finish(first)
+    cut = logged(tmp_path)
+    assert sorted(r.session_id for r in cut) == sessions
+    assert {r.end_reason for r in cut} == {"shutdown"} and not any(r.adopted for r in cut)
+    assert LiveSessionsFile(tmp_path / "log" / "sessions.live.json").read() == set(sessions)
+
+    async with restart_rig(tmp_path, budget_tokens=1) as second:  # full at once: adoption must not wait
+        for session in sessions:
+            response = await asyncio.wait_for(second.chat(session, f"task {session}", "more"), timeout=2)
+            assert response.status_code == 200
+        for session in sessions:
+            assert (await second.client.post(f"/basin/sessions/{session}/end")).status_code == 200
+        await finish(second)
+    resumed = logged(tmp_path)[len(cut):]
+    assert sorted(r.session_id for r in resumed) == sessions and all(r.adopted for r in resumed)
+
+    read = list(read_gateway_log(tmp_path / "log" / "sessions.jsonl", "gw"))
+    assert not [r for r in read if isinstance(r, Reject)]
+    assert sorted(s.session_id for s in read) == sessions  # type: ignore[union-attr]
+    assert all(len(s.calls) == 2 for s in read)  # type: ignore[union-attr]
+
+
+async def test_the_lifespan_ends_what_is_still_held_when_the_app_stops(tmp_path: Path) -> None:
+    async with restart_rig(tmp_path, budget_tokens=1_000_000) as rig:
+        async with rig.app.router.lifespan_context(rig.app):
+            assert (await rig.chat("agent", "task")).status_code == 200
+        await finish(rig)
+    (record,) = logged(tmp_path)
+    assert record.session_id == "agent" and record.end_reason == "shutdown"
+
+
+# --- sessions none of whose calls was served -----------------------------------------------------
+
+
+async def refuse(request: httpx.Request) -> httpx.Response:
+    raise httpx.ConnectError("connection refused", request=request)
+
+
+async def test_a_session_whose_first_call_fails_upstream_holds_no_budget(tmp_path: Path,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:
+    async with restart_rig(tmp_path, budget_tokens=5_000) as rig:
+        rig.upstream.handler = refuse
+        with caplog.at_level(logging.WARNING, logger="basin_runtime.gateway.gateway"):
+            for k in range(3):
+                response = await rig.chat(f"s{k}", "x " * 1000)
+                assert response.status_code == 502
+        snapshot = rig.policy.snapshot()
+        assert snapshot.live == () and snapshot.reserved_tokens == 0 and len(rig.room.registry) == 0
+        assert caplog.text.count("ended upstream_error") == 3
+        await finish(rig)
+    assert [(r.end_reason, [c.outcome for c in r.calls]) for r in logged(tmp_path)] == [
+        ("failed", ["upstream_error"])] * 3
+    rejects = list(read_gateway_log(tmp_path / "log" / "sessions.jsonl", "gw"))
+    assert all(isinstance(r, Reject) and "end reason `failed`" in r.reason for r in rejects)
+
+
+async def test_a_first_call_the_upstream_rejects_releases_the_session_too() -> None:
+    async def too_many(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(429, json={"error": {"message": "slow down"}})
+
+    async with rig_for(budget_tokens=5_000) as rig:
+        rig.upstream.handler = too_many
+        assert (await rig.chat("s", "task")).status_code == 429
+        assert len(rig.room.registry) == 0 and rig.policy.snapshot().reserved_tokens == 0
+
+
+async def test_a_session_that_was_served_once_keeps_its_place_when_a_later_call_fails() -> None:
+    async with rig_for(budget_tokens=5_000) as rig:
+        assert (await rig.chat("s", "task")).status_code == 200
+        rig.upstream.handler = refuse
+        assert (await rig.chat("s", "task", "more")).status_code == 502
+        entry = rig.room.registry.get("s")
+        assert entry is not None and entry.state == "live" and entry.in_flight == 0
+
+
+async def test_a_failed_call_does_not_release_a_session_with_another_call_in_flight() -> None:
+    release = asyncio.Event()
+
+    async def first_slow_then_refused(request: httpx.Request) -> httpx.Response:
+        if json.loads(request.content)["messages"][-1]["content"] == "slow":
+            await release.wait()
+            return httpx.Response(200, json={"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1}})
+        raise httpx.ConnectError("refused", request=request)
+
+    async with rig_for(budget_tokens=5_000) as rig:
+        rig.upstream.handler = first_slow_then_refused
+        slow = asyncio.create_task(rig.chat("s", "slow"))
+        await eventually(lambda: (e := rig.room.registry.get("s")) is not None and e.in_flight == 1)
+        assert (await rig.chat("s", "fast")).status_code == 502
+        assert rig.room.registry.get("s") is not None  # the slow call may still be served
+        release.set()
+        assert (await slow).status_code == 200
+        assert rig.room.registry.get("s") is not None
