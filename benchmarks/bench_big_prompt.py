@@ -6,7 +6,9 @@ while it posts, each to a session the gateway already knows:
 
 1. one user message of `--message-mb` MB (23 by default, the size issue 16 measured) as a session's
    second call;
-2. a `--conversation-tokens` conversation (300k by default: agent turns with tool output) as a
+2. the same message as the task of a session without a session id (identified by a hash of its first
+   messages), as its second call;
+3. a `--conversation-tokens` conversation (300k by default: agent turns with tool output) as a
    session's second call, then the same conversation grown by one turn per call, `--calls` times
    (what an agent sends: the gateway counts only the new turn).
 
@@ -162,10 +164,10 @@ async def run(args: argparse.Namespace, base_url: str) -> None:
             httpx.AsyncClient(base_url=base_url, timeout=timeout) as caller:
         call_s: list[float] = []
 
-        async def post(session: str, body: bytes) -> None:
+        async def post(session: str | None, body: bytes) -> None:
             started = time.perf_counter()
-            response = await caller.post("/v1/chat/completions", content=body,
-                                         headers={"X-Session-ID": session, "Content-Type": "application/json"})
+            headers = {"Content-Type": "application/json"} | ({} if session is None else {"X-Session-ID": session})
+            response = await caller.post("/v1/chat/completions", content=body, headers=headers)
             assert response.status_code == 200, response.text[:300]
             call_s.append(time.perf_counter() - started)
 
@@ -177,6 +179,13 @@ async def run(args: argparse.Namespace, base_url: str) -> None:
         grown = encoded([*first, {"role": "assistant", "content": "send it"}, {"role": "user", "content": message}])
         latencies = await health_latencies_during(poller, lambda: post("big-message", grown))
         report(f"{args.message_mb:g} MB message (2nd call)", latencies, call_s)
+
+        task = [{"role": "user", "content": message}]  # identified by the hash of this first message
+        await post(None, encoded(task))
+        call_s.clear()
+        grown = encoded([*task, {"role": "assistant", "content": "read it"}, {"role": "user", "content": "go on"}])
+        latencies = await health_latencies_during(poller, lambda: post(None, grown))
+        report(f"{args.message_mb:g} MB task, no session id (2nd)", latencies, call_s)
 
         await post("long-conversation", encoded(history[:2]))
         call_s.clear()

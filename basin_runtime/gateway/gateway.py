@@ -29,9 +29,9 @@
 #   admission and session end (`metrics.py`, `lending.py`, `session_log.py`).
 # - Shadow mode: the policy decides as usual, but a queued session's calls are not held (counted in
 #   `basin_shadow_would_hold_total`); `_admit` is the one place a call is held.
-# - A body of OFF_LOOP_BODY_BYTES or more is parsed, counted (a known session's later calls) and
-#   encoded for forwarding in a worker thread, so one huge prompt never stalls the event loop;
-#   smaller ones stay inline, where that work is cheaper than the thread hop.
+# - A body of OFF_LOOP_BODY_BYTES or more is parsed, identified (a conversation's hash), counted (a
+#   known session's later calls) and encoded for forwarding in a worker thread, so one huge prompt
+#   never stalls the event loop; smaller ones stay inline, where that work is cheaper than the hop.
 # - Added latency is the wall time from the call's arrival to its forwarding, minus any queue wait.
 """The gateway's request path: identify, admit or queue, stamp, forward, record."""
 
@@ -218,8 +218,9 @@ class Gateway:
         return headers
 
     async def _admit(self, call: Call, request: Request) -> tuple[SessionEntry, int, float]:
-        session_id, is_single_call = session_id_for(call, request.headers, self.session_header,
-                                                    self.limits.max_session_id_chars)
+        session_id, is_single_call = await _off_loop_if_large(  # a conversation's hash reads its first messages
+            call.num_bytes, session_id_for, call, request.headers, self.session_header,
+            self.limits.max_session_id_chars)
         entry = self.room.registry.get(session_id)
         is_new = False
         if entry is None:

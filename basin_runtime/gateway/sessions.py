@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring  # the C escaper json.dumps uses
 from typing import Literal, TypeAlias
 
 from basin_runtime.gateway.calls import Call
@@ -33,6 +33,9 @@ from basin_runtime.policy import Shed
 SessionState = Literal["queued", "live"]
 Verdict: TypeAlias = Literal["admitted", "ended", "shutdown"] | Shed
 CallOutcome = Literal["completed", "rejected", "client_gone", "upstream_error", "gateway_error"]
+
+
+_HASH_SLICE_CHARS = 1 << 20
 
 
 def session_id_for(call: Call, headers: Mapping[str, str], header_name: str,
@@ -52,8 +55,27 @@ def session_id_for(call: Call, headers: Mapping[str, str], header_name: str,
     system = next((m for m in call.messages if m.get("role") == "system"), None)
     user = next((m for m in call.messages if m.get("role") == "user"), None)
     head = [message_text(m.get("content")) if m is not None else None for m in (system, user)]
-    digest = hashlib.sha256(json.dumps(head, ensure_ascii=False).encode("utf-8")).hexdigest()
-    return f"conv-{digest[:24]}", False
+    return f"conv-{_head_digest(head)[:24]}", False
+
+
+def _head_digest(head: list[str | None]) -> str:
+    """sha256 of `json.dumps(head, ensure_ascii=False)` in UTF-8, fed slice by slice.
+
+    JSON escapes each character on its own, so the slices' escapes join into the whole text's; no
+    single C call then holds the GIL for long on a huge first message (a 23 MB one took ~100 ms).
+    """
+    digest = hashlib.sha256(b"[")
+    for k, text in enumerate(head):
+        digest.update(b", " if k else b"")
+        if text is None:
+            digest.update(b"null")
+            continue
+        digest.update(b'"')
+        for start in range(0, len(text), _HASH_SLICE_CHARS):
+            digest.update(encode_basestring(text[start:start + _HASH_SLICE_CHARS])[1:-1].encode("utf-8"))
+        digest.update(b'"')
+    digest.update(b"]")
+    return digest.hexdigest()
 
 
 @dataclass

@@ -15,9 +15,11 @@ import pytest
 import uvicorn
 from starlette.applications import Starlette
 
+from basin_runtime.gateway import gateway as gateway_module
 from basin_runtime.gateway.gateway import OFF_LOOP_BODY_BYTES
 from basin_runtime.gateway.limits import Limits
 from basin_runtime.gateway.measure import Meter, PromptMemo
+from basin_runtime.gateway.sessions import session_id_for
 from tests.runtime.test_gateway_app import CHAT, TOKENIZER, Rig, conversation, rig_for
 
 pytestmark = pytest.mark.asyncio
@@ -349,3 +351,21 @@ async def test_a_large_later_call_is_counted_off_the_event_loop_and_a_small_one_
         assert meter.threads[0] == loop_thread and meter.threads[1] != loop_thread
         assert rig.room.registry.get("s1").calls[-1].prompt_tokens == TOKENIZER.count_prompt(  # type: ignore[union-attr]
             conversation("task", "small", big))
+
+
+async def test_a_large_call_without_a_session_id_is_identified_off_the_event_loop(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Its id is a hash of its first messages: re-serialising a 23 MB first message took ~100 ms on the loop.
+    threads: list[str] = []
+
+    def recording(*args: Any) -> tuple[str, bool]:
+        threads.append(threading.current_thread().name)
+        return session_id_for(*args)
+
+    monkeypatch.setattr(gateway_module, "session_id_for", recording)
+    async with rig_for() as rig:
+        big = "word " * (OFF_LOOP_BODY_BYTES // 5)
+        assert (await rig.client.post(CHAT, json={"messages": conversation("small task")})).status_code == 200
+        assert (await rig.client.post(CHAT, json={"messages": conversation(big)})).status_code == 200
+        assert threads[0] == threading.current_thread().name != threads[1]
+        assert len(rig.policy.snapshot().live) == 2

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import math
 
 import pytest
 
+from basin_runtime.gateway import sessions
 from basin_runtime.gateway.calls import Call, parse_call
 from basin_runtime.gateway.clock import ManualClock
 from basin_runtime.gateway.errors import BadRequestError
@@ -47,6 +49,18 @@ def test_the_hash_is_stable_as_the_conversation_grows_and_differs_between_tasks(
     assert ident(first) != ident(chat(("system", "you are an agent"), ("user", "task B")))
     assert ident(first) != ident(chat(("system", "another agent"), ("user", "task A")))
     assert ident(chat(("user", "task A"))) != ident(first)
+
+
+@pytest.mark.parametrize("texts", [("you are an agent", "fix it"), (None, 'quote " back\\slash \n\t\x00 é 😀 \u2028'),
+                                   ("s" * 50, "<|im_start|>" * 9)])
+def test_the_hash_is_fed_in_slices_and_is_the_same_as_hashing_the_whole_head(
+        monkeypatch: pytest.MonkeyPatch, texts: tuple[str | None, str]) -> None:
+    # The id of a conversation must not change with how it is computed (ids outlive a restart: adoption).
+    system, user = texts
+    messages = ([("system", system)] if system is not None else []) + [("user", user)]
+    whole = hashlib.sha256(json.dumps([system, user], ensure_ascii=False).encode("utf-8")).hexdigest()
+    monkeypatch.setattr(sessions, "_HASH_SLICE_CHARS", 3)
+    assert session_id_for(chat(*messages), {}, "X-Session-ID")[0] == f"conv-{whole[:24]}"
 
 
 def test_a_raw_prompt_without_header_or_user_is_a_single_call_session_each_time() -> None:
