@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 
@@ -95,16 +96,18 @@ def _content_length(request: Request, max_bytes: int) -> int | None:
 
 def check_depth(body: object, max_depth: int) -> None:
     """Refuse (`NestingTooDeepError`) JSON nested deeper than `max_depth` containers; no recursion."""
-    level: list[object] = [body] if isinstance(body, (dict, list)) else []
+    level: list[dict[str, Any] | list[Any]] = [body] if isinstance(body, (dict, list)) else []
     depth = 0
     while level:
         depth += 1
         if depth > max_depth:
             raise NestingTooDeepError(f"`{_deep_path(body, max_depth)}` is nested more than {max_depth} levels deep",
                                       "max_json_depth", max_depth)
-        level = [child for container in level
-                 for child in (container.values() if isinstance(container, dict) else container)  # type: ignore[attr-defined]
-                 if isinstance(child, (dict, list))]
+        deeper: list[dict[str, Any] | list[Any]] = []
+        for container in level:
+            items = container.values() if isinstance(container, dict) else container
+            deeper.extend(child for child in items if isinstance(child, (dict, list)))
+        level = deeper
 
 
 def _deep_path(body: object, max_depth: int) -> str:

@@ -51,10 +51,12 @@ class PromptMemo:
 
     @property
     def keys(self) -> tuple[bytes, ...]:
+        """The digests of the last prompt's messages."""
         return self.counts.keys
 
     @property
     def tokens(self) -> tuple[int, ...]:
+        """The token counts of the last prompt's messages."""
         return self.counts.tokens
 
 
