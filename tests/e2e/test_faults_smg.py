@@ -65,7 +65,7 @@ from tests.e2e.test_gateway_e2e import (
     start_standin,
     wait_ready,
 )
-from tests.e2e.test_load_faults import Probe, delta, wait_for
+from tests.e2e.test_load_faults import Probe, delta, probing, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio]
 
@@ -143,11 +143,9 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultRig]:
 
 @pytest_asyncio.fixture
 async def probe(rig: FaultRig) -> AsyncIterator[Probe]:
-    """A probe of the rig's gateway; whatever sessions a failed test left behind are ended after it."""
-    async with httpx.AsyncClient(timeout=10) as http:
-        made = Probe(rig, http)
+    """A probe of the rig's gateway."""
+    async with probing(rig) as made:
         yield made
-        await made.end_all(list(await made.sessions()), missing_ok=True)
 
 
 def calls_delta(after: Counter[str], before: Counter[str]) -> dict[str, float]:

@@ -46,6 +46,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -193,13 +194,20 @@ class Probe:
         await self.wait_engines_idle(timeout_s=5.0)
 
 
-@pytest_asyncio.fixture
-async def probe(stack: LocalStack) -> AsyncIterator[Probe]:
-    """A probe of the shared stack; whatever sessions a failed test left behind are ended after it."""
+@asynccontextmanager
+async def probing(host: GatewayHost) -> AsyncIterator[Probe]:
+    """A probe of `host`'s gateway; whatever sessions a failed test left behind are ended after it."""
     async with httpx.AsyncClient(timeout=10) as http:
-        made = Probe(stack, http)
+        made = Probe(host, http)
         yield made
         await made.end_all(list(await made.sessions()), missing_ok=True)
+
+
+@pytest_asyncio.fixture
+async def probe(stack: LocalStack) -> AsyncIterator[Probe]:
+    """A probe of the shared stack."""
+    async with probing(stack) as made:
+        yield made
 
 
 def delta(after: Counter[str], before: Counter[str], key: str) -> float:
