@@ -12,7 +12,8 @@ Publishing replaces a file only when the model changed: a published model traine
 training rows match the new model's within `parity_rtol`, is kept byte for byte (floating-point noise
 between machines, ~1e-5, would otherwise dirty git on every re-run; its metadata metrics are then the
 ones it was published with).
-The models are logged to MLflow with `mlflow.onnx`, registered, and the best aliased `champion`.
+The models are logged to MLflow with `mlflow.onnx`, registered (each version tagged with its CV
+metrics, params and training-data hash), and the best aliased `champion`.
 """
 
 from __future__ import annotations
@@ -184,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         written[name] = path
     publish_models(written, args.publish_dir, publish=params.publish and not summary["synthetic"],
              synthetic=summary["synthetic"], frame=frame, rtol=params.parity_rtol)
-    _track(best, written)
+    _track(best, written, summary)
     return 0
 
 
@@ -229,11 +230,15 @@ def published_difference(published: Path, new: Path, sessions: ParitySet) -> flo
     return float(np.max(np.abs(after - before) / np.maximum(np.abs(before), 1e-12)))
 
 
-def _track(best: dict[str, Any], written: dict[str, Path]) -> None:
+def _track(best: dict[str, Any], written: dict[str, Path], summary: dict[str, Any]) -> None:
     """Log, register and alias the models in MLflow (a side channel: nothing reads it back)."""
     tracking.configure()
     for name, path in written.items():
-        tracking.log_onnx_model(best["mlflow_run_id"], name, path, best["models"][name]["cv_objective"])
+        record = best["models"][name]
+        tags = {"training_data_sha256": summary["training_data_sha256"], "synthetic": json.dumps(summary["synthetic"]),
+                "params": json.dumps(record["params"], sort_keys=True)}
+        tags |= {f"cv_spearman/{b}": f"{v:.6f}" for b, v in record["cv_spearman"].items() if v is not None}
+        tracking.log_onnx_model(best["mlflow_run_id"], name, path, record["cv_objective"], tags)
 
 
 if __name__ == "__main__":
