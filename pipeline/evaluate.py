@@ -7,6 +7,12 @@ Both the pooled model and the per-benchmark models are refitted per fold with th
 chose. Baselines: a constant (no ranking: Spearman undefined), first-prompt length only, task length
 only (a monotone model of one number ranks as the number does). Calibration: the share of sessions
 whose true peak exceeds the prediction, which is what overflows a budget.
+
+The stage writes two small files kept in git (`metrics/`, compared by `dvc metrics diff` and shown
+by `dvc exp show`): --metrics the Spearman scores (protocols and ranking baselines), --overflow the
+calibration (the share that overflows, per model and for the constant). Without --overflow, the
+calibration goes into the one --metrics file. Both are also logged as one MLflow run `evaluate`
+(tagged with the training run it judges).
 """
 
 from __future__ import annotations
@@ -22,7 +28,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from pipeline import tracking
 from pipeline.features import ModelParams, build_model
+from pipeline.metrics_files import write_metrics
 from pipeline.scoring import out_of_fold, overflow_share, spearman
 
 log = logging.getLogger(__name__)
@@ -121,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--frame", type=Path, required=True)
     parser.add_argument("--best", type=Path, required=True, help="train's best.json")
     parser.add_argument("--metrics", type=Path, required=True)
+    parser.add_argument("--overflow", type=Path, help="calibration per benchmark (JSON); default: inside --metrics")
     parser.add_argument("--plot-data", type=Path, required=True, help="CSV of predictions for dvc plots")
     parser.add_argument("--plot", type=Path, required=True, help="PNG of predicted vs true")
     args = parser.parse_args(argv)
@@ -141,14 +150,36 @@ def main(argv: list[str] | None = None) -> int:
         for bench, s in metrics[protocol].items():
             log.info("%-12s %-20s pooled %s  own %s  (%d sessions)", protocol, bench, _fmt(s["pooled"]),
                      _fmt(s["per_benchmark"]), s["sessions"])
-    args.metrics.parent.mkdir(parents=True, exist_ok=True)
-    args.metrics.write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    logged: dict[str, Any] = metrics
+    if args.overflow:
+        overflow = overflow_metrics(metrics.pop("baselines"), metrics.pop("calibration"))
+        write_metrics(args.overflow, overflow)
+        metrics["baselines"] = {b: {k: v for k, v in scores.items() if k.endswith("_spearman") and v is not None}
+                                for b, scores in baselines(frame).items()}
+        logged = {**metrics, "overflow": overflow}
+    write_metrics(args.metrics, metrics)
+    tracking.configure()
+    tracking.log_run("evaluate", {"train_run_id": best["mlflow_run_id"]}, logged,
+                     {"basin.train_run_id": best["mlflow_run_id"]})
     rows = pd.DataFrame({"benchmark": frame["benchmark"], "true_peak_tokens": frame["peak_prompt_tokens"],
                          "pooled_predicted": unseen["pooled"],
                          "own_predicted": [unseen[b][i] for i, b in enumerate(frame["benchmark"])]})
-    rows.to_csv(args.plot_data, index=False)
+    for path in (args.plot_data, args.plot):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    rows.round(1).to_csv(args.plot_data, index=False)  # tokens; kept in git, so no machine-dependent last bits
     plot(frame, unseen, args.plot)
     return 0
+
+
+def overflow_metrics(baseline: dict[str, Any], calibrated: dict[str, Any]) -> dict[str, Any]:
+    """Per benchmark, the share of sessions whose true peak exceeds the prediction: the constant, the
+    pooled model and the benchmark's own model (`own`), with the median true/predicted of the models."""
+    out: dict[str, Any] = {}
+    for bench, scores in baseline.items():
+        out[bench] = {"constant": {"overflow_share": scores["constant_overflow"]}}
+        for model, values in calibrated.get(bench, {}).items():
+            out[bench]["pooled" if model == "pooled" else "own"] = values
+    return out
 
 
 def _fmt(value: float | None) -> str:

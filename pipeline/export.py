@@ -7,7 +7,13 @@ match scikit-learn to `parity_rtol` on a parity set of sessions (task text and f
 awkward texts (empty, whitespace, unicode, code, paths, 100 KB) and training sessions, or the stage
 fails. Files go to the stage's output folder; those trained on real data are also published to
 `models/` (kept in git, so a clone can serve without retraining). A synthetic run never publishes.
-The models are logged to MLflow with `mlflow.onnx`, registered, and the best aliased `champion`.
+Publishing replaces a file only when the model changed: a published model trained on the same data
+(training-data hash), with the same params and benchmarks, whose predictions on the parity set of its
+training rows match the new model's within `parity_rtol`, is kept byte for byte (floating-point noise
+between machines, ~1e-5, would otherwise dirty git on every re-run; its metadata metrics are then the
+ones it was published with).
+The models are logged to MLflow with `mlflow.onnx`, registered (each version tagged with its CV
+metrics, params and training-data hash), and the best aliased `champion`.
 """
 
 from __future__ import annotations
@@ -177,30 +183,62 @@ def main(argv: list[str] | None = None) -> int:
         path = args.out / model_file_name(None if name == "pooled" else name)
         path.write_bytes(blob)
         written[name] = path
-    _publish(written, args.publish_dir, publish=params.publish and not summary["synthetic"],
-             synthetic=summary["synthetic"])
-    _track(best, written)
+    publish_models(written, args.publish_dir, publish=params.publish and not summary["synthetic"],
+             synthetic=summary["synthetic"], frame=frame, rtol=params.parity_rtol)
+    _track(best, written, summary)
     return 0
 
 
-def _publish(written: dict[str, Path], folder: Path, publish: bool, synthetic: bool) -> None:
+def publish_models(written: dict[str, Path], folder: Path, publish: bool, synthetic: bool, frame: pd.DataFrame,
+             rtol: float) -> None:
     if not publish:
         reason = "trained on the SYNTHETIC corpus" if synthetic else "export.publish is false"
         log.warning("not publishing to %s: %s; the shipped models stay as they are", folder, reason)
         return
     folder.mkdir(parents=True, exist_ok=True)
-    for path in written.values():
+    for name, path in written.items():
         target = folder / path.name
-        if not target.exists() or target.read_bytes() != path.read_bytes():
-            shutil.copyfile(path, target)
-            log.info("published %s", target)
+        if target.exists() and target.read_bytes() == path.read_bytes():
+            continue
+        rows = frame if name == "pooled" else frame[frame["benchmark"] == name]
+        difference = published_difference(target, path, parity_set(rows))
+        if difference is not None and difference <= rtol:
+            log.info("kept %s: the new model predicts within %.1e relative of it (tolerance %.0e)", target,
+                     difference, rtol)
+            continue
+        shutil.copyfile(path, target)
+        log.info("published %s", target)
 
 
-def _track(best: dict[str, Any], written: dict[str, Path]) -> None:
+def published_difference(published: Path, new: Path, sessions: ParitySet) -> float | None:
+    """Largest relative difference between the published model's and the new model's predictions on
+    `sessions`; None when there is nothing comparable (no file, unreadable, other data, params or
+    benchmarks), which always publishes."""
+    if not published.exists():
+        return None
+    try:
+        old = PeakPredictor.load(published)
+    except PredictorError as exc:
+        log.warning("published %s cannot be loaded (%s): replacing it", published, exc)
+        return None
+    fresh = PeakPredictor.load(new)
+    if (old.info.training_data_sha256, old.info.params, old.info.benchmarks) != \
+            (fresh.info.training_data_sha256, fresh.info.params, fresh.info.benchmarks):
+        return None
+    before = old.predict_batch(sessions.task_texts, sessions.first_prompt_tokens)
+    after = fresh.predict_batch(sessions.task_texts, sessions.first_prompt_tokens)
+    return float(np.max(np.abs(after - before) / np.maximum(np.abs(before), 1e-12)))
+
+
+def _track(best: dict[str, Any], written: dict[str, Path], summary: dict[str, Any]) -> None:
     """Log, register and alias the models in MLflow (a side channel: nothing reads it back)."""
     tracking.configure()
     for name, path in written.items():
-        tracking.log_onnx_model(best["mlflow_run_id"], name, path, best["models"][name]["cv_objective"])
+        record = best["models"][name]
+        tags = {"training_data_sha256": summary["training_data_sha256"], "synthetic": json.dumps(summary["synthetic"]),
+                "params": json.dumps(record["params"], sort_keys=True)}
+        tags |= {f"cv_spearman/{b}": f"{v:.6f}" for b, v in record["cv_spearman"].items() if v is not None}
+        tracking.log_onnx_model(best["mlflow_run_id"], name, path, record["cv_objective"], tags)
 
 
 if __name__ == "__main__":

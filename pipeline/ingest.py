@@ -39,6 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, required=True, help="session table to write (.parquet)")
     parser.add_argument("--rejects", type=Path, help="rejects report to write (JSONL); default OUT.rejects.jsonl")
     parser.add_argument("--report", type=Path, help="folder for the data report (JSON, Markdown, PNG)")
+    parser.add_argument("--metrics", type=Path, help="write the report's JSON here instead of REPORT/report.json")
     parser.add_argument("--tokenizer", default=DEFAULT_TOKENIZER)
     parser.add_argument("--task-pattern", help="regex cutting the task text out of the first user message")
     parser.add_argument("--max-reject-fraction", type=float, default=0.05)
@@ -79,7 +80,8 @@ def _finish(result: IngestResult, args: argparse.Namespace, max_reject_fraction:
     rejects_path = args.rejects or args.out.with_suffix(".rejects.jsonl")
     _write_rejects(rejects_path, result.rejects)
     if args.report:
-        write_report(build_report(result.sessions, len(result.rejects), synthetic), result.sessions, args.report)
+        write_report(build_report(result.sessions, len(result.rejects), synthetic), result.sessions, args.report,
+                     args.metrics)
     for reject in result.rejects[:10]:
         log.warning("rejected %s:%d: %s", reject.file, reject.line, reject.reason)
     if not result.sessions:

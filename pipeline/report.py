@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -10,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from basin_runtime.session_table import Session
+from pipeline.metrics_files import write_metrics
 
 
 def _pct(values: Sequence[float], q: float) -> float:
@@ -95,8 +95,12 @@ def plot_peaks(sessions: Sequence[Session], path: Path) -> None:
     plt.close(fig)
 
 
-def write_report(report: dict[str, Any], sessions: Sequence[Session], folder: Path) -> None:
+def write_report(report: dict[str, Any], sessions: Sequence[Session], folder: Path,
+                 metrics: Path | None = None) -> None:
+    """Markdown and PNG into `folder`; the JSON to `metrics` (the stage: metrics/ingest.json, kept in git)
+    or else beside them as report.json."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "report.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    metrics = metrics or folder / "report.json"
+    write_metrics(metrics, report)
     (folder / "report.md").write_text(report_markdown(report), encoding="utf-8")
     plot_peaks(sessions, folder / "peaks.png")

@@ -6,8 +6,12 @@ ratio, peak completion rate), written where the gateway can read it; every Basin
 reservation quantile gets its own ramp, since the reservation ratio depends on what is reserved.
 
     python -m pipeline.simulate --model data/models/peak_predictor.onnx --sessions data/sessions.parquet \
-        --predictions data/evaluate/predictions.csv --out-metrics data/simulate/metrics.json \
+        --predictions metrics/predictions.csv --out-metrics metrics/simulate.json \
         --out-calibration data/simulate/calibration.json --plot-dir data/simulate/
+
+The metrics are kept in git (`metrics/simulate.json`, compared by `dvc metrics diff`), so they hold
+only results of the simulation: the stage's wall time is logged, not written. They are also logged
+as one MLflow run `simulate`.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from basin_sim.calibrate.rates import DEFAULT_RATES_FILE, RateCache, overload_ra
 from basin_sim.predictions import load_predictor, predict_pool, ratio_quantiles
 from basin_sim.simulate import RunSpec, run_scenario
 from basin_sim.workload.pool import load_pool, workload_pool
+from pipeline import tracking
+from pipeline.metrics_files import write_metrics
 from pipeline.params import simulate_params
 
 log = logging.getLogger(__name__)
@@ -40,8 +46,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m pipeline.simulate", description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=Path("models/peak_predictor.onnx"))
     parser.add_argument("--sessions", type=Path, default=Path("data/sessions.parquet"))
-    parser.add_argument("--predictions", type=Path, default=Path("data/evaluate/predictions.csv"))
-    parser.add_argument("--out-metrics", type=Path, default=Path("data/simulate/metrics.json"))
+    parser.add_argument("--predictions", type=Path, default=Path("metrics/predictions.csv"))
+    parser.add_argument("--out-metrics", type=Path, default=Path("metrics/simulate.json"))
     parser.add_argument("--out-calibration", type=Path, default=Path("data/simulate/calibration.json"),
                         help="the knee calibration measured with the fresh model (the gateway's --calibration)")
     parser.add_argument("--ramp-step-s", type=float, default=RAMP_STEP_S, help="simulated seconds per ramp step")
@@ -119,9 +125,11 @@ def main(argv: list[str] | None = None) -> int:
                  summary["goodput_per_hour"])
     best = max(metrics["reservation_quantile"].items(), key=lambda kv: kv[1]["goodput_per_hour"])
     metrics["best_reservation_quantile"] = best[0]
-    metrics["wall_s"] = round(time.perf_counter() - started, 1)
-    args.out_metrics.parent.mkdir(parents=True, exist_ok=True)
-    args.out_metrics.write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    log.info("simulate: %.1f s", time.perf_counter() - started)
+    write_metrics(args.out_metrics, metrics)
+    tracking.configure()
+    tracking.log_run("simulate", {"deployment": spec.name, "seed": args.seed, "model": str(args.model)}, metrics,
+                     {"basin.model": str(args.model)})
     return 0
 
 

@@ -1,5 +1,13 @@
 """MLflow as a side channel: runs are written here and never read back by any stage.
 
+Rules:
+- Each training is one parent run `train` (params, and per model its CV objective and per-benchmark
+  Spearman as metrics `cv_objective/<model>`, `cv_spearman/<model>/<benchmark>`) with one nested run
+  per trial; evaluate and simulate each log one run of their own (`evaluate`, `simulate`) whose
+  metrics are their metrics files flattened (`a/b/c`), tagged with the training run they judge.
+- Every registered model version carries its training run's metrics for that model and the training
+  data hash as tags (a version has tags, not metrics), so the registry compares versions at a glance.
+
 The tracking store defaults to a SQLite file in the repository (`sqlite:///mlflow.db`); set
 MLFLOW_TRACKING_URI to send runs elsewhere. Browse with
 `mlflow ui --backend-store-uri sqlite:///mlflow.db`.
@@ -53,6 +61,23 @@ def parent_run(name: str, params: Mapping[str, Any]) -> Iterator[str]:
         yield run.info.run_id
 
 
+def log_metrics(metrics: Mapping[str, Any]) -> None:
+    """Numeric leaves of `metrics` on the active run (names as `flat`)."""
+    import mlflow
+
+    mlflow.log_metrics(flat(metrics))
+
+
+def log_run(name: str, params: Mapping[str, Any], metrics: Mapping[str, Any], tags: Mapping[str, str]) -> str:
+    """A finished top-level run (evaluate's, simulate's); returns its id."""
+    import mlflow
+
+    with mlflow.start_run(run_name=name, tags=dict(tags)) as run:
+        mlflow.log_params({k: str(v) for k, v in params.items()})
+        mlflow.log_metrics(flat(metrics))
+        return str(run.info.run_id)
+
+
 def log_child(name: str, params: Mapping[str, Any], metrics: Mapping[str, Any], tags: Mapping[str, str]) -> None:
     """A finished nested run under the active one, written in one batch (a few ms, not a few hundred)."""
     import mlflow
@@ -80,8 +105,10 @@ def registered_name(model_name: str) -> str:
     return EXPERIMENT if model_name == "pooled" else f"{EXPERIMENT}-{model_name}"
 
 
-def log_onnx_model(run_id: str, model_name: str, path: Path, score: float) -> None:
-    """Log an ONNX file under the training run, register it, and alias it `champion` if it scores best."""
+def log_onnx_model(run_id: str, model_name: str, path: Path, score: float,
+                   tags: Mapping[str, str] | None = None) -> None:
+    """Log an ONNX file under the training run, register it with `tags` (its metrics, data hash) and
+    alias it `champion` if it scores best."""
     import mlflow
     import onnx
     from mlflow.exceptions import MlflowException
@@ -105,6 +132,8 @@ def log_onnx_model(run_id: str, model_name: str, path: Path, score: float) -> No
     client = mlflow.MlflowClient()
     version = str(info.registered_model_version)
     client.set_model_version_tag(registered, version, "cv_objective", f"{score:.6f}")
+    for key, value in (tags or {}).items():
+        client.set_model_version_tag(registered, version, key, value)
     try:
         champion = client.get_model_version_by_alias(registered, "champion")
         best = float(champion.tags.get("cv_objective", "-inf"))

@@ -2,7 +2,12 @@
 
 For each model, a seeded Optuna TPE study (SQLite, resumable with --resume) picks the knobs by
 unseen-task Spearman; the final pipeline is then fitted on all of that model's rows. Every trial is
-a nested MLflow run under one parent run per training.
+a nested MLflow run under one parent run per training, which carries each model's CV objective and
+per-benchmark CV Spearman as metrics.
+
+Outputs a user compares across experiments are small and kept in git (`metrics/`): the chosen
+configuration's CV objective per model (--metrics) and the trial history, one row per trial with its
+study's `model`, drawn one series per study (--trials, the `trials` plot template in .dvc/plots).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from tqdm import tqdm
 
 from pipeline import tracking
 from pipeline.features import build_model
+from pipeline.metrics_files import SIGNIFICANT_DIGITS, write_metrics
 from pipeline.params import TrainParams, train_params
 from pipeline.tuning import TrialResult, best_params, run_study
 
@@ -76,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--summary", type=Path, required=True, help="featurize's summary.json")
     parser.add_argument("--out", type=Path, required=True, help="folder for fitted models, best.json, study")
     parser.add_argument("--trials", type=Path, required=True, help="trial history (CSV, for dvc plots)")
+    parser.add_argument("--metrics", type=Path, help="CV objective per model (JSON, for dvc metrics)")
     parser.add_argument("--resume", action="store_true", help="continue the stored studies instead of restarting")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -98,11 +105,27 @@ def main(argv: list[str] | None = None) -> int:
             history += [{"model": name, "trial": n, "objective": v} for n, v in record.pop("trials")]
             best[name] = record
             log.info("%s: unseen-task Spearman %.3f with %s", name, record["cv_objective"], record["params"])
+        tracking.log_metrics(parent_metrics(best))
     (args.out / "best.json").write_text(json.dumps({"mlflow_run_id": run_id, "models": best}, indent=2,
                                                    sort_keys=True) + "\n", encoding="utf-8")
     args.trials.parent.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(history).to_csv(args.trials, index=False)
+    trials = pd.DataFrame(history, columns=["model", "trial", "objective"])
+    trials.round({"objective": SIGNIFICANT_DIGITS}).to_csv(args.trials, index=False)
+    if args.metrics:
+        write_metrics(args.metrics, train_metrics(best))
     return 0
+
+
+def parent_metrics(best: dict[str, Any]) -> dict[str, Any]:
+    """The training run's metrics: per model its CV objective and its per-benchmark CV Spearman."""
+    return {"cv_objective": {name: r["cv_objective"] for name, r in best.items()},
+            "cv_spearman": {name: r["cv_spearman"] for name, r in best.items()}}
+
+
+def train_metrics(best: dict[str, Any]) -> dict[str, Any]:
+    """The chosen configuration of each model: its CV objective (unseen-task Spearman) and study size."""
+    return {name: {"cv_objective": r["cv_objective"], "best_trial": r["best_trial"],
+                   "rows": r["rows"]} for name, r in best.items()}
 
 
 if __name__ == "__main__":

@@ -274,7 +274,7 @@ def test_workload_names_fallback_and_text_free_records_at_ingest(tmp_path: Path)
 
 # --- the real `dvc repro` -------------------------------------------------------------------------
 
-COPIED = ["dvc.yaml", "pipeline", "basin_runtime", "basin_sim", "models"]
+COPIED = ["dvc.yaml", "pipeline", "basin_runtime", "basin_sim", "models", ".dvcignore"]
 
 
 def _dvc(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -311,10 +311,10 @@ def test_dvc_repro_trains_on_the_gateway_log_and_notices_when_it_grows(dvc_proje
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     lock = yaml.safe_load((dvc_project / "dvc.lock").read_text())["stages"]
     assert set(lock) == {"sources", "ingest", "featurize", "train", "export", "evaluate"}
-    metrics = json.loads((dvc_project / "data/evaluate/metrics.json").read_text())
+    metrics = json.loads((dvc_project / "metrics/spearman.json").read_text())
     assert set(metrics["unseen_task"]) == {"gateway", "synthetic-swebench", "synthetic-tau", "synthetic-terminal"}
     assert sum(v["sessions"] for v in metrics["unseen_task"].values()) == len(loop.records)
-    report = json.loads((dvc_project / "data/ingest/report.json").read_text())
+    report = json.loads((dvc_project / "metrics/ingest.json").read_text())
     assert report["synthetic"] is False
     assert {p.name: p.read_bytes() for p in (dvc_project / "models").iterdir()} == shipped  # publish: false
 

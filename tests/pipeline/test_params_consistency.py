@@ -53,7 +53,7 @@ def test_every_data_path_in_a_command_is_a_declared_dep_or_output() -> None:
     for name, stage in DVC.items():
         declared = _paths(stage.get("deps", [])) | _paths(stage.get("outs", []))
         declared |= _paths(stage.get("metrics", [])) | _paths(stage.get("plots", []))
-        for path in re.findall(r"(?<=\s)(?:data|models)/\S*|(?<=\s)models(?=\s|$)", stage["cmd"]):
+        for path in re.findall(r"(?<=\s)(?:data|models|metrics)/\S*|(?<=\s)models(?=\s|$)", stage["cmd"]):
             inside = any(path.startswith(d + "/") for d in declared)  # a file in a declared folder
             holds = any(d.startswith(path + "/") for d in declared)  # a folder of declared files
             assert path in declared or inside or holds, (name, path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,7 +15,10 @@ MODEL = Path("models/peak_predictor.onnx")
 
 
 @pytest.mark.skipif(not MODEL.exists(), reason="the shipped predictor is not in this checkout")
-def test_the_stage_writes_goodput_per_policy_and_per_reservation_quantile(tmp_path: Path) -> None:
+def test_the_stage_writes_goodput_per_policy_and_per_reservation_quantile(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     scenario = tmp_path / "tiny.yaml"
     scenario.write_text("name: tiny\nduration_s: 540\nwarmup_s: 60\nrate: [{from_s: 0, x_overload: 0.1}]\n"
                         "goodput_window: {from_s: 60, to_s: 540}\n")
@@ -37,3 +41,21 @@ def test_the_stage_writes_goodput_per_policy_and_per_reservation_quantile(tmp_pa
     assert metrics["best_reservation_quantile"] in metrics["reservation_quantile"]
     assert metrics["reservation_quantile"]["q0.9"]["scale"] > metrics["reservation_quantile"]["q0.5"]["scale"]
     assert list(tmp_path.glob("*.png"))
+    _assert_logged_as_a_run(uri, metrics)
+
+
+def _assert_logged_as_a_run(uri: str, metrics: dict[str, Any]) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from pipeline.tracking import EXPERIMENT
+
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name(EXPERIMENT)
+    assert experiment is not None
+    [run] = client.search_runs([experiment.experiment_id])
+    assert run.info.run_name == "simulate" and run.data.params["deployment"] == metrics["deployment"]
+    for key, value in metrics["runs"]["surge-100/basin"].items():
+        if value is not None:
+            assert run.data.metrics[f"runs/surge-100/basin/{key}"] == pytest.approx(value, rel=1e-5)  # file: 6 digits
+    assert run.data.metrics["reservation_quantile/q0.9/scale"] == \
+        pytest.approx(metrics["reservation_quantile"]["q0.9"]["scale"], rel=1e-5)

@@ -164,7 +164,7 @@ def _write(path: Path, blob: bytes) -> Path:
     return path
 
 
-def test_whole_chain_is_deterministic_and_publishes_nothing_from_synthetic_data(
+def test_whole_chain_is_deterministic_publishes_nothing_from_synthetic_data_and_tracks_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     params = _params_file(tmp_path)
@@ -188,9 +188,14 @@ def test_whole_chain_is_deterministic_and_publishes_nothing_from_synthetic_data(
     predictor = PeakPredictor.load(tmp_path / "a" / "models" / "peak_predictor.onnx", expected_tokenizer="qwen3.6")
     assert predictor.info.synthetic is True and predictor.info.params == best["models"]["pooled"]["params"]
     assert evaluate.main(["--frame", str(tmp_path / "f.parquet"), "--best", str(tmp_path / "a" / "train" / "best.json"),
-                          "--metrics", str(tmp_path / "m.json"), "--plot-data", str(tmp_path / "p.csv"),
-                          "--plot", str(tmp_path / "p.png")]) == 0
-    metrics = json.loads((tmp_path / "m.json").read_text())
+                          "--metrics", str(tmp_path / "spearman.json"), "--overflow", str(tmp_path / "overflow.json"),
+                          "--plot-data", str(tmp_path / "p.csv"), "--plot", str(tmp_path / "p.png")]) == 0
+    _assert_mlflow_holds_the_numbers(f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "a" / "train",
+                                     tmp_path / "summary.json", tmp_path / "spearman.json", tmp_path / "overflow.json")
+    metrics = json.loads((tmp_path / "spearman.json").read_text())
+    assert set(metrics) == {"unseen_task", "seen_task", "baselines"}
+    overflow = json.loads((tmp_path / "overflow.json").read_text())
+    assert {m for scores in overflow.values() for m in scores} == {"constant", "pooled", "own"}
     assert set(metrics["unseen_task"]) == {"synthetic-swebench", "synthetic-terminal", "synthetic-tau"}
     assert metrics["seen_task"] == {}  # synthetic tasks never repeat
     for bench, scores in metrics["unseen_task"].items():
@@ -208,3 +213,41 @@ def test_a_benchmark_with_fewer_tasks_than_folds_gets_no_model_of_its_own(caplog
     assert set(subsets) == {POOLED, "big"}
     assert len(subsets[POOLED]) == 13  # the rare benchmark's rows still train the pooled model
     assert "benchmark rare: 2 task(s) cannot fill 5 task-grouped folds" in caplog.text
+
+
+
+def _assert_mlflow_holds_the_numbers(uri: str, train_dir: Path, summary: Path, spearman_file: Path,
+                                     overflow_file: Path) -> None:
+    """The training's parent run has each model's CV metrics, its registered versions their metrics and
+    data hash, and evaluate's run the numbers of its two files."""
+    from mlflow.tracking import MlflowClient
+
+    from pipeline.tracking import EXPERIMENT, registered_name
+
+    best = json.loads((train_dir / "best.json").read_text())
+    data_hash = json.loads(summary.read_text())["training_data_sha256"]
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name(EXPERIMENT)
+    assert experiment is not None
+    top = [r for r in client.search_runs([experiment.experiment_id]) if "mlflow.parentRunId" not in r.data.tags]
+    trained = client.get_run(best["mlflow_run_id"]).data.metrics
+    assert {r.info.run_name for r in top} == {"train", "evaluate"}
+    for name, record in best["models"].items():
+        assert trained[f"cv_objective/{name}"] == pytest.approx(record["cv_objective"])
+        for bench, value in record["cv_spearman"].items():
+            assert trained[f"cv_spearman/{name}/{bench}"] == pytest.approx(value)
+        [version] = client.search_model_versions(f"name='{registered_name(name)}' and run_id='{best['mlflow_run_id']}'")
+        assert version.tags["training_data_sha256"] == data_hash
+        assert float(version.tags["cv_objective"]) == pytest.approx(record["cv_objective"], abs=1e-6)
+        assert {k: float(v) for k, v in version.tags.items() if k.startswith("cv_spearman/")} == \
+            pytest.approx({f"cv_spearman/{b}": v for b, v in record["cv_spearman"].items()}, abs=1e-6)
+    [evaluated] = [r for r in top if r.info.run_name == "evaluate"]
+    spearman = json.loads(spearman_file.read_text())
+    overflow = json.loads(overflow_file.read_text())
+    assert evaluated.data.tags["basin.train_run_id"] == best["mlflow_run_id"]
+    for bench, scores in spearman["unseen_task"].items():
+        # the files hold 6 significant digits, MLflow the full float
+        assert evaluated.data.metrics[f"unseen_task/{bench}/per_benchmark"] == \
+            pytest.approx(scores["per_benchmark"], rel=1e-5)
+        assert evaluated.data.metrics[f"overflow/{bench}/constant/overflow_share"] == \
+            pytest.approx(overflow[bench]["constant"]["overflow_share"], rel=1e-5)

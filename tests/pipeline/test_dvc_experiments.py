@@ -1,0 +1,115 @@
+"""The user's own tools compare real numbers: a real `dvc exp run` in a git copy of the project, then
+`dvc exp show`, `dvc metrics diff` and `dvc plots diff` across it and the commit.
+
+Rules:
+- The copy is a git repository with the project's dvc.yaml, code, .gitignore, .dvcignore and plot
+  template, and params.yaml with the synthetic corpus made tiny (no corpus is present next to it) and
+  2 trials; `dvc repro evaluate` and a commit of what it writes under metrics/ make the baseline, as a
+  user's `make repro` + `git commit` would.
+- Marked `slow` (~60 s on 2 idle cores: two pipeline runs, each stage a fresh Python).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pipeline.params import CORPORA_ROOT_ENV
+
+ROOT = Path(__file__).resolve().parents[2]
+COPIED = ["dvc.yaml", "pipeline", "basin_runtime", "basin_sim", "models", ".gitignore", ".dvcignore"]
+TRAIN_METRIC = "metrics/train.json:pooled.cv_objective"
+
+
+def _run(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    venv_bin = str(Path(sys.executable).parent)
+    env = {**os.environ, "PATH": venv_bin + os.pathsep + os.environ.get("PATH", ""), "DVC_NO_ANALYTICS": "1",
+           "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@example.com", "MLFLOW_TRACKING_URI": f"sqlite:///{project.parent / 'mlflow.db'}"}
+    env.pop(CORPORA_ROOT_ENV, None)
+    command = [str(Path(venv_bin) / "dvc"), *args[1:]] if args[0] == "dvc" else list(args)
+    done = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, f"{args}: {done.stdout[-3000:]}{done.stderr[-3000:]}"
+    return done
+
+
+def _copy(project: Path) -> None:
+    project.mkdir()
+    for name in COPIED:
+        source = ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, project / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(source, project / name)
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["ingest"]["synthetic"]["sessions_per_benchmark"] = 40
+    params["train"]["n_trials"] = 2
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+@pytest.fixture(scope="module")
+def experiment(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The copy after a committed baseline run and one `dvc exp run -S train.n_trials=3` (applied)."""
+    project = tmp_path_factory.mktemp("dvc-exp") / "repo"
+    _copy(project)
+    _run(project, "git", "init", "-q")
+    _run(project, "dvc", "init", "-q")
+    _run(project, "dvc", "config", "--local", "core.site_cache_dir", str(project.parent / "site"))
+    shutil.copytree(ROOT / ".dvc" / "plots", project / ".dvc" / "plots")
+    _run(project, "dvc", "repro", "evaluate")
+    _run(project, "git", "add", "-A")
+    _run(project, "git", "commit", "-q", "-m", "baseline")
+    _run(project, "dvc", "exp", "run", "-S", "train.n_trials=3", "evaluate")
+    return project
+
+
+def _exp_rows(project: Path) -> list[dict[str, str]]:
+    shown = _run(project, "dvc", "exp", "show", "--csv", "--no-pager").stdout
+    return list(csv.DictReader(io.StringIO(shown)))
+
+
+@pytest.mark.slow
+def test_exp_show_has_the_baselines_and_the_experiments_numbers(experiment: Path) -> None:
+    rows = _exp_rows(experiment)
+    assert len(rows) >= 2, rows  # the workspace and the committed baseline, at least
+    for row in rows:
+        assert "!" not in row.values(), row  # `!`: a metric file DVC could not load
+        assert float(row["pooled.cv_objective"]) == pytest.approx(float(row["pooled.cv_objective"]))
+        assert row["train.n_trials"] in {"2", "3"}
+    assert {row["train.n_trials"] for row in rows} == {"2", "3"}
+    assert any(k.startswith("unseen_task.") for k in rows[0]) and any(k.startswith("synthetic-") for k in rows[0])
+
+
+@pytest.mark.slow
+def test_metrics_diff_loads_the_commits_metrics(experiment: Path) -> None:
+    diff: dict[str, Any] = json.loads(_run(experiment, "dvc", "metrics", "diff", "HEAD", "--all", "--json").stdout)
+    assert {"metrics/train.json", "metrics/spearman.json", "metrics/overflow.json", "metrics/ingest.json"} <= set(diff)
+    for path, values in diff.items():
+        for key, change in values.items():
+            assert isinstance(change["old"], int | float) and isinstance(change["new"], int | float), (path, key)
+    pooled = diff["metrics/train.json"]["pooled.best_trial"]
+    assert pooled["old"] in {0, 1} and pooled["new"] in {0, 1, 2}
+
+
+@pytest.mark.slow
+def test_plots_diff_draws_both_revisions_and_one_series_per_study(experiment: Path) -> None:
+    shown: dict[str, Any] = json.loads(_run(experiment, "dvc", "plots", "diff", "HEAD", "--json").stdout)
+    assert not shown.get("errors"), shown["errors"]
+    trials = shown["data"]["metrics/trials.csv"][0]
+    values = trials["content"]["data"]["values"]
+    assert {v["rev"] for v in values} == {"HEAD", "workspace"}
+    assert trials["content"]["encoding"]["color"]["field"] == "model"
+    series = {v["model"] for v in values}
+    assert series == {"pooled", "synthetic-swebench", "synthetic-tau", "synthetic-terminal"}
+    assert {v["rev"] for v in shown["data"]["metrics/predictions.csv"][0]["content"]["data"]["values"]} == \
+        {"HEAD", "workspace"}
