@@ -104,6 +104,15 @@ class TrainParams:
 
 
 @dataclass(frozen=True)
+class NestedParams:
+    seeds: tuple[int, ...]
+    outer_folds: int
+    inner_folds: int
+    trials: int
+    seen_task: bool
+
+
+@dataclass(frozen=True)
 class ExportParams:
     parity_rtol: float
     publish: bool
@@ -119,6 +128,13 @@ def train_params(path: str | Path = "params.yaml") -> TrainParams:
     if isinstance(search, dict):
         search = {k: tuple(v) if isinstance(v, list) else v for k, v in search.items()}
     return _build(TrainParams, {**raw, "search": _build(SearchSpace, search, "train.search")}, "train")
+
+
+def nested_params(path: str | Path = "params.yaml") -> NestedParams:
+    raw = dict(load_section(path, "nested"))
+    if isinstance(raw.get("seeds"), list):
+        raw["seeds"] = tuple(int(s) for s in raw["seeds"])
+    return _build(NestedParams, raw, "nested")
 
 
 def export_params(path: str | Path = "params.yaml") -> ExportParams:

@@ -12,11 +12,13 @@ from pipeline.params import (
     ExportParams,
     FeaturizeParams,
     IngestParams,
+    NestedParams,
     SimulateParams,
     TrainParams,
     export_params,
     featurize_params,
     ingest_params,
+    nested_params,
     simulate_params,
     train_params,
 )
@@ -26,6 +28,7 @@ DVC = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
 PARAMS = yaml.safe_load((ROOT / "params.yaml").read_text())
 READERS = {"ingest": (ingest_params, IngestParams), "featurize": (featurize_params, FeaturizeParams),
            "train": (train_params, TrainParams), "export": (export_params, ExportParams),
+           "nested": (nested_params, NestedParams),
            "simulate": (simulate_params, SimulateParams)}
 
 
@@ -39,7 +42,8 @@ def test_every_section_loads_into_its_dataclass() -> None:
 def test_each_stage_lists_exactly_the_params_it_reads() -> None:
     declared = {name: {str(p).split(".")[0] for p in stage.get("params", [])} for name, stage in DVC.items()}
     assert declared == {"sources": {"ingest"}, "ingest": {"ingest"}, "featurize": {"featurize"},
-                        "train": {"train"}, "export": {"export"}, "evaluate": set(), "simulate": {"simulate"}}
+                        "train": {"train"}, "nested": {"nested", "train"}, "export": {"export"}, "evaluate": set(),
+                        "simulate": {"simulate"}}
     for name, stage in DVC.items():
         reads_params = "--params params.yaml" in stage["cmd"]
         assert reads_params == bool(stage.get("params")), name

@@ -1,0 +1,300 @@
+"""Stage `nested`: the ranking quality a user gets on new data, by nested, repeated cross-validation.
+
+Rules:
+- Outer folds, per benchmark and per fold seed: unseen-task = every run of a task in one outer fold;
+  seen-task = runs spread at random, scored only on test rows whose task has a run in the outer-train
+  rows (benchmarks without repeated tasks are not scored seen-task). A benchmark's outer folds depend
+  only on (seed, benchmark, its rows), so the pooled model, its own model and the baselines are
+  scored on the same folds.
+- For each outer fold, one fresh Optuna study (the search space and objective of `pipeline.tuning`)
+  sees ONLY the outer-train rows, split into inner folds by the same protocol; its best knobs are
+  refitted on the outer-train rows and predict the outer-test rows, which no study has seen.
+- The reported number is the per-fold Spearman (within one benchmark's rows of one outer fold),
+  averaged over the outer folds where it is defined, then mean and sd over the seeds. The value
+  pooled over all outer-test rows is reported beside it but is biased: it mixes the folds' scales
+  (each fold's predictions come from a different model), so a model whose predictions sit near its
+  training mean is pushed negative (a fold with a high true mean has a lower training mean); a
+  constant predictor has an undefined per-fold Spearman (null), yet a defined, usually negative,
+  pooled one.
+- Baselines are fitted per outer fold on the outer-train rows of their benchmark: constant (their
+  median), and a log-log line of one number (first-prompt tokens, task characters).
+- The shipped model is trained by `train` (tuned on all folds, fitted on all rows); this stage only
+  reports how well that recipe does on rows it never tuned or fitted on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import optuna
+import pandas as pd
+import scipy.sparse as sp
+from sklearn.linear_model import Ridge
+from tqdm import tqdm
+
+from pipeline.fast_cv import EmptyVocabularyError, FoldFeaturizer
+from pipeline.features import ModelParams
+from pipeline.params import NestedParams, SearchSpace, nested_params, train_params
+from pipeline.scoring import mean_defined, spearman, spearman_by_benchmark
+from pipeline.train import model_subsets
+from pipeline.tuning import suggest
+
+log = logging.getLogger(__name__)
+PROTOCOLS = ("unseen_task", "seen_task")
+BASELINES = {"constant": None, "first_prompt_only": "first_prompt_tokens", "task_chars_only": "task_chars"}
+
+
+class Splitter(Protocol):
+    """What the nested loop needs of `FoldFeaturizer` (a test can wrap it to record the indices)."""
+
+    log_target: np.ndarray
+
+    def split(self, params: ModelParams, train: np.ndarray, test: np.ndarray) -> tuple[sp.csr_matrix, sp.csr_matrix]:
+        ...
+
+
+@dataclass(frozen=True)
+class Settings:
+    outer_folds: int
+    inner_folds: int
+    trials: int
+    search: SearchSpace
+
+
+def assign(frame: pd.DataFrame, rows: np.ndarray, folds: int, seed: int, protocol: str) -> np.ndarray:
+    """Fold labels for `rows` of `frame`, per benchmark: by task (unseen_task) or by row (seen_task)."""
+    labels = np.empty(len(rows), dtype=np.int64)
+    benches = frame["benchmark"].to_numpy()[rows]
+    tasks = frame["task_id"].to_numpy()[rows]
+    for bench in np.unique(benches):
+        at = np.flatnonzero(benches == bench)
+        rng = np.random.default_rng([seed, zlib.crc32(str(bench).encode())])
+        if protocol == "unseen_task":
+            unique = np.unique(tasks[at])
+            task_fold = dict(zip(rng.permutation(unique), np.arange(len(unique)) % folds, strict=True))
+            labels[at] = [task_fold[t] for t in tasks[at]]
+        else:
+            labels[at] = rng.permutation(np.arange(len(at)) % folds)
+    return labels
+
+
+def scored_rows(frame: pd.DataFrame, train: np.ndarray, test: np.ndarray, protocol: str) -> np.ndarray:
+    """The test rows a protocol scores: all (unseen_task), or those whose task has a training run."""
+    if protocol == "unseen_task":
+        return test
+    keys = frame["benchmark"].astype(str) + "\x00" + frame["task_id"].astype(str)
+    seen = set(keys.to_numpy()[train])
+    return test[np.isin(keys.to_numpy()[test], list(seen))]
+
+
+def fit_predict(featurizer: Splitter, params: ModelParams, train: np.ndarray, test: np.ndarray) -> np.ndarray:
+    """Peak tokens predicted for `test` by the fast pipeline fitted on `train` only."""
+    x_train, x_test = featurizer.split(params, train, test)
+    ridge = Ridge(alpha=params.alpha).fit(x_train, featurizer.log_target[train])
+    return np.asarray(np.expm1(ridge.predict(x_test)), dtype=np.float64)
+
+
+def inner_study(frame: pd.DataFrame, featurizer: Splitter, rows: np.ndarray, labels: np.ndarray,
+                settings: Settings, seed: int) -> ModelParams:
+    """Knobs chosen by a fresh study that sees only `rows` (inner folds `labels`), tuning's objective."""
+    sub = frame.iloc[rows].reset_index(drop=True)
+
+    def objective(trial: optuna.Trial) -> float:
+        params = suggest(trial, settings.search)
+        predicted = np.full(len(rows), np.nan)
+        try:
+            for fold in np.unique(labels):
+                at = labels == fold
+                predicted[at] = fit_predict(featurizer, params, rows[~at], rows[at])
+        except EmptyVocabularyError as exc:
+            raise optuna.TrialPruned(str(exc)) from exc
+        return mean_defined(spearman_by_benchmark(sub, predicted))
+
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=seed))
+    study.optimize(objective, n_trials=settings.trials)
+    return suggest(optuna.trial.FixedTrial(dict(study.best_trial.params)), settings.search)
+
+
+def baseline_predict(frame: pd.DataFrame, name: str, train: np.ndarray, test: np.ndarray) -> np.ndarray:
+    """A baseline fitted on `train`: its median (constant) or a log-log line of one number."""
+    true = np.log1p(frame["peak_prompt_tokens"].to_numpy(dtype=np.float64))
+    column = BASELINES[name]
+    if column is None:
+        return np.full(len(test), float(np.expm1(np.median(true[train]))))
+    x = np.log1p(frame[column].to_numpy(dtype=np.float64))
+    if np.ptp(x[train]) == 0:
+        return np.full(len(test), float(np.expm1(np.mean(true[train]))))
+    slope, intercept = np.polyfit(x[train], true[train], 1)
+    return np.asarray(np.expm1(slope * x[test] + intercept), dtype=np.float64)
+
+
+Predictor = Callable[[np.ndarray, np.ndarray, int], np.ndarray]
+
+
+def score_seed(frame: pd.DataFrame, labels: np.ndarray, protocol: str, predict: Predictor) -> dict[str, Any]:
+    """Per-benchmark scores of one seed's outer folds: per-fold Spearman mean, and pooled over rows."""
+    true = frame["peak_prompt_tokens"].to_numpy(dtype=np.float64)
+    benches = frame["benchmark"].to_numpy()
+    predicted = np.full(len(frame), np.nan)
+    per_fold: dict[str, list[float | None]] = {str(b): [] for b in np.unique(benches)}
+    scored = np.zeros(len(frame), dtype=bool)
+    for fold in np.unique(labels):
+        train, test = np.flatnonzero(labels != fold), np.flatnonzero(labels == fold)
+        predicted[test] = predict(train, test, int(fold))
+        rows = scored_rows(frame, train, test, protocol)
+        scored[rows] = True
+        for bench in per_fold:
+            at = rows[benches[rows] == bench]
+            per_fold[bench].append(spearman(predicted[at], true[at]))
+    out: dict[str, Any] = {}
+    for bench, values in per_fold.items():
+        defined = [v for v in values if v is not None]
+        at = scored & (benches == bench)
+        out[bench] = {"per_fold": float(np.mean(defined)) if defined else None,
+                      "undefined_folds": len(values) - len(defined),
+                      "pooled_over_rows": spearman(predicted[at], true[at]), "scored_rows": int(at.sum())}
+    return out
+
+
+def model_predictor(frame: pd.DataFrame, featurizer: Splitter, labels: np.ndarray, protocol: str,
+                    settings: Settings, seed: int, chosen: list[dict[str, Any]]) -> Predictor:
+    """Outer-fold predictions of the tuned model: inner study on the outer-train rows, refit, predict."""
+    def predict(train: np.ndarray, test: np.ndarray, fold: int) -> np.ndarray:
+        inner = assign(frame, train, settings.inner_folds, seed * 1000 + fold + 1, protocol)
+        params = inner_study(frame, featurizer, train, inner, settings, seed * 1000 + fold)
+        chosen.append({"outer_fold": fold, **params.to_dict()})
+        return fit_predict(featurizer, params, train, test)
+    return predict
+
+
+def repeated(per_seed: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """Mean and sd (over seeds) of one per-seed number; null where no seed defines it."""
+    values = [s[key] for s in per_seed]
+    defined = [v for v in values if v is not None]
+    return {"mean": float(np.mean(defined)) if defined else None,
+            "sd": float(np.std(defined, ddof=1)) if len(defined) > 1 else None, "seeds": values}
+
+
+def nested_scores(frame: pd.DataFrame, protocol: str, seeds: list[int], settings: Settings,
+                  featurizer: Splitter, *, with_baselines: bool) -> dict[str, dict[str, Any]]:
+    """Per benchmark: the nested model's (and the baselines') per-seed scores, then mean and sd."""
+    runs: dict[str, list[dict[str, Any]]] = {"model": [], **({b: [] for b in BASELINES} if with_baselines else {})}
+    chosen: dict[int, list[dict[str, Any]]] = {}
+    for seed in seeds:
+        labels = assign(frame, np.arange(len(frame)), settings.outer_folds, seed, protocol)
+        chosen[seed] = []
+        runs["model"].append(score_seed(frame, labels, protocol, model_predictor(
+            frame, featurizer, labels, protocol, settings, seed, chosen[seed])))
+        for name in runs.keys() - {"model"}:
+            def predict(train: np.ndarray, test: np.ndarray, fold: int, name: str = name) -> np.ndarray:
+                return baseline_predict(frame, name, train, test)
+            runs[name].append(score_seed(frame, labels, protocol, predict))
+    out: dict[str, dict[str, Any]] = {}
+    for bench in sorted(runs["model"][0]):
+        out[bench] = {name: {"per_fold": repeated([r[bench] for r in per_seed], "per_fold"),
+                             "pooled_over_rows": repeated([r[bench] for r in per_seed], "pooled_over_rows"),
+                             "undefined_folds": [r[bench]["undefined_folds"] for r in per_seed],
+                             "scored_rows": [r[bench]["scored_rows"] for r in per_seed]}
+                      for name, per_seed in runs.items()}
+        out[bench]["chosen_params"] = {str(s): c for s, c in chosen.items()}
+    return out
+
+
+def protocol_text(protocol: str, params: NestedParams) -> str:
+    """The protocol, named beside every number."""
+    how = ("unseen-task (folds grouped by task)" if protocol == "unseen_task" else
+           "seen-task (random folds, scored on test runs whose task has a run in training)")
+    return (f"{how} nested CV: {params.outer_folds} outer x {params.inner_folds} inner folds, "
+            f"{len(params.seeds)} fold seeds, {params.trials} Optuna trials per inner study; per-fold "
+            f"Spearman averaged over outer folds, mean and sd over seeds")
+
+
+def repeated_tasks(frame: pd.DataFrame) -> list[str]:
+    """Benchmarks with a task run more than once (the only ones a seen-task protocol can score)."""
+    counts = frame.groupby("benchmark")["task_id"].agg(lambda s: s.nunique() < len(s))
+    return sorted(str(b) for b, has in counts.items() if has)
+
+
+def report(frame: pd.DataFrame, params: NestedParams, search: SearchSpace) -> dict[str, Any]:
+    """Nested scores of the pooled model and each benchmark's own model, with baselines, per protocol."""
+    settings = Settings(params.outer_folds, params.inner_folds, params.trials, search)
+    result: dict[str, Any] = {"settings": {"seeds": list(params.seeds), "outer_folds": params.outer_folds,
+                                           "inner_folds": params.inner_folds, "trials": params.trials},
+                              "notes": NOTES}
+    subsets = model_subsets(frame)
+    sizes = range(search.ngram_max[0], search.ngram_max[1] + 1)
+    for protocol in PROTOCOLS:
+        if protocol == "seen_task" and not params.seen_task:
+            continue
+        benches = repeated_tasks(frame) if protocol == "seen_task" else sorted(frame["benchmark"].astype(str).unique())
+        section: dict[str, Any] = {b: {"protocol": protocol_text(protocol, params)} for b in benches}
+        for name, subset in tqdm(subsets.items(), desc=f"nested {protocol}", unit=" model"):
+            if name != "pooled" and name not in benches:
+                continue
+            rows = subset.reset_index(drop=True)  # the pooled model learns from every benchmark's rows
+            started = time.monotonic()
+            scores = nested_scores(rows, protocol, list(params.seeds), settings, FoldFeaturizer(rows, sizes),
+                                   with_baselines=name != "pooled")
+            log.info("%s %s: %.0f s", protocol, name, time.monotonic() - started)
+            for bench, entry in ((b, e) for b, e in scores.items() if b in benches):
+                key = "pooled_model" if name == "pooled" else "own_model"
+                section[bench][key] = entry.pop("model")
+                section[bench][f"{key}_chosen_params"] = entry.pop("chosen_params")
+                section[bench].update(entry)  # baselines (from the own model's run)
+        result[protocol] = section
+    return result
+
+
+NOTES = {
+    "per_fold": "Spearman within one benchmark's rows of one outer fold, averaged over the outer folds where "
+                "it is defined; `mean`/`sd` over fold seeds. This is the reported estimate.",
+    "pooled_over_rows": "Spearman over all outer-test rows at once; biased: it mixes predictions of different "
+                        "fold models, whose scales differ, and pushes weak models negative.",
+    "constant": "median of the outer-train rows: it ranks nothing, so its per-fold Spearman is undefined "
+                "(null), never 0; its pooled-over-rows value shows the pooling bias alone.",
+    "first_prompt_only / task_chars_only": "a log-log line of one number fitted on the outer-train rows.",
+    "own_model / pooled_model": "a fresh Optuna study per outer fold on its inner folds, the chosen knobs "
+                                "refitted on the outer-train rows.",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.nested", description=__doc__.splitlines()[0])
+    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    parser.add_argument("--frame", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True, help="nested.json to write")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    params = nested_params(args.params)
+    frame = pd.read_parquet(args.frame)
+    started = time.monotonic()
+    result = report(frame, params, train_params(args.params).search)
+    log.info("nested: %.0f s", time.monotonic() - started)  # not in the file: it stays the same per input
+    for protocol in PROTOCOLS:
+        for bench, entry in result.get(protocol, {}).items():
+            own = entry.get("own_model", {}).get("per_fold", {})
+            pooled = entry.get("pooled_model", {}).get("per_fold", {})
+            log.info("%-11s %-20s own %s  pooled %s", protocol, bench, _fmt(own), _fmt(pooled))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return 0
+
+
+def _fmt(value: dict[str, Any]) -> str:
+    mean, sd = value.get("mean"), value.get("sd")
+    return "n/a" if mean is None else f"{mean:.3f} ± {sd or 0.0:.3f}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

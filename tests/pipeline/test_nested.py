@@ -1,0 +1,133 @@
+"""Nested, repeated cross-validation (`pipeline.nested`): folds, what the inner studies see, and bias."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import optuna
+import pandas as pd
+import pytest
+import scipy.sparse as sp
+
+from pipeline import nested, tuning
+from pipeline.fast_cv import FoldFeaturizer
+from pipeline.features import ModelParams, build_model
+from pipeline.featurize import assign_folds
+from pipeline.params import SearchSpace
+from pipeline.scoring import spearman
+
+SPACE = SearchSpace(alpha=(0.01, 30.0), ngram_max=(1, 1), min_df=(1, 4), max_df=(0.3, 1.0), max_features=(50, 5000))
+SETTINGS = nested.Settings(outer_folds=5, inner_folds=3, trials=6, search=SPACE)
+SIGNAL_WORDS = {f"w{i}" for i in range(1, 16)}
+
+
+@pytest.fixture(autouse=True)
+def _quiet_optuna() -> None:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def synthetic(seed: int, num_rows: int, *, signal: bool, runs_per_task: int = 1) -> pd.DataFrame:
+    """Random 20-word texts over 300 words; the peak is pure noise, or grows with 8 signal words."""
+    rng = np.random.default_rng(seed)
+    texts = [" ".join(rng.choice([f"w{i}" for i in range(300)], 20)) for _ in range(num_rows)]
+    noise = rng.normal(0.0, 1.0, num_rows)
+    hits = np.array([sum(w in SIGNAL_WORDS for w in t.split()) for t in texts], dtype=float)
+    peak = np.exp(8.0 + (1.0 * hits if signal else 0.0) + 0.5 * noise)
+    return pd.DataFrame({"benchmark": "b", "task_id": [f"t{i // runs_per_task}" for i in range(num_rows)],
+                         "task_text": texts, "task_chars": rng.integers(100, 1000, num_rows),
+                         "first_prompt_tokens": rng.integers(100, 1000, num_rows),
+                         "peak_prompt_tokens": peak.astype(int)})
+
+
+class Recording(FoldFeaturizer):
+    """FoldFeaturizer that remembers every (train, test) index pair it was asked for."""
+
+    def __init__(self, frame: pd.DataFrame) -> None:
+        super().__init__(frame, [1])
+        self.calls: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def split(self, params: ModelParams, train: np.ndarray, test: np.ndarray) -> tuple[sp.csr_matrix, sp.csr_matrix]:
+        self.calls.append((np.asarray(train).copy(), np.asarray(test).copy()))
+        return super().split(params, train, test)
+
+
+def test_outer_folds_keep_every_task_in_one_fold_and_seeds_reshuffle() -> None:
+    frame = pd.concat([synthetic(0, 60, signal=False, runs_per_task=3),
+                       synthetic(1, 40, signal=False).assign(benchmark="c")], ignore_index=True)
+    rows = np.arange(len(frame))
+    labels = {seed: nested.assign(frame, rows, 5, seed, "unseen_task") for seed in (1, 2, 3)}
+    for seed, fold in labels.items():
+        per_task = pd.Series(fold).groupby([frame["benchmark"], frame["task_id"]]).nunique()
+        assert per_task.max() == 1, seed
+        assert set(fold) == set(range(5))
+    assert not np.array_equal(labels[1], labels[2]) and not np.array_equal(labels[2], labels[3])
+    # a benchmark's folds do not depend on the other benchmarks' rows (pooled and own models share them)
+    alone = frame[frame["benchmark"] == "c"].reset_index(drop=True)
+    assert np.array_equal(nested.assign(alone, np.arange(len(alone)), 5, 1, "unseen_task"), labels[1][60:])
+    seen = nested.assign(frame, rows, 5, 1, "seen_task")
+    assert pd.Series(seen[:60]).groupby(frame["task_id"][:60]).nunique().max() > 1  # runs spread by row
+
+
+def test_inner_studies_never_see_the_outer_test_rows() -> None:
+    frame = synthetic(3, 50, signal=True)
+    featurizer = Recording(frame)
+    settings = nested.Settings(outer_folds=5, inner_folds=3, trials=2, search=SPACE)
+    labels = nested.assign(frame, np.arange(len(frame)), settings.outer_folds, 7, "unseen_task")
+    chosen: list[dict[str, object]] = []
+    predict = nested.model_predictor(frame, featurizer, labels, "unseen_task", settings, 7, chosen)
+    for fold in range(settings.outer_folds):
+        featurizer.calls.clear()
+        outer_test = np.flatnonzero(labels == fold)
+        predict(np.flatnonzero(labels != fold), outer_test, fold)
+        *inner, refit = featurizer.calls
+        assert len(inner) == settings.trials * settings.inner_folds
+        for train, test in inner:
+            assert not set(train) & set(outer_test) and not set(test) & set(outer_test)
+            assert not set(train) & set(test)
+        assert set(refit[0]) == set(np.flatnonzero(labels != fold)) and set(refit[1]) == set(outer_test)
+    assert len(chosen) == settings.outer_folds
+
+
+def test_constant_baseline_is_undefined_per_fold_but_defined_when_pooled() -> None:
+    frame = synthetic(4, 100, signal=False)
+    scores = nested.nested_scores(frame, "unseen_task", [1, 2], nested.Settings(5, 3, 1, SPACE),
+                                  FoldFeaturizer(frame, [1]), with_baselines=True)["b"]
+    assert scores["constant"]["per_fold"] == {"mean": None, "sd": None, "seeds": [None, None]}
+    assert scores["constant"]["undefined_folds"] == [5, 5]
+    assert all(v is not None for v in scores["constant"]["pooled_over_rows"]["seeds"])
+    assert scores["first_prompt_only"]["per_fold"]["mean"] is not None
+
+
+def _tuned(frame: pd.DataFrame, tmp_path: Path, trials: int) -> optuna.Study:
+    """The tuning recipe (`train`): a study whose best trial is scored on the folds it was picked on."""
+    folded = assign_folds(frame, 5, 13)
+    return tuning.run_study(folded, SPACE, study_name="s", storage=f"sqlite:///{tmp_path / 'o.db'}", seed=42,
+                            n_trials=trials, resume=False, on_trial=lambda _: None)
+
+
+def test_nested_removes_the_selection_bias_of_the_best_trial_on_noise(tmp_path: Path) -> None:
+    """Pure-noise target: the best of 40 trials scores clearly above 0 on its own folds; nested ~ 0."""
+    best, honest = [], []
+    for seed in range(4):
+        frame = synthetic(seed, 100, signal=False)
+        best.append(float(_tuned(frame, tmp_path, trials=40).best_value))
+        scores = nested.nested_scores(frame, "unseen_task", [1, 2, 3], SETTINGS, FoldFeaturizer(frame, [1]),
+                                      with_baselines=False)
+        honest.append(scores["b"]["model"]["per_fold"]["mean"])
+    assert np.mean(best) > 0.15, best  # selection bias: nothing to learn, yet a "skill"
+    assert abs(np.mean(honest)) < 0.1, honest  # over 4 data sets x 3 fold seeds
+    assert np.mean(best) - np.mean(honest) > 0.1
+
+
+def test_nested_matches_true_out_of_sample_with_real_signal(tmp_path: Path) -> None:
+    """With signal: nested ~ what the recipe (tune on all folds, fit on all rows) scores on fresh data."""
+    frame = synthetic(5, 120, signal=True)
+    scores = nested.nested_scores(frame, "unseen_task", [1, 2, 3], SETTINGS, FoldFeaturizer(frame, [1]),
+                                  with_baselines=False)["b"]["model"]["per_fold"]
+    model = build_model(tuning.best_params(_tuned(frame, tmp_path, trials=20), SPACE))
+    model.fit(frame, frame["peak_prompt_tokens"].to_numpy())
+    fresh = synthetic(99, 1000, signal=True)
+    true_rho = spearman(np.asarray(model.predict(fresh)), fresh["peak_prompt_tokens"].to_numpy(dtype=float))
+    assert true_rho is not None and true_rho > 0.3
+    assert scores["mean"] is not None and abs(scores["mean"] - true_rho) < 0.1, (scores, true_rho)
