@@ -25,7 +25,6 @@ Rules:
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import time
@@ -44,6 +43,7 @@ from tqdm import tqdm
 
 from pipeline.fast_cv import EmptyVocabularyError, FoldFeaturizer
 from pipeline.features import ModelParams
+from pipeline.metrics_files import write_metrics
 from pipeline.params import NestedParams, SearchSpace, nested_params, train_params
 from pipeline.scoring import mean_defined, spearman, spearman_by_benchmark
 from pipeline.train import model_subsets
@@ -286,8 +286,7 @@ def main(argv: list[str] | None = None) -> int:
             own = entry.get("own_model", {}).get("per_fold", {})
             pooled = entry.get("pooled_model", {}).get("per_fold", {})
             log.info("%-11s %-20s own %s  pooled %s", protocol, bench, _fmt(own), _fmt(pooled))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    write_metrics(args.out, result)  # 6 significant digits: a re-run elsewhere leaves git clean
     return 0
 
 
