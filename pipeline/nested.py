@@ -18,6 +18,11 @@ Rules:
   pooled one.
 - Baselines are fitted per outer fold on the outer-train rows of their benchmark: constant (their
   median), and a log-log line of one number (first-prompt tokens, task characters).
+- Reservations (unseen_task only, `pipeline.reservations`): in each outer fold, the chosen knobs
+  predict every outer-train row from inner folds (the inner study's folds, task-grouped) without its
+  own fold; m(q) per benchmark is fitted on those ratios alone, then scored on the outer-test rows
+  (coverage, reserved/used) beside an oracle and a per-benchmark constant; mean, sd and min over
+  every (seed, outer fold). No new study: the fold's chosen knobs are reused.
 - The shipped model is trained by `train` (tuned on all folds, fitted on all rows); this stage only
   reports how well that recipe does on rows it never tuned or fitted on.
 """
@@ -41,6 +46,7 @@ import scipy.sparse as sp
 from sklearn.linear_model import Ridge
 from tqdm import tqdm
 
+from pipeline import reservations
 from pipeline.fast_cv import EmptyVocabularyError, FoldFeaturizer
 from pipeline.features import ModelParams
 from pipeline.metrics_files import write_metrics
@@ -111,11 +117,8 @@ def inner_study(frame: pd.DataFrame, featurizer: Splitter, rows: np.ndarray, lab
 
     def objective(trial: optuna.Trial) -> float:
         params = suggest(trial, settings.search)
-        predicted = np.full(len(rows), np.nan)
         try:
-            for fold in np.unique(labels):
-                at = labels == fold
-                predicted[at] = fit_predict(featurizer, params, rows[~at], rows[at])
+            predicted = inner_out_of_fold(featurizer, params, rows, labels)
         except EmptyVocabularyError as exc:
             raise optuna.TrialPruned(str(exc)) from exc
         return mean_defined(spearman_by_benchmark(sub, predicted))
@@ -166,14 +169,43 @@ def score_seed(frame: pd.DataFrame, labels: np.ndarray, protocol: str, predict: 
     return out
 
 
+def inner_out_of_fold(featurizer: Splitter, params: ModelParams, rows: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Peak tokens predicted for each of `rows` by `params` fitted on the other inner folds of `rows`."""
+    predicted = np.full(len(rows), np.nan)
+    for fold in np.unique(labels):
+        at = labels == fold
+        predicted[at] = fit_predict(featurizer, params, rows[~at], rows[at])
+    return predicted
+
+
+def fold_reservations(frame: pd.DataFrame, featurizer: Splitter, params: ModelParams, train: np.ndarray,
+                      test: np.ndarray, inner: np.ndarray, predicted: np.ndarray) -> dict[str, dict[str, Any]]:
+    """Per benchmark: multipliers fitted on the outer-train rows' inner out-of-fold ratios, scored on `test`."""
+    oof = inner_out_of_fold(featurizer, params, train, inner)
+    true = frame["peak_prompt_tokens"].to_numpy(dtype=np.float64)
+    benches = frame["benchmark"].astype(str).to_numpy()
+    out: dict[str, dict[str, Any]] = {}
+    for bench in np.unique(benches[test]):
+        at_train, at_test = benches[train] == bench, benches[test] == bench
+        if at_train.any():
+            out[str(bench)] = reservations.fold_scores(true[train][at_train], oof[at_train],
+                                                       true[test][at_test], predicted[at_test])
+    return out
+
+
 def model_predictor(frame: pd.DataFrame, featurizer: Splitter, labels: np.ndarray, protocol: str,
-                    settings: Settings, seed: int, chosen: list[dict[str, Any]]) -> Predictor:
-    """Outer-fold predictions of the tuned model: inner study on the outer-train rows, refit, predict."""
+                    settings: Settings, seed: int, chosen: list[dict[str, Any]],
+                    reserved: list[dict[str, dict[str, Any]]] | None = None) -> Predictor:
+    """Outer-fold predictions of the tuned model: inner study on the outer-train rows, refit, predict;
+    with `reserved`, each fold's reservation scores (`fold_reservations`) are appended to it."""
     def predict(train: np.ndarray, test: np.ndarray, fold: int) -> np.ndarray:
         inner = assign(frame, train, settings.inner_folds, seed * 1000 + fold + 1, protocol)
         params = inner_study(frame, featurizer, train, inner, settings, seed * 1000 + fold)
         chosen.append({"outer_fold": fold, **params.to_dict()})
-        return fit_predict(featurizer, params, train, test)
+        predicted = fit_predict(featurizer, params, train, test)
+        if reserved is not None:
+            reserved.append(fold_reservations(frame, featurizer, params, train, test, inner, predicted))
+        return predicted
     return predict
 
 
@@ -186,15 +218,18 @@ def repeated(per_seed: list[dict[str, Any]], key: str) -> dict[str, Any]:
 
 
 def nested_scores(frame: pd.DataFrame, protocol: str, seeds: list[int], settings: Settings,
-                  featurizer: Splitter, *, with_baselines: bool) -> dict[str, dict[str, Any]]:
-    """Per benchmark: the nested model's (and the baselines') per-seed scores, then mean and sd."""
+                  featurizer: Splitter, *, with_baselines: bool,
+                  with_reservations: bool = False) -> dict[str, dict[str, Any]]:
+    """Per benchmark: the nested model's (and the baselines') per-seed scores, then mean and sd; with
+    reservations, their scores over every (seed, outer fold) under `reservations`."""
     runs: dict[str, list[dict[str, Any]]] = {"model": [], **({b: [] for b in BASELINES} if with_baselines else {})}
     chosen: dict[int, list[dict[str, Any]]] = {}
+    reserved: list[dict[str, dict[str, Any]]] | None = [] if with_reservations else None
     for seed in seeds:
         labels = assign(frame, np.arange(len(frame)), settings.outer_folds, seed, protocol)
         chosen[seed] = []
         runs["model"].append(score_seed(frame, labels, protocol, model_predictor(
-            frame, featurizer, labels, protocol, settings, seed, chosen[seed])))
+            frame, featurizer, labels, protocol, settings, seed, chosen[seed], reserved)))
         for name in runs.keys() - {"model"}:
             def predict(train: np.ndarray, test: np.ndarray, fold: int, name: str = name) -> np.ndarray:
                 return baseline_predict(frame, name, train, test)
@@ -207,6 +242,9 @@ def nested_scores(frame: pd.DataFrame, protocol: str, seeds: list[int], settings
                              "scored_rows": [r[bench]["scored_rows"] for r in per_seed]}
                       for name, per_seed in runs.items()}
         out[bench]["chosen_params"] = {str(s): c for s, c in chosen.items()}
+        folds = [f[bench] for f in reserved or [] if bench in f]
+        if folds:
+            out[bench]["reservations"] = reservations.aggregate(folds)
     return out
 
 
@@ -244,12 +282,14 @@ def report(frame: pd.DataFrame, params: NestedParams, search: SearchSpace) -> di
             rows = subset.reset_index(drop=True)  # the pooled model learns from every benchmark's rows
             started = time.monotonic()
             scores = nested_scores(rows, protocol, list(params.seeds), settings, FoldFeaturizer(rows, sizes),
-                                   with_baselines=name != "pooled")
+                                   with_baselines=name != "pooled", with_reservations=protocol == "unseen_task")
             log.info("%s %s: %.0f s", protocol, name, time.monotonic() - started)
             for bench, entry in ((b, e) for b, e in scores.items() if b in benches):
                 key = "pooled_model" if name == "pooled" else "own_model"
                 section[bench][key] = entry.pop("model")
                 section[bench][f"{key}_chosen_params"] = entry.pop("chosen_params")
+                if "reservations" in entry:
+                    section[bench][f"{key}_reservations"] = entry.pop("reservations")
                 section[bench].update(entry)  # baselines (from the own model's run)
         result[protocol] = section
     return result
@@ -263,6 +303,12 @@ NOTES = {
     "constant": "median of the outer-train rows: it ranks nothing, so its per-fold Spearman is undefined "
                 "(null), never 0; its pooled-over-rows value shows the pooling bias alone.",
     "first_prompt_only / task_chars_only": "a log-log line of one number fitted on the outer-train rows.",
+    "own_model_reservations / pooled_model_reservations": (
+        "unseen-task only. m(q) = q-quantile (inverted empirical CDF) of true/predicted peak over the inner "
+        "out-of-fold predictions of the outer-train rows of this benchmark (the fold's chosen knobs); coverage = "
+        "share of outer-test rows with true peak <= m(q) x predicted; reserved_over_used = sum of reserves / sum "
+        "of true peaks on those rows. oracle reserves the true peak; constant reserves the q-quantile of the "
+        "outer-train true peaks. mean, sd, min over every (seed, outer fold)."),
     "own_model / pooled_model": "a fresh Optuna study per outer fold on its inner folds, the chosen knobs "
                                 "refitted on the outer-train rows.",
 }
@@ -286,6 +332,10 @@ def main(argv: list[str] | None = None) -> int:
             own = entry.get("own_model", {}).get("per_fold", {})
             pooled = entry.get("pooled_model", {}).get("per_fold", {})
             log.info("%-11s %-20s own %s  pooled %s", protocol, bench, _fmt(own), _fmt(pooled))
+            cover = entry.get("own_model_reservations", entry.get("pooled_model_reservations"))
+            if cover:
+                log.info("%-11s %-20s m(0.9) covers %s (constant %s)", protocol, bench,
+                         _fmt(cover["model"]["0.9"]["coverage"]), _fmt(cover["constant"]["0.9"]["coverage"]))
     write_metrics(args.out, result)  # 6 significant digits: a re-run elsewhere leaves git clean
     return 0
 

@@ -1,0 +1,116 @@
+"""Reservation multipliers: reserve m(q) x predicted peak so that a share q of true peaks fit.
+
+Rules:
+- m(q) is the q-quantile of true_peak / predicted_peak over OUT-OF-FOLD predictions (each row
+  predicted by a model fitted without its task-grouped fold), per benchmark. The quantile is the
+  inverted empirical CDF (the smallest ratio with at least a share q of ratios at or below it), so on
+  the rows it is fitted on it covers at least q. In-sample predictions would over-fit and under-cover.
+- Predictions are floored at 1 token before dividing (a ratio needs a positive denominator).
+- Coverage of reserves on rows = share of rows with true_peak <= reserve. Reserved/used ratio = the
+  sum of reserves over the sum of true peaks on the same rows (tokens held per token used: the
+  budget's view), not the mean of per-row ratios.
+- References scored the same way: oracle (reserve = true peak: coverage 1, ratio 1) and constant
+  (reserve = the q-quantile of the training rows' true peaks of that benchmark, same quantile rule).
+- `shipping_multipliers` fits m(q) for the shipped models (train's chosen params) on the training
+  folds of all rows; nothing here reads params.yaml or writes files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from pipeline.fast_cv import FoldFeaturizer
+from pipeline.features import ModelParams
+
+QUANTILES = (0.8, 0.9, 0.95)
+MIN_PREDICTED_TOKENS = 1.0
+POOLED = "pooled"
+
+
+def quantile(values: np.ndarray, q: float) -> float:
+    """The smallest value with at least a share `q` of `values` at or below it."""
+    if len(values) == 0:
+        raise ValueError("a quantile of no values")
+    return float(np.quantile(np.asarray(values, dtype=np.float64), q, method="inverted_cdf"))
+
+
+def ratios(true: np.ndarray, predicted: np.ndarray) -> np.ndarray:
+    """true_peak / predicted_peak, the prediction floored at one token."""
+    return np.asarray(true, dtype=np.float64) / np.maximum(np.asarray(predicted, dtype=np.float64),
+                                                             MIN_PREDICTED_TOKENS)
+
+
+def multipliers(true: np.ndarray, predicted: np.ndarray, qs: Sequence[float] = QUANTILES) -> dict[str, float]:
+    """m(q) per q (keys as text, e.g. "0.9") from out-of-fold predictions."""
+    r = ratios(true, predicted)
+    return {str(q): quantile(r, q) for q in qs}
+
+
+def cover(true: np.ndarray, reserved: np.ndarray) -> dict[str, float]:
+    """Coverage (share with true <= reserved) and reserved/used (sum reserved / sum true) on these rows."""
+    true = np.asarray(true, dtype=np.float64)
+    reserved = np.asarray(reserved, dtype=np.float64)
+    return {"coverage": float(np.mean(true <= reserved)), "reserved_over_used": float(reserved.sum() / true.sum())}
+
+
+def fold_scores(true_train: np.ndarray, oof_train: np.ndarray, true_test: np.ndarray, predicted_test: np.ndarray,
+                qs: Sequence[float] = QUANTILES) -> dict[str, Any]:
+    """One outer fold of one benchmark: multipliers fitted on the train rows' out-of-fold predictions,
+    scored on the test rows, beside the oracle and the per-benchmark constant."""
+    m = multipliers(true_train, oof_train, qs)
+    floored = np.maximum(np.asarray(predicted_test, dtype=np.float64), MIN_PREDICTED_TOKENS)
+    out: dict[str, Any] = {"multiplier": m, "model": {}, "constant": {}, "oracle": cover(true_test, true_test)}
+    for q in qs:
+        out["model"][str(q)] = cover(true_test, m[str(q)] * floored)
+        out["constant"][str(q)] = cover(true_test, np.full(len(true_test), quantile(true_train, q)))
+    return out
+
+
+def spread(values: list[float]) -> dict[str, Any]:
+    """Mean, sd (null for one value) and min of some fold-level numbers."""
+    return {"mean": float(np.mean(values)), "sd": float(np.std(values, ddof=1)) if len(values) > 1 else None,
+            "min": float(np.min(values))}
+
+
+def aggregate(folds: list[dict[str, Any]], qs: Sequence[float] = QUANTILES) -> dict[str, Any]:
+    """Mean, sd and min over every (seed, outer fold) of each `fold_scores` number."""
+    keys = ("coverage", "reserved_over_used")
+    out: dict[str, Any] = {"folds": len(folds),
+                           "multiplier": {str(q): spread([f["multiplier"][str(q)] for f in folds]) for q in qs},
+                           "oracle": {k: spread([f["oracle"][k] for f in folds]) for k in keys}}
+    for name in ("model", "constant"):
+        out[name] = {str(q): {k: spread([f[name][str(q)][k] for f in folds]) for k in keys} for q in qs}
+    return out
+
+
+def shipping_multipliers(frame: pd.DataFrame, chosen: Mapping[str, Mapping[str, Any]],
+                         qs: Sequence[float] = QUANTILES, folds_column: str = "fold_unseen",
+                         ) -> dict[str, dict[str, float]]:
+    """m(q) per benchmark for the shipped models: out-of-fold predictions over all rows (train's folds)
+    with each model's chosen params (`chosen`: best.json's `models`, name -> record with `params`); a
+    benchmark without a model of its own takes the pooled model's."""
+    frame = frame.reset_index(drop=True)
+    benches = frame["benchmark"].astype(str).to_numpy()
+    true = frame["peak_prompt_tokens"].to_numpy(dtype=np.float64)
+    pooled: np.ndarray | None = None
+    out: dict[str, dict[str, float]] = {}
+    for bench in sorted(set(benches)):
+        at = benches == bench
+        if bench in chosen:
+            rows = frame[at].reset_index(drop=True)
+            predicted = _out_of_fold(rows, chosen[bench], folds_column)
+        else:
+            if pooled is None:
+                pooled = _out_of_fold(frame, chosen[POOLED], folds_column)
+            predicted = pooled[at]
+        out[bench] = multipliers(true[at], predicted, qs)
+    return out
+
+
+def _out_of_fold(rows: pd.DataFrame, record: Mapping[str, Any], folds_column: str) -> np.ndarray:
+    params = ModelParams(**record["params"])
+    return FoldFeaturizer(rows, [params.ngram_max]).out_of_fold(params, rows[folds_column].to_numpy())
