@@ -257,6 +257,14 @@ def protocol_text(protocol: str, params: NestedParams) -> str:
             f"Spearman averaged over outer folds, mean and sd over seeds")
 
 
+def reservations_text(params: NestedParams) -> str:
+    """The reservations' protocol, named beside their numbers."""
+    return (f"unseen-task (folds grouped by task) nested CV: {params.outer_folds} outer x {params.inner_folds} "
+            f"inner folds, {len(params.seeds)} fold seeds; m(q) from the inner out-of-fold true/predicted ratios "
+            f"of the outer-train rows (the fold's chosen knobs), scored on the outer-test rows; mean, sd and min "
+            f"over every (seed, outer fold)")
+
+
 def repeated_tasks(frame: pd.DataFrame) -> list[str]:
     """Benchmarks with a task run more than once (the only ones a seen-task protocol can score)."""
     counts = frame.groupby("benchmark")["task_id"].agg(lambda s: s.nunique() < len(s))
@@ -289,7 +297,8 @@ def report(frame: pd.DataFrame, params: NestedParams, search: SearchSpace) -> di
                 section[bench][key] = entry.pop("model")
                 section[bench][f"{key}_chosen_params"] = entry.pop("chosen_params")
                 if "reservations" in entry:
-                    section[bench][f"{key}_reservations"] = entry.pop("reservations")
+                    section[bench][f"{key}_reservations"] = {"protocol": reservations_text(params),
+                                                             **entry.pop("reservations")}
                 section[bench].update(entry)  # baselines (from the own model's run)
         result[protocol] = section
     return result

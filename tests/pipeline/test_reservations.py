@@ -127,6 +127,7 @@ def test_report_carries_reservations_per_benchmark_beside_the_protocol() -> None
     b, c = result["unseen_task"]["b"], result["unseen_task"]["c"]
     assert b["protocol"].startswith("unseen-task") and c["protocol"].startswith("unseen-task")
     assert b["own_model_reservations"]["folds"] == 3 and "own_model_reservations" not in c
+    assert b["own_model_reservations"]["protocol"].startswith("unseen-task")
     assert set(b["pooled_model_reservations"]["model"]) == set(QS) == set(c["pooled_model_reservations"]["model"])
     assert any("reservations" in k for k in result["notes"])
     assert "own_model" in result["seen_task"]["b"]
