@@ -274,6 +274,17 @@ def test_workload_names_fallback_and_text_free_records_at_ingest(tmp_path: Path)
 
 # --- the real `dvc repro` -------------------------------------------------------------------------
 
+def copy_project(project: Path, names: list[str]) -> None:
+    """A fresh folder `project` holding `names` from the repository (no byte-code)."""
+    project.mkdir()
+    for name in names:
+        source = ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, project / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(source, project / name)
+
+
 COPIED = ["dvc.yaml", "pipeline", "basin_runtime", "basin_sim", "models", ".dvcignore"]
 
 
@@ -289,13 +300,7 @@ def _dvc(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def dvc_project(tmp_path: Path, loop: Loop) -> Iterator[Path]:
     """A copy of the project (code, dvc.yaml, shipped models) with the opt-in params and the log in place."""
     project = tmp_path / "repo"
-    project.mkdir()
-    for name in COPIED:
-        source = ROOT / name
-        if source.is_dir():
-            shutil.copytree(source, project / name, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy(source, project / name)
+    copy_project(project, COPIED)
     _project(project, export__publish=False)  # the README's advice for demo logs: do not replace models/
     (project / LOG_DIR).mkdir(parents=True)
     shutil.copy(loop.log_file, project / LOG_DIR / "sessions.jsonl")

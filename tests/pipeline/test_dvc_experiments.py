@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from pipeline.params import CORPORA_ROOT_ENV
+from tests.pipeline.test_closed_loop import copy_project
 
 ROOT = Path(__file__).resolve().parents[2]
 COPIED = ["dvc.yaml", "pipeline", "basin_runtime", "basin_sim", "models", ".gitignore", ".dvcignore"]
@@ -44,13 +45,7 @@ def _run(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _copy(project: Path) -> None:
-    project.mkdir()
-    for name in COPIED:
-        source = ROOT / name
-        if source.is_dir():
-            shutil.copytree(source, project / name, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy(source, project / name)
+    copy_project(project, COPIED)
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     params["ingest"]["synthetic"]["sessions_per_benchmark"] = 40
     params["train"]["n_trials"] = 2
