@@ -112,7 +112,7 @@ def create_app(gateway: Gateway, *, admin_token: str | None = None, tick_interva
         if gateway.engine_scraper is not None:
             tasks.add(asyncio.create_task(gateway.engine_scraper.run()))
         if gateway.live_sessions is not None:
-            tasks.add(asyncio.create_task(_every(LIVE_SESSIONS_INTERVAL_S, gateway.save_live_sessions)))
+            tasks.add(asyncio.create_task(gateway.room.every(LIVE_SESSIONS_INTERVAL_S, gateway.save_live_sessions)))
         try:
             yield
         finally:
@@ -140,16 +140,6 @@ def create_app(gateway: Gateway, *, admin_token: str | None = None, tick_interva
                     middleware=[Middleware(_LastResort)])
     app.state.gateway = gateway  # the server's graceful shutdown drains it first (`cli.py`)
     return app
-
-
-async def _every(interval_s: float, step: Callable[[], Awaitable[None]]) -> None:
-    """Run `step` every `interval_s` until cancelled; a failed step is logged and the loop goes on."""
-    while True:
-        await asyncio.sleep(interval_s)
-        try:
-            await step()
-        except Exception:
-            logger.exception("periodic gateway task failed")
 
 
 async def _error_handler(request: Request, exc: Exception) -> Response:

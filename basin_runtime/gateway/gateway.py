@@ -188,8 +188,9 @@ class Gateway:
     async def save_live_sessions(self) -> None:
         """Write the live-sessions file if the set of live sessions changed (off the event loop)."""
         if self.live_sessions is not None:
-            ids = [e.session_id for e in self.room.registry if e.state == "live" and not e.is_single_call]
-            await asyncio.to_thread(self.live_sessions.write, ids)
+            ids = frozenset(e.session_id for e in self.room.registry if e.state == "live" and not e.is_single_call)
+            if not self.live_sessions.is_unchanged(ids):
+                await asyncio.to_thread(self.live_sessions.write, ids)
 
     async def drain(self) -> None:
         """A graceful shutdown begins: admit nothing more; queued calls get 503 now."""

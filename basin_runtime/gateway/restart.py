@@ -55,10 +55,14 @@ class LiveSessionsFile:
             return frozenset()
         return frozenset(ids)
 
+    def is_unchanged(self, session_ids: frozenset[str]) -> bool:
+        """True if these are the ids last written (nothing to do, no thread hop needed)."""
+        return session_ids == self._written
+
     def write(self, session_ids: Iterable[str]) -> bool:
         """Write the ids if they changed since the last write; True if the file was written."""
         ids = frozenset(session_ids)
-        if ids == self._written:
+        if self.is_unchanged(ids):
             return False
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         temporary = self.path.with_name(f".{self.path.name}.tmp")

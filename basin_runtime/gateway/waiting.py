@@ -168,10 +168,11 @@ class WaitingRoom:
         """Run the tick and idle timers until cancelled."""
         idle_every_s = max(0.05, min(idle_timeout_s / 4, 10.0))
         async with asyncio.TaskGroup() as group:
-            group.create_task(self._every(tick_interval_s, self.tick))
-            group.create_task(self._every(idle_every_s, lambda: self.sweep_idle(idle_timeout_s)))
+            group.create_task(self.every(tick_interval_s, self.tick))
+            group.create_task(self.every(idle_every_s, lambda: self.sweep_idle(idle_timeout_s)))
 
-    async def _every(self, interval_s: float, step: Callable[[], Awaitable[object]]) -> None:
+    async def every(self, interval_s: float, step: Callable[[], Awaitable[object]]) -> None:
+        """Run `step` every `interval_s` of the room's clock until cancelled; a failed step is logged."""
         while True:
             await self.clock.sleep(interval_s)
             try:
