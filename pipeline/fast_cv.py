@@ -76,7 +76,11 @@ class FoldFeaturizer:
         predicted = np.full(len(folds), np.nan)
         for fold in np.unique(folds[folds >= 0]):
             train, test = np.flatnonzero(folds != fold), np.flatnonzero(folds == fold)
-            x_train, x_test = self.split(params, train, test)
-            ridge = Ridge(alpha=params.alpha).fit(x_train, self.log_target[train])
-            predicted[test] = np.expm1(ridge.predict(x_test))
+            predicted[test] = self.fit_predict(params, train, test)
         return predicted
+
+    def fit_predict(self, params: ModelParams, train: np.ndarray, test: np.ndarray) -> np.ndarray:
+        """Peak tokens predicted for the `test` rows by the pipeline fitted on the `train` rows only."""
+        x_train, x_test = self.split(params, train, test)
+        ridge = Ridge(alpha=params.alpha).fit(x_train, self.log_target[train])
+        return np.asarray(np.expm1(ridge.predict(x_test)), dtype=np.float64)

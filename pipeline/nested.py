@@ -43,7 +43,6 @@ import numpy as np
 import optuna
 import pandas as pd
 import scipy.sparse as sp
-from sklearn.linear_model import Ridge
 from tqdm import tqdm
 
 from pipeline import reservations
@@ -66,6 +65,9 @@ class Splitter(Protocol):
     log_target: np.ndarray
 
     def split(self, params: ModelParams, train: np.ndarray, test: np.ndarray) -> tuple[sp.csr_matrix, sp.csr_matrix]:
+        ...
+
+    def fit_predict(self, params: ModelParams, train: np.ndarray, test: np.ndarray) -> np.ndarray:
         ...
 
 
@@ -105,9 +107,7 @@ def scored_rows(frame: pd.DataFrame, train: np.ndarray, test: np.ndarray, protoc
 
 def fit_predict(featurizer: Splitter, params: ModelParams, train: np.ndarray, test: np.ndarray) -> np.ndarray:
     """Peak tokens predicted for `test` by the fast pipeline fitted on `train` only."""
-    x_train, x_test = featurizer.split(params, train, test)
-    ridge = Ridge(alpha=params.alpha).fit(x_train, featurizer.log_target[train])
-    return np.asarray(np.expm1(ridge.predict(x_test)), dtype=np.float64)
+    return featurizer.fit_predict(params, train, test)
 
 
 def inner_study(frame: pd.DataFrame, featurizer: Splitter, rows: np.ndarray, labels: np.ndarray,
