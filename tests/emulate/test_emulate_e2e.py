@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.test_gateway_e2e import STARTUP_TIMEOUT_S, Process, free_port, start, wait_ready
 
@@ -26,7 +27,8 @@ MODEL = "emulated-qwen"
 
 
 @pytest.fixture(scope="module")
-def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def urls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """The emulators' and the router's base URLs, by name (prefill, decode, router)."""
     logs: Path = tmp_path_factory.mktemp("emulate-e2e")
     ports = {name: free_port() for name in ("prefill", "bootstrap", "decode", "router", "metrics")}
     url = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
@@ -50,10 +52,15 @@ def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         ], logs))
         wait_ready(processes[-1], f"{url['router']}/readiness", deadline)
         _wait_registered(url["router"], deadline)
-        yield url["router"]
+        yield url
     finally:
         for process in reversed(processes):
             process.kill()
+
+
+@pytest.fixture(scope="module")
+def router(urls: dict[str, str]) -> str:
+    return urls["router"]
 
 
 def _wait_registered(router: str, deadline: float) -> None:
@@ -107,22 +114,40 @@ async def test_a_resent_longer_conversation_reports_cached_tokens(router: str) -
     assert second.usage.prompt_tokens_details.cached_tokens == first.usage.prompt_tokens
 
 
-async def test_rid_and_priority_pass_through_the_router(router: str) -> None:
-    async with client(router) as api:
+async def _queue_reaches(engine: str, running: int, queued: int, timeout_s: float = 20.0) -> None:
+    """Until the engine's SGLang gauges show `running` requests in its batch and `queued` waiting."""
+    want = {"sglang:num_running_reqs": float(running), "sglang:num_queue_reqs": float(queued)}
+    seen: dict[str, float] = {}
+    deadline = time.monotonic() + timeout_s
+    async with httpx.AsyncClient(base_url=engine, timeout=2) as http:
+        while time.monotonic() < deadline:
+            text = (await http.get("/metrics")).text
+            seen = {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples
+                    if s.name in want}
+            if seen == want:
+                return
+            await asyncio.sleep(0.02)
+    pytest.fail(f"prefill never showed {want}; last seen {seen}")
+
+
+async def test_rid_and_priority_pass_through_the_router(urls: dict[str, str]) -> None:
+    async with client(urls["router"]) as api:
         async def call(task: str, tokens_of_text: int, priority: int) -> tuple[str, float]:
             messages = [{"role": "user", "content": f"{task} " + "word " * tokens_of_text}]
             reply = await api.chat.completions.create(model=MODEL, messages=messages, max_tokens=1,
                                                       extra_body={"priority": priority, "rid": f"rid-{task}"})
             return reply.id, time.monotonic()
 
-        # At time scale 1 a 20k-token prompt keeps prefill busy for ~3 batches of 8192 tokens (~0.9 s); the
-        # low- and high-priority calls (10k tokens: they cannot end in the same batch) queue behind it, and
-        # the high one, sent last, is prefilled first.
-        blocker = asyncio.create_task(call("blocker", 20_000, 0))
-        await asyncio.sleep(0.15)
+        # At time scale 1 a 60k-token prompt keeps prefill busy for ~8 batches of 8192 tokens (~2 s). The low-
+        # and high-priority calls (10k tokens: they cannot end in the same batch) are sent one after the other
+        # once the engine's own gauges show the one before waiting, so arrival order does not hang on how
+        # loaded the machine is; the high one, sent last, must be prefilled first.
+        blocker = asyncio.create_task(call("blocker", 60_000, 0))
+        await _queue_reaches(urls["prefill"], running=1, queued=0)
         low = asyncio.create_task(call("low", 10_000, 1))
-        await asyncio.sleep(0.05)
+        await _queue_reaches(urls["prefill"], running=1, queued=1)
         high = asyncio.create_task(call("high", 10_000, 100))
+        await _queue_reaches(urls["prefill"], running=1, queued=2)
         results = await asyncio.gather(blocker, low, high)
 
     assert [rid for rid, _ in results] == ["rid-blocker", "rid-low", "rid-high"]
