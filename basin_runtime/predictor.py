@@ -5,10 +5,19 @@ incompatible one with a clear error, then warms the session up so the first pred
 the rest do. Predictions are clamped to [max(1, first_prompt_tokens), MAX_PEAK_TOKENS]: a peak is
 never below the prompt already seen, and a non-finite output becomes the upper bound (the cautious
 reservation), so callers never see a non-positive or non-finite number.
+
+Reservation multipliers: a file exported by this version carries `basin.reservation_multipliers`,
+m(q) = the q-quantile of true/predicted peak over the model's task-grouped out-of-fold predictions
+(`pipeline.reservations`), per benchmark and over all its rows, on a grid of q. `multiplier(q,
+benchmark)` reads it: the benchmark's row when the file has one, else the all-rows row (a
+single-benchmark file answers for its benchmark either way); between grid points m is interpolated
+linearly; a q outside the grid, or a file without the table, is a `PredictorError`. Reserving
+`multiplier(q) x predict(...)` covers about a share q of sessions' peaks on new tasks.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,6 +55,7 @@ class PredictorInfo:
     synthetic: bool
     params: dict[str, Any]
     metrics: dict[str, Any]
+    reservation_multipliers: dict[str, Any] | None = None  # see the module docstring; None in older files
 
 
 def _metadata(session: ort.InferenceSession, path: Path) -> dict[str, str]:
@@ -64,6 +74,25 @@ def _check_signature(session: ort.InferenceSession, path: Path) -> None:
     outputs = [o.name for o in session.get_outputs()]
     if outputs != [OUTPUT]:
         raise PredictorError(f"{path}: outputs {outputs}, expected [{OUTPUT!r}]")
+
+
+def _multipliers(raw: str | None, path: Path) -> dict[str, Any] | None:
+    """The multipliers table, checked: ascending quantiles in (0, 1), rows as long, values >= 0 and non-decreasing."""
+    if raw is None:
+        return None
+    try:
+        table = json.loads(raw)
+        grid = [float(q) for q in table["quantiles"]]
+        rows = {"all": table["all"], **{f"by_benchmark.{b}": r for b, r in table["by_benchmark"].items()}}
+        ok = bool(grid) and all(0 < a < b < 1 for a, b in itertools.pairwise(grid)) and 0 < grid[0] < 1 and all(
+            len(r) == len(grid) and all(float(m) >= 0 for m in r) and list(r) == sorted(r) for r in rows.values())
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise PredictorError(f"{path}: basin.reservation_multipliers is malformed: {exc}") from exc
+    if not ok:
+        raise PredictorError(f"{path}: basin.reservation_multipliers must hold ascending quantiles in (0, 1) and, per "
+                             f"row, as many non-negative non-decreasing multipliers: {raw[:200]}")
+    return {"quantiles": grid, "all": [float(m) for m in table["all"]],
+            "by_benchmark": {str(b): [float(m) for m in r] for b, r in table["by_benchmark"].items()}}
 
 
 class PeakPredictor:
@@ -98,10 +127,27 @@ class PeakPredictor:
             training_data_sha256=props.get("basin.training_data_sha256", ""),
             synthetic=json.loads(props.get("basin.synthetic", "false")),
             params=json.loads(props.get("basin.params", "{}")), metrics=json.loads(props.get("basin.metrics", "{}")),
+            reservation_multipliers=_multipliers(props.get("basin.reservation_multipliers"), path),
         )
         predictor = cls(session, info)
         predictor.predict("warm up the session", 1000)
         return predictor
+
+    def multiplier(self, q: float, benchmark: str | None = None) -> float:
+        """m(q): reserve this x `predict(...)` to cover a share `q` of true peaks (see the module docstring)."""
+        table = self.info.reservation_multipliers
+        if table is None:
+            raise PredictorError(f"{self.info.path}: carries no reservation multipliers (exported before they "
+                                 "existed); re-export it, or reserve the bare prediction")
+        grid = table["quantiles"]
+        if not (isinstance(q, (int, float)) and grid[0] <= q <= grid[-1]):
+            raise PredictorError(f"{self.info.path}: reservation quantile {q!r} is outside the multipliers' "
+                                 f"grid [{grid[0]}, {grid[-1]}]")
+        by_benchmark = table["by_benchmark"]
+        if benchmark is None and len(by_benchmark) == 1:
+            benchmark = next(iter(by_benchmark))
+        row = by_benchmark.get(benchmark, table["all"]) if benchmark is not None else table["all"]
+        return float(np.interp(q, grid, row))
 
     def predict(self, task_text: str, first_prompt_tokens: int) -> float:
         """Predicted peak tokens of one session."""

@@ -1,14 +1,16 @@
 """Stage `export`: fitted pipelines -> ONNX files the gateway loads, checked against scikit-learn.
 
 Each model is converted (`pipeline.onnx_export`), stamped with metadata (schema version, tokenizer,
-inputs, training-data hash, params, metrics), loaded through the served code path
+inputs, training-data hash, params, metrics, and the reservation multipliers m(q) of
+`pipeline.reservations.shipping_multipliers`: quantiles of true/predicted peak over the model's
+task-grouped out-of-fold predictions, per benchmark, on a grid of q), loaded through the served code path
 (`basin_runtime.predictor.PeakPredictor`, which builds the ONNX inputs as the gateway does) and must
 match scikit-learn to `parity_rtol` on a parity set of sessions (task text and first prompt size):
 awkward texts (empty, whitespace, unicode, code, paths, 100 KB) and training sessions, or the stage
 fails. Files go to the stage's output folder; those trained on real data are also published to
 `models/` (kept in git, so a clone can serve without retraining). A synthetic run never publishes.
 Publishing replaces a file only when the model changed: a published model trained on the same data
-(training-data hash), with the same params and benchmarks, whose predictions on the parity set of its
+(training-data hash), with the same params, benchmarks and multipliers, whose predictions on the parity set of its
 training rows match the new model's within `parity_rtol`, is kept byte for byte (floating-point noise
 between machines, ~1e-5, would otherwise dirty git on every re-run; its metadata metrics are then the
 ones it was published with).
@@ -39,6 +41,7 @@ from pipeline import tracking
 from pipeline.features import LENGTH_INPUTS, MODEL_INPUTS, model_frame
 from pipeline.onnx_export import serialize, set_metadata, to_onnx
 from pipeline.params import export_params
+from pipeline.reservations import shipping_multipliers
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +128,8 @@ def check_parity(model: Pipeline, predictor: PeakPredictor, sessions: ParitySet,
     return float(relative[worst])
 
 
-def metadata(name: str, record: dict[str, Any], summary: dict[str, Any], parity: float | None) -> dict[str, str]:
+def metadata(name: str, record: dict[str, Any], summary: dict[str, Any], parity: float | None,
+             multipliers: dict[str, Any]) -> dict[str, str]:
     """The file's `basin.*` metadata; `parity` is None in the draft that the parity check loads."""
     metrics = {"cv_unseen_task_spearman": record["cv_spearman"], "cv_objective": record["cv_objective"]}
     if parity is not None:
@@ -142,17 +146,18 @@ def metadata(name: str, record: dict[str, Any], summary: dict[str, Any], parity:
         "basin.synthetic": json.dumps(summary["synthetic"]),
         "basin.params": json.dumps(record["params"], sort_keys=True),
         "basin.metrics": json.dumps(metrics, sort_keys=True),
+        "basin.reservation_multipliers": json.dumps(multipliers, sort_keys=True),
     }
 
 
 def export_one(name: str, record: dict[str, Any], model: Pipeline, frame: pd.DataFrame, summary: dict[str, Any],
-               rtol: float) -> bytes:
+               rtol: float, multipliers: dict[str, Any]) -> bytes:
     """One model as ONNX bytes, after the served predictor passed the parity check."""
     rows = frame if name == "pooled" else frame[frame["benchmark"] == name]
-    proto = to_onnx(model, metadata(name, record, summary, None))
+    proto = to_onnx(model, metadata(name, record, summary, None, multipliers))
     parity = check_parity(model, load_served(proto, summary["tokenizer"]), parity_set(rows), rtol)
     log.info("%s: served predictor matches scikit-learn within %.1e relative", name, parity)
-    set_metadata(proto, metadata(name, record, summary, parity))  # the graph checked is the graph shipped
+    set_metadata(proto, metadata(name, record, summary, parity, multipliers))  # the graph checked is the graph shipped
     return serialize(proto)
 
 
@@ -171,12 +176,15 @@ def main(argv: list[str] | None = None) -> int:
     summary = json.loads(args.summary.read_text(encoding="utf-8"))
     frame = pd.read_parquet(args.frame)
     args.out.mkdir(parents=True, exist_ok=True)
+    multipliers = shipping_multipliers(frame, best["models"])
+    for name, table in multipliers.items():
+        log.info("%s: reservation multipliers m(q) for q %s: %s", name, table["quantiles"], table["by_benchmark"])
     written: dict[str, Path] = {}
     for name, record in best["models"].items():
         with (args.train_dir / f"{name}.pkl").open("rb") as handle:
             model = pickle.load(handle)
         try:
-            blob = export_one(name, record, model, frame, summary, params.parity_rtol)
+            blob = export_one(name, record, model, frame, summary, params.parity_rtol, multipliers[name])
         except (ParityError, PredictorError) as exc:
             log.error("%s: %s", name, exc)
             return 1
@@ -222,8 +230,9 @@ def published_difference(published: Path, new: Path, sessions: ParitySet) -> flo
         log.warning("published %s cannot be loaded (%s): replacing it", published, exc)
         return None
     fresh = PeakPredictor.load(new)
-    if (old.info.training_data_sha256, old.info.params, old.info.benchmarks) != \
-            (fresh.info.training_data_sha256, fresh.info.params, fresh.info.benchmarks):
+    if (old.info.training_data_sha256, old.info.params, old.info.benchmarks, old.info.reservation_multipliers) != \
+            (fresh.info.training_data_sha256, fresh.info.params, fresh.info.benchmarks,
+             fresh.info.reservation_multipliers):
         return None
     before = old.predict_batch(sessions.task_texts, sessions.first_prompt_tokens)
     after = fresh.predict_batch(sessions.task_texts, sessions.first_prompt_tokens)

@@ -11,8 +11,10 @@ Rules:
   budget's view), not the mean of per-row ratios.
 - References scored the same way: oracle (reserve = true peak: coverage 1, ratio 1) and constant
   (reserve = the q-quantile of the training rows' true peaks of that benchmark, same quantile rule).
-- `shipping_multipliers` fits m(q) for the shipped models (train's chosen params) on the training
-  folds of all rows; nothing here reads params.yaml or writes files.
+- `shipping_multipliers` fits m(q) for the shipped models (train's chosen params, train's folds) on
+  each model's own rows, on a grid of q (SHIPPED_QUANTILES), per benchmark and over all rows: export
+  writes it into each ONNX file (`basin.reservation_multipliers`), read by
+  `PeakPredictor.multiplier(q)`. Nothing here reads params.yaml or writes files.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from pipeline.fast_cv import FoldFeaturizer
 from pipeline.features import ModelParams
 
 QUANTILES = (0.8, 0.9, 0.95)
+# the grid each shipped model carries; the runtime interpolates between its points
+SHIPPED_QUANTILES = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.99)
 MIN_PREDICTED_TOKENS = 1.0
 POOLED = "pooled"
 
@@ -88,27 +92,31 @@ def aggregate(folds: list[dict[str, Any]], qs: Sequence[float] = QUANTILES) -> d
 
 
 def shipping_multipliers(frame: pd.DataFrame, chosen: Mapping[str, Mapping[str, Any]],
-                         qs: Sequence[float] = QUANTILES, folds_column: str = "fold_unseen",
-                         ) -> dict[str, dict[str, float]]:
-    """m(q) per benchmark for the shipped models: out-of-fold predictions over all rows (train's folds)
-    with each model's chosen params (`chosen`: best.json's `models`, name -> record with `params`); a
-    benchmark without a model of its own takes the pooled model's."""
+                         qs: Sequence[float] = SHIPPED_QUANTILES, folds_column: str = "fold_unseen",
+                         ) -> dict[str, dict[str, Any]]:
+    """The `basin.reservation_multipliers` table of each shipped model (`chosen`: best.json's `models`,
+    name -> record with `params` and `benchmarks`): m(q) on the grid `qs` from the model's out-of-fold
+    predictions over its own rows (train's task-grouped folds), per benchmark and over all its rows.
+
+    Shape: {name: {"quantiles": [q...], "by_benchmark": {benchmark: [m...]}, "all": [m...]}}.
+    """
     frame = frame.reset_index(drop=True)
-    benches = frame["benchmark"].astype(str).to_numpy()
-    true = frame["peak_prompt_tokens"].to_numpy(dtype=np.float64)
-    pooled: np.ndarray | None = None
-    out: dict[str, dict[str, float]] = {}
-    for bench in sorted(set(benches)):
-        at = benches == bench
-        if bench in chosen:
-            rows = frame[at].reset_index(drop=True)
-            predicted = _out_of_fold(rows, chosen[bench], folds_column)
-        else:
-            if pooled is None:
-                pooled = _out_of_fold(frame, chosen[POOLED], folds_column)
-            predicted = pooled[at]
-        out[bench] = multipliers(true[at], predicted, qs)
+    out: dict[str, dict[str, Any]] = {}
+    for name, record in chosen.items():
+        rows = (frame if name == POOLED else frame[frame["benchmark"] == name]).reset_index(drop=True)
+        true = rows["peak_prompt_tokens"].to_numpy(dtype=np.float64)
+        predicted = _out_of_fold(rows, record, folds_column)
+        benches = rows["benchmark"].astype(str).to_numpy()
+
+        everything = np.ones(len(rows), dtype=bool)
+        out[name] = {"quantiles": list(qs), "all": _grid(true, predicted, everything, qs),
+                     "by_benchmark": {b: _grid(true, predicted, benches == b, qs) for b in sorted(set(benches))}}
     return out
+
+
+def _grid(true: np.ndarray, predicted: np.ndarray, at: np.ndarray, qs: Sequence[float]) -> list[float]:
+    m = multipliers(true[at], predicted[at], qs)
+    return [round(m[str(q)], 6) for q in qs]
 
 
 def _out_of_fold(rows: pd.DataFrame, record: Mapping[str, Any], folds_column: str) -> np.ndarray:

@@ -104,17 +104,30 @@ def test_nested_outer_fold_coverage_is_close_to_q() -> None:
         assert abs(np.mean(coverage[q]) - float(q)) < 0.05, (q, coverage[q])
 
 
-def test_shipping_multipliers_use_each_benchmarks_own_model_or_the_pooled_one() -> None:
+def test_shipping_multipliers_are_each_files_own_out_of_fold_ratios_per_benchmark() -> None:
+    """The pooled file carries a row per benchmark and one over all rows, from the pooled model's out-of-fold
+    predictions; a benchmark's own file carries its own model's; all on the shipped grid, non-decreasing."""
     own = synthetic(1, 60, signal=True).assign(fold_unseen=lambda f: np.arange(len(f)) % 5)
     other = synthetic(2, 30, signal=True).assign(benchmark="c", fold_unseen=lambda f: np.arange(len(f)) % 5)
     frame = pd.concat([own, other], ignore_index=True)
     chosen = {"pooled": {"params": ModelParams(alpha=3.0).to_dict()}, "b": {"params": ModelParams(alpha=0.1).to_dict()}}
     got = reservations.shipping_multipliers(frame, chosen)
+    grid = reservations.SHIPPED_QUANTILES
     b_oof = FoldFeaturizer(own, [1]).out_of_fold(ModelParams(alpha=0.1), own["fold_unseen"].to_numpy())
     pooled_oof = FoldFeaturizer(frame, [1]).out_of_fold(ModelParams(alpha=3.0), frame["fold_unseen"].to_numpy())
-    assert got["b"] == reservations.multipliers(own["peak_prompt_tokens"].to_numpy(), b_oof)
-    assert got["c"] == reservations.multipliers(other["peak_prompt_tokens"].to_numpy(), pooled_oof[60:])
-    assert list(got["c"]) == list(QS) and sorted(got["c"].values()) == list(got["c"].values())
+    true = frame["peak_prompt_tokens"].to_numpy()
+
+    def row(t: np.ndarray, p: np.ndarray) -> list[float]:
+        m = reservations.multipliers(t, p, grid)
+        return [round(m[str(q)], 6) for q in grid]
+
+    assert got["b"] == {"quantiles": list(grid), "all": row(true[:60], b_oof),
+                        "by_benchmark": {"b": row(true[:60], b_oof)}}
+    assert got["pooled"]["by_benchmark"] == {"b": row(true[:60], pooled_oof[:60]), "c": row(true[60:], pooled_oof[60:])}
+    assert got["pooled"]["all"] == row(true, pooled_oof)
+    for table in got.values():
+        for values in [table["all"], *table["by_benchmark"].values()]:
+            assert values == sorted(values) and values[0] > 0
 
 
 def test_report_carries_reservations_per_benchmark_beside_the_protocol() -> None:

@@ -142,12 +142,13 @@ def test_export_fails_when_the_served_predictor_builds_its_inputs_wrongly(
     model = build_model(params).fit(frame, frame["peak_prompt_tokens"].to_numpy())
     record = {"params": params.to_dict(), "benchmarks": sorted(frame["benchmark"].unique()), "cv_spearman": {},
               "cv_objective": 0.0}
-    blob = export.export_one("pooled", record, model, frame, summary, rtol=1e-4)  # the real runtime passes
+    table = {"quantiles": [0.5, 0.9], "all": [1.0, 2.0], "by_benchmark": {}}
+    blob = export.export_one("pooled", record, model, frame, summary, 1e-4, table)  # the real runtime passes
     assert PeakPredictor.load(_write(tmp_path / "ok.onnx", blob)).info.metrics["parity_max_rel"] < 1e-4
 
     monkeypatch.setattr(runtime_predictor.ort, "InferenceSession", wrong_feeds)
     with pytest.raises(ParityError, match=r"parity sessions; worst is session \d+ \(task_text .*first_prompt_tokens"):
-        export.export_one("pooled", record, model, frame, summary, rtol=1e-4)
+        export.export_one("pooled", record, model, frame, summary, 1e-4, table)
     train_dir, out = tmp_path / "train", tmp_path / "models"
     train_dir.mkdir()
     (train_dir / "pooled.pkl").write_bytes(pickle.dumps(model))

@@ -15,14 +15,50 @@ ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "models" / "peak_predictor.onnx"
 
 
-def _rewrite(tmp: Path, change_key: str, value: str) -> Path:
+def _rewrite(tmp: Path, change_key: str, value: str | None) -> Path:
+    """The shipped pooled model with one metadata entry set (added if absent), or removed (None)."""
     proto = onnx.load(SHIPPED)
-    for entry in proto.metadata_props:
-        if entry.key == change_key:
-            entry.value = value
+    kept = [(e.key, e.value) for e in proto.metadata_props if e.key != change_key]
+    del proto.metadata_props[:]
+    for key, old in kept + ([] if value is None else [(change_key, value)]):
+        proto.metadata_props.add(key=key, value=old)
     path = tmp / "changed.onnx"
     onnx.save(proto, path)
     return path
+
+
+TABLE = {"quantiles": [0.5, 0.9, 0.95], "all": [1.0, 2.0, 3.0],
+         "by_benchmark": {"swe": [1.1, 1.5, 2.5], "tb": [0.9, 4.0, 6.0]}}
+
+
+def test_reservation_multipliers_interpolate_per_benchmark_and_fall_back_to_all_rows(tmp_path: Path) -> None:
+    predictor = PeakPredictor.load(_rewrite(tmp_path, "basin.reservation_multipliers", json.dumps(TABLE)))
+    assert predictor.multiplier(0.9, "swe") == 1.5 and predictor.multiplier(0.95, "tb") == 6.0
+    assert predictor.multiplier(0.7, "swe") == pytest.approx(1.3)  # halfway from 0.5 (1.1) to 0.9 (1.5)
+    assert predictor.multiplier(0.9) == 2.0 and predictor.multiplier(0.9, "unknown-bench") == 2.0
+    for q in (0.49, 0.96, float("nan")):
+        with pytest.raises(PredictorError, match=r"quantile .* outside the multipliers' grid \[0.5, 0.95\]"):
+            predictor.multiplier(q)
+    one = {**TABLE, "by_benchmark": {"swe": [1.1, 1.5, 2.5]}}  # a single-benchmark file answers for it
+    assert PeakPredictor.load(_rewrite(tmp_path, "basin.reservation_multipliers", json.dumps(one))).multiplier(0.9) \
+        == 1.5
+
+
+def test_a_file_without_multipliers_loads_but_refuses_to_make_them_up(tmp_path: Path) -> None:
+    predictor = PeakPredictor.load(_rewrite(tmp_path, "basin.reservation_multipliers", None))
+    assert predictor.info.reservation_multipliers is None
+    with pytest.raises(PredictorError, match=r"carries no reservation multipliers .*re-export"):
+        predictor.multiplier(0.9)
+
+
+@pytest.mark.parametrize("table", [
+    "not json", json.dumps({"quantiles": [0.9, 0.5], "all": [1, 2], "by_benchmark": {}}),
+    json.dumps({**TABLE, "all": [1.0, 2.0]}), json.dumps({**TABLE, "all": [3.0, 2.0, 1.0]}),
+    json.dumps({**TABLE, "quantiles": [0.5, 0.9, 1.0]}), json.dumps({"quantiles": [0.5]}),
+])
+def test_a_malformed_multipliers_table_is_refused_at_load(tmp_path: Path, table: str) -> None:
+    with pytest.raises(PredictorError, match=r"changed\.onnx: basin\.reservation_multipliers"):
+        PeakPredictor.load(_rewrite(tmp_path, "basin.reservation_multipliers", table))
 
 
 def test_shipped_model_loads_and_predicts_sane_peaks() -> None:
@@ -35,6 +71,11 @@ def test_shipped_model_loads_and_predicts_sane_peaks() -> None:
     assert np.all(np.isfinite(peaks)) and np.all(peaks > 0)
     assert np.all(peaks >= np.maximum(firsts, 1)) and np.all(peaks <= MAX_PEAK_TOKENS)
     assert predictor.predict(texts[2], 1500) == pytest.approx(peaks[2])
+    table = predictor.info.reservation_multipliers  # exported with the model: every benchmark, q 0.5..0.99
+    assert table is not None and sorted(table["by_benchmark"]) == list(predictor.info.benchmarks)
+    assert table["quantiles"][0] == 0.5 and table["quantiles"][-1] == 0.99
+    for bench in predictor.info.benchmarks:
+        assert 1.0 < predictor.multiplier(0.9, bench) < predictor.multiplier(0.95, bench)
 
 
 def test_refuses_incompatible_files_with_clear_errors(tmp_path: Path) -> None:
