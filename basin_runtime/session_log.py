@@ -9,6 +9,7 @@ Format `basin-session-log`, version 2 (version 1 lines are still read). Each lin
      "started_at": float, "ended_at": float,   # unix seconds
      "end_reason": "ended" | "idle" | "withdrawn" | "shed" | "failed" | "shutdown",
      "predicted_peak_tokens": float | null,
+     "reserved_peak_tokens": float | null,   # version 2, optional: m(q) x the prediction, what it reserved
      "adopted": bool,                # version 2: the session was live before a gateway restart and this
                                      # record starts at its adoption call (its earlier calls are in the
                                      # previous run's record, if that run logged it)
@@ -70,6 +71,7 @@ class SessionLogRecord:
     workload: str | None = None
     predicted_peak_tokens: float | None = None
     adopted: bool = False
+    reserved_peak_tokens: float | None = None
 
     def to_json(self) -> str:
         """One log line (no trailing newline)."""
@@ -108,6 +110,7 @@ class SessionLogRecord:
                 workload=obj.get("workload"),
                 predicted_peak_tokens=obj.get("predicted_peak_tokens"),
                 adopted=_flag(obj.get("adopted", False)),
+                reserved_peak_tokens=obj.get("reserved_peak_tokens"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise SessionLogError(f"missing or malformed field: {exc}") from exc

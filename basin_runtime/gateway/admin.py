@@ -41,7 +41,8 @@ class Reloader:
 
     def models(self, tokenizer: str) -> Predictors:
         """Load every model file again; `ConfigError` naming the file."""
-        return Predictors.load(self.config.default_model, self.config.workload_models, tokenizer)
+        return Predictors.load(self.config.default_model, self.config.workload_models, tokenizer,
+                               self.config.reservation_quantile)
 
     def calibration_budget_tokens(self) -> int:
         """The reference budget of the calibration file; `ConfigError` if there is none or it is bad."""
@@ -60,7 +61,8 @@ def sessions_view(gateway: Gateway) -> list[dict[str, Any]]:
         last = entry.calls[-1] if entry.calls else None
         views.append({
             "session_id": entry.session_id, "state": entry.state, "priority": entry.priority,
-            "predicted_peak_tokens": entry.predicted_peak_tokens, "workload": entry.workload, "model": entry.model,
+            "predicted_peak_tokens": entry.predicted_peak_tokens, "reserved_peak_tokens": entry.reserved_peak_tokens,
+            "workload": entry.workload, "model": entry.model,
             "is_adopted": entry.is_adopted, "num_calls": len(entry.calls), "in_flight": entry.in_flight,
             "waiters": entry.waiters, "age_s": now - entry.arrived_s, "idle_s": now - entry.last_active_s,
             "last_prompt_tokens": None if last is None else last.prompt_tokens,

@@ -52,6 +52,9 @@ class GatewayConfig:
     upstream: str
     default_model: Path
     workload_models: Mapping[str, Path] = field(default_factory=dict)
+    # reserve multiplier(q) x predicted peak (the model file's m(q), `basin_runtime/predictor.py`); None: the
+    # bare prediction (for files exported before multipliers existed)
+    reservation_quantile: float | None = 0.9
     budget_tokens: int | None = None
     calibration: Path | None = None
     host: str = "127.0.0.1"
@@ -173,6 +176,24 @@ def _positive_int(key: str, value: object) -> int:
     return number
 
 
+def _quantile(key: str, value: object) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+        raise ConfigError(f"{key}: expected a quantile in (0, 1), or null for the bare prediction, got {value!r}")
+    return float(value)
+
+
+def _quantile_arg(text: str) -> float | None:
+    """--reservation-quantile: a number, or `none`."""
+    if text.lower() in ("none", "null"):
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a quantile in (0, 1) or 'none', got {text!r}") from None
+
+
 def _fraction(key: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
         raise ConfigError(f"{key}: expected a number in (0, 1], got {value!r}")
@@ -194,7 +215,8 @@ def _models(key: str, value: object) -> list[str]:
 
 
 _CHECKS: dict[str, Callable[[str, object], object]] = {
-    "upstream": _upstream, "model": _models, "budget_tokens": _int, "calibration": _str, "host": _str,
+    "upstream": _upstream, "model": _models, "reservation_quantile": _quantile, "budget_tokens": _int,
+    "calibration": _str, "host": _str,
     "port": _int, "always_engaged": _bool, "session_header": _str, "workload_header": _str,
     "idle_timeout_s": _seconds, "tick_interval_s": _seconds, "upstream_timeout_s": _seconds,
     "upstream_connect_timeout_s": _seconds, "upstream_client": _upstream_client, "retry_after_s": _seconds,
@@ -231,6 +253,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--port", type=int, help=f"port to bind (default {_default('port')})")
     add("--model", action="append", metavar="[WORKLOAD=]PATH",
         help="peak predictor (.onnx); one plain PATH is the default model; repeat with WORKLOAD=PATH")
+    add("--reservation-quantile", type=_quantile_arg, metavar="Q",
+        help=f"reserve m(Q) x the predicted peak, m from the model file, so a share Q of sessions fit their "
+             f"reservation (default {_default('reservation_quantile')}; 'none' reserves the bare prediction)")
     add("--budget-tokens", type=int, metavar="N", help="reference cache budget in tokens (wins over --calibration)")
     add("--calibration", metavar="FILE",
         help="JSON: knee_tokens, cache_capacity_tokens [, hit_rate_plateau, peak_completion_rate_per_s, "

@@ -250,7 +250,8 @@ class Gateway:
         entry, is_new = await self.room.arrive(session_id, first, peak, workload=workload, memo=memo,
                                                is_adopted=is_adopted, is_single_call=is_single_call,
                                                model=call.body.get("model") if isinstance(call.body.get("model"),
-                                                                                          str) else None)
+                                                                                          str) else None,
+                                               reservation_multiplier=self.predictors.multiplier(workload))
         return entry, first.prompt_tokens, is_new
 
     def _predict(self, call: Call, memo: PromptMemo, model: PeakModel) -> tuple[FirstCall, float]:
@@ -338,5 +339,5 @@ def log_record(entry: SessionEntry, reason: EndReason, ended_at: float, tokenize
         session_id=entry.session_id, model=entry.model or "unknown", tokenizer=tokenizer, task_text=entry.task_text,
         task_chars=len(entry.task_text), started_at=entry.started_at, ended_at=ended_at, end_reason=reason,
         calls=calls, workload=entry.workload, predicted_peak_tokens=entry.predicted_peak_tokens,
-        adopted=entry.is_adopted,
+        reserved_peak_tokens=entry.reserved_peak_tokens, adopted=entry.is_adopted,
     )

@@ -71,7 +71,8 @@ class WaitingRoom:
 
     async def arrive(self, session_id: str, first: FirstCall, predicted_peak_tokens: float, *,
                      workload: str | None, memo: PromptMemo, is_adopted: bool = False,
-                     is_single_call: bool = False, model: str | None = None) -> tuple[SessionEntry, bool]:
+                     is_single_call: bool = False, model: str | None = None,
+                     reservation_multiplier: float = 1.0) -> tuple[SessionEntry, bool]:
         """Register a new session with the policy; (entry, True), or (existing entry, False) if one won a race."""
         async with self._lock:
             existing = self.registry.get(session_id)
@@ -82,7 +83,7 @@ class WaitingRoom:
                                         "against its replacement", self._retry_after_s)
             now = self.clock.now()
             step = self.policy.adopt if is_adopted else self.policy.arrive
-            events = step(session_id, now, predicted_peak_tokens, first.prompt_tokens)
+            events = step(session_id, now, predicted_peak_tokens, first.prompt_tokens, reservation_multiplier)
             entry = SessionEntry(
                 session_id=session_id, state="queued",
                 decision=asyncio.get_running_loop().create_future(),
@@ -90,6 +91,7 @@ class WaitingRoom:
                 predicted_peak_tokens=predicted_peak_tokens, task_text=first.task_text, workload=workload,
                 started_at=self.clock.wall(), last_active_s=now, memo=memo, is_adopted=is_adopted,
                 is_single_call=is_single_call, arrived_s=now, model=model,
+                reservation_multiplier=reservation_multiplier,
             )
             self.registry.add(entry)
             self._apply(events, now)

@@ -6,9 +6,10 @@
 # - While admission is engaged, the head is admitted only if
 #       reserved_tokens(live) + reservation(head) <= budget_tokens,
 #   or if no session is live at all (the lone head goes in even over budget: service progresses).
-# - A reservation is max(peak_reservation_tokens, context_tokens) in basin mode (the predicted peak,
-#   or the current context once the session has grown past it) and context_tokens in prototype mode.
-#   Reservations are whole tokens (the predicted peak rounded up), so their sums stay exact.
+# - A reservation is max(peak_reservation_tokens, context_tokens) in basin mode (the predicted peak
+#   times the session's reservation multiplier m(q), or the current context once the session has grown
+#   past it) and context_tokens in prototype mode. Reservations are whole tokens (m x predicted peak
+#   rounded up), so their sums stay exact. Priority uses the bare predicted peak, not the reservation.
 # Invariants:
 # - Every queued session has exactly one current entry in each heap; an entry is current when its
 #   id maps to a record with the same seq. Admitted, withdrawn and shed sessions leave stale
@@ -37,10 +38,11 @@ class SessionRecord:
     predicted_peak_tokens: float
     priority: float
     context_tokens: int
-    peak_reservation_tokens: int = field(init=False)  # the predicted peak rounded up
+    reservation_multiplier: float = 1.0  # m(q) of the predictor's file (`basin_runtime/predictor.py`)
+    peak_reservation_tokens: int = field(init=False)  # m x the predicted peak, rounded up
 
     def __post_init__(self) -> None:
-        self.peak_reservation_tokens = math.ceil(self.predicted_peak_tokens)
+        self.peak_reservation_tokens = math.ceil(self.predicted_peak_tokens * self.reservation_multiplier)
 
 
 def reservation_tokens(mode: PolicyMode, record: SessionRecord) -> int:

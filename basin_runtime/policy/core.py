@@ -66,30 +66,39 @@ class Policy:
 
     # --- events in -------------------------------------------------------------------------
 
-    def arrive(self, session_id: str, now: float, predicted_peak_tokens: float, context_tokens: int) -> list[Event]:
-        """A session arrives; its `Admitted` event is in the list if it is admitted now (else it queues)."""
-        return self._enter(session_id, now, predicted_peak_tokens, context_tokens, is_adopted=False)
+    def arrive(self, session_id: str, now: float, predicted_peak_tokens: float, context_tokens: int,
+               reservation_multiplier: float = 1.0) -> list[Event]:
+        """A session arrives; its `Admitted` event is in the list if it is admitted now (else it queues).
 
-    def adopt(self, session_id: str, now: float, predicted_peak_tokens: float, context_tokens: int) -> list[Event]:
+        It reserves `reservation_multiplier` x `predicted_peak_tokens` (or its context, when larger);
+        its priority comes from the bare prediction.
+        """
+        return self._enter(session_id, now, predicted_peak_tokens, context_tokens, reservation_multiplier,
+                           is_adopted=False)
+
+    def adopt(self, session_id: str, now: float, predicted_peak_tokens: float, context_tokens: int,
+              reservation_multiplier: float = 1.0) -> list[Event]:
         """Make a session that is already running elsewhere live at once (e.g. after a gateway restart).
 
         It is not new work: it never queues, whatever the budget, and its priority is fixed from `now`.
         Returns its `Admitted` event.
         """
-        return self._enter(session_id, now, predicted_peak_tokens, context_tokens, is_adopted=True)
+        return self._enter(session_id, now, predicted_peak_tokens, context_tokens, reservation_multiplier,
+                           is_adopted=True)
 
     def _enter(self, session_id: str, now: float, predicted_peak_tokens: float, context_tokens: int,
-               is_adopted: bool) -> list[Event]:
+               reservation_multiplier: float, is_adopted: bool) -> list[Event]:
         now = self._check_now(now)
         _check_session_id(session_id)
         if session_id in self._live or session_id in self._queue:
             raise DuplicateSessionError(f"session {session_id!r} arrived again while {self.state_of(session_id)}")
         peak = require_finite(f"predicted_peak_tokens of session {session_id!r}", predicted_peak_tokens, minimum=0)
         context = require_tokens(f"context_tokens of session {session_id!r}", context_tokens)
+        multiplier = _check_multiplier(f"reservation_multiplier of session {session_id!r}", reservation_multiplier)
         was_engaged = self.is_engaged
         self._advance(now)
         priority = priority_s(self.config.mode, now, peak, self.config.tokens_per_s)
-        record = SessionRecord(session_id, self._next_seq, now, peak, priority, context)
+        record = SessionRecord(session_id, self._next_seq, now, peak, priority, context, multiplier)
         self._next_seq += 1
         if not is_adopted:
             self._arrivals.record(now)
@@ -189,15 +198,17 @@ class Policy:
         """True if the session waits in the admission queue (False for unknown ids)."""
         return session_id in self._queue
 
-    def has_capacity(self, predicted_peak_tokens: float, context_tokens: int = 0) -> bool:
+    def has_capacity(self, predicted_peak_tokens: float, context_tokens: int = 0,
+                     reservation_multiplier: float = 1.0) -> bool:
         """Would a session with this peak (and context) be admitted if it arrived now? No change."""
         peak = require_finite("predicted_peak_tokens", predicted_peak_tokens, minimum=0)
         context = require_tokens("context_tokens", context_tokens)
+        multiplier = _check_multiplier("reservation_multiplier", reservation_multiplier)
         if not self.is_engaged:
             return True
         now = 0.0 if self._now_s is None else self._now_s
         priority = priority_s(self.config.mode, now, peak, self.config.tokens_per_s)
-        candidate = SessionRecord("", self._next_seq, now, peak, priority, context)
+        candidate = SessionRecord("", self._next_seq, now, peak, priority, context, multiplier)
         head = self._queue.head()
         if head is not None and service_key(head.priority, head.seq) < service_key(priority, candidate.seq):
             return False
@@ -289,3 +300,10 @@ class Policy:
 def _check_session_id(session_id: str) -> None:
     if not isinstance(session_id, str) or not session_id:
         raise PolicyError(f"session_id must be a non-empty string, got {session_id!r}")
+
+
+def _check_multiplier(what: str, value: float) -> float:
+    multiplier = require_finite(what, value)
+    if multiplier <= 0:
+        raise PolicyError(f"{what} must be > 0, got {value!r}")
+    return multiplier

@@ -266,6 +266,70 @@ def test_the_shipped_models_load_per_workload_and_predict() -> None:
         asyncio.run(gateway.upstream.client.aclose())
 
 
+def test_sessions_reserve_the_files_multiplier_times_the_prediction_at_the_configured_quantile() -> None:
+    from basin_runtime.predictor import PeakPredictor
+
+    swe_file = PeakPredictor.load(MODELS / "peak_predictor-swebench-verified.onnx")
+    pooled = PeakPredictor.load(DEFAULT_MODEL)
+    for argv, q in (((), 0.9), (("--reservation-quantile", "0.95"), 0.95)):
+        gateway = build_gateway(parse("--config", str(EXAMPLE), *argv), clock=ManualClock())
+        try:
+            predictors = gateway.predictors
+            assert predictors.reservation_quantile == q
+            assert predictors.multiplier("swebench-verified") == swe_file.multiplier(q) > 1
+            assert predictors.multiplier(None) == predictors.multiplier("my-agent") == pooled.multiplier(q)
+        finally:
+            asyncio.run(gateway.upstream.client.aclose())
+    only_default = build_gateway(parse("--upstream", "http://127.0.0.1:9", "--model", str(DEFAULT_MODEL),
+                                       "--budget-tokens", "10"), clock=ManualClock())
+    try:  # the default file answers with the workload's own row when it is one of its benchmarks
+        assert only_default.predictors.multiplier("swebench-verified") == pooled.multiplier(0.9, "swebench-verified")
+        assert pooled.multiplier(0.9, "swebench-verified") != pooled.multiplier(0.9)
+    finally:
+        asyncio.run(only_default.upstream.client.aclose())
+    bare = build_gateway(parse("--config", str(EXAMPLE), "--reservation-quantile", "none"), clock=ManualClock())
+    try:
+        assert bare.predictors.multiplier("swebench-verified") == 1.0
+    finally:
+        asyncio.run(bare.upstream.client.aclose())
+
+
+@pytest.mark.parametrize(("argv", "named"), [
+    (("--reservation-quantile", "0.999"), "outside the multipliers' grid [0.5, 0.99]"),
+    (("--reservation-quantile", "1.5"), "reservation_quantile: expected a quantile in (0, 1)"),
+    (("--reservation-quantile", "most"), "expected a quantile in (0, 1) or 'none'"),
+])
+def test_a_reservation_quantile_the_files_cannot_serve_stops_start_up_in_one_line(
+        capsys: pytest.CaptureFixture[str], argv: tuple[str, ...], named: str) -> None:
+    try:
+        status, lines = run_main(capsys, "--upstream", "http://127.0.0.1:9", "--model", str(DEFAULT_MODEL),
+                                 "--budget-tokens", "10", *argv)
+    except SystemExit as exc:  # argparse's own type error
+        status, lines = int(exc.code or 0), capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and named in lines[-1]
+
+
+def test_a_file_without_multipliers_needs_the_bare_prediction_asked_for(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import onnx
+
+    proto = onnx.load(DEFAULT_MODEL)
+    kept = [(e.key, e.value) for e in proto.metadata_props if e.key != "basin.reservation_multipliers"]
+    del proto.metadata_props[:]
+    for key, value in kept:
+        proto.metadata_props.add(key=key, value=value)
+    old = tmp_path / "old.onnx"
+    onnx.save(proto, old)
+    base = ["--upstream", "http://127.0.0.1:9", "--model", str(old), "--budget-tokens", "10"]
+    status, lines = run_main(capsys, *base)
+    assert status == 2 and len(lines) == 1 and f"{old}: carries no reservation multipliers" in lines[0]
+    gateway = build_gateway(parse(*base, "--reservation-quantile", "none"), clock=ManualClock())
+    try:
+        assert gateway.predictors.multiplier(None) == 1.0
+    finally:
+        asyncio.run(gateway.upstream.client.aclose())
+
+
 def test_the_app_lifespan_starts_the_timers_and_closes_what_it_owns() -> None:
     gateway = build_gateway(parse("--config", str(EXAMPLE)), clock=ManualClock())
     client = gateway.upstream.client

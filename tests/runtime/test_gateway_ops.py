@@ -32,9 +32,11 @@ MODEL_FILE = Path(__file__).resolve().parents[2] / "models" / "peak_predictor.on
 
 def ops_rig(*, budget_tokens: int = 1_000_000, model: StubModel | None = None, is_shadow: bool = False,
             session_log: SessionLogWriter | None = None, lending: LendingTracker | None = None,
-            reloader: Reloader | None = None) -> AbstractAsyncContextManager[Rig]:
+            reloader: Reloader | None = None, reservation_quantile: float | None = None,
+            ) -> AbstractAsyncContextManager[Rig]:
     """`test_gateway_app.rig_for` with the issue-6 parts wired in."""
     return rig_for(budget_tokens=budget_tokens, model=model, app_options={"reloader": reloader},
+                   reservation_quantile=reservation_quantile,
                    gateway_options={"hit_window": HitRateWindow(window_s=60.0, min_prompt_tokens=1), "lending": lending,
                                     "session_log": session_log, "is_shadow": is_shadow})
 
@@ -87,6 +89,47 @@ async def test_metrics_after_a_scripted_run_have_the_right_names_and_values() ->
     assert end["basin_sessions_overflowed_total"] == 1  # "first task" ran past its 5-token prediction
     assert end["basin_gateway_added_latency_seconds_count"] == 2
     assert end["basin_shadow_mode"] == 0
+
+
+class ReservingStub(StubModel):
+    """A stub that also carries reservation multipliers, m(q) = 10 q, as a `PeakPredictor` file does."""
+
+    def __init__(self, peaks: dict[str, float]) -> None:
+        super().__init__(peaks)
+        self.multipliers_asked: list[tuple[float, str | None]] = []
+
+    def multiplier(self, q: float, benchmark: str | None = None) -> float:
+        self.multipliers_asked.append((q, benchmark))
+        return 10 * q
+
+
+async def test_a_session_reserves_m_q_times_its_prediction_and_overflows_only_past_that(tmp_path: Path) -> None:
+    """Predictions 1 and 40 tokens at q = 0.5 (m = 5): reservations 5 and 200. A 10-token conversation
+    outgrows the first reservation only; the priority is still the bare prediction's."""
+    writer = SessionLogWriter(tmp_path / "sessions.jsonl")
+    model = ReservingStub({"first task": 1.0, "second task": 40.0})
+    async with ops_rig(model=model, reservation_quantile=0.5, session_log=writer) as rig:
+        await rig.chat("a", "first task")
+        await rig.chat("b", "second task")
+        views = {v["session_id"]: v for v in (await rig.client.get("/basin/sessions")).json()["sessions"]}
+        reserved = rig.policy.snapshot().reserved_tokens
+        prompt = TOKENIZER.count_prompt(conversation("first task"))
+        for sid in ("a", "b"):
+            assert (await rig.client.post(f"/basin/sessions/{sid}/end")).status_code == 200
+        end = await scrape(rig)
+    await asyncio.to_thread(writer.close)
+
+    assert 5 * 1.0 < prompt < 40.0
+    assert (views["a"]["predicted_peak_tokens"], views["a"]["reserved_peak_tokens"]) == (1.0, 5.0)
+    assert (views["b"]["predicted_peak_tokens"], views["b"]["reserved_peak_tokens"]) == (40.0, 200.0)
+    assert reserved == prompt + 200  # a's context is past its 5-token reservation
+    assert views["a"]["priority"] < views["b"]["priority"]
+    assert end["basin_sessions_judged_total"] == 2 and end["basin_sessions_overflowed_total"] == 1
+    assert end["basin_peak_prediction_ratio_sum"] == pytest.approx(prompt / 1.0 + prompt / 40.0)
+    logged = {r.session_id: r for r in map(SessionLogRecord.from_json,
+                                           (tmp_path / "sessions.jsonl").read_text().splitlines())}
+    assert (logged["a"].predicted_peak_tokens, logged["a"].reserved_peak_tokens) == (1.0, 5.0)
+    assert model.multipliers_asked == [(0.5, None), (0.5, None)]
 
 
 async def test_the_metrics_of_two_apps_do_not_collide() -> None:

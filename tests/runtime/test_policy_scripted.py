@@ -271,6 +271,24 @@ def test_observe_growth_past_the_prediction_keeps_the_reserved_sum_exact() -> No
     t.check(now_s=6.0, reserved_tokens=900, working_set_tokens=100)
 
 
+def test_a_reservation_multiplier_scales_the_reservation_not_the_priority() -> None:
+    """The paper's 950K live plus a new session whose 80K prediction is reserved at m = 1.5 (120K)."""
+    policy, t = make(1_000_000, always_engaged=True)
+    assert arrives(policy, "live", 0.0, 950_000, 50_000) is True
+    events = policy.arrive("new", 10.0, 80_000, 6_000, reservation_multiplier=1.5)
+    assert events == []  # 950K + 120K > 1M, though 950K + 80K would not be
+    assert policy.priority_of("new") == 10.0 + 80_000 / 30  # the bare prediction orders it
+    assert policy.has_capacity(40_000, reservation_multiplier=1.25) is True  # ahead of it; 950K + 50K fits
+    assert policy.has_capacity(40_000, reservation_multiplier=1.5) is False  # 950K + 60K does not
+    assert policy.finish("live", 20.0) == [Admitted("new", 20.0, 10.0 + 80_000 / 30, 10.0, 120_000)]
+    t.check(now_s=20.0, live=["new"], reserved_tokens=120_000, working_set_tokens=6_000)
+    assert admits(policy.observe("new", 21.0, 130_000)) == []  # it grew past m x prediction: its context
+    t.check(now_s=21.0, reserved_tokens=130_000, working_set_tokens=130_000)
+    small, _ = make(1000, always_engaged=True)
+    small.arrive("a", 0.0, 99.5, 10, reservation_multiplier=0.9)  # m < 1 at low q: ceil(89.55) = 90
+    assert small.snapshot().reserved_tokens == 90
+
+
 def test_observe_a_queued_session_updates_its_reservation() -> None:
     policy, t = make(1000, always_engaged=True)
     policy.arrive("a", 0.0, 600, 0)
@@ -520,6 +538,10 @@ ILLEGAL_STEPS: list[tuple[str, Callable[[Policy], object], type[PolicyError], st
     ("zero reference", lambda p: p.set_reference_budget(0, 6.0), PolicyError, "must be > 0, got 0"),
     ("negative reference", lambda p: p.set_reference_budget(-3, 6.0), PolicyError, "got -3"),
     ("capacity check bad peak", lambda p: p.has_capacity(-1.0), PolicyError, "predicted_peak_tokens"),
+    ("zero multiplier", lambda p: p.arrive("new", 6.0, 1, 1, 0.0), PolicyError,
+     "reservation_multiplier of session 'new' must be > 0, got 0.0"),
+    ("nan multiplier", lambda p: p.adopt("new", 6.0, 1, 1, math.nan), PolicyError, "reservation_multiplier.*finite"),
+    ("capacity check bad multiplier", lambda p: p.has_capacity(1.0, 0, -2.0), PolicyError, "reservation_multiplier"),
 ]
 
 
