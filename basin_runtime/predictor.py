@@ -38,6 +38,19 @@ class PredictorError(ValueError):
     """A predictor file that cannot be loaded or honoured."""
 
 
+def parse_reservation_quantile(text: str) -> float | None:
+    """A command line's reservation quantile: a number in (0, 1), or `none` (reserve the bare prediction)."""
+    if text.strip().lower() in ("none", "null"):
+        return None
+    try:
+        q = float(text)
+    except ValueError:
+        q = float("nan")
+    if not 0 < q < 1:
+        raise ValueError(f"expected a quantile in (0, 1) or 'none', got {text!r}")
+    return q
+
+
 def model_file_name(benchmark: str | None = None) -> str:
     """`peak_predictor.onnx` (pooled default) or `peak_predictor-<benchmark>.onnx`."""
     return f"{DEFAULT_MODEL_STEM}.onnx" if benchmark is None else f"{DEFAULT_MODEL_STEM}-{benchmark}.onnx"

@@ -27,7 +27,7 @@ from basin_sim import catalog, compare
 from basin_sim.calibrate.commands import RampError, add_commands, calibrate_main, knee_main, ramp_main, risk_main
 from basin_sim.calibrate.rates import DEFAULT_RATES_FILE, RateCache, RatesError, overload_rate_for
 from basin_sim.policies import UnknownPolicyError, policy_names, policy_spec
-from basin_sim.predictions import load_predictor, predict_pool
+from basin_sim.predictions import add_reservation_quantile, load_predictor, predict_pool, reservation_multipliers
 from basin_sim.profile import CacheKind, Deployment
 from basin_sim.simulate import RunSpec, run_scenario
 from basin_sim.workload.pool import DEFAULT_SESSIONS, PoolError, load_pool, workload_pool
@@ -75,10 +75,14 @@ def _run(args: argparse.Namespace) -> int:
     pool = workload_pool(base, scenario.workload)
     rate, rate_source = _overload_rate(args, deployment, pool, scenario)
     peaks: dict[str, float] = {}
+    multipliers: dict[str, float] = {}
     if args.policy == "basin":
-        peaks = predict_pool(load_predictor(args.model), pool)
+        predictor = load_predictor(args.model)
+        peaks = predict_pool(predictor, pool)
+        multipliers = reservation_multipliers(predictor, pool, args.reservation_quantile)
     spec = RunSpec(scenario, deployment, args.policy, args.seed, rate, predicted_peak_tokens=peaks,
-                   reservation_scale=args.reservation_scale, calibration=_calibration(args, deployment))
+                   reservation_scale=args.reservation_scale, calibration=_calibration(args, deployment),
+                   reservation_multipliers=multipliers, reservation_quantile=args.reservation_quantile)
     progress = _Progress(scenario.warmup_s + scenario.duration_s,
                          f"{scenario.name}/{deployment_spec.name}/{args.policy}", not args.quiet)
     started = time.perf_counter()
@@ -153,7 +157,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--rates-file", type=Path, default=DEFAULT_RATES_FILE, help="the overload-rate cache")
     run.add_argument("--model", type=Path, default=Path("models/peak_predictor.onnx"),
                      help="peak predictor for policy basin (default: the shipped pooled model)")
-    run.add_argument("--reservation-scale", type=float, default=1.0, help="basin: reserve this x each predicted peak")
+    add_reservation_quantile(run)
+    run.add_argument("--reservation-scale", type=float, default=1.0,
+                     help="basin: a further factor on each reservation (ablations; default 1)")
     run.add_argument("--knee-tokens", type=float, help="basin budget: measured cache knee (default 0.9 x capacity)")
     run.add_argument("--peak-completion-rate", type=float, help="basin shedding: measured sessions/s (default off)")
     run.add_argument("--calibration", type=Path, help="basin: the knee calibration file (`knee --out`): knee, "

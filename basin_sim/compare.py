@@ -24,7 +24,7 @@ import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,13 @@ from basin_sim import catalog
 from basin_sim.calibrate.commands import RAMP_FRACTIONS, RAMP_STEP_S, calibration_record
 from basin_sim.calibrate.ramp import run_ramp
 from basin_sim.calibrate.rates import DEFAULT_RATES_FILE, RateCache, RatesError, overload_rate_for
-from basin_sim.predictions import load_predictor, predict_pool
+from basin_sim.predictions import (
+    add_reservation_quantile,
+    load_predictor,
+    predict_pool,
+    reservation_multipliers,
+    reserved_peaks,
+)
 from basin_sim.simulate import RunSpec, run_scenario
 from basin_sim.workload.pool import PoolError, load_pool, workload_pool
 from basin_sim.workload.scenarios import Scenario, ScenarioError
@@ -56,6 +62,8 @@ class Cell:
     peaks: dict[str, float]
     overload_rate_per_s: float
     calibration: dict[str, Any] | None
+    multipliers: dict[str, float] = field(default_factory=dict)  # m(q) per pool session (empty: bare peaks)
+    reservation_quantile: float | None = None
 
 
 _CELLS: dict[tuple[str, str], Cell] = {}
@@ -68,7 +76,7 @@ def _init(cells: dict[tuple[str, str], Cell]) -> None:
 def _knee(cell: Cell, seed: int) -> dict[str, Any]:
     deployment = cell.deployment.build("gpu")
     steps = run_ramp(deployment, cell.pool, [f * cell.overload_rate_per_s for f in RAMP_FRACTIONS], RAMP_STEP_S,
-                     seed, cell.peaks)
+                     seed, reserved_peaks(cell.peaks, cell.multipliers))
     return calibration_record(deployment, steps, f"basin-sim knee --deployment {cell.deployment.name} "
                                                  f"--scenario {cell.scenario.name}")
 
@@ -80,7 +88,8 @@ def _run(key: tuple[str, str], policy: str, seed: int, knee: dict[str, Any] | No
         calibration = calibration_from_mapping(knee, f"the {cell.deployment.name} knee ramp")
     run = RunSpec(cell.scenario, cell.deployment.build("host" if policy == "hicache" else None), policy, seed,
                   cell.overload_rate_per_s, predicted_peak_tokens=cell.peaks if policy == "basin" else {},
-                  calibration=calibration)
+                  calibration=calibration, reservation_multipliers=cell.multipliers if policy == "basin" else {},
+                  reservation_quantile=cell.reservation_quantile if policy == "basin" else None)
     summary = run_scenario(run, cell.pool).summary
     return {k: summary[k] for k in KEPT}
 
@@ -124,15 +133,17 @@ def _cells(args: argparse.Namespace) -> dict[tuple[str, str], Cell]:
         scenario = catalog.load_scenario(scenario_name)
         pool = tuple(workload_pool(base, scenario.workload))
         peaks = {} if predictor is None else predict_pool(predictor, pool)
+        q = args.reservation_quantile
+        multipliers = {} if predictor is None else reservation_multipliers(predictor, pool, q)
         for deployment_name in args.deployments:
             spec = catalog.load_deployment(deployment_name)
             needs_rate = scenario.needs_overload_rate or any(p.startswith("basin") for p in args.policies)
             if not needs_rate:  # absolute arrivals and no knee ramp to scale: nothing to calibrate
-                cells[(scenario_name, deployment_name)] = Cell(scenario, spec, pool, peaks, 0.0, None)
+                cells[(scenario_name, deployment_name)] = Cell(scenario, spec, pool, peaks, 0.0, None, multipliers, q)
                 continue
             rate, source = overload_rate_for(spec.build("gpu"), pool, scenario.workload, scenario.clients, cache)
             print(f"{scenario.name} on {spec.name}: overload rate {rate:.4f}/s ({source})", file=sys.stderr)
-            cells[(scenario_name, deployment_name)] = Cell(scenario, spec, pool, peaks, rate, None)
+            cells[(scenario_name, deployment_name)] = Cell(scenario, spec, pool, peaks, rate, None, multipliers, q)
     return cells
 
 
@@ -144,6 +155,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--policies", nargs="+", default=list(POLICIES))
     parser.add_argument("--seeds", nargs="+", type=int, default=list(DEFAULT_SEEDS))
     parser.add_argument("--model", type=Path, default=Path("models/peak_predictor.onnx"))
+    add_reservation_quantile(parser)
     parser.add_argument("--sessions", type=Path, default=Path("data/sessions.parquet"))
     parser.add_argument("--synthetic", action="store_true")
     parser.add_argument("--rates-file", type=Path, default=DEFAULT_RATES_FILE, help="the overload-rate cache")

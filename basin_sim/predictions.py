@@ -2,20 +2,21 @@
 #
 # Rules: the predictor sees only what the gateway sees at a session's first call (`task_text`, the
 # first prompt's size); the whole pool goes through `predict_batch` in one call. The reservation
-# quantile: scale factors are quantiles of true/predicted peak ratios from the evaluate stage.
-"""Batch-predict a pool's peaks; reservation scale factors from evaluated ratios."""
+# quantile q: each session reserves m(q) x its prediction, m read from the predictor file for the
+# session's benchmark (`PeakPredictor.multiplier`), exactly as the gateway reads it; q None: m = 1.
+"""Batch-predict a pool's peaks; their reservation multipliers from the predictor file."""
 
 from __future__ import annotations
 
-import csv
-import statistics
-from collections.abc import Sequence
+import argparse
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
 from basin_runtime.session_table import Session
 
 DEFAULT_MODEL = Path("models/peak_predictor.onnx")
+DEFAULT_RESERVATION_QUANTILE = 0.9  # the gateway's default (`GatewayConfig.reservation_quantile`)
 
 
 class BatchPredictor(Protocol):
@@ -26,7 +27,15 @@ class BatchPredictor(Protocol):
         ...
 
 
-def load_predictor(path: Path) -> BatchPredictor:
+class ReservingPredictor(BatchPredictor, Protocol):
+    """A batch predictor that also carries its reservation multipliers (`PeakPredictor`)."""
+
+    def multiplier(self, q: float, benchmark: str | None = None) -> float:
+        """m(q) for this benchmark's sessions."""
+        ...
+
+
+def load_predictor(path: Path) -> ReservingPredictor:
     """The ONNX peak predictor at `path` (onnxruntime; checked by `PeakPredictor.load`)."""
     from basin_runtime.predictor import PeakPredictor
 
@@ -39,15 +48,36 @@ def predict_pool(predictor: BatchPredictor, pool: Sequence[Session]) -> dict[str
     return {s.session_id: float(p) for s, p in zip(pool, peaks, strict=True)}
 
 
-def ratio_quantiles(predictions_csv: Path, quantiles: Sequence[float],
-                    column: str = "pooled_predicted") -> dict[float, float]:
-    """Quantiles of true/predicted peak from the evaluate stage's predictions.csv."""
-    with predictions_csv.open(newline="") as handle:
-        rows = list(csv.DictReader(handle))
-    if not rows or column not in rows[0] or "true_peak_tokens" not in rows[0]:
-        raise ValueError(f"{predictions_csv}: expected columns true_peak_tokens and {column}")
-    ratios = sorted(float(r["true_peak_tokens"]) / float(r[column]) for r in rows if float(r[column]) > 0)
-    if len(ratios) < 2:
-        raise ValueError(f"{predictions_csv}: fewer than 2 usable rows")
-    cuts = statistics.quantiles(ratios, n=100, method="inclusive")
-    return {q: (cuts[round(q * 100) - 1] if 0 < q < 1 else (ratios[0] if q <= 0 else ratios[-1])) for q in quantiles}
+def reservation_multipliers(predictor: ReservingPredictor, pool: Sequence[Session],
+                            q: float | None) -> dict[str, float]:
+    """Pool session id -> m(q) of the predictor file for its benchmark; empty when q is None (bare predictions).
+    Raises `basin_runtime.predictor.PredictorError` for a file without multipliers or a q off their grid."""
+    if q is None:
+        return {}
+    by_benchmark = {b: predictor.multiplier(q, b) for b in {s.benchmark for s in pool}}
+    return {s.session_id: by_benchmark[s.benchmark] for s in pool}
+
+
+def reserved_peaks(peaks: Mapping[str, float], multipliers: Mapping[str, float],
+                   scale: float = 1.0) -> dict[str, float]:
+    """Pool session id -> what it reserves at arrival: scale x m(q) x predicted peak (m = 1 without multipliers)."""
+    return {sid: scale * multipliers.get(sid, 1.0) * peak for sid, peak in peaks.items()} if multipliers else \
+        {sid: scale * peak for sid, peak in peaks.items()}
+
+
+def quantile_arg(text: str) -> float | None:
+    """--reservation-quantile: a number in (0, 1), or `none` for the bare prediction."""
+    from basin_runtime.predictor import parse_reservation_quantile
+
+    try:
+        return parse_reservation_quantile(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_reservation_quantile(parser: argparse.ArgumentParser) -> None:
+    """The --reservation-quantile option, as the gateway's (default 0.9)."""
+    parser.add_argument("--reservation-quantile", type=quantile_arg, default=DEFAULT_RESERVATION_QUANTILE,
+                        metavar="Q", help="basin: reserve m(Q) x each predicted peak, m from the model file for the "
+                        f"session's benchmark (default {DEFAULT_RESERVATION_QUANTILE}, as the gateway; 'none': the "
+                        "bare prediction)")

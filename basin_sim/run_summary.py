@@ -73,10 +73,12 @@ def summarize(spec: RunSpec, engine: Engine, outcomes: Sequence[SessionOutcome],
         "written_back_tokens": sum(p.written_back_tokens for p in engine.prefill),
         "prefill_share": _shares(engine.prefill_router.num_routed),
         "timeouts": sum(timeline.count_series("timeouts")), "retries": sum(timeline.count_series("retries")),
-        "reservation_scale": spec.reservation_scale,
+        "reservation_scale": spec.reservation_scale, "reservation_quantile": spec.reservation_quantile,
         "knee_tokens": None if spec.calibration is None else spec.calibration.knee_tokens,
         "reservation_ratio": 1.0 if spec.calibration is None else spec.calibration.reservation_ratio,
     }
+    report = getattr(engine.policy, "reservation_report", None)
+    summary.update(report() if report is not None else {"sessions_admitted": None, "sessions_overflowed": None})
     summary["timeline"] = minute_timeline(spec, engine)
     return summary
 

@@ -74,7 +74,10 @@ class RunSpec:
     step_s: float = 60.0  # how often the progress callback is called (simulated seconds)
     max_drain_s: float = 3 * 3600.0
     predicted_peak_tokens: Mapping[str, float] = field(default_factory=dict)  # pool session id -> peak (basin)
-    reservation_scale: float = 1.0  # basin: reserve this multiple of each predicted peak
+    reservation_scale: float = 1.0  # basin: an extra factor on each reservation (ablations)
+    # basin: pool session id -> m(q) of the predictor file for its benchmark (`predictions.reservation_multipliers`)
+    reservation_multipliers: Mapping[str, float] = field(default_factory=dict)
+    reservation_quantile: float | None = None  # the q those multipliers are for (reported only)
     calibration: Calibration | None = None  # basin: what the operator measured; None: knee = capacity
     pin_ttl_s: float | None = None  # continuum TTL; None: the p90 of the run's tool gaps
 
@@ -186,7 +189,8 @@ def policy_context(spec: RunSpec, sessions: Sequence[SessionSpec]) -> PolicyCont
     """What the run's policy is told (Continuum's TTL: the p90 of the tool gaps unless set)."""
     ttl = spec.pin_ttl_s if spec.pin_ttl_s is not None else tool_gap_quantile_s(sessions)
     return PolicyContext(spec.deployment, spec.predicted_peak_tokens, spec.reservation_scale,
-                         calibration=spec.calibration, pin_ttl_s=ttl if ttl is None or ttl > 0 else None)
+                         calibration=spec.calibration, pin_ttl_s=ttl if ttl is None or ttl > 0 else None,
+                         reservation_multipliers=spec.reservation_multipliers)
 
 
 class ArrivalFeed:

@@ -145,7 +145,8 @@ def export_params(path: str | Path = "params.yaml") -> ExportParams:
 class SimulateParams:
     deployment: str
     seed: int
-    quantiles: tuple[float, ...]
+    reservation_quantile: float  # what the gateway serves with (its default 0.9): every Basin run but the sweep
+    quantiles: tuple[float, ...]  # the sweep: q with the served calibration's r held fixed, and re-measured
 
 
 def simulate_params(path: str | Path = "params.yaml") -> SimulateParams:

@@ -1,12 +1,22 @@
 """The DVC stage `simulate`: a compact scenario set with the freshly trained predictor; goodput per policy
 and per reservation quantile, into metrics.json and plots.
 
-First the knee ramp with the fresh model (`python -m basin_sim knee`'s calibration: knee, reservation
-ratio, peak completion rate), written where the gateway can read it; every Basin run uses it. Each
-reservation quantile gets its own ramp, since the reservation ratio depends on what is reserved.
+Basin reserves m(q) x each predicted peak, m read from the model file for the session's benchmark
+(as the gateway does), at the served quantile (`simulate.reservation_quantile`, 0.9 like the
+gateway's default). First the knee ramp with the fresh model at that q (`basin-sim knee`'s
+calibration: knee, reservation ratio r, peak completion rate), written where the gateway can read
+it; every Basin run uses it.
 
-    python -m pipeline.simulate --model data/models/peak_predictor.onnx --sessions data/sessions.parquet \
-        --predictions metrics/predictions.csv --out-metrics metrics/simulate.json \
+The quantile sweep (`simulate.quantiles`) runs surge-100 with Basin at each q twice:
+- `r_fixed`: the served calibration as it is. The budget B = r x knee is in reservation units, so
+  reserving more per session (a larger q) admits fewer sessions into the same B: fewer admissions,
+  fewer overflows (sessions whose context outgrew their first reservation).
+- `r_remeasured`: a knee ramp at that q first. r is the plateau's reservations over contexts, so it
+  scales with m(q) and B with it: the working set admitted stays near the knee whatever q is; q then
+  only changes who outgrows their reservation, and the order of admission.
+
+    python -m pipeline.simulate --params params.yaml --model data/models/peak_predictor.onnx \
+        --sessions data/sessions.parquet --out-metrics metrics/simulate.json \
         --out-calibration data/simulate/calibration.json --plot-dir data/simulate/
 
 The metrics are kept in git (`metrics/simulate.json`, compared by `dvc metrics diff`), so they hold
@@ -28,7 +38,13 @@ from basin_sim import catalog
 from basin_sim.calibrate.commands import RAMP_FRACTIONS, RAMP_STEP_S, calibration_record
 from basin_sim.calibrate.ramp import run_ramp
 from basin_sim.calibrate.rates import DEFAULT_RATES_FILE, RateCache, overload_rate_for
-from basin_sim.predictions import load_predictor, predict_pool, ratio_quantiles
+from basin_sim.predictions import (
+    DEFAULT_RESERVATION_QUANTILE,
+    load_predictor,
+    predict_pool,
+    reservation_multipliers,
+    reserved_peaks,
+)
 from basin_sim.simulate import RunSpec, run_scenario
 from basin_sim.workload.pool import load_pool, workload_pool
 from pipeline import tracking
@@ -39,14 +55,13 @@ log = logging.getLogger(__name__)
 
 RUNS = (("surge-100", "sglang"), ("surge-100", "continuum"), ("surge-100", "basin-proto"), ("surge-100", "basin"),
         ("steady", "sglang"), ("steady", "basin"))
-QUANTILES: tuple[float, ...] = (0.1, 0.3, 0.5, 0.7, 0.9)
+QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.95)
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m pipeline.simulate", description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=Path("models/peak_predictor.onnx"))
     parser.add_argument("--sessions", type=Path, default=Path("data/sessions.parquet"))
-    parser.add_argument("--predictions", type=Path, default=Path("metrics/predictions.csv"))
     parser.add_argument("--out-metrics", type=Path, default=Path("metrics/simulate.json"))
     parser.add_argument("--out-calibration", type=Path, default=Path("data/simulate/calibration.json"),
                         help="the knee calibration measured with the fresh model (the gateway's --calibration)")
@@ -55,6 +70,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--params", type=Path, help="read deployment, seed and quantiles from this params.yaml")
     parser.add_argument("--deployment", default="1p3d")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--reservation-quantile", type=float, default=DEFAULT_RESERVATION_QUANTILE)
+    parser.add_argument("--quantiles", type=float, nargs="+", default=list(QUANTILES))
     parser.add_argument("--scenario-override", help="run every scenario as this one (tests: a tiny .yaml)")
     parser.add_argument("--rates-file", type=Path, default=DEFAULT_RATES_FILE,
                         help="the overload-rate cache (measured on first use for this deployment and workload)")
@@ -65,10 +82,10 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run the compact set; write metrics and one timeline PNG per run."""
     args = _parser().parse_args(argv)
-    quantiles = QUANTILES
     if args.params is not None:
         params = simulate_params(args.params)
-        args.deployment, args.seed, quantiles = params.deployment, params.seed, params.quantiles
+        args.deployment, args.seed = params.deployment, params.seed
+        args.reservation_quantile, args.quantiles = params.reservation_quantile, list(params.quantiles)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from basin_sim.plots import plot_run
 
@@ -76,34 +93,37 @@ def main(argv: list[str] | None = None) -> int:
     base, workload = load_pool(args.sessions, False)
     scenarios = {name: catalog.load_scenario(args.scenario_override or name) for name, _ in RUNS}
     pool = workload_pool(base, scenarios["surge-100"].workload)
-    peaks = predict_pool(load_predictor(args.model), pool)
+    predictor = load_predictor(args.model)
+    peaks = predict_pool(predictor, pool)
     spec = catalog.load_deployment(args.deployment)
     deployment = spec.build("gpu")
     rate = args.overload_rate or overload_rate_for(deployment, pool, scenarios["surge-100"].workload,
                                                    scenarios["surge-100"].clients, RateCache(args.rates_file))[0]
-    metrics: dict[str, Any] = {"workload": workload, "deployment": spec.name, "seed": args.seed, "runs": {},
-                               "reservation_quantile": {}}
+    served_q = args.reservation_quantile
+    metrics: dict[str, Any] = {"workload": workload, "deployment": spec.name, "seed": args.seed,
+                               "reservation_quantile": served_q, "runs": {}, "quantile_sweep": {}}
 
-    def calibrate(scale: float) -> dict[str, Any]:
-        reservations = {sid: scale * peak for sid, peak in peaks.items()}
+    def calibrate(q: float) -> dict[str, Any]:
+        reservations = reserved_peaks(peaks, reservation_multipliers(predictor, pool, q))
         steps = run_ramp(deployment, pool, [f * rate for f in RAMP_FRACTIONS], args.ramp_step_s, args.seed,
                          reservations)
-        return calibration_record(deployment, steps, f"python -m pipeline.simulate (reservation scale {scale:g})",
+        return calibration_record(deployment, steps, f"python -m pipeline.simulate (reservation quantile {q:g})",
                                   args.ramp_step_s)
 
-    calibration = calibrate(1.0)
+    calibration = calibrate(served_q)
     args.out_calibration.parent.mkdir(parents=True, exist_ok=True)
     args.out_calibration.write_text(json.dumps(calibration, indent=2) + "\n")
     metrics["calibration"] = {k: v for k, v in calibration.items() if k != "notes"}
-    log.info("knee %d tokens, reservation ratio %s", calibration["knee_tokens"], calibration.get("reservation_ratio"))
+    log.info("knee %d tokens, reservation ratio %s at q %g", calibration["knee_tokens"],
+             calibration.get("reservation_ratio"), served_q)
 
-    def run(scenario_name: str, policy: str, scale: float = 1.0, measured: dict[str, Any] = calibration
-            ) -> dict[str, Any]:
-        scenario = scenarios[scenario_name]
-        result = run_scenario(RunSpec(scenario, deployment, policy, args.seed, rate, predicted_peak_tokens=peaks,
-                                      reservation_scale=scale,
-                                      calibration=calibration_from_mapping(measured, "the stage's knee ramp")), pool)
-        if scale == 1.0:
+    def run(scenario_name: str, policy: str, q: float = served_q, measured: dict[str, Any] = calibration,
+            plot: bool = True) -> dict[str, Any]:
+        result = run_scenario(RunSpec(
+            scenarios[scenario_name], deployment, policy, args.seed, rate, predicted_peak_tokens=peaks,
+            reservation_multipliers=reservation_multipliers(predictor, pool, q), reservation_quantile=q,
+            calibration=calibration_from_mapping(measured, "the stage's knee ramp")), pool)
+        if plot:
             plot_run(result, args.plot_dir)
         return result.summary
 
@@ -118,19 +138,31 @@ def main(argv: list[str] | None = None) -> int:
         goodput = runs[other]["goodput_per_hour"]
         key = f"basin_over_{other.replace('/', '_').replace('-', '_')}"
         metrics[key] = round(basin / goodput, 3) if goodput else None
-    for q, scale in ratio_quantiles(args.predictions, quantiles).items():
-        summary = run("surge-100", "basin", scale, calibrate(scale))
-        metrics["reservation_quantile"][f"q{q:g}"] = {"scale": scale, "goodput_per_hour": summary["goodput_per_hour"]}
-        log.info("surge-100/basin reserving quantile %g of the peak (x%.2f): goodput %.0f/h", q, scale,
-                 summary["goodput_per_hour"])
-    best = max(metrics["reservation_quantile"].items(), key=lambda kv: kv[1]["goodput_per_hour"])
-    metrics["best_reservation_quantile"] = best[0]
+    for q in args.quantiles:
+        remeasured = calibration if q == served_q else calibrate(q)
+        row: dict[str, Any] = {"multiplier_all_rows": predictor.multiplier(q)}
+        for name, measured in (("r_fixed", calibration), ("r_remeasured", remeasured)):
+            summary = run("surge-100", "basin", q, measured, plot=False)
+            row[name] = _sweep_entry(summary, measured)
+            log.info("surge-100/basin at q %g, %s (r %.2f): goodput %.0f/h, %d admitted, %.1f%% overflowed", q,
+                     name, row[name]["reservation_ratio"], summary["goodput_per_hour"], summary["sessions_admitted"],
+                     100 * (row[name]["overflow_share"] or 0.0))
+        metrics["quantile_sweep"][f"q{q:g}"] = row
     log.info("simulate: %.1f s", time.perf_counter() - started)
     write_metrics(args.out_metrics, metrics)
     tracking.configure()
-    tracking.log_run("simulate", {"deployment": spec.name, "seed": args.seed, "model": str(args.model)}, metrics,
-                     {"basin.model": str(args.model)})
+    tracking.log_run("simulate", {"deployment": spec.name, "seed": args.seed, "model": str(args.model),
+                                  "reservation_quantile": served_q}, metrics, {"basin.model": str(args.model)})
     return 0
+
+
+def _sweep_entry(summary: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:
+    admitted = summary["sessions_admitted"]
+    return {"reservation_ratio": measured.get("reservation_ratio", 1.0),
+            "goodput_per_hour": summary["goodput_per_hour"],
+            "sessions_admitted": admitted, "sessions_overflowed": summary["sessions_overflowed"],
+            "overflow_share": summary["sessions_overflowed"] / admitted if admitted else None,
+            "hit_rate_post": summary["hit_rate_post"], "first_call_wait_p50_s": summary["first_call_wait_p50_s"]}
 
 
 if __name__ == "__main__":

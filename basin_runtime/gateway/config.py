@@ -36,6 +36,7 @@ from basin_runtime.policy import PolicyConfig, PolicyError
 from basin_runtime.policy.calibrated import policy_config
 from basin_runtime.policy.hit_rate import DEFAULT_MIN_PROMPT_TOKENS, DEFAULT_WINDOW_S
 from basin_runtime.policy.lending import LEND_CAP_FRACTION
+from basin_runtime.predictor import parse_reservation_quantile
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 UPSTREAM_CLIENTS = ("aiohttp", "httpx")
@@ -185,13 +186,10 @@ def _quantile(key: str, value: object) -> float | None:
 
 
 def _quantile_arg(text: str) -> float | None:
-    """--reservation-quantile: a number, or `none`."""
-    if text.lower() in ("none", "null"):
-        return None
     try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a quantile in (0, 1) or 'none', got {text!r}") from None
+        return parse_reservation_quantile(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _fraction(key: str, value: object) -> float:

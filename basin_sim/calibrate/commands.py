@@ -35,7 +35,13 @@ from basin_sim.calibrate.ramp import (
 )
 from basin_sim.calibrate.ramp import calibration_record as ramp_calibration_record
 from basin_sim.calibrate.rates import DEFAULT_RATES_FILE, RateCache, measure_overload_rate, overload_rate_for
-from basin_sim.predictions import load_predictor, predict_pool
+from basin_sim.predictions import (
+    add_reservation_quantile,
+    load_predictor,
+    predict_pool,
+    reservation_multipliers,
+    reserved_peaks,
+)
 from basin_sim.profile import Deployment
 from basin_sim.timeline import Timeline
 from basin_sim.workload.pool import load_pool, workload_pool
@@ -111,8 +117,9 @@ def _ramp(args: argparse.Namespace, default_fractions: tuple[float, ...] = RAMP_
     deployment, pool, scenario = _workload(args)
     reservations = None
     if getattr(args, "model", None) is not None:
-        scale = args.reservation_scale
-        reservations = {sid: scale * peak for sid, peak in predict_pool(load_predictor(args.model), pool).items()}
+        predictor = load_predictor(args.model)
+        multipliers = reservation_multipliers(predictor, pool, args.reservation_quantile)
+        reservations = reserved_peaks(predict_pool(predictor, pool), multipliers, args.reservation_scale)
     fractions = default_fractions if getattr(args, "fractions", None) is None else tuple(args.fractions)
     return simulated_ramp(deployment, pool, scenario, RateCache(args.rates_file), fractions, args.step_s, args.seed,
                           reservations)
@@ -144,7 +151,8 @@ def knee_main(args: argparse.Namespace) -> int:
     for s in steps:
         ratio = "" if s.reservation_ratio is None else f"  reserved/working set {s.reservation_ratio:.2f}"
         print(f"rate {s.rate_per_s:.4f}/s  load {s.load:.3f}  hit {s.hit_rate:.3f}  live {s.live_sessions:.0f}{ratio}")
-    model = "" if args.model is None else f" --model {args.model} --reservation-scale {args.reservation_scale:g}"
+    model = "" if args.model is None else (f" --model {args.model} --reservation-quantile {args.reservation_quantile}"
+                                           f" --reservation-scale {args.reservation_scale:g}")
     record = calibration_record(deployment, steps, f"python -m basin_sim knee --deployment {args.deployment} "
                                 f"--scenario {args.scenario}{model}", args.step_s)
     print(json.dumps(record, indent=2))
@@ -262,7 +270,9 @@ def add_commands(sub: Any) -> None:
                            "model)")
     knee.add_argument("--no-model", dest="model", action="store_const", const=None,
                       help="no predictor: the calibration file holds no reservation_ratio (prototype mode)")
-    knee.add_argument("--reservation-scale", type=float, default=1.0, help="reserve this x each predicted peak")
+    add_reservation_quantile(knee)
+    knee.add_argument("--reservation-scale", type=float, default=1.0,
+                      help="a further factor on each reservation (ablations; default 1)")
     risk = sub.add_parser("risk", help="fluid model fixed points and the cache-first / decode-first verdict")
     ramp = sub.add_parser("ramp", help="a ramp past the overload rate: which limit (cache, decode) it hits first")
     for command in (calibrate, knee, risk, ramp):

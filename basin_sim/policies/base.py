@@ -47,7 +47,10 @@ class PolicyContext:
 
     `predicted_peak_tokens` maps a pool session's id (`Session.session_id`) to its predicted peak,
     made from what the gateway sees at the first call only (`task_text`, first prompt size).
-    `reservation_scale` multiplies every prediction (the reservation quantile). `calibration` is what
+    `reservation_multipliers` maps a pool session's id to m(q), the multiplier of the predictor file
+    for its benchmark at the run's reservation quantile (empty: the bare prediction); a session
+    reserves `reservation_scale` x m(q) x its predicted peak (`reservation_scale`: an extra factor
+    for ablations, 1 by default). `calibration` is what
     the operator measured (the gateway's calibration file; None: nothing measured, the knee taken as
     the cache capacity), `policy_overrides` any `PolicyConfig` fields set by hand (the gateway
     config's `policy:` section). `pin_ttl_s` is the TTL of a Continuum pin (None: the policy's own
@@ -58,6 +61,7 @@ class PolicyContext:
     predicted_peak_tokens: Mapping[str, float] = field(default_factory=dict)
     reservation_scale: float = 1.0
     calibration: Calibration | None = None
+    reservation_multipliers: Mapping[str, float] = field(default_factory=dict)
     policy_overrides: Mapping[str, Any] = field(default_factory=dict)
     pin_ttl_s: float | None = None
 

@@ -6,8 +6,12 @@
 #   with the windowed hit rate. Every step's events become `Decisions` through one translation
 #   (`decisions_of`), in the core's order.
 # - `basin`: the predicted peak of a session is looked up from `PolicyContext.predicted_peak_tokens`
-#   (the pool batch-predicted once from task text and first prompt size), times `reservation_scale`.
-#   A session with no prediction is an error, never a silent default.
+#   (the pool batch-predicted once from task text and first prompt size); it reserves m(q) x that
+#   (`PolicyContext.reservation_multipliers`, the predictor file's multiplier for the session's
+#   benchmark, as the gateway reserves) x `reservation_scale`; its priority is the bare prediction's.
+#   A session with no prediction (or, with multipliers, none for it) is an error, never a default.
+# - Reservation report: sessions admitted, and of those how many outgrew their first reservation
+#   (a call's prompt above ceil(m x peak)), for `run_summary`.
 # - `basin-proto` (mode "prototype"): arrival order, admission by current context; no predictor.
 # - The policy core's configuration is built exactly as the gateway builds it:
 #   `basin_runtime.policy.calibrated.policy_config` over the operator's calibration (the gateway's
@@ -19,6 +23,9 @@
 """`basin` and `basin-proto`: the Basin policy core as a simulator policy."""
 
 from __future__ import annotations
+
+import math
+from collections.abc import Mapping
 
 from basin_runtime.policy import Admitted, Event, Policy, PolicyConfig, PolicyMode, Shed
 from basin_runtime.policy.calibrated import Calibration, policy_config
@@ -50,39 +57,73 @@ class BasinPolicy:
     lends_decode_memory = True
 
     def __init__(self, name: str, core: Policy, predicted_peak_tokens: dict[str, float] | None,
-                 reservation_scale: float = 1.0) -> None:
+                 reservation_scale: float = 1.0, reservation_multipliers: Mapping[str, float] | None = None) -> None:
         self.name = name
         self.core = core
         self.pin_ttl_s: float | None = None
         self._peaks = predicted_peak_tokens
         self._scale = reservation_scale
+        self._multipliers = dict(reservation_multipliers or {})
+        self._first_reservation: dict[str, int] = {}  # session -> ceil(m x peak) (basin) while held
+        self.sessions_admitted = 0
+        self.sessions_overflowed = 0  # admitted sessions with a call's prompt above their first reservation
+        self._overflowed: set[str] = set()
 
     def predicted_peak(self, session: Session) -> float:
-        """The reservation peak of a session (its context at arrival for the prototype)."""
+        """The predicted peak of a session (its context at arrival for the prototype)."""
         if self._peaks is None:
             return float(session.first_prompt_tokens)
         peak = self._peaks.get(session.session_id)
         if peak is None:
             raise MissingPredictionError(f"policy {self.name!r}: no predicted peak for pool session "
                                          f"{session.session_id!r}")
-        return peak * self._scale
+        return peak
+
+    def reservation_multiplier(self, session: Session) -> float:
+        """`reservation_scale` x m(q) of the session (1 for the prototype or without multipliers)."""
+        if self._peaks is None:
+            return 1.0
+        if not self._multipliers:
+            return self._scale
+        m = self._multipliers.get(session.session_id)
+        if m is None:
+            raise MissingPredictionError(f"policy {self.name!r}: no reservation multiplier for pool session "
+                                         f"{session.session_id!r}")
+        return self._scale * m
 
     def on_arrival(self, session_id: str, now: float, session: Session) -> Decisions:
-        """`Policy.arrive` with the predicted peak and the first prompt's size."""
-        peak = self.predicted_peak(session)
-        return decisions_of(self.core.arrive(session_id, now, peak, session.first_prompt_tokens))
+        """`Policy.arrive` with the predicted peak, its multiplier and the first prompt's size."""
+        peak, multiplier = self.predicted_peak(session), self.reservation_multiplier(session)
+        if self._peaks is not None:
+            self._first_reservation[session_id] = math.ceil(peak * multiplier)
+        return self._decided(self.core.arrive(session_id, now, peak, session.first_prompt_tokens, multiplier))
 
     def on_call(self, session_id: str, now: float, prompt_tokens: int) -> Decisions:
         """`Policy.observe`."""
-        return decisions_of(self.core.observe(session_id, now, prompt_tokens))
+        first = self._first_reservation.get(session_id)
+        if first is not None and prompt_tokens > first and session_id not in self._overflowed:
+            self._overflowed.add(session_id)
+            self.sessions_overflowed += 1
+        return self._decided(self.core.observe(session_id, now, prompt_tokens))
 
     def on_session_end(self, session_id: str, now: float) -> Decisions:
         """`Policy.finish` (ends a live session or withdraws a queued one)."""
-        return decisions_of(self.core.finish(session_id, now))
+        self._first_reservation.pop(session_id, None)
+        self._overflowed.discard(session_id)
+        return self._decided(self.core.finish(session_id, now))
 
     def on_tick(self, now: float, hit_rate: float | None) -> Decisions:
         """`Policy.tick`."""
-        return decisions_of(self.core.tick(now, hit_rate))
+        return self._decided(self.core.tick(now, hit_rate))
+
+    def reservation_report(self) -> dict[str, int]:
+        """Sessions admitted so far, and how many of them outgrew their first reservation."""
+        return {"sessions_admitted": self.sessions_admitted, "sessions_overflowed": self.sessions_overflowed}
+
+    def _decided(self, events: list[Event]) -> Decisions:
+        decisions = decisions_of(events)
+        self.sessions_admitted += len(decisions.admit)
+        return decisions
 
     def priority(self, session_id: str, now: float) -> float:
         """The session's fixed priority from the core."""
@@ -103,7 +144,7 @@ def _basin(context: PolicyContext) -> BasinPolicy:
         raise MissingPredictionError("policy 'basin' needs predicted peaks (PolicyContext.predicted_peak_tokens); "
                                      "load them with basin_sim.predictions.predict_pool")
     return BasinPolicy("basin", Policy(config_for(context, "basin")), dict(context.predicted_peak_tokens),
-                       context.reservation_scale)
+                       context.reservation_scale, context.reservation_multipliers)
 
 
 def _basin_proto(context: PolicyContext) -> BasinPolicy:

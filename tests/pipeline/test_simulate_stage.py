@@ -1,4 +1,4 @@
-"""The simulate stage end to end on a tiny scenario, the shipped model and a small predictions file."""
+"""The simulate stage end to end on a tiny scenario and the shipped model (its reservation multipliers)."""
 
 from __future__ import annotations
 
@@ -22,12 +22,9 @@ def test_the_stage_writes_goodput_per_policy_and_per_reservation_quantile(
     scenario = tmp_path / "tiny.yaml"
     scenario.write_text("name: tiny\nduration_s: 540\nwarmup_s: 60\nrate: [{from_s: 0, x_overload: 0.1}]\n"
                         "goodput_window: {from_s: 60, to_s: 540}\n")
-    predictions = tmp_path / "predictions.csv"
-    predictions.write_text("benchmark,true_peak_tokens,pooled_predicted,own_predicted\n"
-                           + "".join(f"b,{1000 * k},1000,1000\n" for k in range(1, 11)))
     out, calibration_path = tmp_path / "sim" / "metrics.json", tmp_path / "sim" / "calibration.json"
     assert stage.main(["--model", str(MODEL), "--sessions", str(tmp_path / "absent.parquet"),
-                       "--predictions", str(predictions), "--out-metrics", str(out), "--plot-dir", str(tmp_path),
+                       "--out-metrics", str(out), "--plot-dir", str(tmp_path),
                        "--out-calibration", str(calibration_path), "--ramp-step-s", "300",
                        "--scenario-override", str(scenario), "--overload-rate", "0.36"]) == 0
     metrics = json.loads(out.read_text())
@@ -37,9 +34,19 @@ def test_the_stage_writes_goodput_per_policy_and_per_reservation_quantile(
     assert metrics["calibration"]["knee_tokens"] == calibration.knee_tokens
     assert metrics["basin_over_surge_100_continuum"] is None or metrics["basin_over_surge_100_continuum"] > 0
     assert set(metrics["runs"]) == {f"{s}/{p}" for s, p in stage.RUNS}
-    assert set(metrics["reservation_quantile"]) == {"q0.1", "q0.3", "q0.5", "q0.7", "q0.9"}
-    assert metrics["best_reservation_quantile"] in metrics["reservation_quantile"]
-    assert metrics["reservation_quantile"]["q0.9"]["scale"] > metrics["reservation_quantile"]["q0.5"]["scale"]
+    assert metrics["reservation_quantile"] == 0.9
+    sweep = metrics["quantile_sweep"]
+    assert set(sweep) == {"q0.5", "q0.9", "q0.95"}
+    assert sweep["q0.5"]["multiplier_all_rows"] < sweep["q0.9"]["multiplier_all_rows"] < \
+        sweep["q0.95"]["multiplier_all_rows"]
+    fixed_r = {q: row["r_fixed"]["reservation_ratio"] for q, row in sweep.items()}
+    assert len(set(fixed_r.values())) == 1 and fixed_r["q0.9"] == calibration.reservation_ratio
+    assert sweep["q0.9"]["r_remeasured"] == sweep["q0.9"]["r_fixed"]  # the served q: one calibration
+    # r re-measured grows with what is reserved
+    assert sweep["q0.5"]["r_remeasured"]["reservation_ratio"] < sweep["q0.95"]["r_remeasured"]["reservation_ratio"]
+    for row in sweep.values():
+        for entry in (row["r_fixed"], row["r_remeasured"]):
+            assert entry["sessions_admitted"] > 0 and 0 <= entry["sessions_overflowed"] <= entry["sessions_admitted"]
     assert list(tmp_path.glob("*.png"))
     _assert_logged_as_a_run(uri, metrics)
 
@@ -57,5 +64,5 @@ def _assert_logged_as_a_run(uri: str, metrics: dict[str, Any]) -> None:
     for key, value in metrics["runs"]["surge-100/basin"].items():
         if value is not None:
             assert run.data.metrics[f"runs/surge-100/basin/{key}"] == pytest.approx(value, rel=1e-5)  # file: 6 digits
-    assert run.data.metrics["reservation_quantile/q0.9/scale"] == \
-        pytest.approx(metrics["reservation_quantile"]["q0.9"]["scale"], rel=1e-5)
+    assert run.data.metrics["quantile_sweep/q0.95/r_fixed/sessions_admitted"] == \
+        metrics["quantile_sweep"]["q0.95"]["r_fixed"]["sessions_admitted"]

@@ -53,6 +53,32 @@ def test_the_sim_policy_takes_the_same_decisions_as_the_bare_core(mode: str, nam
     assert want[:4] != [(sid,) for sid in "abcd"]  # the trace does engage admission
 
 
+def test_basin_reserves_m_q_x_scale_x_the_prediction_and_counts_who_outgrew_it() -> None:
+    """As the gateway: the core gets the bare prediction (priority) and the session's multiplier; the report
+    counts admissions and the admitted sessions whose prompt passed ceil(m x peak)."""
+    multipliers = {"a": 1.5, "b": 2.0, "c": 1.5, "d": 1.0}
+    context = PolicyContext(deployment(cache_tokens=100_000), PEAKS, 1.2, reservation_multipliers=multipliers,
+                            calibration=Calibration(80_000.0, 100_000.0))
+    sim = make_policy("basin", context)
+    bare = Policy(config_for(context, "basin"))  # type: ignore[arg-type]
+    assert isinstance(sim, BasinPolicy)
+    sessions = _sessions()
+    for t, sid in enumerate("abcd"):
+        assert sim.on_arrival(sid, float(t), sessions[sid]).admit == admitted_ids(  # type: ignore[arg-type]
+            bare.arrive(sid, float(t), PEAKS[sid], FIRST[sid], 1.2 * multipliers[sid]))
+    assert sim.core.snapshot() == bare.snapshot()
+    assert sim.core.snapshot().reserved_tokens == sum(max(math.ceil(PEAKS[s] * 1.2 * multipliers[s]), FIRST[s])
+                                                      for s in "abcd")
+    assert sim.priority("c", 0.0) == 2.0 + 8_000 / 30  # the bare prediction's priority
+    sim.on_call("a", 5.0, 10_000)  # a reserves ceil(6000 x 1.8) = 10800: not past it
+    sim.on_call("b", 5.0, 4_801)  # b reserves 4800: past it
+    sim.on_call("b", 6.0, 5_000)  # counted once
+    assert sim.reservation_report() == {"sessions_admitted": 4, "sessions_overflowed": 1}
+    with pytest.raises(MissingPredictionError, match="no reservation multiplier for pool session 'x'"):
+        make_policy("basin", PolicyContext(deployment(), {"x": 1.0}, reservation_multipliers={"y": 1.0})) \
+            .on_arrival("x", 0.0, session("x", [1_000]))
+
+
 def budget_for(context: PolicyContext, mode: str = "basin") -> int:
     return config_for(context, mode).budget_tokens  # type: ignore[arg-type]
 

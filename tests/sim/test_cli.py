@@ -79,6 +79,22 @@ def test_bad_input_exits_2_with_a_message_naming_the_choices(
     assert message in capsys.readouterr().err
 
 
+def test_reservation_multipliers_are_the_files_row_for_each_sessions_benchmark() -> None:
+    from basin_runtime.predictor import PeakPredictor
+    from basin_sim.predictions import reservation_multipliers, reserved_peaks
+    from tests.sim.builders import session
+
+    model = PeakPredictor.load(Path(__file__).resolve().parents[2] / "models" / "peak_predictor.onnx")
+    pool = [session("s", [100], benchmark="swebench-verified"), session("t", [100], benchmark="terminal-bench"),
+            session("x", [100], benchmark="my-own-agent")]
+    got = reservation_multipliers(model, pool, 0.95)
+    assert got == {"s": model.multiplier(0.95, "swebench-verified"), "t": model.multiplier(0.95, "terminal-bench"),
+                   "x": model.multiplier(0.95)}
+    assert len(set(got.values())) == 3 and reservation_multipliers(model, pool, None) == {}
+    assert reserved_peaks({"s": 1000.0, "t": 10.0}, got, 2.0) == {"s": 2000.0 * got["s"], "t": 20.0 * got["t"]}
+    assert reserved_peaks({"s": 1000.0}, {}) == {"s": 1000.0}
+
+
 def test_basin_loads_the_shipped_predictor_and_refuses_a_missing_one(
         files: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
     model = Path(__file__).resolve().parents[2] / "models" / "peak_predictor.onnx"
@@ -88,7 +104,8 @@ def test_basin_loads_the_shipped_predictor_and_refuses_a_missing_one(
     assert main(argv) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["policy"] == "basin" and summary["reservation_scale"] == 0.6
-    assert summary["sessions_arrived"] > 0
+    assert summary["reservation_quantile"] == 0.9  # the gateway's default
+    assert summary["sessions_arrived"] > 0 and 0 <= summary["sessions_overflowed"] <= summary["sessions_admitted"]
     with pytest.raises(SystemExit) as info:
         main([*argv[:-4], "--model", str(Path(files["dir"]) / "nope.onnx")])
     assert info.value.code == 2
