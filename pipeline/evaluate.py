@@ -159,8 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         logged = {**metrics, "overflow": overflow}
     write_metrics(args.metrics, metrics)
     tracking.configure()
-    tracking.log_run("evaluate", {"train_run_id": best["mlflow_run_id"]}, logged,
-                     {"basin.train_run_id": best["mlflow_run_id"]})
+    train_run = tracking.training_run_id(tracking.file_sha256(args.best)) or "unknown"
+    tracking.log_run("evaluate", {"train_run_id": train_run}, logged, {"basin.train_run_id": train_run})
     rows = pd.DataFrame({"benchmark": frame["benchmark"], "true_peak_tokens": frame["peak_prompt_tokens"],
                          "pooled_predicted": unseen["pooled"],
                          "own_predicted": [unseen[b][i] for i, b in enumerate(frame["benchmark"])]})

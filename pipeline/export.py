@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         written[name] = path
     publish_models(written, args.publish_dir, publish=params.publish and not summary["synthetic"],
              synthetic=summary["synthetic"], frame=frame, rtol=params.parity_rtol)
-    _track(best, written, summary)
+    _track(best, tracking.file_sha256(args.train_dir / "best.json"), written, summary)
     return 0
 
 
@@ -239,15 +239,21 @@ def published_difference(published: Path, new: Path, sessions: ParitySet) -> flo
     return float(np.max(np.abs(after - before) / np.maximum(np.abs(before), 1e-12)))
 
 
-def _track(best: dict[str, Any], written: dict[str, Path], summary: dict[str, Any]) -> None:
-    """Log, register and alias the models in MLflow (a side channel: nothing reads it back)."""
+def _track(best: dict[str, Any], best_sha256: str, written: dict[str, Path], summary: dict[str, Any]) -> None:
+    """Log, register and alias the models in MLflow (a side channel: nothing reads it back), under the
+    training run that wrote this best.json, or a run `export` of their own when the store has none."""
     tracking.configure()
+    run_id = tracking.training_run_id(best_sha256)
+    if run_id is None:
+        log.warning("no MLflow training run wrote this best.json (sha256 %s...): the models go under a new run "
+                    "'export'", best_sha256[:12])
+        run_id = tracking.log_run("export", {}, {}, {tracking.BEST_SHA_TAG: best_sha256})
     for name, path in written.items():
         record = best["models"][name]
         tags = {"training_data_sha256": summary["training_data_sha256"], "synthetic": json.dumps(summary["synthetic"]),
                 "params": json.dumps(record["params"], sort_keys=True)}
         tags |= {f"cv_spearman/{b}": f"{v:.6f}" for b, v in record["cv_spearman"].items() if v is not None}
-        tracking.log_onnx_model(best["mlflow_run_id"], name, path, record["cv_objective"], tags)
+        tracking.log_onnx_model(run_id, name, path, record["cv_objective"], tags)
 
 
 if __name__ == "__main__":

@@ -147,6 +147,7 @@ class SimulateParams:
     seed: int
     reservation_quantile: float  # what the gateway serves with (its default 0.9): every Basin run but the sweep
     quantiles: tuple[float, ...]  # the sweep: q with the served calibration's r held fixed, and re-measured
+    sweep_scenario: str = "surge-100-30min"
 
 
 def simulate_params(path: str | Path = "params.yaml") -> SimulateParams:

@@ -7,7 +7,9 @@ gateway's default). First the knee ramp with the fresh model at that q (`basin-s
 calibration: knee, reservation ratio r, peak completion rate), written where the gateway can read
 it; every Basin run uses it.
 
-The quantile sweep (`simulate.quantiles`) runs surge-100 with Basin at each q twice:
+The quantile sweep (`simulate.quantiles`) runs Basin at each q twice on `simulate.sweep_scenario`
+(surge-100-30min: a surge long enough that admission engages, which on the 10-minute surge-100 it
+does not at every seed, and a sweep of runs that all admit everyone shows nothing):
 - `r_fixed`: the served calibration as it is. The budget B = r x knee is in reservation units, so
   reserving more per session (a larger q) admits fewer sessions into the same B: fewer admissions,
   fewer overflows (sessions whose context outgrew their first reservation).
@@ -56,6 +58,7 @@ log = logging.getLogger(__name__)
 RUNS = (("surge-100", "sglang"), ("surge-100", "continuum"), ("surge-100", "basin-proto"), ("surge-100", "basin"),
         ("steady", "sglang"), ("steady", "basin"))
 QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.95)
+SWEEP_SCENARIO = "surge-100-30min"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -72,6 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--reservation-quantile", type=float, default=DEFAULT_RESERVATION_QUANTILE)
     parser.add_argument("--quantiles", type=float, nargs="+", default=list(QUANTILES))
+    parser.add_argument("--sweep-scenario", default=SWEEP_SCENARIO, help="the scenario of the quantile sweep")
     parser.add_argument("--scenario-override", help="run every scenario as this one (tests: a tiny .yaml)")
     parser.add_argument("--rates-file", type=Path, default=DEFAULT_RATES_FILE,
                         help="the overload-rate cache (measured on first use for this deployment and workload)")
@@ -86,12 +90,14 @@ def main(argv: list[str] | None = None) -> int:
         params = simulate_params(args.params)
         args.deployment, args.seed = params.deployment, params.seed
         args.reservation_quantile, args.quantiles = params.reservation_quantile, list(params.quantiles)
+        args.sweep_scenario = params.sweep_scenario
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from basin_sim.plots import plot_run
 
     started = time.perf_counter()
     base, workload = load_pool(args.sessions, False)
-    scenarios = {name: catalog.load_scenario(args.scenario_override or name) for name, _ in RUNS}
+    names = {name for name, _ in RUNS} | {args.sweep_scenario}
+    scenarios = {name: catalog.load_scenario(args.scenario_override or name) for name in names}
     pool = workload_pool(base, scenarios["surge-100"].workload)
     predictor = load_predictor(args.model)
     peaks = predict_pool(predictor, pool)
@@ -101,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
                                                    scenarios["surge-100"].clients, RateCache(args.rates_file))[0]
     served_q = args.reservation_quantile
     metrics: dict[str, Any] = {"workload": workload, "deployment": spec.name, "seed": args.seed,
-                               "reservation_quantile": served_q, "runs": {}, "quantile_sweep": {}}
+                               "reservation_quantile": served_q, "runs": {}, "sweep_scenario": args.sweep_scenario,
+                               "quantile_sweep": {}}
 
     def calibrate(q: float) -> dict[str, Any]:
         reservations = reserved_peaks(peaks, reservation_multipliers(predictor, pool, q))
@@ -142,10 +149,11 @@ def main(argv: list[str] | None = None) -> int:
         remeasured = calibration if q == served_q else calibrate(q)
         row: dict[str, Any] = {"multiplier_all_rows": predictor.multiplier(q)}
         for name, measured in (("r_fixed", calibration), ("r_remeasured", remeasured)):
-            summary = run("surge-100", "basin", q, measured, plot=False)
+            summary = run(args.sweep_scenario, "basin", q, measured, plot=False)
             row[name] = _sweep_entry(summary, measured)
-            log.info("surge-100/basin at q %g, %s (r %.2f): goodput %.0f/h, %d admitted, %.1f%% overflowed", q,
-                     name, row[name]["reservation_ratio"], summary["goodput_per_hour"], summary["sessions_admitted"],
+            log.info("%s/basin at q %g, %s (r %.2f): goodput %.0f/h, %d admitted, %.1f%% overflowed",
+                     args.sweep_scenario, q, name, row[name]["reservation_ratio"], summary["goodput_per_hour"],
+                     summary["sessions_admitted"],
                      100 * (row[name]["overflow_share"] or 0.0))
         metrics["quantile_sweep"][f"q{q:g}"] = row
     log.info("simulate: %.1f s", time.perf_counter() - started)

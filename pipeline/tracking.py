@@ -7,6 +7,10 @@ Rules:
   metrics are their metrics files flattened (`a/b/c`), tagged with the training run they judge.
 - Every registered model version carries its training run's metrics for that model and the training
   data hash as tags (a version has tags, not metrics), so the registry compares versions at a glance.
+- The training run is found by the hash of the best.json it wrote (its tag `basin.best_sha256`), not
+  by an id inside that file: best.json holds only what training decided, so a re-run on the same
+  data writes the same bytes and `dvc.lock` stays as committed. The latest such run wins; with none
+  (the tracking store was wiped), export logs its models under a run `export` of its own.
 
 The tracking store defaults to a SQLite file in the repository (`sqlite:///mlflow.db`); set
 MLFLOW_TRACKING_URI to send runs elsewhere. Browse with
@@ -59,6 +63,33 @@ def parent_run(name: str, params: Mapping[str, Any]) -> Iterator[str]:
     with mlflow.start_run(run_name=name) as run:
         mlflow.log_params({k: str(v) for k, v in params.items()})
         yield run.info.run_id
+
+
+BEST_SHA_TAG = "basin.best_sha256"
+
+
+def file_sha256(path: Path) -> str:
+    """Hex SHA-256 of a file's bytes."""
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def set_tag(key: str, value: str) -> None:
+    """A tag on the active run."""
+    import mlflow
+
+    mlflow.set_tag(key, value)
+
+
+def training_run_id(best_sha256: str) -> str | None:
+    """The latest `train` run that wrote a best.json with this hash, or None."""
+    import mlflow
+
+    runs = mlflow.search_runs(filter_string=f"tags.`{BEST_SHA_TAG}` = '{best_sha256}' and "
+                                            "attributes.run_name = 'train'",
+                              order_by=["attributes.start_time DESC"], max_results=1, output_format="list")
+    return runs[0].info.run_id if runs else None
 
 
 def log_metrics(metrics: Mapping[str, Any]) -> None:

@@ -101,19 +101,41 @@ def main(argv: list[str] | None = None) -> int:
         for name, subset in model_subsets(frame).items():
             record = train_one(name, subset.reset_index(drop=True), params, storage, args.resume)
             with (args.out / f"{name}.pkl").open("wb") as handle:
-                pickle.dump(record.pop("model"), handle)
+                pickle.dump(stable_for_pickle(record.pop("model")), handle)
             history += [{"model": name, "trial": n, "objective": v} for n, v in record.pop("trials")]
             best[name] = record
             log.info("%s: unseen-task Spearman %.3f with %s", name, record["cv_objective"], record["params"])
         tracking.log_metrics(parent_metrics(best))
-    (args.out / "best.json").write_text(json.dumps({"mlflow_run_id": run_id, "models": best}, indent=2,
-                                                   sort_keys=True) + "\n", encoding="utf-8")
+        best_path = args.out / "best.json"
+        best_path.write_text(json.dumps({"models": best}, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        tracking.set_tag(tracking.BEST_SHA_TAG, tracking.file_sha256(best_path))
+        log.info("MLflow training run %s", run_id)
     args.trials.parent.mkdir(parents=True, exist_ok=True)
     trials = pd.DataFrame(history, columns=["model", "trial", "objective"])
     trials.round({"objective": SIGNIFICANT_DIGITS}).to_csv(args.trials, index=False)
     if args.metrics:
         write_metrics(args.metrics, train_metrics(best))
     return 0
+
+
+def stable_for_pickle(model: Any) -> Any:
+    """The fitted pipeline without what differs between two identical fits in two processes: scikit-learn's
+    text vectorizers keep `_stop_words_id`, the memory address of their stop-word list (only a cache for
+    a warning), so the same model would pickle to other bytes on every run and dirty `dvc.lock`."""
+    seen: set[int] = set()
+
+    def strip(obj: Any) -> None:
+        if id(obj) in seen or isinstance(obj, type) or not isinstance(getattr(obj, "__dict__", None), dict):
+            return
+        seen.add(id(obj))
+        obj.__dict__.pop("_stop_words_id", None)
+        for value in list(obj.__dict__.values()):
+            for item in value if isinstance(value, (list, tuple)) else (value,):
+                for part in item if isinstance(item, tuple) else (item,):
+                    strip(part)
+
+    strip(model)
+    return model
 
 
 def parent_metrics(best: dict[str, Any]) -> dict[str, Any]:

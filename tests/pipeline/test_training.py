@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import pickle
 from collections.abc import Sequence
@@ -152,7 +153,7 @@ def test_export_fails_when_the_served_predictor_builds_its_inputs_wrongly(
     train_dir, out = tmp_path / "train", tmp_path / "models"
     train_dir.mkdir()
     (train_dir / "pooled.pkl").write_bytes(pickle.dumps(model))
-    (train_dir / "best.json").write_text(json.dumps({"mlflow_run_id": "unused", "models": {"pooled": record}}))
+    (train_dir / "best.json").write_text(json.dumps({"models": {"pooled": record}}))
     assert export.main(["--params", str(featurized / "params.yaml"), "--train-dir", str(train_dir),
                         "--frame", str(featurized / "f.parquet"), "--summary", str(featurized / "summary.json"),
                         "--out", str(out), "--publish-dir", str(tmp_path / "published")]) == 1
@@ -172,7 +173,7 @@ def test_whole_chain_is_deterministic_publishes_nothing_from_synthetic_data_and_
     write_sessions(tmp_path / "s.parquet", generate_corpus(3, 30))
     assert featurize.main(["--params", str(params), "--sessions", str(tmp_path / "s.parquet"),
                            "--out", str(tmp_path / "f.parquet"), "--summary", str(tmp_path / "summary.json")]) == 0
-    blobs = []
+    blobs, trained = [], []
     for run in ("a", "b"):
         out = tmp_path / run
         assert train.main(["--params", str(params), "--frame", str(tmp_path / "f.parquet"), "--summary",
@@ -184,7 +185,11 @@ def test_whole_chain_is_deterministic_publishes_nothing_from_synthetic_data_and_
                             "--out", str(out / "models"), "--publish-dir", str(published)]) == 0
         assert not published.exists()  # synthetic: never replaces the shipped models
         blobs.append({p.name: p.read_bytes() for p in sorted((out / "models").glob("*.onnx"))})
+        trained.append({p.name: p.read_bytes() for p in sorted((out / "train").iterdir()) if p.name != "optuna.db"})
     assert blobs[0] == blobs[1] and len(blobs[0]) == 4  # pooled + 3 synthetic benchmarks, same bytes
+    # and so is what train writes (dvc.lock hashes it), but the study's SQLite file (.dvcignore'd)
+    assert trained[0] == trained[1] and set(trained[0]) == {"best.json", *(f"{n}.pkl" for n in (
+        "pooled", "synthetic-swebench", "synthetic-terminal", "synthetic-tau"))}
     best = json.loads((tmp_path / "a" / "train" / "best.json").read_text())
     predictor = PeakPredictor.load(tmp_path / "a" / "models" / "peak_predictor.onnx", expected_tokenizer="qwen3.6")
     assert predictor.info.synthetic is True and predictor.info.params == best["models"]["pooled"]["params"]
@@ -231,13 +236,18 @@ def _assert_mlflow_holds_the_numbers(uri: str, train_dir: Path, summary: Path, s
     experiment = client.get_experiment_by_name(EXPERIMENT)
     assert experiment is not None
     top = [r for r in client.search_runs([experiment.experiment_id]) if "mlflow.parentRunId" not in r.data.tags]
-    trained = client.get_run(best["mlflow_run_id"]).data.metrics
+    train_run = max((r for r in top if r.info.run_name == "train"), key=lambda r: r.info.start_time)
+    best_sha = hashlib.sha256((train_dir / "best.json").read_bytes()).hexdigest()
+    assert train_run.data.tags["basin.best_sha256"] == best_sha
+    assert set(best) == {"models"}  # nothing run-specific: the same data writes the same bytes
+    run_id = train_run.info.run_id
+    trained = train_run.data.metrics
     assert {r.info.run_name for r in top} == {"train", "evaluate"}
     for name, record in best["models"].items():
         assert trained[f"cv_objective/{name}"] == pytest.approx(record["cv_objective"])
         for bench, value in record["cv_spearman"].items():
             assert trained[f"cv_spearman/{name}/{bench}"] == pytest.approx(value)
-        [version] = client.search_model_versions(f"name='{registered_name(name)}' and run_id='{best['mlflow_run_id']}'")
+        [version] = client.search_model_versions(f"name='{registered_name(name)}' and run_id='{run_id}'")
         assert version.tags["training_data_sha256"] == data_hash
         assert float(version.tags["cv_objective"]) == pytest.approx(record["cv_objective"], abs=1e-6)
         assert {k: float(v) for k, v in version.tags.items() if k.startswith("cv_spearman/")} == \
@@ -245,7 +255,7 @@ def _assert_mlflow_holds_the_numbers(uri: str, train_dir: Path, summary: Path, s
     [evaluated] = [r for r in top if r.info.run_name == "evaluate"]
     spearman = json.loads(spearman_file.read_text())
     overflow = json.loads(overflow_file.read_text())
-    assert evaluated.data.tags["basin.train_run_id"] == best["mlflow_run_id"]
+    assert evaluated.data.tags["basin.train_run_id"] == run_id
     for bench, scores in spearman["unseen_task"].items():
         # the files hold 6 significant digits, MLflow the full float
         assert evaluated.data.metrics[f"unseen_task/{bench}/per_benchmark"] == \
