@@ -1,5 +1,15 @@
 """The metric files kept in git under metrics/ (`dvc metrics diff`, `dvc exp show`).
 
+Two kinds:
+- Headline files, the only ones dvc.yaml declares as `metrics` (so `dvc metrics show`, `dvc metrics
+  diff` and `dvc exp show` stay a few readable columns): `metrics/predictor.json` (nested stage:
+  per benchmark, unseen-task Spearman, seen-task Spearman, outer-fold coverage of the 0.9
+  multiplier) and `metrics/goodput.json` (simulate stage). Numbers only, short keys: benchmarks by
+  their short names (`swe`, `tau`, `tb`; others as they are).
+- Detail files (every other metrics/*.json): each stage's full report with the protocol named beside
+  each number, kept in git as stage outputs; compare them with `dvc metrics diff --targets FILE`
+  or `dvc metrics show FILE`.
+
 Rules:
 - Floats are written with 6 significant digits: the last bits of a float differ between machines
   (BLAS, onnxruntime builds), and a re-run on unchanged data must leave git clean.
@@ -35,3 +45,24 @@ def write_metrics(path: Path, values: Mapping[str, Any]) -> None:
     """Write `values` to `path` as a versioned metric file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(rounded(values), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+SHORT_NAMES = {"swebench-verified": "swe", "tau-bench-airline": "tau", "terminal-bench": "tb"}
+
+
+def short_name(benchmark: str) -> str:
+    """A benchmark's column name in the headline files."""
+    return SHORT_NAMES.get(benchmark, benchmark)
+
+
+def numbers_only(values: Mapping[str, Any]) -> dict[str, Any]:
+    """`values` without None, strings or empty sections (a headline file holds numbers only)."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, Mapping):
+            inner = numbers_only(value)
+            if inner:
+                out[key] = inner
+        elif isinstance(value, bool | int | float) and not isinstance(value, bool):
+            out[key] = value
+    return out

@@ -48,7 +48,7 @@ from tqdm import tqdm
 from pipeline import reservations
 from pipeline.fast_cv import EmptyVocabularyError, FoldFeaturizer
 from pipeline.features import ModelParams
-from pipeline.metrics_files import write_metrics
+from pipeline.metrics_files import numbers_only, short_name, write_metrics
 from pipeline.params import NestedParams, SearchSpace, nested_params, train_params
 from pipeline.scoring import mean_defined, spearman, spearman_by_benchmark
 from pipeline.train import model_subsets
@@ -328,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     parser.add_argument("--frame", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True, help="nested.json to write")
+    parser.add_argument("--headline", type=Path, help="predictor.json to write (the headline numbers)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -346,7 +347,23 @@ def main(argv: list[str] | None = None) -> int:
                 log.info("%-11s %-20s m(0.9) covers %s (constant %s)", protocol, bench,
                          _fmt(cover["model"]["0.9"]["coverage"]), _fmt(cover["constant"]["0.9"]["coverage"]))
     write_metrics(args.out, result)  # 6 significant digits: a re-run elsewhere leaves git clean
+    if args.headline is not None:
+        write_metrics(args.headline, headline(result))
     return 0
+
+
+def headline(result: dict[str, Any]) -> dict[str, Any]:
+    """Per benchmark, for the model that ships for it (its own, else the pooled one): the per-fold mean
+    Spearman on unseen and on seen tasks, and the outer-fold coverage of its 0.9 multiplier."""
+    out: dict[str, Any] = {}
+    for bench, entry in result.get("unseen_task", {}).items():
+        model = "own_model" if "own_model" in entry else "pooled_model"
+        seen = result.get("seen_task", {}).get(bench, {})
+        cover = entry.get(f"{model}_reservations", {}).get("model", {}).get("0.9", {}).get("coverage", {})
+        out[short_name(str(bench))] = {"unseen": entry.get(model, {}).get("per_fold", {}).get("mean"),
+                                       "seen": seen.get(model, {}).get("per_fold", {}).get("mean"),
+                                       "cover90": cover.get("mean")}
+    return numbers_only(out)
 
 
 def _fmt(value: dict[str, Any]) -> str:

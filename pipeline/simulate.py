@@ -50,7 +50,7 @@ from basin_sim.predictions import (
 from basin_sim.simulate import RunSpec, run_scenario
 from basin_sim.workload.pool import load_pool, workload_pool
 from pipeline import tracking
-from pipeline.metrics_files import write_metrics
+from pipeline.metrics_files import numbers_only, write_metrics
 from pipeline.params import simulate_params
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", type=Path, default=Path("models/peak_predictor.onnx"))
     parser.add_argument("--sessions", type=Path, default=Path("data/sessions.parquet"))
     parser.add_argument("--out-metrics", type=Path, default=Path("metrics/simulate.json"))
+    parser.add_argument("--headline", type=Path, help="goodput.json to write (the headline numbers)")
     parser.add_argument("--out-calibration", type=Path, default=Path("data/simulate/calibration.json"),
                         help="the knee calibration measured with the fresh model (the gateway's --calibration)")
     parser.add_argument("--ramp-step-s", type=float, default=RAMP_STEP_S, help="simulated seconds per ramp step")
@@ -158,6 +159,10 @@ def main(argv: list[str] | None = None) -> int:
         metrics["quantile_sweep"][f"q{q:g}"] = row
     log.info("simulate: %.1f s", time.perf_counter() - started)
     write_metrics(args.out_metrics, metrics)
+    if args.headline is not None:
+        write_metrics(args.headline, numbers_only({  # surge-100, seed as above
+            "basin_per_h": basin, "vs_continuum": metrics["basin_over_surge_100_continuum"],
+            "vs_steady_sglang": metrics["basin_over_steady_sglang"]}))
     tracking.configure()
     tracking.log_run("simulate", {"deployment": spec.name, "seed": args.seed, "model": str(args.model),
                                   "reservation_quantile": served_q}, metrics, {"basin.model": str(args.model)})

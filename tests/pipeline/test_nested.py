@@ -131,3 +131,20 @@ def test_nested_matches_true_out_of_sample_with_real_signal(tmp_path: Path) -> N
     true_rho = spearman(np.asarray(model.predict(fresh)), fresh["peak_prompt_tokens"].to_numpy(dtype=float))
     assert true_rho is not None and true_rho > 0.3
     assert scores["mean"] is not None and abs(scores["mean"] - true_rho) < 0.1, (scores, true_rho)
+
+
+def test_the_headline_is_the_shipped_models_numbers_by_short_name_and_numbers_only() -> None:
+    per_fold = {"per_fold": {"mean": 0.4, "sd": 0.05}}
+    result = {
+        "notes": {"own_model / pooled_model": "text"},
+        "unseen_task": {
+            "swebench-verified": {"protocol": "unseen-task ...", "own_model": per_fold,
+                                  "pooled_model": {"per_fold": {"mean": 0.3}},
+                                  "own_model_reservations": {"model": {"0.9": {"coverage": {"mean": 0.89}}}}},
+            "my-bench": {"pooled_model": {"per_fold": {"mean": None}},
+                         "pooled_model_reservations": {"model": {"0.9": {"coverage": {"mean": 0.91}}}}},
+        },
+        "seen_task": {"swebench-verified": {"own_model": {"per_fold": {"mean": 0.6}}}},
+    }
+    assert nested.headline(result) == {"swe": {"unseen": 0.4, "seen": 0.6, "cover90": 0.89},
+                                       "my-bench": {"cover90": 0.91}}
