@@ -2,10 +2,10 @@
 
 Two kinds:
 - Headline files, the only ones dvc.yaml declares as `metrics` (so `dvc metrics show`, `dvc metrics
-  diff` and `dvc exp show` stay a few readable columns): `metrics/predictor.json` (nested stage:
-  per benchmark, unseen-task Spearman, seen-task Spearman, outer-fold coverage of the 0.9
-  multiplier) and `metrics/goodput.json` (simulate stage). Numbers only, short keys: benchmarks by
-  their short names (`swe`, `tau`, `tb`; others as they are).
+  diff` and `dvc exp show` stay a few readable columns): from the nested stage one file per number,
+  keyed by benchmark (`spearman_unseen.json`, `spearman_seen.json`, `cover90.json`: a row each in
+  `dvc metrics show`, a column per benchmark), and `goodput.json` from simulate. Numbers only,
+  benchmarks by their short names (`swe`, `tau`, `tb`; others as they are).
 - Detail files (every other metrics/*.json): each stage's full report with the protocol named beside
   each number, kept in git as stage outputs; compare them with `dvc metrics diff --targets FILE`
   or `dvc metrics show FILE`.

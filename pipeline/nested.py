@@ -125,6 +125,9 @@ def inner_study(frame: pd.DataFrame, featurizer: Splitter, rows: np.ndarray, lab
 
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=seed))
     study.optimize(objective, n_trials=settings.trials)
+    if not any(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials):
+        raise ValueError(f"nested: all {settings.trials} trials of an inner study ({len(rows)} rows) left an empty "
+                         "vocabulary; raise nested.trials or narrow train.search.min_df / max_df")
     return suggest(optuna.trial.FixedTrial(dict(study.best_trial.params)), settings.search)
 
 
@@ -202,7 +205,12 @@ def model_predictor(frame: pd.DataFrame, featurizer: Splitter, labels: np.ndarra
         inner = assign(frame, train, settings.inner_folds, seed * 1000 + fold + 1, protocol)
         params = inner_study(frame, featurizer, train, inner, settings, seed * 1000 + fold)
         chosen.append({"outer_fold": fold, **params.to_dict()})
-        predicted = fit_predict(featurizer, params, train, test)
+        try:
+            predicted = fit_predict(featurizer, params, train, test)
+        except EmptyVocabularyError as exc:
+            raise ValueError(f"nested ({protocol}, seed {seed}, outer fold {fold}): the inner study's choice leaves "
+                             f"no word on the {len(train)} outer-train rows ({exc}); narrow train.search.min_df / "
+                             "max_df") from exc
         if reserved is not None:
             reserved.append(fold_reservations(frame, featurizer, params, train, test, inner, predicted))
         return predicted
@@ -328,14 +336,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     parser.add_argument("--frame", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True, help="nested.json to write")
-    parser.add_argument("--headline", type=Path, help="predictor.json to write (the headline numbers)")
+    parser.add_argument("--headline-dir", type=Path,
+                        help="folder for the headline files spearman_unseen.json, spearman_seen.json, cover90.json")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     params = nested_params(args.params)
     frame = pd.read_parquet(args.frame)
     started = time.monotonic()
-    result = report(frame, params, train_params(args.params).search)
+    try:
+        result = report(frame, params, train_params(args.params).search)
+    except ValueError as exc:  # one line naming the fold and the knob, no traceback
+        log.error("%s", exc)
+        return 1
     log.info("nested: %.0f s", time.monotonic() - started)  # not in the file: it stays the same per input
     for protocol in PROTOCOLS:
         for bench, entry in result.get(protocol, {}).items():
@@ -347,23 +360,27 @@ def main(argv: list[str] | None = None) -> int:
                 log.info("%-11s %-20s m(0.9) covers %s (constant %s)", protocol, bench,
                          _fmt(cover["model"]["0.9"]["coverage"]), _fmt(cover["constant"]["0.9"]["coverage"]))
     write_metrics(args.out, result)  # 6 significant digits: a re-run elsewhere leaves git clean
-    if args.headline is not None:
-        write_metrics(args.headline, headline(result))
+    if args.headline_dir is not None:
+        for name, values in headline(result).items():
+            write_metrics(args.headline_dir / f"{name}.json", values)
     return 0
 
 
-def headline(result: dict[str, Any]) -> dict[str, Any]:
-    """Per benchmark, for the model that ships for it (its own, else the pooled one): the per-fold mean
-    Spearman on unseen and on seen tasks, and the outer-fold coverage of its 0.9 multiplier."""
-    out: dict[str, Any] = {}
+def headline(result: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """The headline files' contents, by benchmark short name, for the model that ships for each benchmark
+    (its own, else the pooled one): `spearman_unseen` and `spearman_seen` (per-fold mean Spearman under
+    each protocol) and `cover90` (outer-fold coverage of its 0.9 multiplier). One file per number, so
+    `dvc metrics show` is a row per number and a column per benchmark."""
+    out: dict[str, dict[str, Any]] = {"spearman_unseen": {}, "spearman_seen": {}, "cover90": {}}
     for bench, entry in result.get("unseen_task", {}).items():
         model = "own_model" if "own_model" in entry else "pooled_model"
+        name = short_name(str(bench))
         seen = result.get("seen_task", {}).get(bench, {})
         cover = entry.get(f"{model}_reservations", {}).get("model", {}).get("0.9", {}).get("coverage", {})
-        out[short_name(str(bench))] = {"unseen": entry.get(model, {}).get("per_fold", {}).get("mean"),
-                                       "seen": seen.get(model, {}).get("per_fold", {}).get("mean"),
-                                       "cover90": cover.get("mean")}
-    return numbers_only(out)
+        out["spearman_unseen"][name] = entry.get(model, {}).get("per_fold", {}).get("mean")
+        out["spearman_seen"][name] = seen.get(model, {}).get("per_fold", {}).get("mean")
+        out["cover90"][name] = cover.get("mean")
+    return {file: numbers_only(values) for file, values in out.items()}
 
 
 def _fmt(value: dict[str, Any]) -> str:

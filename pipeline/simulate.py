@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.headline is not None:
         write_metrics(args.headline, numbers_only({  # surge-100, seed as above
             "basin_per_h": basin, "vs_continuum": metrics["basin_over_surge_100_continuum"],
-            "vs_steady_sglang": metrics["basin_over_steady_sglang"]}))
+            "vs_steady": metrics["basin_over_steady_sglang"]}))
     tracking.configure()
     tracking.log_run("simulate", {"deployment": spec.name, "seed": args.seed, "model": str(args.model),
                                   "reservation_quantile": served_q}, metrics, {"basin.model": str(args.model)})

@@ -146,5 +146,5 @@ def test_the_headline_is_the_shipped_models_numbers_by_short_name_and_numbers_on
         },
         "seen_task": {"swebench-verified": {"own_model": {"per_fold": {"mean": 0.6}}}},
     }
-    assert nested.headline(result) == {"swe": {"unseen": 0.4, "seen": 0.6, "cover90": 0.89},
-                                       "my-bench": {"cover90": 0.91}}
+    assert nested.headline(result) == {"spearman_unseen": {"swe": 0.4}, "spearman_seen": {"swe": 0.6},
+                                       "cover90": {"swe": 0.89, "my-bench": 0.91}}
