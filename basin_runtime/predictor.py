@@ -13,6 +13,12 @@ benchmark)` reads it: the benchmark's row when the file has one, else the all-ro
 single-benchmark file answers for its benchmark either way); between grid points m is interpolated
 linearly; a q outside the grid, or a file without the table, is a `PredictorError`. Reserving
 `multiplier(q) x predict(...)` covers about a share q of sessions' peaks on new tasks.
+
+Online re-estimates (`basin_runtime/online.py`): when `<stem>.online.onnx` sits beside the file and
+was trained with this first-call model (same training-data hash and params), `load` loads it and
+`predict_online(task_text, first_prompt_tokens, prompt_tokens, completion_tokens)` re-estimates the
+peak at call k = len(prompt_tokens) (k = 1, with no completions, is `predict`);
+`online_multiplier(q, k)` is its m_k(q). An online file of another first-call model is refused.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ from typing import Any
 
 import numpy as np
 import onnxruntime as ort
+
+from basin_runtime.online import OnlineError, OnlineModel, check_history, online_file_name
 
 SCHEMA_VERSION = "1"
 INPUTS = {"task_text": "tensor(string)", "task_chars": "tensor(float)", "first_prompt_tokens": "tensor(float)"}
@@ -108,12 +116,28 @@ def _multipliers(raw: str | None, path: Path) -> dict[str, Any] | None:
             "by_benchmark": {str(b): [float(m) for m in r] for b, r in table["by_benchmark"].items()}}
 
 
+def _online_for(path: Path, info: PredictorInfo) -> OnlineModel | None:
+    """The online model beside `path`, if there is one and it was trained with this first-call model."""
+    online_path = online_file_name(path)
+    if not online_path.exists():
+        return None
+    try:
+        online = OnlineModel.load(online_path)
+    except OnlineError as exc:
+        raise PredictorError(str(exc)) from exc
+    if (online.first_call_training_data_sha256, online.first_call_params) != (info.training_data_sha256, info.params):
+        raise PredictorError(f"{online_path}: trained with another first-call model than {path} (training data or "
+                             "params differ); re-export both")
+    return online
+
+
 class PeakPredictor:
     """Predicted peak prompt tokens of a session from its task text and first prompt size."""
 
-    def __init__(self, session: ort.InferenceSession, info: PredictorInfo) -> None:
+    def __init__(self, session: ort.InferenceSession, info: PredictorInfo, online: OnlineModel | None = None) -> None:
         self._session = session
         self.info = info
+        self.online = online
 
     @classmethod
     def load(cls, path: str | Path, expected_tokenizer: str | None = None) -> PeakPredictor:
@@ -142,9 +166,38 @@ class PeakPredictor:
             params=json.loads(props.get("basin.params", "{}")), metrics=json.loads(props.get("basin.metrics", "{}")),
             reservation_multipliers=_multipliers(props.get("basin.reservation_multipliers"), path),
         )
-        predictor = cls(session, info)
+        predictor = cls(session, info, _online_for(path, info))
         predictor.predict("warm up the session", 1000)
+        if predictor.online is not None:
+            predictor.predict_online("warm up the session", 1000, [1000, 1500], [100])
         return predictor
+
+    def predict_online(self, task_text: str, first_prompt_tokens: int, prompt_tokens: Sequence[int],
+                       completion_tokens: Sequence[int]) -> float:
+        """Peak re-estimated at call k = len(prompt_tokens), from calls 1..k's prompts and 1..k-1's completions."""
+        try:
+            check_history(prompt_tokens, completion_tokens)
+        except OnlineError as exc:
+            raise PredictorError(f"{self.info.path}: {exc}") from exc
+        first = self.predict(task_text, first_prompt_tokens)
+        if len(prompt_tokens) == 1:
+            return first
+        return self._online().predict(first, prompt_tokens, completion_tokens)
+
+    def _online(self) -> OnlineModel:
+        if self.online is None:
+            raise PredictorError(f"{self.info.path}: no online model beside it "
+                                 f"({online_file_name(self.info.path).name})")
+        return self.online
+
+    def online_multiplier(self, q: float, k: int, benchmark: str | None = None) -> float:
+        """m_k(q) of the re-estimate at call k (k = 1: the first-call `multiplier`)."""
+        if k == 1:
+            return self.multiplier(q, benchmark)
+        try:
+            return self._online().multiplier(q, k)
+        except OnlineError as exc:
+            raise PredictorError(str(exc)) from exc
 
     def multiplier(self, q: float, benchmark: str | None = None) -> float:
         """m(q): reserve this x `predict(...)` to cover a share `q` of true peaks (see the module docstring)."""

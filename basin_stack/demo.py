@@ -132,6 +132,8 @@ def gateway_options(settings: DemoSettings, calibration_file: Path, session_log:
     """The gateway's config (model seconds; the stack scales it to the wall clock)."""
     models = [str(settings.model.resolve())]  # the config file's folder is not the project: absolute paths
     for path in sorted(settings.model.resolve().parent.glob("peak_predictor-*.onnx")):
+        if path.name.endswith(".online.onnx"):  # loaded beside its first-call model, never on its own
+            continue
         models.append(f"{path.stem.removeprefix('peak_predictor-')}={path}")
     measured = json.loads(calibration_file.read_text(encoding="utf-8"))
     policy = {}

@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="real task texts to predict on, when present")
     parser.add_argument("--n", type=int, default=5000, help="single-row predictions per model")
     args = parser.parse_args(argv)
-    models = args.model or sorted(Path("models").glob("*.onnx"))
+    models = args.model or sorted(p for p in Path("models").glob("*.onnx") if not p.name.endswith(".online.onnx"))
     if not models:
         print("no model files: give --model PATH", file=sys.stderr)
         return 2

@@ -36,6 +36,7 @@ import pandas as pd
 from onnx import ModelProto
 from sklearn.pipeline import Pipeline
 
+from basin_runtime.online import online_file_name
 from basin_runtime.predictor import MAX_PEAK_TOKENS, SCHEMA_VERSION, PeakPredictor, PredictorError, model_file_name
 from pipeline import tracking
 from pipeline.features import LENGTH_INPUTS, MODEL_INPUTS, model_frame
@@ -169,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--summary", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True, help="folder for the ONNX files")
     parser.add_argument("--publish-dir", type=Path, required=True, help="models/ (only real-data models)")
+    parser.add_argument("--online-dir", type=Path, help="stage online's .online.onnx files: each is shipped beside "
+                        "its first-call model and published with it")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     params = export_params(args.params)
@@ -191,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         path = args.out / model_file_name(None if name == "pooled" else name)
         path.write_bytes(blob)
         written[name] = path
+        if args.online_dir is not None:
+            shutil.copyfile(args.online_dir / online_file_name(path).name, online_file_name(path))
     publish_models(written, args.publish_dir, publish=params.publish and not summary["synthetic"],
              synthetic=summary["synthetic"], frame=frame, rtol=params.parity_rtol)
     _track(best, tracking.file_sha256(args.train_dir / "best.json"), written, summary)
@@ -206,7 +211,9 @@ def publish_models(written: dict[str, Path], folder: Path, publish: bool, synthe
     folder.mkdir(parents=True, exist_ok=True)
     for name, path in written.items():
         target = folder / path.name
-        if target.exists() and target.read_bytes() == path.read_bytes():
+        pair = [(path, target)] + ([(online_file_name(path), online_file_name(target))]
+                                   if online_file_name(path).exists() else [])
+        if all(t.exists() and t.read_bytes() == f.read_bytes() for f, t in pair):
             continue
         rows = frame if name == "pooled" else frame[frame["benchmark"] == name]
         difference = published_difference(target, path, parity_set(rows))
@@ -214,8 +221,9 @@ def publish_models(written: dict[str, Path], folder: Path, publish: bool, synthe
             log.info("kept %s: the new model predicts within %.1e relative of it (tolerance %.0e)", target,
                      difference, rtol)
             continue
-        shutil.copyfile(path, target)
-        log.info("published %s", target)
+        for fresh, published in pair:  # a first-call model and its online model go together
+            shutil.copyfile(fresh, published)
+            log.info("published %s", published)
 
 
 def published_difference(published: Path, new: Path, sessions: ParitySet) -> float | None:
@@ -236,7 +244,28 @@ def published_difference(published: Path, new: Path, sessions: ParitySet) -> flo
         return None
     before = old.predict_batch(sessions.task_texts, sessions.first_prompt_tokens)
     after = fresh.predict_batch(sessions.task_texts, sessions.first_prompt_tokens)
-    return float(np.max(np.abs(after - before) / np.maximum(np.abs(before), 1e-12)))
+    first = float(np.max(np.abs(after - before) / np.maximum(np.abs(before), 1e-12)))
+    if (old.online is None) != (fresh.online is None):
+        return None
+    if old.online is None or fresh.online is None:
+        return first
+    if old.online.multipliers != fresh.online.multipliers:
+        return None
+    return max(first, _online_difference(old, fresh, sessions))
+
+
+def _online_difference(old: PeakPredictor, fresh: PeakPredictor, sessions: ParitySet) -> float:
+    """Largest relative difference of the two online models' re-estimates on probe histories (calls 2..10 of
+    a context growing by half its first size per call)."""
+    worst = 0.0
+    for text, first in zip(sessions.task_texts, sessions.first_prompt_tokens, strict=True):
+        for k in (2, 3, 5, 10):
+            prompts = [int(first * (1 + j / 2)) for j in range(k)]
+            completions = [100] * (k - 1)
+            a = old.predict_online(text, first, prompts, completions)
+            b = fresh.predict_online(text, first, prompts, completions)
+            worst = max(worst, abs(b - a) / max(abs(a), 1e-12))
+    return worst
 
 
 def _track(best: dict[str, Any], best_sha256: str, written: dict[str, Path], summary: dict[str, Any]) -> None:

@@ -113,6 +113,15 @@ class NestedParams:
 
 
 @dataclass(frozen=True)
+class OnlineParams:
+    seeds: tuple[int, ...]
+    outer_folds: int
+    inner_folds: int
+    eval_calls: tuple[int, ...]
+    parity_rtol: float
+
+
+@dataclass(frozen=True)
 class ExportParams:
     parity_rtol: float
     publish: bool
@@ -135,6 +144,14 @@ def nested_params(path: str | Path = "params.yaml") -> NestedParams:
     if isinstance(raw.get("seeds"), list):
         raw["seeds"] = tuple(int(s) for s in raw["seeds"])
     return _build(NestedParams, raw, "nested")
+
+
+def online_params(path: str | Path = "params.yaml") -> OnlineParams:
+    raw = dict(load_section(path, "online"))
+    for key in ("seeds", "eval_calls"):
+        if isinstance(raw.get(key), list):
+            raw[key] = tuple(int(v) for v in raw[key])
+    return _build(OnlineParams, raw, "online")
 
 
 def export_params(path: str | Path = "params.yaml") -> ExportParams:

@@ -12,7 +12,14 @@
 # - Admitted sessions run to completion: no budget change ever evicts a live session. Only
 #   shedding (`shedding.py`, on `tick`) drops a queued session; `finish` of a queued session is the
 #   client withdrawing it.
-# - Every step (`arrive`, `adopt`, `observe`, `finish`, `tick`, `set_reference_budget`) returns its
+# - Revision (`revise`): a live or queued session's predicted peak and multiplier may be replaced
+#   while it runs (an online re-estimate), up or down. Its fixed priority stays fixed (it came from
+#   the arrival's prediction). Its reservation becomes max(ceil(m x new peak), context) and the
+#   reserved sum moves by the difference at once. A revision down may let queue heads in (it returns
+#   their admissions, in order, like `observe`); a revision up never evicts anyone, even past the
+#   budget: the budget then holds the queue until enough finishes. Prototype mode reserves contexts,
+#   so a revision there changes nothing but the stored prediction.
+# - Every step (`arrive`, `adopt`, `observe`, `revise`, `finish`, `tick`, `set_reference_budget`) returns its
 #   list of events, in order: each admission is an `Admitted` with its wait and reservation (the
 #   arriving session's own admission too, with a wait of 0), so a driver has one translation path.
 # - Every public method validates everything before it changes anything: an illegal step raises
@@ -24,6 +31,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from basin_runtime.policy.admission import (
@@ -122,6 +130,27 @@ class Policy:
             self._reserved_tokens += reservation_tokens(self.config.mode, record)
         else:
             record.context_tokens = context
+        return self._admitted_events(now)
+
+    def revise(self, session_id: str, now: float, predicted_peak_tokens: float,
+               reservation_multiplier: float = 1.0) -> list[Event]:
+        """Replace a session's predicted peak (and multiplier) mid-session; return the admissions it caused.
+
+        The priority stays as it was; see the revision rule at the top of this module.
+        """
+        now = self._check_now(now)
+        peak = require_finite(f"predicted_peak_tokens of session {session_id!r}", predicted_peak_tokens, minimum=0)
+        multiplier = _check_multiplier(f"reservation_multiplier of session {session_id!r}", reservation_multiplier)
+        record = self._record(session_id, "revise")
+        self._advance(now)
+        is_live = session_id in self._live
+        if is_live:
+            self._reserved_tokens -= reservation_tokens(self.config.mode, record)
+        record.predicted_peak_tokens = peak
+        record.reservation_multiplier = multiplier
+        record.peak_reservation_tokens = math.ceil(peak * multiplier)
+        if is_live:
+            self._reserved_tokens += reservation_tokens(self.config.mode, record)
         return self._admitted_events(now)
 
     def finish(self, session_id: str, now: float) -> list[Event]:

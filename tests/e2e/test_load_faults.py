@@ -180,7 +180,7 @@ class Probe:
         for s in sessions.values():
             assert (s["state"], s["in_flight"], s["waiters"]) == ("live", 0, 0), s
         assert policy["working_set_tokens"] == sum(s["last_prompt_tokens"] for s in sessions.values())
-        assert policy["reserved_tokens"] == sum(max(math.ceil(s["predicted_peak_tokens"]), s["last_prompt_tokens"])
+        assert policy["reserved_tokens"] == sum(max(math.ceil(s["reserved_peak_tokens"]), s["last_prompt_tokens"])
                                                 for s in sessions.values())
         return sessions
 

@@ -42,7 +42,8 @@ def test_every_section_loads_into_its_dataclass() -> None:
 def test_each_stage_lists_exactly_the_params_it_reads() -> None:
     declared = {name: {str(p).split(".")[0] for p in stage.get("params", [])} for name, stage in DVC.items()}
     assert declared == {"sources": {"ingest"}, "ingest": {"ingest"}, "featurize": {"featurize"},
-                        "train": {"train"}, "nested": {"nested", "train"}, "export": {"export"}, "evaluate": set(),
+                        "train": {"train"}, "nested": {"nested", "train"}, "online": {"online"}, "export": {"export"},
+                        "evaluate": set(),
                         "simulate": {"simulate"}}
     for name, stage in DVC.items():
         reads_params = "--params params.yaml" in stage["cmd"]

@@ -296,7 +296,7 @@ def test_sessions_reserve_the_files_multiplier_times_the_prediction_at_the_confi
 
 @pytest.mark.parametrize(("argv", "named"), [
     (("--reservation-quantile", "0.999"), "outside the multipliers' grid [0.5, 0.99]"),
-    (("--reservation-quantile", "1.5"), "reservation_quantile: expected a quantile in (0, 1)"),
+    (("--reservation-quantile", "1.5"), "expected a quantile in (0, 1) or 'none', got '1.5'"),
     (("--reservation-quantile", "most"), "expected a quantile in (0, 1) or 'none'"),
 ])
 def test_a_reservation_quantile_the_files_cannot_serve_stops_start_up_in_one_line(

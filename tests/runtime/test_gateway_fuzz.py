@@ -380,7 +380,7 @@ class Checked:
         assert sorted(policy["live"]) == sorted(s["session_id"] for s in live), (policy, sessions)
         assert sorted(policy["queued"]) == sorted(s["session_id"] for s in sessions if s["state"] == "queued")
         assert policy["working_set_tokens"] == sum(s["last_prompt_tokens"] for s in live), (policy, sessions)
-        assert policy["reserved_tokens"] == sum(max(math.ceil(s["predicted_peak_tokens"]), s["last_prompt_tokens"])
+        assert policy["reserved_tokens"] == sum(max(math.ceil(s["reserved_peak_tokens"]), s["last_prompt_tokens"])
                                                 for s in live), (policy, sessions)
         assert all(s["in_flight"] == 0 and s["num_calls"] >= 1 for s in sessions), sessions
         assert self.rig.gateway.metrics.calls_in_flight._value.get() == 0

@@ -1,7 +1,8 @@
 """Hypothesis state machines for the policy core and the lending ledger.
 
-`PolicyMachine` drives a `Policy` with random arrivals, observations, finishes, withdrawals, ticks,
-operator budget changes and illegal steps, next to a plain model (two dicts), and checks:
+`PolicyMachine` drives a `Policy` with random arrivals (with reservation multipliers), observations,
+revisions, finishes, withdrawals, ticks, operator budget changes and illegal steps, next to a plain
+model (two dicts), and checks:
 - while engaged, an admission never takes the reservations over the budget, except a lone head;
 - admissions follow priority order (the model's queue minimum, every time);
 - every arrival ends admitted-then-finished, withdrawn, or shed with a reason: never lost;
@@ -53,6 +54,7 @@ class ModelSession:
     peak_tokens: float
     priority: float
     context_tokens: int
+    multiplier: float = 1.0
 
     @property
     def key(self) -> tuple[float, int]:
@@ -97,7 +99,7 @@ class PolicyMachine(RuleBasedStateMachine):
     def reservation(self, session: ModelSession) -> int:
         if self.config.mode == "prototype":
             return session.context_tokens
-        return max(math.ceil(session.peak_tokens), session.context_tokens)
+        return max(math.ceil(session.peak_tokens * session.multiplier), session.context_tokens)
 
     def reserved(self) -> int:
         return sum(self.reservation(s) for s in self.live.values())
@@ -144,16 +146,17 @@ class PolicyMachine(RuleBasedStateMachine):
 
     # --- rules -----------------------------------------------------------------------------------
 
-    @rule(dt=st.integers(0, 20), peak=st.floats(0, 1500), context=st.integers(0, 800))
-    def arrive(self, dt: int, peak: float, context: int) -> None:
+    @rule(dt=st.integers(0, 20), peak=st.floats(0, 1500), context=st.integers(0, 800),
+          multiplier=st.sampled_from([1.0, 1.0, 0.9, 1.7, 3.4]))
+    def arrive(self, dt: int, peak: float, context: int, multiplier: float) -> None:
         assert self.policy is not None
         session_id = f"s{self.num_arrived}"
         budget = self.budget()
         was_engaged = self.config.always_engaged or bool(self.queued) or self.working_set() > budget
         now = self.step_time(dt)
-        events = self.policy.arrive(session_id, now, peak, context)
+        events = self.policy.arrive(session_id, now, peak, context, multiplier)
         priority = now if self.config.mode == "prototype" else now + peak / self.config.tokens_per_s
-        session = ModelSession(session_id, self.num_arrived, now, peak, priority, context)
+        session = ModelSession(session_id, self.num_arrived, now, peak, priority, context, multiplier)
         self.num_arrived += 1
         self.arrivals_s.append(now)
         if not was_engaged:
@@ -196,6 +199,17 @@ class PolicyMachine(RuleBasedStateMachine):
         (self.live.get(session_id) or self.queued[session_id]).context_tokens = context
         self.expect_admissions(admitted, self.budget())
 
+    @precondition(lambda self: bool(self.live or self.queued))
+    @rule(data=st.data(), dt=st.integers(0, 20), peak=st.floats(0, 3000), multiplier=st.floats(0.5, 4.0))
+    def revise(self, data: st.DataObject, dt: int, peak: float, multiplier: float) -> None:
+        """An online re-estimate, up or down: reservation moves, priority stays, heads may get in."""
+        assert self.policy is not None
+        session_id = self.pick(data, {**self.live, **self.queued})
+        admitted = self.policy.revise(session_id, self.step_time(dt), peak, multiplier)
+        session = self.live.get(session_id) or self.queued[session_id]
+        session.peak_tokens, session.multiplier = peak, multiplier
+        self.expect_admissions(admitted, self.budget())
+
     @rule(dt=st.integers(0, 30), hit_rate=st.none() | st.floats(0, 1))
     def tick(self, dt: int, hit_rate: float | None) -> None:
         assert self.policy is not None
@@ -235,6 +249,7 @@ class PolicyMachine(RuleBasedStateMachine):
             lambda: policy.observe("ghost", self.now, 1),
             lambda: policy.arrive("x", self.now, math.nan, 1),
             lambda: policy.tick(self.now, -0.5),
+            lambda: policy.revise("ghost", self.now, 10.0),
         ]
         if self.now > 0:
             steps.append(lambda: policy.tick(self.now - 1))
@@ -242,6 +257,10 @@ class PolicyMachine(RuleBasedStateMachine):
             session_id = data.draw(st.sampled_from(known))
             steps.append(lambda: policy.arrive(session_id, self.now, 1, 1))
             steps.append(lambda: policy.observe(session_id, self.now, -1))
+            steps.append(lambda: policy.revise(session_id, self.now, math.inf))
+            steps.append(lambda: policy.revise(session_id, self.now, 10.0, 0.0))
+            if self.now > 0:
+                steps.append(lambda: policy.revise(session_id, self.now - 1, 10.0))
         step = data.draw(st.sampled_from(steps))
         before_snapshot, before_state = policy.snapshot(), pickle.dumps(policy)
         try:

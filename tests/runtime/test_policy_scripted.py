@@ -289,6 +289,45 @@ def test_a_reservation_multiplier_scales_the_reservation_not_the_priority() -> N
     assert small.snapshot().reserved_tokens == 90
 
 
+def test_a_revision_down_releases_budget_and_admits_the_head_priority_unchanged() -> None:
+    """The paper's example: 950K reserved, an 80K newcomer waits; s1's online re-estimate 300K -> 200K
+    frees 100K and the newcomer goes in on that step; s1 keeps its arrival priority."""
+    policy, t = make(1_000_000, always_engaged=True)
+    for now, (sid, peak, context) in enumerate([("s1", 300_000, 20_000), ("s2", 650_000, 15_000)]):
+        assert arrives(policy, sid, float(now), peak, context)
+    assert not arrives(policy, "new", 10.0, 80_000, 6_000)
+    before = policy.priority_of("s1")
+    assert policy.revise("s1", 20.0, 200_000) == [Admitted("new", 20.0, 10.0 + 80_000 / 30, 10.0, 80_000)]
+    assert policy.priority_of("s1") == before == 0.0 + 300_000 / 30
+    t.check(now_s=20.0, live=["s1", "s2", "new"], queued=[], reserved_tokens=200_000 + 650_000 + 80_000,
+            working_set_tokens=41_000)
+
+
+def test_a_revision_up_never_evicts_and_holds_the_queue_until_enough_finishes() -> None:
+    policy, t = make(1_000_000, always_engaged=True)
+    assert arrives(policy, "a", 0.0, 400_000, 10_000) and arrives(policy, "b", 1.0, 400_000, 10_000)
+    assert policy.revise("a", 2.0, 500_000, 1.5) == []  # 750K + 400K > 1M: over budget, nobody evicted
+    t.check(now_s=2.0, live=["a", "b"], reserved_tokens=1_150_000, working_set_tokens=20_000)
+    assert not arrives(policy, "c", 3.0, 10_000, 1_000)  # even a small newcomer waits now
+    assert policy.finish("b", 4.0) == [Admitted("c", 4.0, 3.0 + 10_000 / 30, 1.0, 10_000)]
+    t.check(now_s=4.0, live=["a", "c"], queued=[], reserved_tokens=760_000, working_set_tokens=11_000)
+    assert admits(policy.revise("a", 5.0, 1_000, 1.0)) == []  # down to its context: the context holds
+    t.check(now_s=5.0, reserved_tokens=10_000 + 10_000, working_set_tokens=11_000)
+
+
+def test_a_queued_sessions_revision_keeps_its_place_and_may_let_it_in() -> None:
+    policy, t = make(1000, always_engaged=True)
+    assert arrives(policy, "live", 0.0, 900, 100)
+    assert not arrives(policy, "head", 1.0, 300, 10) and not arrives(policy, "next", 2.0, 50_000, 10)
+    assert policy.snapshot().queued == ("head", "next")
+    assert admits(policy.revise("next", 3.0, 10)) == []  # priority fixed at arrival: still behind head
+    t.check(now_s=3.0, queued=["head", "next"], live=["live"], reserved_tokens=900, working_set_tokens=100)
+    assert admits(policy.revise("head", 4.0, 50)) == ["head", "next"]  # 900 + 50 + 10 fits: both go in
+    proto = Policy(PolicyConfig(budget_tokens=1000, mode="prototype", always_engaged=True))
+    proto.arrive("p", 0.0, 10, 100)
+    assert proto.revise("p", 1.0, 5_000, 2.0) == [] and proto.snapshot().reserved_tokens == 100  # contexts
+
+
 def test_observe_a_queued_session_updates_its_reservation() -> None:
     policy, t = make(1000, always_engaged=True)
     policy.arrive("a", 0.0, 600, 0)
@@ -542,6 +581,10 @@ ILLEGAL_STEPS: list[tuple[str, Callable[[Policy], object], type[PolicyError], st
      "reservation_multiplier of session 'new' must be > 0, got 0.0"),
     ("nan multiplier", lambda p: p.adopt("new", 6.0, 1, 1, math.nan), PolicyError, "reservation_multiplier.*finite"),
     ("capacity check bad multiplier", lambda p: p.has_capacity(1.0, 0, -2.0), PolicyError, "reservation_multiplier"),
+    ("revise unknown", lambda p: p.revise("ghost", 6.0, 1.0), UnknownSessionError, "revise: session 'ghost'"),
+    ("revise nan peak", lambda p: p.revise("live", 6.0, math.nan), PolicyError, "predicted_peak_tokens of session"),
+    ("revise zero multiplier", lambda p: p.revise("queued", 6.0, 10.0, 0.0), PolicyError, "must be > 0"),
+    ("revise backwards", lambda p: p.revise("live", 4.0, 10.0), ClockError, "now=4.0"),
 ]
 
 
