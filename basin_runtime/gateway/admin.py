@@ -42,7 +42,7 @@ class Reloader:
     def models(self, tokenizer: str) -> Predictors:
         """Load every model file again; `ConfigError` naming the file."""
         return Predictors.load(self.config.default_model, self.config.workload_models, tokenizer,
-                               self.config.reservation_quantile)
+                               self.config.reservation_quantile, self.config.revise_at_calls)
 
     def calibration_budget_tokens(self) -> int:
         """The reference budget of the calibration file; `ConfigError` if there is none or it is bad."""

@@ -229,7 +229,7 @@ def build_gateway(config: GatewayConfig, client: UpstreamClient | httpx.AsyncCli
     calibration = None if config.calibration is None else read_calibration(config.calibration)
     policy = Policy(gateway_policy_config(config, calibration))
     predictors = Predictors.load(config.default_model, config.workload_models, tokenizer.name,
-                                 config.reservation_quantile)
+                                 config.reservation_quantile, config.revise_at_calls)
     room = WaitingRoom(policy, clock or MonotonicClock(), retry_after_s=config.retry_after_s)
     try:
         lending = LendingTracker(config.lending_decode_instances,

@@ -39,6 +39,7 @@ from basin_runtime.policy.lending import LEND_CAP_FRACTION
 from basin_runtime.predictor import parse_reservation_quantile
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+DEFAULT_REVISE_AT_CALLS = (3, 5)
 UPSTREAM_CLIENTS = ("aiohttp", "httpx")
 
 
@@ -56,6 +57,8 @@ class GatewayConfig:
     # reserve multiplier(q) x predicted peak (the model file's m(q), `basin_runtime/predictor.py`); None: the
     # bare prediction (for files exported before multipliers existed)
     reservation_quantile: float | None = 0.9
+    # re-estimate a session's peak at these calls with the model file's online model (empty: never)
+    revise_at_calls: tuple[int, ...] = DEFAULT_REVISE_AT_CALLS
     budget_tokens: int | None = None
     calibration: Path | None = None
     host: str = "127.0.0.1"
@@ -185,6 +188,15 @@ def _quantile(key: str, value: object) -> float | None:
     return float(value)
 
 
+def _calls(key: str, value: object) -> tuple[int, ...]:
+    items = [value] if isinstance(value, int) else value
+    if not isinstance(items, (list, tuple)) or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 2 for v in items):
+        raise ConfigError(f"{key}: expected call numbers >= 2 (the first call is predicted, not revised), got "
+                          f"{value!r}")
+    return tuple(sorted(set(items)))
+
+
 def _quantile_arg(text: str) -> float | None:
     try:
         return parse_reservation_quantile(text)
@@ -213,7 +225,8 @@ def _models(key: str, value: object) -> list[str]:
 
 
 _CHECKS: dict[str, Callable[[str, object], object]] = {
-    "upstream": _upstream, "model": _models, "reservation_quantile": _quantile, "budget_tokens": _int,
+    "upstream": _upstream, "model": _models, "reservation_quantile": _quantile, "revise_at_calls": _calls,
+    "budget_tokens": _int,
     "calibration": _str, "host": _str,
     "port": _int, "always_engaged": _bool, "session_header": _str, "workload_header": _str,
     "idle_timeout_s": _seconds, "tick_interval_s": _seconds, "upstream_timeout_s": _seconds,
@@ -254,6 +267,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--reservation-quantile", type=_quantile_arg, metavar="Q",
         help=f"reserve m(Q) x the predicted peak, m from the model file, so a share Q of sessions fit their "
              f"reservation (default {_default('reservation_quantile')}; 'none' reserves the bare prediction)")
+    add("--revise-at-calls", type=int, nargs="*", metavar="K",
+        help=f"re-estimate a session's peak at these calls with the online model beside the model file "
+             f"(default {' '.join(str(k) for k in DEFAULT_REVISE_AT_CALLS)}; none given: never)")
     add("--budget-tokens", type=int, metavar="N", help="reference cache budget in tokens (wins over --calibration)")
     add("--calibration", metavar="FILE",
         help="JSON: knee_tokens, cache_capacity_tokens [, hit_rate_plateau, peak_completion_rate_per_s, "

@@ -11,16 +11,24 @@
 #   benchmarks, else with its all-rows row. Every file's m(q) is read once at start-up, so a file
 #   without multipliers, or a q off their grid, stops start-up naming the file. Without q (None), and
 #   for models without a `multiplier` (test doubles that only predict), m = 1.
+# - Revisions: a model file with an online model beside it (`basin_runtime/online.py`) re-estimates
+#   a session's peak at the configured calls (`revise_at_calls`, default 3 and 5) from its first-call
+#   prediction and its calls so far, reserving m_k(q) x the re-estimate; a file without one never
+#   revises (a warning at start-up names it).
 """Predictor selection by workload."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from basin_runtime.gateway.config import ConfigError
+from basin_runtime.online import OnlineModel
 from basin_runtime.predictor import PeakPredictor, PredictorError
+
+logger = logging.getLogger(__name__)
 
 
 class PeakModel(Protocol):
@@ -40,29 +48,57 @@ class ReservingModel(PeakModel, Protocol):
         ...
 
 
+@runtime_checkable
+class RevisingModel(Protocol):
+    """A model that may carry an online re-estimate (`PeakPredictor.online`)."""
+
+    online: OnlineModel | None
+
+
 class Predictors:
-    """The default model and the per-workload models, and the reservation quantile."""
+    """The default model and the per-workload models, the reservation quantile and the revision calls."""
 
     def __init__(self, default: PeakModel, by_workload: Mapping[str, PeakModel] | None = None,
-                 reservation_quantile: float | None = None) -> None:
+                 reservation_quantile: float | None = None, revise_at_calls: Sequence[int] = ()) -> None:
         self.default = default
         self.by_workload = dict(by_workload or {})
         self.reservation_quantile = reservation_quantile
+        self.revise_at_calls = frozenset(revise_at_calls)
 
     @classmethod
     def load(cls, default_path: Path, workload_paths: Mapping[str, Path], tokenizer: str,
-             reservation_quantile: float | None = None) -> Predictors:
+             reservation_quantile: float | None = None, revise_at_calls: Sequence[int] = ()) -> Predictors:
         """Load every model file; `ConfigError` naming the file if one cannot be used."""
         try:
             default = PeakPredictor.load(default_path, expected_tokenizer=tokenizer)
             by_workload = {name: PeakPredictor.load(path, expected_tokenizer=tokenizer)
                            for name, path in workload_paths.items()}
-            predictors = cls(default, by_workload, reservation_quantile)
+            predictors = cls(default, by_workload, reservation_quantile, revise_at_calls)
             for workload in (None, *by_workload):
                 predictors.multiplier(workload)
+                model = predictors.for_workload(workload)
+                if revise_at_calls and isinstance(model, PeakPredictor):
+                    if model.online is None:
+                        logger.warning("%s has no online model beside it: its sessions are not revised at calls "
+                                       "%s", model.info.path, sorted(revise_at_calls))
+                    elif reservation_quantile is not None:
+                        for k in revise_at_calls:
+                            model.online_multiplier(reservation_quantile, k)
         except PredictorError as exc:
             raise ConfigError(f"cannot load a peak predictor: {exc}") from exc
         return predictors
+
+    def revision(self, workload: str | None, first_call_peak: float, prompt_tokens: Sequence[int],
+                 completion_tokens: Sequence[int]) -> tuple[float, float] | None:
+        """(re-estimated peak, its multiplier) at call k = len(prompt_tokens) if k is a revision call and the
+        workload's model re-estimates; else None."""
+        k = len(prompt_tokens)
+        model = self.for_workload(workload)
+        if k not in self.revise_at_calls or not isinstance(model, RevisingModel) or model.online is None:
+            return None
+        peak = model.online.predict(first_call_peak, prompt_tokens, completion_tokens)
+        q = self.reservation_quantile
+        return peak, 1.0 if q is None else model.online.multiplier(q, k)
 
     def multiplier(self, workload: str | None) -> float:
         """m(q) of the file that predicts this workload's sessions (1 without a quantile)."""

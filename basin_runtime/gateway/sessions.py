@@ -116,12 +116,14 @@ class SessionEntry:
     in_flight: int = 0
     waiters: int = 0
     has_sent_key: bool = False  # its end key went out on an answer (`basin_runtime/session_keys.py`)
-    reservation_multiplier: float = 1.0  # m(q) of its predictor file: it reserves m x the predicted peak
+    reservation_multiplier: float = 1.0  # m(q) of its predictor file (m_k(q) after a revision at call k)
+    revised_peak_tokens: float | None = None  # the last online re-estimate, if any
 
     @property
     def reserved_peak_tokens(self) -> float:
-        """What it reserves until its context grows past it: m(q) x the predicted peak."""
-        return self.reservation_multiplier * self.predicted_peak_tokens
+        """What it reserves until its context grows past it: m x the predicted (or last revised) peak."""
+        peak = self.predicted_peak_tokens if self.revised_peak_tokens is None else self.revised_peak_tokens
+        return self.reservation_multiplier * peak
 
     def is_idle(self, now: float, idle_timeout_s: float) -> bool:
         """Live, nothing in flight, and quiet for at least the idle timeout."""

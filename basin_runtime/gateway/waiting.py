@@ -97,14 +97,20 @@ class WaitingRoom:
             self._apply(events, now)
             return entry, True
 
-    async def observe(self, entry: SessionEntry, prompt_tokens: int) -> bool:
-        """Tell the policy a call's prompt size; False if the session is no longer held."""
+    async def observe(self, entry: SessionEntry, prompt_tokens: int,
+                      revision: tuple[float, float] | None = None) -> bool:
+        """Tell the policy a call's prompt size, and with `revision` (re-estimated peak, multiplier) revise
+        the session's reservation in the same step; False if the session is no longer held."""
         async with self._lock:
             if self.registry.get(entry.session_id) is not entry:
                 return False
             now = self.clock.now()
             entry.last_active_s = now
             self._apply(self.policy.observe(entry.session_id, now, prompt_tokens), now)
+            if revision is not None:
+                peak, multiplier = revision
+                self._apply(self.policy.revise(entry.session_id, now, peak, multiplier), now)
+                entry.revised_peak_tokens, entry.reservation_multiplier = peak, multiplier
             return True
 
     async def wait(self, entry: SessionEntry, receive: Receive) -> None:

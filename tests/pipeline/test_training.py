@@ -20,7 +20,7 @@ from basin_runtime import predictor as runtime_predictor
 from basin_runtime.predictor import SCHEMA_VERSION, PeakPredictor
 from basin_runtime.session_table import write_sessions
 from basin_sim.workload.synthetic import generate_corpus
-from pipeline import evaluate, export, featurize, train
+from pipeline import evaluate, export, featurize, online, train
 from pipeline.evaluate import seen_mask
 from pipeline.export import (
     AWKWARD_TEXTS,
@@ -191,6 +191,24 @@ def test_whole_chain_is_deterministic_publishes_nothing_from_synthetic_data_and_
     assert trained[0] == trained[1] and set(trained[0]) == {"best.json", *(f"{n}.pkl" for n in (
         "pooled", "synthetic-swebench", "synthetic-terminal", "synthetic-tau"))}
     best = json.loads((tmp_path / "a" / "train" / "best.json").read_text())
+    online_dir, paired = tmp_path / "online", tmp_path / "paired"
+    online_args = ["--params", str(params), "--frame", str(tmp_path / "f.parquet"), "--sessions",
+                   str(tmp_path / "s.parquet"), "--summary", str(tmp_path / "summary.json"), "--best",
+                   str(tmp_path / "a" / "train" / "best.json"), "--out", str(online_dir), "--metrics",
+                   str(tmp_path / "online.json"), "--headline-dir", str(tmp_path)]
+    assert online.main(online_args) == 0
+    assert export.main(["--params", str(params), "--train-dir", str(tmp_path / "a" / "train"), "--frame",
+                        str(tmp_path / "f.parquet"), "--summary", str(tmp_path / "summary.json"),
+                        "--out", str(paired), "--publish-dir", str(tmp_path / "unused"),
+                        "--online-dir", str(online_dir)]) == 0
+    with_online = PeakPredictor.load(paired / "peak_predictor-synthetic-terminal.onnx")
+    assert with_online.online is not None  # paired: same training data and params
+    assert with_online.predict_online("a task", 800, [800, 2000, 4000], [50, 50]) >= 4000
+    report = json.loads((tmp_path / "online.json").read_text())
+    for bench, entry in report["by_benchmark"].items():
+        assert {"online", "first_call", "context"} <= set(entry["k2"]), bench
+        assert 0 < entry["k2"]["reservations_q0.9"]["online"]["coverage"]["mean"] <= 1
+    assert set(json.loads((tmp_path / "online_k3.json").read_text())) == set(report["by_benchmark"])
     predictor = PeakPredictor.load(tmp_path / "a" / "models" / "peak_predictor.onnx", expected_tokenizer="qwen3.6")
     assert predictor.info.synthetic is True and predictor.info.params == best["models"]["pooled"]["params"]
     assert evaluate.main(["--frame", str(tmp_path / "f.parquet"), "--best", str(tmp_path / "a" / "train" / "best.json"),
@@ -247,7 +265,8 @@ def _assert_mlflow_holds_the_numbers(uri: str, train_dir: Path, summary: Path, s
         assert trained[f"cv_objective/{name}"] == pytest.approx(record["cv_objective"])
         for bench, value in record["cv_spearman"].items():
             assert trained[f"cv_spearman/{name}/{bench}"] == pytest.approx(value)
-        [version] = client.search_model_versions(f"name='{registered_name(name)}' and run_id='{run_id}'")
+        versions = client.search_model_versions(f"name='{registered_name(name)}' and run_id='{run_id}'")
+        version = max(versions, key=lambda v: int(v.version))  # each export of this training registers one
         assert version.tags["training_data_sha256"] == data_hash
         assert float(version.tags["cv_objective"]) == pytest.approx(record["cv_objective"], abs=1e-6)
         assert {k: float(v) for k, v in version.tags.items() if k.startswith("cv_spearman/")} == \

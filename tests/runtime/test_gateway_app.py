@@ -120,14 +120,15 @@ def conversation(*contents: str, system: str | None = None) -> list[dict[str, st
 async def rig_for(*, budget_tokens: int = 1_000_000, model: StubModel | None = None, admin_token: str | None = None,
                   workload_models: dict[str, StubModel] | None = None, gateway_options: dict[str, Any] | None = None,
                   app_options: dict[str, Any] | None = None, reservation_quantile: float | None = None,
-                  **policy: Any) -> AsyncIterator[Rig]:
+                  revise_at_calls: tuple[int, ...] = (), **policy: Any) -> AsyncIterator[Rig]:
     """A fresh rig; everything it opened is closed on exit (`*_options`: extra Gateway / create_app arguments)."""
     clock = ManualClock()
     upstream = FakeUpstream()
     model = model or StubModel()
     room = WaitingRoom(Policy(PolicyConfig(budget_tokens=budget_tokens, **policy)), clock, retry_after_s=30)
     upstream_client = httpx.AsyncClient(transport=httpx.MockTransport(upstream), base_url="http://router")
-    gateway = Gateway(room, Meter(TOKENIZER, TaskTextRule()), Predictors(model, workload_models, reservation_quantile),
+    gateway = Gateway(room, Meter(TOKENIZER, TaskTextRule()), Predictors(model, workload_models, reservation_quantile,
+                                                                          revise_at_calls),
                       Upstream(upstream_client), **(gateway_options or {}))
     app = create_app(gateway, admin_token=admin_token, **(app_options or {}))
     client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway")

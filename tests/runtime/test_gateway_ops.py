@@ -33,10 +33,10 @@ MODEL_FILE = Path(__file__).resolve().parents[2] / "models" / "peak_predictor.on
 def ops_rig(*, budget_tokens: int = 1_000_000, model: StubModel | None = None, is_shadow: bool = False,
             session_log: SessionLogWriter | None = None, lending: LendingTracker | None = None,
             reloader: Reloader | None = None, reservation_quantile: float | None = None,
-            ) -> AbstractAsyncContextManager[Rig]:
+            revise_at_calls: tuple[int, ...] = (), **policy: Any) -> AbstractAsyncContextManager[Rig]:
     """`test_gateway_app.rig_for` with the issue-6 parts wired in."""
     return rig_for(budget_tokens=budget_tokens, model=model, app_options={"reloader": reloader},
-                   reservation_quantile=reservation_quantile,
+                   reservation_quantile=reservation_quantile, revise_at_calls=revise_at_calls, **policy,
                    gateway_options={"hit_window": HitRateWindow(window_s=60.0, min_prompt_tokens=1), "lending": lending,
                                     "session_log": session_log, "is_shadow": is_shadow})
 
@@ -130,6 +130,60 @@ async def test_a_session_reserves_m_q_times_its_prediction_and_overflows_only_pa
                                            (tmp_path / "sessions.jsonl").read_text().splitlines())}
     assert (logged["a"].predicted_peak_tokens, logged["a"].reserved_peak_tokens) == (1.0, 5.0)
     assert model.multipliers_asked == [(0.5, None), (0.5, None)]
+
+
+class FakeOnline:
+    """An online model that re-estimates every session at 100 tokens, with m_k(q) = k."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[float, list[int], list[int]]] = []
+
+    def predict(self, first_call: float, prompt_tokens: list[int], completion_tokens: list[int]) -> float:
+        self.asked.append((first_call, list(prompt_tokens), list(completion_tokens)))
+        return 100.0
+
+    def multiplier(self, q: float, k: int) -> float:
+        return float(k)
+
+
+class RevisingStub(ReservingStub):
+    def __init__(self, peaks: dict[str, float]) -> None:
+        super().__init__(peaks)
+        self.online = FakeOnline()
+
+
+async def test_a_revision_at_call_3_replaces_the_reservation_and_lets_the_waiting_session_in() -> None:
+    """Budget 1,000: `big` (prediction 900 x m 1) runs, `next` (200) waits; at big's third call the online
+    model re-estimates it at 100 x m_3 = 300, so 300 + 200 fits and `next` is admitted on that step."""
+    model = RevisingStub({"big task": 900.0, "next task": 200.0})
+    model.multiplier = lambda q, benchmark=None: 1.0  # type: ignore[method-assign]
+    async with ops_rig(budget_tokens=1_000, model=model, reservation_quantile=0.9, revise_at_calls=(3,),
+                       always_engaged=True) as rig:
+        assert (await rig.chat("big", "big task")).status_code == 200
+        priority = rig.policy.priority_of("big")
+        waiting = asyncio.create_task(rig.chat("next", "next task"))
+        await eventually(lambda: rig.policy.is_queued("next"))
+        assert (await rig.chat("big", "big task", "two")).status_code == 200  # call 2: no revision
+        assert rig.policy.is_queued("next") and model.online.asked == []
+        assert (await rig.chat("big", "big task", "two", "three")).status_code == 200
+        assert (await asyncio.wait_for(waiting, 2)).status_code == 200
+        views = {v["session_id"]: v for v in (await rig.client.get("/basin/sessions")).json()["sessions"]}
+        reserved = rig.policy.snapshot().reserved_tokens
+        assert rig.policy.priority_of("big") == priority  # fixed at arrival
+    [(first, prompts, completions)] = model.online.asked
+    assert first == 900.0 and len(prompts) == 3 and completions == [1, 1]  # the stand-in answers 1 token
+    assert prompts[0] < prompts[1] < prompts[2]
+    assert (views["big"]["predicted_peak_tokens"], views["big"]["reserved_peak_tokens"]) == (900.0, 300.0)
+    assert reserved == 300 + 200
+
+
+async def test_no_revision_without_an_online_model() -> None:
+    model = ReservingStub({"task": 900.0})  # no `online`
+    async with ops_rig(model=model, reservation_quantile=0.9, revise_at_calls=(2, 3)) as rig:
+        for turns in (["task"], ["task", "b"], ["task", "b", "c"]):
+            assert (await rig.chat("s", *turns)).status_code == 200
+        views = {v["session_id"]: v for v in (await rig.client.get("/basin/sessions")).json()["sessions"]}
+    assert views["s"]["reserved_peak_tokens"] == 9 * 900.0  # m(0.9) = 9 from the stub, unrevised
 
 
 async def test_the_metrics_of_two_apps_do_not_collide() -> None:
