@@ -27,7 +27,14 @@ from basin_sim import catalog, compare
 from basin_sim.calibrate.commands import RampError, add_commands, calibrate_main, knee_main, ramp_main, risk_main
 from basin_sim.calibrate.rates import DEFAULT_RATES_FILE, RateCache, RatesError, overload_rate_for
 from basin_sim.policies import UnknownPolicyError, policy_names, policy_spec
-from basin_sim.predictions import add_reservation_quantile, load_predictor, predict_pool, reservation_multipliers
+from basin_sim.predictions import (
+    Revisions,
+    add_reservation_quantile,
+    load_predictor,
+    online_revisions,
+    predict_pool,
+    reservation_multipliers,
+)
 from basin_sim.profile import CacheKind, Deployment
 from basin_sim.simulate import RunSpec, run_scenario
 from basin_sim.workload.pool import DEFAULT_SESSIONS, PoolError, load_pool, workload_pool
@@ -76,13 +83,16 @@ def _run(args: argparse.Namespace) -> int:
     rate, rate_source = _overload_rate(args, deployment, pool, scenario)
     peaks: dict[str, float] = {}
     multipliers: dict[str, float] = {}
+    revisions: Revisions = {}
     if args.policy == "basin":
         predictor = load_predictor(args.model)
         peaks = predict_pool(predictor, pool)
         multipliers = reservation_multipliers(predictor, pool, args.reservation_quantile)
+        revisions = online_revisions(predictor, pool, peaks, args.reservation_quantile, args.revise_at_calls)
     spec = RunSpec(scenario, deployment, args.policy, args.seed, rate, predicted_peak_tokens=peaks,
                    reservation_scale=args.reservation_scale, calibration=_calibration(args, deployment),
-                   reservation_multipliers=multipliers, reservation_quantile=args.reservation_quantile)
+                   reservation_multipliers=multipliers, reservation_quantile=args.reservation_quantile,
+                   revisions=revisions if args.policy == "basin" else {})
     progress = _Progress(scenario.warmup_s + scenario.duration_s,
                          f"{scenario.name}/{deployment_spec.name}/{args.policy}", not args.quiet)
     started = time.perf_counter()

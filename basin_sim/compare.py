@@ -36,8 +36,10 @@ from basin_sim.calibrate.commands import RAMP_FRACTIONS, RAMP_STEP_S, calibratio
 from basin_sim.calibrate.ramp import run_ramp
 from basin_sim.calibrate.rates import DEFAULT_RATES_FILE, RateCache, RatesError, overload_rate_for
 from basin_sim.predictions import (
+    Revisions,
     add_reservation_quantile,
     load_predictor,
+    online_revisions,
     predict_pool,
     reservation_multipliers,
     reserved_peaks,
@@ -64,6 +66,7 @@ class Cell:
     calibration: dict[str, Any] | None
     multipliers: dict[str, float] = field(default_factory=dict)  # m(q) per pool session (empty: bare peaks)
     reservation_quantile: float | None = None
+    revisions: Revisions = field(default_factory=dict)  # the online re-estimates Basin applies
 
 
 _CELLS: dict[tuple[str, str], Cell] = {}
@@ -89,7 +92,8 @@ def _run(key: tuple[str, str], policy: str, seed: int, knee: dict[str, Any] | No
     run = RunSpec(cell.scenario, cell.deployment.build("host" if policy == "hicache" else None), policy, seed,
                   cell.overload_rate_per_s, predicted_peak_tokens=cell.peaks if policy == "basin" else {},
                   calibration=calibration, reservation_multipliers=cell.multipliers if policy == "basin" else {},
-                  reservation_quantile=cell.reservation_quantile if policy == "basin" else None)
+                  reservation_quantile=cell.reservation_quantile if policy == "basin" else None,
+                  revisions=cell.revisions if policy == "basin" else {})
     summary = run_scenario(run, cell.pool).summary
     return {k: summary[k] for k in KEPT}
 
@@ -135,15 +139,18 @@ def _cells(args: argparse.Namespace) -> dict[tuple[str, str], Cell]:
         peaks = {} if predictor is None else predict_pool(predictor, pool)
         q = args.reservation_quantile
         multipliers = {} if predictor is None else reservation_multipliers(predictor, pool, q)
+        revisions = {} if predictor is None else online_revisions(predictor, pool, peaks, q, args.revise_at_calls)
         for deployment_name in args.deployments:
             spec = catalog.load_deployment(deployment_name)
             needs_rate = scenario.needs_overload_rate or any(p.startswith("basin") for p in args.policies)
             if not needs_rate:  # absolute arrivals and no knee ramp to scale: nothing to calibrate
-                cells[(scenario_name, deployment_name)] = Cell(scenario, spec, pool, peaks, 0.0, None, multipliers, q)
+                cells[(scenario_name, deployment_name)] = Cell(scenario, spec, pool, peaks, 0.0, None, multipliers, q,
+                                                               revisions)
                 continue
             rate, source = overload_rate_for(spec.build("gpu"), pool, scenario.workload, scenario.clients, cache)
             print(f"{scenario.name} on {spec.name}: overload rate {rate:.4f}/s ({source})", file=sys.stderr)
-            cells[(scenario_name, deployment_name)] = Cell(scenario, spec, pool, peaks, rate, None, multipliers, q)
+            cells[(scenario_name, deployment_name)] = Cell(scenario, spec, pool, peaks, rate, None, multipliers, q,
+                                                           revisions)
     return cells
 
 

@@ -75,9 +75,41 @@ def quantile_arg(text: str) -> float | None:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def add_reservation_quantile(parser: argparse.ArgumentParser) -> None:
-    """The --reservation-quantile option, as the gateway's (default 0.9)."""
+def add_reservation_quantile(parser: argparse.ArgumentParser, with_revisions: bool = True) -> None:
+    """The --reservation-quantile and (`with_revisions`) --revise-at-calls options, as the gateway's (default
+    0.9; 3 and 5)."""
+    if with_revisions:
+        parser.add_argument("--revise-at-calls", type=int, nargs="*", default=list(DEFAULT_REVISE_AT_CALLS),
+                            metavar="K",
+                            help="basin: re-estimate a session's peak at these calls with the online model beside "
+                            "the model file (default 3 5, as the gateway; none given: never)")
     parser.add_argument("--reservation-quantile", type=quantile_arg, default=DEFAULT_RESERVATION_QUANTILE,
                         metavar="Q", help="basin: reserve m(Q) x each predicted peak, m from the model file for the "
                         f"session's benchmark (default {DEFAULT_RESERVATION_QUANTILE}, as the gateway; 'none': the "
                         "bare prediction)")
+
+
+Revisions = dict[str, dict[int, tuple[float, float]]]
+DEFAULT_REVISE_AT_CALLS = (3, 5)  # the gateway's default (`GatewayConfig.revise_at_calls`)
+
+
+def online_revisions(predictor: ReservingPredictor, pool: Sequence[Session], peaks: Mapping[str, float],
+                     q: float | None, calls: Sequence[int] = DEFAULT_REVISE_AT_CALLS) -> Revisions:
+    """Pool session id -> call k -> (re-estimated peak, m_k(q)) at each revision call the session reaches,
+    from the predictor file's online model (`PeakPredictor.online`) as the gateway computes them; empty
+    without an online model or calls."""
+    online = getattr(predictor, "online", None)
+    if online is None or not calls:
+        return {}
+    out: Revisions = {s.session_id: {} for s in pool}
+    for k in calls:
+        reached = [s for s in pool if len(s.calls) >= k]
+        if not reached:
+            continue
+        estimates = online.predict_batch([peaks[s.session_id] for s in reached],
+                                         [[c.prompt_tokens for c in s.calls[:k]] for s in reached],
+                                         [[c.completion_tokens for c in s.calls[:k - 1]] for s in reached])
+        m = 1.0 if q is None else online.multiplier(q, k)
+        for session, estimate in zip(reached, estimates, strict=True):
+            out[session.session_id][k] = (float(estimate), m)
+    return out

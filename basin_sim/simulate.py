@@ -78,6 +78,8 @@ class RunSpec:
     # basin: pool session id -> m(q) of the predictor file for its benchmark (`predictions.reservation_multipliers`)
     reservation_multipliers: Mapping[str, float] = field(default_factory=dict)
     reservation_quantile: float | None = None  # the q those multipliers are for (reported only)
+    # basin: pool session id -> call k -> (re-estimated peak, m_k(q)) (`predictions.online_revisions`)
+    revisions: Mapping[str, Mapping[int, tuple[float, float]]] = field(default_factory=dict)
     calibration: Calibration | None = None  # basin: what the operator measured; None: knee = capacity
     pin_ttl_s: float | None = None  # continuum TTL; None: the p90 of the run's tool gaps
 
@@ -190,7 +192,7 @@ def policy_context(spec: RunSpec, sessions: Sequence[SessionSpec]) -> PolicyCont
     ttl = spec.pin_ttl_s if spec.pin_ttl_s is not None else tool_gap_quantile_s(sessions)
     return PolicyContext(spec.deployment, spec.predicted_peak_tokens, spec.reservation_scale,
                          calibration=spec.calibration, pin_ttl_s=ttl if ttl is None or ttl > 0 else None,
-                         reservation_multipliers=spec.reservation_multipliers)
+                         reservation_multipliers=spec.reservation_multipliers, revisions=spec.revisions)
 
 
 class ArrivalFeed:

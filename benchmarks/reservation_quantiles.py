@@ -4,8 +4,9 @@
     python benchmarks/reservation_quantiles.py --scenario surge-100 --seeds 1 2 3
 
 Each session reserves m(q) x its predicted peak, m from the shipped pooled model's file for its
-benchmark (as the gateway does). The budget is B = r x 0.9 x knee, r the reservation ratio measured
-on the knee ramp (reservations over contexts of the live sessions):
+benchmark, revised at calls 3 and 5 with the file's online model (as the gateway does). The budget
+is B = r x 0.9 x knee, r the reservation ratio measured on the knee ramp (first-call reservations
+over contexts of the live sessions):
 - `r fixed`: r from the ramp at the served q (0.9) for every q: a larger q reserves more per session
   in the same B, so fewer sessions are admitted at once and fewer outgrow their reservation;
 - `r re-measured`: a ramp at each q first: r scales with m(q) and B with it, so about the same
@@ -34,7 +35,13 @@ from basin_sim import catalog
 from basin_sim.calibrate.commands import RAMP_FRACTIONS, RAMP_STEP_S, calibration_record
 from basin_sim.calibrate.ramp import run_ramp
 from basin_sim.calibrate.rates import RateCache, overload_rate_for
-from basin_sim.predictions import load_predictor, predict_pool, reservation_multipliers, reserved_peaks
+from basin_sim.predictions import (
+    load_predictor,
+    online_revisions,
+    predict_pool,
+    reservation_multipliers,
+    reserved_peaks,
+)
 from basin_sim.simulate import RunSpec, run_scenario
 from basin_sim.workload.pool import load_pool, workload_pool
 
@@ -68,6 +75,7 @@ def _run(job: tuple[str, str, str, float, int, dict[str, Any]]) -> dict[str, Any
     summary = run_scenario(RunSpec(
         scenario, deployment, "basin", seed, rate, predicted_peak_tokens=peaks,
         reservation_multipliers=reservation_multipliers(predictor, pool, q), reservation_quantile=q,
+        revisions=online_revisions(predictor, pool, peaks, q),
         calibration=calibration_from_mapping(calibration, "the knee ramp")), pool).summary
     admitted = summary["sessions_admitted"]
     return {"admitted": admitted, "overflow": summary["sessions_overflowed"] / admitted if admitted else 0.0,

@@ -2,7 +2,8 @@
 and per reservation quantile, into metrics.json and plots.
 
 Basin reserves m(q) x each predicted peak, m read from the model file for the session's benchmark
-(as the gateway does), at the served quantile (`simulate.reservation_quantile`, 0.9 like the
+(as the gateway does), revised at calls 3 and 5 with the online model beside the file, at the
+served quantile (`simulate.reservation_quantile`, 0.9 like the
 gateway's default). First the knee ramp with the fresh model at that q (`basin-sim knee`'s
 calibration: knee, reservation ratio r, peak completion rate), written where the gateway can read
 it; every Basin run uses it.
@@ -43,6 +44,7 @@ from basin_sim.calibrate.rates import DEFAULT_RATES_FILE, RateCache, overload_ra
 from basin_sim.predictions import (
     DEFAULT_RESERVATION_QUANTILE,
     load_predictor,
+    online_revisions,
     predict_pool,
     reservation_multipliers,
     reserved_peaks,
@@ -130,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         result = run_scenario(RunSpec(
             scenarios[scenario_name], deployment, policy, args.seed, rate, predicted_peak_tokens=peaks,
             reservation_multipliers=reservation_multipliers(predictor, pool, q), reservation_quantile=q,
+            revisions=online_revisions(predictor, pool, peaks, q) if policy == "basin" else {},
             calibration=calibration_from_mapping(measured, "the stage's knee ramp")), pool)
         if plot:
             plot_run(result, args.plot_dir)

@@ -270,7 +270,7 @@ def add_commands(sub: Any) -> None:
                            "model)")
     knee.add_argument("--no-model", dest="model", action="store_const", const=None,
                       help="no predictor: the calibration file holds no reservation_ratio (prototype mode)")
-    add_reservation_quantile(knee)
+    add_reservation_quantile(knee, with_revisions=False)  # the ramp reserves first-call reservations
     knee.add_argument("--reservation-scale", type=float, default=1.0,
                       help="a further factor on each reservation (ablations; default 1)")
     risk = sub.add_parser("risk", help="fluid model fixed points and the cache-first / decode-first verdict")

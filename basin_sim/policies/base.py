@@ -50,7 +50,8 @@ class PolicyContext:
     `reservation_multipliers` maps a pool session's id to m(q), the multiplier of the predictor file
     for its benchmark at the run's reservation quantile (empty: the bare prediction); a session
     reserves `reservation_scale` x m(q) x its predicted peak (`reservation_scale`: an extra factor
-    for ablations, 1 by default). `calibration` is what
+    for ablations, 1 by default). `revisions` holds the online re-estimates (`predictions.online_revisions`)
+    a Basin policy applies at the calls they name. `calibration` is what
     the operator measured (the gateway's calibration file; None: nothing measured, the knee taken as
     the cache capacity), `policy_overrides` any `PolicyConfig` fields set by hand (the gateway
     config's `policy:` section). `pin_ttl_s` is the TTL of a Continuum pin (None: the policy's own
@@ -62,6 +63,8 @@ class PolicyContext:
     reservation_scale: float = 1.0
     calibration: Calibration | None = None
     reservation_multipliers: Mapping[str, float] = field(default_factory=dict)
+    # pool session id -> call k -> (re-estimated peak, m_k(q)): Basin revises the reservation at call k
+    revisions: Mapping[str, Mapping[int, tuple[float, float]]] = field(default_factory=dict)
     policy_overrides: Mapping[str, Any] = field(default_factory=dict)
     pin_ttl_s: float | None = None
 

@@ -10,6 +10,11 @@
 #   (`PolicyContext.reservation_multipliers`, the predictor file's multiplier for the session's
 #   benchmark, as the gateway reserves) x `reservation_scale`; its priority is the bare prediction's.
 #   A session with no prediction (or, with multipliers, none for it) is an error, never a default.
+# - Revisions: at call k of a session with a re-estimate for k (`PolicyContext.revisions`, made from
+#   the pool once, as the gateway's online model makes them), `Policy.revise` with that peak and
+#   `reservation_scale` x m_k(q), right after the call's `observe`. The call index is found from the
+#   session's own call list (the first call at or after the last one seen with this prompt size), so
+#   a retried call is not counted twice.
 # - Reservation report: sessions admitted, and of those how many outgrew their first reservation
 #   (a call's prompt above ceil(m x peak)), for `run_summary`.
 # - `basin-proto` (mode "prototype"): arrival order, admission by current context; no predictor.
@@ -57,7 +62,8 @@ class BasinPolicy:
     lends_decode_memory = True
 
     def __init__(self, name: str, core: Policy, predicted_peak_tokens: dict[str, float] | None,
-                 reservation_scale: float = 1.0, reservation_multipliers: Mapping[str, float] | None = None) -> None:
+                 reservation_scale: float = 1.0, reservation_multipliers: Mapping[str, float] | None = None,
+                 revisions: Mapping[str, Mapping[int, tuple[float, float]]] | None = None) -> None:
         self.name = name
         self.core = core
         self.pin_ttl_s: float | None = None
@@ -68,6 +74,10 @@ class BasinPolicy:
         self.sessions_admitted = 0
         self.sessions_overflowed = 0  # admitted sessions with a call's prompt above their first reservation
         self._overflowed: set[str] = set()
+        self._revisions = revisions or {}
+        self._calls: dict[str, tuple[int, ...]] = {}  # session -> its calls' prompt sizes (sessions with revisions)
+        self._call_index: dict[str, int] = {}  # session -> index of the last call seen
+        self.sessions_revised = 0
 
     def predicted_peak(self, session: Session) -> float:
         """The predicted peak of a session (its context at arrival for the prototype)."""
@@ -96,6 +106,8 @@ class BasinPolicy:
         peak, multiplier = self.predicted_peak(session), self.reservation_multiplier(session)
         if self._peaks is not None:
             self._first_reservation[session_id] = math.ceil(peak * multiplier)
+        if self._revisions.get(session_id):
+            self._calls[session_id] = tuple(c.prompt_tokens for c in session.calls)
         return self._decided(self.core.arrive(session_id, now, peak, session.first_prompt_tokens, multiplier))
 
     def on_call(self, session_id: str, now: float, prompt_tokens: int) -> Decisions:
@@ -104,12 +116,34 @@ class BasinPolicy:
         if first is not None and prompt_tokens > first and session_id not in self._overflowed:
             self._overflowed.add(session_id)
             self.sessions_overflowed += 1
-        return self._decided(self.core.observe(session_id, now, prompt_tokens))
+        decisions = self._decided(self.core.observe(session_id, now, prompt_tokens))
+        revision = self._revision_at(session_id, prompt_tokens)
+        if revision is None:
+            return decisions
+        peak, multiplier = revision
+        self.sessions_revised += 1
+        more = self._decided(self.core.revise(session_id, now, peak, self._scale * multiplier))
+        return Decisions(decisions.admit + more.admit, decisions.shed + more.shed) if more.admit or more.shed \
+            else decisions
+
+    def _revision_at(self, session_id: str, prompt_tokens: int) -> tuple[float, float] | None:
+        calls = self._calls.get(session_id)
+        if calls is None:
+            return None
+        last = self._call_index.get(session_id, -1)
+        start = max(last, 0)
+        index = next((j for j in range(start, len(calls)) if calls[j] == prompt_tokens), None)
+        if index is None or index == last:
+            return None  # an unknown prompt, or the same call again (a retry)
+        self._call_index[session_id] = index
+        return self._revisions[session_id].get(index + 1)
 
     def on_session_end(self, session_id: str, now: float) -> Decisions:
         """`Policy.finish` (ends a live session or withdraws a queued one)."""
         self._first_reservation.pop(session_id, None)
         self._overflowed.discard(session_id)
+        self._calls.pop(session_id, None)
+        self._call_index.pop(session_id, None)
         return self._decided(self.core.finish(session_id, now))
 
     def on_tick(self, now: float, hit_rate: float | None) -> Decisions:
@@ -118,7 +152,8 @@ class BasinPolicy:
 
     def reservation_report(self) -> dict[str, int]:
         """Sessions admitted so far, and how many of them outgrew their first reservation."""
-        return {"sessions_admitted": self.sessions_admitted, "sessions_overflowed": self.sessions_overflowed}
+        return {"sessions_admitted": self.sessions_admitted, "sessions_overflowed": self.sessions_overflowed,
+                "revisions": self.sessions_revised}
 
     def _decided(self, events: list[Event]) -> Decisions:
         decisions = decisions_of(events)
@@ -144,7 +179,7 @@ def _basin(context: PolicyContext) -> BasinPolicy:
         raise MissingPredictionError("policy 'basin' needs predicted peaks (PolicyContext.predicted_peak_tokens); "
                                      "load them with basin_sim.predictions.predict_pool")
     return BasinPolicy("basin", Policy(config_for(context, "basin")), dict(context.predicted_peak_tokens),
-                       context.reservation_scale, context.reservation_multipliers)
+                       context.reservation_scale, context.reservation_multipliers, context.revisions)
 
 
 def _basin_proto(context: PolicyContext) -> BasinPolicy:

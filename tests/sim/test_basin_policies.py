@@ -73,10 +73,28 @@ def test_basin_reserves_m_q_x_scale_x_the_prediction_and_counts_who_outgrew_it()
     sim.on_call("a", 5.0, 10_000)  # a reserves ceil(6000 x 1.8) = 10800: not past it
     sim.on_call("b", 5.0, 4_801)  # b reserves 4800: past it
     sim.on_call("b", 6.0, 5_000)  # counted once
-    assert sim.reservation_report() == {"sessions_admitted": 4, "sessions_overflowed": 1}
+    assert sim.reservation_report() == {"sessions_admitted": 4, "sessions_overflowed": 1, "revisions": 0}
     with pytest.raises(MissingPredictionError, match="no reservation multiplier for pool session 'x'"):
         make_policy("basin", PolicyContext(deployment(), {"x": 1.0}, reservation_multipliers={"y": 1.0})) \
             .on_arrival("x", 0.0, session("x", [1_000]))
+
+
+def test_basin_revises_at_the_call_its_re_estimate_names_once_even_when_the_call_is_retried() -> None:
+    """`big` reserves 900; at its 3rd call the re-estimate (100 x m 2) frees room and `small` goes in."""
+    big, small = session("big", [100, 200, 300, 400]), session("small", [50])
+    context = PolicyContext(deployment(cache_tokens=10_000), {"big": 900.0, "small": 200.0},
+                            calibration=Calibration(1_000.0 / 0.9, 10_000.0), policy_overrides={"always_engaged": True},
+                            revisions={"big": {3: (100.0, 2.0)}, "small": {}})
+    sim = make_policy("basin", context)
+    assert isinstance(sim, BasinPolicy) and sim.core.snapshot().budget_tokens == 1_000
+    assert sim.on_arrival("big", 0.0, big).admit == ("big",)
+    assert sim.on_arrival("small", 1.0, small).admit == ()  # 900 + 200 > 1000
+    assert sim.on_call("big", 2.0, 100).admit == () and sim.on_call("big", 3.0, 200).admit == ()
+    assert sim.on_call("big", 4.0, 300).admit == ("small",)  # call 3: 300 (its context) + 200 fits
+    assert sim.core.snapshot().reserved_tokens == 300 + 200
+    assert sim.on_call("big", 5.0, 300).admit == ()  # the same call retried: no second revision
+    assert sim.reservation_report()["revisions"] == 1
+    assert sim.priority("big", 6.0) == 0.0 + 900 / 30  # fixed at arrival
 
 
 def budget_for(context: PolicyContext, mode: str = "basin") -> int:

@@ -95,6 +95,26 @@ def test_reservation_multipliers_are_the_files_row_for_each_sessions_benchmark()
     assert reserved_peaks({"s": 1000.0}, {}) == {"s": 1000.0}
 
 
+def test_online_revisions_are_the_files_re_estimates_at_the_calls_each_session_reaches() -> None:
+    from basin_runtime.predictor import PeakPredictor
+    from basin_sim.predictions import online_revisions
+    from tests.sim.builders import session
+
+    model = PeakPredictor.load(Path(__file__).resolve().parents[2] / "models" / "peak_predictor.onnx")
+    pool = [session("long", [1000, 2000, 4000, 6000, 9000]), session("short", [1000, 1500])]
+    peaks = {"long": 5000.0, "short": 3000.0}
+    got = online_revisions(model, pool, peaks, 0.9, (3, 5))
+    assert set(got["long"]) == {3, 5} and got["short"] == {}
+    assert model.online is not None
+    for k in (3, 5):
+        estimate, m = got["long"][k]
+        prompts = [c.prompt_tokens for c in pool[0].calls[:k]]
+        completions = [c.completion_tokens for c in pool[0].calls[:k - 1]]
+        assert estimate == pytest.approx(model.online.predict(5000.0, prompts, completions))
+        assert m == model.online_multiplier(0.9, k) and estimate >= prompts[-1]
+    assert online_revisions(model, pool, peaks, 0.9, ()) == {}
+
+
 def test_basin_loads_the_shipped_predictor_and_refuses_a_missing_one(
         files: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
     model = Path(__file__).resolve().parents[2] / "models" / "peak_predictor.onnx"
@@ -106,6 +126,7 @@ def test_basin_loads_the_shipped_predictor_and_refuses_a_missing_one(
     assert summary["policy"] == "basin" and summary["reservation_scale"] == 0.6
     assert summary["reservation_quantile"] == 0.9  # the gateway's default
     assert summary["sessions_arrived"] > 0 and 0 <= summary["sessions_overflowed"] <= summary["sessions_admitted"]
+    assert isinstance(summary["revisions"], int)  # counted; applying them is tested in test_basin_policies
     with pytest.raises(SystemExit) as info:
         main([*argv[:-4], "--model", str(Path(files["dir"]) / "nope.onnx")])
     assert info.value.code == 2
