@@ -194,8 +194,9 @@ def main(argv: list[str] | None = None) -> int:
         path = args.out / model_file_name(None if name == "pooled" else name)
         path.write_bytes(blob)
         written[name] = path
-        if args.online_dir is not None:
-            shutil.copyfile(args.online_dir / online_file_name(path).name, online_file_name(path))
+        online = None if args.online_dir is None else args.online_dir / online_file_name(path).name
+        if online is not None and online.exists():  # the online stage writes none for too few long sessions
+            shutil.copyfile(online, online_file_name(path))
     publish_models(written, args.publish_dir, publish=params.publish and not summary["synthetic"],
              synthetic=summary["synthetic"], frame=frame, rtol=params.parity_rtol)
     _track(best, tracking.file_sha256(args.train_dir / "best.json"), written, summary)

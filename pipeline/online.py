@@ -224,17 +224,31 @@ def graph(weights: np.ndarray, intercepts: np.ndarray, metadata: dict[str, str])
     return model
 
 
+MIN_SESSIONS = 10  # a slot with fewer sessions reaching its call reuses the slot before it
+
+
 def ship(name: str, rows: pd.DataFrame, record: dict[str, Any], summary: dict[str, Any],
-         calls: dict[str, tuple[list[int], list[int]]], out: Path, rtol: float) -> dict[str, Any]:
-    """Fit every slot on all of the file's rows, write `<stem>.online.onnx` after a parity check; its choices."""
+         calls: dict[str, tuple[list[int], list[int]]], out: Path, rtol: float) -> dict[str, Any] | None:
+    """Fit every slot on all of the file's rows, write `<stem>.online.onnx` after a parity check; its choices.
+
+    A slot that fewer than MIN_SESSIONS sessions reach reuses the slot before it (said in its choices); when
+    too few reach call 2, no online file is written for this model (its sessions are never revised)."""
     first = first_call_out_of_fold(rows, record)
-    weights, intercepts, chosen = np.zeros((len(SLOTS), len(FEATURES))), np.zeros(len(SLOTS)), {}
+    weights, intercepts = np.zeros((len(SLOTS), len(FEATURES))), np.zeros(len(SLOTS))
+    chosen: dict[str, dict[str, Any]] = {}
     by_slot: dict[str, list[float]] = {}
     grid = reservations.SHIPPED_QUANTILES
     for s, k in enumerate(SLOTS):
         part = slice_at(rows, calls, first, k)
-        if len(part.rows) < 10:
-            raise ValueError(f"online {name}: only {len(part.rows)} sessions reach call {k}; too few to fit")
+        if len(part.rows) < MIN_SESSIONS:
+            if s == 0:
+                log.warning("online %s: only %d sessions reach call 2 (fewer than %d): no online model; its "
+                            "sessions are not revised", name, len(part.rows), MIN_SESSIONS)
+                return None
+            weights[s], intercepts[s] = weights[s - 1], intercepts[s - 1]
+            by_slot[str(k)] = by_slot[str(SLOTS[s - 1])]
+            chosen[str(k)] = {"same_as_slot": SLOTS[s - 1], "sessions": len(part.rows)}
+            continue
         labels = rows["fold_unseen"].to_numpy()[part.rows]
         every = np.arange(len(part.rows))
         choice = choose(part, every, labels)

@@ -315,7 +315,7 @@ def test_dvc_repro_trains_on_the_gateway_log_and_notices_when_it_grows(dvc_proje
     done = _dvc(dvc_project, "repro", "export", "evaluate")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     lock = yaml.safe_load((dvc_project / "dvc.lock").read_text())["stages"]
-    assert set(lock) == {"sources", "ingest", "featurize", "train", "export", "evaluate"}
+    assert set(lock) == {"sources", "ingest", "featurize", "train", "online", "export", "evaluate"}
     metrics = json.loads((dvc_project / "metrics/spearman.json").read_text())
     assert set(metrics["unseen_task"]) == {"gateway", "synthetic-swebench", "synthetic-tau", "synthetic-terminal"}
     assert sum(v["sessions"] for v in metrics["unseen_task"].values()) == len(loop.records)
