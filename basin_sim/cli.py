@@ -25,6 +25,7 @@ from basin_runtime.predictor import PredictorError
 from basin_runtime.session_table import Session
 from basin_sim import catalog, compare
 from basin_sim.calibrate.commands import RampError, add_commands, calibrate_main, knee_main, ramp_main, risk_main
+from basin_sim.calibrate.knee_cache import DEFAULT_CALIBRATIONS_FILE, KneeCache, calibration_for, file_sha256
 from basin_sim.calibrate.rates import DEFAULT_RATES_FILE, RateCache, RatesError, overload_rate_for
 from basin_sim.policies import UnknownPolicyError, policy_names, policy_spec
 from basin_sim.predictions import (
@@ -34,6 +35,7 @@ from basin_sim.predictions import (
     online_revisions,
     predict_pool,
     reservation_multipliers,
+    reserved_peaks,
 )
 from basin_sim.profile import CacheKind, Deployment
 from basin_sim.simulate import RunSpec, run_scenario
@@ -89,8 +91,21 @@ def _run(args: argparse.Namespace) -> int:
         peaks = predict_pool(predictor, pool)
         multipliers = reservation_multipliers(predictor, pool, args.reservation_quantile)
         revisions = online_revisions(predictor, pool, peaks, args.reservation_quantile, args.revise_at_calls)
+    calibration, calibration_source = _calibration(args, deployment), "given"
+    if args.policy in ("basin", "basin-proto") and calibration is None:
+        if args.no_calibration:
+            calibration_source = "none (--no-calibration: knee taken as the cache capacity)"
+        else:
+            is_basin = args.policy == "basin"
+            record, calibration_source = calibration_for(
+                deployment_spec.build("gpu"), pool, scenario, rate, file_sha256(args.model) if is_basin else "none",
+                args.reservation_quantile if is_basin else None,
+                reserved_peaks(peaks, multipliers) if is_basin else None, KneeCache(args.calibrations_file))
+            calibration = calibration_from_mapping(record, f"the knee calibration in {args.calibrations_file}")
+            log.info("Basin calibration (%s, %s): knee %.0f tokens, reservation ratio %s", calibration_source,
+                     args.calibrations_file, calibration.knee_tokens, record.get("reservation_ratio"))
     spec = RunSpec(scenario, deployment, args.policy, args.seed, rate, predicted_peak_tokens=peaks,
-                   reservation_scale=args.reservation_scale, calibration=_calibration(args, deployment),
+                   reservation_scale=args.reservation_scale, calibration=calibration,
                    reservation_multipliers=multipliers, reservation_quantile=args.reservation_quantile,
                    revisions=revisions if args.policy == "basin" else {})
     progress = _Progress(scenario.warmup_s + scenario.duration_s,
@@ -100,7 +115,8 @@ def _run(args: argparse.Namespace) -> int:
         result = run_scenario(spec, pool, progress)
     finally:
         progress.close()
-    summary: dict[str, Any] = {"workload": source, "overload_rate_source": rate_source, **result.summary}
+    summary: dict[str, Any] = {"workload": source, "overload_rate_source": rate_source,
+                               "calibration_source": calibration_source, **result.summary}
     log.info("simulated %.0f s in %.1f s wall", summary["simulated_s"], time.perf_counter() - started)
     if args.plot_dir is not None:
         from basin_sim.plots import plot_run
@@ -173,7 +189,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--knee-tokens", type=float, help="basin budget: measured cache knee (default 0.9 x capacity)")
     run.add_argument("--peak-completion-rate", type=float, help="basin shedding: measured sessions/s (default off)")
     run.add_argument("--calibration", type=Path, help="basin: the knee calibration file (`knee --out`): knee, "
-                     "reservation ratio, peak completion rate (the flags above win)")
+                     "reservation ratio, peak completion rate (the flags above win); without it, the calibration "
+                     "cached for this deployment, workload, predictor and quantile, measured on first use")
+    run.add_argument("--calibrations-file", type=Path, default=DEFAULT_CALIBRATIONS_FILE,
+                     help="the cache of measured Basin calibrations")
+    run.add_argument("--no-calibration", action="store_true",
+                     help="basin: run uncalibrated on purpose (knee = cache capacity, no reservation ratio)")
     add_commands(sub)
     sub.add_parser("compare", add_help=False, help="the scenario x deployment x policy grid over seeds "
                    "(basin-sim compare --help)")

@@ -56,10 +56,12 @@ def rate_key(deployment: Deployment, workload: WorkloadSpec, clients: ClientPoli
                        "pool": pool_fingerprint(pool)}, sort_keys=True, default=list)
 
 
-class RateCache:
-    """The JSON file of measured overload rates."""
+class JsonCache:
+    """A JSON object file of measured entries by key, rewritten whole (keys sorted); unreadable: `RatesError`."""
 
-    def __init__(self, path: Path = DEFAULT_RATES_FILE) -> None:
+    what = "cache"
+
+    def __init__(self, path: Path) -> None:
         self.path = path
 
     def _entries(self) -> dict[str, Any]:
@@ -68,14 +70,37 @@ class RateCache:
         try:
             entries = json.loads(self.path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise RatesError(f"{self.path}: cannot read the overload-rate cache: {exc}") from exc
+            raise RatesError(f"{self.path}: cannot read the {self.what}: {exc}") from exc
         if not isinstance(entries, dict):
-            raise RatesError(f"{self.path}: the overload-rate cache must hold a JSON object")
+            raise RatesError(f"{self.path}: the {self.what} must hold a JSON object")
         return entries
+
+    def entry(self, key: str) -> Any:
+        """The raw entry for `key`, or None."""
+        return self._entries().get(key)
+
+    def put_entry(self, key: str, entry: Mapping[str, Any]) -> None:
+        """Record an entry."""
+        entries = self._entries()
+        entries[key] = dict(entry)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.write_text(json.dumps(entries, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        except OSError as exc:
+            raise RatesError(f"{self.path}: cannot write the {self.what}: {exc}") from exc
+
+
+class RateCache(JsonCache):
+    """The JSON file of measured overload rates."""
+
+    what = "overload-rate cache"
+
+    def __init__(self, path: Path = DEFAULT_RATES_FILE) -> None:
+        super().__init__(path)
 
     def get(self, key: str) -> float | None:
         """The cached rate for `key`, or None."""
-        entry = self._entries().get(key)
+        entry = self.entry(key)
         if entry is None:
             return None
         rate = entry.get("overload_rate_per_s") if isinstance(entry, dict) else None
@@ -84,14 +109,8 @@ class RateCache:
         return float(rate)
 
     def put(self, key: str, rate_per_s: float, note: Mapping[str, Any]) -> None:
-        """Record a measured rate (the file is rewritten whole, keys sorted)."""
-        entries = self._entries()
-        entries[key] = {"overload_rate_per_s": rate_per_s, **note}
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.path.write_text(json.dumps(entries, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-        except OSError as exc:
-            raise RatesError(f"{self.path}: cannot write the overload-rate cache: {exc}") from exc
+        """Record a measured rate."""
+        self.put_entry(key, {"overload_rate_per_s": rate_per_s, **note})
 
 
 def measure_overload_rate(deployment: Deployment, pool: Sequence[Session], workload: WorkloadSpec,

@@ -119,11 +119,12 @@ def test_basin_loads_the_shipped_predictor_and_refuses_a_missing_one(
         files: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
     model = Path(__file__).resolve().parents[2] / "models" / "peak_predictor.onnx"
     argv = ["run", "--scenario", files["scenario"], "--deployment", files["deployment"], "--policy", "basin",
-            "--json", "--quiet", "--sessions", files["sessions"], *RATE, "--model", str(model),
+            "--json", "--quiet", "--sessions", files["sessions"], *RATE, "--no-calibration", "--model", str(model),
             "--reservation-scale", "0.6"]
     assert main(argv) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["policy"] == "basin" and summary["reservation_scale"] == 0.6
+    assert summary["calibration_source"].startswith("none (--no-calibration")
     assert summary["reservation_quantile"] == 0.9  # the gateway's default
     assert summary["sessions_arrived"] > 0 and 0 <= summary["sessions_overflowed"] <= summary["sessions_admitted"]
     assert isinstance(summary["revisions"], int)  # counted; applying them is tested in test_basin_policies
@@ -131,6 +132,32 @@ def test_basin_loads_the_shipped_predictor_and_refuses_a_missing_one(
         main([*argv[:-4], "--model", str(Path(files["dir"]) / "nope.onnx")])
     assert info.value.code == 2
     assert "nope.onnx: no such predictor file" in capsys.readouterr().err
+
+
+def test_basin_without_a_calibration_file_calibrates_once_and_then_uses_the_cache(
+        files: dict[str, str], capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
+    """No silent uncalibrated Basin: the first run measures the knee ramp and says so; the next one reads it;
+    another quantile (another reservation) is another entry."""
+    model = Path(__file__).resolve().parents[2] / "models" / "peak_predictor.onnx"
+    cache = Path(files["dir"]) / "calibrations.json"
+    argv = ["run", "--scenario", files["scenario"], "--deployment", files["deployment"], "--policy", "basin",
+            "--json", "--quiet", "--sessions", files["sessions"], *RATE, "--model", str(model),
+            "--calibrations-file", str(cache)]
+    assert main(argv) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert first["calibration_source"] == "measured now" and "running the knee ramp now" in caplog.text
+    entries = json.loads(cache.read_text())
+    [entry] = entries.values()
+    assert entry["reservation_quantile"] == 0.9 and entry["calibration"]["reservation_ratio"] > 1
+    assert first["knee_tokens"] == entry["calibration"]["knee_tokens"]
+    assert first["reservation_ratio"] == entry["calibration"]["reservation_ratio"]
+    assert main(argv) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["calibration_source"] == "cache" and again["knee_tokens"] == first["knee_tokens"]
+    assert json.loads(cache.read_text()) == entries
+    assert main([*argv, "--reservation-quantile", "0.5"]) == 0
+    assert json.loads(capsys.readouterr().out)["calibration_source"] == "measured now"
+    assert len(json.loads(cache.read_text())) == 2
 
 
 def test_knee_writes_a_calibration_file_the_gateway_reads_and_run_uses_it(

@@ -1,0 +1,86 @@
+# Basin's calibration, measured once per deployment shape, workload, predictor and quantile, cached under data/.
+#
+# Rules:
+# - `basin` and `basin-proto` are run calibrated: their budget is the knee (and reservation ratio)
+#   measured on the knee ramp of `basin-sim knee`, for the deployment's shape with a GPU cache, the
+#   scenario's workload, the predictor file in use (its SHA-256; "none" for `basin-proto`, whose
+#   reservations are contexts) and the reservation quantile. That is the cache key (canonical JSON,
+#   with the overload-rate key and the ramp's fractions, step and seed).
+# - The cache is one JSON file (default data/sim/calibrations.json), one entry per key: the
+#   calibration record, in the gateway's calibration-file format, and the command that measured it.
+#   A missing entry is measured now (the knee ramp, a minute or so) and written before it is used, and
+#   the caller is told; an unreadable file is an error naming it.
+"""The knee-calibration cache: a Basin run's measured calibration, measured on first use."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from basin_runtime.session_table import Session
+from basin_sim.calibrate.commands import RAMP_FRACTIONS, RAMP_STEP_S, calibration_record
+from basin_sim.calibrate.ramp import run_ramp
+from basin_sim.calibrate.rates import JsonCache, RatesError, rate_key
+from basin_sim.profile import Deployment
+from basin_sim.workload.scenarios import Scenario
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CALIBRATIONS_FILE = Path("data/sim/calibrations.json")
+RAMP_SEED = 1
+
+
+class KneeCache(JsonCache):
+    """The JSON file of measured Basin calibrations."""
+
+    what = "calibration cache"
+
+    def __init__(self, path: Path = DEFAULT_CALIBRATIONS_FILE) -> None:
+        super().__init__(path)
+
+
+def file_sha256(path: Path | None) -> str:
+    """The predictor file's SHA-256, or "none" (no predictor: reservations are contexts)."""
+    return "none" if path is None else hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def knee_key(deployment: Deployment, pool: Sequence[Session], scenario: Scenario, predictor_sha256: str,
+             quantile: float | None) -> str:
+    """The canonical key of one calibration (see the rules above)."""
+    shape = dataclasses.replace(deployment, host_cache_tokens=0)
+    return json.dumps({"rate": rate_key(shape, scenario.workload, scenario.clients, pool),
+                       "predictor_sha256": predictor_sha256, "reservation_quantile": quantile,
+                       "ramp": {"fractions": list(RAMP_FRACTIONS), "step_s": RAMP_STEP_S, "seed": RAMP_SEED}},
+                      sort_keys=True)
+
+
+def calibration_for(deployment: Deployment, pool: Sequence[Session], scenario: Scenario, rate_per_s: float,
+                    predictor_sha256: str, quantile: float | None, reservations: Mapping[str, float] | None,
+                    cache: KneeCache) -> tuple[dict[str, Any], str]:
+    """(calibration record, source): cached for this key, else measured now on the knee ramp and cached.
+
+    `reservations` (pool session id -> what it reserves at arrival) are those of the predictor and
+    quantile in the key; None for `basin-proto`. `source` is 'cache' or 'measured now'.
+    """
+    key = knee_key(deployment, pool, scenario, predictor_sha256, quantile)
+    entry = cache.entry(key)
+    if entry is not None:
+        record = entry.get("calibration") if isinstance(entry, dict) else None
+        if not isinstance(record, dict):
+            raise RatesError(f"{cache.path}: entry has no calibration record: {entry!r}")
+        return record, "cache"
+    log.warning("no Basin calibration recorded for %s (GPU cache) on this workload, predictor %s, quantile %s in "
+                "%s: running the knee ramp now (cached after)", deployment.name, predictor_sha256[:12], quantile,
+                cache.path)
+    shape = dataclasses.replace(deployment, host_cache_tokens=0)
+    steps = run_ramp(shape, pool, [f * rate_per_s for f in RAMP_FRACTIONS], RAMP_STEP_S, RAMP_SEED, reservations)
+    command = f"basin-sim knee --deployment {deployment.name} --scenario {scenario.name}"
+    record = calibration_record(shape, steps, command)
+    cache.put_entry(key, {"calibration": record, "deployment": deployment.name, "scenario": scenario.name,
+                          "predictor_sha256": predictor_sha256, "reservation_quantile": quantile})
+    return record, "measured now"
