@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from basin_runtime.model_files import multiplier_at, open_session
+
 ONLINE_SCHEMA_VERSION = "1"
 SLOTS = (2, 3, 4, 5, 7, 10)
 FEATURES = ("log_first_call", "log_context", "log_growth", "log_growth_per_call", "log_completions", "log_calls")
@@ -92,12 +94,7 @@ class OnlineModel:
         path = Path(path)
         if not path.is_file():
             raise OnlineError(f"{path}: no such online model file")
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = options.inter_op_num_threads = 1
-        try:
-            session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        except Exception as exc:  # onnxruntime raises its own untyped errors for bad files
-            raise OnlineError(f"{path}: not a loadable ONNX model: {exc}") from exc
+        session = open_session(path, OnlineError)
         props: dict[str, str] = dict(session.get_modelmeta().custom_metadata_map)
         if props.get("basin.online_schema_version") != ONLINE_SCHEMA_VERSION:
             raise OnlineError(f"{path}: online schema version {props.get('basin.online_schema_version')!r}; this "
@@ -133,8 +130,5 @@ class OnlineModel:
 
     def multiplier(self, q: float, k: int) -> float:
         """m_k(q) for a revision at call k (linear between the grid's quantiles)."""
-        grid = self.multipliers["quantiles"]
-        if not (isinstance(q, (int, float)) and grid[0] <= q <= grid[-1]):
-            raise OnlineError(f"{self.path}: reservation quantile {q!r} is outside the online multipliers' grid "
-                              f"[{grid[0]}, {grid[-1]}]")
-        return float(np.interp(q, grid, self.multipliers["by_slot"][str(SLOTS[slot_index(k)])]))
+        row = self.multipliers["by_slot"][str(SLOTS[slot_index(k)])]
+        return multiplier_at(q, self.multipliers["quantiles"], row, OnlineError, self.path, "online multipliers")

@@ -23,6 +23,7 @@ peak at call k = len(prompt_tokens) (k = 1, with no completions, is `predict`);
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 from collections.abc import Sequence
@@ -33,6 +34,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from basin_runtime.model_files import multiplier_at, open_session
 from basin_runtime.online import OnlineError, OnlineModel, check_history, online_file_name
 
 SCHEMA_VERSION = "1"
@@ -46,8 +48,8 @@ class PredictorError(ValueError):
     """A predictor file that cannot be loaded or honoured."""
 
 
-def parse_reservation_quantile(text: str) -> float | None:
-    """A command line's reservation quantile: a number in (0, 1), or `none` (reserve the bare prediction)."""
+def reservation_quantile_arg(text: str) -> float | None:
+    """argparse type of a reservation quantile: a number in (0, 1), or `none` (reserve the bare prediction)."""
     if text.strip().lower() in ("none", "null"):
         return None
     try:
@@ -55,7 +57,7 @@ def parse_reservation_quantile(text: str) -> float | None:
     except ValueError:
         q = float("nan")
     if not 0 < q < 1:
-        raise ValueError(f"expected a quantile in (0, 1) or 'none', got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a quantile in (0, 1) or 'none', got {text!r}")
     return q
 
 
@@ -145,13 +147,7 @@ class PeakPredictor:
         path = Path(path)
         if not path.is_file():
             raise PredictorError(f"{path}: no such predictor file")
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = 1
-        options.inter_op_num_threads = 1
-        try:
-            session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        except Exception as exc:  # onnxruntime raises its own untyped errors for bad files
-            raise PredictorError(f"{path}: not a loadable ONNX model: {exc}") from exc
+        session = open_session(path, PredictorError)
         props = _metadata(session, path)
         _check_signature(session, path)
         tokenizer = props.get("basin.tokenizer", "?")
@@ -205,15 +201,11 @@ class PeakPredictor:
         if table is None:
             raise PredictorError(f"{self.info.path}: carries no reservation multipliers (exported before they "
                                  "existed); re-export it, or reserve the bare prediction")
-        grid = table["quantiles"]
-        if not (isinstance(q, (int, float)) and grid[0] <= q <= grid[-1]):
-            raise PredictorError(f"{self.info.path}: reservation quantile {q!r} is outside the multipliers' "
-                                 f"grid [{grid[0]}, {grid[-1]}]")
         by_benchmark = table["by_benchmark"]
         if benchmark is None and len(by_benchmark) == 1:
             benchmark = next(iter(by_benchmark))
-        row = by_benchmark.get(benchmark, table["all"]) if benchmark is not None else table["all"]
-        return float(np.interp(q, grid, row))
+        row = by_benchmark.get(benchmark, table["all"])
+        return multiplier_at(q, table["quantiles"], row, PredictorError, self.info.path, "multipliers")
 
     def predict(self, task_text: str, first_prompt_tokens: int) -> float:
         """Predicted peak tokens of one session."""

@@ -32,8 +32,7 @@ from basin_runtime.calibration import calibration_from_mapping
 from basin_runtime.predictor import PredictorError
 from basin_runtime.session_table import Session, SessionTableError
 from basin_sim import catalog
-from basin_sim.calibrate.commands import RAMP_FRACTIONS, RAMP_STEP_S, calibration_record
-from basin_sim.calibrate.ramp import run_ramp
+from basin_sim.calibrate.commands import knee_record
 from basin_sim.calibrate.rates import DEFAULT_RATES_FILE, RateCache, RatesError, overload_rate_for
 from basin_sim.predictions import (
     Revisions,
@@ -77,11 +76,9 @@ def _init(cells: dict[tuple[str, str], Cell]) -> None:
 
 
 def _knee(cell: Cell, seed: int) -> dict[str, Any]:
-    deployment = cell.deployment.build("gpu")
-    steps = run_ramp(deployment, cell.pool, [f * cell.overload_rate_per_s for f in RAMP_FRACTIONS], RAMP_STEP_S,
-                     seed, reserved_peaks(cell.peaks, cell.multipliers))
-    return calibration_record(deployment, steps, f"basin-sim knee --deployment {cell.deployment.name} "
-                                                 f"--scenario {cell.scenario.name}")
+    return knee_record(cell.deployment.build("gpu"), cell.pool, cell.overload_rate_per_s, seed,
+                       reserved_peaks(cell.peaks, cell.multipliers),
+                       f"basin-sim knee --deployment {cell.deployment.name} --scenario {cell.scenario.name}")
 
 
 def _run(key: tuple[str, str], policy: str, seed: int, knee: dict[str, Any] | None) -> dict[str, Any]:

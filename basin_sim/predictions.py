@@ -61,18 +61,7 @@ def reservation_multipliers(predictor: ReservingPredictor, pool: Sequence[Sessio
 def reserved_peaks(peaks: Mapping[str, float], multipliers: Mapping[str, float],
                    scale: float = 1.0) -> dict[str, float]:
     """Pool session id -> what it reserves at arrival: scale x m(q) x predicted peak (m = 1 without multipliers)."""
-    return {sid: scale * multipliers.get(sid, 1.0) * peak for sid, peak in peaks.items()} if multipliers else \
-        {sid: scale * peak for sid, peak in peaks.items()}
-
-
-def quantile_arg(text: str) -> float | None:
-    """--reservation-quantile: a number in (0, 1), or `none` for the bare prediction."""
-    from basin_runtime.predictor import parse_reservation_quantile
-
-    try:
-        return parse_reservation_quantile(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    return {sid: scale * multipliers.get(sid, 1.0) * peak for sid, peak in peaks.items()}
 
 
 def add_reservation_quantile(parser: argparse.ArgumentParser, with_revisions: bool = True) -> None:
@@ -83,7 +72,9 @@ def add_reservation_quantile(parser: argparse.ArgumentParser, with_revisions: bo
                             metavar="K",
                             help="basin: re-estimate a session's peak at these calls with the online model beside "
                             "the model file (default 3 5, as the gateway; none given: never)")
-    parser.add_argument("--reservation-quantile", type=quantile_arg, default=DEFAULT_RESERVATION_QUANTILE,
+    from basin_runtime.predictor import reservation_quantile_arg
+
+    parser.add_argument("--reservation-quantile", type=reservation_quantile_arg, default=DEFAULT_RESERVATION_QUANTILE,
                         metavar="Q", help="basin: reserve m(Q) x each predicted peak, m from the model file for the "
                         f"session's benchmark (default {DEFAULT_RESERVATION_QUANTILE}, as the gateway; 'none': the "
                         "bare prediction)")

@@ -32,8 +32,7 @@ from typing import Any
 from basin_runtime.calibration import calibration_from_mapping
 from basin_runtime.session_table import Session
 from basin_sim import catalog
-from basin_sim.calibrate.commands import RAMP_FRACTIONS, RAMP_STEP_S, calibration_record
-from basin_sim.calibrate.ramp import run_ramp
+from basin_sim.calibrate.commands import knee_record
 from basin_sim.calibrate.rates import RateCache, overload_rate_for
 from basin_sim.predictions import (
     load_predictor,
@@ -64,9 +63,8 @@ def _setup(scenario_name: str, deployment_name: str, model: str) -> tuple[Any, A
 def _calibrate(job: tuple[str, str, str, float]) -> dict[str, Any]:
     scenario_name, deployment_name, model, q = job
     _, deployment, pool, peaks, predictor, rate = _setup(scenario_name, deployment_name, model)
-    steps = run_ramp(deployment, pool, [f * rate for f in RAMP_FRACTIONS], RAMP_STEP_S, 1,
-                     reserved_peaks(peaks, reservation_multipliers(predictor, pool, q)))
-    return calibration_record(deployment, steps, f"benchmarks/reservation_quantiles.py (q {q:g})")
+    return knee_record(deployment, pool, rate, 1, reserved_peaks(peaks, reservation_multipliers(predictor, pool, q)),
+                       f"benchmarks/reservation_quantiles.py (q {q:g})")
 
 
 def _run(job: tuple[str, str, str, float, int, dict[str, Any]]) -> dict[str, Any]:

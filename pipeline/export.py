@@ -36,7 +36,7 @@ import pandas as pd
 from onnx import ModelProto
 from sklearn.pipeline import Pipeline
 
-from basin_runtime.online import online_file_name
+from basin_runtime.online import OnlineModel, online_file_name
 from basin_runtime.predictor import MAX_PEAK_TOKENS, SCHEMA_VERSION, PeakPredictor, PredictorError, model_file_name
 from pipeline import tracking
 from pipeline.features import LENGTH_INPUTS, MODEL_INPUTS, model_frame
@@ -252,21 +252,19 @@ def published_difference(published: Path, new: Path, sessions: ParitySet) -> flo
         return first
     if old.online.multipliers != fresh.online.multipliers:
         return None
-    return max(first, _online_difference(old, fresh, sessions))
+    return max(first, _online_difference(old.online, fresh.online, before, after, sessions))
 
 
-def _online_difference(old: PeakPredictor, fresh: PeakPredictor, sessions: ParitySet) -> float:
-    """Largest relative difference of the two online models' re-estimates on probe histories (calls 2..10 of
-    a context growing by half its first size per call)."""
-    worst = 0.0
-    for text, first in zip(sessions.task_texts, sessions.first_prompt_tokens, strict=True):
-        for k in (2, 3, 5, 10):
-            prompts = [int(first * (1 + j / 2)) for j in range(k)]
-            completions = [100] * (k - 1)
-            a = old.predict_online(text, first, prompts, completions)
-            b = fresh.predict_online(text, first, prompts, completions)
-            worst = max(worst, abs(b - a) / max(abs(a), 1e-12))
-    return worst
+def _online_difference(old: OnlineModel, fresh: OnlineModel, old_first: np.ndarray, fresh_first: np.ndarray,
+                       sessions: ParitySet) -> float:
+    """Largest relative difference of the two online models' re-estimates on probe histories (calls 2, 3, 5
+    and 10 of a context growing by half its first size per call), each from its own first-call predictions."""
+    histories = [(i, [int(first * (1 + j / 2)) for j in range(k)], [100] * (k - 1))
+                 for i, first in enumerate(sessions.first_prompt_tokens) for k in (2, 3, 5, 10)]
+    rows, prompts, completions = zip(*histories, strict=True)
+    a = old.predict_batch(list(old_first[list(rows)]), list(prompts), list(completions))
+    b = fresh.predict_batch(list(fresh_first[list(rows)]), list(prompts), list(completions))
+    return float(np.max(np.abs(b - a) / np.maximum(np.abs(a), 1e-12)))
 
 
 def _track(best: dict[str, Any], best_sha256: str, written: dict[str, Path], summary: dict[str, Any]) -> None:

@@ -63,6 +63,6 @@ def numbers_only(values: Mapping[str, Any]) -> dict[str, Any]:
             inner = numbers_only(value)
             if inner:
                 out[key] = inner
-        elif isinstance(value, bool | int | float) and not isinstance(value, bool):
+        elif isinstance(value, int | float) and not isinstance(value, bool):
             out[key] = value
     return out

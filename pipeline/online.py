@@ -42,7 +42,16 @@ import pandas as pd
 from onnx import TensorProto, helper
 from sklearn.linear_model import Ridge
 
-from basin_runtime.online import FEATURES, INPUTS, ONLINE_SCHEMA_VERSION, OUTPUT, SLOTS, OnlineModel, features
+from basin_runtime.online import (
+    FEATURES,
+    INPUTS,
+    ONLINE_SCHEMA_VERSION,
+    OUTPUT,
+    SLOTS,
+    OnlineModel,
+    features,
+    slot_index,
+)
 from basin_runtime.predictor import model_file_name
 from basin_runtime.session_table import read_table
 from pipeline import reservations
@@ -227,13 +236,13 @@ def graph(weights: np.ndarray, intercepts: np.ndarray, metadata: dict[str, str])
 MIN_SESSIONS = 10  # a slot with fewer sessions reaching its call reuses the slot before it
 
 
-def ship(name: str, rows: pd.DataFrame, record: dict[str, Any], summary: dict[str, Any],
+def ship(name: str, rows: pd.DataFrame, record: dict[str, Any], first: np.ndarray, summary: dict[str, Any],
          calls: dict[str, tuple[list[int], list[int]]], out: Path, rtol: float) -> dict[str, Any] | None:
     """Fit every slot on all of the file's rows, write `<stem>.online.onnx` after a parity check; its choices.
 
     A slot that fewer than MIN_SESSIONS sessions reach reuses the slot before it (said in its choices); when
-    too few reach call 2, no online file is written for this model (its sessions are never revised)."""
-    first = first_call_out_of_fold(rows, record)
+    too few reach call 2, no online file is written for this model (its sessions are never revised).
+    `first`: the rows' out-of-fold first-call predictions (`first_call_out_of_fold`)."""
     weights, intercepts = np.zeros((len(SLOTS), len(FEATURES))), np.zeros(len(SLOTS))
     chosen: dict[str, dict[str, Any]] = {}
     by_slot: dict[str, list[float]] = {}
@@ -280,7 +289,7 @@ def _check_parity(path: Path, rows: pd.DataFrame, calls: dict[str, tuple[list[in
     for i, sid in enumerate(rows["session_id"].astype(str)):
         p, c = calls[sid]
         for k in range(2, min(len(p), 12) + 1):
-            slot = max(j for j, s in enumerate(SLOTS) if s <= k)
+            slot = slot_index(k)
             x = np.asarray(features(float(first[i]), p[:k], c[:k - 1]))
             expected.append(max(float(predict(weights[slot], float(intercepts[slot]), x[None, :])[0]), p[k - 1], 1.0))
             firsts.append(float(first[i]))
@@ -317,10 +326,13 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {"protocol": "unseen-task, nested: " + _protocol(params), "by_benchmark": {},
                               "shipped": {}}
     try:
+        own_first: dict[str, np.ndarray] = {}  # a benchmark's own model: the same rows and knobs as its file's
         for bench in sorted(frame["benchmark"].astype(str).unique()):
             name = bench if bench in best else POOLED
             rows = frame[frame["benchmark"] == bench].reset_index(drop=True)
             first = first_call_out_of_fold(rows, best[name])
+            if name == bench:
+                own_first[bench] = first
             entry: dict[str, Any] = {"model": "own" if name == bench else "pooled"}
             for k in params.eval_calls:
                 part = slice_at(rows, calls, first, k)
@@ -332,9 +344,9 @@ def main(argv: list[str] | None = None) -> int:
                          _fmt(entry[f"k{k}"].get("context")), len(part.rows))
             report["by_benchmark"][bench] = entry
         for name, record in best.items():
-            rows = frame if name == POOLED else frame[frame["benchmark"] == name].reset_index(drop=True)
-            report["shipped"][name] = ship(name, rows.reset_index(drop=True), record, summary, calls, args.out,
-                                           params.parity_rtol)
+            rows = (frame if name == POOLED else frame[frame["benchmark"] == name]).reset_index(drop=True)
+            first = own_first[name] if name in own_first else first_call_out_of_fold(rows, record)
+            report["shipped"][name] = ship(name, rows, record, first, summary, calls, args.out, params.parity_rtol)
     except ValueError as exc:  # one line naming the file, slot or fold, no traceback
         log.error("%s", exc)
         return 1

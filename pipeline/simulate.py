@@ -38,8 +38,7 @@ from typing import Any
 
 from basin_runtime.calibration import calibration_from_mapping
 from basin_sim import catalog
-from basin_sim.calibrate.commands import RAMP_FRACTIONS, RAMP_STEP_S, calibration_record
-from basin_sim.calibrate.ramp import run_ramp
+from basin_sim.calibrate.commands import RAMP_STEP_S, knee_record
 from basin_sim.calibrate.rates import DEFAULT_RATES_FILE, RateCache, overload_rate_for
 from basin_sim.predictions import (
     DEFAULT_RESERVATION_QUANTILE,
@@ -113,12 +112,12 @@ def main(argv: list[str] | None = None) -> int:
                                "reservation_quantile": served_q, "runs": {}, "sweep_scenario": args.sweep_scenario,
                                "quantile_sweep": {}}
 
+    multipliers = {q: reservation_multipliers(predictor, pool, q) for q in {served_q, *args.quantiles}}
+    revisions = {q: online_revisions(predictor, pool, peaks, q) for q in multipliers}
+
     def calibrate(q: float) -> dict[str, Any]:
-        reservations = reserved_peaks(peaks, reservation_multipliers(predictor, pool, q))
-        steps = run_ramp(deployment, pool, [f * rate for f in RAMP_FRACTIONS], args.ramp_step_s, args.seed,
-                         reservations)
-        return calibration_record(deployment, steps, f"python -m pipeline.simulate (reservation quantile {q:g})",
-                                  args.ramp_step_s)
+        return knee_record(deployment, pool, rate, args.seed, reserved_peaks(peaks, multipliers[q]),
+                           f"python -m pipeline.simulate (reservation quantile {q:g})", args.ramp_step_s)
 
     calibration = calibrate(served_q)
     args.out_calibration.parent.mkdir(parents=True, exist_ok=True)
@@ -131,8 +130,8 @@ def main(argv: list[str] | None = None) -> int:
             plot: bool = True) -> dict[str, Any]:
         result = run_scenario(RunSpec(
             scenarios[scenario_name], deployment, policy, args.seed, rate, predicted_peak_tokens=peaks,
-            reservation_multipliers=reservation_multipliers(predictor, pool, q), reservation_quantile=q,
-            revisions=online_revisions(predictor, pool, peaks, q) if policy == "basin" else {},
+            reservation_multipliers=multipliers[q], reservation_quantile=q,
+            revisions=revisions[q] if policy == "basin" else {},
             calibration=calibration_from_mapping(measured, "the stage's knee ramp")), pool)
         if plot:
             plot_run(result, args.plot_dir)

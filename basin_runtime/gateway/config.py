@@ -36,7 +36,7 @@ from basin_runtime.policy import PolicyConfig, PolicyError
 from basin_runtime.policy.calibrated import policy_config
 from basin_runtime.policy.hit_rate import DEFAULT_MIN_PROMPT_TOKENS, DEFAULT_WINDOW_S
 from basin_runtime.policy.lending import LEND_CAP_FRACTION
-from basin_runtime.predictor import parse_reservation_quantile
+from basin_runtime.predictor import reservation_quantile_arg
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 DEFAULT_REVISE_AT_CALLS = (3, 5)
@@ -197,13 +197,6 @@ def _calls(key: str, value: object) -> tuple[int, ...]:
     return tuple(sorted(set(items)))
 
 
-def _quantile_arg(text: str) -> float | None:
-    try:
-        return parse_reservation_quantile(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def _fraction(key: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
         raise ConfigError(f"{key}: expected a number in (0, 1], got {value!r}")
@@ -264,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--port", type=int, help=f"port to bind (default {_default('port')})")
     add("--model", action="append", metavar="[WORKLOAD=]PATH",
         help="peak predictor (.onnx); one plain PATH is the default model; repeat with WORKLOAD=PATH")
-    add("--reservation-quantile", type=_quantile_arg, metavar="Q",
+    add("--reservation-quantile", type=reservation_quantile_arg, metavar="Q",
         help=f"reserve m(Q) x the predicted peak, m from the model file, so a share Q of sessions fit their "
              f"reservation (default {_default('reservation_quantile')}; 'none' reserves the bare prediction)")
     add("--revise-at-calls", type=int, nargs="*", metavar="K",

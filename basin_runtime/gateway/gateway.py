@@ -228,9 +228,11 @@ class Gateway:
             entry, prompt_tokens, is_new = await self._arrive(session_id, is_single_call, call, request)
         else:
             prompt_tokens = await _off_loop_if_large(call.num_bytes, self.meter.prompt_tokens, call, entry.memo)
-        revision = None if is_new or entry.is_adopted or not entry.calls else self.predictors.revision(
-            entry.workload, entry.predicted_peak_tokens, [c.prompt_tokens for c in entry.calls] + [prompt_tokens],
-            [c.completion_tokens or 0 for c in entry.calls])
+        revision = None
+        if not is_new and not entry.is_adopted and len(entry.calls) + 1 in self.predictors.revise_at_calls:
+            revision = self.predictors.revision(
+                entry.workload, entry.predicted_peak_tokens, [c.prompt_tokens for c in entry.calls] + [prompt_tokens],
+                [c.completion_tokens or 0 for c in entry.calls])
         if not is_new and not await self.room.observe(entry, prompt_tokens, revision):
             raise SessionEndedError(f"session {session_id!r} ended while this call was being read; send it again")
         held_s = 0.0

@@ -17,6 +17,7 @@ import dataclasses
 import json
 import logging
 import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,14 @@ def calibration_record(deployment: Deployment, steps: list[RampStep], command: s
     capacity = deployment.prefill_cache_tokens * deployment.num_prefill
     return ramp_calibration_record(steps, capacity,
                                    f"{command}: simulated stepped ramp ({len(steps)} steps of {step_s:.0f} s)")
+
+
+def knee_record(deployment: Deployment, pool: Sequence[Session], rate_per_s: float, seed: int,
+                reservations: Mapping[str, float] | None, command: str, step_s: float = RAMP_STEP_S) -> dict[str, Any]:
+    """The calibration record of the knee ramp (RAMP_FRACTIONS of the overload rate) on `deployment`, with these
+    reservations (pool session id -> reserved at arrival; None: contexts)."""
+    steps = run_ramp(deployment, pool, [f * rate_per_s for f in RAMP_FRACTIONS], step_s, seed, reservations)
+    return calibration_record(deployment, steps, command, step_s)
 
 
 def _workload(args: argparse.Namespace) -> tuple[Deployment, list[Session], Scenario]:

@@ -23,8 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from basin_runtime.session_table import Session
-from basin_sim.calibrate.commands import RAMP_FRACTIONS, RAMP_STEP_S, calibration_record
-from basin_sim.calibrate.ramp import run_ramp
+from basin_sim.calibrate.commands import RAMP_FRACTIONS, RAMP_STEP_S, knee_record
 from basin_sim.calibrate.rates import JsonCache, RatesError, rate_key
 from basin_sim.profile import Deployment
 from basin_sim.workload.scenarios import Scenario
@@ -77,10 +76,8 @@ def calibration_for(deployment: Deployment, pool: Sequence[Session], scenario: S
     log.warning("no Basin calibration recorded for %s (GPU cache) on this workload, predictor %s, quantile %s in "
                 "%s: running the knee ramp now (cached after)", deployment.name, predictor_sha256[:12], quantile,
                 cache.path)
-    shape = dataclasses.replace(deployment, host_cache_tokens=0)
-    steps = run_ramp(shape, pool, [f * rate_per_s for f in RAMP_FRACTIONS], RAMP_STEP_S, RAMP_SEED, reservations)
-    command = f"basin-sim knee --deployment {deployment.name} --scenario {scenario.name}"
-    record = calibration_record(shape, steps, command)
+    record = knee_record(dataclasses.replace(deployment, host_cache_tokens=0), pool, rate_per_s, RAMP_SEED,
+                         reservations, f"basin-sim knee --deployment {deployment.name} --scenario {scenario.name}")
     cache.put_entry(key, {"calibration": record, "deployment": deployment.name, "scenario": scenario.name,
                           "predictor_sha256": predictor_sha256, "reservation_quantile": quantile})
     return record, "measured now"
