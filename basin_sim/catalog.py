@@ -10,7 +10,8 @@
 #   optional per-instance `prefill_cache_tokens`, `decode_kv_tokens`, `host_cache_tokens` (default:
 #   the profile's whole KV pool, and its host tier when `cache` is host), optional SGLang decode
 #   settings `decode_reserved_tokens`, `decode_clip_max_new_tokens`, `retraction_policy` (default:
-#   SGLang's, see basin_sim/decode.py). Overload rates are not kept
+#   SGLang's, see basin_sim/decode.py), optional `lending` (none | decode-memory; default none, what
+#   stock SGLang does). Overload rates are not kept
 #   here: they depend on the workload, and are measured on first use (calibrate/rates.py).
 # - A scenario file: see basin_sim/workload/scenarios.py and the README's schema; each `rate`
 #   segment gives `from_s` and exactly one of `x_overload` and `per_min` (the scenario names the
@@ -27,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from basin_runtime.policy.lending import LENDING_KINDS, LendingKind
 from basin_sim.clients import ClientError, ClientPolicy
 from basin_sim.profile import CACHE_KINDS, CacheKind, Deployment, Profile, ProfileError
 from basin_sim.workload.scenarios import (
@@ -62,9 +64,10 @@ class DeploymentSpec:
     decode_kv_tokens: int | None = None
     host_cache_tokens: int | None = None
     server: dict[str, Any] = dataclasses.field(default_factory=dict)  # SGLang decode settings (_SERVER_KEYS)
+    lending: LendingKind = "none"
 
-    def build(self, cache: CacheKind | None = None) -> Deployment:
-        """The deployment, with the file's cache kind unless `cache` overrides it."""
+    def build(self, cache: CacheKind | None = None, lending: LendingKind | None = None) -> Deployment:
+        """The deployment, with the file's cache kind and lending unless `cache` / `lending` override them."""
         kind = self.cache if cache is None else cache
         try:
             base = Deployment.of(self.name, self.profile, self.num_prefill, self.num_decode, kind)
@@ -72,7 +75,7 @@ class DeploymentSpec:
             return dataclasses.replace(
                 base, prefill_cache_tokens=self.prefill_cache_tokens or base.prefill_cache_tokens,
                 decode_kv_tokens=self.decode_kv_tokens or base.decode_kv_tokens, host_cache_tokens=host,
-                **self.server)
+                lending=self.lending if lending is None else lending, **self.server)
         except ProfileError as exc:
             raise CatalogError(f"{self.path}: {exc}") from exc
 
@@ -144,17 +147,20 @@ def load_deployment(name: str) -> DeploymentSpec:
     """A deployment by name (or path), with its profile."""
     path = _resolve(DEPLOYMENTS_DIR, name, "deployment")
     data = _read(path, {"profile", "num_prefill", "num_decode", "cache"},
-                 {"name", *_DEPLOYMENT_OPTIONAL, *_SERVER_KEYS})
+                 {"name", "lending", *_DEPLOYMENT_OPTIONAL, *_SERVER_KEYS})
     cache = data["cache"]
     if cache not in CACHE_KINDS:
         raise CatalogError(f"{path}: cache must be one of {list(CACHE_KINDS)}, got {cache!r}")
+    lending = data.get("lending", "none")
+    if lending not in LENDING_KINDS:
+        raise CatalogError(f"{path}: lending must be one of {list(LENDING_KINDS)}, got {lending!r}")
     memories = {key: _whole(path, data, key) for key in _DEPLOYMENT_OPTIONAL if data.get(key) is not None}
     server: dict[str, Any] = {key: _whole(path, data, key) for key in _SERVER_KEYS[:2] if data.get(key) is not None}
     if data.get("retraction_policy") is not None:
         server["retraction_policy"] = str(data["retraction_policy"])
     spec = DeploymentSpec(str(data.get("name", path.stem)), path, load_profile(str(data["profile"])),
                           _whole(path, data, "num_prefill"), _whole(path, data, "num_decode"), cache, **memories,
-                          server=server)
+                          server=server, lending=lending)
     spec.build()  # checks the counts and memories now, naming the file
     return spec
 

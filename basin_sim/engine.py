@@ -19,7 +19,12 @@
 #   door and its waiting counts in its end-to-end time. The tick's hit rate is the gateway's own
 #   signal: `basin_runtime.policy.hit_rate.HitRateWindow` fed with each call's prompt and cached
 #   (device + host hit) tokens when its answer ends, as the gateway reads them from the usage.
-# - Working set = sum of the latest prompt of every live session (tool-running ones included).
+# - Suspension (a policy's `suspend` decision): the session stays live; the call it sends next (or
+#   the one being sent when the decision comes) is parked at the door, told to the policy, but not
+#   sent, until the policy resumes the session; the call then goes as sent at its parking (TTFT
+#   counts the wait). A resume before the next call only lifts the suspension. Client timers do not
+#   run for a parked call (it is the gateway's hold, like the door's); the session time limit does.
+# - Working set = sum of the latest prompt of every live session (tool-running and parked included).
 # - Aborting a request (a kill, a client timeout, a client giving up) withdraws it wherever it is, as
 #   SGLang aborts a request whose client went away: it gives back its decode pre-allocation (queued or
 #   held), its prefill job and its cache pin at once, except a job inside a running prefill batch,
@@ -43,15 +48,17 @@
 # - Continuum pins (policy.pin_ttl_s set): the prefill cache keeps a session's chain held from its
 #   KV transfer until `pin_ttl_s` after the call's answer; the next call takes the hold over; expired
 #   holds are unpinned whenever the instance forms a batch and on every tick; an ended session's hold
-#   is dropped.
-# - Lending (policy.lends_decode_memory): after each answer but the last, the decode instance keeps
-#   prompt + completion tokens of KV in idle memory if they fit there, under the ledger's cap (50% of
-#   its memory, oldest dropped first); lent memory is reclaimed (oldest first) before any queued
-#   reservation waits. When the next call's hit is decided, a lent copy longer than prefill's cached
-#   prefix is written back (prefill.py) and leaves decode. An ended session's copy is forgotten.
+#   is dropped and its prefill instance may start a batch at once.
+# - Lending (deployment.lending == 'decode-memory', a deployment switch whatever the policy): after
+#   each answer but the last, the decode instance keeps prompt + completion tokens of KV in idle
+#   memory if they fit there, under the ledger's cap (50% of its memory, oldest dropped first); lent
+#   memory is reclaimed (oldest first) before any queued reservation waits. When the next call's hit
+#   is decided, a lent copy longer than prefill's cached prefix is written back (prefill.py) and
+#   leaves decode. An ended session's copy is forgotten.
 # Invariants (`check`): every in-flight request is in `_requests` under its id, and is its session's
 # request unless aborted (then it waits for its prefill batch to end); num_live, num_live_burst and
-# num_held count the sessions in those states; working_set_tokens == sum of live sessions'
+# num_held count the sessions in those states, num_parked the live ones parked (each suspended, with
+# no request); working_set_tokens == sum of live sessions'
 # context_tokens; each decode instance's reserved and queued tokens are those of its requests; an
 # ended session holds no request, cache hold or lent KV.
 """`Engine`: sessions in, an event-driven PD deployment with prefix caches, outcomes out."""
@@ -115,7 +122,7 @@ class Engine:
         self.decode_router = CacheAwareRouter(deployment.num_decode, seed=router_seed + 1)
         self.pin_ttl_s = policy.pin_ttl_s
         self.ledger: LendingLedger | None = None
-        if policy.lends_decode_memory:
+        if deployment.lending == "decode-memory":
             self.ledger = LendingLedger(LEND_CAP_FRACTION)
             for decode in self.decode:
                 self.ledger.add_instance(str(decode.index), decode.capacity_tokens)
@@ -126,6 +133,9 @@ class Engine:
         self.runs: dict[str, SessionRun] = {}
         self.num_live = 0
         self.num_held = 0
+        self.num_parked = 0
+        self.suspensions = 0  # suspend decisions applied
+        self._suspended: set[str] = set()  # live sessions whose next call is parked until resumed
         self.num_live_burst = 0
         self.working_set_tokens = 0
         self._tick_s = tick_s
@@ -205,6 +215,10 @@ class Engine:
         live = [run for run in self.runs.values() if run.status == Status.LIVE]
         assert self.num_live == len(live) and self.num_live_burst == sum(run.spec.is_burst for run in live)
         assert self.num_held == sum(run.status == Status.HELD for run in self.runs.values())
+        parked = [run for run in live if run.parked]
+        assert self.num_parked == len(parked) and all(run.request is None for run in parked)
+        assert all(run.spec.session_id in self._suspended for run in parked)
+        assert all(self.runs[sid].status == Status.LIVE for sid in self._suspended)
         assert self.working_set_tokens == sum(run.context_tokens for run in live)
         allocated, queued = [0] * len(self.decode), [0] * len(self.decode)
         for rid, request in self._requests.items():
@@ -269,6 +283,10 @@ class Engine:
         self._on_call(run)
 
     def _end(self, run: SessionRun, status: Status) -> None:
+        if run.parked:
+            run.parked = False
+            self.num_parked -= 1
+        self._suspended.discard(run.spec.session_id)
         if run.status == Status.LIVE:
             self.num_live -= 1
             self.num_live_burst -= run.spec.is_burst
@@ -299,6 +317,23 @@ class Engine:
             self._over(run)
         for session_id in decisions.admit:
             self._start(self._held(session_id, "admit"))
+        for session_id in decisions.suspend:
+            live = self.runs.get(session_id)
+            if live is None or live.status != Status.LIVE or session_id in self._suspended:
+                state = "unknown" if live is None else "suspended" if session_id in self._suspended \
+                    else live.status.value
+                raise EngineError(f"policy {self.policy.name!r} asked to suspend session {session_id!r}, "
+                                  f"which is {state}")
+            self._suspended.add(session_id)
+            self.suspensions += 1
+        for session_id in decisions.resume:
+            if session_id not in self._suspended:
+                raise EngineError(f"policy {self.policy.name!r} asked to resume session {session_id!r}, "
+                                  "which is not suspended")
+            self._suspended.discard(session_id)
+            run = self.runs[session_id]
+            if run.parked:
+                self._on_call(run)
 
     def _held(self, session_id: str, what: str) -> SessionRun:
         run = self.runs.get(session_id)
@@ -387,13 +422,23 @@ class Engine:
         self.working_set_tokens += call.prompt_tokens - run.context_tokens
         run.context_tokens = call.prompt_tokens
         self._apply(self.policy.on_call(spec.session_id, self.now, call.prompt_tokens))
+        if spec.session_id in self._suspended:
+            if not run.parked:  # parked at the door until resumed; its wait is the call's
+                run.parked = True
+                self.num_parked += 1
+                if run.attempt == 0:
+                    run.call_sent_s = self.now
+            return
+        if run.parked:  # resumed: sent as of its parking
+            run.parked = False
+            self.num_parked -= 1
+        elif run.attempt == 0:
+            run.call_sent_s = self.now
         slot = DecodeSlot(0.0, call.prompt_tokens, call.completion_tokens)  # agents set no max_tokens
         if call.prompt_tokens > self.deployment.prefill_cache_tokens or not self.decode[0].can_ever_fit(slot):
             self._end(run, Status.ABORTED)  # SGLang rejects a request larger than an instance's memory
             return
         priority = self.policy.priority(spec.session_id, self.now)
-        if run.attempt == 0:
-            run.call_sent_s = self.now
         rid = self._next_request_id
         self._next_request_id += 1
         prefill, decode = self._route(spec, call.prompt_tokens)
@@ -532,7 +577,8 @@ class Engine:
     def _forget_kv(self, session_id: str) -> None:
         if self.pin_ttl_s is not None:
             for prefill in self.prefill:
-                prefill.cache.drop_hold(session_id)
+                if prefill.cache.drop_hold(session_id):
+                    self._kick(prefill)  # what the hold pinned may now go to a request waiting for room
         if self.ledger is not None and self.ledger.forget(session_id) is not None:
             self._sync_lent()
 

@@ -98,6 +98,7 @@ class SessionRun:
     retries: int = 0  # attempts of this session sent after a timeout
     call_sent_s: float | None = None  # when the current call's first attempt was sent
     first_token_s: float | None = None  # when the first token of the session's first call reached decode
+    parked: bool = False  # suspended by the policy: its current call waits at the door until resumed
 
     @property
     def is_over(self) -> bool:

@@ -34,6 +34,8 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from basin_runtime.policy.lending import LENDING_KINDS, LendingKind
+
 CacheKind = Literal["gpu", "host"]
 CACHE_KINDS: tuple[CacheKind, ...] = ("gpu", "host")
 
@@ -121,7 +123,7 @@ class Profile:
 
 @dataclass(frozen=True)
 class Deployment:
-    """P prefill and D decode instances of one profile; caches in tokens (host 0: no host tier)."""
+    """P prefill and D decode instances of one profile; caches in tokens (host 0: no host tier); lending."""
 
     name: str
     profile: Profile
@@ -135,6 +137,7 @@ class Deployment:
     decode_reserved_tokens: int = 512
     decode_clip_max_new_tokens: int = 4096
     retraction_policy: Literal["length", "priority"] = "length"
+    lending: LendingKind = "none"  # a deployment switch every policy runs under (LENDING_KINDS)
 
     def __post_init__(self) -> None:
         for name in ("num_prefill", "num_decode", "prefill_cache_tokens", "decode_kv_tokens"):
@@ -149,6 +152,9 @@ class Deployment:
         if self.retraction_policy not in ("length", "priority"):
             raise ProfileError(f"deployment {self.name!r}: retraction_policy must be length or priority, "
                                f"got {self.retraction_policy!r}")
+        if self.lending not in LENDING_KINDS:
+            raise ProfileError(f"deployment {self.name!r}: lending must be one of {list(LENDING_KINDS)}, "
+                               f"got {self.lending!r}")
 
     @classmethod
     def of(cls, name: str, profile: Profile, num_prefill: int, num_decode: int, cache: CacheKind) -> Deployment:

@@ -252,10 +252,12 @@ class RadixCache:
         """True while a session's chain is held between calls."""
         return session_key in self._holds
 
-    def drop_hold(self, session_key: str) -> None:
-        """End a hold at once (no-op if the session holds nothing)."""
-        if self._holds.pop(session_key, None) is not None:
-            self._unpin_hold(session_key)
+    def drop_hold(self, session_key: str) -> bool:
+        """End a hold at once; True if the session held something (no-op otherwise)."""
+        if self._holds.pop(session_key, None) is None:
+            return False
+        self._unpin_hold(session_key)
+        return True
 
     def expire_holds(self, now: float) -> int:
         """Unpin every hold whose expiry is <= now; return how many expired."""

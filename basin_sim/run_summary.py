@@ -6,7 +6,8 @@
 #   SGLang counts prefill hits (the model has no storage tier, so "storage" adds nothing).
 # - `hit_rate_pre` over [0, first rate change or burst); `hit_rate_post` over the goodput window.
 # - Window sessions: non-burst sessions arriving in the goodput window. `sessions_arrived`,
-#   `sessions_good`, `sessions_shed`, `sessions_abandoned` count them; goodput per hour of window.
+#   `sessions_good`, `sessions_shed`, `sessions_abandoned` count them; goodput per hour of window;
+#   `shed_share` = shed / window sessions (0 with none), reported beside every goodput.
 # - `first_call_wait_p50_s`: the median over window sessions of arrival -> first token of call 1; a
 #   session shed or abandoned before that counts until it was shed or gave up; one still waiting
 #   when the run stopped counts until then.
@@ -55,11 +56,13 @@ def summarize(spec: RunSpec, engine: Engine, outcomes: Sequence[SessionOutcome],
     hit_pre = timeline.hit_rate(at(0.0), at(scenario.pre_end_s))
     summary: dict[str, Any] = {
         "scenario": scenario.name, "deployment": spec.deployment.name, "cache": spec.deployment.cache_kind,
+        "lending": spec.deployment.lending,
         "policy": spec.policy_name, "seed": spec.seed, "pool_sessions": pool_size,
         "base_rate_per_s": spec.base_rate_per_s, "overload_rate_per_s": spec.overload_rate_per_s,
         "goodput_per_hour": result.per_hour, "sessions_arrived": result.arrived, "sessions_good": result.good,
         "sessions_shed": sum(o.status == "shed" for o in in_window),
         "sessions_abandoned": sum(o.status == "abandoned" for o in in_window),
+        "shed_share": sum(o.status == "shed" for o in in_window) / len(in_window) if in_window else 0.0,
         "sessions_killed": sum(o.status == "killed" for o in outcomes),
         "hit_rate_pre": hit_pre, "hit_rate_post": timeline.hit_rate(*window),
         "first_call_wait_p50_s": _first_call_wait_p50_s(in_window, engine.now),
@@ -73,6 +76,7 @@ def summarize(spec: RunSpec, engine: Engine, outcomes: Sequence[SessionOutcome],
         "written_back_tokens": sum(p.written_back_tokens for p in engine.prefill),
         "prefill_share": _shares(engine.prefill_router.num_routed),
         "timeouts": sum(timeline.count_series("timeouts")), "retries": sum(timeline.count_series("retries")),
+        "suspensions": engine.suspensions,
         "reservation_scale": spec.reservation_scale, "reservation_quantile": spec.reservation_quantile,
         "knee_tokens": None if spec.calibration is None else spec.calibration.knee_tokens,
         "reservation_ratio": 1.0 if spec.calibration is None else spec.calibration.reservation_ratio,

@@ -1,6 +1,7 @@
 # Unloaded time: a session's end-to-end time alone on an empty deployment, the reference of goodput's
 # "within 4x" rule. Computed by the engine itself (same cost model), with no other session, no policy
-# hold and no ticks; memoized per (session id, number of calls) for one deployment.
+# hold, no ticks and no lending (the same reference whatever the deployment's lending switch); memoized
+# per (session id, number of calls) for one deployment.
 """Each session's end-to-end time alone on an empty deployment (memoized)."""
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ class UnloadedTimes:
         cached = self._cache.get(key)
         if cached is not None:
             return cached
-        engine = Engine(self.deployment, FcfsPolicy("alone"), tick_s=None)
+        engine = Engine(replace(self.deployment, lending="none"), FcfsPolicy("alone"), tick_s=None)
         engine.add(replace(spec, session_id="alone", arrival_s=0.0))
         engine.run_until(math.inf)
         ended = engine.runs["alone"].ended_s

@@ -22,11 +22,16 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from basin_runtime.policy.config import PolicyError, require_finite, require_tokens
 
 LEND_CAP_FRACTION = 0.5  # decode lends at most half of its memory (the paper's cap)
+# A deployment's lending switch: "none" (stock SGLang: decode frees a finished request's KV),
+# "decode-memory" (the paper's lending: decode keeps it in idle memory and writes back what prefill
+# is missing). Calibration files and the simulator's deployments name it.
+LendingKind = Literal["none", "decode-memory"]
+LENDING_KINDS: tuple[LendingKind, ...] = ("none", "decode-memory")
 
 
 @dataclass(frozen=True)

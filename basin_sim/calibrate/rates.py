@@ -2,10 +2,10 @@
 #
 # Rules:
 # - A scenario's `x_overload` multiplies the overload rate of the deployment's shape with a GPU-only
-#   cache, measured for the scenario's workload, so every policy and cache tier of that shape sees
-#   the same absolute arrivals.
+#   cache and no lending, measured for the scenario's workload, so every policy, cache tier and
+#   lending switch of that shape sees the same absolute arrivals.
 # - The key is everything the rate depends on: the shape (the profile's numbers, instance counts,
-#   per-instance memories; cache kind forced to gpu), the workload (benchmarks or preset,
+#   per-instance memories; cache kind forced to gpu, lending left out), the workload (benchmarks or preset,
 #   tool_time_scale), the client knobs, and a fingerprint of the pool (session ids, per-call tokens
 #   and tool gaps). Canonical JSON, so equal inputs give equal keys.
 # - The cache is one JSON file (default data/sim/overload_rates.json; never the package folder),
@@ -52,6 +52,7 @@ def rate_key(deployment: Deployment, workload: WorkloadSpec, clients: ClientPoli
              pool: Sequence[Session]) -> str:
     """The canonical key of one overload rate (see the rules above)."""
     shape = dataclasses.asdict(dataclasses.replace(deployment, name="", host_cache_tokens=0))
+    del shape["lending"]  # measured without lending whatever the deployment's switch (`overload_shape`)
     return json.dumps({"shape": shape, "workload": dataclasses.asdict(workload), "clients": dataclasses.asdict(clients),
                        "pool": pool_fingerprint(pool)}, sort_keys=True, default=list)
 
@@ -113,11 +114,16 @@ class RateCache(JsonCache):
         self.put_entry(key, {"overload_rate_per_s": rate_per_s, **note})
 
 
+def overload_shape(deployment: Deployment) -> Deployment:
+    """What the overload rate is measured on: the deployment's shape with a GPU cache and no lending."""
+    return dataclasses.replace(deployment, host_cache_tokens=0, lending="none")
+
+
 def measure_overload_rate(deployment: Deployment, pool: Sequence[Session], workload: WorkloadSpec,
                           clients: ClientPolicy, cache: RateCache, settings: CalibrationSettings, command: str,
                           report: Callable[[float, int], None] | None = None) -> float:
     """Measure the overload rate of `deployment`'s shape with a GPU cache on this workload; record it in `cache`."""
-    shape = dataclasses.replace(deployment, host_cache_tokens=0)
+    shape = overload_shape(deployment)
     found = find_overload_rate(shape, "sglang", pool, settings, report)
     cache.put(rate_key(shape, workload, clients, pool), found.overload_rate_per_s, {
         "deployment": deployment.name, "workload": dataclasses.asdict(workload),
@@ -131,7 +137,7 @@ def overload_rate_for(deployment: Deployment, pool: Sequence[Session], workload:
 
     `source` is 'cache' or 'measured now'.
     """
-    rate = cache.get(rate_key(dataclasses.replace(deployment, host_cache_tokens=0), workload, clients, pool))
+    rate = cache.get(rate_key(overload_shape(deployment), workload, clients, pool))
     if rate is not None:
         return rate, "cache"
     log.warning("no overload rate recorded for %s (GPU cache) on this workload in %s: calibrating now "

@@ -12,10 +12,12 @@ from basin_sim.policies.base import (
     UnknownPolicyError,
 )
 from basin_sim.policies.basin import BASIN, BASIN_PROTO, BasinPolicy, MissingPredictionError
+from basin_sim.policies.budgeter import BUDGETER, BudgeterPolicy
 from basin_sim.policies.continuum import CONTINUUM, ContinuumPolicy
 from basin_sim.policies.fcfs import HICACHE, SGLANG, FcfsPolicy
 
-_REGISTRY: dict[str, PolicySpec] = {spec.name: spec for spec in (SGLANG, HICACHE, CONTINUUM, BASIN_PROTO, BASIN)}
+_REGISTRY: dict[str, PolicySpec] = {spec.name: spec
+                                    for spec in (SGLANG, HICACHE, CONTINUUM, BUDGETER, BASIN_PROTO, BASIN)}
 
 
 def policy_names() -> tuple[str, ...]:
@@ -39,6 +41,7 @@ def make_policy(name: str, context: PolicyContext) -> SessionPolicy:
 __all__ = [
     "NO_DECISIONS",
     "BasinPolicy",
+    "BudgeterPolicy",
     "ContinuumPolicy",
     "Decisions",
     "FcfsPolicy",

@@ -7,8 +7,11 @@
 #   queues for decode memory and for prefill: smaller is served first.
 # - Every call is answered with `Decisions`: held sessions to admit now (they start their first call
 #   at once; the arriving session itself is held until its own arrival admits it), and held sessions
-#   to shed (they fail). Admitting or shedding a session that is not held is an error the engine
-#   reports.
+#   to shed (they fail); live sessions to suspend (their next call, or the call being sent now, waits
+#   at the door: it is not sent until they are resumed; their context stays in the working set), and
+#   suspended sessions to resume (a waiting call is sent then; its wait counts in its TTFT). Admitting
+#   or shedding a session that is not held, suspending one that is not live, or resuming one that is
+#   not suspended is an error the engine reports.
 # - `on_arrival` is handed the whole recorded session (the simulator has it); a policy that stands for
 #   a real gateway reads only what the gateway sees at the first call: `task_text` and the first
 #   prompt's size. Anything else (the real peak, later calls) is an oracle and must say so in its name.
@@ -32,10 +35,12 @@ class UnknownPolicyError(ValueError):
 
 @dataclass(frozen=True)
 class Decisions:
-    """Held sessions to admit now, and held sessions to shed."""
+    """Held sessions to admit now and to shed; live sessions to suspend at their next call, and to resume."""
 
     admit: tuple[str, ...] = ()
     shed: tuple[str, ...] = ()
+    suspend: tuple[str, ...] = ()
+    resume: tuple[str, ...] = ()
 
 
 NO_DECISIONS = Decisions()
@@ -67,6 +72,8 @@ class PolicyContext:
     revisions: Mapping[str, Mapping[int, tuple[float, float]]] = field(default_factory=dict)
     policy_overrides: Mapping[str, Any] = field(default_factory=dict)
     pin_ttl_s: float | None = None
+    # Continuum's TTL rule: per run session, (tool gap s, prompt tokens of the call before it) per gap
+    tool_calls: tuple[tuple[tuple[float, int], ...], ...] = ()
 
 
 class SessionPolicy(Protocol):
@@ -74,7 +81,6 @@ class SessionPolicy(Protocol):
 
     name: str
     pin_ttl_s: float | None  # prefill keeps a session's chain pinned this long after each answer (Continuum)
-    lends_decode_memory: bool  # decode keeps finished calls' KV in idle memory for write-back (Basin)
 
     def on_arrival(self, session_id: str, now: float, session: Session) -> Decisions:
         """A session arrives; admitting it now is a decision like any other (else it is held at the door)."""

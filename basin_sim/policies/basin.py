@@ -24,7 +24,7 @@
 #   ones. With no calibration, the knee is taken as the cache capacity (B = 0.9 x capacity). Shedding
 #   only with a measured peak completion rate.
 # - Request priority = the core's fixed session priority (smaller first), for prefill and decode.
-# - Both variants lend idle decode memory to the prefix cache (the engine does the lending).
+# - Lending is the deployment's switch (`Deployment.lending`), not the policy's: the engine lends or not.
 """`basin` and `basin-proto`: the Basin policy core as a simulator policy."""
 
 from __future__ import annotations
@@ -58,8 +58,6 @@ def config_for(context: PolicyContext, mode: PolicyMode) -> PolicyConfig:
 
 class BasinPolicy:
     """The engine's seam around one `basin_runtime.policy.Policy`."""
-
-    lends_decode_memory = True
 
     def __init__(self, name: str, core: Policy, predicted_peak_tokens: dict[str, float] | None,
                  reservation_scale: float = 1.0, reservation_multipliers: Mapping[str, float] | None = None,
@@ -186,7 +184,7 @@ def _basin_proto(context: PolicyContext) -> BasinPolicy:
     return BasinPolicy("basin-proto", Policy(config_for(context, "prototype")), None)
 
 
-BASIN = PolicySpec("basin", "Basin: predicted-peak admission, size-aware priority, adaptive budget, lending, "
-                   "shedding (basin_runtime.policy)", False, _basin)
+BASIN = PolicySpec("basin", "Basin: predicted-peak admission, size-aware priority, adaptive budget, shedding "
+                   "(basin_runtime.policy)", False, _basin)
 BASIN_PROTO = PolicySpec("basin-proto", "Basin hardware prototype: arrival order, admission by current context, "
-                         "lending, shedding (basin_runtime.policy, mode prototype)", False, _basin_proto)
+                         "shedding (basin_runtime.policy, mode prototype)", False, _basin_proto)

@@ -14,7 +14,6 @@ class FcfsPolicy:
     def __init__(self, name: str) -> None:
         self.name = name
         self.pin_ttl_s: float | None = None
-        self.lends_decode_memory = False
 
     def on_arrival(self, session_id: str, now: float, session: Session) -> Decisions:
         """Always admit."""

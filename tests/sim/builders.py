@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from basin_runtime.policy.lending import LendingKind
 from basin_runtime.session_table import Call, Session, write_sessions
 from basin_sim.lifecycle import SessionSpec
 from basin_sim.profile import Deployment, Profile
@@ -25,11 +26,11 @@ TINY = Profile(
 
 def deployment(profile: Profile = TINY, *, cache_tokens: int = 100_000, decode_tokens: int = 100_000,
                host_tokens: int = 0, num_decode: int = 1, num_prefill: int = 1, reserved_tokens: int = 100,
-               clip_tokens: int = 1_000) -> Deployment:
+               clip_tokens: int = 1_000, lending: LendingKind = "none") -> Deployment:
     """A mP-nD deployment (1P1D by default) of the tiny profile with the given memories; decode keeps
     `reserved_tokens` of headroom per active request and estimates a completion as `clip_tokens`."""
     return Deployment("tiny", profile, num_prefill, num_decode, cache_tokens, decode_tokens, host_tokens,
-                      decode_reserved_tokens=reserved_tokens, decode_clip_max_new_tokens=clip_tokens)
+                      decode_reserved_tokens=reserved_tokens, decode_clip_max_new_tokens=clip_tokens, lending=lending)
 
 
 def session(session_id: str, prompts: list[int], completion: int = 100, gap_s: float = 1.0,

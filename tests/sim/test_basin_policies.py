@@ -1,16 +1,26 @@
-"""Part 2 policies: Basin drives the policy core itself; Continuum's pins; lending in the engine."""
+"""Part 2 policies: Basin drives the policy core itself; Continuum's pins; lending, a deployment switch."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
 from basin_runtime.policy import Admitted, Policy, PolicyConfig, Shed, admitted_ids
 from basin_runtime.policy.calibrated import Calibration
+from basin_runtime.policy.lending import LENDING_KINDS
+from basin_sim import catalog
 from basin_sim.engine import Engine
 from basin_sim.lifecycle import Status
-from basin_sim.policies import BasinPolicy, MissingPredictionError, PolicyContext, make_policy
+from basin_sim.policies import (
+    BasinPolicy,
+    MissingPredictionError,
+    PolicyContext,
+    make_policy,
+    policy_names,
+    policy_spec,
+)
 from basin_sim.policies.basin import config_for
 from basin_sim.radix_cache import RadixCache
 from tests.sim.builders import deployment, session, spec
@@ -179,7 +189,7 @@ def test_a_continuum_pin_expires_when_the_tool_runs_longer_than_the_ttl() -> Non
 # --- lending ----------------------------------------------------------------------------------------
 
 def _lending_engine(decode_tokens: int) -> Engine:
-    d = deployment(decode_tokens=decode_tokens)
+    d = deployment(decode_tokens=decode_tokens, lending="decode-memory")
     return Engine(d, make_policy("basin-proto", PolicyContext(d)), tick_s=None)
 
 
@@ -238,3 +248,36 @@ def test_the_reservation_ratio_puts_basin_s_budget_in_reservation_units_but_not_
     assert budget_for(context, "basin") == 7_200  # 1.6 x 0.9 x 5,000
     assert budget_for(context, "prototype") == 4_500
     assert make_policy("basin-proto", context).core.config.budget_tokens == 4_500
+
+
+@pytest.mark.parametrize("name", policy_names())
+def test_lending_is_the_deployments_switch_and_every_policy_runs_under_it(name: str) -> None:
+    """Same policy, same sessions: with `lending: decode-memory` decode keeps the first call's KV and writes
+    back what prefill lost (its cache is too small to keep both sessions), with `none` nothing is lent."""
+    written = {}
+    for lending in LENDING_KINDS:
+        d = deployment(cache_tokens=5_000, host_tokens=2_000 if policy_spec(name).uses_host_tier else 0,
+                       lending=lending)
+        context = PolicyContext(d, {"a": 4_000.0, "b": 4_000.0}, pin_ttl_s=0.5)
+        engine = Engine(d, make_policy(name, context), tick_s=None)
+        engine.add(spec(session("a", [3_000, 3_500], completion=100, gap_s=5.0), 0.0))
+        engine.add(spec(session("b", [3_000, 3_500], completion=100, gap_s=5.0), 0.5))
+        engine.run_until(math.inf)
+        engine.check()
+        assert (engine.ledger is not None) == (lending == "decode-memory")
+        assert all(run.status == Status.FINISHED for run in engine.runs.values())
+        written[lending] = sum(p.written_back_tokens for p in engine.prefill)
+    assert written["none"] == 0 and written["decode-memory"] > 0
+
+
+def test_a_deployment_file_sets_lending_and_refuses_an_unknown_kind(tmp_path: Path) -> None:
+    path = tmp_path / "mine.yaml"
+    base = "profile: h100-qwen3.6-35b-a3b\nnum_prefill: 1\nnum_decode: 1\ncache: gpu\n"
+    path.write_text(base)
+    spec_ = catalog.load_deployment(str(path))
+    assert spec_.build().lending == "none" and spec_.build(lending="decode-memory").lending == "decode-memory"
+    path.write_text(base + "lending: decode-memory\n")
+    assert catalog.load_deployment(str(path)).build().lending == "decode-memory"
+    path.write_text(base + "lending: storage\n")
+    with pytest.raises(catalog.CatalogError, match=r"mine\.yaml: lending must be one of \['none', 'decode-memory'\]"):
+        catalog.load_deployment(str(path))

@@ -12,6 +12,7 @@ from collections import Counter
 
 import pytest
 
+from basin_runtime.policy.lending import LendingKind
 from basin_runtime.session_table import Session
 from basin_sim.clients import (
     ClientError,
@@ -29,13 +30,11 @@ from tests.sim.builders import deployment, session, spec, with_profile
 
 
 class Recording(FcfsPolicy):
-    """FCFS that counts what it is told; optionally pins (Continuum) and lends (Basin)."""
+    """FCFS that counts what it is told; optionally pins (Continuum). Lending is the deployment's switch."""
 
-    def __init__(self, pin_ttl_s: float | None = None, lends: bool = False, admits: bool = True,
-                 last: str | None = None) -> None:
+    def __init__(self, pin_ttl_s: float | None = None, admits: bool = True, last: str | None = None) -> None:
         super().__init__("recording")
         self.pin_ttl_s = pin_ttl_s
-        self.lends_decode_memory = lends
         self.admits = admits
         self.last = last  # this session's requests go after everyone else's
         self.ended: Counter[str] = Counter()
@@ -217,8 +216,8 @@ def test_abandoned_sessions_give_back_pins_holds_and_lent_memory_too() -> None:
     # Continuum holds and Basin lending on: b's first call is answered (held chain, lent KV), its
     # second never is in time; c waits for decode memory behind a and b when everything gives up.
     clients = ClientPolicy(call_timeout_s=3.0, max_retries=0, harness_attempts=1)
-    policy = Recording(pin_ttl_s=100.0, lends=True)
-    engine = Engine(deployment(decode_tokens=9_000), policy, tick_s=1.0, clients=clients)
+    policy = Recording(pin_ttl_s=100.0)
+    engine = Engine(deployment(decode_tokens=9_000, lending="decode-memory"), policy, tick_s=1.0, clients=clients)
     engine.add(spec(session("a", [2_000], completion=1_000)))
     engine.add(spec(session("b", [2_000, 2_400], completion=10, gap_s=0.5)))
     engine.add(spec(session("b2", [2_000, 2_400, 2_800], completion=1_000, gap_s=0.5), arrival_s=0.3))
@@ -406,12 +405,13 @@ def test_under_overload_timeouts_bound_the_live_sessions_while_timeouts_and_retr
 def test_random_workloads_with_clients_keep_every_invariant_and_end_empty(seed: int) -> None:
     """Scripted random runs: small memories, 2P2D, pins and lending on or off, kills, time limits."""
     rng = random.Random(seed)
-    policy = Recording(pin_ttl_s=rng.choice([None, 3.0]), lends=rng.random() < 0.5)
+    policy = Recording(pin_ttl_s=rng.choice([None, 3.0]))
+    lending: LendingKind = "decode-memory" if rng.random() < 0.5 else "none"
     clients = ClientPolicy(call_timeout_s=rng.uniform(1.0, 6.0), max_retries=rng.randrange(3),
                            harness_attempts=rng.randrange(1, 3), harness_wait_min_s=1.0, harness_wait_max_s=2.0,
                            session_time_limit_s=rng.choice([None, 40.0]))
     d = deployment(cache_tokens=12_000, decode_tokens=14_000, host_tokens=rng.choice([0, 6_000]),
-                   num_prefill=2, num_decode=2)
+                   num_prefill=2, num_decode=2, lending=lending)
     engine = Engine(d, policy, tick_s=1.0, clients=clients, client_seed=seed, router_seed=seed)
     t = 0.0
     while (t := t + rng.expovariate(1.5)) < 60.0:
