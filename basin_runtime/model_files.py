@@ -1,8 +1,10 @@
-"""What the runtime's two model files (first-call and online) share: how a file is opened, and how a
-multiplier is read off its quantile grid. Errors are raised as the caller's own error type."""
+"""What the runtime's two model files (first-call and online) share: how a file is opened, how a
+multiplier is read off its quantile grid, and a file's SHA-256 (a calibration names the predictor file
+it was measured for). Errors are raised as the caller's own error type."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -27,3 +29,8 @@ def multiplier_at(q: float, grid: Sequence[float], row: Sequence[float], error: 
     if not (isinstance(q, (int, float)) and grid[0] <= q <= grid[-1]):
         raise error(f"{path}: reservation quantile {q!r} is outside the {table}' grid [{grid[0]}, {grid[-1]}]")
     return float(np.interp(q, grid, row))
+
+
+def file_sha256(path: Path | None) -> str:
+    """The predictor file's SHA-256 (hex), or "none" without a file (reservations are contexts)."""
+    return "none" if path is None else hashlib.sha256(path.read_bytes()).hexdigest()

@@ -3,6 +3,7 @@
     python -m basin_sim run --scenario surge-100 --deployment 1p3d --policy sglang --seed 1 --json
     python -m basin_sim run --scenario my-surge.yaml --deployment my-deployment.yaml --policy sglang --json
     python -m basin_sim run --scenario steady --deployment 1p3d-host --policy sglang --plot-dir plots/
+    python -m basin_sim run --scenario surge-100 --deployment 1p3d --lending decode-memory --policy basin
     python -m basin_sim calibrate --deployment 1p3d --scenario surge-100
 """
 
@@ -21,11 +22,15 @@ from typing import Any
 from tqdm import tqdm
 
 from basin_runtime.calibration import Calibration, CalibrationError, calibration_from_mapping, load_calibration
+from basin_runtime.model_files import file_sha256
+from basin_runtime.policy import PolicyError
+from basin_runtime.policy.calibrated import check_serves
+from basin_runtime.policy.lending import LENDING_KINDS
 from basin_runtime.predictor import PredictorError
 from basin_runtime.session_table import Session
 from basin_sim import catalog, compare
 from basin_sim.calibrate.commands import RampError, add_commands, calibrate_main, knee_main, ramp_main, risk_main
-from basin_sim.calibrate.knee_cache import DEFAULT_CALIBRATIONS_FILE, KneeCache, calibration_for, file_sha256
+from basin_sim.calibrate.knee_cache import DEFAULT_CALIBRATIONS_FILE, KneeCache, calibration_for
 from basin_sim.calibrate.rates import DEFAULT_RATES_FILE, RateCache, RatesError, overload_rate_for
 from basin_sim.policies import UnknownPolicyError, policy_names, policy_spec
 from basin_sim.predictions import (
@@ -79,7 +84,7 @@ class _Progress:
 def _run(args: argparse.Namespace) -> int:
     scenario = catalog.load_scenario(args.scenario)
     deployment_spec = catalog.load_deployment(args.deployment)
-    deployment = deployment_spec.build(_cache_for(args.policy, args.cache, deployment_spec.cache))
+    deployment = deployment_spec.build(_cache_for(args.policy, args.cache, deployment_spec.cache), args.lending)
     base, source = load_pool(args.sessions, args.synthetic)
     pool = workload_pool(base, scenario.workload)
     rate, rate_source = _overload_rate(args, deployment, pool, scenario)
@@ -98,7 +103,8 @@ def _run(args: argparse.Namespace) -> int:
         else:
             is_basin = args.policy == "basin"
             record, calibration_source = calibration_for(
-                deployment_spec.build("gpu"), pool, scenario, rate, file_sha256(args.model) if is_basin else "none",
+                deployment_spec.build("gpu", args.lending), pool, scenario, rate,
+                file_sha256(args.model) if is_basin else "none",
                 args.reservation_quantile if is_basin else None,
                 reserved_peaks(peaks, multipliers) if is_basin else None, KneeCache(args.calibrations_file))
             calibration = calibration_from_mapping(record, f"the knee calibration in {args.calibrations_file}")
@@ -142,6 +148,14 @@ def _overload_rate(args: argparse.Namespace, deployment: Deployment, pool: Seque
 def _calibration(args: argparse.Namespace, deployment: Deployment) -> Calibration | None:
     """The calibration file's measurements, with --knee-tokens and --peak-completion-rate winning over them."""
     calibration = None if args.calibration is None else load_calibration(args.calibration)
+    if calibration is not None:  # measured for this predictor, quantile and lending (when the file says)
+        is_basin = args.policy == "basin"
+        try:
+            check_serves(calibration, file_sha256(args.model) if is_basin else calibration.predictor_sha256 or "none",
+                         args.reservation_quantile if is_basin else calibration.reservation_quantile,
+                         deployment.lending)
+        except PolicyError as exc:
+            raise UsageError(f"--calibration {args.calibration}: {exc}") from exc
     if args.knee_tokens is None and args.peak_completion_rate is None:
         return calibration
     if calibration is None:
@@ -173,6 +187,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--deployment", required=True,
                      help=f"one of {catalog.names(catalog.DEPLOYMENTS_DIR)}, or a deployment .yaml file")
     run.add_argument("--cache", choices=("gpu", "host"), help="override the deployment file's cache kind")
+    run.add_argument("--lending", choices=LENDING_KINDS,
+                     help="override the deployment file's lending switch (none: stock SGLang; decode-memory: "
+                          "idle decode memory lent to the prefix cache)")
     run.add_argument("--policy", required=True, help=f"one of {list(policy_names())}")
     run.add_argument("--seed", type=int, default=1)
     run.add_argument("--json", action="store_true", help="print one JSON line")

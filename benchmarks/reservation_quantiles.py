@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from basin_runtime.calibration import calibration_from_mapping
+from basin_runtime.model_files import file_sha256
 from basin_runtime.session_table import Session
 from basin_sim import catalog
 from basin_sim.calibrate.commands import knee_record
@@ -64,7 +65,8 @@ def _calibrate(job: tuple[str, str, str, float]) -> dict[str, Any]:
     scenario_name, deployment_name, model, q = job
     _, deployment, pool, peaks, predictor, rate = _setup(scenario_name, deployment_name, model)
     return knee_record(deployment, pool, rate, 1, reserved_peaks(peaks, reservation_multipliers(predictor, pool, q)),
-                       f"benchmarks/reservation_quantiles.py (q {q:g})")
+                       f"benchmarks/reservation_quantiles.py (q {q:g})", predictor_sha256=file_sha256(Path(model)),
+                       reservation_quantile=q)
 
 
 def _run(job: tuple[str, str, str, float, int, dict[str, Any]]) -> dict[str, Any]:

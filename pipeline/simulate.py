@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from basin_runtime.calibration import calibration_from_mapping
+from basin_runtime.model_files import file_sha256
 from basin_sim import catalog
 from basin_sim.calibrate.commands import RAMP_STEP_S, knee_record
 from basin_sim.calibrate.rates import DEFAULT_RATES_FILE, RateCache, overload_rate_for
@@ -56,7 +57,8 @@ from pipeline.params import simulate_params
 
 log = logging.getLogger(__name__)
 
-RUNS = (("surge-100", "sglang"), ("surge-100", "continuum"), ("surge-100", "basin-proto"), ("surge-100", "basin"),
+RUNS = (("surge-100", "sglang"), ("surge-100", "continuum"), ("surge-100", "budgeter"), ("surge-100", "basin-proto"),
+        ("surge-100", "basin"),
         ("steady", "sglang"), ("steady", "basin"))
 QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.95)
 SWEEP_SCENARIO = "surge-100-30min"
@@ -112,12 +114,14 @@ def main(argv: list[str] | None = None) -> int:
                                "reservation_quantile": served_q, "runs": {}, "sweep_scenario": args.sweep_scenario,
                                "quantile_sweep": {}}
 
+    model_sha256 = file_sha256(args.model)
     multipliers = {q: reservation_multipliers(predictor, pool, q) for q in {served_q, *args.quantiles}}
     revisions = {q: online_revisions(predictor, pool, peaks, q) for q in multipliers}
 
     def calibrate(q: float) -> dict[str, Any]:
         return knee_record(deployment, pool, rate, args.seed, reserved_peaks(peaks, multipliers[q]),
-                           f"python -m pipeline.simulate (reservation quantile {q:g})", args.ramp_step_s)
+                           f"python -m pipeline.simulate (reservation quantile {q:g})", args.ramp_step_s,
+                           predictor_sha256=model_sha256, reservation_quantile=q)
 
     calibration = calibrate(served_q)
     args.out_calibration.parent.mkdir(parents=True, exist_ok=True)

@@ -40,16 +40,20 @@ class Reloader:
     config: GatewayConfig
 
     def models(self, tokenizer: str) -> Predictors:
-        """Load every model file again; `ConfigError` naming the file."""
-        return Predictors.load(self.config.default_model, self.config.workload_models, tokenizer,
-                               self.config.reservation_quantile, self.config.revise_at_calls)
+        """Load every model file again; `ConfigError` naming the file, or naming the calibration file if it says
+        it was measured for another default model file (re-measure it and reload both)."""
+        predictors = Predictors.load(self.config.default_model, self.config.workload_models, tokenizer,
+                                     self.config.reservation_quantile, self.config.revise_at_calls)
+        if self.config.calibration is not None:
+            read_calibration(self.config.calibration, self.config)
+        return predictors
 
     def calibration_budget_tokens(self) -> int:
         """The reference budget of the calibration file; `ConfigError` if there is none or it is bad."""
         if self.config.calibration is None:
             raise ConfigError("the gateway was started without a calibration file")
         mode = str(self.config.policy.get("mode", "basin"))
-        return read_calibration(self.config.calibration).budget_tokens(mode)
+        return read_calibration(self.config.calibration, self.config).budget_tokens(mode)
 
 
 def sessions_view(gateway: Gateway) -> list[dict[str, Any]]:

@@ -226,7 +226,7 @@ def build_gateway(config: GatewayConfig, client: UpstreamClient | httpx.AsyncCli
         rule = TaskTextRule(config.task_text_pattern)
     except (TokenizerError, TaskTextError) as exc:
         raise ConfigError(str(exc)) from exc
-    calibration = None if config.calibration is None else read_calibration(config.calibration)
+    calibration = None if config.calibration is None else read_calibration(config.calibration, config)
     policy = Policy(gateway_policy_config(config, calibration))
     predictors = Predictors.load(config.default_model, config.workload_models, tokenizer.name,
                                  config.reservation_quantile, config.revise_at_calls)

@@ -32,8 +32,9 @@ from basin_runtime.gateway.limits import (
     MAX_JSON_DEPTH_CEILING,
     Limits,
 )
+from basin_runtime.model_files import file_sha256
 from basin_runtime.policy import PolicyConfig, PolicyError
-from basin_runtime.policy.calibrated import policy_config
+from basin_runtime.policy.calibrated import check_serves, policy_config
 from basin_runtime.policy.hit_rate import DEFAULT_MIN_PROMPT_TOKENS, DEFAULT_WINDOW_S
 from basin_runtime.policy.lending import LEND_CAP_FRACTION
 from basin_runtime.predictor import reservation_quantile_arg
@@ -429,12 +430,23 @@ def _split_models(entries: Sequence[str]) -> tuple[Path, dict[str, Path]]:
     return defaults[0], by_workload
 
 
-def read_calibration(path: Path) -> Calibration:
-    """The calibration file at `path`; `ConfigError` naming the file, key and value."""
+def read_calibration(path: Path, config: GatewayConfig) -> Calibration:
+    """The calibration file at `path`, measured for the default model file and quantile `config` serves (when
+    the file says what it was measured for); `ConfigError` naming the file, key and value."""
     try:
-        return load_calibration(path)
+        calibration = load_calibration(path)
     except CalibrationError as exc:
         raise ConfigError(str(exc)) from exc
+    if config.policy.get("mode", "basin") == "prototype":
+        return calibration  # reservations are contexts: r does not apply, whatever it was measured for
+    try:
+        sha = "none" if calibration.predictor_sha256 is None else file_sha256(config.default_model)
+        check_serves(calibration, sha, config.reservation_quantile)
+    except OSError as exc:
+        raise ConfigError(f"{config.default_model}: cannot read the model file: {exc}") from exc
+    except PolicyError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+    return calibration
 
 
 def gateway_policy_config(config: GatewayConfig, calibration: Calibration | None) -> PolicyConfig:

@@ -3,7 +3,9 @@
 # Rules:
 # - A `Calibration` holds the measured numbers: the cache knee and capacity (working-set tokens),
 #   optionally the plateau hit rate, the peak completion rate and the reservation ratio r (sum of
-#   predicted-peak reservations / sum of contexts of the live sessions on the knee ramp, >= 1).
+#   predicted-peak reservations / sum of contexts of the live sessions on the knee ramp, >= 1), and
+#   what r was measured for (predictor SHA-256, reservation quantile, lending), checked by
+#   `check_serves` wherever a calibration meets the predictor that is served.
 # - The budget B = r x min(0.9 x knee, capacity), in the unit admission sums. Reservations are
 #   contexts in prototype mode, so r does not apply there (r = 1). This is the only place that
 #   turns a calibration into a budget; the gateway and the simulator both call it.
@@ -36,6 +38,11 @@ class Calibration:
     hit_rate_plateau: float | None = None
     peak_completion_rate_per_s: float | None = None
     reservation_ratio: float = 1.0
+    # What r was measured for: the predictor file's SHA-256 ("none": contexts, no predictor) and the
+    # reservation quantile (None: the bare prediction); both None when the file does not say.
+    predictor_sha256: str | None = None
+    reservation_quantile: float | None = None
+    lending: str | None = None  # the deployment's lending switch on the ramp (None: not said)
 
     def budget_tokens(self, mode: str = "basin") -> int:
         """B = r x min(0.9 x knee, capacity) in reservation tokens; r = 1 in prototype mode."""
@@ -62,3 +69,24 @@ def policy_config(calibration: Calibration | None, overrides: Mapping[str, Any] 
         measured = {key: getattr(calibration, key) for key in ("hit_rate_plateau", "peak_completion_rate_per_s")
                     if getattr(calibration, key) is not None}
     return PolicyConfig(budget_tokens=budget, **{**measured, **extra})
+
+
+def check_serves(calibration: Calibration, predictor_sha256: str, reservation_quantile: float | None,
+                 lending: str | None = None) -> None:
+    """`PolicyError` if the calibration says it was measured for another predictor file, quantile or lending.
+
+    A calibration that does not say (hand-written, or from before the keys existed) passes: its r is
+    the operator's word; so does any lending when the caller has no switch (`lending` None). The
+    message names both sides and the command that re-measures.
+    """
+    wrong = []
+    if lending is not None and calibration.lending is not None and calibration.lending != lending:
+        wrong.append(f"lending {calibration.lending!r} (served: {lending!r})")
+    if calibration.predictor_sha256 is not None and calibration.predictor_sha256 != predictor_sha256:
+        wrong.append(f"predictor SHA-256 {calibration.predictor_sha256[:12]}... (served: {predictor_sha256[:12]}...)")
+    if calibration.predictor_sha256 is not None and calibration.reservation_quantile != reservation_quantile:
+        wrong.append(f"reservation quantile {calibration.reservation_quantile} (served: {reservation_quantile})")
+    if wrong:
+        raise PolicyError("the calibration was measured for " + " and ".join(wrong) + "; its knee and reservation "
+                          "ratio do not hold for what is served: re-measure with `basin-sim knee --model FILE "
+                          "--reservation-quantile Q --out CALIBRATION`")

@@ -2,8 +2,9 @@
 #
 # Rules:
 # - `basin` and `basin-proto` are run calibrated: their budget is the knee (and reservation ratio)
-#   measured on the knee ramp of `basin-sim knee`, for the deployment's shape with a GPU cache, the
-#   scenario's workload, the predictor file in use (its SHA-256; "none" for `basin-proto`, whose
+#   measured on the knee ramp of `basin-sim knee`, for the deployment's shape with a GPU cache and
+#   its lending switch (the ramp runs with it: lending moves the knee), the scenario's workload, the
+#   predictor file in use (its SHA-256; "none" for `basin-proto`, whose
 #   reservations are contexts) and the reservation quantile. That is the cache key (canonical JSON,
 #   with the overload-rate key and the ramp's fractions, step and seed).
 # - The cache is one JSON file (default data/sim/calibrations.json), one entry per key: the
@@ -15,7 +16,6 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -42,10 +42,21 @@ class KneeCache(JsonCache):
     def __init__(self, path: Path = DEFAULT_CALIBRATIONS_FILE) -> None:
         super().__init__(path)
 
+    def record(self, key: str) -> dict[str, Any] | None:
+        """The calibration record cached under `key`, or None."""
+        entry = self.entry(key)
+        if entry is None:
+            return None
+        record = entry.get("calibration") if isinstance(entry, dict) else None
+        if not isinstance(record, dict):
+            raise RatesError(f"{self.path}: entry has no calibration record: {entry!r}")
+        return record
 
-def file_sha256(path: Path | None) -> str:
-    """The predictor file's SHA-256, or "none" (no predictor: reservations are contexts)."""
-    return "none" if path is None else hashlib.sha256(path.read_bytes()).hexdigest()
+    def put_record(self, key: str, record: Mapping[str, Any], deployment: Deployment, scenario: Scenario) -> None:
+        """Cache a measured calibration record under `key`."""
+        self.put_entry(key, {"calibration": dict(record), "deployment": deployment.name, "scenario": scenario.name,
+                             "lending": deployment.lending, "predictor_sha256": record.get("predictor_sha256"),
+                             "reservation_quantile": record.get("reservation_quantile")})
 
 
 def knee_key(deployment: Deployment, pool: Sequence[Session], scenario: Scenario, predictor_sha256: str,
@@ -53,6 +64,7 @@ def knee_key(deployment: Deployment, pool: Sequence[Session], scenario: Scenario
     """The canonical key of one calibration (see the rules above)."""
     shape = dataclasses.replace(deployment, host_cache_tokens=0)
     return json.dumps({"rate": rate_key(shape, scenario.workload, scenario.clients, pool),
+                       "lending": deployment.lending,
                        "predictor_sha256": predictor_sha256, "reservation_quantile": quantile,
                        "ramp": {"fractions": list(RAMP_FRACTIONS), "step_s": RAMP_STEP_S, "seed": RAMP_SEED}},
                       sort_keys=True)
@@ -67,17 +79,21 @@ def calibration_for(deployment: Deployment, pool: Sequence[Session], scenario: S
     quantile in the key; None for `basin-proto`. `source` is 'cache' or 'measured now'.
     """
     key = knee_key(deployment, pool, scenario, predictor_sha256, quantile)
-    entry = cache.entry(key)
-    if entry is not None:
-        record = entry.get("calibration") if isinstance(entry, dict) else None
-        if not isinstance(record, dict):
-            raise RatesError(f"{cache.path}: entry has no calibration record: {entry!r}")
+    record = cache.record(key)
+    if record is not None:
         return record, "cache"
-    log.warning("no Basin calibration recorded for %s (GPU cache) on this workload, predictor %s, quantile %s in "
-                "%s: running the knee ramp now (cached after)", deployment.name, predictor_sha256[:12], quantile,
-                cache.path)
-    record = knee_record(dataclasses.replace(deployment, host_cache_tokens=0), pool, rate_per_s, RAMP_SEED,
-                         reservations, f"basin-sim knee --deployment {deployment.name} --scenario {scenario.name}")
-    cache.put_entry(key, {"calibration": record, "deployment": deployment.name, "scenario": scenario.name,
-                          "predictor_sha256": predictor_sha256, "reservation_quantile": quantile})
+    log.warning("no Basin calibration recorded for %s (GPU cache, lending %s) on this workload, predictor %s, "
+                "quantile %s in %s: running the knee ramp now (cached after)", deployment.name, deployment.lending,
+                predictor_sha256[:12], quantile, cache.path)
+    record = measure_knee(deployment, pool, scenario, rate_per_s, predictor_sha256, quantile, reservations)
+    cache.put_record(key, record, deployment, scenario)
     return record, "measured now"
+
+
+def measure_knee(deployment: Deployment, pool: Sequence[Session], scenario: Scenario, rate_per_s: float,
+                 predictor_sha256: str, quantile: float | None,
+                 reservations: Mapping[str, float] | None) -> dict[str, Any]:
+    """The knee ramp's calibration record for one cache key (GPU cache, the deployment's lending)."""
+    return knee_record(dataclasses.replace(deployment, host_cache_tokens=0), pool, rate_per_s, RAMP_SEED,
+                       reservations, f"basin-sim knee --deployment {deployment.name} --scenario {scenario.name}",
+                       predictor_sha256=predictor_sha256, reservation_quantile=quantile)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -239,6 +241,32 @@ def test_a_file_that_cannot_be_loaded_stops_start_up_with_one_line_naming_it(
                             "nope.onnx" if problem == "missing model" else "garbage.onnx"))
     assert status == 2
     assert len(lines) == 1 and lines[0].startswith("basin-gateway: error: ") and named in lines[0]
+
+
+def test_a_calibration_measured_for_another_predictor_or_quantile_is_refused_naming_both(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The reservation ratio holds only for the predictor file and quantile it was measured with."""
+    served = hashlib.sha256(DEFAULT_MODEL.read_bytes()).hexdigest()
+    base = {"knee_tokens": 100_000, "cache_capacity_tokens": 10**6, "reservation_ratio": 3.0}
+    argv = ["--upstream", "http://127.0.0.1:9", "--model", str(DEFAULT_MODEL)]
+    for said, problem in (({"predictor_sha256": "ab" * 32, "reservation_quantile": 0.9}, "predictor SHA-256 abababab"),
+                          ({"predictor_sha256": served, "reservation_quantile": 0.5},
+                           "reservation quantile 0.5 (served: 0.9)")):
+        path = calibration_file(tmp_path, **base, **said)
+        status, lines = run_main(capsys, *argv, "--calibration", str(path))
+        assert status == 2 and len(lines) == 1 and str(path) in lines[0] and problem in lines[0]
+        assert "re-measure with `basin-sim knee --model FILE --reservation-quantile Q" in lines[0]
+    matching = calibration_file(tmp_path, **base, predictor_sha256=served, reservation_quantile=0.9, lending="none")
+    gateway = build_gateway(parse(*argv, "--calibration", str(matching)), clock=ManualClock())
+    try:  # measured for what is served (or not saying, as a hand-written file): accepted
+        assert gateway.room.policy.config.budget_tokens == 270_000
+    finally:
+        asyncio.run(gateway.upstream.client.aclose())
+    for bad, fragment in (({"predictor_sha256": "XYZ"}, "predictor_sha256 must be 64 lowercase hex digits"),
+                          ({"reservation_quantile": 1.0}, "reservation_quantile must be a number in (0, 1)"),
+                          ({"lending": "storage"}, "lending must be one of ['none', 'decode-memory']")):
+        with pytest.raises(CalibrationError, match=re.escape(fragment)):
+            load_calibration(calibration_file(tmp_path, **base, **bad))
 
 
 def test_a_model_trained_on_another_tokenizer_is_refused(capsys: pytest.CaptureFixture[str]) -> None:

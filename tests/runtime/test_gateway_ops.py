@@ -315,6 +315,15 @@ async def test_reloads_swap_models_and_apply_the_calibration_budget_or_change_no
         assert rig.policy.snapshot().reference_budget_tokens == 9000
         assert (await rig.client.post("/basin/reload", json={"models": "yes"})).status_code == 400
 
+        calibration.write_text(json.dumps({"knee_tokens": 20_000, "cache_capacity_tokens": 50_000,
+                                           "reservation_ratio": 2.0, "predictor_sha256": "cd" * 32,
+                                           "reservation_quantile": 0.9}))
+        for body in ({"models": True}, {"calibration": True}):  # r measured for another model file: refused
+            kept = rig.gateway.predictors
+            refused = await rig.client.post("/basin/reload", json=body)
+            assert refused.status_code == 400 and "predictor SHA-256 cdcdcdcdcdcd" in refused.text
+            assert rig.gateway.predictors is kept and rig.policy.snapshot().reference_budget_tokens == 9000
+
 
 async def test_admin_endpoints_need_the_token_when_one_is_set() -> None:
     async with ops_rig() as rig:

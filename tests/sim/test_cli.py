@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -158,6 +159,11 @@ def test_basin_without_a_calibration_file_calibrates_once_and_then_uses_the_cach
     assert main([*argv, "--reservation-quantile", "0.5"]) == 0
     assert json.loads(capsys.readouterr().out)["calibration_source"] == "measured now"
     assert len(json.loads(cache.read_text())) == 2
+    assert main([*argv, "--lending", "decode-memory"]) == 0  # lending moves the knee: another entry
+    lent = json.loads(capsys.readouterr().out)
+    assert (lent["calibration_source"], lent["lending"]) == ("measured now", "decode-memory")
+    entries = json.loads(cache.read_text())
+    assert sorted(e["calibration"]["lending"] for e in entries.values()) == ["decode-memory", "none", "none"]
 
 
 def test_knee_writes_a_calibration_file_the_gateway_reads_and_run_uses_it(
@@ -179,6 +185,17 @@ def test_knee_writes_a_calibration_file_the_gateway_reads_and_run_uses_it(
     summary = json.loads(capsys.readouterr().out)
     assert summary["knee_tokens"] == calibration.knee_tokens
     assert summary["reservation_ratio"] == calibration.reservation_ratio
+    assert (calibration.predictor_sha256, calibration.reservation_quantile, calibration.lending) == \
+        (hashlib.sha256(model.read_bytes()).hexdigest(), 0.9, "none")
+    for other, said in ((["--reservation-quantile", "0.5"], "reservation quantile 0.9 (served: 0.5)"),
+                        (["--lending", "decode-memory"], "lending 'none' (served: 'decode-memory')")):
+        with pytest.raises(SystemExit) as info:  # r was measured for another quantile / lending: refused, said how
+            main(["run", "--scenario", files["scenario"], "--deployment", files["deployment"], "--policy", "basin",
+                  "--quiet", "--sessions", files["sessions"], "--model", str(model), "--calibration", str(out),
+                  *RATE, *other])
+        assert info.value.code == 2
+        err = capsys.readouterr().err
+        assert said in err and "re-measure with `basin-sim knee --model FILE --reservation-quantile Q" in err
 
 
 def test_knee_without_a_model_writes_no_reservation_ratio_and_a_bad_calibration_exits_2(
