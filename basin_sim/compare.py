@@ -1,15 +1,20 @@
-# The comparison grid: scenarios x deployments x policies x seeds, each run in the simulator.
+# The comparison grid: scenarios x deployments x lending x policies x seeds, each run in the simulator.
 #
 # Rules:
-# - Every claim is over seeds (>= 10 by default): a cell reports the mean goodput per hour, its
-#   standard deviation over seeds, and the share of seeds whose run is stuck (`is_stuck`).
+# - Every claim is over seeds (>= 10 by default): a cell reports the mean goodput per hour and its
+#   standard deviation over seeds, beside the hit-rate drop (pre-surge minus goodput window, points),
+#   the first-call wait p50 (mean over seeds of each run's median over window sessions, a shed one
+#   counted until it was shed), the shed share and the share of seeds whose run is stuck (`is_stuck`).
 # - Each scenario brings its workload (benchmarks or preset, tool time, clients): its pool, its
 #   predictions and, per deployment shape, its overload rate (calibrate/rates.py; measured first if
-#   not cached, before any run), so every policy of a cell sees the same arrivals.
-# - Basin runs use the knee calibration measured on each deployment's ramp with the same predictor
-#   and workload (knee, reservation ratio, peak completion rate; `basin-sim knee`), as an operator
-#   would calibrate before deploying; `basin-proto` gets the same knee (its reservations are contexts).
-#   `hicache` runs `sglang` on the deployment with its host tier.
+#   not cached, before any run), so every policy and lending switch of a cell sees the same arrivals.
+# - Lending is a deployment switch (`--lending`, default: each deployment file's own): every policy
+#   runs under each value asked for, so admission and priority are judged with and without it.
+# - Basin runs are calibrated as `basin-sim run` calibrates them: the knee calibration cached for the
+#   deployment's shape (GPU cache), its lending, the workload, the predictor file and the quantile
+#   (calibrate/knee_cache.py, `--calibrations-file`); a missing one is measured on the knee ramp
+#   before the runs, said on stderr and cached. `basin-proto` gets the same knee (r does not apply to
+#   it). `hicache` runs `sglang` on the deployment with its host tier.
 # - Runs fan out over `--jobs` worker processes; per-seed values are kept in the JSON output.
 """`basin-sim compare` (`python -m basin_sim.compare`): goodput per scenario x deployment x policy over seeds."""
 
@@ -29,10 +34,12 @@ from pathlib import Path
 from typing import Any
 
 from basin_runtime.calibration import calibration_from_mapping
+from basin_runtime.model_files import file_sha256
+from basin_runtime.policy.lending import LENDING_KINDS, LendingKind
 from basin_runtime.predictor import PredictorError
 from basin_runtime.session_table import Session, SessionTableError
 from basin_sim import catalog
-from basin_sim.calibrate.commands import knee_record
+from basin_sim.calibrate.knee_cache import DEFAULT_CALIBRATIONS_FILE, KneeCache, knee_key, measure_knee
 from basin_sim.calibrate.rates import DEFAULT_RATES_FILE, RateCache, RatesError, overload_rate_for
 from basin_sim.predictions import (
     Revisions,
@@ -43,22 +50,26 @@ from basin_sim.predictions import (
     reservation_multipliers,
     reserved_peaks,
 )
+from basin_sim.profile import Deployment
 from basin_sim.simulate import RunSpec, run_scenario
 from basin_sim.workload.pool import PoolError, load_pool, workload_pool
 from basin_sim.workload.scenarios import Scenario, ScenarioError
 
-POLICIES = ("sglang", "hicache", "continuum", "basin-proto", "basin")
+POLICIES = ("sglang", "hicache", "continuum", "budgeter", "basin-proto", "basin")
 DEFAULT_SEEDS = tuple(range(1, 11))
-KEPT = ("scenario", "deployment", "policy", "seed", "goodput_per_hour", "hit_rate_pre", "hit_rate_post",
-        "sessions_shed", "sessions_abandoned", "ttft_p50_post_s", "recovered_after_s", "is_stuck")
+KEPT = ("scenario", "deployment", "lending", "policy", "seed", "goodput_per_hour", "hit_rate_pre", "hit_rate_post",
+        "sessions_arrived", "sessions_shed", "shed_share", "sessions_abandoned", "first_call_wait_p50_s",
+        "ttft_p50_post_s", "recovered_after_s", "is_stuck", "suspensions")
+CellKey = tuple[str, str, str]  # scenario, deployment, lending
 
 
 @dataclass(frozen=True)
 class Cell:
-    """What every run of one (scenario, deployment) shares: pool, predictions, rate, Basin's calibration."""
+    """What every run of one (scenario, deployment, lending) shares: pool, predictions, rate, Basin's calibration."""
 
     scenario: Scenario
     deployment: catalog.DeploymentSpec
+    lending: LendingKind
     pool: tuple[Session, ...]
     peaks: dict[str, float]
     overload_rate_per_s: float
@@ -66,28 +77,33 @@ class Cell:
     multipliers: dict[str, float] = field(default_factory=dict)  # m(q) per pool session (empty: bare peaks)
     reservation_quantile: float | None = None
     revisions: Revisions = field(default_factory=dict)  # the online re-estimates Basin applies
+    predictor_sha256: str = "none"
+
+    def gpu_deployment(self) -> Deployment:
+        """The cell's deployment with a GPU cache (its knee's shape) and its lending switch."""
+        return self.deployment.build("gpu", self.lending)
 
 
-_CELLS: dict[tuple[str, str], Cell] = {}
+_CELLS: dict[CellKey, Cell] = {}
 
 
-def _init(cells: dict[tuple[str, str], Cell]) -> None:
+def _init(cells: dict[CellKey, Cell]) -> None:
     _CELLS.update(cells)
 
 
-def _knee(cell: Cell, seed: int) -> dict[str, Any]:
-    return knee_record(cell.deployment.build("gpu"), cell.pool, cell.overload_rate_per_s, seed,
-                       reserved_peaks(cell.peaks, cell.multipliers),
-                       f"basin-sim knee --deployment {cell.deployment.name} --scenario {cell.scenario.name}")
+def _knee(key: CellKey) -> dict[str, Any]:
+    cell = _CELLS[key]
+    return measure_knee(cell.gpu_deployment(), cell.pool, cell.scenario, cell.overload_rate_per_s,
+                        cell.predictor_sha256, cell.reservation_quantile, reserved_peaks(cell.peaks, cell.multipliers))
 
 
-def _run(key: tuple[str, str], policy: str, seed: int, knee: dict[str, Any] | None) -> dict[str, Any]:
+def _run(key: CellKey, policy: str, seed: int, knee: dict[str, Any] | None) -> dict[str, Any]:
     cell = _CELLS[key]
     calibration = None
     if policy in ("basin", "basin-proto") and knee is not None:
         calibration = calibration_from_mapping(knee, f"the {cell.deployment.name} knee ramp")
-    run = RunSpec(cell.scenario, cell.deployment.build("host" if policy == "hicache" else None), policy, seed,
-                  cell.overload_rate_per_s, predicted_peak_tokens=cell.peaks if policy == "basin" else {},
+    run = RunSpec(cell.scenario, cell.deployment.build("host" if policy == "hicache" else None, cell.lending), policy,
+                  seed, cell.overload_rate_per_s, predicted_peak_tokens=cell.peaks if policy == "basin" else {},
                   calibration=calibration, reservation_multipliers=cell.multipliers if policy == "basin" else {},
                   reservation_quantile=cell.reservation_quantile if policy == "basin" else None,
                   revisions=cell.revisions if policy == "basin" else {})
@@ -95,39 +111,60 @@ def _run(key: tuple[str, str], policy: str, seed: int, knee: dict[str, Any] | No
     return {k: summary[k] for k in KEPT}
 
 
-def aggregate(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str, str], dict[str, Any]]:
-    """Per (scenario, deployment, policy): seeds, goodput mean and standard deviation, share stuck."""
-    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+def aggregate(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str, str, str], dict[str, Any]]:
+    """Per (scenario, deployment, lending, policy): seeds, goodput mean and sd, hit-rate drop (points), first-call
+    wait p50 (mean of the runs' medians), shed share, share stuck (means over seeds)."""
+    groups: dict[tuple[str, str, str, str], list[dict[str, Any]]] = {}
     for row in rows:
-        groups.setdefault((row["scenario"], row["deployment"], row["policy"]), []).append(row)
+        groups.setdefault((row["scenario"], row["deployment"], row.get("lending", "none"), row["policy"]),
+                          []).append(row)
     cells = {}
     for key, runs in groups.items():
         goodputs = [r["goodput_per_hour"] for r in runs]
         cells[key] = {"seeds": len(runs), "goodput_mean": statistics.fmean(goodputs),
                       "goodput_sd": statistics.stdev(goodputs) if len(goodputs) > 1 else 0.0,
+                      "hit_rate_drop_points": _mean([100 * (r["hit_rate_pre"] - r["hit_rate_post"]) for r in runs
+                                                     if r.get("hit_rate_pre") is not None
+                                                     and r.get("hit_rate_post") is not None]),
+                      "first_call_wait_p50_s": _mean([r["first_call_wait_p50_s"] for r in runs
+                                                      if r.get("first_call_wait_p50_s") is not None]),
+                      "shed_share": _mean([r["shed_share"] for r in runs if "shed_share" in r]),
                       "share_stuck": sum(bool(r["is_stuck"]) for r in runs) / len(runs)}
     return cells
 
 
+def _mean(values: Sequence[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def _shown(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
 def markdown(rows: Sequence[dict[str, Any]], policies: Sequence[str]) -> str:
-    """One row per (scenario, deployment), one column per policy: goodput mean ± sd /h, share of seeds stuck."""
+    """One row per (scenario, deployment, lending, policy), policies in the order given: goodput mean ± sd /h,
+    hit-rate drop, first-call wait p50, shed share, share of seeds stuck."""
     cells = aggregate(rows)
-    lines = ["| scenario | deployment | " + " | ".join(policies) + " |", "| --- | --- |" + " --- |" * len(policies)]
-    seen = dict.fromkeys((s, d) for s, d, _ in cells)
-    for scenario, deployment in seen:
-        values = []
+    lines = ["| scenario | deployment | lending | policy | goodput /h | hit-rate drop (points) | first-call wait p50 "
+             "| shed | stuck |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    seen = dict.fromkeys((s, d, lend) for s, d, lend, _ in cells)
+    for scenario, deployment, lending in seen:
         for policy in policies:
-            cell = cells.get((scenario, deployment, policy))
-            values.append("-" if cell is None else f"{cell['goodput_mean']:,.0f} ± {cell['goodput_sd']:,.0f} "
-                                                   f"(stuck {cell['share_stuck']:.0%})")
-        lines.append(f"| {scenario} | {deployment} | " + " | ".join(values) + " |")
+            cell = cells.get((scenario, deployment, lending, policy))
+            if cell is None:
+                continue
+            lines.append(f"| {scenario} | {deployment} | {lending} | {policy} | {cell['goodput_mean']:,.0f} ± "
+                         f"{cell['goodput_sd']:,.0f} | {_shown(cell['hit_rate_drop_points'], '.1f')} | "
+                         f"{_shown(cell['first_call_wait_p50_s'], '.1f')} s | {_shown(cell['shed_share'], '.1%')} | "
+                         f"{cell['share_stuck']:.0%} |")
     return "\n".join(lines)
 
 
-def _cells(args: argparse.Namespace) -> dict[tuple[str, str], Cell]:
-    """Load every scenario and deployment; per cell its pool, predictions and overload rate."""
+def _cells(args: argparse.Namespace) -> dict[CellKey, Cell]:
+    """Load every scenario and deployment; per cell (and lending value) its pool, predictions and overload rate."""
     base, _ = load_pool(args.sessions, args.synthetic)
     predictor = load_predictor(args.model) if "basin" in args.policies else None
+    sha = file_sha256(args.model) if predictor is not None else "none"
     cache = RateCache(args.rates_file)
     cells = {}
     for scenario_name in args.scenarios:
@@ -140,15 +177,30 @@ def _cells(args: argparse.Namespace) -> dict[tuple[str, str], Cell]:
         for deployment_name in args.deployments:
             spec = catalog.load_deployment(deployment_name)
             needs_rate = scenario.needs_overload_rate or any(p.startswith("basin") for p in args.policies)
-            if not needs_rate:  # absolute arrivals and no knee ramp to scale: nothing to calibrate
-                cells[(scenario_name, deployment_name)] = Cell(scenario, spec, pool, peaks, 0.0, None, multipliers, q,
-                                                               revisions)
-                continue
-            rate, source = overload_rate_for(spec.build("gpu"), pool, scenario.workload, scenario.clients, cache)
-            print(f"{scenario.name} on {spec.name}: overload rate {rate:.4f}/s ({source})", file=sys.stderr)
-            cells[(scenario_name, deployment_name)] = Cell(scenario, spec, pool, peaks, rate, None, multipliers, q,
-                                                           revisions)
+            rate = 0.0  # absolute arrivals and no knee ramp to scale: nothing to calibrate
+            if needs_rate:
+                rate, source = overload_rate_for(spec.build("gpu"), pool, scenario.workload, scenario.clients, cache)
+                print(f"{scenario.name} on {spec.name}: overload rate {rate:.4f}/s ({source})", file=sys.stderr)
+            for lending in args.lending or [spec.lending]:
+                cells[(scenario_name, deployment_name, lending)] = Cell(
+                    scenario, spec, lending, pool, peaks, rate, None, multipliers, q, revisions, sha)
     return cells
+
+
+def _calibrated(cells: dict[CellKey, Cell], cache: KneeCache, executor: ProcessPoolExecutor) -> dict[CellKey, Cell]:
+    """Every cell with its cached knee calibration; missing ones measured now (in parallel), said and cached."""
+    keys = {key: knee_key(cell.gpu_deployment(), cell.pool, cell.scenario, cell.predictor_sha256,
+                          cell.reservation_quantile) for key, cell in cells.items()}
+    records = {knee: cache.record(knee) for knee in set(keys.values())}  # cells of one shape share a knee
+    first = {knee: key for key, knee in reversed(keys.items())}
+    missing = {knee: executor.submit(_knee, first[knee]) for knee, record in records.items() if record is None}
+    for knee, future in missing.items():
+        cell = cells[first[knee]]
+        record = records[knee] = future.result()
+        cache.put_record(knee, record, cell.gpu_deployment(), cell.scenario)
+        print(f"{cell.scenario.name} on {cell.deployment.name} (lending {cell.lending}): Basin calibration measured "
+              f"now on the knee ramp, cached in {cache.path}", file=sys.stderr)
+    return {key: dataclasses.replace(cell, calibration=records[keys[key]]) for key, cell in cells.items()}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -156,6 +208,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--scenarios", nargs="+", default=["steady", "surge-100", "kill-burst"],
                         help="names or .yaml files")
     parser.add_argument("--deployments", nargs="+", default=["1p3d"], help="names or .yaml files")
+    parser.add_argument("--lending", nargs="+", choices=LENDING_KINDS,
+                        help="run every policy under each of these lending switches (default: each deployment "
+                             "file's own)")
     parser.add_argument("--policies", nargs="+", default=list(POLICIES))
     parser.add_argument("--seeds", nargs="+", type=int, default=list(DEFAULT_SEEDS))
     parser.add_argument("--model", type=Path, default=Path("models/peak_predictor.onnx"))
@@ -163,13 +218,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--sessions", type=Path, default=Path("data/sessions.parquet"))
     parser.add_argument("--synthetic", action="store_true")
     parser.add_argument("--rates-file", type=Path, default=DEFAULT_RATES_FILE, help="the overload-rate cache")
+    parser.add_argument("--calibrations-file", type=Path, default=DEFAULT_CALIBRATIONS_FILE,
+                        help="the cache of measured Basin calibrations (shared with `basin-sim run`)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: cores)")
     parser.add_argument("--out", type=Path, help="JSON with every run, the cells' rates and calibrations")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Calibrate each cell, run the grid over seeds, print the Markdown table."""
+    """Calibrate each cell (cached), run the grid over seeds, print the Markdown table."""
     args = _parser().parse_args(argv)
     try:
         cells = _cells(args)
@@ -180,8 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     with ProcessPoolExecutor(args.jobs, initializer=_init, initargs=(cells,)) as executor:
         if any(p in ("basin", "basin-proto") for p in args.policies):
-            knees = {key: executor.submit(_knee, cell, args.seeds[0]) for key, cell in cells.items()}
-            cells = {key: dataclasses.replace(cell, calibration=knees[key].result()) for key, cell in cells.items()}
+            cells = _calibrated(cells, KneeCache(args.calibrations_file), executor)
         futures: list[Future[dict[str, Any]]] = [executor.submit(_run, key, p, seed, cell.calibration)
                                                  for key, cell in cells.items() for p in args.policies
                                                  for seed in args.seeds]
@@ -190,14 +246,14 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(future.result())
             print(f"\r{done}/{len(futures)} runs, {time.perf_counter() - started:.0f} s", end="", file=sys.stderr)
     print(file=sys.stderr)
-    names = {key: (cell.scenario.name, cell.deployment.name) for key, cell in cells.items()}
+    names = {key: (cell.scenario.name, cell.deployment.name, cell.lending) for key, cell in cells.items()}
     order = {name: k for k, name in enumerate(names.values())}
-    rows.sort(key=lambda r: (order[(r["scenario"], r["deployment"])], r["policy"], r["seed"]))
+    rows.sort(key=lambda r: (order[(r["scenario"], r["deployment"], r["lending"])], r["policy"], r["seed"]))
     print(markdown(rows, args.policies))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        meta = {f"{s}/{d}": {"overload_rate_per_s": cells[key].overload_rate_per_s,
-                             "calibration": cells[key].calibration} for key, (s, d) in names.items()}
+        meta = {f"{s}/{d}/{lend}": {"overload_rate_per_s": cells[key].overload_rate_per_s,
+                                    "calibration": cells[key].calibration} for key, (s, d, lend) in names.items()}
         summary = {"/".join(k): v for k, v in aggregate(rows).items()}
         args.out.write_text(json.dumps({"seeds": args.seeds, "cells": meta, "summary": summary, "runs": rows},
                                        indent=2) + "\n")

@@ -18,42 +18,64 @@ from tests.sim.test_cli import DEPLOYMENT, SCENARIO
 MODEL = Path(__file__).resolve().parents[2] / "models" / "peak_predictor.onnx"
 
 
-def row(policy: str, seed: int, goodput: float, stuck: bool) -> dict[str, object]:
-    return {"scenario": "s", "deployment": "d", "policy": policy, "seed": seed, "goodput_per_hour": goodput,
-            "is_stuck": stuck}
+def row(policy: str, seed: int, goodput: float, stuck: bool, lending: str = "none", shed: float = 0.0,
+        wait_s: float = 1.0, hit: tuple[float, float] = (0.9, 0.8)) -> dict[str, object]:
+    return {"scenario": "s", "deployment": "d", "lending": lending, "policy": policy, "seed": seed,
+            "goodput_per_hour": goodput, "is_stuck": stuck, "shed_share": shed, "first_call_wait_p50_s": wait_s,
+            "hit_rate_pre": hit[0], "hit_rate_post": hit[1]}
 
 
-def test_a_cell_is_the_mean_and_sd_over_seeds_and_the_share_stuck() -> None:
-    rows = [row("basin", 1, 100.0, False), row("basin", 2, 300.0, True), row("sglang", 1, 1234.0, False)]
+def test_a_cell_is_the_mean_and_sd_over_seeds_with_drop_wait_shed_and_the_share_stuck() -> None:
+    rows = [row("basin", 1, 100.0, False, shed=0.1, wait_s=10.0), row("basin", 2, 300.0, True, wait_s=30.0,
+                                                                       hit=(0.9, 0.5)),
+            row("sglang", 1, 1234.0, False), row("sglang", 1, 50.0, True, lending="decode-memory")]
     cells = aggregate(rows)
-    assert cells[("s", "d", "basin")] == {"seeds": 2, "goodput_mean": 200.0, "goodput_sd": pytest.approx(141.421, 1e-4),
-                                          "share_stuck": 0.5}
-    table = markdown(rows, ["sglang", "continuum", "basin"])
-    assert table.splitlines()[0] == "| scenario | deployment | sglang | continuum | basin |"
-    assert table.splitlines()[2] == "| s | d | 1,234 ± 0 (stuck 0%) | - | 200 ± 141 (stuck 50%) |"
+    assert cells[("s", "d", "none", "basin")] == {
+        "seeds": 2, "goodput_mean": 200.0, "goodput_sd": pytest.approx(141.421, 1e-4),
+        "hit_rate_drop_points": pytest.approx(25.0), "first_call_wait_p50_s": 20.0,
+        "shed_share": pytest.approx(0.05), "share_stuck": 0.5}
+    table = markdown(rows, ["sglang", "continuum", "basin"]).splitlines()
+    assert table[0].startswith("| scenario | deployment | lending | policy | goodput /h | hit-rate drop")
+    assert table[2:] == ["| s | d | none | sglang | 1,234 ± 0 | 10.0 | 1.0 s | 0.0% | 0% |",
+                         "| s | d | none | basin | 200 ± 141 | 25.0 | 20.0 s | 5.0% | 50% |",
+                         "| s | d | decode-memory | sglang | 50 ± 0 | 10.0 | 1.0 s | 0.0% | 100% |"]
 
 
 def test_the_grid_runs_every_cell_and_seed_with_a_calibrated_basin(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "s.yaml").write_text(SCENARIO)
     (tmp_path / "d.yaml").write_text(DEPLOYMENT)
+    (tmp_path / "d-host.yaml").write_text(DEPLOYMENT.replace("name: tiny", "name: tiny-host").replace("cache: gpu",
+                                                                                                      "cache: host"))
     scenario = load_scenario(str(tmp_path / "s.yaml"))
     pool = workload_pool(generate_corpus(7, 300), scenario.workload)  # the synthetic corpus the CLI falls back to
     rates = RateCache(tmp_path / "rates.json")
     rates.put(rate_key(load_deployment(str(tmp_path / "d.yaml")).build("gpu"), scenario.workload, scenario.clients,
                        pool), 0.1, {"command": "seeded by the test"})
-    out = tmp_path / "compare.json"
-    assert cli_main(["compare", "--scenarios", str(tmp_path / "s.yaml"), "--deployments", str(tmp_path / "d.yaml"),
-                     "--policies", "sglang", "basin", "--seeds", "1", "2", "--jobs", "1", "--model", str(MODEL),
-                     "--sessions", str(tmp_path / "absent.parquet"), "--rates-file", str(rates.path),
-                     "--out", str(out)]) == 0
-    table = capsys.readouterr().out.splitlines()
-    assert table[0] == "| scenario | deployment | sglang | basin |" and len(table) == 3
-    result = json.loads(out.read_text())
-    assert len(result["runs"]) == 4 and {r["seed"] for r in result["runs"]} == {1, 2}
-    cell = result["cells"]["tiny-surge/tiny"]
+    out, knees = tmp_path / "compare.json", tmp_path / "calibrations.json"
+    argv = ["compare", "--scenarios", str(tmp_path / "s.yaml"), "--deployments", str(tmp_path / "d.yaml"),
+            str(tmp_path / "d-host.yaml"), "--policies", "sglang", "basin", "--seeds", "1", "2", "--jobs", "1",
+            "--model", str(MODEL), "--sessions", str(tmp_path / "absent.parquet"), "--rates-file", str(rates.path),
+            "--calibrations-file", str(knees), "--lending", "none", "decode-memory", "--out", str(out)]
+    assert cli_main(argv) == 0
+    captured = capsys.readouterr()
+    table = captured.out.splitlines()
+    assert table[0].startswith("| scenario | deployment | lending | policy |") and len(table) == 2 + 8
+    assert captured.err.count("Basin calibration measured now") == 2  # one knee ramp per lending switch: the
+    result = json.loads(out.read_text())                              # host tier's shape is the GPU one's
+    assert len(result["runs"]) == 16 and {r["seed"] for r in result["runs"]} == {1, 2}
+    assert {(r["deployment"], r["lending"], r["policy"]) for r in result["runs"]} == {
+        (d, lend, p) for d in ("tiny", "tiny-host") for lend in ("none", "decode-memory") for p in ("sglang", "basin")}
+    assert result["cells"]["tiny-surge/tiny-host/none"]["calibration"] == \
+        result["cells"]["tiny-surge/tiny/none"]["calibration"]
+    cell = result["cells"]["tiny-surge/tiny/none"]
     assert cell["overload_rate_per_s"] == 0.1 and cell["calibration"]["reservation_ratio"] > 1.0
-    assert result["summary"]["tiny-surge/tiny/basin"]["seeds"] == 2
+    assert cell["calibration"]["lending"] == "none"
+    assert result["cells"]["tiny-surge/tiny/decode-memory"]["calibration"]["lending"] == "decode-memory"
+    assert result["summary"]["tiny-surge/tiny/none/basin"]["seeds"] == 2
+    assert len(json.loads(knees.read_text())) == 2
+    assert cli_main(argv) == 0  # the second time both calibrations come from the cache
+    assert "measured now" not in capsys.readouterr().err
 
 
 def test_an_unknown_scenario_is_one_line_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
