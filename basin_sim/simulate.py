@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import random
-import statistics
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,7 +80,7 @@ class RunSpec:
     # basin: pool session id -> call k -> (re-estimated peak, m_k(q)) (`predictions.online_revisions`)
     revisions: Mapping[str, Mapping[int, tuple[float, float]]] = field(default_factory=dict)
     calibration: Calibration | None = None  # basin: what the operator measured; None: knee = capacity
-    pin_ttl_s: float | None = None  # continuum TTL; None: the p90 of the run's tool gaps
+    pin_ttl_s: float | None = None  # continuum TTL; None: Continuum's own rule (policies/continuum_ttl.py)
 
     @property
     def base_rate_per_s(self) -> float:
@@ -179,20 +178,18 @@ def _population(scenario: Scenario, pool: Sequence[Session], seed: int, stop_s: 
                             stop_s=stop_s)
 
 
-def tool_gap_quantile_s(sessions: Sequence[SessionSpec], q: int = 90) -> float | None:
-    """The q-th percentile of the tool gaps of these sessions (None: no gaps)."""
-    gaps = [g for s in sessions for g in s.gaps_s]
-    if len(gaps) < 2:
-        return gaps[0] if gaps else None
-    return statistics.quantiles(gaps, n=100, method="inclusive")[q - 1]
+def tool_calls(sessions: Sequence[SessionSpec]) -> tuple[tuple[tuple[float, int], ...], ...]:
+    """Per session: (tool gap, prompt tokens of the call before it) for each gap, in call order."""
+    return tuple(tuple((gap, call.prompt_tokens) for gap, call in zip(s.gaps_s, s.session.calls, strict=False))
+                 for s in sessions)
 
 
 def policy_context(spec: RunSpec, sessions: Sequence[SessionSpec]) -> PolicyContext:
-    """What the run's policy is told (Continuum's TTL: the p90 of the tool gaps unless set)."""
-    ttl = spec.pin_ttl_s if spec.pin_ttl_s is not None else tool_gap_quantile_s(sessions)
+    """What the run's policy is told (Continuum: these sessions' tool gaps and prompts, for its TTL rule)."""
     return PolicyContext(spec.deployment, spec.predicted_peak_tokens, spec.reservation_scale,
-                         calibration=spec.calibration, pin_ttl_s=ttl if ttl is None or ttl > 0 else None,
-                         reservation_multipliers=spec.reservation_multipliers, revisions=spec.revisions)
+                         calibration=spec.calibration, pin_ttl_s=spec.pin_ttl_s,
+                         reservation_multipliers=spec.reservation_multipliers, revisions=spec.revisions,
+                         tool_calls=tool_calls(sessions))
 
 
 class ArrivalFeed:
