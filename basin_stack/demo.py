@@ -101,6 +101,9 @@ class LagWatch:
         self.polls += 1
 
 
+DEMO_RESERVATION_QUANTILE = 0.9  # the gateway's default; its calibration's r is measured at it
+
+
 def demo_deployment(cache_tokens: int) -> Any:
     """1P3D of the shipped profile with every KV pool set to `cache_tokens`."""
     from basin_sim import catalog
@@ -113,16 +116,21 @@ def demo_deployment(cache_tokens: int) -> Any:
 
 def calibrate(settings: DemoSettings, pool: Any, deployment: Any) -> dict[str, Any]:
     """Overload rate and the gateway's calibration for the demo deployment, from the simulator."""
+    from basin_runtime.model_files import file_sha256
     from basin_sim.calibrate.commands import RAMP_FRACTIONS, RAMP_STEP_S, calibration_record
     from basin_sim.calibrate.overload import CalibrationSettings, find_overload_rate
     from basin_sim.calibrate.ramp import run_ramp
-    from basin_sim.predictions import load_predictor, predict_pool
+    from basin_sim.predictions import load_predictor, predict_pool, reservation_multipliers, reserved_peaks
 
     started = time.perf_counter()
     rate = find_overload_rate(deployment, "sglang", pool, CalibrationSettings()).overload_rate_per_s
-    peaks = predict_pool(load_predictor(settings.model), pool)
-    steps = run_ramp(deployment, pool, [f * rate for f in RAMP_FRACTIONS], RAMP_STEP_S, settings.seed, peaks)
-    record = calibration_record(deployment, steps, f"python -m basin_stack.demo (cache {settings.cache_tokens} tokens)")
+    predictor = load_predictor(settings.model)
+    reservations = reserved_peaks(predict_pool(predictor, pool),  # as the gateway reserves: m(q) x prediction
+                                  reservation_multipliers(predictor, pool, DEMO_RESERVATION_QUANTILE))
+    steps = run_ramp(deployment, pool, [f * rate for f in RAMP_FRACTIONS], RAMP_STEP_S, settings.seed, reservations)
+    record = calibration_record(deployment, steps, f"python -m basin_stack.demo (cache {settings.cache_tokens} tokens)",
+                                predictor_sha256=file_sha256(settings.model),
+                                reservation_quantile=DEMO_RESERVATION_QUANTILE)
     log.info("simulator: overload rate %.4f sessions/s, knee %d tokens, reservation ratio %s (%.0f s)", rate,
              record["knee_tokens"], record.get("reservation_ratio"), time.perf_counter() - started)
     return {"overload_rate_per_s": rate, "gateway": record}
@@ -140,6 +148,7 @@ def gateway_options(settings: DemoSettings, calibration_file: Path, session_log:
     if "peak_completion_rate_per_s" in measured:  # model units: the stack scales the policy section
         policy["peak_completion_rate_per_s"] = measured["peak_completion_rate_per_s"]
     return {"model": models, "calibration": str(calibration_file.resolve()), "policy": policy,
+            "reservation_quantile": DEMO_RESERVATION_QUANTILE,
             "session_log": str(session_log.resolve()), "session_log_keep_text": True,  # the demo retrains from it
             "upstream_timeout_s": 3600.0, "log_level": "warning"}
 
