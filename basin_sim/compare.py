@@ -39,6 +39,7 @@ from basin_runtime.policy.lending import LENDING_KINDS, LendingKind
 from basin_runtime.predictor import PredictorError
 from basin_runtime.session_table import Session, SessionTableError
 from basin_sim import catalog
+from basin_sim.ablations import ABLATIONS, Reservation, calibration_tag, reservations
 from basin_sim.calibrate.knee_cache import DEFAULT_CALIBRATIONS_FILE, KneeCache, knee_key, measure_knee
 from basin_sim.calibrate.rates import DEFAULT_RATES_FILE, RateCache, RatesError, overload_rate_for
 from basin_sim.predictions import (
@@ -91,24 +92,41 @@ def _init(cells: dict[CellKey, Cell]) -> None:
     _CELLS.update(cells)
 
 
-def _knee(key: CellKey) -> dict[str, Any]:
+def _knee(key: CellKey, kind: Reservation) -> dict[str, Any]:
     cell = _CELLS[key]
+    peaks, multipliers = reservations(kind, cell.pool, cell.peaks, cell.multipliers, cell.reservation_quantile)
     return measure_knee(cell.gpu_deployment(), cell.pool, cell.scenario, cell.overload_rate_per_s,
-                        cell.predictor_sha256, cell.reservation_quantile, reserved_peaks(cell.peaks, cell.multipliers))
+                        cell.predictor_sha256 if kind == "predicted" else "none",  # no model file: none
+                        cell.reservation_quantile, reserved_peaks(peaks, multipliers))
 
 
-def _run(key: CellKey, policy: str, seed: int, knee: dict[str, Any] | None) -> dict[str, Any]:
+def _run(key: CellKey, label: str, seed: int, knee: dict[str, Any] | None) -> dict[str, Any]:
+    """One run of a policy, or of an ablation of `basin` (`label` "basin:<part>"), reported under `label`."""
     cell = _CELLS[key]
+    variant = ABLATIONS.get(label)
+    policy = "basin" if variant is not None else label
     calibration = None
     if policy in ("basin", "basin-proto") and knee is not None:
         calibration = calibration_from_mapping(knee, f"the {cell.deployment.name} knee ramp")
+    peaks: dict[str, float] = {}
+    multipliers: dict[str, float] = {}
+    if policy == "basin":
+        kind = variant.reservation if variant is not None else "predicted"
+        peaks, multipliers = reservations(kind, cell.pool, cell.peaks, cell.multipliers, cell.reservation_quantile)
     run = RunSpec(cell.scenario, cell.deployment.build("host" if policy == "hicache" else None, cell.lending), policy,
-                  seed, cell.overload_rate_per_s, predicted_peak_tokens=cell.peaks if policy == "basin" else {},
-                  calibration=calibration, reservation_multipliers=cell.multipliers if policy == "basin" else {},
+                  seed, cell.overload_rate_per_s, predicted_peak_tokens=peaks, calibration=calibration,
+                  reservation_multipliers=multipliers,
                   reservation_quantile=cell.reservation_quantile if policy == "basin" else None,
-                  revisions=cell.revisions if policy == "basin" else {})
+                  revisions=cell.revisions if policy == "basin" and (variant is None or variant.revisions) else {},
+                  policy_overrides=variant.overrides if variant is not None else {})
     summary = run_scenario(run, cell.pool).summary
-    return {k: summary[k] for k in KEPT}
+    return {**{k: summary[k] for k in KEPT}, "policy": label}
+
+
+def _kind(label: str) -> Reservation:
+    """The reservation kind whose knee calibration a row label runs with."""
+    variant = ABLATIONS.get(label)
+    return variant.reservation if variant is not None else "predicted"
 
 
 def aggregate(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str, str, str], dict[str, Any]]:
@@ -163,7 +181,7 @@ def markdown(rows: Sequence[dict[str, Any]], policies: Sequence[str]) -> str:
 def _cells(args: argparse.Namespace) -> dict[CellKey, Cell]:
     """Load every scenario and deployment; per cell (and lending value) its pool, predictions and overload rate."""
     base, _ = load_pool(args.sessions, args.synthetic)
-    predictor = load_predictor(args.model) if "basin" in args.policies else None
+    predictor = load_predictor(args.model) if "basin" in args.policies or args.ablations else None
     sha = file_sha256(args.model) if predictor is not None else "none"
     cache = RateCache(args.rates_file)
     cells = {}
@@ -176,7 +194,8 @@ def _cells(args: argparse.Namespace) -> dict[CellKey, Cell]:
         revisions = {} if predictor is None else online_revisions(predictor, pool, peaks, q, args.revise_at_calls)
         for deployment_name in args.deployments:
             spec = catalog.load_deployment(deployment_name)
-            needs_rate = scenario.needs_overload_rate or any(p.startswith("basin") for p in args.policies)
+            needs_rate = scenario.needs_overload_rate or args.ablations or \
+                any(p.startswith("basin") for p in args.policies)
             rate = 0.0  # absolute arrivals and no knee ramp to scale: nothing to calibrate
             if needs_rate:
                 rate, source = overload_rate_for(spec.build("gpu"), pool, scenario.workload, scenario.clients, cache)
@@ -187,20 +206,25 @@ def _cells(args: argparse.Namespace) -> dict[CellKey, Cell]:
     return cells
 
 
-def _calibrated(cells: dict[CellKey, Cell], cache: KneeCache, executor: ProcessPoolExecutor) -> dict[CellKey, Cell]:
-    """Every cell with its cached knee calibration; missing ones measured now (in parallel), said and cached."""
-    keys = {key: knee_key(cell.gpu_deployment(), cell.pool, cell.scenario, cell.predictor_sha256,
-                          cell.reservation_quantile) for key, cell in cells.items()}
-    records = {knee: cache.record(knee) for knee in set(keys.values())}  # cells of one shape share a knee
-    first = {knee: key for key, knee in reversed(keys.items())}
-    missing = {knee: executor.submit(_knee, first[knee]) for knee, record in records.items() if record is None}
+def _calibrated(cells: dict[CellKey, Cell], kinds: Sequence[Reservation], cache: KneeCache,
+                executor: ProcessPoolExecutor) -> dict[tuple[CellKey, Reservation], dict[str, Any]]:
+    """Per cell and reservation kind its cached knee calibration; missing ones measured now (in parallel), said and
+    cached. Cells of one shape (a host tier's and its GPU deployment) share a knee."""
+    keys = {(key, kind): knee_key(cell.gpu_deployment(), cell.pool, cell.scenario,
+                                  calibration_tag(kind, cell.predictor_sha256, cell.reservation_quantile),
+                                  cell.reservation_quantile)
+            for key, cell in cells.items() for kind in kinds}
+    records = {knee: cache.record(knee) for knee in set(keys.values())}
+    first = {knee: job for job, knee in reversed(keys.items())}
+    missing = {knee: executor.submit(_knee, *first[knee]) for knee, record in records.items() if record is None}
     for knee, future in missing.items():
-        cell = cells[first[knee]]
+        (key, kind) = first[knee]
+        cell = cells[key]
         record = records[knee] = future.result()
         cache.put_record(knee, record, cell.gpu_deployment(), cell.scenario)
-        print(f"{cell.scenario.name} on {cell.deployment.name} (lending {cell.lending}): Basin calibration measured "
-              f"now on the knee ramp, cached in {cache.path}", file=sys.stderr)
-    return {key: dataclasses.replace(cell, calibration=records[keys[key]]) for key, cell in cells.items()}
+        print(f"{cell.scenario.name} on {cell.deployment.name} (lending {cell.lending}, reservation {kind}): Basin "
+              f"calibration measured now on the knee ramp, cached in {cache.path}", file=sys.stderr)
+    return {job: found for job, knee in keys.items() if (found := records[knee]) is not None}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -212,6 +236,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="run every policy under each of these lending switches (default: each deployment "
                              "file's own)")
     parser.add_argument("--policies", nargs="+", default=list(POLICIES))
+    parser.add_argument("--ablations", nargs="*", default=[], choices=list(ABLATIONS), metavar="ABLATION",
+                        help=f"also run these ablations of basin ({', '.join(ABLATIONS)}); each is a row")
     parser.add_argument("--seeds", nargs="+", type=int, default=list(DEFAULT_SEEDS))
     parser.add_argument("--model", type=Path, default=Path("models/peak_predictor.onnx"))
     add_reservation_quantile(parser)
@@ -235,12 +261,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"basin-sim compare: error: {exc}", file=sys.stderr)
         return 2
     started = time.perf_counter()
+    labels = list(dict.fromkeys([*args.policies, *args.ablations]))  # an ablation named "basin" is the policy
     with ProcessPoolExecutor(args.jobs, initializer=_init, initargs=(cells,)) as executor:
-        if any(p in ("basin", "basin-proto") for p in args.policies):
-            cells = _calibrated(cells, KneeCache(args.calibrations_file), executor)
-        futures: list[Future[dict[str, Any]]] = [executor.submit(_run, key, p, seed, cell.calibration)
-                                                 for key, cell in cells.items() for p in args.policies
-                                                 for seed in args.seeds]
+        kinds = sorted({"predicted" if label in ("basin", "basin-proto") else ABLATIONS[label].reservation
+                        for label in labels if label in ("basin", "basin-proto") or label in ABLATIONS})
+        knees = _calibrated(cells, kinds, KneeCache(args.calibrations_file), executor) if kinds else {}
+        cells = {key: dataclasses.replace(cell, calibration=knees.get((key, "predicted")))
+                 for key, cell in cells.items()}
+        futures: list[Future[dict[str, Any]]] = [
+            executor.submit(_run, key, label, seed, knees.get((key, _kind(label))))
+            for key in cells for label in labels for seed in args.seeds]
         rows = []
         for done, future in enumerate(as_completed(futures), 1):
             rows.append(future.result())
@@ -249,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     names = {key: (cell.scenario.name, cell.deployment.name, cell.lending) for key, cell in cells.items()}
     order = {name: k for k, name in enumerate(names.values())}
     rows.sort(key=lambda r: (order[(r["scenario"], r["deployment"], r["lending"])], r["policy"], r["seed"]))
-    print(markdown(rows, args.policies))
+    print(markdown(rows, labels))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         meta = {f"{s}/{d}/{lend}": {"overload_rate_per_s": cells[key].overload_rate_per_s,

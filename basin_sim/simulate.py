@@ -81,6 +81,7 @@ class RunSpec:
     revisions: Mapping[str, Mapping[int, tuple[float, float]]] = field(default_factory=dict)
     calibration: Calibration | None = None  # basin: what the operator measured; None: knee = capacity
     pin_ttl_s: float | None = None  # continuum TTL; None: Continuum's own rule (policies/continuum_ttl.py)
+    policy_overrides: Mapping[str, Any] = field(default_factory=dict)  # basin: PolicyConfig fields (ablations)
 
     @property
     def base_rate_per_s(self) -> float:
@@ -189,7 +190,7 @@ def policy_context(spec: RunSpec, sessions: Sequence[SessionSpec]) -> PolicyCont
     return PolicyContext(spec.deployment, spec.predicted_peak_tokens, spec.reservation_scale,
                          calibration=spec.calibration, pin_ttl_s=spec.pin_ttl_s,
                          reservation_multipliers=spec.reservation_multipliers, revisions=spec.revisions,
-                         tool_calls=tool_calls(sessions))
+                         tool_calls=tool_calls(sessions), policy_overrides=spec.policy_overrides)
 
 
 class ArrivalFeed:

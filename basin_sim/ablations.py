@@ -1,0 +1,94 @@
+# Basin's ablations: one part of the policy changed at a time, everything else as `basin` runs it.
+#
+# Rules:
+# - An ablation is a row label ("basin:<part>") for the registered `basin` policy with one change:
+#   what a session reserves (`reservation`), whether the online re-estimates apply (`revisions`),
+#   or `PolicyConfig` fields set by hand (`overrides`, as the gateway config's `policy:` section).
+# - Reservations: "predicted" (m(q) x the ONNX prediction, as served), "oracle-peak" (each session's
+#   true peak: an oracle, never servable), "benchmark-constant" (every session of a benchmark
+#   reserves that benchmark's q-quantile of the pool's peaks: no predictor; in-sample, so its cover
+#   is q by construction). Priority follows the same peak (arrival + peak / tokens_per_s).
+# - Each reservation kind is calibrated on its own knee ramp (its r), keyed by `calibration_tag`, so
+#   the budget is in the unit that kind sums.
+# - Size-aware priority off: tokens_per_s so large that the priority is the arrival time.
+#   Adaptive budget off: the budget's bounds are both 1 (it never moves). Shedding off: no peak
+#   completion rate.
+# No I/O.
+"""Named ablations of `basin` (reservation source, revisions, priority, budget adaptation, shedding)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from basin_runtime.session_table import Session
+
+Reservation = Literal["predicted", "oracle-peak", "benchmark-constant"]
+ARRIVAL_ORDER_TOKENS_PER_S = 1e12  # peak / this is < 1 µs for any context: priority = arrival
+
+
+@dataclass(frozen=True)
+class Ablation:
+    """`basin` with one part changed."""
+
+    name: str
+    description: str
+    reservation: Reservation = "predicted"
+    revisions: bool = True
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+
+
+ABLATIONS: dict[str, Ablation] = {a.name: a for a in (
+    Ablation("basin", "as served: m(q) x prediction, revisions, size-aware priority, adaptive budget, shedding"),
+    Ablation("basin:oracle-peak", "reserves each session's true peak (an oracle)", "oracle-peak", revisions=False),
+    Ablation("basin:benchmark-constant", "reserves its benchmark's q-quantile peak (no predictor)",
+             "benchmark-constant", revisions=False),
+    Ablation("basin:no-revisions", "no online re-estimates", revisions=False),
+    Ablation("basin:arrival-order", "size-aware priority off: priority = arrival",
+             overrides={"tokens_per_s": ARRIVAL_ORDER_TOKENS_PER_S}),
+    Ablation("basin:fixed-budget", "adaptive budget off: the budget never moves",
+             overrides={"budget_min_fraction": 1.0, "budget_max_fraction": 1.0}),
+    Ablation("basin:no-shedding", "shedding off", overrides={"peak_completion_rate_per_s": None}),
+)}
+
+
+class AblationError(ValueError):
+    """An unknown ablation name; the message lists the known ones."""
+
+
+def ablation(name: str) -> Ablation:
+    """The ablation called `name`."""
+    found = ABLATIONS.get(name)
+    if found is None:
+        raise AblationError(f"unknown ablation {name!r}; known: {', '.join(ABLATIONS)}")
+    return found
+
+
+def benchmark_constants(pool: Sequence[Session], q: float) -> dict[str, float]:
+    """Benchmark -> the q-quantile (nearest rank) of its sessions' peaks in `pool`."""
+    if not 0 < q < 1:
+        raise ValueError(f"q must be in (0, 1), got {q!r}")
+    peaks: dict[str, list[int]] = {}
+    for session in pool:
+        peaks.setdefault(session.benchmark, []).append(session.peak_prompt_tokens)
+    return {bench: float(sorted(values)[max(0, math.ceil(q * len(values)) - 1)]) for bench, values in peaks.items()}
+
+
+def reservations(kind: Reservation, pool: Sequence[Session], peaks: Mapping[str, float],
+                 multipliers: Mapping[str, float], q: float | None) -> tuple[dict[str, float], dict[str, float]]:
+    """(peak per pool session, m per pool session) for a reservation kind; m empty: the peak is reserved as is."""
+    if kind == "predicted":
+        return dict(peaks), dict(multipliers)
+    if kind == "oracle-peak":
+        return {s.session_id: float(s.peak_prompt_tokens) for s in pool}, {}
+    constants = benchmark_constants(pool, 0.9 if q is None else q)
+    return {s.session_id: constants[s.benchmark] for s in pool}, {}
+
+
+def calibration_tag(kind: Reservation, predictor_sha256: str, q: float | None) -> str:
+    """What a reservation kind's knee calibration is keyed by in place of the predictor's SHA-256."""
+    if kind == "predicted":
+        return predictor_sha256
+    return "oracle-peak" if kind == "oracle-peak" else f"benchmark-constant-q{0.9 if q is None else q:g}"

@@ -1,0 +1,89 @@
+"""Basin's ablations: each changes one part (reservation source, revisions, priority, budget moves, shedding)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from basin_runtime.policy.calibrated import Calibration
+from basin_sim.ablations import ABLATIONS, AblationError, ablation, benchmark_constants, calibration_tag, reservations
+from basin_sim.calibrate.rates import RateCache, rate_key
+from basin_sim.catalog import load_deployment, load_scenario
+from basin_sim.cli import main as cli_main
+from basin_sim.policies import BasinPolicy, PolicyContext, make_policy
+from basin_sim.workload.pool import workload_pool
+from basin_sim.workload.synthetic import generate_corpus
+from tests.sim.builders import deployment, session
+from tests.sim.test_cli import DEPLOYMENT, SCENARIO
+from tests.sim.test_compare import MODEL
+
+POOL = [session("a1", [1_000, 4_000], benchmark="a"), session("a2", [1_000, 2_000], benchmark="a"),
+        session("a3", [1_000, 9_000], benchmark="a"), session("b1", [500, 700], benchmark="b")]
+
+
+def test_a_benchmark_constant_is_the_nearest_rank_quantile_of_its_peaks() -> None:
+    assert benchmark_constants(POOL, 0.5) == {"a": 4_000.0, "b": 700.0}
+    assert benchmark_constants(POOL, 0.9) == {"a": 9_000.0, "b": 700.0}
+    with pytest.raises(ValueError, match=r"q must be in \(0, 1\)"):
+        benchmark_constants(POOL, 1.0)
+
+
+def test_each_reservation_kind_reserves_what_it_says_and_is_calibrated_under_its_own_tag() -> None:
+    peaks, multipliers = {"a1": 3_000.0, "a2": 1_500.0, "a3": 5_000.0, "b1": 600.0}, {"a1": 1.5}
+    assert reservations("predicted", POOL, peaks, multipliers, 0.9) == (peaks, multipliers)
+    assert reservations("oracle-peak", POOL, peaks, multipliers, 0.9) == (
+        {"a1": 4_000.0, "a2": 2_000.0, "a3": 9_000.0, "b1": 700.0}, {})
+    assert reservations("benchmark-constant", POOL, peaks, multipliers, 0.5) == (
+        {"a1": 4_000.0, "a2": 4_000.0, "a3": 4_000.0, "b1": 700.0}, {})
+    assert {calibration_tag(kind, "f" * 64, 0.9) for kind in ("predicted", "oracle-peak", "benchmark-constant")} == \
+        {"f" * 64, "oracle-peak", "benchmark-constant-q0.9"}
+
+
+def test_arrival_order_makes_the_priority_the_arrival_and_fixed_budget_never_moves() -> None:
+    d = deployment(cache_tokens=10_000)
+    calibration = Calibration(8_000.0, 10_000.0)
+    ordered = make_policy("basin", PolicyContext(d, {"a1": 9_000.0}, calibration=calibration,
+                                                 policy_overrides=ablation("basin:arrival-order").overrides))
+    sized = make_policy("basin", PolicyContext(d, {"a1": 9_000.0}, calibration=calibration))
+    for policy in (ordered, sized):
+        policy.on_arrival("a1", 5.0, POOL[0])
+    assert ordered.priority("a1", 5.0) == pytest.approx(5.0, abs=1e-6)
+    assert sized.priority("a1", 5.0) == pytest.approx(5.0 + 9_000 / 30)
+    fixed = make_policy("basin", PolicyContext(d, {"a1": 9_000.0}, calibration=calibration,
+                                               policy_overrides=ablation("basin:fixed-budget").overrides))
+    assert isinstance(fixed, BasinPolicy)
+    before = fixed.core.snapshot().budget_tokens
+    for k in range(1, 30):  # a hit rate far below the plateau would shrink an adaptive budget every minute
+        fixed.on_tick(60.0 * k, 0.1)
+    assert fixed.core.snapshot().budget_tokens == before
+    with pytest.raises(AblationError, match="unknown ablation 'basin:x'; known: basin, basin:oracle-peak"):
+        ablation("basin:x")
+
+
+def test_compare_runs_ablations_as_rows_each_reservation_kind_on_its_own_knee(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "s.yaml").write_text(SCENARIO)
+    (tmp_path / "d.yaml").write_text(DEPLOYMENT)
+    scenario = load_scenario(str(tmp_path / "s.yaml"))
+    pool = workload_pool(generate_corpus(7, 300), scenario.workload)
+    rates = RateCache(tmp_path / "rates.json")
+    rates.put(rate_key(load_deployment(str(tmp_path / "d.yaml")).build("gpu"), scenario.workload, scenario.clients,
+                       pool), 0.1, {"command": "seeded by the test"})
+    out, knees = tmp_path / "compare.json", tmp_path / "calibrations.json"
+    assert cli_main(["compare", "--scenarios", str(tmp_path / "s.yaml"), "--deployments", str(tmp_path / "d.yaml"),
+                     "--policies", "basin", "--ablations", "basin:oracle-peak", "basin:arrival-order",
+                     "--seeds", "1", "--jobs", "1", "--model", str(MODEL), "--sessions",
+                     str(tmp_path / "absent.parquet"), "--rates-file", str(rates.path), "--calibrations-file",
+                     str(knees), "--out", str(out)]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert [line.split(" | ")[3] for line in table[2:]] == ["basin", "basin:oracle-peak", "basin:arrival-order"]
+    entries = json.loads(knees.read_text())
+    assert len(entries) == 2 and any('"predictor_sha256": "oracle-peak"' in key for key in entries)  # own knee
+    assert sorted(e["predictor_sha256"] for e in entries.values()) == sorted([MODEL_SHA, "none"])
+    assert {r["policy"] for r in json.loads(out.read_text())["runs"]} == set(ABLATIONS) & {
+        "basin", "basin:oracle-peak", "basin:arrival-order"}
+
+
+MODEL_SHA = __import__("hashlib").sha256(MODEL.read_bytes()).hexdigest()
