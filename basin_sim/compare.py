@@ -15,7 +15,8 @@
 #   (calibrate/knee_cache.py, `--calibrations-file`); a missing one is measured on the knee ramp
 #   before the runs, said on stderr and cached. `basin-proto` gets the same knee (r does not apply to
 #   it). `hicache` runs `sglang` on the deployment with its host tier.
-# - Runs fan out over `--jobs` worker processes; per-seed values are kept in the JSON output.
+# - Runs fan out over `--jobs` worker processes; per-seed values are kept in the JSON output;
+#   `--plot-dir` draws one PNG per scenario (goodput by policy and ablation, mean ± sd).
 """`basin-sim compare` (`python -m basin_sim.compare`): goodput per scenario x deployment x policy over seeds."""
 
 from __future__ import annotations
@@ -248,6 +249,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="the cache of measured Basin calibrations (shared with `basin-sim run`)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: cores)")
     parser.add_argument("--out", type=Path, help="JSON with every run, the cells' rates and calibrations")
+    parser.add_argument("--plot-dir", type=Path, help="write one PNG per scenario here (goodput by policy, ± sd)")
     return parser
 
 
@@ -280,6 +282,11 @@ def main(argv: list[str] | None = None) -> int:
     order = {name: k for k, name in enumerate(names.values())}
     rows.sort(key=lambda r: (order[(r["scenario"], r["deployment"], r["lending"])], r["policy"], r["seed"]))
     print(markdown(rows, labels))
+    if args.plot_dir is not None:
+        from basin_sim.plots import plot_compare
+
+        for path in plot_compare(aggregate(rows), labels, args.plot_dir):
+            print(f"wrote {path}", file=sys.stderr)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         meta = {f"{s}/{d}/{lend}": {"overload_rate_per_s": cells[key].overload_rate_per_s,

@@ -112,3 +112,41 @@ def plot_run(result: RunResult, out_dir: Path) -> Path:
 
 def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}"
+
+
+def plot_compare(cells: dict[tuple[str, str, str, str], dict[str, Any]], labels: list[str],
+                 out_dir: Path) -> list[Path]:
+    """One PNG per scenario: goodput per hour by policy (mean, sd as error bars, one bar group per deployment
+    and lending), from `compare.aggregate`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for scenario in dict.fromkeys(key[0] for key in cells):
+        groups = list(dict.fromkeys((d, lend) for s, d, lend, _ in cells if s == scenario))
+        shown = [label for label in labels if any((scenario, d, lend, label) in cells for d, lend in groups)]
+        fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(shown) * len(groups)), 4.0))
+        width = 0.8 / max(1, len(groups))
+        for g, (deployment, lending) in enumerate(groups):
+            means, sds = [], []
+            for label in shown:
+                cell = cells.get((scenario, deployment, lending, label))
+                means.append(cell["goodput_mean"] if cell else 0.0)
+                sds.append(cell["goodput_sd"] if cell else 0.0)
+            xs = [k + (g - (len(groups) - 1) / 2) * width for k in range(len(shown))]
+            ax.bar(xs, means, width, yerr=sds, capsize=3, label=f"{deployment}, lending {lending}")
+        seeds = max(cell["seeds"] for key, cell in cells.items() if key[0] == scenario)
+        ax.set_xticks(range(len(shown)), shown, rotation=30, ha="right")
+        ax.set_ylabel("goodput (sessions/h), mean ± sd")
+        ax.set_title(f"{scenario}: goodput by policy over {seeds} seeds")
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = out_dir / f"compare-{scenario}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths

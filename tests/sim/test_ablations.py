@@ -76,7 +76,9 @@ def test_compare_runs_ablations_as_rows_each_reservation_kind_on_its_own_knee(
                      "--policies", "basin", "--ablations", "basin:oracle-peak", "basin:arrival-order",
                      "--seeds", "1", "--jobs", "1", "--model", str(MODEL), "--sessions",
                      str(tmp_path / "absent.parquet"), "--rates-file", str(rates.path), "--calibrations-file",
-                     str(knees), "--out", str(out)]) == 0
+                     str(knees), "--out", str(out), "--plot-dir", str(tmp_path / "plots")]) == 0
+    png = tmp_path / "plots" / "compare-tiny-surge.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     table = capsys.readouterr().out.splitlines()
     assert [line.split(" | ")[3] for line in table[2:]] == ["basin", "basin:oracle-peak", "basin:arrival-order"]
     entries = json.loads(knees.read_text())
