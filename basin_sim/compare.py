@@ -28,7 +28,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -179,42 +179,92 @@ def markdown(rows: Sequence[dict[str, Any]], policies: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
-def _cells(args: argparse.Namespace) -> dict[CellKey, Cell]:
-    """Load every scenario and deployment; per cell (and lending value) its pool, predictions and overload rate."""
+@dataclass(frozen=True)
+class Grid:
+    """Scenarios x deployments x lending switches (None: each file's own), each cell run for these labels."""
+
+    scenarios: tuple[str, ...]
+    deployments: tuple[str, ...]
+    lending: tuple[LendingKind, ...] | None
+    labels: tuple[str, ...]
+
+
+_SESSION_POLICIES = ("sglang", "continuum", "budgeter", "basin-proto", "basin")  # hicache = sglang on a host tier
+PRESETS: dict[str, tuple[Grid, ...]] = {
+    # The evaluation's table: the paper's +100% surge on cache-first 1P3D (GPU cache and host tier) with
+    # Terminal-Bench-like and SWE-bench-like sessions, every policy with and without lending; each workload's
+    # steady reference; Basin's ablations on the GPU cache without lending; a decode-first deployment.
+    "paper": (
+        Grid(("surge-100-terminal-bench", "surge-100-swebench"), ("1p3d", "1p3d-host"), ("none", "decode-memory"),
+             _SESSION_POLICIES),
+        Grid(("steady-terminal-bench", "steady-swebench"), ("1p3d",), ("none",), ("sglang", "continuum", "basin")),
+        Grid(("surge-100-terminal-bench", "surge-100-swebench"), ("1p3d",), ("none",),
+             tuple(name for name in ABLATIONS if name != "basin")),
+        Grid(("surge-100",), ("3p1d",), ("none",), ("sglang", "continuum", "budgeter", "basin")),
+    ),
+}
+
+
+def _grids(args: argparse.Namespace) -> tuple[Grid, ...]:
+    """The preset's grids, or the one grid of --scenarios x --deployments x --lending x (--policies, --ablations)."""
+    if args.preset is not None:
+        return PRESETS[args.preset]
+    labels = tuple(dict.fromkeys([*args.policies, *args.ablations]))  # an ablation named "basin" is the policy
+    return (Grid(tuple(args.scenarios), tuple(args.deployments), tuple(args.lending) if args.lending else None,
+                 labels),)
+
+
+def _cells(args: argparse.Namespace, grids: Sequence[Grid]) -> tuple[dict[CellKey, Cell], dict[CellKey, list[str]]]:
+    """Every cell of the grids with its pool, predictions and overload rate, and the labels it runs."""
     base, _ = load_pool(args.sessions, args.synthetic)
-    predictor = load_predictor(args.model) if "basin" in args.policies or args.ablations else None
+    labels = {label for grid in grids for label in grid.labels}
+    needs_model = "basin" in labels or any(label in ABLATIONS for label in labels)
+    predictor = load_predictor(args.model) if needs_model else None
     sha = file_sha256(args.model) if predictor is not None else "none"
     cache = RateCache(args.rates_file)
-    cells = {}
-    for scenario_name in args.scenarios:
-        scenario = catalog.load_scenario(scenario_name)
-        pool = tuple(workload_pool(base, scenario.workload))
-        peaks = {} if predictor is None else predict_pool(predictor, pool)
-        q = args.reservation_quantile
-        multipliers = {} if predictor is None else reservation_multipliers(predictor, pool, q)
-        revisions = {} if predictor is None else online_revisions(predictor, pool, peaks, q, args.revise_at_calls)
-        for deployment_name in args.deployments:
-            spec = catalog.load_deployment(deployment_name)
-            needs_rate = scenario.needs_overload_rate or args.ablations or \
-                any(p.startswith("basin") for p in args.policies)
-            rate = 0.0  # absolute arrivals and no knee ramp to scale: nothing to calibrate
-            if needs_rate:
-                rate, source = overload_rate_for(spec.build("gpu"), pool, scenario.workload, scenario.clients, cache)
-                print(f"{scenario.name} on {spec.name}: overload rate {rate:.4f}/s ({source})", file=sys.stderr)
-            for lending in args.lending or [spec.lending]:
-                cells[(scenario_name, deployment_name, lending)] = Cell(
-                    scenario, spec, lending, pool, peaks, rate, None, multipliers, q, revisions, sha)
-    return cells
+    q = args.reservation_quantile
+    cells: dict[CellKey, Cell] = {}
+    cell_labels: dict[CellKey, list[str]] = {}
+    loaded: dict[str, tuple[Scenario, tuple[Session, ...], dict[str, float], dict[str, float], Revisions]] = {}
+    rates: dict[tuple[str, str], float] = {}
+    for grid in grids:
+        for scenario_name in grid.scenarios:
+            if scenario_name not in loaded:
+                scenario = catalog.load_scenario(scenario_name)
+                pool = tuple(workload_pool(base, scenario.workload))
+                peaks = {} if predictor is None else predict_pool(predictor, pool)
+                multipliers = {} if predictor is None else reservation_multipliers(predictor, pool, q)
+                revisions = {} if predictor is None else online_revisions(predictor, pool, peaks, q,
+                                                                          args.revise_at_calls)
+                loaded[scenario_name] = (scenario, pool, peaks, multipliers, revisions)
+            scenario, pool, peaks, multipliers, revisions = loaded[scenario_name]
+            for deployment_name in grid.deployments:
+                spec = catalog.load_deployment(deployment_name)
+                needs_rate = scenario.needs_overload_rate or any(label.startswith("basin") for label in grid.labels)
+                if (scenario_name, deployment_name) not in rates:
+                    rate = 0.0  # absolute arrivals and no knee ramp to scale: nothing to calibrate
+                    if needs_rate:
+                        rate, source = overload_rate_for(spec.build("gpu"), pool, scenario.workload,
+                                                         scenario.clients, cache)
+                        print(f"{scenario.name} on {spec.name}: overload rate {rate:.4f}/s ({source})",
+                              file=sys.stderr)
+                    rates[(scenario_name, deployment_name)] = rate
+                for lending in grid.lending or (spec.lending,):
+                    key = (scenario_name, deployment_name, lending)
+                    cells[key] = Cell(scenario, spec, lending, pool, peaks, rates[(scenario_name, deployment_name)],
+                                      None, multipliers, q, revisions, sha)
+                    cell_labels[key] = list(dict.fromkeys([*cell_labels.get(key, []), *grid.labels]))
+    return cells, cell_labels
 
 
-def _calibrated(cells: dict[CellKey, Cell], kinds: Sequence[Reservation], cache: KneeCache,
+def _calibrated(cells: dict[CellKey, Cell], kinds: Mapping[CellKey, Sequence[Reservation]], cache: KneeCache,
                 executor: ProcessPoolExecutor) -> dict[tuple[CellKey, Reservation], dict[str, Any]]:
     """Per cell and reservation kind its cached knee calibration; missing ones measured now (in parallel), said and
     cached. Cells of one shape (a host tier's and its GPU deployment) share a knee."""
     keys = {(key, kind): knee_key(cell.gpu_deployment(), cell.pool, cell.scenario,
                                   calibration_tag(kind, cell.predictor_sha256, cell.reservation_quantile),
                                   cell.reservation_quantile)
-            for key, cell in cells.items() for kind in kinds}
+            for key, cell in cells.items() for kind in kinds[key]}
     records = {knee: cache.record(knee) for knee in set(keys.values())}
     first = {knee: job for job, knee in reversed(keys.items())}
     missing = {knee: executor.submit(_knee, *first[knee]) for knee, record in records.items() if record is None}
@@ -230,6 +280,9 @@ def _calibrated(cells: dict[CellKey, Cell], kinds: Sequence[Reservation], cache:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="basin-sim compare", description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", choices=sorted(PRESETS),
+                        help="a named set of grids instead of --scenarios/--deployments/--lending/--policies/"
+                             "--ablations (paper: the evaluation's policy table, ablations and decode-first rows)")
     parser.add_argument("--scenarios", nargs="+", default=["steady", "surge-100", "kill-burst"],
                         help="names or .yaml files")
     parser.add_argument("--deployments", nargs="+", default=["1p3d"], help="names or .yaml files")
@@ -256,23 +309,24 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Calibrate each cell (cached), run the grid over seeds, print the Markdown table."""
     args = _parser().parse_args(argv)
+    grids = _grids(args)
     try:
-        cells = _cells(args)
+        cells, cell_labels = _cells(args, grids)
     except (catalog.CatalogError, PredictorError, SessionTableError, PoolError, RatesError, ScenarioError,
             OSError) as exc:  # one line, no traceback
         print(f"basin-sim compare: error: {exc}", file=sys.stderr)
         return 2
     started = time.perf_counter()
-    labels = list(dict.fromkeys([*args.policies, *args.ablations]))  # an ablation named "basin" is the policy
+    labels = list(dict.fromkeys(label for grid in grids for label in grid.labels))
     with ProcessPoolExecutor(args.jobs, initializer=_init, initargs=(cells,)) as executor:
-        kinds = sorted({"predicted" if label in ("basin", "basin-proto") else ABLATIONS[label].reservation
-                        for label in labels if label in ("basin", "basin-proto") or label in ABLATIONS})
-        knees = _calibrated(cells, kinds, KneeCache(args.calibrations_file), executor) if kinds else {}
+        kinds = {key: sorted({_kind(label) for label in cell_labels[key]
+                              if label in ("basin", "basin-proto") or label in ABLATIONS}) for key in cells}
+        knees = _calibrated(cells, kinds, KneeCache(args.calibrations_file), executor)
         cells = {key: dataclasses.replace(cell, calibration=knees.get((key, "predicted")))
                  for key, cell in cells.items()}
         futures: list[Future[dict[str, Any]]] = [
             executor.submit(_run, key, label, seed, knees.get((key, _kind(label))))
-            for key in cells for label in labels for seed in args.seeds]
+            for key in cells for label in cell_labels[key] for seed in args.seeds]
         rows = []
         for done, future in enumerate(as_completed(futures), 1):
             rows.append(future.result())

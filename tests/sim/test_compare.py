@@ -82,3 +82,21 @@ def test_an_unknown_scenario_is_one_line_exit_2(capsys: pytest.CaptureFixture[st
     assert main(["--scenarios", "no-such-scenario", "--model", str(MODEL), "--synthetic"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("basin-sim compare: error:") and "no-such-scenario" in err
+
+
+def test_the_paper_preset_names_only_shipped_scenarios_deployments_policies_and_ablations() -> None:
+    from basin_sim.ablations import ABLATIONS
+    from basin_sim.compare import PRESETS
+    from basin_sim.policies import policy_names
+
+    grids = PRESETS["paper"]
+    for grid in grids:
+        for name in grid.scenarios:
+            load_scenario(name)
+        for name in grid.deployments:
+            load_deployment(name)
+        assert set(grid.labels) <= set(policy_names()) | set(ABLATIONS)
+    headline = grids[0]
+    assert set(headline.scenarios) == {"surge-100-terminal-bench", "surge-100-swebench"}
+    assert headline.lending == ("none", "decode-memory") and {"continuum", "basin", "budgeter"} <= set(headline.labels)
+    assert load_scenario("surge-100-terminal-bench").workload.benchmarks == ("terminal-bench",)
