@@ -3,6 +3,7 @@ TTFT, goodput). Writes files; matplotlib is imported here only, with the Agg bac
 
 from __future__ import annotations
 
+import math
 import statistics
 from pathlib import Path
 from typing import Any
@@ -128,14 +129,14 @@ def plot_compare(cells: dict[tuple[str, str, str, str], dict[str, Any]], labels:
     for scenario in dict.fromkeys(key[0] for key in cells):
         groups = list(dict.fromkeys((d, lend) for s, d, lend, _ in cells if s == scenario))
         shown = [label for label in labels if any((scenario, d, lend, label) in cells for d, lend in groups)]
-        fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(shown) * len(groups)), 4.0))
+        fig, ax = plt.subplots(figsize=(min(16.0, max(6.0, 2.0 + 0.3 * len(shown) * len(groups))), 4.5))
         width = 0.8 / max(1, len(groups))
         for g, (deployment, lending) in enumerate(groups):
             means, sds = [], []
             for label in shown:
                 cell = cells.get((scenario, deployment, lending, label))
-                means.append(cell["goodput_mean"] if cell else 0.0)
-                sds.append(cell["goodput_sd"] if cell else 0.0)
+                means.append(cell["goodput_mean"] if cell else math.nan)  # not run in this group: no bar
+                sds.append(cell["goodput_sd"] if cell else math.nan)
             xs = [k + (g - (len(groups) - 1) / 2) * width for k in range(len(shown))]
             ax.bar(xs, means, width, yerr=sds, capsize=3, label=f"{deployment}, lending {lending}")
         seeds = max(cell["seeds"] for key, cell in cells.items() if key[0] == scenario)
