@@ -112,8 +112,8 @@ def _run(key: CellKey, label: str, seed: int, knee: dict[str, Any] | None) -> di
     peaks: dict[str, float] = {}
     multipliers: dict[str, float] = {}
     if policy == "basin":
-        kind = variant.reservation if variant is not None else "predicted"
-        peaks, multipliers = reservations(kind, cell.pool, cell.peaks, cell.multipliers, cell.reservation_quantile)
+        peaks, multipliers = reservations(_kind(label), cell.pool, cell.peaks, cell.multipliers,
+                                          cell.reservation_quantile)
     run = RunSpec(cell.scenario, cell.deployment.build("host" if policy == "hicache" else None, cell.lending), policy,
                   seed, cell.overload_rate_per_s, predicted_peak_tokens=peaks, calibration=calibration,
                   reservation_multipliers=multipliers,

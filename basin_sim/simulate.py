@@ -40,7 +40,7 @@ from basin_sim.clients import ClosedPopulation
 from basin_sim.engine import Engine
 from basin_sim.goodput import SLOWDOWN_LIMIT, SessionOutcome
 from basin_sim.lifecycle import SessionRun, SessionSpec
-from basin_sim.policies import PolicyContext, make_policy
+from basin_sim.policies import PolicyContext, make_policy, policy_spec
 from basin_sim.profile import Deployment
 from basin_sim.run_summary import summarize
 from basin_sim.timeline import Timeline
@@ -187,10 +187,11 @@ def tool_calls(sessions: Sequence[SessionSpec]) -> tuple[tuple[tuple[float, int]
 
 def policy_context(spec: RunSpec, sessions: Sequence[SessionSpec]) -> PolicyContext:
     """What the run's policy is told (Continuum: these sessions' tool gaps and prompts, for its TTL rule)."""
+    calls = tool_calls(sessions) if policy_spec(spec.policy_name).needs_tool_calls else ()
     return PolicyContext(spec.deployment, spec.predicted_peak_tokens, spec.reservation_scale,
                          calibration=spec.calibration, pin_ttl_s=spec.pin_ttl_s,
                          reservation_multipliers=spec.reservation_multipliers, revisions=spec.revisions,
-                         tool_calls=tool_calls(sessions), policy_overrides=spec.policy_overrides)
+                         tool_calls=calls, policy_overrides=spec.policy_overrides)
 
 
 class ArrivalFeed:

@@ -117,9 +117,8 @@ def demo_deployment(cache_tokens: int) -> Any:
 def calibrate(settings: DemoSettings, pool: Any, deployment: Any) -> dict[str, Any]:
     """Overload rate and the gateway's calibration for the demo deployment, from the simulator."""
     from basin_runtime.model_files import file_sha256
-    from basin_sim.calibrate.commands import RAMP_FRACTIONS, RAMP_STEP_S, calibration_record
+    from basin_sim.calibrate.commands import knee_record
     from basin_sim.calibrate.overload import CalibrationSettings, find_overload_rate
-    from basin_sim.calibrate.ramp import run_ramp
     from basin_sim.predictions import load_predictor, predict_pool, reservation_multipliers, reserved_peaks
 
     started = time.perf_counter()
@@ -127,10 +126,9 @@ def calibrate(settings: DemoSettings, pool: Any, deployment: Any) -> dict[str, A
     predictor = load_predictor(settings.model)
     reservations = reserved_peaks(predict_pool(predictor, pool),  # as the gateway reserves: m(q) x prediction
                                   reservation_multipliers(predictor, pool, DEMO_RESERVATION_QUANTILE))
-    steps = run_ramp(deployment, pool, [f * rate for f in RAMP_FRACTIONS], RAMP_STEP_S, settings.seed, reservations)
-    record = calibration_record(deployment, steps, f"python -m basin_stack.demo (cache {settings.cache_tokens} tokens)",
-                                predictor_sha256=file_sha256(settings.model),
-                                reservation_quantile=DEMO_RESERVATION_QUANTILE)
+    record = knee_record(deployment, pool, rate, settings.seed, reservations,
+                         f"python -m basin_stack.demo (cache {settings.cache_tokens} tokens)",
+                         predictor_sha256=file_sha256(settings.model), reservation_quantile=DEMO_RESERVATION_QUANTILE)
     log.info("simulator: overload rate %.4f sessions/s, knee %d tokens, reservation ratio %s (%.0f s)", rate,
              record["knee_tokens"], record.get("reservation_ratio"), time.perf_counter() - started)
     return {"overload_rate_per_s": rate, "gateway": record}

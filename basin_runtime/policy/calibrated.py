@@ -25,6 +25,7 @@ from typing import Any
 
 from basin_runtime.policy.budget import reference_budget_tokens
 from basin_runtime.policy.config import PolicyConfig, PolicyError
+from basin_runtime.policy.lending import LendingKind
 
 _CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(PolicyConfig))
 
@@ -42,7 +43,7 @@ class Calibration:
     # reservation quantile (None: the bare prediction); both None when the file does not say.
     predictor_sha256: str | None = None
     reservation_quantile: float | None = None
-    lending: str | None = None  # the deployment's lending switch on the ramp (None: not said)
+    lending: LendingKind | None = None  # the deployment's lending switch on the ramp (None: not said)
 
     def budget_tokens(self, mode: str = "basin") -> int:
         """B = r x min(0.9 x knee, capacity) in reservation tokens; r = 1 in prototype mode."""

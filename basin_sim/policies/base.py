@@ -105,9 +105,11 @@ class SessionPolicy(Protocol):
 
 @dataclass(frozen=True)
 class PolicySpec:
-    """A registered policy: its name, what it is, whether it needs a host tier, how to build it."""
+    """A registered policy: its name, what it is, whether it needs a host tier, how to build it, and whether it
+    reads the run's tool calls (`PolicyContext.tool_calls`, built only for a policy that does)."""
 
     name: str
     description: str
     uses_host_tier: bool
     factory: Callable[[PolicyContext], SessionPolicy]
+    needs_tool_calls: bool = False

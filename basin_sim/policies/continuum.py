@@ -65,4 +65,4 @@ def _continuum(context: PolicyContext) -> ContinuumPolicy:
 
 
 CONTINUUM = PolicySpec("continuum", "Continuum: KV pinned with a TTL across tool calls, program-level FCFS, "
-                       "no admission control", False, _continuum)
+                       "no admission control", False, _continuum, needs_tool_calls=True)
