@@ -3,7 +3,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from basin_runtime.session_log import LoggedCall, SessionLogRecord
+import pytest
+
+from basin_runtime.session_log import LoggedCall, SessionLogError, SessionLogRecord
 from basin_runtime.session_table import read_sessions
 from basin_runtime.tokenizer import get_tokenizer
 from pipeline.ingest import main as ingest_main
@@ -69,3 +71,38 @@ def test_gateway_log_round_trip(tmp_path: Path) -> None:
     (s,) = read_sessions(out)
     assert (s.session_id, s.task_text, s.peak_prompt_tokens, s.tokenizer) == ("gw-1", "fix the bug", 1500, "qwen3.6")
     assert [c.gap_s for c in s.calls] == [6.0, None] and [c.cached_tokens for c in s.calls] == [0, 1200]
+
+
+# A line exactly as the version-1 writer wrote it (before call outcomes, `adopted` and reservations).
+V1_LINE = ('{"format": "basin-session-log", "version": 1, "session_id": "gw-old", "workload": null, "model": "qwen", '
+           '"tokenizer": "qwen3.6", "task_text": "fix the bug", "task_chars": 11, "started_at": 100.0, '
+           '"ended_at": 130.0, "end_reason": "ended", "predicted_peak_tokens": 4000.0, "calls": ['
+           '{"started_at": 100.0, "ended_at": 104.0, "prompt_tokens": 1200, "completion_tokens": 80, '
+           '"cached_tokens": 0},'
+           ' {"started_at": 110.0, "ended_at": 115.0, "prompt_tokens": 1500, "completion_tokens": 60, '
+           '"cached_tokens": 1200}]}')
+
+
+def test_a_version_1_log_line_is_still_read_beside_version_2(tmp_path: Path) -> None:
+    old = SessionLogRecord.from_json(V1_LINE)
+    assert old.adopted is False and old.reserved_peak_tokens is None
+    assert [c.outcome for c in old.calls] == [None, None]
+    new = SessionLogRecord(
+        session_id="gw-new", model="qwen", tokenizer="qwen3.6", task_text="add a test", task_chars=10,
+        started_at=200.0, ended_at=230.0, end_reason="ended",
+        calls=(LoggedCall(200.0, 204.0, 900, 50, 0, "completed"), LoggedCall(210.0, 215.0, 1100, 40, 900, "completed")),
+        predicted_peak_tokens=3000.0, reserved_peak_tokens=5100.0,
+    )
+    assert json.loads(new.to_json())["version"] == 2
+    path = write_jsonl(tmp_path / "gateway.jsonl", [V1_LINE, new.to_json()])
+    code, out = _ingest(tmp_path, "gateway-log", path)
+    assert code == 0
+    sessions = {s.session_id: s for s in read_sessions(out)}
+    assert sorted(sessions) == ["gw-new", "gw-old"]
+    assert sessions["gw-old"].peak_prompt_tokens == 1500 and sessions["gw-new"].peak_prompt_tokens == 1100
+
+
+def test_a_log_line_of_an_unknown_version_is_refused_naming_the_versions_read() -> None:
+    line = V1_LINE.replace('"version": 1', '"version": 3')
+    with pytest.raises(SessionLogError, match=r"version 3.*version 1 or 2"):
+        SessionLogRecord.from_json(line)
