@@ -2,7 +2,9 @@
 #
 # Rules:
 # - A JSON object: `knee_tokens` and `cache_capacity_tokens` (> 0, required), `hit_rate_plateau`
-#   (in [0, 1]), `peak_completion_rate_per_s` (> 0) and `reservation_ratio` (>= 1) optional, `notes`
+#   (in [0, 1]), `peak_completion_rate_per_s` (> 0), `reservation_ratio` (>= 1), `ttft_plateau_s` and
+#   `call_cycle_plateau_s` (> 0: the plateau's median time to first token, and median session duration
+#   over its calls; together they set the latency gate) optional, `notes`
 #   free; what r was measured for, optional: `predictor_sha256` (64 hex digits, or "none" for no
 #   predictor), `reservation_quantile` (in (0, 1), or null: the bare prediction), `lending` (none |
 #   decode-memory). Any other key is refused, so a misspelt measurement cannot pass silently.
@@ -27,7 +29,7 @@ __all__ = ["Calibration", "CalibrationError", "calibration_from_mapping", "load_
 
 _REQUIRED = ("knee_tokens", "cache_capacity_tokens")
 _OPTIONAL = ("hit_rate_plateau", "peak_completion_rate_per_s", "reservation_ratio", "notes", "predictor_sha256",
-             "reservation_quantile", "lending")
+             "reservation_quantile", "lending", "ttft_plateau_s", "call_cycle_plateau_s")
 
 
 class CalibrationError(ValueError):
@@ -54,7 +56,8 @@ def calibration_from_mapping(raw: object, source: str) -> Calibration:
     if missing:
         raise CalibrationError(f"{source}: missing {missing}")
     values: dict[str, Any] = {key: _positive(source, key, raw[key]) for key in _REQUIRED}
-    for key in ("hit_rate_plateau", "peak_completion_rate_per_s", "reservation_ratio"):
+    for key in ("hit_rate_plateau", "peak_completion_rate_per_s", "reservation_ratio", "ttft_plateau_s",
+                "call_cycle_plateau_s"):
         if raw.get(key) is not None:
             values[key] = _positive(source, key, raw[key], allow_zero=key == "hit_rate_plateau")
     if values.get("hit_rate_plateau", 0.0) > 1:

@@ -9,7 +9,11 @@
 # - The budget B = r x min(0.9 x knee, capacity), in the unit admission sums. Reservations are
 #   contexts in prototype mode, so r does not apply there (r = 1). This is the only place that
 #   turns a calibration into a budget; the gateway and the simulator both call it.
-# - `policy_config(calibration, overrides)`: the measured plateau and peak completion rate, then the
+# - `policy_config(calibration, overrides)`: the measured plateau, peak completion rate and (basin
+#   mode) reservation ratio, so admission engages on the working set against B / r, and, when the
+#   ramp measured the plateau's first-token latency and call cycle, the latency gate: the first-token
+#   latency at which the median session would miss goodput's deadline (`Calibration.latency_gate_s`;
+#   the working set engages admission only while the engines are that slow); then the
 #   overrides (any `PolicyConfig` field, e.g. a config file's `policy:` section), then an explicit
 #   budget if one is given. Neither calibration nor budget is an error. A bad value raises
 #   `PolicyError` naming the field.
@@ -28,6 +32,7 @@ from basin_runtime.policy.config import PolicyConfig, PolicyError
 from basin_runtime.policy.lending import LendingKind
 
 _CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(PolicyConfig))
+GOODPUT_DEADLINE_FACTOR = 4.0  # goodput counts a session good within 4x its unloaded time (the paper's)
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,19 @@ class Calibration:
     predictor_sha256: str | None = None
     reservation_quantile: float | None = None
     lending: LendingKind | None = None  # the deployment's lending switch on the ramp (None: not said)
+    ttft_plateau_s: float | None = None  # median time to first token on the ramp's plateau (None: not measured)
+    call_cycle_plateau_s: float | None = None  # median session duration / its calls on the plateau (None: not measured)
+
+    def latency_gate_s(self) -> float | None:
+        """The first-token latency at which the median session misses goodput's deadline (None: not measured).
+
+        A session is good if it ends within GOODPUT_DEADLINE_FACTOR x its unloaded time U; n calls each
+        d seconds slower than unloaded add n x d, so it misses once d > (factor - 1) x U / n, U / n being
+        its call cycle. The gate is the plateau's first-token latency plus that much.
+        """
+        if self.ttft_plateau_s is None or self.call_cycle_plateau_s is None:
+            return None
+        return self.ttft_plateau_s + (GOODPUT_DEADLINE_FACTOR - 1) * self.call_cycle_plateau_s
 
     def budget_tokens(self, mode: str = "basin") -> int:
         """B = r x min(0.9 x knee, capacity) in reservation tokens; r = 1 in prototype mode."""
@@ -69,6 +87,11 @@ def policy_config(calibration: Calibration | None, overrides: Mapping[str, Any] 
     if calibration is not None:
         measured = {key: getattr(calibration, key) for key in ("hit_rate_plateau", "peak_completion_rate_per_s")
                     if getattr(calibration, key) is not None}
+        if mode != "prototype":
+            measured["reservation_ratio"] = calibration.reservation_ratio
+            gate = calibration.latency_gate_s()
+            if gate is not None:
+                measured["latency_gate_s"] = gate
     return PolicyConfig(budget_tokens=budget, **{**measured, **extra})
 
 

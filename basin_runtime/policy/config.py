@@ -67,8 +67,12 @@ def require_tokens(what: str, value: object) -> int:
 class PolicyConfig:
     """Everything the policy core is tuned by; only `budget_tokens` has no default.
 
-    `budget_tokens` is the reference budget B (see `reference_budget_tokens`). The hit-rate
-    plateau should come from the measured hit-rate-vs-working-set curve of the deployment.
+    `budget_tokens` is the reference budget B (see `reference_budget_tokens`), in the unit admission
+    sums (reservations); `reservation_ratio` is the r it was built with (reservations / contexts of the
+    live sessions on the knee ramp), so the working set (contexts) is compared with budget / r when
+    admission decides whether to engage. `latency_gate_s` (None: no gate) lets the working set
+    engage admission only while the engines' windowed time to first token is at least that long.
+    The hit-rate plateau should come from the measured hit-rate-vs-working-set curve of the deployment.
     """
 
     budget_tokens: int
@@ -84,6 +88,8 @@ class PolicyConfig:
     peak_completion_rate_per_s: float | None = None
     shed_wait_s: float = 900.0
     arrival_window_s: float = 3600.0
+    reservation_ratio: float = 1.0
+    latency_gate_s: float | None = None
 
     def __post_init__(self) -> None:
         budget = require_tokens("PolicyConfig.budget_tokens", self.budget_tokens)
@@ -100,6 +106,11 @@ class PolicyConfig:
         require_finite("PolicyConfig.budget_move_interval_s", self.budget_move_interval_s, minimum=0)
         require_finite("PolicyConfig.shed_wait_s", self.shed_wait_s, minimum=0)
         self._check_positive("arrival_window_s", self.arrival_window_s)
+        if self.latency_gate_s is not None:
+            self._check_positive("latency_gate_s", self.latency_gate_s)
+        if require_finite("PolicyConfig.reservation_ratio", self.reservation_ratio) < 1:
+            raise PolicyError(f"PolicyConfig.reservation_ratio must be >= 1 (reservations are at least the "
+                              f"contexts), got {self.reservation_ratio!r}")
         if self.peak_completion_rate_per_s is not None:
             self._check_positive("peak_completion_rate_per_s", self.peak_completion_rate_per_s)
 

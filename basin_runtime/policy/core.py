@@ -3,10 +3,16 @@
 # Rules:
 # - Working set = sum of the current contexts of all live sessions (tool-running ones included);
 #   a session's context is the latest prompt size observed for it, its context at arrival before.
-# - Admission is engaged while working set > budget, while anyone is queued, or always if
-#   `always_engaged`. Engagement is judged on the state before an arrival. A session arriving while
-#   admission is not engaged is admitted at once; otherwise it queues and the queue is drained by
-#   the rule in `admission.py` (strict priority order, lone head goes in over budget).
+# - Admission is engaged while working set x r > budget, while anyone is queued, or always if
+#   `always_engaged` (r = `reservation_ratio`: the budget is in reservation units, r times the live
+#   contexts on the knee ramp, so the working set is held against B / r, the knee side of B).
+#   With a latency gate (`latency_gate_s`), the working set engages admission only while the engines
+#   are slow: the windowed median time to first token given to the last `tick` is >= the gate (no
+#   report yet: not slow). Past the knee the hit rate falls, but as long as the engines keep up the
+#   cache's misses cost less than holding sessions at the door would.
+#   Engagement is judged on the state before an arrival. A session arriving while admission is not
+#   engaged is admitted at once; otherwise it queues and the queue is drained by the rule in
+#   `admission.py` (strict priority order, lone head goes in over budget).
 # - An adopted session (already running, e.g. across a gateway restart) is live at once and does not
 #   count as an arrival for the shedding rate.
 # - Admitted sessions run to completion: no budget change ever evicts a live session. Only
@@ -71,6 +77,7 @@ class Policy:
         self._now_s: float | None = None
         self._working_set_tokens = 0
         self._reserved_tokens = 0
+        self._ttft_s: float | None = None  # the windowed time to first token at the last tick
 
     # --- events in -------------------------------------------------------------------------
 
@@ -166,13 +173,19 @@ class Policy:
             self._queue.remove(session_id)
         return self._admitted_events(now)
 
-    def tick(self, now: float, hit_rate: float | None = None) -> list[Event]:
-        """Let time pass: move the budget, admit, and shed at most one queued session."""
+    def tick(self, now: float, hit_rate: float | None = None, ttft_s: float | None = None) -> list[Event]:
+        """Let time pass: move the budget, admit, and shed at most one queued session.
+
+        `ttft_s` is the engines' windowed time to first token now (None: no new evidence; the last one stands).
+        """
         now = self._check_now(now)
         if hit_rate is not None:
             rate = require_finite("hit_rate", hit_rate)
             if not 0 <= rate <= 1:
                 raise PolicyError(f"hit_rate must be in [0, 1], got {hit_rate!r}")
+        if ttft_s is not None:
+            require_finite("ttft_s", ttft_s, minimum=0)
+            self._ttft_s = float(ttft_s)
         self._advance(now)
         events: list[Event] = []
         moved = self._budget.tick(now, hit_rate, has_queued=len(self._queue) > 0)
@@ -207,8 +220,17 @@ class Policy:
     def is_engaged(self) -> bool:
         """True while arrivals go through the admission queue."""
         return (
-            self.config.always_engaged or len(self._queue) > 0 or self._working_set_tokens > self._budget.budget_tokens
+            self.config.always_engaged
+            or len(self._queue) > 0
+            or (self._working_set_tokens * self.config.reservation_ratio > self._budget.budget_tokens
+                and self.is_pressed)
         )
+
+    @property
+    def is_pressed(self) -> bool:
+        """True unless a latency gate is set and the engines' last reported first-token latency is under it."""
+        gate = self.config.latency_gate_s
+        return gate is None or (self._ttft_s is not None and self._ttft_s >= gate)
 
     def priority_of(self, session_id: str) -> float:
         """The fixed priority of a live or queued session (smaller is served first)."""

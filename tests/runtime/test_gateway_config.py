@@ -166,9 +166,30 @@ def test_the_reservation_ratio_scales_the_budget_into_reservation_tokens_except_
     calibration = load_calibration(calibration_file(tmp_path, knee_tokens=100_000, cache_capacity_tokens=10**6,
                                                     reservation_ratio=1.5))
     basin = parse("--upstream", "http://r:1", "--model", "m.onnx")
-    assert policy_config(basin, calibration).budget_tokens == 135_000  # 1.5 x 0.9 x 100k
+    served = policy_config(basin, calibration)
+    assert (served.budget_tokens, served.reservation_ratio) == (135_000, 1.5)  # 1.5 x 0.9 x 100k; engages at 90k
     config_file = write(tmp_path / "proto.yaml", "upstream: http://r:1\nmodel: m.onnx\npolicy: {mode: prototype}\n")
-    assert policy_config(parse("--config", str(config_file)), calibration).budget_tokens == 90_000
+    proto = policy_config(parse("--config", str(config_file)), calibration)
+    assert (proto.budget_tokens, proto.reservation_ratio) == (90_000, 1.0)
+
+
+def test_the_plateau_latency_and_call_cycle_set_the_latency_gate_in_basin_mode_only(tmp_path: Path) -> None:
+    calibration = load_calibration(calibration_file(tmp_path, knee_tokens=100_000, cache_capacity_tokens=10**6,
+                                                    ttft_plateau_s=0.25, call_cycle_plateau_s=10.0))
+    assert (calibration.ttft_plateau_s, calibration.call_cycle_plateau_s) == (0.25, 10.0)
+    basin = policy_config(parse("--upstream", "http://r:1", "--model", "m.onnx"), calibration)
+    # a session is good within 4x its unloaded time: calls 3 x 10 s slower each and the median one misses it
+    assert basin.latency_gate_s == pytest.approx(30.25)
+    half = load_calibration(calibration_file(tmp_path, knee_tokens=100_000, cache_capacity_tokens=10**6,
+                                             ttft_plateau_s=0.25))
+    assert policy_config(parse("--upstream", "http://r:1", "--model", "m.onnx"), half).latency_gate_s is None
+    config_file = write(tmp_path / "proto.yaml", "upstream: http://r:1\nmodel: m.onnx\npolicy: {mode: prototype}\n")
+    assert policy_config(parse("--config", str(config_file)), calibration).latency_gate_s is None  # the paper's rule
+    off = write(tmp_path / "off.yaml", "upstream: http://r:1\nmodel: m.onnx\npolicy: {latency_gate_s: null}\n")
+    assert policy_config(parse("--config", str(off)), calibration).latency_gate_s is None  # the operator's word
+    with pytest.raises(CalibrationError, match="ttft_plateau_s must be a finite number > 0, got -1"):
+        load_calibration(calibration_file(tmp_path, knee_tokens=100_000, cache_capacity_tokens=10**6,
+                                          ttft_plateau_s=-1))
 
 
 def test_budget_tokens_overrides_the_calibration_and_the_policy_section_its_measurements(tmp_path: Path) -> None:

@@ -73,11 +73,16 @@ class PolicyMachine(RuleBasedStateMachine):
         always_engaged=st.booleans(),
         is_shedding=st.booleans(),
         budget_tokens=st.integers(200, 2000),
+        reservation_ratio=st.sampled_from([1.0, 1.0, 1.5, 3.2]),
+        latency_gate_s=st.sampled_from([None, None, 1.0]),
     )
-    def setup(self, mode: str, always_engaged: bool, is_shedding: bool, budget_tokens: int) -> None:
+    def setup(self, mode: str, always_engaged: bool, is_shedding: bool, budget_tokens: int,
+              reservation_ratio: float, latency_gate_s: float | None) -> None:
         self.config = PolicyConfig(
             budget_tokens=budget_tokens,
             always_engaged=always_engaged,
+            reservation_ratio=reservation_ratio,
+            latency_gate_s=latency_gate_s,
             mode=mode,  # type: ignore[arg-type]
             budget_move_interval_s=5.0,
             peak_completion_rate_per_s=0.05 if is_shedding else None,
@@ -93,8 +98,16 @@ class PolicyMachine(RuleBasedStateMachine):
         self.arrivals_s: list[float] = []
         self.outcomes: dict[str, str] = {}  # finished / withdrawn / shed
         self.last_move_s: float | None = None
+        self.ttft_s: float | None = None  # the last first-token latency a tick reported
 
     # --- model arithmetic ----------------------------------------------------------------------
+
+    def is_engaged(self, budget: int) -> bool:
+        """The working set (contexts) held against the budget over r (reservation units to contexts), while the
+        engines are slow when there is a latency gate."""
+        ratio, gate = self.config.reservation_ratio, self.config.latency_gate_s
+        is_slow = gate is None or (self.ttft_s is not None and self.ttft_s >= gate)
+        return self.config.always_engaged or bool(self.queued) or (self.working_set() * ratio > budget and is_slow)
 
     def reservation(self, session: ModelSession) -> int:
         if self.config.mode == "prototype":
@@ -152,7 +165,7 @@ class PolicyMachine(RuleBasedStateMachine):
         assert self.policy is not None
         session_id = f"s{self.num_arrived}"
         budget = self.budget()
-        was_engaged = self.config.always_engaged or bool(self.queued) or self.working_set() > budget
+        was_engaged = self.is_engaged(budget)
         now = self.step_time(dt)
         events = self.policy.arrive(session_id, now, peak, context, multiplier)
         priority = now if self.config.mode == "prototype" else now + peak / self.config.tokens_per_s
@@ -210,12 +223,15 @@ class PolicyMachine(RuleBasedStateMachine):
         session.peak_tokens, session.multiplier = peak, multiplier
         self.expect_admissions(admitted, self.budget())
 
-    @rule(dt=st.integers(0, 30), hit_rate=st.none() | st.floats(0, 1))
-    def tick(self, dt: int, hit_rate: float | None) -> None:
+    @rule(dt=st.integers(0, 30), hit_rate=st.none() | st.floats(0, 1),
+          ttft_s=st.none() | st.sampled_from([0.2, 0.99, 1.0, 30.0]))
+    def tick(self, dt: int, hit_rate: float | None, ttft_s: float | None) -> None:
         assert self.policy is not None
         budget_before, had_queue = self.budget(), bool(self.queued)
         now = self.step_time(dt)
-        events = self.policy.tick(now, hit_rate)
+        events = self.policy.tick(now, hit_rate, ttft_s)
+        if ttft_s is not None:
+            self.ttft_s = ttft_s
         if events and isinstance(events[0], BudgetMoved):
             self.check_budget_move(events.pop(0), now, hit_rate, budget_before, had_queue)
         else:
@@ -326,8 +342,7 @@ class PolicyMachine(RuleBasedStateMachine):
         assert snap.live == tuple(self.live)
         assert snap.queued == tuple(s.session_id for s in sorted(self.queued.values(), key=lambda s: s.key))
         assert (snap.reserved_tokens, snap.working_set_tokens) == (self.reserved(), self.working_set())
-        engaged = self.config.always_engaged or bool(self.queued) or self.working_set() > snap.budget_tokens
-        assert snap.is_engaged == engaged
+        assert snap.is_engaged == self.is_engaged(snap.budget_tokens)
         low = max(1, round(snap.reference_budget_tokens * 0.85))
         assert low <= snap.budget_tokens <= round(snap.reference_budget_tokens * 1.10)
         for session in {**self.live, **self.queued}.values():

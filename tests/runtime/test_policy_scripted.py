@@ -154,6 +154,53 @@ def test_not_engaged_admits_at_once_until_the_working_set_exceeds_the_budget() -
     t.check(now_s=5.0, live=["c"], queued=[], reserved_tokens=10, working_set_tokens=10, is_engaged=False)
 
 
+def test_with_a_reservation_ratio_the_working_set_engages_at_the_budget_over_r() -> None:
+    # B = r x knee side: 3000 reservation tokens with r = 3 is a working set of 1000 contexts
+    policy, t = make(3000, reservation_ratio=3.0)
+    assert arrives(policy, "a", 0.0, 2000, 600) is True
+    t.check(now_s=0.0, live=["a"], reserved_tokens=2000, working_set_tokens=600)
+    assert arrives(policy, "b", 1.0, 2000, 400) is True  # 600 x 3 <= 3000: not engaged yet
+    t.check(now_s=1.0, live=["a", "b"], reserved_tokens=4000, working_set_tokens=1000)
+    assert admits(policy.observe("b", 2.0, 401)) == []  # 1001 x 3 > 3000: engaged
+    t.check(now_s=2.0, working_set_tokens=1001, is_engaged=True)
+    assert arrives(policy, "c", 3.0, 10, 10) is False  # reservations 4000 + 10 > 3000: it waits
+    t.check(now_s=3.0, queued=["c"])
+    assert admits(policy.finish("a", 4.0)) == ["c"]  # 2000 + 10 fits
+    t.check(now_s=4.0, live=["b", "c"], queued=[], reserved_tokens=2010, working_set_tokens=411, is_engaged=False)
+
+
+def test_with_a_latency_gate_the_working_set_engages_admission_only_while_the_engines_are_slow() -> None:
+    policy, t = make(1000, latency_gate_s=2.0)
+    assert arrives(policy, "a", 0.0, 5000, 1200) is True  # nobody live: in
+    t.check(now_s=0.0, live=["a"], reserved_tokens=5000, working_set_tokens=1200)
+    assert policy.is_pressed is False  # no latency reported yet: not slow
+    assert arrives(policy, "b", 1.0, 5000, 100) is True  # over the budget, but the engines keep up
+    t.check(now_s=1.0, live=["a", "b"], reserved_tokens=10_000, working_set_tokens=1300)
+    assert policy.tick(2.0, ttft_s=1.9) == []  # still under the gate
+    t.check(now_s=2.0)
+    assert policy.tick(3.0, ttft_s=2.0) == []  # at the gate: the engines are slow, the working set engages
+    t.check(now_s=3.0, is_engaged=True)
+    assert arrives(policy, "c", 4.0, 10, 10) is False
+    t.check(now_s=4.0, queued=["c"])
+    assert policy.tick(5.0, ttft_s=0.3) == []  # fast again, but c is queued: still engaged until it goes in
+    t.check(now_s=5.0)
+    assert policy.tick(6.0) == []  # no new evidence: the last report stands
+    assert policy.is_pressed is False
+    assert admits(policy.finish("a", 7.0)) == []  # 5000 + 10 > 1000: c waits for the budget, not for latency
+    t.check(now_s=7.0, live=["b"], reserved_tokens=5000, working_set_tokens=100)
+    assert admits(policy.finish("b", 8.0)) == ["c"]
+    t.check(now_s=8.0, live=["c"], queued=[], reserved_tokens=10, working_set_tokens=10, is_engaged=False)
+    assert_illegal(policy, lambda: policy.tick(9.0, ttft_s=-1.0), PolicyError, "ttft_s must be >= 0")
+    assert_illegal(policy, lambda: policy.tick(9.0, ttft_s=math.nan), PolicyError, "ttft_s must be finite")
+    with pytest.raises(PolicyError, match="latency_gate_s must be > 0"):
+        PolicyConfig(budget_tokens=1000, latency_gate_s=0.0)
+
+
+def test_a_reservation_ratio_under_1_is_refused() -> None:
+    with pytest.raises(PolicyError, match="reservation_ratio must be >= 1"):
+        PolicyConfig(budget_tokens=1000, reservation_ratio=0.5)
+
+
 def test_always_engaged_checks_reservations_even_with_an_empty_cache() -> None:
     policy, t = make(1000, always_engaged=True)
     assert arrives(policy, "a", 0.0, 600, 0) is True
