@@ -89,12 +89,15 @@ def measure_step(rate_per_s: float, half_s: float, end_s: float, before: TokenCo
     live = statistics.fmean(s.live_sessions for s in inside) if inside else 0.0
     in_flight = statistics.fmean(s.calls_in_flight for s in inside) if inside else 0.0
     span = end_s - half_s
-    first_tokens = sum(c.first_token_s is not None and c.error is None and half_s <= c.first_token_s < end_s
-                       for r in records for c in r.calls)
-    finished = sum(r.status == "finished" and r.end_s is not None and half_s <= r.end_s < end_s for r in records)
+    ttfts = [c.first_token_s - c.sent_s for r in records for c in r.calls
+             if c.first_token_s is not None and c.error is None and half_s <= c.first_token_s < end_s]
+    done = [r for r in records if r.status == "finished" and r.end_s is not None and half_s <= r.end_s < end_s]
+    cycles = [(r.end_s - r.arrival_s) / r.n_calls for r in done if r.end_s is not None and r.n_calls > 0]
     hit = window_hit_rate(before, after)
-    return RampStep(rate_per_s, working / capacity_tokens, 0.0 if hit is None else hit, live, first_tokens / span,
-                    finished / span, in_flight / live if live > 0 else 0.0)
+    return RampStep(rate_per_s, working / capacity_tokens, 0.0 if hit is None else hit, live, len(ttfts) / span,
+                    len(done) / span, in_flight / live if live > 0 else 0.0,
+                    ttft_p50_s=statistics.median(ttfts) if ttfts else None,
+                    call_cycle_p50_s=statistics.median(cycles) if cycles else None)
 
 
 def calibration_record(steps: Sequence[RampStep], capacity_tokens: float, command: str,

@@ -24,9 +24,11 @@
 # - A call's record keeps the worker that served it when the router names it (smg does), and the
 #   upstream's usage (completion and cached tokens). A streamed OpenAI call without
 #   `stream_options.include_usage` gets it added, and the extra usage-only chunk is not passed on.
-# - Signals: every call whose answer reports cached tokens feeds the hit-rate window, which each
-#   policy tick reads; metrics, the lending ledger and the session log hear of every call's end,
-#   admission and session end (`metrics.py`, `lending.py`, `session_log.py`).
+# - Signals: every call whose answer reports cached tokens feeds the hit-rate window, and every 2xx
+#   answer's first bytes (`proxy.py`) the first-token latency window (calls still waiting for theirs
+#   counted by how long they have waited), which each policy tick reads; metrics, the lending ledger
+#   and the session log hear of every call's end, admission and session end (`metrics.py`,
+#   `lending.py`, `session_log.py`).
 # - Shadow mode: the policy decides as usual, but a queued session's calls are not held (counted in
 #   `basin_shadow_would_hold_total`); `_admit` is the one place a call is held.
 # - A body of OFF_LOOP_BODY_BYTES or more is parsed, identified (a conversation's hash), counted (a
@@ -64,6 +66,7 @@ from basin_runtime.gateway.session_log import SessionLogWriter
 from basin_runtime.gateway.sessions import CallRecord, SessionEntry, session_id_for
 from basin_runtime.gateway.waiting import EndReason, WaitingRoom
 from basin_runtime.policy.hit_rate import HitRateWindow
+from basin_runtime.policy.latency import LatencyWindow
 from basin_runtime.session_keys import SESSION_KEY_HEADER, SessionKeys
 from basin_runtime.session_log import LoggedCall, SessionLogRecord
 
@@ -98,6 +101,8 @@ class Gateway:
         self.session_keys = SessionKeys()  # `create_app` derives them from its admin token
         self.metrics = GatewayMetrics()
         self.hit_window = hit_window or HitRateWindow()
+        self.latency_window = LatencyWindow()
+        self._awaiting_first_byte: dict[int, float] = {}  # id of a call in flight -> perf_counter when forwarded
         self.lending = lending or LendingTracker()
         self.session_log = session_log
         self.is_shadow = is_shadow
@@ -112,6 +117,7 @@ class Gateway:
             logger.info("%d sessions live before the restart may be adopted within %.0f s", len(previous),
                         adoption_window_s)
         room.hit_rate = self.hit_rate
+        room.ttft = self.ttft_s
         room.on_session_end = self._session_ended
         room.on_admitted = self._session_admitted
 
@@ -128,9 +134,16 @@ class Gateway:
                 return rate
         return self.hit_window.rate(now)
 
+    def ttft_s(self) -> float | None:
+        """The engines' windowed median time to first token (calls still waiting for theirs counted; None: too
+        few calls), as this gateway saw its forwarded calls' answers begin."""
+        started = time.perf_counter()
+        waiting = [started - sent for sent in self._awaiting_first_byte.values()]
+        return self.latency_window.median_s(self.room.clock.now(), waiting)
+
     def refresh_metrics(self) -> None:
         """Set the state gauges from the policy (on a scrape and after each tick)."""
-        self.metrics.refresh(self.room.policy.snapshot(), self.hit_rate(), self.is_shadow)
+        self.metrics.refresh(self.room.policy.snapshot(), self.hit_rate(), self.is_shadow, self.ttft_s())
         if self.session_log is not None:
             self.metrics.log_failed.set(self.session_log.num_failed)
             self.metrics.log_dropped.set(self.session_log.num_dropped)
@@ -153,8 +166,10 @@ class Gateway:
             drop_usage_chunk = _ask_for_usage(call)
             body = await _off_loop_if_large(call.num_bytes, call.encode)
             self.metrics.added_latency.observe(max(0.0, time.perf_counter() - arrived - held_s))
+            self._awaiting_first_byte[id(record)] = time.perf_counter()
             response = await self.upstream.forward("POST", call.path, headers, body, request.receive,
-                                                   on_end=end, drop_usage_chunk=drop_usage_chunk)
+                                                   on_end=end, drop_usage_chunk=drop_usage_chunk,
+                                                   on_first_byte=partial(self._first_byte, record))
         except BaseException:
             if not end.has_ended:
                 logger.exception("call %s of session %r failed inside the gateway", rid, entry.session_id)
@@ -263,7 +278,12 @@ class Gateway:
         first = self.meter.first_call(call, memo)
         return first, model.predict(first.task_text, first.first_prompt_tokens)
 
+    def _first_byte(self, record: CallRecord, ttft_s: float) -> None:
+        self._awaiting_first_byte.pop(id(record), None)
+        self.latency_window.record(self.room.clock.now(), max(0.0, ttft_s))
+
     async def _call_ended(self, entry: SessionEntry, record: CallRecord, end: CallEnd) -> None:
+        self._awaiting_first_byte.pop(id(record), None)
         record.ended_at = self.room.clock.wall()
         record.outcome = end.outcome
         record.status_code = end.status_code

@@ -44,6 +44,8 @@ class GatewayMetrics:
                                      registry=r)
         self.hit_ratio = Gauge("basin_prefix_hit_ratio", "Windowed upstream cached/prompt tokens (NaN: no data)",
                                registry=r)
+        self.engine_ttft = Gauge("basin_engine_ttft_seconds", "Windowed median time to the first bytes of forwarded "
+                                 "answers, calls still waiting counted (NaN: too few calls)", registry=r)
         self.is_engaged = Gauge("basin_admission_engaged", "1 while arrivals go through the queue", registry=r)
         self.is_shadow = Gauge("basin_shadow_mode", "1 while the gateway decides but holds no one", registry=r)
         self.admitted = Counter("basin_sessions_admitted", "Sessions admitted (adopted ones included)", registry=r)
@@ -76,8 +78,9 @@ class GatewayMetrics:
                                  "Finished sessions dropped because the session log's queue was full", registry=r)
         self.hit_ratio.set(float("nan"))
 
-    def refresh(self, snapshot: PolicySnapshot, hit_rate: float | None, is_shadow: bool) -> None:
-        """Set the state gauges from one policy snapshot."""
+    def refresh(self, snapshot: PolicySnapshot, hit_rate: float | None, is_shadow: bool,
+                ttft_s: float | None = None) -> None:
+        """Set the state gauges from one policy snapshot (and the windowed signals the policy ticks with)."""
         self.working_set.set(snapshot.working_set_tokens)
         self.budget.set(snapshot.budget_tokens)
         self.reference_budget.set(snapshot.reference_budget_tokens)
@@ -85,6 +88,7 @@ class GatewayMetrics:
         self.queued.set(len(snapshot.queued))
         self.live.set(len(snapshot.live))
         self.hit_ratio.set(float("nan") if hit_rate is None else hit_rate)
+        self.engine_ttft.set(float("nan") if ttft_s is None else ttft_s)
         self.is_engaged.set(1 if snapshot.is_engaged else 0)
         self.is_shadow.set(1 if is_shadow else 0)
 

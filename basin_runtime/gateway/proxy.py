@@ -22,6 +22,10 @@
 # - `on_end(CallEnd)` is called exactly once per forwarded call: when the body has been sent, when
 #   the client disconnects, or when the upstream fails (before or during the body). It carries the
 #   upstream's status and headers (smg names the worker that answered there), and the call's usage.
+# - `on_first_byte(seconds)` (optional) is called at most once, for a 2xx answer: when its first bytes
+#   are passed on (a streamed answer's first event: its first token) or its body is read whole (an
+#   upper bound of its first token), with the time since the request was sent. The gateway's
+#   first-token latency window reads it (`basin_runtime.policy.latency`).
 # - Usage (`signals.py`): a JSON answer is copied aside as it streams (up to `USAGE_BODY_BYTES`) and
 #   parsed at its end; an SSE answer is framed into events as it streams (`sse.py`: any of the SSE
 #   line endings, linear in its length) and the last event carrying `usage` or `meta_info` is kept
@@ -91,6 +95,7 @@ class CallEnd:
 
 
 EndHook = Callable[[CallEnd], Awaitable[None]]
+FirstByteHook = Callable[[float], None]  # seconds from sending to the answer's first bytes (a 2xx answer)
 HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
     "transfer-encoding", "upgrade", "host", "content-length",
@@ -127,8 +132,12 @@ class Upstream:
 
     async def forward(self, method: str, path: str, headers: Mapping[str, str], body: bytes | None,
                       receive: Receive, on_end: EndHook = _no_end, params: str = "", *,
-                      drop_usage_chunk: bool = False) -> Response:
-        """Send one request upstream and return its answer as a streaming response."""
+                      drop_usage_chunk: bool = False, on_first_byte: FirstByteHook | None = None) -> Response:
+        """Send one request upstream and return its answer as a streaming response.
+
+        `on_first_byte` hears how long a 2xx answer took to its first bytes: a streamed answer's first event
+        passed on (its first token), a whole answer's body (an upper bound of its first token)."""
+        sent_s = time.perf_counter()
         try:
             response = await race_client(self.client.send(method, path, _request_headers(headers), body, params),
                                          receive, ClientGoneError)
@@ -143,11 +152,15 @@ class Upstream:
             await on_end(CallEnd("upstream_error", response.status_code, response.headers))
             raise UpstreamStatusError(response.status_code, text)
         length = _whole_length(response)
+        first_byte = on_first_byte if _is_ok(response.status_code) else None
         if length is None:
             return UpstreamResponse(response, on_end, drop_usage_chunk=drop_usage_chunk,
-                                    read_timeout_s=self.client.read_timeout_s)
+                                    read_timeout_s=self.client.read_timeout_s,
+                                    on_first_byte=None if first_byte is None else _since(sent_s, first_byte))
         try:
             body = await response.read(length)
+            if first_byte is not None:
+                first_byte(time.perf_counter() - sent_s)
             usage = _usage_of_json(response, body)
         except (UpstreamBrokenError, UpstreamBadAnswerError) as exc:
             await on_end(CallEnd("upstream_error", response.status_code, response.headers))
@@ -157,6 +170,11 @@ class Upstream:
         finally:
             await response.aclose()
         return WholeUpstreamResponse(body, response.status_code, response.headers, on_end, usage)
+
+
+def _since(sent_s: float, hook: FirstByteHook) -> Callable[[], None]:
+    """`hook` told the time since `sent_s`, once it is called."""
+    return lambda: hook(time.perf_counter() - sent_s)
 
 
 def _answered(status_code: int) -> CallOutcome:
@@ -228,9 +246,10 @@ class UpstreamResponse(StreamingResponse):
     """The upstream's answer, passed through as its bytes arrive; ends the call exactly once."""
 
     def __init__(self, upstream: UpstreamAnswer, on_end: EndHook, *, drop_usage_chunk: bool = False,
-                 read_timeout_s: float | None = None) -> None:
+                 read_timeout_s: float | None = None, on_first_byte: Callable[[], None] | None = None) -> None:
         self._upstream = upstream
         self._on_end = on_end
+        self._on_first_byte = on_first_byte  # called at the first bytes passed on, then dropped
         self._is_complete = False
         self._usage: Usage | None = None
         self._events = SseEvents(drop_usage_chunk)
@@ -245,6 +264,7 @@ class UpstreamResponse(StreamingResponse):
         async for chunk in self._upstream.chunks():  # a break raises: a plain body cannot carry an event
             if len(body) <= USAGE_BODY_BYTES:
                 body += chunk
+            self._first_bytes_passed()
             yield chunk
         if len(body) <= USAGE_BODY_BYTES:
             try:
@@ -261,6 +281,7 @@ class UpstreamResponse(StreamingResponse):
             async for chunk in chunks:
                 passed = events.pass_on(framer.feed(chunk))
                 if passed:
+                    self._first_bytes_passed()
                     yield passed
                 if events.made_progress or framer.held_bytes or framer.is_passing:
                     events.made_progress, last_progress_s = False, time.monotonic()
@@ -281,6 +302,11 @@ class UpstreamResponse(StreamingResponse):
             yield ending
         self._usage = events.usage()
         self._is_complete = True
+
+    def _first_bytes_passed(self) -> None:
+        if self._on_first_byte is not None:
+            hook, self._on_first_byte = self._on_first_byte, None
+            hook()
 
     def _is_stalled(self, last_progress_s: float) -> bool:
         return self._read_timeout_s is not None and time.monotonic() - last_progress_s > self._read_timeout_s

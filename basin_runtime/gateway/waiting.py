@@ -18,7 +18,8 @@
 #   `tick_interval_s` (hit rate from `hit_rate`, None until issue 6 feeds it), and an idle sweep.
 # - `on_session_end(entry, reason)` is told of every session that leaves, and `on_admitted(entry,
 #   waited_s)` of every session admitted (at arrival with 0 s): the seams for the session log,
-#   metrics and lending. `hit_rate` feeds each tick (`signals.HitRateWindow`, wired by the gateway).
+#   metrics and lending. `hit_rate` and `ttft` feed each tick (the hit-rate and first-token latency
+#   windows, wired by the gateway).
 # - `set_budget` changes the operator's reference budget under the lock and applies what it admits.
 """The asynchronous waiting room around `basin_runtime.policy.Policy`."""
 
@@ -57,6 +58,7 @@ class WaitingRoom:
 
     def __init__(self, policy: Policy, clock: Clock, *, retry_after_s: float,
                  hit_rate: Callable[[], float | None] = lambda: None,
+                 ttft: Callable[[], float | None] = lambda: None,
                  on_session_end: SessionEndHook | None = None) -> None:
         self.policy = policy
         self.clock = clock
@@ -65,6 +67,7 @@ class WaitingRoom:
         self._lock = asyncio.Lock()
         self._retry_after_s = retry_after_s
         self.hit_rate = hit_rate
+        self.ttft = ttft
         self.on_session_end = on_session_end
         self.on_admitted: AdmittedHook | None = None
         self.is_draining = False
@@ -153,7 +156,7 @@ class WaitingRoom:
             if self.is_draining:
                 return []
             now = self.clock.now()
-            events = self.policy.tick(now, self.hit_rate())
+            events = self.policy.tick(now, self.hit_rate(), self.ttft())
             self._apply(events, now)
             return events
 

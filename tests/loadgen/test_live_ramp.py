@@ -48,7 +48,8 @@ def test_a_step_is_measured_over_its_second_half() -> None:
                [(9.0, 9, 9, 9_000), (10.0, 2, 1, 2_000), (15.0, 4, 1, 4_000), (20.0, 9, 9, 9_000)]]
     step = measure_step(0.5, 10.0, 20.0, TokenCounters(100, 1000), TokenCounters(400, 2000), samples,
                         [done, failed], 10_000)
-    assert step == RampStep(0.5, 0.3, 0.3, 3.0, 0.1, 0.1, 1 / 3)
+    # one first token in the second half (12.0 -> 12.5), one session done there (4.0 -> 13.0, 2 calls)
+    assert step == RampStep(0.5, 0.3, 0.3, 3.0, 0.1, 0.1, 1 / 3, ttft_p50_s=0.5, call_cycle_p50_s=4.5)
     idle = measure_step(0.5, 10.0, 20.0, TokenCounters(1, 1), TokenCounters(1, 1), [], [], 10_000)
     assert (idle.hit_rate, idle.load, idle.live_sessions, idle.decode_busy_share) == (0.0, 0.0, 0.0, 0.0)
 

@@ -527,6 +527,7 @@ async def test_a_streamed_answer_passes_through_as_it_arrives_and_the_call_ends_
     entry = rig.room.registry.get("s1")
     assert entry is not None and entry.in_flight == 1 and entry.calls[0].ended_at is None
     assert call.body_chunks == [b'data: {"choices":[{"delta":{"content":"he"}}]}\n\n']
+    assert not rig.gateway._awaiting_first_byte  # its first token is heard at the first event, not at the end
     release.set()
     await asyncio.wait_for(task, timeout=2)
 
@@ -992,3 +993,29 @@ async def test_a_pass_through_path_that_leaves_the_list_is_refused_and_never_for
     body = b"".join(m.get("body", b"") for m in messages if m["type"] == "http.response.body")
     assert start["status"] == 404 and json.loads(body)["error"]["type"] in ("not_found", "invalid_request_error")
     assert rig.upstream.requests == []
+
+
+async def test_the_first_token_window_hears_each_answer_and_counts_calls_still_waiting_and_feeds_the_tick() -> None:
+    async with rig_for(latency_gate_s=0.2) as rig:
+        for k in range(5):  # five quick answers: the engines keep up
+            assert (await rig.chat(f"quick{k}", "task")).status_code == 200
+        quick = rig.gateway.ttft_s()
+        assert quick is not None and quick < 0.2 and not rig.gateway._awaiting_first_byte
+        release = asyncio.Event()
+
+        async def stuck(request: httpx.Request) -> httpx.Response:
+            await release.wait()  # engines that stopped answering: no first byte comes back
+            return httpx.Response(200, json=ANSWER)
+
+        rig.upstream.handler = stuck
+        calls = [asyncio.create_task(rig.chat(f"stuck{k}", "task")) for k in range(6)]
+        await eventually(lambda: len(rig.gateway._awaiting_first_byte) == 6)
+        await asyncio.sleep(0.3)
+        slow = rig.gateway.ttft_s()
+        assert slow is not None and slow >= 0.3  # 6 waits of >= 0.3 s outnumber 5 quick answers
+        await rig.room.tick()
+        assert rig.policy.is_pressed is True  # the tick gave the policy the windowed latency
+        assert b"basin_engine_ttft_seconds" in rig.gateway.metrics.render()
+        release.set()
+        assert [c.status_code for c in await asyncio.gather(*calls)] == [200] * 6
+        assert not rig.gateway._awaiting_first_byte  # every call heard its first byte or its end

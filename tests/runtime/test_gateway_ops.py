@@ -256,9 +256,9 @@ async def test_each_tick_gets_the_windowed_hit_rate(monkeypatch: pytest.MonkeyPa
         seen: list[float | None] = []
         real_tick = rig.policy.tick
 
-        def tick(now: float, hit_rate: float | None = None) -> list[Any]:
+        def tick(now: float, hit_rate: float | None = None, ttft_s: float | None = None) -> list[Any]:
             seen.append(hit_rate)
-            return real_tick(now, hit_rate)
+            return real_tick(now, hit_rate, ttft_s)
 
         monkeypatch.setattr(rig.policy, "tick", tick)
         await rig.room.tick()
