@@ -7,12 +7,25 @@
 # - Reservations: "predicted" (m(q) x the ONNX prediction, as served), "oracle-peak" (each session's
 #   true peak: an oracle, never servable), "benchmark-constant" (every session of a benchmark
 #   reserves that benchmark's q-quantile of the pool's peaks: no predictor; in-sample, so its cover
-#   is q by construction). Priority follows the same peak (arrival + peak / tokens_per_s).
+#   is q by construction), "current-context" (a session reserves only its context now, the
+#   prototype's reservation, while its priority still comes from the prediction: the multiplier is
+#   CONTEXT_ONLY_MULTIPLIER, so ceil(m x peak) is 1 token and max(1, context) is the context).
+#   Priority follows the same peak (arrival + peak / tokens_per_s).
 # - Each reservation kind is calibrated on its own knee ramp (its r), keyed by `calibration_tag`, so
 #   the budget is in the unit that kind sums.
+# - Latency gate off ("basin:no-latency-gate"): admission engages on the working set against B / r
+#   alone, as the paper has it, however fast the engines still answer.
+# - The quantile sweep ("basin:q<q>"): reserve m(q) x the prediction for another q than the served
+#   one while the budget stays the served calibration's (r measured at the served q). B in tokens is
+#   then the same for every q, so what varies is how much of it each session takes: a larger q
+#   reserves more per session and admits fewer into the same budget. (Re-measuring r at each q would
+#   scale B with m(q) and hold the admitted working set at the knee whatever q is: no sweep at all.)
+#   The sweep runs without the latency gate (its q = 0.9 row is "basin:no-latency-gate"): behind the
+#   gate admission may never engage, and then q changes nothing but who outgrows their reservation.
 # - Size-aware priority off: tokens_per_s so large that the priority is the arrival time.
 #   Adaptive budget off: the budget's bounds are both 1 (it never moves). Shedding off: no peak
-#   completion rate.
+#   completion rate. Admission off: a budget no working set reaches (NO_ADMISSION_BUDGET_TOKENS), so
+#   every session is admitted on arrival and nothing queues or is shed; the order stays Basin's.
 # No I/O.
 """Named ablations of `basin` (reservation source, revisions, priority, budget adaptation, shedding)."""
 
@@ -25,8 +38,10 @@ from typing import Any, Literal
 
 from basin_runtime.session_table import Session
 
-Reservation = Literal["predicted", "oracle-peak", "benchmark-constant"]
+Reservation = Literal["predicted", "oracle-peak", "benchmark-constant", "current-context"]
 ARRIVAL_ORDER_TOKENS_PER_S = 1e12  # peak / this is < 1 µs for any context: priority = arrival
+CONTEXT_ONLY_MULTIPLIER = 1e-12  # x any predicted peak (< 1e9 tokens) rounds up to 1 token
+NO_ADMISSION_BUDGET_TOKENS = 10**15
 
 
 @dataclass(frozen=True)
@@ -38,19 +53,29 @@ class Ablation:
     reservation: Reservation = "predicted"
     revisions: bool = True
     overrides: Mapping[str, Any] = field(default_factory=dict)
+    quantile: float | None = None  # reserve m(this q) x prediction (None: the served q), budget unchanged
 
 
+SWEEP_QUANTILES = (0.5, 0.75, 0.95, 0.99)  # beside the served 0.9, within the model files' grid (0.5..0.99)
 ABLATIONS: dict[str, Ablation] = {a.name: a for a in (
     Ablation("basin", "as served: m(q) x prediction, revisions, size-aware priority, adaptive budget, shedding"),
     Ablation("basin:oracle-peak", "reserves each session's true peak (an oracle)", "oracle-peak", revisions=False),
     Ablation("basin:benchmark-constant", "reserves its benchmark's q-quantile peak (no predictor)",
              "benchmark-constant", revisions=False),
+    Ablation("basin:current-context", "reserves only its current context (priority still predicted)",
+             "current-context", revisions=False),
     Ablation("basin:no-revisions", "no online re-estimates", revisions=False),
     Ablation("basin:arrival-order", "size-aware priority off: priority = arrival",
              overrides={"tokens_per_s": ARRIVAL_ORDER_TOKENS_PER_S}),
     Ablation("basin:fixed-budget", "adaptive budget off: the budget never moves",
              overrides={"budget_min_fraction": 1.0, "budget_max_fraction": 1.0}),
     Ablation("basin:no-shedding", "shedding off", overrides={"peak_completion_rate_per_s": None}),
+    Ablation("basin:no-admission", "admission off: everyone admitted on arrival (order and priority kept)",
+             overrides={"budget_tokens": NO_ADMISSION_BUDGET_TOKENS}),
+    Ablation("basin:no-latency-gate", "admission engages on the working set alone (the paper's rule), whatever the "
+             "engines' latency", overrides={"latency_gate_s": None}),
+    *(Ablation(f"basin:q{q:g}", f"no latency gate, reserving m({q:g}) x prediction in the budget measured at the "
+               "served q", overrides={"latency_gate_s": None}, quantile=q) for q in SWEEP_QUANTILES),
 )}
 
 
@@ -83,6 +108,8 @@ def reservations(kind: Reservation, pool: Sequence[Session], peaks: Mapping[str,
         return dict(peaks), dict(multipliers)
     if kind == "oracle-peak":
         return {s.session_id: float(s.peak_prompt_tokens) for s in pool}, {}
+    if kind == "current-context":
+        return dict(peaks), {session_id: CONTEXT_ONLY_MULTIPLIER for session_id in peaks}
     constants = benchmark_constants(pool, 0.9 if q is None else q)
     return {s.session_id: constants[s.benchmark] for s in pool}, {}
 
@@ -91,4 +118,6 @@ def calibration_tag(kind: Reservation, predictor_sha256: str, q: float | None) -
     """What a reservation kind's knee calibration is keyed by in place of the predictor's SHA-256."""
     if kind == "predicted":
         return predictor_sha256
-    return "oracle-peak" if kind == "oracle-peak" else f"benchmark-constant-q{0.9 if q is None else q:g}"
+    if kind in ("oracle-peak", "current-context"):
+        return kind
+    return f"benchmark-constant-q{0.9 if q is None else q:g}"

@@ -41,6 +41,7 @@ from basin_runtime.predictor import PredictorError
 from basin_runtime.session_table import Session, SessionTableError
 from basin_sim import catalog
 from basin_sim.ablations import ABLATIONS, Reservation, calibration_tag, reservations
+from basin_sim.calibrate.commands import RAMP_STEP_S
 from basin_sim.calibrate.knee_cache import DEFAULT_CALIBRATIONS_FILE, KneeCache, knee_key, measure_knee
 from basin_sim.calibrate.rates import DEFAULT_RATES_FILE, RateCache, RatesError, overload_rate_for
 from basin_sim.predictions import (
@@ -80,6 +81,15 @@ class Cell:
     reservation_quantile: float | None = None
     revisions: Revisions = field(default_factory=dict)  # the online re-estimates Basin applies
     predictor_sha256: str = "none"
+    swept: dict[float, tuple[dict[str, float], Revisions]] = field(default_factory=dict)  # q -> m(q), revisions
+    ramp_step_s: float = RAMP_STEP_S  # simulated seconds per knee-ramp step
+
+    def reserving(self, quantile: float | None) -> tuple[float | None, dict[str, float], Revisions]:
+        """(q, m(q) per pool session, revisions) at the served q (None) or a swept one."""
+        if quantile is None:
+            return self.reservation_quantile, self.multipliers, self.revisions
+        multipliers, revisions = self.swept[quantile]
+        return quantile, multipliers, revisions
 
     def gpu_deployment(self) -> Deployment:
         """The cell's deployment with a GPU cache (its knee's shape) and its lending switch."""
@@ -98,7 +108,7 @@ def _knee(key: CellKey, kind: Reservation) -> dict[str, Any]:
     peaks, multipliers = reservations(kind, cell.pool, cell.peaks, cell.multipliers, cell.reservation_quantile)
     return measure_knee(cell.gpu_deployment(), cell.pool, cell.scenario, cell.overload_rate_per_s,
                         cell.predictor_sha256 if kind == "predicted" else "none",  # no model file: none
-                        cell.reservation_quantile, reserved_peaks(peaks, multipliers))
+                        cell.reservation_quantile, reserved_peaks(peaks, multipliers), cell.ramp_step_s)
 
 
 def _run(key: CellKey, label: str, seed: int, knee: dict[str, Any] | None) -> dict[str, Any]:
@@ -111,14 +121,14 @@ def _run(key: CellKey, label: str, seed: int, knee: dict[str, Any] | None) -> di
         calibration = calibration_from_mapping(knee, f"the {cell.deployment.name} knee ramp")
     peaks: dict[str, float] = {}
     multipliers: dict[str, float] = {}
+    q, served, revisions = cell.reserving(variant.quantile if variant is not None else None)
     if policy == "basin":
-        peaks, multipliers = reservations(_kind(label), cell.pool, cell.peaks, cell.multipliers,
-                                          cell.reservation_quantile)
+        peaks, multipliers = reservations(_kind(label), cell.pool, cell.peaks, served, q)
     run = RunSpec(cell.scenario, cell.deployment.build("host" if policy == "hicache" else None, cell.lending), policy,
                   seed, cell.overload_rate_per_s, predicted_peak_tokens=peaks, calibration=calibration,
                   reservation_multipliers=multipliers,
-                  reservation_quantile=cell.reservation_quantile if policy == "basin" else None,
-                  revisions=cell.revisions if policy == "basin" and (variant is None or variant.revisions) else {},
+                  reservation_quantile=q if policy == "basin" else None,
+                  revisions=revisions if policy == "basin" and (variant is None or variant.revisions) else {},
                   policy_overrides=variant.overrides if variant is not None else {})
     summary = run_scenario(run, cell.pool).summary
     return {**{k: summary[k] for k in KEPT}, "policy": label}
@@ -225,7 +235,10 @@ def _cells(args: argparse.Namespace, grids: Sequence[Grid]) -> tuple[dict[CellKe
     q = args.reservation_quantile
     cells: dict[CellKey, Cell] = {}
     cell_labels: dict[CellKey, list[str]] = {}
-    loaded: dict[str, tuple[Scenario, tuple[Session, ...], dict[str, float], dict[str, float], Revisions]] = {}
+    swept_qs = sorted({v.quantile for label in labels if (v := ABLATIONS.get(label)) is not None
+                       and v.quantile is not None})
+    loaded: dict[str, tuple[Scenario, tuple[Session, ...], dict[str, float], dict[str, float], Revisions,
+                            dict[float, tuple[dict[str, float], Revisions]]]] = {}
     rates: dict[tuple[str, str], float] = {}
     for grid in grids:
         for scenario_name in grid.scenarios:
@@ -236,14 +249,19 @@ def _cells(args: argparse.Namespace, grids: Sequence[Grid]) -> tuple[dict[CellKe
                 multipliers = {} if predictor is None else reservation_multipliers(predictor, pool, q)
                 revisions = {} if predictor is None else online_revisions(predictor, pool, peaks, q,
                                                                           args.revise_at_calls)
-                loaded[scenario_name] = (scenario, pool, peaks, multipliers, revisions)
-            scenario, pool, peaks, multipliers, revisions = loaded[scenario_name]
+                swept = {} if predictor is None else {
+                    sq: (reservation_multipliers(predictor, pool, sq),
+                         online_revisions(predictor, pool, peaks, sq, args.revise_at_calls)) for sq in swept_qs}
+                loaded[scenario_name] = (scenario, pool, peaks, multipliers, revisions, swept)
+            scenario, pool, peaks, multipliers, revisions, swept = loaded[scenario_name]
             for deployment_name in grid.deployments:
                 spec = catalog.load_deployment(deployment_name)
                 needs_rate = scenario.needs_overload_rate or any(label.startswith("basin") for label in grid.labels)
                 if (scenario_name, deployment_name) not in rates:
                     rate = 0.0  # absolute arrivals and no knee ramp to scale: nothing to calibrate
-                    if needs_rate:
+                    if needs_rate and args.overload_rate is not None:
+                        rate = args.overload_rate
+                    elif needs_rate:
                         rate, source = overload_rate_for(spec.build("gpu"), pool, scenario.workload,
                                                          scenario.clients, cache)
                         print(f"{scenario.name} on {spec.name}: overload rate {rate:.4f}/s ({source})",
@@ -252,7 +270,7 @@ def _cells(args: argparse.Namespace, grids: Sequence[Grid]) -> tuple[dict[CellKe
                 for lending in grid.lending or (spec.lending,):
                     key = (scenario_name, deployment_name, lending)
                     cells[key] = Cell(scenario, spec, lending, pool, peaks, rates[(scenario_name, deployment_name)],
-                                      None, multipliers, q, revisions, sha)
+                                      None, multipliers, q, revisions, sha, swept, args.ramp_step_s)
                     cell_labels[key] = list(dict.fromkeys([*cell_labels.get(key, []), *grid.labels]))
     return cells, cell_labels
 
@@ -263,7 +281,7 @@ def _calibrated(cells: dict[CellKey, Cell], kinds: Mapping[CellKey, Sequence[Res
     cached. Cells of one shape (a host tier's and its GPU deployment) share a knee."""
     keys = {(key, kind): knee_key(cell.gpu_deployment(), cell.pool, cell.scenario,
                                   calibration_tag(kind, cell.predictor_sha256, cell.reservation_quantile),
-                                  cell.reservation_quantile)
+                                  cell.reservation_quantile, cell.ramp_step_s)
             for key, cell in cells.items() for kind in kinds[key]}
     records = {knee: cache.record(knee) for knee in set(keys.values())}
     first = {knee: job for job, knee in reversed(keys.items())}
@@ -276,6 +294,11 @@ def _calibrated(cells: dict[CellKey, Cell], kinds: Mapping[CellKey, Sequence[Res
         print(f"{cell.scenario.name} on {cell.deployment.name} (lending {cell.lending}, reservation {kind}): Basin "
               f"calibration measured now on the knee ramp, cached in {cache.path}", file=sys.stderr)
     return {job: found for job, knee in keys.items() if (found := records[knee]) is not None}
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """`basin-sim compare`'s options (for a caller that runs grids of its own with `run_grids`)."""
+    return _parser().parse_args(list(argv))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -298,6 +321,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--sessions", type=Path, default=Path("data/sessions.parquet"))
     parser.add_argument("--synthetic", action="store_true")
     parser.add_argument("--rates-file", type=Path, default=DEFAULT_RATES_FILE, help="the overload-rate cache")
+    parser.add_argument("--overload-rate", type=float,
+                        help="sessions/s that x_overload multiplies, for every cell (default: measured per deployment "
+                             "shape and workload, cached in --rates-file)")
+    parser.add_argument("--ramp-step-s", type=float, default=RAMP_STEP_S,
+                        help=f"simulated seconds per knee-ramp step (default {RAMP_STEP_S:.0f}; part of the cache key)")
     parser.add_argument("--calibrations-file", type=Path, default=DEFAULT_CALIBRATIONS_FILE,
                         help="the cache of measured Basin calibrations (shared with `basin-sim run`)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: cores)")
@@ -306,16 +334,24 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Calibrate each cell (cached), run the grid over seeds, print the Markdown table."""
-    args = _parser().parse_args(argv)
-    grids = _grids(args)
-    try:
-        cells, cell_labels = _cells(args, grids)
-    except (catalog.CatalogError, PredictorError, SessionTableError, PoolError, RatesError, ScenarioError,
-            OSError) as exc:  # one line, no traceback
-        print(f"basin-sim compare: error: {exc}", file=sys.stderr)
-        return 2
+@dataclass(frozen=True)
+class GridResult:
+    """Every run of some grids (sorted by cell, label and seed), the labels in order, and each cell as run."""
+
+    rows: list[dict[str, Any]]
+    labels: list[str]
+    cells: dict[CellKey, Cell]
+
+    def summary(self) -> dict[tuple[str, str, str, str], dict[str, Any]]:
+        """`aggregate` of the rows."""
+        return aggregate(self.rows)
+
+
+def run_grids(args: argparse.Namespace, grids: Sequence[Grid]) -> GridResult:
+    """Calibrate each cell (cached), then run every label of each cell over `args.seeds` on `args.jobs` processes.
+
+    Raises the loaders' errors (catalog, predictor, session table, pool, rates, scenario, OSError)."""
+    cells, cell_labels = _cells(args, grids)
     started = time.perf_counter()
     labels = list(dict.fromkeys(label for grid in grids for label in grid.labels))
     with ProcessPoolExecutor(args.jobs, initializer=_init, initargs=(cells,)) as executor:
@@ -332,21 +368,33 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(future.result())
             print(f"\r{done}/{len(futures)} runs, {time.perf_counter() - started:.0f} s", end="", file=sys.stderr)
     print(file=sys.stderr)
-    names = {key: (cell.scenario.name, cell.deployment.name, cell.lending) for key, cell in cells.items()}
-    order = {name: k for k, name in enumerate(names.values())}
+    names = [(cell.scenario.name, cell.deployment.name, cell.lending) for cell in cells.values()]
+    order = {name: k for k, name in enumerate(names)}
     rows.sort(key=lambda r: (order[(r["scenario"], r["deployment"], r["lending"])], r["policy"], r["seed"]))
-    print(markdown(rows, labels))
+    return GridResult(rows, labels, cells)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Calibrate each cell (cached), run the grid over seeds, print the Markdown table."""
+    args = _parser().parse_args(argv)
+    try:
+        result = run_grids(args, _grids(args))
+    except (catalog.CatalogError, PredictorError, SessionTableError, PoolError, RatesError, ScenarioError,
+            OSError) as exc:  # one line, no traceback
+        print(f"basin-sim compare: error: {exc}", file=sys.stderr)
+        return 2
+    print(markdown(result.rows, result.labels))
     if args.plot_dir is not None:
         from basin_sim.plots import plot_compare
 
-        for path in plot_compare(aggregate(rows), labels, args.plot_dir):
+        for path in plot_compare(result.summary(), result.labels, args.plot_dir):
             print(f"wrote {path}", file=sys.stderr)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        meta = {f"{s}/{d}/{lend}": {"overload_rate_per_s": cells[key].overload_rate_per_s,
-                                    "calibration": cells[key].calibration} for key, (s, d, lend) in names.items()}
-        summary = {"/".join(k): v for k, v in aggregate(rows).items()}
-        args.out.write_text(json.dumps({"seeds": args.seeds, "cells": meta, "summary": summary, "runs": rows},
+        meta = {f"{c.scenario.name}/{c.deployment.name}/{c.lending}": {
+            "overload_rate_per_s": c.overload_rate_per_s, "calibration": c.calibration} for c in result.cells.values()}
+        summary = {"/".join(k): v for k, v in result.summary().items()}
+        args.out.write_text(json.dumps({"seeds": args.seeds, "cells": meta, "summary": summary, "runs": result.rows},
                                        indent=2) + "\n")
     return 0
 

@@ -18,7 +18,9 @@
 # - The policy sees every arrival, call, end and tick (policies/base.py); a held session waits at the
 #   door and its waiting counts in its end-to-end time. The tick's hit rate is the gateway's own
 #   signal: `basin_runtime.policy.hit_rate.HitRateWindow` fed with each call's prompt and cached
-#   (device + host hit) tokens when its answer ends, as the gateway reads them from the usage.
+#   (device + host hit) tokens when its answer ends, as the gateway reads them from the usage. Its
+#   first-token latency is `basin_runtime.policy.latency.LatencyWindow`: each call's time to first
+#   token from its first send, and how long each request not yet decoding has waited.
 # - Suspension (a policy's `suspend` decision): the session stays live; the call it sends next (or
 #   the one being sent when the decision comes) is parked at the door, told to the policy, but not
 #   sent, until the policy resumes the session; the call then goes as sent at its parking (TTFT
@@ -73,6 +75,7 @@ import random
 from collections.abc import Callable, Iterable
 
 from basin_runtime.policy.hit_rate import HitRateWindow
+from basin_runtime.policy.latency import LatencyWindow
 from basin_runtime.policy.lending import LEND_CAP_FRACTION, LendingLedger
 from basin_sim.clients import ClientPolicy, wait_before_attempt_s
 from basin_sim.decode import DecodeInstance, DecodeSlot
@@ -110,6 +113,7 @@ class Engine:
         self.timeline = timeline if timeline is not None else Timeline()
         self._next_bin_end_s = (len(self.timeline.bin_states) + 1) * self.timeline.bin_s
         self.hit_window = hit_window if hit_window is not None else HitRateWindow()
+        self.latency_window = LatencyWindow()
         self.prefill = [PrefillInstance(i, self.profile, RadixCache(deployment.prefill_cache_tokens,
                                                                     deployment.host_cache_tokens))
                         for i in range(deployment.num_prefill)]
@@ -356,13 +360,19 @@ class Engine:
         for prefill in self.prefill:
             self._kick(prefill)
 
+    def ttft_s(self) -> float | None:
+        """The windowed median time to first token, counting how long each request short of it has waited."""
+        waiting = [self.now - (r.sent_s if r.run.call_sent_s is None else r.run.call_sent_s)
+                   for r in self._requests.values() if r.stage is not Stage.DECODING]
+        return self.latency_window.median_s(self.now, waiting)
+
     def _on_tick(self, _: object) -> None:
         if self.pin_ttl_s is not None:
             for prefill in self.prefill:
                 if prefill.cache.expire_holds(self.now):
                     self._kick(prefill)
         self.timeline.record_sample(self.sample())
-        self._apply(self.policy.on_tick(self.now, self.hit_window.rate(self.now)))
+        self._apply(self.policy.on_tick(self.now, self.hit_window.rate(self.now), self.ttft_s()))
         assert self._tick_s is not None
         self._at(self.now + self._tick_s, _TICK, None)
 
@@ -503,6 +513,7 @@ class Engine:
         run = request.run
         sent_s = request.sent_s if run.call_sent_s is None else run.call_sent_s
         self.timeline.record_ttft(self.now, self.now - sent_s)  # from the call's first send (retries count)
+        self.latency_window.record(self.now, self.now - sent_s)
         if run.next_call == 0 and run.first_token_s is None:
             run.first_token_s = self.now
         request.stage = Stage.DECODING

@@ -6,7 +6,7 @@
 #   its lending switch (the ramp runs with it: lending moves the knee), the scenario's workload, the
 #   predictor file in use (its SHA-256; "none" for `basin-proto`, whose
 #   reservations are contexts) and the reservation quantile. That is the cache key (canonical JSON,
-#   with the overload-rate key and the ramp's fractions, step and seed).
+#   with the overload-rate key, the ramp's fractions, step and seed, and the record's format).
 # - The cache is one JSON file (default data/sim/calibrations.json), one entry per key: the
 #   calibration record, in the gateway's calibration-file format, and the command that measured it.
 #   A missing entry is measured now (the knee ramp, a minute or so) and written before it is used, and
@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_CALIBRATIONS_FILE = Path("data/sim/calibrations.json")
 RAMP_SEED = 1
+RECORD_FORMAT = 3  # 3: the record carries the latency gate's measurements; older entries are measured anew
 
 
 class KneeCache(JsonCache):
@@ -60,13 +61,14 @@ class KneeCache(JsonCache):
 
 
 def knee_key(deployment: Deployment, pool: Sequence[Session], scenario: Scenario, predictor_sha256: str,
-             quantile: float | None) -> str:
+             quantile: float | None, step_s: float = RAMP_STEP_S) -> str:
     """The canonical key of one calibration (see the rules above)."""
     shape = dataclasses.replace(deployment, host_cache_tokens=0)
     return json.dumps({"rate": rate_key(shape, scenario.workload, scenario.clients, pool),
                        "lending": deployment.lending,
                        "predictor_sha256": predictor_sha256, "reservation_quantile": quantile,
-                       "ramp": {"fractions": list(RAMP_FRACTIONS), "step_s": RAMP_STEP_S, "seed": RAMP_SEED}},
+                       "ramp": {"fractions": list(RAMP_FRACTIONS), "step_s": step_s, "seed": RAMP_SEED},
+                       "record": RECORD_FORMAT},
                       sort_keys=True)
 
 
@@ -92,8 +94,8 @@ def calibration_for(deployment: Deployment, pool: Sequence[Session], scenario: S
 
 def measure_knee(deployment: Deployment, pool: Sequence[Session], scenario: Scenario, rate_per_s: float,
                  predictor_sha256: str, quantile: float | None,
-                 reservations: Mapping[str, float] | None) -> dict[str, Any]:
+                 reservations: Mapping[str, float] | None, step_s: float = RAMP_STEP_S) -> dict[str, Any]:
     """The knee ramp's calibration record for one cache key (GPU cache, the deployment's lending)."""
     return knee_record(dataclasses.replace(deployment, host_cache_tokens=0), pool, rate_per_s, RAMP_SEED,
                        reservations, f"basin-sim knee --deployment {deployment.name} --scenario {scenario.name}",
-                       predictor_sha256=predictor_sha256, reservation_quantile=quantile)
+                       step_s, predictor_sha256=predictor_sha256, reservation_quantile=quantile)

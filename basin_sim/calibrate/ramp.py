@@ -27,6 +27,7 @@
 from __future__ import annotations
 
 import random
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -56,6 +57,8 @@ class RampStep:
     decode_memory_share: float = 0.0  # mean decode memory in use / all decode memory
     prealloc_queued: float = 0.0  # mean requests waiting for decode memory (all decode instances)
     decode_holding_share: float | None = None  # mean requests holding decode memory / mean live (None: unmeasured)
+    ttft_p50_s: float | None = None  # median time to first token of the calls in the step's second half
+    call_cycle_p50_s: float | None = None  # median over sessions finished then of their duration / their calls
 
 
 HOLDING_STAGES = frozenset({Stage.PREFILL_WAIT, Stage.PREFILLING, Stage.TRANSFER, Stage.DECODING})
@@ -91,16 +94,21 @@ def run_ramp(deployment: Deployment, pool: Sequence[Session], rates_per_s: Seque
         half = start + step_s / 2
         engine.run_until(half)
         sampled = _sample_second_half(engine, reserved if reservations is not None else None, half, end, sample_s)
-        finished = sum(1 for r in engine.runs.values() if r.ended_s is not None and half <= r.ended_s < end)
+        ended = [r for r in engine.runs.values() if r.ended_s is not None and half <= r.ended_s < end]
+        finished = len(ended)
+        cycles = [(r.ended_s - r.spec.arrival_s) / r.spec.session.n_calls for r in ended
+                  if r.ended_s is not None and r.status is Status.FINISHED]
         hit = timeline.hit_rate(half, end)
         live = timeline.mean_sample("live_sessions", half, end) or 0.0
         decoding = timeline.mean_sample("decode_running", half, end) or 0.0
+        ttfts = timeline.ttfts(half, end)
         in_use = timeline.mean_sample("decode_reserved_tokens", half, end) or 0.0
         steps.append(RampStep(rate, (timeline.mean_sample("working_set_tokens", half, end) or 0.0) / capacity,
-                              0.0 if hit is None else hit, live, len(timeline.ttfts(half, end)) / (end - half),
+                              0.0 if hit is None else hit, live, len(ttfts) / (end - half),
                               finished / (end - half), decoding / live if live > 0 else 0.0, sampled.ratio,
                               in_use / decode_tokens, timeline.mean_sample("decode_queued", half, end) or 0.0,
-                              sampled.holding_share))
+                              sampled.holding_share, statistics.median(ttfts) if ttfts else None,
+                              statistics.median(cycles) if cycles else None))
     return steps
 
 
@@ -133,8 +141,9 @@ def _sample_second_half(engine: Engine, reserved: Mapping[str, float] | None, st
 
 def calibration_record(steps: Sequence[RampStep], capacity_tokens: float, source: str) -> dict[str, Any]:
     """The gateway's calibration file (basin_runtime/gateway/calibration.py keys only) from a ramp's steps:
-    the knee, the plateau hit rate, the best completion rate on the plateau and, when measured, the
-    reservation ratio; `source` says how the ramp was run (the notes)."""
+    the knee, the plateau hit rate, the best completion rate on the plateau, the plateau's median time to
+    first token and call cycle (a session's duration over its calls) and, when measured, the reservation
+    ratio; `source` says how the ramp was run (the notes)."""
     knee = ramp_knee(steps)
     plateau = [s for s in steps if s.load <= knee.load]
     peak_rate = max((s.sessions_finished_per_s for s in plateau), default=0.0)
@@ -146,6 +155,11 @@ def calibration_record(steps: Sequence[RampStep], capacity_tokens: float, source
     ratio = plateau_reservation_ratio(steps, knee)
     if ratio is not None:
         record["reservation_ratio"] = round(ratio, 4)
+    ttfts = [s.ttft_p50_s for s in plateau if s.ttft_p50_s is not None]
+    cycles = [s.call_cycle_p50_s for s in plateau if s.call_cycle_p50_s is not None]
+    if ttfts and cycles:
+        record["ttft_plateau_s"] = round(statistics.median(ttfts), 4)
+        record["call_cycle_plateau_s"] = round(statistics.median(cycles), 4)
     record["notes"] = f"{source}{'; knee censored: beyond the last step' if knee.is_censored else ''}"
     return record
 

@@ -94,8 +94,9 @@ class SessionPolicy(Protocol):
         """An admitted session ended, or a held one was withdrawn."""
         ...
 
-    def on_tick(self, now: float, hit_rate: float | None) -> Decisions:
-        """Time passes; `hit_rate` is the prefix-cache hit rate of the last window (None: no prefill)."""
+    def on_tick(self, now: float, hit_rate: float | None, ttft_s: float | None = None) -> Decisions:
+        """Time passes; `hit_rate` is the prefix-cache hit rate of the last window (None: no prefill), `ttft_s`
+        the engines' windowed median time to first token, calls still waiting counted (None: too few calls)."""
         ...
 
     def priority(self, session_id: str, now: float) -> float:

@@ -144,9 +144,9 @@ class BasinPolicy:
         self._call_index.pop(session_id, None)
         return self._decided(self.core.finish(session_id, now))
 
-    def on_tick(self, now: float, hit_rate: float | None) -> Decisions:
+    def on_tick(self, now: float, hit_rate: float | None, ttft_s: float | None = None) -> Decisions:
         """`Policy.tick`."""
-        return self._decided(self.core.tick(now, hit_rate))
+        return self._decided(self.core.tick(now, hit_rate, ttft_s))
 
     def reservation_report(self) -> dict[str, int]:
         """Sessions admitted so far, and how many of them outgrew their first reservation."""

@@ -87,7 +87,7 @@ class BudgeterPolicy:
             self.demand_tokens -= context
         return self._fill()
 
-    def on_tick(self, now: float, hit_rate: float | None) -> Decisions:
+    def on_tick(self, now: float, hit_rate: float | None, ttft_s: float | None = None) -> Decisions:
         """Nothing moves on a tick: demand changes only at calls and ends."""
         return NO_DECISIONS
 

@@ -48,7 +48,7 @@ class ContinuumPolicy:
         self._arrival_s.pop(session_id, None)
         return NO_DECISIONS
 
-    def on_tick(self, now: float, hit_rate: float | None) -> Decisions:
+    def on_tick(self, now: float, hit_rate: float | None, ttft_s: float | None = None) -> Decisions:
         """Nothing to decide."""
         return NO_DECISIONS
 

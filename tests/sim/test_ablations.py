@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -37,8 +38,43 @@ def test_each_reservation_kind_reserves_what_it_says_and_is_calibrated_under_its
         {"a1": 4_000.0, "a2": 2_000.0, "a3": 9_000.0, "b1": 700.0}, {})
     assert reservations("benchmark-constant", POOL, peaks, multipliers, 0.5) == (
         {"a1": 4_000.0, "a2": 4_000.0, "a3": 4_000.0, "b1": 700.0}, {})
-    assert {calibration_tag(kind, "f" * 64, 0.9) for kind in ("predicted", "oracle-peak", "benchmark-constant")} == \
-        {"f" * 64, "oracle-peak", "benchmark-constant-q0.9"}
+    context_peaks, context_only = reservations("current-context", POOL, peaks, multipliers, 0.9)
+    assert context_peaks == peaks  # the priority still comes from the prediction
+    assert {math.ceil(context_only[sid] * peak) for sid, peak in peaks.items()} == {1}  # reserves 1 token: context
+    kinds = ("predicted", "oracle-peak", "benchmark-constant", "current-context")
+    assert {calibration_tag(kind, "f" * 64, 0.9) for kind in kinds} == \
+        {"f" * 64, "oracle-peak", "benchmark-constant-q0.9", "current-context"}
+
+
+def test_current_context_reserves_the_context_and_no_admission_admits_everyone() -> None:
+    d = deployment(cache_tokens=10_000)
+    calibration = Calibration(1_000.0, 10_000.0)  # B = 900 tokens
+    peaks = {s.session_id: 5_000.0 for s in POOL}
+    _, context_only = reservations("current-context", POOL, peaks, {}, 0.9)
+    by_context = make_policy("basin", PolicyContext(d, peaks, calibration=calibration,
+                                                    reservation_multipliers=context_only))
+    open_door = make_policy("basin", PolicyContext(d, peaks, calibration=calibration,
+                                                   policy_overrides=ablation("basin:no-admission").overrides))
+    served = make_policy("basin", PolicyContext(d, peaks, calibration=calibration))
+    for policy in (by_context, open_door, served):
+        assert isinstance(policy, BasinPolicy)
+        for k, pooled in enumerate(POOL):
+            policy.on_arrival(pooled.session_id, float(k), pooled)
+    assert isinstance(by_context, BasinPolicy) and isinstance(open_door, BasinPolicy)
+    assert isinstance(served, BasinPolicy)
+    # each arrives with a 1,000-token (500 for b1) context: by context the third one no longer fits in 900
+    assert by_context.core.snapshot().reserved_tokens == 1_000
+    assert served.core.snapshot().live == ("a1",) and len(served.core.snapshot().queued) == 3  # 5,000 each
+    assert open_door.core.snapshot().live == tuple(s.session_id for s in POOL) and not open_door.core.snapshot().queued
+    assert open_door.core.snapshot().reserved_tokens == 20_000  # it still reserves, it just never holds anyone
+
+
+def test_the_quantile_sweep_reserves_m_of_each_q_in_the_served_budget() -> None:
+    sweep = [ABLATIONS[name] for name in ABLATIONS if name.startswith("basin:q")]
+    assert [a.quantile for a in sweep] == [0.5, 0.75, 0.95, 0.99]
+    assert all(a.reservation == "predicted" for a in sweep)  # the served calibration: r fixed
+    assert all(a.overrides == {"latency_gate_s": None} for a in sweep)  # admission engages, so q matters
+    assert ABLATIONS["basin:no-latency-gate"].overrides == {"latency_gate_s": None}
 
 
 def test_arrival_order_makes_the_priority_the_arrival_and_fixed_budget_never_moves() -> None:
@@ -73,19 +109,20 @@ def test_compare_runs_ablations_as_rows_each_reservation_kind_on_its_own_knee(
                        pool), 0.1, {"command": "seeded by the test"})
     out, knees = tmp_path / "compare.json", tmp_path / "calibrations.json"
     assert cli_main(["compare", "--scenarios", str(tmp_path / "s.yaml"), "--deployments", str(tmp_path / "d.yaml"),
-                     "--policies", "basin", "--ablations", "basin:oracle-peak", "basin:arrival-order",
+                     "--policies", "basin", "--ablations", "basin:oracle-peak", "basin:arrival-order", "basin:q0.5",
                      "--seeds", "1", "--jobs", "1", "--model", str(MODEL), "--sessions",
                      str(tmp_path / "absent.parquet"), "--rates-file", str(rates.path), "--calibrations-file",
                      str(knees), "--out", str(out), "--plot-dir", str(tmp_path / "plots")]) == 0
     png = tmp_path / "plots" / "compare-tiny-surge.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     table = capsys.readouterr().out.splitlines()
-    assert [line.split(" | ")[3] for line in table[2:]] == ["basin", "basin:oracle-peak", "basin:arrival-order"]
+    assert [line.split(" | ")[3] for line in table[2:]] == ["basin", "basin:oracle-peak", "basin:arrival-order",
+                                                            "basin:q0.5"]
     entries = json.loads(knees.read_text())
     assert len(entries) == 2 and any('"predictor_sha256": "oracle-peak"' in key for key in entries)  # own knee
-    assert sorted(e["predictor_sha256"] for e in entries.values()) == sorted([MODEL_SHA, "none"])
-    assert {r["policy"] for r in json.loads(out.read_text())["runs"]} == set(ABLATIONS) & {
-        "basin", "basin:oracle-peak", "basin:arrival-order"}
+    assert sorted(e["predictor_sha256"] for e in entries.values()) == sorted([MODEL_SHA, "none"])  # q0.5: served r
+    runs = json.loads(out.read_text())["runs"]
+    assert {r["policy"] for r in runs} == {"basin", "basin:oracle-peak", "basin:arrival-order", "basin:q0.5"}
 
 
 MODEL_SHA = __import__("hashlib").sha256(MODEL.read_bytes()).hexdigest()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from pathlib import Path
 
 import pytest
@@ -281,3 +282,30 @@ def test_a_deployment_file_sets_lending_and_refuses_an_unknown_kind(tmp_path: Pa
     path.write_text(base + "lending: storage\n")
     with pytest.raises(catalog.CatalogError, match=r"mine\.yaml: lending must be one of \['none', 'decode-memory'\]"):
         catalog.load_deployment(str(path))
+
+
+def test_the_engine_ticks_the_policy_with_the_first_token_latency_and_basin_engages_behind_its_gate() -> None:
+    # six sessions with big prompts at once on one prefill instance: later ones wait for their first token
+    d = deployment(cache_tokens=10_000_000)
+    sessions = {f"s{k}": session(f"s{k}", [60_000, 61_000]) for k in range(6)}
+    peaks = {sid: 100_000.0 for sid in sessions}
+    gate = Calibration(1_000.0, 10_000_000.0, ttft_plateau_s=0.1, call_cycle_plateau_s=0.2)  # gate at 0.7 s
+    policy = make_policy("basin", PolicyContext(d, peaks, calibration=gate))
+    assert isinstance(policy, BasinPolicy) and policy.core.config.latency_gate_s == pytest.approx(0.7)
+    engine = Engine(d, policy, tick_s=1.0)
+    for s in sessions.values():
+        engine.add(spec(s, 0.0))
+    seen: list[float | None] = []
+    tick = policy.on_tick
+
+    def recording(now: float, hit_rate: float | None, ttft_s: float | None = None) -> object:
+        seen.append(ttft_s)
+        return tick(now, hit_rate, ttft_s)
+
+    policy.on_tick = recording  # type: ignore[method-assign]
+    engine.run_until(3.0)
+    waits = [3.0 - r.sent_s for r in engine._requests.values() if r.stage.value != "decoding"]
+    assert len(waits) == 6 and engine.ttft_s() == pytest.approx(statistics.median(waits))
+    # the working set is far past B / r (the knee is 1,000 tokens); once the engines read slow, it engages
+    assert seen == [1.0, 2.0, 3.0]  # nobody has a first token yet: the median wait grows tick by tick
+    assert policy.core.is_pressed and policy.core.is_engaged  # past 0.7 s the working set engages admission

@@ -179,6 +179,11 @@ def test_knee_writes_a_calibration_file_the_gateway_reads_and_run_uses_it(
     calibration = load_calibration(out)
     assert 0 < calibration.knee_tokens <= 2 * calibration.cache_capacity_tokens
     assert calibration.reservation_ratio > 1.0
+    # the plateau's first-token latency and call cycle: the latency gate a served Basin engages behind
+    assert calibration.ttft_plateau_s is not None and calibration.call_cycle_plateau_s is not None
+    assert 0 < calibration.ttft_plateau_s < calibration.call_cycle_plateau_s  # a cycle holds a whole call
+    gate = calibration.latency_gate_s()
+    assert gate == pytest.approx(calibration.ttft_plateau_s + 3 * calibration.call_cycle_plateau_s)
     assert main(["run", "--scenario", files["scenario"], "--deployment", files["deployment"], "--policy", "basin",
                  "--json", "--quiet", "--sessions", files["sessions"], "--model", str(model),
                  "--calibration", str(out), *RATE]) == 0

@@ -92,7 +92,7 @@ class HoldFirst(FcfsPolicy):
         self.held.append(session_id)
         return NO_DECISIONS
 
-    def on_tick(self, now: float, hit_rate: float | None) -> Decisions:
+    def on_tick(self, now: float, hit_rate: float | None, ttft_s: float | None = None) -> Decisions:
         if self.held and now >= 5.0:
             return Decisions(admit=(self.held.pop(0),))
         return NO_DECISIONS
@@ -111,7 +111,7 @@ def test_a_held_session_waits_at_the_door_and_its_wait_counts() -> None:
 
 def test_a_policy_admitting_a_session_that_is_not_held_is_an_error() -> None:
     class Rogue(FcfsPolicy):
-        def on_tick(self, now: float, hit_rate: float | None) -> Decisions:
+        def on_tick(self, now: float, hit_rate: float | None, ttft_s: float | None = None) -> Decisions:
             return Decisions(admit=("a",))
 
     engine = Engine(deployment(), Rogue("rogue"), tick_s=1.0)
