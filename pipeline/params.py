@@ -160,15 +160,17 @@ def export_params(path: str | Path = "params.yaml") -> ExportParams:
 
 @dataclass(frozen=True)
 class SimulateParams:
-    deployment: str
-    seed: int
-    reservation_quantile: float  # what the gateway serves with (its default 0.9): every Basin run but the sweep
-    quantiles: tuple[float, ...]  # the sweep: q with the served calibration's r held fixed, and re-measured
-    sweep_scenario: str = "surge-100-30min"
+    deployment: str  # the cache-first deployment of the headline row
+    scenario: str  # the paper's +100% surge
+    steady_scenario: str  # Basin's own steady reference
+    policies: tuple[str, ...]  # run on the surge (basin and continuum at least)
+    seeds: tuple[int, ...]  # every run over these (>= 10 for evidence)
+    reservation_quantile: float  # what the gateway serves with (its default 0.9)
 
 
 def simulate_params(path: str | Path = "params.yaml") -> SimulateParams:
     raw = dict(load_section(path, "simulate"))
-    if isinstance(raw.get("quantiles"), list):
-        raw["quantiles"] = tuple(float(q) for q in raw["quantiles"])
+    for key, kind in (("policies", str), ("seeds", int)):
+        if isinstance(raw.get(key), list):
+            raw[key] = tuple(kind(v) for v in raw[key])
     return _build(SimulateParams, raw, "simulate")

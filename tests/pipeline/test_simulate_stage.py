@@ -1,4 +1,4 @@
-"""The simulate stage end to end on a tiny scenario and the shipped model (its reservation multipliers)."""
+"""The simulate stage end to end on tiny scenarios and the shipped model: the headline row over seeds."""
 
 from __future__ import annotations
 
@@ -15,39 +15,42 @@ MODEL = Path("models/peak_predictor.onnx")
 
 
 @pytest.mark.skipif(not MODEL.exists(), reason="the shipped predictor is not in this checkout")
-def test_the_stage_writes_goodput_per_policy_and_per_reservation_quantile(
+def test_the_stage_runs_the_headline_row_over_seeds_with_paired_ratios(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    scenario = tmp_path / "tiny.yaml"
-    scenario.write_text("name: tiny\nduration_s: 540\nwarmup_s: 60\nrate: [{from_s: 0, x_overload: 0.1}]\n"
+    scenarios = []
+    for name, factor in (("tiny-surge", 0.2), ("tiny-steady", 0.1)):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(f"name: {name}\nduration_s: 540\nwarmup_s: 60\nrate: [{{from_s: 0, x_overload: {factor}}}]\n"
                         "goodput_window: {from_s: 60, to_s: 540}\n")
-    out, calibration_path = tmp_path / "sim" / "metrics.json", tmp_path / "sim" / "calibration.json"
+        scenarios.append(str(path))
+    out, headline = tmp_path / "sim" / "metrics.json", tmp_path / "sim" / "goodput.json"
+    calibration_path = tmp_path / "sim" / "calibration.json"
     assert stage.main(["--model", str(MODEL), "--sessions", str(tmp_path / "absent.parquet"),
-                       "--out-metrics", str(out), "--plot-dir", str(tmp_path),
+                       "--out-metrics", str(out), "--headline", str(headline), "--plot-dir", str(tmp_path / "plots"),
                        "--out-calibration", str(calibration_path), "--ramp-step-s", "300",
-                       "--scenario-override", str(scenario), "--overload-rate", "0.36"]) == 0
+                       "--scenario", scenarios[0], "--steady-scenario", scenarios[1], "--seeds", "1", "2",
+                       "--overload-rate", "0.36", "--jobs", "2",
+                       "--rates-file", str(tmp_path / "rates.json"),
+                       "--calibrations-file", str(tmp_path / "calibrations.json")]) == 0
     metrics = json.loads(out.read_text())
     calibration = load_calibration(calibration_path)  # the gateway reads what the stage measured
     assert calibration.reservation_ratio > 1.0  # predicted peaks exceed the contexts of live sessions
-    assert calibration.budget_tokens() > calibration.budget_tokens("prototype")
+    assert calibration.reservation_quantile == 0.9 and calibration.predictor_sha256 is not None
     assert metrics["calibration"]["knee_tokens"] == calibration.knee_tokens
-    assert metrics["basin_over_surge_100_continuum"] is None or metrics["basin_over_surge_100_continuum"] > 0
-    assert set(metrics["runs"]) == {f"{s}/{p}" for s, p in stage.RUNS}
-    assert metrics["reservation_quantile"] == 0.9
-    sweep = metrics["quantile_sweep"]
-    assert set(sweep) == {"q0.5", "q0.9", "q0.95"}
-    assert sweep["q0.5"]["multiplier_all_rows"] < sweep["q0.9"]["multiplier_all_rows"] < \
-        sweep["q0.95"]["multiplier_all_rows"]
-    fixed_r = {q: row["r_fixed"]["reservation_ratio"] for q, row in sweep.items()}
-    assert len(set(fixed_r.values())) == 1 and fixed_r["q0.9"] == calibration.reservation_ratio
-    assert sweep["q0.9"]["r_remeasured"] == sweep["q0.9"]["r_fixed"]  # the served q: one calibration
-    # r re-measured grows with what is reserved
-    assert sweep["q0.5"]["r_remeasured"]["reservation_ratio"] < sweep["q0.95"]["r_remeasured"]["reservation_ratio"]
-    for row in sweep.values():
-        for entry in (row["r_fixed"], row["r_remeasured"]):
-            assert entry["sessions_admitted"] > 0 and 0 <= entry["sessions_overflowed"] <= entry["sessions_admitted"]
-    assert list(tmp_path.glob("*.png"))
+    assert set(metrics["goodput"]) == {"sglang", "continuum", "basin", "basin_steady"}
+    assert all(cell["seeds"] == 2 for cell in metrics["goodput"].values())
+    assert (metrics["scenario"], metrics["steady_scenario"], metrics["seeds"]) == ("tiny-surge", "tiny-steady", [1, 2])
+    basin, continuum = (metrics["goodput"][p]["per_seed"] for p in ("basin", "continuum"))
+    assert metrics["goodput"]["basin"]["mean"] == pytest.approx(sum(basin) / 2, rel=1e-5)
+    ratios = [b / c for b, c in zip(basin, continuum, strict=True)]
+    assert metrics["basin_over_continuum"]["mean"] == pytest.approx(sum(ratios) / 2, rel=1e-5)  # paired by seed
+    assert metrics["basin_over_own_steady"]["seeds"] == 2
+    written = json.loads(headline.read_text())
+    assert set(written) == {"basin_per_h", "basin_sd", "vs_continuum", "vs_continuum_sd", "vs_steady", "vs_steady_sd"}
+    assert written["vs_continuum"] == pytest.approx(metrics["basin_over_continuum"]["mean"], rel=1e-5)
+    assert list((tmp_path / "plots").glob("*.png"))
     _assert_logged_as_a_run(uri, metrics)
 
 
@@ -61,8 +64,9 @@ def _assert_logged_as_a_run(uri: str, metrics: dict[str, Any]) -> None:
     assert experiment is not None
     [run] = client.search_runs([experiment.experiment_id])
     assert run.info.run_name == "simulate" and run.data.params["deployment"] == metrics["deployment"]
-    for key, value in metrics["runs"]["surge-100/basin"].items():
-        if value is not None:
-            assert run.data.metrics[f"runs/surge-100/basin/{key}"] == pytest.approx(value, rel=1e-5)  # file: 6 digits
-    assert run.data.metrics["quantile_sweep/q0.95/r_fixed/sessions_admitted"] == \
-        metrics["quantile_sweep"]["q0.95"]["r_fixed"]["sessions_admitted"]
+    assert run.data.params["scenario"] == "tiny-surge"
+    for key, value in metrics["goodput"]["basin"].items():
+        if isinstance(value, int | float):  # per-seed lists stay in the file
+            assert run.data.metrics[f"goodput/basin/{key}"] == pytest.approx(value, rel=1e-5)  # file: 6 digits
+    assert run.data.metrics["basin_over_continuum/mean"] == pytest.approx(metrics["basin_over_continuum"]["mean"],
+                                                                          rel=1e-5)
