@@ -61,6 +61,7 @@ class EmulatorConfig:
     enable_priority_scheduling: bool = False
     schedule_low_priority_values_first: bool = False
     enable_hierarchical_cache: bool = False
+    preemption_threshold: int = 10
     page_size: int = 1
     storage_dir: str | None = None  # --hicache-storage-backend file: the shared folder; None: no storage tier
     prefetch_policy: PrefetchPolicy = "timeout"
@@ -123,6 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--enable-priority-scheduling", action="store_true", help="order queues by request priority")
     p.add_argument("--schedule-low-priority-values-first", action="store_true",
                    help="with priority scheduling: lower values first (default: higher first)")
+    p.add_argument("--priority-scheduling-preemption-threshold", type=int, default=10, dest="preemption_threshold",
+                   help="accepted and reported; no emulated role preempts (a PD prefill keeps no running batch)")
     p.add_argument("--served-model-name", default="", help="the model name to answer with (default: the profile)")
     p.add_argument("--tokenizer", default=DEFAULT_TOKENIZER,
                    help=f"token counting: one of {', '.join(available_tokenizers())}")
@@ -134,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _storage(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, Any]:
     """The storage and lending options, checked as SGLang checks them."""
+    if args.preemption_threshold < 0:
+        raise ConfigError(f"--priority-scheduling-preemption-threshold must be >= 0, got {args.preemption_threshold}")
     if args.page_size < 1:
         raise ConfigError(f"--page-size must be a whole number >= 1, got {args.page_size}")
     if args.hicache_storage_prefetch_policy not in PREFETCH_POLICIES:
@@ -158,7 +163,8 @@ def _storage(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, 
         stride = int(stride_text) if stride_text else None
     except ValueError:
         raise ConfigError(f"{OFFLOAD_STRIDE_ENV} must be a whole number, got {stride_text!r}") from None
-    return {"page_size": args.page_size, "prefetch_policy": args.hicache_storage_prefetch_policy,
+    return {"preemption_threshold": args.preemption_threshold, "page_size": args.page_size,
+            "prefetch_policy": args.hicache_storage_prefetch_policy,
             "storage_dir": None if backend is None else environ.get(STORAGE_DIR_ENV) or DEFAULT_STORAGE_DIR,
             "enable_offload_kvcache": args.offload_kvcache, "enable_decode_radix_cache": args.decode_radix_cache,
             "offload_stride_tokens": offload_stride_tokens(args.page_size, stride)}

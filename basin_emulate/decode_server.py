@@ -96,7 +96,7 @@ class DecodeServer:
                 is_streaming = True
                 return StreamingResponse(self._stream(call, prompt, ticket, answer), media_type="text/event-stream")
             finish_s = await race_client(self.engine.wait_finished(ticket), receive, ClientGoneError)
-            finished = self._finished(ticket, answer, finish_s)
+            finished = self._finished(ticket, answer, finish_s, call.priority)
             await self._keep(call, prompt, answer.completion_tokens)
             return JSONResponse(response_body(call, finished))
         finally:
@@ -168,18 +168,19 @@ class DecodeServer:
                 if ticket.finished.done() and sent == ticket.total_tokens:
                     break
                 await ticket.progress.wait()
-            finished = self._finished(ticket, answer, ticket.finished.result())
+            finished = self._finished(ticket, answer, ticket.finished.result(), call.priority)
             await self._keep(call, prompt, answer.completion_tokens)
             yield writer.closing(finished)
         finally:
             self.engine.withdraw(ticket)
 
-    def _finished(self, ticket: DecodeTicket, answer: Answer, finish_s: float) -> Answer:
+    def _finished(self, ticket: DecodeTicket, answer: Answer, finish_s: float, priority: int | None) -> Answer:
         """The answer with its latency, recorded in the metrics."""
         context = self.context
         e2e_s = context.latency_s(ticket.arrival_s, finish_s)
         context.metrics.finished(answer.prompt_tokens, answer.completion_tokens,
-                                 context.latency_s(ticket.arrival_s, ticket.join_s), e2e_s, answer.cached_details)
+                                 context.latency_s(ticket.arrival_s, ticket.join_s), e2e_s, answer.cached_details,
+                                 context.order.label(priority))
         return dataclasses.replace(answer, e2e_latency_s=e2e_s)
 
     def flush(self) -> bool:

@@ -9,6 +9,8 @@
 #   request's cached tokens by source (device, host, storage; a source with 0 tokens is not counted), on
 #   prefill and on decode alike, as SGLang's tokenizer metrics do (observe_one_finished_request).
 #   `sglang:prefetched_tokens_total` (storage -> host) and `sglang:backuped_tokens_total` (to storage).
+# - `sglang:num_requests_total` carries SGLang's `priority` label (the request's priority with priority
+#   scheduling on, else empty): the label set grows with every distinct value clients send.
 # - Latencies are wall seconds. Inter-token latency is observed once per generated token after the
 #   first, at the request's mean (as SGLang spreads a chunk's interval over its tokens), in one step per
 #   request (`WeightedHistogram`), so a 4k-token answer costs one bisect, not 4k observations.
@@ -152,7 +154,9 @@ class EmulatorMetrics:
         self.model_name = model_name
         self.prompt_tokens = Counter("sglang:prompt_tokens", "Prompt tokens of finished requests", labels,
                                      registry=r).labels(model_name)
-        self.requests = Counter("sglang:num_requests", "Finished requests", labels, registry=r).labels(model_name)
+        self.requests_by_priority = Counter("sglang:num_requests", "Finished requests (by priority when priority "
+                                            "scheduling is on, as SGLang labels them)", [*labels, "priority"],
+                                            registry=r)
         self.cached_tokens = Counter("sglang:cached_tokens", "Cached prompt tokens of finished requests by source",
                                      [*labels, "cache_source"], registry=r)
         self.ttft = Histogram("sglang:time_to_first_token_seconds", "Time to first token", labels, registry=r,
@@ -167,10 +171,10 @@ class EmulatorMetrics:
         r.register(_StateCollector(model_name, time_scale, state, lag))
 
     def finished(self, prompt_tokens: int, completion_tokens: int, ttft_s: float, e2e_s: float,
-                 cached_details: Mapping[str, int | str] | None = None) -> None:
+                 cached_details: Mapping[str, int | str] | None = None, priority: int | None = None) -> None:
         """One request answered: its tokens, cached tokens by source and wall latencies (inter-token = mean over
         its decode)."""
-        self.requests.inc()
+        self.requests_by_priority.labels(self.model_name, "" if priority is None else str(priority)).inc()
         self.prompt_tokens.inc(prompt_tokens)
         for source, tokens in (cached_details or {}).items():
             if source in CACHE_SOURCES and isinstance(tokens, int) and tokens > 0:

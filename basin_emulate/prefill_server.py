@@ -78,7 +78,7 @@ class PrefillServer:
                         min(outcome.cached_tokens, prompt.prompt_tokens), "length", e2e_s, config.enable_cache_report,
                         self.details(outcome))
         context.metrics.finished(prompt.prompt_tokens, 1, context.latency_s(arrival_s, outcome.prefill_done_s), e2e_s,
-                                 answer.cached_details)
+                                 answer.cached_details, context.order.label(call.priority))
         if call.is_stream:
             writer = StreamWriter(call, answer.rid, answer.model)
             body = writer.opening() + writer.tokens(0, 1, answer) + writer.closing(answer)

@@ -122,6 +122,7 @@ def create_app(context: ServerContext, role: Role) -> Starlette:
             "disaggregation_decode_enable_radix_cache": config.enable_decode_radix_cache,
             "enable_priority_scheduling": config.enable_priority_scheduling,
             "schedule_low_priority_values_first": config.schedule_low_priority_values_first,
+            "priority_scheduling_preemption_threshold": config.preemption_threshold,
             "enable_metrics": config.enable_metrics, "enable_cache_report": config.enable_cache_report,
             "enable_hierarchical_cache": config.enable_hierarchical_cache,
             "hicache_ratio": config.profile.host_cache_ratio, "time_scale": config.time_scale,

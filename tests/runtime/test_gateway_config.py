@@ -264,7 +264,8 @@ def test_a_calibration_measured_for_another_predictor_or_quantile_is_refused_nam
         asyncio.run(gateway.upstream.client.aclose())
     for bad, fragment in (({"predictor_sha256": "XYZ"}, "predictor_sha256 must be 64 lowercase hex digits"),
                           ({"reservation_quantile": 1.0}, "reservation_quantile must be a number in (0, 1)"),
-                          ({"lending": "storage"}, "lending must be one of ['none', 'decode-memory', 'storage-offload']")):
+                          ({"lending": "storage"},
+                           "lending must be one of ['none', 'decode-memory', 'storage-offload']")):
         with pytest.raises(CalibrationError, match=re.escape(fragment)):
             load_calibration(calibration_file(tmp_path, **base, **bad))
 
