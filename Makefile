@@ -35,7 +35,7 @@ demo: $(STAMP)
 
 # `make check` is what CI runs before the tests (.ci/run): ruff, then mypy --strict on the files
 # [tool.mypy] lists in pyproject.toml. `make -k check` reports both even when the first fails.
-LINT_PATHS := basin_runtime basin_sim basin_emulate basin_loadgen basin_stack pipeline tests benchmarks
+LINT_PATHS := basin_runtime basin_sim basin_emulate basin_loadgen basin_stack pipeline tests benchmarks deploy
 check: lint typecheck
 
 lint: $(STAMP)

@@ -1,13 +1,14 @@
 # Where a request's prefill and decode halves meet: the prefill server's bootstrap port, plain HTTP.
 #
 # Protocol (one room per request; the router puts the same `bootstrap_room` in both halves):
-#   POST http://{bootstrap_host}:{bootstrap_port}/kv/{room}   body {"ready_unix_s": t}
+#   POST http://{bootstrap_host}:{bootstrap_port}/kv/{room}   body {"ready_unix_s": t[, "decode_prefix_len": n]}
 #     The decode side sends it once the request's memory is reserved: the room is then ready for the
 #     KV, which is what the prefill half waits for before it may queue (SGLang's prefill holds a
-#     request in its bootstrap queue until decode has pre-allocated). The answer comes when the KV
-#     has arrived: 200 {"room", "prompt_tokens", "cached_tokens", "device_hit_tokens",
-#     "host_hit_tokens", "computed_tokens", "transfer_done_unix_s"}; 409 {"error"} if the prefill half
-#     failed; 504 {"error"} if nothing was published within the timeout.
+#     request in its bootstrap queue until decode has pre-allocated; `decode_prefix_len`: what a decode
+#     radix cache holds of it, so only the rest moves). The answer comes when the KV has arrived: 200
+#     {"room", "prompt_tokens", "cached_tokens", "device_hit_tokens", "host_hit_tokens",
+#     "storage_hit_tokens", "computed_tokens", "cached_tokens_details", "transfer_done_unix_s"};
+#     409 {"error"} if the prefill half failed; 504 {"error"} if nothing was published within the timeout.
 #   POST /kv/{room}/abort   body {"reason": text}
 #     The decode side refused the request before reserving (bad or too large): the prefill half stops
 #     waiting and fails at once instead of at its timeout. Answered 200 at once.
@@ -45,6 +46,7 @@ class Room:
     room_id: str
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     ready_unix_s: float = 0.0
+    decode_prefix_len: int = 0
     abort_reason: str | None = None
     result: asyncio.Future[dict[str, Any]] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future())
@@ -121,8 +123,10 @@ class Rooms:
         try:
             body = await request.json()
             room.ready_unix_s = float(body.get("ready_unix_s", time.time()))
+            room.decode_prefix_len = max(0, int(body.get("decode_prefix_len", 0)))
         except (ValueError, TypeError, AttributeError):
-            return web.json_response({"error": "the body must be JSON with a number ready_unix_s"}, status=400)
+            return web.json_response({"error": "the body must be JSON with a number ready_unix_s (and a whole "
+                                               "decode_prefix_len)"}, status=400)
         room.ready.set()
         try:
             payload = await asyncio.wait_for(asyncio.shield(room.result), self.timeout_s)
@@ -154,6 +158,7 @@ class KvArrival:
     prompt_tokens: int
     cached_tokens: int
     transfer_done_unix_s: float
+    cached_details: dict[str, int | str] | None = None  # SGLang's cached_tokens_details, from prefill
 
 
 class BootstrapClient:
@@ -180,11 +185,13 @@ class BootstrapClient:
             raise RuntimeError("the bootstrap client is not started")
         return self._session
 
-    async def fetch_kv(self, host: str, port: int, room: str, ready_unix_s: float) -> KvArrival:
+    async def fetch_kv(self, host: str, port: int, room: str, ready_unix_s: float,
+                       decode_prefix_len: int = 0) -> KvArrival:
         """Signal that room `room` is ready and wait for its KV; `BootstrapError` if it never comes."""
         netloc = _netloc(host, port)
+        ready = {"ready_unix_s": ready_unix_s, "decode_prefix_len": decode_prefix_len}
         try:
-            async with self.session.post(f"http://{netloc}/kv/{room}", json={"ready_unix_s": ready_unix_s}) as response:
+            async with self.session.post(f"http://{netloc}/kv/{room}", json=ready) as response:
                 body = await response.json(content_type=None)
                 status = response.status
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
@@ -194,8 +201,9 @@ class BootstrapClient:
             detail = body.get("error") if isinstance(body, dict) else body
             raise BootstrapError(f"bootstrap room {room} at {netloc}: {detail}")
         try:
+            details = body.get("cached_tokens_details")
             return KvArrival(int(body["prompt_tokens"]), int(body["cached_tokens"]),
-                             float(body["transfer_done_unix_s"]))
+                             float(body["transfer_done_unix_s"]), details if isinstance(details, dict) else None)
         except (KeyError, TypeError, ValueError) as exc:
             raise BootstrapError(f"bootstrap room {room} at {netloc}: malformed answer {body!r}") from exc
 

@@ -8,7 +8,8 @@
 #   answers DEFAULT_COMPLETION_TOKENS tokens and ends with "stop" (as if the model emitted EOS);
 #   asked: exactly that many, ending with "length" (synthetic text never stops early).
 # - `priority` (an integer) and `rid` (a string) as SGLang takes them; `stream`,
-#   `stream_options.include_usage`; the router's `bootstrap_host`, `bootstrap_port`, `bootstrap_room`.
+#   `stream_options.include_usage`; the router's `bootstrap_host`, `bootstrap_port`, `bootstrap_room`;
+#   `return_cached_tokens_details` (OpenAI routes: the answer's `sglext.cached_tokens_details`).
 # - One sequence per request: `n` > 1, prompt lists and batched /generate are refused (400).
 # - Anything malformed is a `BadRequestError` naming the field.
 """Parsing and validating an inference request."""
@@ -63,6 +64,7 @@ class Call:
     priority: int | None
     rid: str | None
     bootstrap: Bootstrap
+    return_cached_tokens_details: bool = False
 
     @property
     def completion_tokens(self) -> int:
@@ -106,7 +108,8 @@ def parse_call(endpoint: Endpoint, raw: bytes) -> Call:
     if not isinstance(stream_options, dict):
         raise BadRequestError("stream_options must be an object")
     return Call(endpoint, messages, tools, text, input_ids, max_new, body.get("stream") is True,
-                stream_options.get("include_usage") is True, _priority(body), _rid(body), _bootstrap(body))
+                stream_options.get("include_usage") is True, _priority(body), _rid(body), _bootstrap(body),
+                body.get("return_cached_tokens_details") is True)
 
 
 def _messages(body: dict[str, Any]) -> list[Message]:

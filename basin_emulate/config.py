@@ -8,6 +8,14 @@
 # - `--time-scale X`: the model runs X times faster than the wall clock.
 # - `--bootstrap-timeout` (wall seconds; SGLang's SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT and
 #   WAITING_TIMEOUT play this part): how long either half waits for the other.
+# - HiCache storage and lending (sglang 0.5.23's flags; basin_sim/storage.py has the rules):
+#   `--hicache-storage-backend file` (the only backend emulated; any other is refused) stores in the
+#   folder SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR names (SGLang's default /tmp/hicache), shared by
+#   every process that names it; on prefill it needs --enable-hierarchical-cache (the storage tier sits
+#   under the host tier). `--hicache-storage-prefetch-policy` best_effort | wait_complete | timeout.
+#   `--disaggregation-decode-enable-offload-kvcache` is decode-only and needs a storage backend (SGLang
+#   refuses both the same way); its stride is SGLANG_HICACHE_DECODE_OFFLOAD_STRIDE. `--page-size`
+#   (default 1) aligns what is stored. `--disaggregation-decode-enable-radix-cache` is decode-only.
 # - Any bad option or value raises `ConfigError` with one line naming it (the CLI exits 2).
 """Command-line options of basin-emulate, validated into an `EmulatorConfig`."""
 
@@ -16,15 +24,22 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from basin_runtime.tokenizer import DEFAULT_TOKENIZER, available_tokenizers
 from basin_sim.catalog import CatalogError, load_profile
 from basin_sim.profile import Profile, ProfileError
+from basin_sim.storage import PREFETCH_POLICIES, PrefetchPolicy, offload_stride_tokens
 
 DEFAULT_PROFILE = "h100-qwen3.6-35b-a3b"
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+STORAGE_BACKENDS = ("file",)  # SGLang's --hicache-storage-backend values the emulator implements
+STORAGE_DIR_ENV = "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"
+DEFAULT_STORAGE_DIR = "/tmp/hicache"  # HiCacheFile's default file_path (mem_cache/hicache_storage.py)
+OFFLOAD_STRIDE_ENV = "SGLANG_HICACHE_DECODE_OFFLOAD_STRIDE"
 
 
 class ConfigError(ValueError):
@@ -46,6 +61,13 @@ class EmulatorConfig:
     enable_priority_scheduling: bool = False
     schedule_low_priority_values_first: bool = False
     enable_hierarchical_cache: bool = False
+    preemption_threshold: int = 10
+    page_size: int = 1
+    storage_dir: str | None = None  # --hicache-storage-backend file: the shared folder; None: no storage tier
+    prefetch_policy: PrefetchPolicy = "timeout"
+    enable_offload_kvcache: bool = False  # decode: offload finished requests' KV to storage
+    offload_stride_tokens: int = 1
+    enable_decode_radix_cache: bool = False
     served_model_name: str = ""  # empty: the profile's name
     tokenizer: str = DEFAULT_TOKENIZER
     bootstrap_timeout_s: float = 300.0
@@ -87,11 +109,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-total-tokens", type=int, help="KV pool size in tokens (default: the profile's)")
     p.add_argument("--enable-hierarchical-cache", action="store_true", help="prefill: a host tier below the cache")
     p.add_argument("--hicache-ratio", type=float, help="host tier size as a multiple of the pool")
+    p.add_argument("--page-size", type=int, default=1, help="tokens per KV page (storage keys whole pages)")
+    p.add_argument("--hicache-storage-backend",
+                   help=f"the storage tier under the host tier: {', '.join(STORAGE_BACKENDS)} (a folder from "
+                        f"{STORAGE_DIR_ENV}, default {DEFAULT_STORAGE_DIR})")
+    p.add_argument("--hicache-storage-prefetch-policy", default="timeout",
+                   help=f"when prefill stops waiting for a storage prefetch: {', '.join(PREFETCH_POLICIES)}")
+    p.add_argument("--disaggregation-decode-enable-offload-kvcache", action="store_true", dest="offload_kvcache",
+                   help="decode: write each finished request's KV to the storage tier")
+    p.add_argument("--disaggregation-decode-enable-radix-cache", action="store_true", dest="decode_radix_cache",
+                   help="decode: keep finished KV and tell prefill how much it holds (only missing pages move)")
     p.add_argument("--enable-metrics", action="store_true", help="serve Prometheus metrics on /metrics")
     p.add_argument("--enable-cache-report", action="store_true", help="report cached tokens in OpenAI usage")
     p.add_argument("--enable-priority-scheduling", action="store_true", help="order queues by request priority")
     p.add_argument("--schedule-low-priority-values-first", action="store_true",
                    help="with priority scheduling: lower values first (default: higher first)")
+    p.add_argument("--priority-scheduling-preemption-threshold", type=int, default=10, dest="preemption_threshold",
+                   help="accepted and reported; no emulated role preempts (a PD prefill keeps no running batch)")
     p.add_argument("--served-model-name", default="", help="the model name to answer with (default: the profile)")
     p.add_argument("--tokenizer", default=DEFAULT_TOKENIZER,
                    help=f"token counting: one of {', '.join(available_tokenizers())}")
@@ -101,9 +135,45 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_config(argv: list[str] | None = None) -> EmulatorConfig:
-    """The validated configuration from the command line."""
+def _storage(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, Any]:
+    """The storage and lending options, checked as SGLang checks them."""
+    if args.preemption_threshold < 0:
+        raise ConfigError(f"--priority-scheduling-preemption-threshold must be >= 0, got {args.preemption_threshold}")
+    if args.page_size < 1:
+        raise ConfigError(f"--page-size must be a whole number >= 1, got {args.page_size}")
+    if args.hicache_storage_prefetch_policy not in PREFETCH_POLICIES:
+        raise ConfigError(f"--hicache-storage-prefetch-policy {args.hicache_storage_prefetch_policy!r} is not one of "
+                          f"{', '.join(PREFETCH_POLICIES)}")
+    backend = args.hicache_storage_backend
+    if backend is not None and backend not in STORAGE_BACKENDS:
+        raise ConfigError(f"--hicache-storage-backend {backend!r} is not emulated; the emulator implements "
+                          f"{', '.join(STORAGE_BACKENDS)} (SGLang's file backend: a folder every process shares)")
+    if backend is not None and args.role == "prefill" and not args.enable_hierarchical_cache:
+        raise ConfigError("--hicache-storage-backend on prefill needs --enable-hierarchical-cache (the storage tier "
+                          "sits under HiCache's host tier)")
+    for flag, is_set in (("--disaggregation-decode-enable-offload-kvcache", args.offload_kvcache),
+                         ("--disaggregation-decode-enable-radix-cache", args.decode_radix_cache)):
+        if is_set and args.role != "decode":
+            raise ConfigError(f"{flag} is only supported for decode side (--role decode)")
+    if args.offload_kvcache and backend is None:
+        raise ConfigError("--disaggregation-decode-enable-offload-kvcache is only supported when "
+                          "--hicache-storage-backend is provided")
+    stride_text = environ.get(OFFLOAD_STRIDE_ENV, "").strip()
+    try:
+        stride = int(stride_text) if stride_text else None
+    except ValueError:
+        raise ConfigError(f"{OFFLOAD_STRIDE_ENV} must be a whole number, got {stride_text!r}") from None
+    return {"preemption_threshold": args.preemption_threshold, "page_size": args.page_size,
+            "prefetch_policy": args.hicache_storage_prefetch_policy,
+            "storage_dir": None if backend is None else environ.get(STORAGE_DIR_ENV) or DEFAULT_STORAGE_DIR,
+            "enable_offload_kvcache": args.offload_kvcache, "enable_decode_radix_cache": args.decode_radix_cache,
+            "offload_stride_tokens": offload_stride_tokens(args.page_size, stride)}
+
+
+def parse_config(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> EmulatorConfig:
+    """The validated configuration from the command line (and SGLang's environment variables)."""
     args = build_parser().parse_args(argv)
+    storage = _storage(args, os.environ if environ is None else environ)
     for name, flag in (("port", "--port"), ("bootstrap_port", "--disaggregation-bootstrap-port")):
         if not 0 < getattr(args, name) < 65536:
             raise ConfigError(f"{flag} must be a port number (1-65535), got {getattr(args, name)}")
@@ -133,4 +203,4 @@ def parse_config(argv: list[str] | None = None) -> EmulatorConfig:
         enable_priority_scheduling=args.enable_priority_scheduling,
         schedule_low_priority_values_first=args.schedule_low_priority_values_first,
         enable_hierarchical_cache=args.enable_hierarchical_cache, served_model_name=args.served_model_name,
-        tokenizer=args.tokenizer, bootstrap_timeout_s=args.bootstrap_timeout_s, log_level=args.log_level)
+        tokenizer=args.tokenizer, bootstrap_timeout_s=args.bootstrap_timeout_s, log_level=args.log_level, **storage)

@@ -152,10 +152,17 @@ class DecodeEngine:
     # --- the batch -------------------------------------------------------------------------------------
 
     def _grant(self) -> None:
-        for slot in self.instance.pop_reserved(self.clock.now_s):
-            ticket = self._tickets[slot.request_id]
-            ticket.stage = DecodeStage.TRANSFER
-            ticket.granted.set_result(self.clock.now_s)
+        """Hand out memory; kept KV (the decode radix cache, `instance.reclaim`) goes first when the head lacks room."""
+        instance, now = self.instance, self.clock.now_s
+        while True:
+            for slot in instance.pop_reserved(now):
+                ticket = self._tickets[slot.request_id]
+                ticket.stage = DecodeStage.TRANSFER
+                ticket.granted.set_result(now)
+            shortfall = instance.head_shortfall_tokens(now)
+            if shortfall == 0 or instance.lent_tokens == 0 or instance.reclaim is None:
+                return
+            instance.reclaim(shortfall)
 
     def _reschedule(self) -> None:
         if self._timer is not None:

@@ -11,11 +11,23 @@
 #   bootstrap failure is still a clean 500) and sends tokens as the engine's flushes make them due.
 # - Whatever ends the request early (client gone, bootstrap failure) gives its memory back at once; a
 #   request refused before it reserved anything (malformed, too large) tells the prefill half so.
+# - --disaggregation-decode-enable-offload-kvcache: a finished chat request's KV past its prompt's whole
+#   pages (prompt tail + answer but its last token, whole strides; basin_sim/storage.py) is written to the
+#   storage folder under the key its next call's prompt will have (the conversation with this answer
+#   appended as an assistant message, storage.py), so prefill can read it back. Text and token-id
+#   prompts are not offloaded (their continuation is not keyed here).
+# - --disaggregation-decode-enable-radix-cache: decode keeps a finished request's KV (prompt + answer)
+#   in idle memory, evicted oldest first whenever a request or a step needs the room (the instance's
+#   lent memory); a request continuing it tells prefill `decode_prefix_len`, so only the rest is
+#   transferred. With offload on as well, SGLang 0.5.23 frees finished requests through the offload
+#   manager instead of inserting them in decode's tree (`_release_finished_req`), so nothing is kept.
 """The decode role: pre-allocation, KV rendezvous, running batch, streamed tokens."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -26,9 +38,12 @@ from basin_emulate.calls import Call
 from basin_emulate.context import ServerContext, prompt_of
 from basin_emulate.decode_engine import DecodeEngine, DecodeStage, DecodeTicket
 from basin_emulate.errors import BadRequestError, ClientGoneError, EmulatorError
+from basin_emulate.identity import Prompt
 from basin_emulate.metrics import EngineState
-from basin_emulate.responses import Answer, StreamWriter, new_rid, response_body
+from basin_emulate.responses import Answer, StreamWriter, new_rid, response_body, synthetic_text
+from basin_emulate.storage import FileStore
 from basin_runtime.disconnect import race_client
+from basin_sim.storage import decode_offload_range, page_floor
 
 
 class DecodeServer:
@@ -39,6 +54,12 @@ class DecodeServer:
         self.context = context
         self.engine = DecodeEngine(config.profile, context.clock, config.max_total_tokens)
         self.bootstrap = BootstrapClient(config.bootstrap_timeout_s)
+        self.store = FileStore(config.storage_dir, config.model_name) \
+            if config.enable_offload_kvcache and config.storage_dir is not None else None
+        self.offloaded_tokens = 0  # written to storage (sglang:backuped_tokens_total)
+        self.keeps_finished = config.enable_decode_radix_cache and not config.enable_offload_kvcache
+        self.held: OrderedDict[str, tuple[int, bytes, int]] = OrderedDict()  # conversation -> units, digest, tokens
+        self.engine.instance.reclaim = self._evict
 
     async def start(self) -> None:
         """Open the HTTP client for bootstrap rendezvous."""
@@ -58,6 +79,7 @@ class DecodeServer:
         arrival_s = context.clock.catch_up()
         try:
             prompt = await prompt_of(context.counter, call)
+            decode_prefix_len = self._take_held(prompt)
             ticket = self.engine.submit(prompt.prompt_tokens, call.max_new_tokens, call.completion_tokens,
                                         context.order.key(call.priority), call.is_stream, arrival_s)
         except EmulatorError as exc:  # refused before reserving: the prefill half need not wait for us
@@ -65,29 +87,74 @@ class DecodeServer:
             raise
         is_streaming = False
         try:
-            kv = await race_client(self._meet(call, ticket), receive, ClientGoneError)
+            kv = await race_client(self._meet(call, ticket, decode_prefix_len), receive, ClientGoneError)
             self.engine.join(ticket, context.clock.at_unix(kv.transfer_done_unix_s))
             answer = Answer(call.rid or new_rid(), context.config.model_name, prompt.prompt_tokens,
                             call.completion_tokens, min(kv.cached_tokens, prompt.prompt_tokens), call.finish_reason,
-                            0.0, context.config.enable_cache_report)
+                            0.0, context.config.enable_cache_report, kv.cached_details)
             if call.is_stream:
                 is_streaming = True
-                return StreamingResponse(self._stream(call, ticket, answer), media_type="text/event-stream")
+                return StreamingResponse(self._stream(call, prompt, ticket, answer), media_type="text/event-stream")
             finish_s = await race_client(self.engine.wait_finished(ticket), receive, ClientGoneError)
-            return JSONResponse(response_body(call, self._finished(ticket, answer, finish_s)))
+            finished = self._finished(ticket, answer, finish_s, call.priority)
+            await self._keep(call, prompt, answer.completion_tokens)
+            return JSONResponse(response_body(call, finished))
         finally:
             if not is_streaming:
                 self.engine.withdraw(ticket)  # no-op once it has finished
 
-    async def _meet(self, call: Call, ticket: DecodeTicket) -> KvArrival:
+    async def _meet(self, call: Call, ticket: DecodeTicket, decode_prefix_len: int) -> KvArrival:
         """Reserve the memory, then fetch the KV from the prefill half."""
         granted_s = await self.engine.wait_granted(ticket)
         bootstrap = call.bootstrap
         assert bootstrap.host is not None and bootstrap.port is not None and bootstrap.room is not None
         return await self.bootstrap.fetch_kv(bootstrap.host, bootstrap.port, bootstrap.room,
-                                             self.context.clock.unix_of(granted_s))
+                                             self.context.clock.unix_of(granted_s), decode_prefix_len)
 
-    async def _stream(self, call: Call, ticket: DecodeTicket, answer: Answer) -> AsyncIterator[bytes]:
+    # --- what decode keeps of a finished request ---------------------------------------------------------
+
+    async def _keep(self, call: Call, prompt: Prompt, completion_tokens: int) -> None:
+        """Offload the finished request's KV to storage, and/or keep it in decode's radix cache."""
+        if call.messages is None or not (self.store is not None or self.keeps_finished):
+            return
+        config = self.context.config
+        units, digest, through = await self.context.counter.continuation(prompt, synthetic_text(0, completion_tokens))
+        if self.store is not None:
+            start, end = decode_offload_range(prompt.prompt_tokens, completion_tokens, config.page_size,
+                                              config.offload_stride_tokens)
+            end = min(end, page_floor(through, config.page_size))
+            if await asyncio.to_thread(self.store.put, prompt.conversation_key, units, digest, start, end):
+                self.offloaded_tokens += end - start
+        if self.keeps_finished:
+            tokens = min(through, prompt.prompt_tokens + completion_tokens - 1)
+            instance = self.engine.instance
+            self.held[prompt.conversation_key] = (units, digest, tokens)
+            self.held.move_to_end(prompt.conversation_key)
+            instance.lent_tokens += tokens
+            now = self.context.clock.now_s
+            while instance.free_tokens(now) < 0 and self.held:
+                self._evict(1)  # keep only what idle memory holds
+
+    def _take_held(self, prompt: Prompt) -> int:
+        """Tokens of the prompt decode's radix cache holds (they become the request's); 0 if none."""
+        held = self.held.pop(prompt.conversation_key, None)
+        if held is None:
+            return 0
+        units, digest, tokens = held
+        self.engine.instance.lent_tokens -= tokens
+        if units > prompt.length or prompt.digest_of(units) != digest:
+            return 0
+        return page_floor(min(tokens, prompt.prompt_tokens - 1), self.context.config.page_size)
+
+    def _evict(self, tokens: int) -> None:
+        """Give back at least `tokens` of kept KV, oldest first (decode's own requests win)."""
+        instance, freed = self.engine.instance, 0
+        while self.held and freed < tokens:
+            _, (_, _, held_tokens) = self.held.popitem(last=False)
+            instance.lent_tokens -= held_tokens
+            freed += held_tokens
+
+    async def _stream(self, call: Call, prompt: Prompt, ticket: DecodeTicket, answer: Answer) -> AsyncIterator[bytes]:
         writer = StreamWriter(call, answer.rid, answer.model)
         try:
             yield writer.opening()
@@ -101,21 +168,34 @@ class DecodeServer:
                 if ticket.finished.done() and sent == ticket.total_tokens:
                     break
                 await ticket.progress.wait()
-            yield writer.closing(self._finished(ticket, answer, ticket.finished.result()))
+            finished = self._finished(ticket, answer, ticket.finished.result(), call.priority)
+            await self._keep(call, prompt, answer.completion_tokens)
+            yield writer.closing(finished)
         finally:
             self.engine.withdraw(ticket)
 
-    def _finished(self, ticket: DecodeTicket, answer: Answer, finish_s: float) -> Answer:
+    def _finished(self, ticket: DecodeTicket, answer: Answer, finish_s: float, priority: int | None) -> Answer:
         """The answer with its latency, recorded in the metrics."""
         context = self.context
         e2e_s = context.latency_s(ticket.arrival_s, finish_s)
         context.metrics.finished(answer.prompt_tokens, answer.completion_tokens,
-                                 context.latency_s(ticket.arrival_s, ticket.join_s), e2e_s)
+                                 context.latency_s(ticket.arrival_s, ticket.join_s), e2e_s, answer.cached_details,
+                                 context.order.label(priority))
         return dataclasses.replace(answer, e2e_latency_s=e2e_s)
 
     def flush(self) -> bool:
-        """Decode keeps no prefix cache: succeeds when idle, as SGLang's flush does."""
-        return self.engine.is_idle
+        """Succeeds when idle, as SGLang's flush does, emptying the radix cache's kept KV (never storage)."""
+        if not self.engine.is_idle:
+            return False
+        self._evict(self.engine.instance.lent_tokens)
+        return True
+
+    def clear_storage(self) -> bool:
+        """Empty the storage tier this decode offloads to; False without one."""
+        if self.store is None:
+            return False
+        self.store.clear()
+        return True
 
     def state(self) -> EngineState:
         """Load and memory now."""
@@ -127,5 +207,5 @@ class DecodeServer:
             kv_available_tokens=max(0, int(instance.free_tokens(now))), kv_evictable_tokens=0, cache_hit_rate=0.0,
             pd_queues={"num_decode_prealloc_queue_reqs": engine.count(DecodeStage.PREALLOC),
                        "num_decode_transfer_queue_reqs": engine.count(DecodeStage.TRANSFER)},
-            effective_tokens={"input": 0, "device_hit": 0, "host_hit": 0}, cached_tokens={"device": 0, "host": 0},
-            generation_tokens=engine.generated_tokens)
+            effective_tokens={"input": 0, "device_hit": 0, "host_hit": 0, "storage_hit": 0},
+            generation_tokens=engine.generated_tokens, backed_up_tokens=self.offloaded_tokens)

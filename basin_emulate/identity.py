@@ -118,6 +118,15 @@ class PromptCounter:
                       group_key="text-group:" + digest(group_text.encode()).hex(), group_tokens=group_tokens,
                       prompt_tokens=prompt_tokens, length=len(text), digest_of=lambda n: digest(text[:n].encode()))
 
+    async def continuation(self, prompt: Prompt, answer_text: str) -> tuple[int, bytes, int]:
+        """(units, prefix digest, tokens through them) of a chat `prompt` continued by its answer as an assistant
+        message: how the next call's prompt starts when the client sends the answer back unchanged."""
+        rendered = self.tokenizer.render_message({"role": "assistant", "content": answer_text})
+        key = digest(rendered.encode())
+        (tokens,) = await self._count_all([(key, rendered)])
+        through = prompt.prompt_tokens - self.tokenizer.generation_prompt_tokens + tokens
+        return prompt.length + 1, digest(prompt.digest_of(prompt.length) + key), through
+
     @staticmethod
     def ids(ids: Sequence[int]) -> Prompt:
         """A prompt of token ids (counted by its length)."""

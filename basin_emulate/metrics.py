@@ -5,7 +5,12 @@
 #   collector, so it is never stale; request latencies and token counts are histograms and counters fed
 #   as requests finish. Every SGLang family carries the `model_name` label, as SGLang's do.
 # - Token modes as SGLang's `sglang:prefill_effective_tokens_total{mode}`: input (computed),
-#   device_hit, host_hit; `sglang:cached_tokens_total{cache_source}`: device, host.
+#   device_hit, host_hit, storage_hit. `sglang:cached_tokens_total{cache_source}` counts each finished
+#   request's cached tokens by source (device, host, storage; a source with 0 tokens is not counted), on
+#   prefill and on decode alike, as SGLang's tokenizer metrics do (observe_one_finished_request).
+#   `sglang:prefetched_tokens_total` (storage -> host) and `sglang:backuped_tokens_total` (to storage).
+# - `sglang:num_requests_total` carries SGLang's `priority` label (the request's priority with priority
+#   scheduling on, else empty): the label set grows with every distinct value clients send.
 # - Latencies are wall seconds. Inter-token latency is observed once per generated token after the
 #   first, at the request's mean (as SGLang spreads a chunk's interval over its tokens), in one step per
 #   request (`WeightedHistogram`), so a 4k-token answer costs one bisect, not 4k observations.
@@ -17,7 +22,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -32,6 +37,7 @@ ITL_BUCKETS_S = (0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025, 0.03, 0.0
                  0.4, 0.6, 0.8, 1, 2, 4, 6, 8)
 E2E_BUCKETS_S = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 600, 1200, 1800, 2400)
 LAG_BUCKETS_S = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+CACHE_SOURCES = ("device", "host", "storage")
 PD_QUEUES = ("num_prefill_bootstrap_queue_reqs", "num_prefill_inflight_queue_reqs",
              "num_decode_prealloc_queue_reqs", "num_decode_transfer_queue_reqs")
 
@@ -48,9 +54,10 @@ class EngineState:
     kv_evictable_tokens: int  # cached but unpinned
     cache_hit_rate: float  # of the last prefill batch (SGLang's gauge)
     pd_queues: dict[str, int]  # PD_QUEUES
-    effective_tokens: dict[str, int]  # by mode: input, device_hit, host_hit
-    cached_tokens: dict[str, int]  # by source: device, host
+    effective_tokens: dict[str, int]  # by mode: input, device_hit, host_hit, storage_hit
     generation_tokens: int
+    prefetched_tokens: int = 0  # from the storage tier to the host
+    backed_up_tokens: int = 0  # written to the storage tier
 
     @property
     def token_usage(self) -> float:
@@ -118,11 +125,11 @@ class _StateCollector(Collector):
         for mode, tokens in state.effective_tokens.items():
             effective.add_metric([*value, mode], tokens)
         yield effective
-        cached = CounterMetricFamily("sglang:cached_tokens", "Prompt tokens served from the prefix cache",
-                                     labels=[*labels, "cache_source"])
-        for source, tokens in state.cached_tokens.items():
-            cached.add_metric([*value, source], tokens)
-        yield cached
+        for name, tokens, doc in (("prefetched_tokens", state.prefetched_tokens, "Tokens prefetched from storage"),
+                                  ("backuped_tokens", state.backed_up_tokens, "Tokens backed up to storage")):
+            counter = CounterMetricFamily(f"sglang:{name}", doc, labels=labels)
+            counter.add_metric(value, tokens)
+            yield counter
         generated = CounterMetricFamily("sglang:generation_tokens", "Generated tokens", labels=labels)
         generated.add_metric(value, state.generation_tokens)
         yield generated
@@ -147,7 +154,11 @@ class EmulatorMetrics:
         self.model_name = model_name
         self.prompt_tokens = Counter("sglang:prompt_tokens", "Prompt tokens of finished requests", labels,
                                      registry=r).labels(model_name)
-        self.requests = Counter("sglang:num_requests", "Finished requests", labels, registry=r).labels(model_name)
+        self.requests_by_priority = Counter("sglang:num_requests", "Finished requests (by priority when priority "
+                                            "scheduling is on, as SGLang labels them)", [*labels, "priority"],
+                                            registry=r)
+        self.cached_tokens = Counter("sglang:cached_tokens", "Cached prompt tokens of finished requests by source",
+                                     [*labels, "cache_source"], registry=r)
         self.ttft = Histogram("sglang:time_to_first_token_seconds", "Time to first token", labels, registry=r,
                               buckets=TTFT_BUCKETS_S).labels(model_name)
         self.itl = WeightedHistogram("sglang:inter_token_latency_seconds", "Time between tokens", model_name,
@@ -159,10 +170,15 @@ class EmulatorMetrics:
                              registry=r, buckets=LAG_BUCKETS_S)
         r.register(_StateCollector(model_name, time_scale, state, lag))
 
-    def finished(self, prompt_tokens: int, completion_tokens: int, ttft_s: float, e2e_s: float) -> None:
-        """One request answered: its tokens and wall latencies (inter-token = mean over its decode)."""
-        self.requests.inc()
+    def finished(self, prompt_tokens: int, completion_tokens: int, ttft_s: float, e2e_s: float,
+                 cached_details: Mapping[str, int | str] | None = None, priority: int | None = None) -> None:
+        """One request answered: its tokens, cached tokens by source and wall latencies (inter-token = mean over
+        its decode)."""
+        self.requests_by_priority.labels(self.model_name, "" if priority is None else str(priority)).inc()
         self.prompt_tokens.inc(prompt_tokens)
+        for source, tokens in (cached_details or {}).items():
+            if source in CACHE_SOURCES and isinstance(tokens, int) and tokens > 0:
+                self.cached_tokens.labels(self.model_name, source).inc(tokens)
         self.ttft.observe(ttft_s)
         self.e2e.observe(e2e_s)
         if completion_tokens > 1:

@@ -13,6 +13,12 @@
 # - Withdrawal (client gone, bootstrap failed): a parked or queued job leaves at once; a started one
 #   is cancelled in the instance and its chain released when its batch or transfer ends (engine.py's
 #   `_drop`). Either way its chain's next parked request gets its turn.
+# - Storage (HiCache's L3 tier): a request may come with `storage_end`, the prompt position its storage
+#   prefetch reached (the caller waited for it); when its hit is decided, what lies past its device +
+#   host hit up to there is loaded with the batch and not computed (basin_sim/prefill.py).
+# - Decode radix cache: a request may come with `decode_prefix_tokens` (SGLang's decode_prefix_len: what
+#   the decode instance already holds of it); only the rest of its KV is transferred. Prefill computes the
+#   same either way.
 # - `flush` empties the cache (SGLang's /flush_cache), only while no request is inside.
 # Invariants: `_tickets` holds exactly the jobs inside the instance (queued, batched, in transfer);
 # `_busy` is the set of their chains.
@@ -54,11 +60,12 @@ class PrefillOutcome:
     arrival_s: float
     prefill_done_s: float
     transfer_done_s: float
+    storage_hit_tokens: int = 0
 
     @property
     def cached_tokens(self) -> int:
-        """Prompt tokens served from the cache (device and host), as SGLang reports them."""
-        return self.device_hit_tokens + self.host_hit_tokens
+        """Prompt tokens served from the cache (device, host and storage), as SGLang reports them."""
+        return self.device_hit_tokens + self.host_hit_tokens + self.storage_hit_tokens
 
 
 @dataclass(eq=False)
@@ -80,6 +87,7 @@ class PrefillTotals:
     computed_tokens: int = 0
     device_hit_tokens: int = 0
     host_hit_tokens: int = 0
+    storage_hit_tokens: int = 0
     last_batch_hit_rate: float = 0.0
     chain_waits: int = 0  # requests that waited for their chain's earlier request
 
@@ -93,6 +101,9 @@ class PrefillEngine:
         self.capacity_tokens = capacity_tokens
         self.host_capacity_tokens = host_capacity_tokens
         self.instance = PrefillInstance(0, profile, RadixCache(capacity_tokens, host_capacity_tokens))
+        self._storage_end: dict[int, int] = {}
+        self._decode_prefix: dict[int, int] = {}  # request -> tokens decode already holds (only the rest moves)
+        self.instance.storage_hit = self._storage_hit
         self.totals = PrefillTotals()
         self._tickets: dict[int, PrefillTicket] = {}
         self._parked: dict[str, deque[PrefillTicket]] = {}
@@ -124,7 +135,8 @@ class PrefillEngine:
         return not self._tickets and not self._parked
 
     async def prefill(self, chain_key: str, group_key: str, group_tokens: int, prompt_tokens: int,
-                      priority_key: float, arrival_s: float) -> PrefillOutcome:
+                      priority_key: float, arrival_s: float, storage_end: int = 0,
+                      decode_prefix_tokens: int = 0) -> PrefillOutcome:
         """Prefill one prompt on its chain (arrived at model time `arrival_s`, at most `clock.now_s`) and move
         its KV out; withdrawn if cancelled."""
         if prompt_tokens > self.capacity_tokens:
@@ -132,6 +144,10 @@ class PrefillEngine:
                                        f"KV pool (max_total_num_tokens={self.capacity_tokens})")
         self._next_id += 1
         job = PrefillJob(priority_key, self._next_id, chain_key, group_key, group_tokens, prompt_tokens)
+        if storage_end > 0:
+            self._storage_end[job.request_id] = storage_end
+        if decode_prefix_tokens > 0:
+            self._decode_prefix[job.request_id] = decode_prefix_tokens
         ticket = PrefillTicket(job, arrival_s, asyncio.get_running_loop().create_future())
         if chain_key in self._busy:
             self._parked.setdefault(chain_key, deque()).append(ticket)
@@ -143,6 +159,16 @@ class PrefillEngine:
         except asyncio.CancelledError:
             self._withdraw(ticket)
             raise
+        finally:
+            self._storage_end.pop(job.request_id, None)
+            self._decode_prefix.pop(job.request_id, None)
+
+    def cached_tokens(self, chain_key: str, group_key: str) -> int:
+        """Tokens of a chain the device and host hold now (what a storage lookup starts after)."""
+        return self.cache.lookup(chain_key, group_key).tokens
+
+    def _storage_hit(self, job: PrefillJob, now_s: float) -> int:
+        return max(0, self._storage_end.pop(job.request_id, 0) - job.device_hit_tokens - job.host_hit_tokens)
 
     def flush(self) -> bool:
         """Empty the prefix cache if no request is inside; True if it was flushed."""
@@ -170,9 +196,10 @@ class PrefillEngine:
             self._tickets[job.request_id].stage = PrefillStage.PREFILLING
             self.totals.device_hit_tokens += job.device_hit_tokens
             self.totals.host_hit_tokens += job.host_hit_tokens
+            self.totals.storage_hit_tokens += job.storage_hit_tokens
             self.totals.computed_tokens += job.remaining_tokens
         if batch.started:
-            hits = sum(job.device_hit_tokens + job.host_hit_tokens for job in batch.started)
+            hits = sum(job.device_hit_tokens + job.host_hit_tokens + job.storage_hit_tokens for job in batch.started)
             self.totals.last_batch_hit_rate = hits / sum(job.prompt_tokens for job in batch.started)
         self.clock.call_at(batch.ends_s, self._on_batch_done)
 
@@ -185,17 +212,18 @@ class PrefillEngine:
                 continue
             ticket.stage, ticket.prefill_done_s = PrefillStage.TRANSFER, now
             self.num_transferring += 1
-            self.clock.call_at(now + self.profile.transfer_s(job.prompt_tokens), partial(self._on_sent, ticket))
+            moved = job.prompt_tokens - min(self._decode_prefix.get(job.request_id, 0), job.prompt_tokens - 1)
+            self.clock.call_at(now + self.profile.transfer_s(moved), partial(self._on_sent, ticket))
         self._kick()
 
     def _on_sent(self, ticket: PrefillTicket) -> None:
         self.num_transferring -= 1
         job = ticket.job
         if not ticket.is_withdrawn:
-            computed = job.prompt_tokens - job.device_hit_tokens - job.host_hit_tokens
+            computed = job.prompt_tokens - job.device_hit_tokens - job.host_hit_tokens - job.storage_hit_tokens
             ticket.outcome.set_result(PrefillOutcome(
                 job.prompt_tokens, job.device_hit_tokens, job.host_hit_tokens, computed, ticket.arrival_s,
-                ticket.prefill_done_s, self.clock.now_s))
+                ticket.prefill_done_s, self.clock.now_s, job.storage_hit_tokens))
         self._release(ticket)
         self._kick()
 

@@ -9,11 +9,19 @@
 #   one chain (prefill_engine.py).
 # - The answer is the usual JSON (or SSE) with the first token: SGLang's prefill server answers its
 #   half of the request after the transfer; the router reads it only to check it succeeded.
+# - With a storage tier (`--hicache-storage-backend file`, storage.py): before queueing, the prompt is
+#   looked up in storage past what the device and host hold; a hit of at least the prefetch threshold
+#   is prefetched (waited for in model time per --hicache-storage-prefetch-policy, at the profile's
+#   storage_load_bytes_per_s) and is not computed. Once prefilled, the prompt's whole pages are backed
+#   up to storage (write-through). The answer reports cached tokens by source
+#   (`meta_info.cached_tokens_details`, `sglang:cached_tokens_total{cache_source}`), as SGLang does.
 # - Any failure (or the client leaving) is published on the room too, so the decode half fails at once
 #   instead of waiting for its timeout; what the request held is given back either way.
 """The prefill role: bootstrap rendezvous, prefix cache, prefill batches, KV transfer."""
 
 from __future__ import annotations
+
+import asyncio
 
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive
@@ -26,7 +34,9 @@ from basin_emulate.identity import ChainBook, Prompt
 from basin_emulate.metrics import EngineState
 from basin_emulate.prefill_engine import PrefillEngine, PrefillOutcome
 from basin_emulate.responses import Answer, StreamWriter, new_rid, response_body
+from basin_emulate.storage import FileStore
 from basin_runtime.disconnect import race_client
+from basin_sim.storage import prefetch_wait_s, prompt_backup_end, storage_hit_tokens
 
 
 class PrefillServer:
@@ -38,6 +48,9 @@ class PrefillServer:
         self.engine = PrefillEngine(config.profile, context.clock, config.max_total_tokens, config.host_cache_tokens)
         self.book = ChainBook()
         self.rooms = Rooms(config.bootstrap_timeout_s)
+        self.store = None if config.storage_dir is None else FileStore(config.storage_dir, config.model_name)
+        self.prefetched_tokens = 0  # sglang:prefetched_tokens_total
+        self.backed_up_tokens = 0  # sglang:backuped_tokens_total
 
     async def start(self) -> None:
         """Open the bootstrap port."""
@@ -62,8 +75,10 @@ class PrefillServer:
         context, config = self.context, self.context.config
         e2e_s = context.latency_s(arrival_s, outcome.transfer_done_s)
         answer = Answer(call.rid or new_rid(), config.model_name, prompt.prompt_tokens, 1,
-                        min(outcome.cached_tokens, prompt.prompt_tokens), "length", e2e_s, config.enable_cache_report)
-        context.metrics.finished(prompt.prompt_tokens, 1, context.latency_s(arrival_s, outcome.prefill_done_s), e2e_s)
+                        min(outcome.cached_tokens, prompt.prompt_tokens), "length", e2e_s, config.enable_cache_report,
+                        self.details(outcome))
+        context.metrics.finished(prompt.prompt_tokens, 1, context.latency_s(arrival_s, outcome.prefill_done_s), e2e_s,
+                                 answer.cached_details, context.order.label(call.priority))
         if call.is_stream:
             writer = StreamWriter(call, answer.rid, answer.model)
             body = writer.opening() + writer.tokens(0, 1, answer) + writer.closing(answer)
@@ -76,16 +91,62 @@ class PrefillServer:
         if room is not None:
             arrival_s = clock.at_unix(await self.rooms.wait_ready(room))
         chain_key = self.book.chain_key(prompt)
+        storage_end = await self._prefetch(prompt, chain_key)
         outcome = await self.engine.prefill(chain_key, prompt.group_key, prompt.group_tokens, prompt.cache_tokens,
-                                            self.context.order.key(call.priority), arrival_s)
+                                            self.context.order.key(call.priority), clock.now_s if storage_end
+                                            else arrival_s, storage_end,
+                                            0 if room is None else room.decode_prefix_len)
+        if self.store is not None:  # write-through: the prompt's whole pages reach storage
+            end = prompt_backup_end(prompt.prompt_tokens, self.context.config.page_size)
+            if await asyncio.to_thread(self.store.put, prompt.conversation_key, prompt.length,
+                                       prompt.digest_of(prompt.length), 0, end):
+                self.backed_up_tokens += end
         if room is not None:
             self.rooms.publish(room, {
                 "room": room.room_id, "prompt_tokens": prompt.prompt_tokens,
                 "cached_tokens": min(outcome.cached_tokens, prompt.prompt_tokens),
                 "device_hit_tokens": outcome.device_hit_tokens, "host_hit_tokens": outcome.host_hit_tokens,
-                "computed_tokens": outcome.computed_tokens,
+                "storage_hit_tokens": outcome.storage_hit_tokens, "computed_tokens": outcome.computed_tokens,
+                "cached_tokens_details": self.details(outcome),
                 "transfer_done_unix_s": clock.unix_of(outcome.transfer_done_s)})
         return outcome
+
+    async def _prefetch(self, prompt: Prompt, chain_key: str) -> int:
+        """Look the prompt up in storage past the device and host hit and wait for its prefetch; the prompt position
+        it reached (0: nothing from storage)."""
+        if self.store is None:
+            return 0
+        config, clock = self.context.config, self.context.clock
+        cached = self.engine.cached_tokens(chain_key, prompt.group_key)
+        stored_end = await asyncio.to_thread(self.store.stored_end, prompt)
+        tokens = storage_hit_tokens(stored_end, cached, prompt.cache_tokens, config.page_size)
+        if tokens <= 0:
+            return 0
+        fetch_s = config.profile.storage_fetch_s(tokens)
+        wait_s = prefetch_wait_s(config.prefetch_policy, fetch_s, tokens)
+        arrived = tokens if wait_s >= fetch_s else int(tokens * wait_s / fetch_s)
+        if wait_s > 0:
+            done = asyncio.Event()
+            clock.call_at(clock.now_s + wait_s, done.set)
+            await done.wait()
+        self.prefetched_tokens += arrived
+        return cached + arrived
+
+    def details(self, outcome: PrefillOutcome) -> dict[str, int | str]:
+        """SGLang's cached_tokens_details: device and host, with storage when a storage backend is on."""
+        details: dict[str, int | str] = {"device": outcome.device_hit_tokens, "host": outcome.host_hit_tokens}
+        if self.store is not None or outcome.storage_hit_tokens:
+            details["storage"] = outcome.storage_hit_tokens
+        if self.store is not None:
+            details["storage_backend"] = "HiCacheFile"
+        return details
+
+    def clear_storage(self) -> bool:
+        """Empty the storage tier (SGLang's /hicache/storage-backend/clear); False without one."""
+        if self.store is None:
+            return False
+        self.store.clear()
+        return True
 
     def flush(self) -> bool:
         """Empty the prefix cache if idle."""
@@ -105,7 +166,6 @@ class PrefillServer:
             pd_queues={"num_prefill_bootstrap_queue_reqs": self.rooms.num_waiting_ready,
                        "num_prefill_inflight_queue_reqs": engine.num_transferring},
             effective_tokens={"input": totals.computed_tokens, "device_hit": totals.device_hit_tokens,
-                              "host_hit": totals.host_hit_tokens},
-            cached_tokens={"device": totals.device_hit_tokens, "host": totals.host_hit_tokens},
-            generation_tokens=0)
+                              "host_hit": totals.host_hit_tokens, "storage_hit": totals.storage_hit_tokens},
+            generation_tokens=0, prefetched_tokens=self.prefetched_tokens, backed_up_tokens=self.backed_up_tokens)
 

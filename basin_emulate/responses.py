@@ -5,7 +5,10 @@
 #   server); its id is FIRST_WORD_ID + k % len(WORDS).
 # - The response id is the request's `rid` when given (SGLang answers with it), else a fresh one.
 # - usage.prompt_tokens_details.cached_tokens only with --enable-cache-report (else null), as SGLang;
-#   /generate's meta_info.cached_tokens always.
+#   /generate's meta_info.cached_tokens always, and meta_info.cached_tokens_details (by source: device,
+#   host[, storage, storage_backend]) when anything was cached; OpenAI answers carry the same details as
+#   the response-level `sglext.cached_tokens_details` only when the request asked
+#   (`return_cached_tokens_details`), as SGLang's serving_chat does.
 # - Streams are SSE: `data: {json}\n\n` ... `data: [DONE]\n\n`. Chat opens with a role chunk, then
 #   content deltas, a finish chunk, and with stream_options.include_usage a usage chunk (no choices).
 #   /generate chunks carry the whole text so far and meta_info, as SGLang's non-incremental stream.
@@ -53,6 +56,7 @@ class Answer:
     finish_reason: str
     e2e_latency_s: float
     is_cache_report: bool
+    cached_details: dict[str, int | str] | None = None  # by source; None: nothing cached
 
 
 def usage(answer: Answer) -> dict[str, Any]:
@@ -68,9 +72,12 @@ def meta_info(answer: Answer, tokens_out: int, is_finished: bool) -> dict[str, A
     if is_finished:
         finish = {"type": "length", "length": answer.completion_tokens} if answer.finish_reason == "length" \
             else {"type": "stop", "matched": FIRST_WORD_ID - 1}
-    return {"id": answer.rid, "finish_reason": finish, "prompt_tokens": answer.prompt_tokens,
-            "completion_tokens": tokens_out, "cached_tokens": answer.cached_tokens,
-            "e2e_latency": answer.e2e_latency_s if is_finished else None}
+    meta: dict[str, Any] = {"id": answer.rid, "finish_reason": finish, "prompt_tokens": answer.prompt_tokens,
+                            "completion_tokens": tokens_out, "cached_tokens": answer.cached_tokens,
+                            "e2e_latency": answer.e2e_latency_s if is_finished else None}
+    if answer.cached_tokens > 0 and answer.cached_details is not None:
+        meta["cached_tokens_details"] = answer.cached_details
+    return meta
 
 
 def response_body(call: Call, answer: Answer) -> dict[str, Any]:
@@ -89,8 +96,11 @@ def response_body(call: Call, answer: Answer) -> dict[str, Any]:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": answer.finish_reason,
                   "matched_stop": None}
         kind = "text_completion"
-    return {"id": answer.rid, "object": kind, "created": created, "model": answer.model, "choices": [choice],
+    body = {"id": answer.rid, "object": kind, "created": created, "model": answer.model, "choices": [choice],
             "usage": usage(answer)}
+    if call.return_cached_tokens_details and answer.cached_tokens > 0 and answer.cached_details is not None:
+        body["sglext"] = {"cached_tokens_details": answer.cached_details}
+    return body
 
 
 def sse(payload: dict[str, Any] | str) -> bytes:

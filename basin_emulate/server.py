@@ -4,7 +4,8 @@
 # - Inference: POST /generate, /v1/chat/completions, /v1/completions go to the role's `answer`.
 # - Info, as SGLang answers them: /health, /health_generate, /server_info and /get_server_info,
 #   /model_info and /get_model_info, /v1/models (owned_by "sglang"), /v1/loads and /loads,
-#   POST /flush_cache, and /metrics with --enable-metrics. /version is NOT served (404): smg takes a
+#   POST /flush_cache (device and host tiers; never storage), POST /hicache/storage-backend/clear (the
+#   storage tier; 400 without one), and /metrics with --enable-metrics. /version is NOT served (404): smg takes a
 #   worker that answers both /version and /server_info for vLLM and then speaks vLLM's PD protocol.
 # - /server_info adds what the emulator is: time_scale, profile, model time, and the scheduler lag
 #   (p50/p99/max over the lag window) under "basin_emulate", so a run can be judged after the fact.
@@ -60,6 +61,8 @@ class Role(Protocol):
 
     def flush(self) -> bool: ...
 
+    def clear_storage(self) -> bool: ...
+
     def state(self) -> EngineState: ...
 
 
@@ -112,9 +115,14 @@ def create_app(context: ServerContext, role: Role) -> Starlette:
             "disaggregation_mode": config.role, "disaggregation_bootstrap_port": config.bootstrap_port,
             "max_total_tokens": config.max_total_tokens, "max_total_num_tokens": config.max_total_tokens,
             "max_running_requests": max_running_requests(config.max_total_tokens),
-            "chunked_prefill_size": config.profile.chunked_prefill_tokens, "page_size": 1, "tp_size": 1, "dp_size": 1,
+            "chunked_prefill_size": config.profile.chunked_prefill_tokens, "page_size": config.page_size, "tp_size": 1,
+            "dp_size": 1, "hicache_storage_backend": None if config.storage_dir is None else "file",
+            "hicache_storage_prefetch_policy": config.prefetch_policy,
+            "disaggregation_decode_enable_offload_kvcache": config.enable_offload_kvcache,
+            "disaggregation_decode_enable_radix_cache": config.enable_decode_radix_cache,
             "enable_priority_scheduling": config.enable_priority_scheduling,
             "schedule_low_priority_values_first": config.schedule_low_priority_values_first,
+            "priority_scheduling_preemption_threshold": config.preemption_threshold,
             "enable_metrics": config.enable_metrics, "enable_cache_report": config.enable_cache_report,
             "enable_hierarchical_cache": config.enable_hierarchical_cache,
             "hicache_ratio": config.profile.host_cache_ratio, "time_scale": config.time_scale,
@@ -159,6 +167,11 @@ def create_app(context: ServerContext, role: Role) -> Starlette:
     async def flush_cache(request: Request) -> Response:
         return Response(FLUSH_TEXT, status_code=200 if role.flush() else 400, media_type="text/plain")
 
+    async def clear_storage(request: Request) -> Response:
+        if not role.clear_storage():
+            return Response("No storage backend to clear.\n", status_code=400, media_type="text/plain")
+        return Response("Hierarchical cache storage backend cleared.\n", media_type="text/plain")
+
     async def metrics(request: Request) -> Response:
         return Response(context.metrics.exposition(), media_type=CONTENT_TYPE)
 
@@ -178,7 +191,8 @@ def create_app(context: ServerContext, role: Role) -> Starlette:
     routes += [Route(path, model_info) for path in ("/model_info", "/get_model_info")]
     routes += [Route(path, get_loads) for path in ("/v1/loads", "/loads")]
     routes += [Route(path, health) for path in ("/health", "/health_generate")]
-    routes += [Route("/v1/models", models), Route("/flush_cache", flush_cache, methods=["POST"])]
+    routes += [Route("/v1/models", models), Route("/flush_cache", flush_cache, methods=["GET", "POST"]),
+               Route("/hicache/storage-backend/clear", clear_storage, methods=["POST"])]
     if config.enable_metrics:
         routes.append(Route("/metrics", metrics))
     app = Starlette(routes=routes, lifespan=lifespan)

@@ -57,6 +57,15 @@
 #   memory is reclaimed (oldest first) before any queued reservation waits. When the next call's hit
 #   is decided, a lent copy longer than prefill's cached prefix is written back (prefill.py) and
 #   leaves decode. An ended session's copy is forgotten.
+# - Lending 'storage-offload' (stock SGLang: decode --disaggregation-decode-enable-offload-kvcache, prefill
+#   --enable-hierarchical-cache with a --hicache-storage-backend; basin_sim/storage.py): a computed
+#   prompt's whole pages are backed up to the storage tier shared by all instances, and every answer's
+#   pages (prompt tail + output, whole strides) are offloaded to it by decode; decode frees its KV as
+#   stock SGLang does. A request whose prompt storage holds past its device + host hit prefetches that
+#   part to the host before it is queued on prefill (prefetch policy `timeout`, SGLang's default:
+#   storage_fetch_s, at most 1 s + 0.25 s per 1,024 tokens); when its hit is decided, what the prefetch
+#   brought past the (then) device + host hit is loaded with the batch and not computed, and counts as
+#   cached tokens (SGLang reports storage hits in cached_tokens).
 # Invariants (`check`): every in-flight request is in `_requests` under its id, and is its session's
 # request unless aborted (then it waits for its prefill batch to end); num_live, num_live_burst and
 # num_held count the sessions in those states, num_parked the live ones parked (each suspended, with
@@ -86,9 +95,11 @@ from basin_sim.prefill import PrefillInstance, PrefillJob
 from basin_sim.profile import Deployment
 from basin_sim.radix_cache import RadixCache
 from basin_sim.router import CacheAwareRouter
+from basin_sim.storage import StorageTier, prefetch_wait_s
 from basin_sim.timeline import BinState, Sample, Timeline
 
-_ARRIVE, _CALL, _PREFILL_DONE, _TRANSFER_DONE, _DECODE_NEXT, _TICK, _KILL, _TIMEOUT, _RETRY, _GIVE_UP = range(10)
+(_ARRIVE, _CALL, _PREFILL_DONE, _TRANSFER_DONE, _DECODE_NEXT, _TICK, _KILL, _PREFETCH_DONE,
+ _TIMEOUT, _RETRY, _GIVE_UP) = range(11)
 SessionOverHook = Callable[[SessionRun], None]
 
 
@@ -133,6 +144,13 @@ class Engine:
                 decode.reclaim = functools.partial(self._reclaim_for_step, decode)
             for prefill in self.prefill:
                 prefill.write_back = self._write_back
+        self.storage: StorageTier | None = None
+        if deployment.lending == "storage-offload":
+            self.storage = StorageTier()
+            for prefill in self.prefill:
+                prefill.storage_hit = self._storage_hit
+        self._prefetched_end: dict[int, int] = {}  # request id -> prompt position its storage prefetch reached
+        self._prefetching: set[int] = set()  # request ids whose prefetch runs (not yet queued on prefill)
         self.now = 0.0
         self.runs: dict[str, SessionRun] = {}
         self.num_live = 0
@@ -154,7 +172,7 @@ class Engine:
         self._next_request_id = 0
         self._handlers: list[Callable[[object], None]] = [
             self._on_arrive, self._on_call, self._on_prefill_done, self._on_transfer_done,  # type: ignore[list-item]
-            self._on_decode_next, self._on_tick, self._on_kill,  # type: ignore[list-item]
+            self._on_decode_next, self._on_tick, self._on_kill, self._on_prefetch_done,  # type: ignore[list-item]
             self._on_timeout, self._on_retry, self._on_give_up,  # type: ignore[list-item]
         ]
         if tick_s is not None:
@@ -469,6 +487,10 @@ class Engine:
             for slot in decode.pop_reserved(self.now):
                 request = self._requests[slot.request_id]
                 request.stage = Stage.PREFILL_WAIT
+                wait_s = self._prefetch(request)
+                if wait_s > 0:
+                    self._at(self.now + wait_s, _PREFETCH_DONE, request)
+                    continue
                 request.prefill.enqueue(request.job)
                 self._kick(request.prefill)
             shortfall = decode.head_shortfall_tokens(self.now)
@@ -479,6 +501,35 @@ class Engine:
         if decode.version != version:  # resumed requests rejoined the batch, or memory moved
             self._schedule_decode(decode)
 
+    def _prefetch(self, request: Request) -> float:
+        """Start a request's storage prefetch (storage-offload); the wait before it may be queued on prefill."""
+        if self.storage is None:
+            return 0.0
+        job = request.job
+        cached = request.prefill.cache.lookup(job.session_key, job.group_key).tokens
+        tokens = self.storage.hit(job.session_key, cached, job.prompt_tokens)
+        if tokens <= 0:
+            return 0.0
+        fetch_s = self.profile.storage_fetch_s(tokens)
+        wait_s = prefetch_wait_s(self.storage.prefetch_policy, fetch_s, tokens)
+        arrived = tokens if wait_s >= fetch_s else int(tokens * wait_s / fetch_s)
+        self._prefetched_end[request.request_id] = cached + arrived
+        if wait_s > 0:
+            self._prefetching.add(request.request_id)
+        return wait_s
+
+    def _on_prefetch_done(self, request: Request) -> None:
+        if request.is_aborted:  # withdrawn while its prefetch ran: it held nothing on prefill
+            return
+        self._prefetching.discard(request.request_id)
+        request.prefill.enqueue(request.job)
+        self._kick(request.prefill)
+
+    def _storage_hit(self, job: PrefillJob, now: float) -> int:
+        """Tokens of a job its storage prefetch brought past its device + host hit (storage-offload)."""
+        fetched_end = self._prefetched_end.pop(job.request_id, 0)
+        return max(0, fetched_end - job.device_hit_tokens - job.host_hit_tokens)
+
     def _kick(self, prefill: PrefillInstance) -> None:
         if self.pin_ttl_s is not None:
             prefill.cache.expire_holds(self.now)
@@ -487,7 +538,8 @@ class Engine:
             return
         for job in batch.started:
             self._requests[job.request_id].stage = Stage.PREFILLING
-            self.timeline.record_prefill(self.now, job.prompt_tokens, job.device_hit_tokens, job.host_hit_tokens)
+            self.timeline.record_prefill(self.now, job.prompt_tokens, job.device_hit_tokens,
+                                         job.host_hit_tokens + job.storage_hit_tokens)
         self._at(batch.ends_s, _PREFILL_DONE, prefill)
 
     def _on_prefill_done(self, prefill: PrefillInstance) -> None:
@@ -499,6 +551,8 @@ class Engine:
             if not job.is_cancelled:
                 request = self._requests[job.request_id]
                 request.stage = Stage.TRANSFER
+                if self.storage is not None:  # write-through: the prompt's pages reach storage off the critical path
+                    self.storage.backup_prompt(job.session_key, job.prompt_tokens)
                 self._at(self.now + self.profile.transfer_s(job.prompt_tokens), _TRANSFER_DONE, request)
         for request in dropped:
             self._grant(request.decode)
@@ -549,7 +603,10 @@ class Engine:
         request = self._requests.pop(slot.request_id)
         self._finish_route(request)
         job = request.job
-        self.hit_window.record(self.now, job.prompt_tokens, job.device_hit_tokens + job.host_hit_tokens)
+        self.hit_window.record(self.now, job.prompt_tokens,
+                               job.device_hit_tokens + job.host_hit_tokens + job.storage_hit_tokens)
+        if self.storage is not None:  # decode offloads the answer's pages as it frees them
+            self.storage.offload_answer(job.session_key, job.prompt_tokens, slot.completion_tokens)
         run = request.run
         run.request, run.attempt = None, 0
         if run.next_call + 1 < run.spec.session.n_calls:
@@ -619,7 +676,12 @@ class Engine:
             request.decode.cancel_queued(request.slot)
             del self._requests[request.request_id]
         elif stage == Stage.PREFILL_WAIT:
-            request.prefill.cancel(request.job)
+            self._prefetched_end.pop(request.request_id, None)
+            if request.request_id in self._prefetching:  # not queued on prefill yet
+                self._prefetching.discard(request.request_id)
+                request.job.is_cancelled = True
+            else:
+                request.prefill.cancel(request.job)
             request.decode.free(request.slot)
             del self._requests[request.request_id]
         elif stage == Stage.PREFILLING:

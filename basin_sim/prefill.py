@@ -22,6 +22,10 @@
 # - Write-back (Basin's lending): when a job's hit is decided, `write_back(job)` (if set) says how many
 #   of its uncached tokens a decode instance writes back instead; they are not computed. The copy goes
 #   layer by layer, overlapped with the batch's compute: the batch takes max(compute, transfer).
+# - Storage (stock SGLang's lending: decode offloads, prefill reads back; basin_sim/storage.py): when a
+#   job's hit is decided, `storage_hit(job, now)` (if set) says how many of its uncached tokens come
+#   from the storage tier instead; they were prefetched to the host before the job was queued, so they
+#   are loaded host -> device with the batch like host hits, and not computed.
 # - A cancelled job (its session was killed) is skipped in the queue; in a batch it is returned by
 #   `finish_batch` at once, so the caller releases its chain.
 # - Every batch's (start, end) is kept in `busy_intervals` (in time order), for the busy fraction.
@@ -52,6 +56,7 @@ class PrefillJob:
     device_hit_tokens: int = 0
     host_hit_tokens: int = 0
     written_back_tokens: int = 0
+    storage_hit_tokens: int = 0
     is_started: bool = False
     is_cancelled: bool = False
 
@@ -79,6 +84,7 @@ class PrefillInstance:
         self._chunked: PrefillJob | None = None
         self.write_back: Callable[[PrefillJob], int] | None = None
         self.written_back_tokens = 0
+        self.storage_hit: Callable[[PrefillJob, float], int] | None = None
         self.busy_intervals: list[tuple[float, float]] = []
 
     @property
@@ -115,7 +121,7 @@ class PrefillInstance:
             return None
         computed = sum(tokens for _, tokens in parts)
         pairs = sum(tokens * (job.prompt_tokens - job.remaining_tokens + tokens / 2) for job, tokens in parts)
-        loaded = sum(job.host_hit_tokens for job in started)
+        loaded = sum(job.host_hit_tokens + job.storage_hit_tokens for job in started)
         duration = self.profile.prefill_batch_s(computed, pairs, loaded)
         written = sum(job.written_back_tokens for job in started)
         if written:
@@ -163,6 +169,11 @@ class PrefillInstance:
             job.device_hit_tokens = admission.device_hit_tokens
             job.host_hit_tokens = admission.host_hit_tokens
             job.remaining_tokens = admission.computed_tokens
+            if self.storage_hit is not None:
+                got = min(self.storage_hit(job, now), job.remaining_tokens - 1)
+                if got > 0:
+                    job.storage_hit_tokens = got
+                    job.remaining_tokens -= got
             if self.write_back is not None:
                 moved = min(self.write_back(job), job.remaining_tokens - 1)
                 if moved > 0:

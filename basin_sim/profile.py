@@ -68,6 +68,7 @@ class Profile:
     host_load_bytes_per_s: float  # host tier -> device (PCIe)
     host_cache_ratio: float  # host pool size as a multiple of the device pool (SGLang --hicache-ratio)
     pd_request_overhead_s: float = 0.0  # per request in PD: bootstrap handshake and transfer polling
+    storage_load_bytes_per_s: float = 5.0e9  # HiCache storage tier -> host (prefetch; basin_sim/storage.py)
 
     def __post_init__(self) -> None:
         for name in ("kv_pool_tokens", "chunked_prefill_tokens", "experts_total", "experts_per_token"):
@@ -79,7 +80,8 @@ class Profile:
                 raise ProfileError(f"profile {self.name!r}: {name} must be finite and >= 0, got {value!r}")
         if self.experts_per_token > self.experts_total:
             raise ProfileError(f"profile {self.name!r}: experts_per_token > experts_total")
-        for name in ("prefill_token_s", "hbm_bytes_per_s", "transfer_bytes_per_s", "host_load_bytes_per_s"):
+        for name in ("prefill_token_s", "hbm_bytes_per_s", "transfer_bytes_per_s", "host_load_bytes_per_s",
+                     "storage_load_bytes_per_s"):
             if getattr(self, name) <= 0:
                 raise ProfileError(f"profile {self.name!r}: {name} must be > 0")
         if self.host_cache_ratio < 1:
@@ -101,6 +103,10 @@ class Profile:
         weights = self.dense_weight_bytes + self.expert_weight_bytes * touched
         read = weights + kv_tokens * self.kv_read_bytes_per_token + batch_size * 2 * self.state_bytes_per_request
         return self.decode_step_fixed_s + read / self.hbm_bytes_per_s
+
+    def storage_fetch_s(self, tokens: int) -> float:
+        """Time to prefetch `tokens` of KV from the storage tier to the host (HiCache L3 -> L2)."""
+        return tokens * self.kv_bytes_per_token / self.storage_load_bytes_per_s
 
     def transfer_s(self, tokens: int) -> float:
         """Time from a request's prefill end to its KV on decode (PD overhead + its whole prompt's KV)."""

@@ -12,6 +12,11 @@
 # - Validity: the emulators report how late their timed events fire (wall seconds). A run whose p99
 #   lag x time scale exceeds `--max-lag-model-s` is INVALID (the emulator, not the model, slowed it):
 #   the table says so and the exit status is 3. Lower --time-scale then.
+# - `--lending storage-offload`: the two runs are both with the gateway, on engines started with the
+#   lending recipe (basin_stack/lending.py: HiCache storage on prefill, a fresh shared storage folder per
+#   run, smg's sticky sessions), and differ by decode's offload flag alone: "lending-off" and
+#   "lending-on". Each run's gateway reads a calibration measured by the simulator's knee ramp on the
+#   deployment with its own lending switch (none, storage-offload), never a nominal storage size.
 # - Everything started is stopped at the end, on Ctrl-C and on SIGTERM (basin_stack.stack).
 # - Output in --out-dir: calibration.json, run-<mode>.json, timeline-<mode>.png, comparison.png,
 #   summary.md, logs/<mode>/*.log, and the gateway's session log (gateway-log/, for the closed loop).
@@ -40,6 +45,7 @@ from basin_sim.workload.pool import load_pool
 
 log = logging.getLogger("basin_stack.demo")
 MODES = ("without", "with")
+LENDING_MODES = ("lending-off", "lending-on")  # --lending storage-offload: both with the gateway
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,7 @@ class DemoSettings:
     max_lag_model_s: float = 2.0
     modes: tuple[str, ...] = MODES
     model: Path = Path("models/peak_predictor.onnx")
+    lending: str = "none"  # storage-offload: compare decode offload off and on (LENDING_MODES)
 
 
 @dataclass
@@ -151,6 +158,23 @@ def gateway_options(settings: DemoSettings, calibration_file: Path, session_log:
             "upstream_timeout_s": 3600.0, "log_level": "warning"}
 
 
+def stack_spec(settings: DemoSettings, mode: str, gateway: dict[str, Any] | None) -> Any:
+    """The stack of one run: the plain 1P3D, or (lending modes) the lending recipe with or without decode offload."""
+    from basin_stack import lending
+    from basin_stack.stack import StackSpec
+
+    out = settings.out_dir
+    spec = StackSpec(out / "logs" / mode, 1, 3, settings.time_scale, settings.cache_tokens, gateway=gateway)
+    if mode not in LENDING_MODES:
+        return spec
+    storage = out / "storage" / mode
+    shutil.rmtree(storage, ignore_errors=True)
+    storage.mkdir(parents=True)
+    return dataclasses.replace(spec, prefill_args=lending.prefill_args(),
+                               decode_args=lending.decode_args(with_offload=mode == "lending-on"),
+                               engine_env=lending.storage_env(storage.resolve()), router_args=lending.SMG_ARGS)
+
+
 def run_one(settings: DemoSettings, mode: str, pool: Any, deployment: Any, rate_per_s: float,
             calibration_file: Path) -> dict[str, Any]:
     """One replay through a fresh stack; the run's summary with its lag verdict."""
@@ -159,7 +183,7 @@ def run_one(settings: DemoSettings, mode: str, pool: Any, deployment: Any, rate_
     from basin_loadgen.replay_plots import plot_timeline
     from basin_loadgen.replay_summary import records_json, summarize, windows_for
     from basin_runtime.tokenizer import get_tokenizer
-    from basin_stack.stack import LocalStack, StackSpec
+    from basin_stack.stack import LocalStack
 
     out = settings.out_dir
     schedule = RateSchedule.steady(rate_per_s, settings.duration_s, settings.surge)
@@ -167,8 +191,8 @@ def run_one(settings: DemoSettings, mode: str, pool: Any, deployment: Any, rate_
     planned = plan_sessions(pool, schedule, settings.seed, tag, max_sessions=settings.max_sessions)
     unloaded = unloaded_times(planned, pool, deployment)
     gateway = gateway_options(settings, calibration_file, out / "gateway-log" / "sessions.jsonl") \
-        if mode == "with" else None
-    spec = StackSpec(out / "logs" / mode, 1, 3, settings.time_scale, settings.cache_tokens, gateway=gateway)
+        if mode != "without" else None
+    spec = stack_spec(settings, mode, gateway)
     wall = settings.duration_s / settings.time_scale
     print(f"[{mode} gateway] starting 1 prefill + 3 decode emulators, smg{' and the gateway' if gateway else ''}; "
           f"replaying {len(planned)} sessions over {settings.duration_s:.0f} model s (~{wall:.0f} s wall + drain)",
@@ -189,7 +213,7 @@ def run_one(settings: DemoSettings, mode: str, pool: Any, deployment: Any, rate_
     summary.update(mode=mode, lag_p99_wall_s=lag.worst_p99_s, lag_max_wall_s=lag.worst_max_s,
                    lag_p99_model_s=lag_model_s, valid=lag_model_s <= settings.max_lag_model_s)
     (out / f"run-{mode}.json").write_text(json.dumps({"summary": summary, "sessions": records_json(records)}) + "\n")
-    plot_timeline(summary, out / f"timeline-{mode}.png", title=f"demo: {mode} the Basin gateway")
+    plot_timeline(summary, out / f"timeline-{mode}.png", title=f"demo: {_title(mode)}")
     return summary
 
 
@@ -230,10 +254,15 @@ def table(runs: dict[str, dict[str, Any]]) -> str:
     """The side-by-side Markdown table of the runs."""
     modes = list(runs)
     cells = {m: _row_cells(runs[m]) for m in modes}
-    lines = ["| | " + " | ".join(f"{m} gateway" for m in modes) + " |", "| --- |" + " --- |" * len(modes)]
+    lines = ["| | " + " | ".join(_title(m) for m in modes) + " |", "| --- |" + " --- |" * len(modes)]
     for k, (label, _) in enumerate(cells[modes[0]]):
         lines.append(f"| {label} | " + " | ".join(cells[m][k][1] for m in modes) + " |")
     return "\n".join(lines)
+
+
+def _title(mode: str) -> str:
+    """A run's column title: "with gateway", or "lending-on" (decode offload, with the gateway)."""
+    return mode if mode in LENDING_MODES else f"{mode} gateway"
 
 
 def _num(value: float | None, digits: int = 0) -> str:
@@ -251,8 +280,8 @@ def comparison_plot(runs: dict[str, dict[str, Any]], settings: DemoSettings, pat
     for mode, summary in runs.items():
         rows = summary["timeline"]
         minutes = [r["start_s"] / 60 for r in rows]
-        axes[0].plot(minutes, [r["hit_rate"] for r in rows], label=f"{mode} gateway")
-        axes[1].plot(minutes, [r["live_sessions"] for r in rows], label=f"{mode} gateway")
+        axes[0].plot(minutes, [r["hit_rate"] for r in rows], label=_title(mode))
+        axes[1].plot(minutes, [r["live_sessions"] for r in rows], label=_title(mode))
     for ax in axes:
         ax.axvspan(settings.surge[0] / 60, settings.surge[1] / 60, color="orange", alpha=0.15, label="surge")
         ax.grid(alpha=0.3)
@@ -260,7 +289,7 @@ def comparison_plot(runs: dict[str, dict[str, Any]], settings: DemoSettings, pat
     axes[1].set_ylabel("live sessions")
     axes[1].set_xlabel("model minutes")
     axes[0].legend(loc="lower left")
-    fig.suptitle("emulated 1P3D SGLang + smg: the same replayed sessions without and with the Basin gateway")
+    fig.suptitle("emulated 1P3D SGLang + smg: the same replayed sessions, " + " vs ".join(_title(m) for m in runs))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -279,8 +308,13 @@ def run_demo(settings: DemoSettings) -> int:
     measured = calibrate(settings, pool, deployment)
     calibration_file = out / "calibration.json"
     calibration_file.write_text(json.dumps(measured["gateway"], indent=2) + "\n")
+    calibrations = {mode: calibration_file for mode in settings.modes}
+    if "lending-on" in settings.modes:  # the budget grows only by what the knee ramp measures with storage on
+        lent = calibrate(settings, pool, dataclasses.replace(deployment, lending="storage-offload"))
+        calibrations["lending-on"] = out / "calibration-storage-offload.json"
+        calibrations["lending-on"].write_text(json.dumps(lent["gateway"], indent=2) + "\n")
     rate = settings.load_fraction * measured["overload_rate_per_s"]
-    runs = {mode: run_one(settings, mode, pool, deployment, rate, calibration_file) for mode in settings.modes}
+    runs = {mode: run_one(settings, mode, pool, deployment, rate, calibrations[mode]) for mode in settings.modes}
     text = (f"Demo ({workload} sessions, seed {settings.seed}, time scale {settings.time_scale:g}, cache "
             f"{settings.cache_tokens:,} tokens per engine, {rate:.4f} sessions/s, x{settings.surge[2]:g} from "
             f"{settings.surge[0]:.0f} to {settings.surge[1]:.0f} model s)\n\n{table(runs)}\n")
@@ -308,7 +342,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--max-sessions", type=int)
     p.add_argument("--max-lag-model-s", type=float, default=DemoSettings.max_lag_model_s)
-    p.add_argument("--only", choices=MODES, help="run one mode only")
+    p.add_argument("--only", choices=MODES + LENDING_MODES, help="run one mode only")
+    p.add_argument("--lending", choices=("none", "storage-offload"), default="none",
+                   help="storage-offload: compare decode KV offload off and on, both with the gateway, on engines "
+                        "started with the lending recipe (deploy/sglang-pd-lending.md)")
     p.add_argument("--model", type=Path, default=DemoSettings.model)
     return p
 
@@ -325,8 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     quiet_http_loggers()
     settings = DemoSettings(args.out_dir, args.sessions, args.synthetic, args.time_scale, args.cache_tokens,
                             args.duration_s, tuple(args.surge), seed=args.seed, max_sessions=args.max_sessions,
-                            max_lag_model_s=args.max_lag_model_s, modes=(args.only,) if args.only else MODES,
-                            model=args.model)
+                            max_lag_model_s=args.max_lag_model_s, model=args.model, lending=args.lending,
+                            modes=(args.only,) if args.only else LENDING_MODES if args.lending != "none" else MODES)
     try:
         return run_demo(settings)
     except (StackError, ReplayError, CatalogError, PredictorError) as exc:

@@ -16,6 +16,9 @@
 #   drops a dead worker and re-admits a restarted one only on its health checks (default every 60 s)
 #   and its circuit breaker (60 s): pass `router_args` to shorten them.
 # - Emulator lag: `lag()` reads each engine's /server_info `basin_emulate.lag` (wall seconds).
+# - Role-specific engine flags (`prefill_args`, `decode_args`: the lending recipe, basin_stack/lending.py)
+#   follow the common ones; `engine_env` adds environment variables to the engines only (SGLang's
+#   storage folder).
 # - The gateway's admin token, when its config sets one, is the operator's (`admin_headers`); agents
 #   end their own sessions with the end keys the gateway hands them.
 """Start and stop a loopback PD stack: basin-emulate engines, smg, and the Basin gateway."""
@@ -63,12 +66,13 @@ class Proc:
     log: Path
     ready_url: str
     popen: subprocess.Popen[bytes] | None = None
+    env: Mapping[str, str] = field(default_factory=dict)  # added to the inherited environment
 
     def start(self) -> None:
         """Start it in its own process group, output to its log (appended)."""
         with self.log.open("ab") as out:
             self.popen = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-                                          start_new_session=True)
+                                          start_new_session=True, env={**os.environ, **self.env})
 
     @property
     def alive(self) -> bool:
@@ -102,6 +106,9 @@ class StackSpec:
     profile: str | None = None
     gateway: Mapping[str, Any] | None = None  # gateway config keys (unscaled, model seconds); None: no gateway
     emulator_args: Sequence[str] = ()
+    prefill_args: Sequence[str] = ()  # after emulator_args, prefill engines only
+    decode_args: Sequence[str] = ()  # after emulator_args, decode engines only
+    engine_env: Mapping[str, str] = field(default_factory=dict)  # the engines' extra environment
     router_args: Sequence[str] = ()  # e.g. smg's --health-check-interval-secs 1 --cb-timeout-duration-secs 2
     startup_timeout_s: float = 60.0
 
@@ -215,7 +222,8 @@ class LocalStack:
             for k in range(count):
                 port, name = free_port(), f"{role}{k}"
                 url = f"http://127.0.0.1:{port}"
-                argv = [python, "-m", "basin_emulate", "--role", role, "--port", str(port), *common]
+                argv = [python, "-m", "basin_emulate", "--role", role, "--port", str(port), *common,
+                        *(spec.prefill_args if role == "prefill" else spec.decode_args)]
                 if role == "prefill":
                     bootstrap = free_port()
                     argv += ["--disaggregation-bootstrap-port", str(bootstrap)]
@@ -224,7 +232,7 @@ class LocalStack:
                 else:
                     router += ["--decode", url]
                     self.decode_urls.append(url)
-                self.procs[name] = Proc(name, argv, logs / f"{name}.log", f"{url}/health")
+                self.procs[name] = Proc(name, argv, logs / f"{name}.log", f"{url}/health", env=spec.engine_env)
         port = free_port()
         self.router_url = f"http://127.0.0.1:{port}"
         router += ["--host", "127.0.0.1", "--port", str(port), "--prometheus-host", "127.0.0.1",

@@ -11,13 +11,13 @@
 #   measure.py      prompt tokens and task text, as ingest counts them
 #   sessions.py     session identity, per-session records, the registry
 #   waiting.py      the waiting room: the policy under a lock, waiting, withdrawal, timers
-#   priority.py     the session priority as SGLang's integer, and request ids
+#   priority.py     bounded engine priority levels, the routing key, request ids
 #   upstream.py     the upstream HTTP client protocol: aiohttp (default) and httpx implementations
 #   proxy.py        forwarding upstream and streaming the answer back (and reading its usage)
 #   signals.py      per-call usage from the upstream's answers, and the windowed prefix hit rate
 #   engine_metrics.py  the windowed hit rate scraped from the engines' /metrics counters (when configured)
 #   metrics.py      the Prometheus metrics, in a registry per app
-#   lending.py      the lending ledger kept from served calls, and the write-back hint header
+#   lending.py      what engines report per session: the decode instance that served, cached tiers
 #   session_log.py  the durable, rotating session-log writer (a thread fed by a queue)
 #   admin.py        /basin/ state, sessions, budget, reloads, shadow mode
 #   errors.py       the error tree and the one mapping to HTTP status codes

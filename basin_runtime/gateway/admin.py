@@ -1,7 +1,7 @@
 # The operator's endpoints under `/basin/` (each guarded by the admin token, `app._require_admin`).
 #
 # Rules:
-# - `GET /basin/state`: the policy snapshot, the hit rate, shadow mode and the lending ledger.
+# - `GET /basin/state`: the policy snapshot, the hit rate, shadow mode and the lending reports.
 #   `GET /basin/sessions`: every live and queued session, without task text.
 # - `PUT /basin/budget {"budget_tokens": N}` sets the operator's reference budget at once (never
 #   evicts; may admit). `POST /basin/reload {"models": bool, "calibration": bool}` reloads the model
@@ -61,10 +61,11 @@ def sessions_view(gateway: Gateway) -> list[dict[str, Any]]:
     now = gateway.room.clock.now()
     views = []
     for entry in gateway.room.registry:
-        holder = gateway.lending.ledger.holder_of(entry.session_id)
+        kv = gateway.lending.of(entry.session_id)
         last = entry.calls[-1] if entry.calls else None
         views.append({
-            "session_id": entry.session_id, "state": entry.state, "priority": entry.priority,
+            "session_id": entry.session_id, "state": entry.state, "priority_s": entry.priority_s,
+            "engine_priority": gateway.room.registry.engine_priority(entry), "routing_key": entry.routing_key,
             "predicted_peak_tokens": entry.predicted_peak_tokens, "reserved_peak_tokens": entry.reserved_peak_tokens,
             "workload": entry.workload, "model": entry.model,
             "is_adopted": entry.is_adopted, "num_calls": len(entry.calls), "in_flight": entry.in_flight,
@@ -72,7 +73,8 @@ def sessions_view(gateway: Gateway) -> list[dict[str, Any]]:
             "last_prompt_tokens": None if last is None else last.prompt_tokens,
             "last_cached_tokens": None if last is None else last.cached_tokens,
             "served_by": None if last is None else last.served_by,
-            "lent_tokens": None if holder is None else holder.tokens,
+            "cached_tiers": None if kv is None or kv.cached_tiers is None else dict(kv.cached_tiers),
+            "calls_moved": 0 if kv is None else kv.calls_moved,
         })
     return views
 
@@ -101,7 +103,7 @@ def admin_routes(gateway: Gateway, guard: Guard, reloader: Reloader | None) -> l
 
     async def state(request: Request) -> Response:
         return JSONResponse({"policy": gateway.room.policy.snapshot().to_dict(), "hit_rate": gateway.hit_rate(),
-                             "is_shadow": gateway.is_shadow, "lending": gateway.lending.ledger.to_dict()})
+                             "is_shadow": gateway.is_shadow, "lending": gateway.lending.to_dict()})
 
     async def sessions(request: Request) -> Response:
         return JSONResponse({"sessions": sessions_view(gateway)})

@@ -60,6 +60,7 @@ from basin_runtime.gateway.lending import LendingTracker
 from basin_runtime.gateway.measure import Meter
 from basin_runtime.gateway.metrics import CONTENT_TYPE
 from basin_runtime.gateway.predictors import Predictors
+from basin_runtime.gateway.priority import PriorityLevels
 from basin_runtime.gateway.proxy import Upstream
 from basin_runtime.gateway.restart import LiveSessionsFile
 from basin_runtime.gateway.session_log import SessionLogWriter
@@ -230,13 +231,8 @@ def build_gateway(config: GatewayConfig, client: UpstreamClient | httpx.AsyncCli
     policy = Policy(gateway_policy_config(config, calibration))
     predictors = Predictors.load(config.default_model, config.workload_models, tokenizer.name,
                                  config.reservation_quantile, config.revise_at_calls)
-    room = WaitingRoom(policy, clock or MonotonicClock(), retry_after_s=config.retry_after_s)
-    try:
-        lending = LendingTracker(config.lending_decode_instances,
-                                 default_capacity_tokens=config.lending_default_capacity_tokens,
-                                 lend_cap_fraction=config.lending_cap_fraction)
-    except PolicyError as exc:
-        raise ConfigError(f"lending: {exc}") from exc
+    room = WaitingRoom(policy, clock or MonotonicClock(), retry_after_s=config.retry_after_s,
+                       levels=PriorityLevels(config.engine_priority_levels, config.engine_preemption_threshold))
     session_log = None if config.session_log is None else SessionLogWriter(
         config.session_log, max_bytes=config.session_log_max_bytes, keep_files=config.session_log_keep_files,
         keep_text=config.session_log_keep_text)
@@ -246,9 +242,10 @@ def build_gateway(config: GatewayConfig, client: UpstreamClient | httpx.AsyncCli
                    adoption_window_s=config.adoption_window_s,
                    session_header=config.session_header, workload_header=config.workload_header,
                    hit_window=HitRateWindow(config.hit_rate_window_s, config.hit_rate_min_prompt_tokens),
-                   lending=lending, session_log=session_log, is_shadow=config.shadow,
+                   lending=LendingTracker(), session_log=session_log, is_shadow=config.shadow,
                    engine_metrics_urls=config.engine_metrics_urls,
-                   engine_metrics_interval_s=config.engine_metrics_interval_s, limits=config.limits)
+                   engine_metrics_interval_s=config.engine_metrics_interval_s, limits=config.limits,
+                   routing_key_header=config.routing_key_header)
 
 
 def upstream_client(config: GatewayConfig) -> UpstreamClient:

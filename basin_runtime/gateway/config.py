@@ -3,8 +3,7 @@
 # Rules:
 # - Every option can come from the command line or the config file (YAML or JSON, keys spelled as
 #   the long options with `_` or `-`); the command line wins, then the file, then the defaults.
-#   Policy tuning (any `PolicyConfig` field but the budget) lives in the file's `policy:` section,
-#   and the decode workers' capacities in `lending_decode_instances: {WORKER_ID: TOKENS}`.
+#   Policy tuning (any `PolicyConfig` field but the budget) lives in the file's `policy:` section.
 # - `model` is a list of `PATH` (the default model; exactly one) and `WORKLOAD=PATH` entries. Paths
 #   in the file are relative to the file; paths on the command line to the working directory.
 # - The budget is `budget_tokens` if given, else computed from the `calibration` file; one of the
@@ -32,11 +31,16 @@ from basin_runtime.gateway.limits import (
     MAX_JSON_DEPTH_CEILING,
     Limits,
 )
+from basin_runtime.gateway.priority import (
+    DEFAULT_NUM_LEVELS,
+    DEFAULT_PREEMPTION_THRESHOLD,
+    MAX_NUM_LEVELS,
+    ROUTING_KEY_HEADER,
+)
 from basin_runtime.model_files import file_sha256
 from basin_runtime.policy import PolicyConfig, PolicyError
 from basin_runtime.policy.calibrated import check_serves, policy_config
 from basin_runtime.policy.hit_rate import DEFAULT_MIN_PROMPT_TOKENS, DEFAULT_WINDOW_S
-from basin_runtime.policy.lending import LEND_CAP_FRACTION
 from basin_runtime.predictor import reservation_quantile_arg
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -95,9 +99,11 @@ class GatewayConfig:
     live_sessions_file: Path | None = None  # default: beside the session log, `<stem>.live.json`
     adoption_window_s: float = 600.0
     drain_timeout_s: float = 30.0
-    lending_decode_instances: Mapping[str, int] = field(default_factory=dict)
-    lending_default_capacity_tokens: int = 1_000_000
-    lending_cap_fraction: float = LEND_CAP_FRACTION
+    # engine priority: a session's rank bucketed into this many levels, spaced one past SGLang's
+    # --priority-scheduling-preemption-threshold (`priority.py`)
+    engine_priority_levels: int = DEFAULT_NUM_LEVELS
+    engine_preemption_threshold: int = DEFAULT_PREEMPTION_THRESHOLD
+    routing_key_header: str = ROUTING_KEY_HEADER  # smg's --routing-key-headers (sticky sessions)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
     max_session_id_chars: int = DEFAULT_MAX_SESSION_ID_CHARS
@@ -168,10 +174,18 @@ def _policy(key: str, value: object) -> dict[str, Any]:
     return dict(value)
 
 
-def _instances(key: str, value: object) -> dict[str, int]:
-    if not isinstance(value, Mapping) or not all(isinstance(k, str) and k for k in value):
-        raise ConfigError(f"{key}: expected a mapping of decode worker id (URL) to capacity tokens, got {value!r}")
-    return {k: _positive_int(f"{key}.{k}", v) for k, v in value.items()}
+def _levels(key: str, value: object) -> int:
+    levels = _int(key, value)
+    if not 1 <= levels <= MAX_NUM_LEVELS:
+        raise ConfigError(f"{key}: expected a whole number from 1 to {MAX_NUM_LEVELS}, got {value!r}")
+    return levels
+
+
+def _header_name(key: str, value: object) -> str:
+    name = _str(key, value)
+    if not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", name):
+        raise ConfigError(f"{key}: expected an HTTP header name, got {value!r}")
+    return name
 
 
 def _positive_int(key: str, value: object) -> int:
@@ -196,12 +210,6 @@ def _calls(key: str, value: object) -> tuple[int, ...]:
         raise ConfigError(f"{key}: expected call numbers >= 2 (the first call is predicted, not revised), got "
                           f"{value!r}")
     return tuple(sorted(set(items)))
-
-
-def _fraction(key: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-        raise ConfigError(f"{key}: expected a number in (0, 1], got {value!r}")
-    return float(value)
 
 
 def _json_depth(key: str, value: object) -> int:
@@ -231,8 +239,7 @@ _CHECKS: dict[str, Callable[[str, object], object]] = {
     "engine_metrics_urls": _urls, "engine_metrics_interval_s": _seconds, "session_log": _str,
     "session_log_max_bytes": _positive_int, "session_log_keep_files": _int, "session_log_keep_text": _bool,
     "live_sessions_file": _str, "adoption_window_s": _seconds, "drain_timeout_s": _seconds,
-    "lending_decode_instances": _instances, "lending_default_capacity_tokens": _positive_int,
-    "lending_cap_fraction": _fraction,
+    "engine_priority_levels": _levels, "engine_preemption_threshold": _int, "routing_key_header": _header_name,
     "max_body_bytes": _positive_int, "max_json_depth": _json_depth, "max_session_id_chars": _positive_int,
 }
 
@@ -324,11 +331,15 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"rotate the session log past this size (default {_default('session_log_max_bytes')})")
     add("--session-log-keep-files", type=int, metavar="N",
         help=f"rotated session-log files kept (default {_default('session_log_keep_files')})")
-    add("--lending-default-capacity-tokens", type=int, metavar="N",
-        help=f"capacity of a decode worker not listed in the file (default "
-             f"{_default('lending_default_capacity_tokens')})")
-    add("--lending-cap-fraction", type=float, metavar="F",
-        help=f"share of a decode worker's capacity it may lend (default {_default('lending_cap_fraction')})")
+    add("--engine-priority-levels", type=int, metavar="N",
+        help=f"distinct priority values sent to the engines: a session's rank among live and queued sessions, "
+             f"bucketed (1..{MAX_NUM_LEVELS}, default {_default('engine_priority_levels')})")
+    add("--engine-preemption-threshold", type=int, metavar="N",
+        help=f"the engines' --priority-scheduling-preemption-threshold; levels are spaced one past it so a more "
+             f"urgent level may preempt (default {_default('engine_preemption_threshold')})")
+    add("--routing-key-header", metavar="NAME",
+        help=f"header carrying the session's routing key to the router, smg's --routing-key-headers "
+             f"(default {_default('routing_key_header')})")
     add("--max-body-bytes", type=int, metavar="N",
         help=f"largest request body accepted, refused with 413 while it is read (default {_default('max_body_bytes')})")
     add("--max-json-depth", type=int, metavar="N",

@@ -15,18 +15,20 @@
 # - Shutdown: `drain` stops admitting (queued calls get 503 at once) while live sessions are served;
 #   `shut_down`, once the server has stopped, writes the live-sessions file for the next run and
 #   ends every session still held as `shutdown`, so each is in the session log.
-# - The forwarded body carries the session's priority and a rid (`priority.py`); the answer
-#   carries the session id in the session header, so a client identified by hash can end it, and
-#   the first answer of a session carries its end key (`basin_runtime/session_keys.py`), so the
-#   agent can end it itself.
+# - The forwarded body carries the session's engine priority (its bucketed rank now) and a rid, and
+#   the request the session's routing key in the routing-key header, so smg sends every call of a
+#   session to one decode instance (`priority.py`); the answer carries the session id in the session
+#   header, so a client identified by hash can end it, and the first answer of a session carries its
+#   end key (`basin_runtime/session_keys.py`), so the agent can end it itself.
 # - A call is in flight from forwarding until its answer ends (`proxy.py` reports the end);
 #   idle time counts from the end of the last call. A single-call session ends with its call.
 # - A call's record keeps the worker that served it when the router names it (smg does), and the
-#   upstream's usage (completion and cached tokens). A streamed OpenAI call without
-#   `stream_options.include_usage` gets it added, and the extra usage-only chunk is not passed on.
+#   upstream's usage (completion and cached tokens, with their tier split when reported). A streamed
+#   OpenAI call without `stream_options.include_usage` gets it added, and the extra usage-only chunk
+#   is not passed on.
 # - Signals: every call whose answer reports cached tokens feeds the hit-rate window, and every 2xx
 #   answer's first bytes (`proxy.py`) the first-token latency window (calls still waiting for theirs
-#   counted by how long they have waited), which each policy tick reads; metrics, the lending ledger
+#   counted by how long they have waited), which each policy tick reads; metrics, the lending reports
 #   and the session log hear of every call's end, admission and session end (`metrics.py`,
 #   `lending.py`, `session_log.py`).
 # - Shadow mode: the policy decides as usual, but a queued session's calls are not held (counted in
@@ -41,7 +43,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -54,12 +55,12 @@ from starlette.responses import Response
 from basin_runtime.gateway.calls import Call, CallKind, parse_call
 from basin_runtime.gateway.engine_metrics import EngineHitWindow, EngineScraper
 from basin_runtime.gateway.errors import PathNotForwardedError, SessionEndedError
-from basin_runtime.gateway.lending import WRITEBACK_HEADER, LendingTracker, writeback_header
+from basin_runtime.gateway.lending import LendingTracker
 from basin_runtime.gateway.limits import Limits, read_body
 from basin_runtime.gateway.measure import FirstCall, Meter, PromptMemo
 from basin_runtime.gateway.metrics import GatewayMetrics
 from basin_runtime.gateway.predictors import PeakModel, Predictors
-from basin_runtime.gateway.priority import request_id, stamp
+from basin_runtime.gateway.priority import ROUTING_KEY_HEADER, request_id, stamp
 from basin_runtime.gateway.proxy import CallEnd, EndHook, Upstream
 from basin_runtime.gateway.restart import Adoption, LiveSessionsFile
 from basin_runtime.gateway.session_log import SessionLogWriter
@@ -90,14 +91,14 @@ class Gateway:
                  session_log: SessionLogWriter | None = None, is_shadow: bool = False,
                  engine_metrics_urls: Sequence[str] = (), engine_metrics_interval_s: float = 5.0,
                  live_sessions: LiveSessionsFile | None = None, adoption_window_s: float = 600.0,
-                 limits: Limits | None = None) -> None:
+                 limits: Limits | None = None, routing_key_header: str = ROUTING_KEY_HEADER) -> None:
         self.room = room
         self.meter = meter
         self.predictors = predictors
         self.upstream = upstream
         self.session_header = session_header
         self.workload_header = workload_header
-        self.tag = secrets.token_hex(2)  # tells this gateway run's rids from an earlier run's
+        self.routing_key_header = routing_key_header
         self.session_keys = SessionKeys()  # `create_app` derives them from its admin token
         self.metrics = GatewayMetrics()
         self.hit_window = hit_window or HitRateWindow()
@@ -154,10 +155,10 @@ class Gateway:
         raw = await read_body(request, self.limits.max_body_bytes)
         call = await _off_loop_if_large(len(raw), parse_call, kind, raw, self.limits.max_json_depth)
         entry, prompt_tokens, held_s = await self._admit(call, request)
-        rid = stamp(call.body, entry.priority,
-                    None if call.is_batch else request_id(self.tag, entry.session_id, len(entry.calls)))
+        priority = self.room.registry.engine_priority(entry)
+        rid = stamp(call.body, priority, None if call.is_batch else request_id(entry.routing_key, len(entry.calls)))
         headers = self._headers(entry, request)
-        record = CallRecord(self.room.clock.wall(), prompt_tokens, rid, call.is_stream)
+        record = CallRecord(self.room.clock.wall(), prompt_tokens, rid, call.is_stream, engine_priority=priority)
         entry.calls.append(record)
         entry.in_flight += 1
         self.metrics.calls_in_flight.inc()
@@ -225,12 +226,10 @@ class Gateway:
                         "" if self.live_sessions is None else f", listed in {self.live_sessions.path}")
 
     def _headers(self, entry: SessionEntry, request: Request) -> dict[str, str]:
-        headers = {k: v for k, v in request.headers.items() if k.lower() != WRITEBACK_HEADER.lower()}
-        last = entry.calls[-1] if entry.calls else None
-        if last is not None:
-            plan = self.lending.plan(entry.session_id, last.cached_tokens)
-            if plan is not None:
-                headers[WRITEBACK_HEADER] = writeback_header(plan)
+        """The client's headers, its routing key (if any) replaced by the session's."""
+        key_header = self.routing_key_header.lower()
+        headers = {k: v for k, v in request.headers.items() if k.lower() != key_header}
+        headers[self.routing_key_header] = entry.routing_key
         return headers
 
     async def _admit(self, call: Call, request: Request) -> tuple[SessionEntry, int, float]:
@@ -298,9 +297,10 @@ class Gateway:
         self.metrics.call_ended(end.outcome, usage)
         is_held = self.room.registry.get(entry.session_id) is entry
         if end.outcome == "completed" and not entry.is_single_call and is_held:
-            context_tokens = (usage.prompt_tokens if usage is not None and usage.prompt_tokens is not None
-                              else record.prompt_tokens) + (record.completion_tokens or 0)
-            self.lending.call_finished(entry.session_id, record.served_by, context_tokens)
+            moved = self.lending.call_finished(entry.session_id, record.served_by, record.cached_tokens,
+                                               None if usage is None else usage.cached_tiers)
+            if moved:
+                self.metrics.calls_moved.inc()
         entry.in_flight -= 1
         self.metrics.calls_in_flight.dec()
         entry.last_active_s = now

@@ -1,58 +1,73 @@
-# Lending, the gateway's side: keeping the policy's `LendingLedger` in step with what the decode
-# instances served, and turning its write-back plan into a hint on the session's next call.
+# Lending, the gateway's side: what the engines report about where each session's KV is, kept per
+# session, so an operator (and the metrics) see whether lending works instead of the gateway assuming it.
 #
 # Rules:
-# - Instances are the router's worker ids (smg's `x-smg-routed-worker-id`, the decode worker's URL in
-#   PD). Those named in the configuration are registered with their capacity at start; one first
-#   seen in an answer is registered with `default_capacity_tokens`.
-# - A completed call lends its whole context (prompt + completion tokens) on the instance that
-#   served it: that is what the decode instance holds once the call finishes. A session's end
-#   forgets its lent copy.
-# - The hint: if the ledger holds more of the session than prefill had cached on its last call
-#   (the upstream's `cached_tokens`, which in PD is the prefill side's), the next call carries
-#   `X-Basin-Writeback: instance=<id>;held=<tokens>;cached=<tokens>;tokens=<to move>` (a header,
-#   not a body field: SGLang's request models may reject unknown fields). A client's own
-#   `X-Basin-Writeback` is never passed on. Acting on the hint needs SGLang-side support (README).
-"""The lending ledger kept from served calls, and the write-back hint header."""
+# - On stock SGLang, lending is decode offloading a finished request's KV to the HiCache storage tier,
+#   which prefill reads back (deploy/sglang-pd-lending.md); the gateway only pins each session to one
+#   decode instance (the routing key, `priority.py`) and records what comes back. It never sends a plan
+#   or a hint: no engine would read one.
+# - Per session: the decode instance that served its last call (smg's `x-smg-routed-worker-id`, the
+#   decode worker's URL in PD), how many of its calls moved to another instance (a sticky miss: a
+#   worker died, or smg's in-flight cap respilled it), and its last call's cached tokens with their
+#   tier split when the engine reported one (`signals.Usage.cached_tiers`).
+# - Totals: cached tokens per tier over every reported call, and the calls moved; a session's end
+#   forgets it. Nothing here changes the budget: storage only raises the budget through a calibration
+#   measured with storage on (the knee ramp), never by its nominal size.
+"""Per-session reports of which decode instance served and where cached tokens came from."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-
-from basin_runtime.policy import LendingLedger, WriteBackPlan
-from basin_runtime.policy.lending import LEND_CAP_FRACTION
-
-WRITEBACK_HEADER = "X-Basin-Writeback"
+from dataclasses import dataclass, field
+from typing import Any
 
 
+@dataclass
+class SessionKv:
+    """What the engines said of one session's KV."""
+
+    served_by: str | None = None
+    calls_moved: int = 0  # calls served by another decode instance than the call before
+    cached_tokens: int | None = None
+    cached_tiers: Mapping[str, int] | None = None
+
+
+@dataclass
 class LendingTracker:
-    """The ledger of what each decode instance keeps of finished calls, per session."""
+    """Which decode instance serves each session, and where its cached tokens came from."""
 
-    def __init__(self, decode_instances: Mapping[str, int] | None = None, *, default_capacity_tokens: int = 1_000_000,
-                 lend_cap_fraction: float = LEND_CAP_FRACTION) -> None:
-        self.ledger = LendingLedger(lend_cap_fraction=lend_cap_fraction)
-        self.default_capacity_tokens = default_capacity_tokens
-        for instance_id, capacity_tokens in (decode_instances or {}).items():
-            self.ledger.add_instance(instance_id, capacity_tokens)
+    sessions: dict[str, SessionKv] = field(default_factory=dict)
+    cached_by_tier: dict[str, int] = field(default_factory=dict)
+    calls_moved: int = 0
 
-    def call_finished(self, session_id: str, served_by: str | None, context_tokens: int) -> None:
-        """Record that `served_by` now holds the session's `context_tokens`."""
-        if not served_by or context_tokens <= 0:
-            return
-        if served_by not in self.ledger.instance_ids():
-            self.ledger.add_instance(served_by, self.default_capacity_tokens)
-        self.ledger.lend(session_id, served_by, context_tokens)
+    def call_finished(self, session_id: str, served_by: str | None, cached_tokens: int | None,
+                      cached_tiers: Mapping[str, int] | None) -> bool:
+        """Record a completed call's report; True if another decode instance served it than its last call."""
+        kv = self.sessions.setdefault(session_id, SessionKv())
+        moved = served_by is not None and kv.served_by is not None and served_by != kv.served_by
+        if moved:
+            kv.calls_moved += 1
+            self.calls_moved += 1
+        if served_by is not None:
+            kv.served_by = served_by
+        kv.cached_tokens, kv.cached_tiers = cached_tokens, cached_tiers
+        for tier, tokens in (cached_tiers or {}).items():
+            self.cached_by_tier[tier] = self.cached_by_tier.get(tier, 0) + tokens
+        return moved
 
     def session_ended(self, session_id: str) -> None:
-        """Drop the session's lent copy."""
-        self.ledger.forget(session_id)
+        """Forget the session."""
+        self.sessions.pop(session_id, None)
 
-    def plan(self, session_id: str, prefill_cached_tokens: int | None) -> WriteBackPlan | None:
-        """The write-back plan for the session's next call (None: nothing worth moving)."""
-        return self.ledger.write_back_plan(session_id, prefill_cached_tokens or 0)
+    def of(self, session_id: str) -> SessionKv | None:
+        """What was reported of a session, if anything."""
+        return self.sessions.get(session_id)
 
-
-def writeback_header(plan: WriteBackPlan) -> str:
-    """The hint header's value for a plan."""
-    return (f"instance={plan.instance_id};held={plan.held_tokens};cached={plan.prefill_cached_tokens};"
-            f"tokens={plan.tokens_to_move}")
+    def to_dict(self) -> dict[str, Any]:
+        """Totals and the sessions per decode instance, as plain JSON."""
+        by_instance: dict[str, int] = {}
+        for kv in self.sessions.values():
+            if kv.served_by is not None:
+                by_instance[kv.served_by] = by_instance.get(kv.served_by, 0) + 1
+        return {"sessions_by_decode_instance": by_instance, "cached_tokens_by_tier": dict(self.cached_by_tier),
+                "calls_moved": self.calls_moved}

@@ -64,6 +64,10 @@ class GatewayMetrics:
                                      registry=r)
         self.cached_tokens = Counter("basin_upstream_cached_tokens", "Cached prompt tokens the upstream reported",
                                      registry=r)
+        self.cached_by_tier = Counter("basin_upstream_cached_tier_tokens", "Cached prompt tokens by the tier the "
+                                      "engine reported (device, host, storage)", ["tier"], registry=r)
+        self.calls_moved = Counter("basin_decode_instance_moves", "Calls a different decode instance served than "
+                                   "the session's call before (sticky routing missed)", registry=r)
         self.queue_wait = Histogram("basin_queue_wait_seconds", "Wait from arrival to admission", registry=r,
                                     buckets=WAIT_BUCKETS_S)
         self.added_latency = Histogram("basin_gateway_added_latency_seconds",
@@ -117,6 +121,9 @@ class GatewayMetrics:
         if usage is not None and usage.prompt_tokens is not None and usage.cached_tokens is not None:
             self.prompt_tokens.inc(usage.prompt_tokens)
             self.cached_tokens.inc(min(usage.cached_tokens, usage.prompt_tokens))
+        if usage is not None and usage.cached_tiers is not None:
+            for tier, tokens in usage.cached_tiers.items():
+                self.cached_by_tier.labels(tier).inc(tokens)
 
     def render(self) -> bytes:
         """The text exposition of every metric."""

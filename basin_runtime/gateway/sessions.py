@@ -12,6 +12,8 @@
 # - A session is idle when it is live, has no call in flight, and its last call ended (or started)
 #   at least the idle timeout ago.
 # - Each session keeps its calls (`CallRecord`), what the session log (issue 6) is written from.
+# - The registry ranks its sessions by their fixed Basin priority (`priority.PriorityLevels`): the
+#   engine priority a call carries is the session's bucketed rank at that moment.
 """Session identity, per-session records, and the session registry."""
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Literal, TypeAlias
 from basin_runtime.gateway.calls import Call
 from basin_runtime.gateway.limits import DEFAULT_MAX_SESSION_ID_CHARS, checked_session_id
 from basin_runtime.gateway.measure import PromptMemo
+from basin_runtime.gateway.priority import PriorityLevels
 from basin_runtime.messages import message_text
 from basin_runtime.policy import Shed
 
@@ -92,6 +95,7 @@ class CallRecord:
     served_by: str | None = None  # the worker that answered, as the router names it (the decode worker in PD)
     completion_tokens: int | None = None  # from the upstream's usage (issue 6)
     cached_tokens: int | None = None  # from the upstream's usage (issue 6)
+    engine_priority: int | None = None  # the priority value the call carried
 
 
 @dataclass
@@ -101,7 +105,8 @@ class SessionEntry:
     session_id: str
     state: SessionState
     decision: asyncio.Future[Verdict]  # resolved once: admitted, shed or ended while queued
-    priority: int  # the SGLang integer every call carries
+    priority_s: float  # Basin's fixed priority (seconds, smaller first); engines get its bucketed rank
+    routing_key: str  # `priority.routing_key(session_id)`: sticky routing and rids
     predicted_peak_tokens: float
     task_text: str
     workload: str | None
@@ -133,8 +138,9 @@ class SessionEntry:
 class SessionRegistry:
     """The live and queued sessions by id."""
 
-    def __init__(self) -> None:
+    def __init__(self, levels: PriorityLevels | None = None) -> None:
         self._entries: dict[str, SessionEntry] = {}
+        self.levels = levels or PriorityLevels()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -150,10 +156,16 @@ class SessionRegistry:
         """Register a session the policy now holds."""
         assert entry.session_id not in self._entries, entry.session_id
         self._entries[entry.session_id] = entry
+        self.levels.add(entry.session_id, entry.priority_s)
 
     def remove(self, session_id: str) -> SessionEntry | None:
         """Forget a session (ended, withdrawn or shed); None if it was not held."""
+        self.levels.remove(session_id)
         return self._entries.pop(session_id, None)
+
+    def engine_priority(self, entry: SessionEntry) -> int:
+        """The priority value the session's call carries now (its bucketed rank)."""
+        return self.levels.value(entry.session_id)
 
     def idle_ids(self, now: float, idle_timeout_s: float) -> list[str]:
         """Ids of the sessions that have been idle for the timeout."""

@@ -7,6 +7,11 @@
 #   `completion_tokens`, `prompt_tokens_details.cached_tokens`, present with SGLang's
 #   `--enable-cache-report`), or `/generate`'s `meta_info` (`prompt_tokens`, `completion_tokens`,
 #   `cached_tokens`, always present). A missing or malformed field is None, never a guess.
+# - Where the cached tokens came from (`cached_tiers`: device, host, storage): SGLang's
+#   `meta_info.cached_tokens_details` on `/generate` (present whenever something was cached), or the
+#   response-level `sglext.cached_tokens_details` of an OpenAI answer whose request asked for it
+#   (`return_cached_tokens_details`); shape `{"device": n, "host": n[, "storage": n, "storage_backend":
+#   name]}` (sglang 0.5.23, managers/scheduler_components/output_streamer.py). None when not reported.
 """Per-call usage from the upstream's answers."""
 
 from __future__ import annotations
@@ -22,6 +27,18 @@ class Usage:
     prompt_tokens: int | None
     completion_tokens: int | None
     cached_tokens: int | None
+    cached_tiers: Mapping[str, int] | None = None  # device / host / storage, as the engine split them
+
+
+CACHE_TIERS = ("device", "host", "storage")
+
+
+def cached_tiers_of(details: object) -> dict[str, int] | None:
+    """The tier split of SGLang's `cached_tokens_details` (only well-formed counts kept), or None."""
+    if not isinstance(details, Mapping):
+        return None
+    tiers = {tier: count for tier in CACHE_TIERS if (count := _count(details.get(tier))) is not None}
+    return tiers or None
 
 
 def _count(value: object) -> int | None:
@@ -38,9 +55,12 @@ def usage_of(answer: object) -> Usage | None:
     if isinstance(usage, Mapping):
         details = usage.get("prompt_tokens_details")
         cached = details.get("cached_tokens") if isinstance(details, Mapping) else None
-        return Usage(_count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")), _count(cached))
+        ext = answer.get("sglext")
+        tiers = cached_tiers_of(ext.get("cached_tokens_details")) if isinstance(ext, Mapping) else None
+        return Usage(_count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")), _count(cached),
+                     tiers)
     meta = answer.get("meta_info")
     if isinstance(meta, Mapping):
         return Usage(_count(meta.get("prompt_tokens")), _count(meta.get("completion_tokens")),
-                     _count(meta.get("cached_tokens")))
+                     _count(meta.get("cached_tokens")), cached_tiers_of(meta.get("cached_tokens_details")))
     return None

@@ -42,7 +42,7 @@ from basin_runtime.gateway.errors import (
     ShuttingDownError,
 )
 from basin_runtime.gateway.measure import FirstCall, PromptMemo
-from basin_runtime.gateway.priority import sglang_priority
+from basin_runtime.gateway.priority import PriorityLevels, routing_key
 from basin_runtime.gateway.sessions import SessionEntry, SessionRegistry, Verdict
 from basin_runtime.policy import Admitted, BudgetMoved, Event, Policy, Shed
 
@@ -59,11 +59,10 @@ class WaitingRoom:
     def __init__(self, policy: Policy, clock: Clock, *, retry_after_s: float,
                  hit_rate: Callable[[], float | None] = lambda: None,
                  ttft: Callable[[], float | None] = lambda: None,
-                 on_session_end: SessionEndHook | None = None) -> None:
+                 on_session_end: SessionEndHook | None = None, levels: PriorityLevels | None = None) -> None:
         self.policy = policy
         self.clock = clock
-        self.registry = SessionRegistry()
-        self.origin_s = clock.now()
+        self.registry = SessionRegistry(levels)
         self._lock = asyncio.Lock()
         self._retry_after_s = retry_after_s
         self.hit_rate = hit_rate
@@ -90,7 +89,7 @@ class WaitingRoom:
             entry = SessionEntry(
                 session_id=session_id, state="queued",
                 decision=asyncio.get_running_loop().create_future(),
-                priority=sglang_priority(self.policy.priority_of(session_id), self.origin_s),
+                priority_s=self.policy.priority_of(session_id), routing_key=routing_key(session_id),
                 predicted_peak_tokens=predicted_peak_tokens, task_text=first.task_text, workload=workload,
                 started_at=self.clock.wall(), last_active_s=now, memo=memo, is_adopted=is_adopted,
                 is_single_call=is_single_call, arrived_s=now, model=model,

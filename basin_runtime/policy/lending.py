@@ -29,9 +29,11 @@ from basin_runtime.policy.config import PolicyError, require_finite, require_tok
 LEND_CAP_FRACTION = 0.5  # decode lends at most half of its memory (the paper's cap)
 # A deployment's lending switch: "none" (stock SGLang: decode frees a finished request's KV),
 # "decode-memory" (the paper's lending: decode keeps it in idle memory and writes back what prefill
-# is missing). Calibration files and the simulator's deployments name it.
-LendingKind = Literal["none", "decode-memory"]
-LENDING_KINDS: tuple[LendingKind, ...] = ("none", "decode-memory")
+# is missing), "storage-offload" (stock SGLang's flags: decode offloads it to the HiCache storage
+# tier, prefill prefetches it back; basin_sim/storage.py). Calibration files and the simulator's
+# deployments name it.
+LendingKind = Literal["none", "decode-memory", "storage-offload"]
+LENDING_KINDS: tuple[LendingKind, ...] = ("none", "decode-memory", "storage-offload")
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,8 @@ def create_app(role: str, bootstrap_port: int | None) -> Starlette:
         content = _last_user_text(body)
         record = {key: body.get(key) for key in RECORDED_FIELDS}
         record.update(path=request.url.path, role=role, at=time.time(),
-                      authorization=request.headers.get("authorization"), content=content)
+                      authorization=request.headers.get("authorization"), content=content,
+                      routing_key=request.headers.get("x-smg-routing-key"))
         records.append(record)
         fault = _fault_of(content) if role == "decode" else None
         if fault in STATUS_FAULTS:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import time
 import tracemalloc
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
@@ -28,6 +27,7 @@ from basin_runtime.gateway.clock import ManualClock
 from basin_runtime.gateway.gateway import Gateway
 from basin_runtime.gateway.measure import Meter
 from basin_runtime.gateway.predictors import Predictors
+from basin_runtime.gateway.priority import routing_key
 from basin_runtime.gateway.proxy import CallEnd, Upstream, UpstreamResponse
 from basin_runtime.gateway.waiting import WaitingRoom
 from basin_runtime.policy import Policy, PolicyConfig
@@ -210,16 +210,18 @@ async def test_a_call_is_forwarded_with_the_session_priority_a_rid_and_the_clien
     assert sent.headers["authorization"] == "Bearer client-key"
     assert sent.headers["accept-encoding"] == "identity"
     body = json.loads(sent.content)
-    # p = arrival + peak / 30 = origin + 1000 / 30 -> floor(33.3) seconds after the gateway started
-    assert body["priority"] == 33 == math.floor(rig.policy.priority_of("s1") - rig.room.origin_s)
-    assert body["rid"].startswith(f"basin-{rig.gateway.tag}-") and body["rid"].endswith("-0")
+    assert body["priority"] == 0  # the only session held: the most urgent level
+    key = routing_key("s1")
+    assert sent.headers["x-smg-routing-key"] == key and body["rid"] == f"{key}_t0"
     assert body["messages"] == conversation("fix the bug")
 
 
 async def test_a_client_rid_is_kept_and_a_client_priority_is_replaced(rig: Rig) -> None:
-    await rig.chat("s1", "task", rid="client-rid-7", priority=999)
-    (body,) = rig.upstream.bodies()
-    assert (body["rid"], body["priority"]) == ("client-rid-7", 33)
+    await rig.chat("s1", "task", rid="client-rid-7", priority=999, headers={"X-SMG-Routing-Key": "theirs"})
+    (sent,) = rig.upstream.requests
+    body = json.loads(sent.content)
+    assert (body["rid"], body["priority"]) == ("client-rid-7", 0)
+    assert sent.headers.get_list("x-smg-routing-key") == [routing_key("s1")]  # the client's key is replaced
     assert rig.room.registry.get("s1").calls[0].rid == "client-rid-7"  # type: ignore[union-attr]
 
 
@@ -230,16 +232,16 @@ async def test_a_batch_prompt_gets_the_priority_but_no_rid(rig: Rig) -> None:
     assert "rid" not in body and isinstance(body["priority"], int)
 
 
-async def test_priority_integers_follow_the_basin_order_not_the_arrival_order() -> None:
+async def test_priority_levels_follow_the_basin_order_not_the_arrival_order() -> None:
     model = StubModel({"big task": 30_000, "small task": 300})
     async with rig_for(model=model) as rig:
-        await rig.chat("big", "big task")  # p = 1000 + 30000/30 = 2000 -> 1000
+        await rig.chat("big", "big task")  # p = 1000 + 30000/30 = 2000; alone: level 0
         rig.clock.advance(5.5)
-        await rig.chat("small", "small task")  # p = 1005.5 + 300/30 = 1015.5 -> 15
+        await rig.chat("small", "small task")  # p = 1005.5 + 300/30 = 1015.5: ahead of big, level 0 of 4
         rig.clock.advance(100)
-        await rig.chat("big", "big task", "and more")  # a later call keeps the session's priority
+        await rig.chat("big", "big task", "and more")  # now second of two: level 2 of 4, 2 x 11
         priorities = [(b["messages"][0]["content"], b["priority"]) for b in rig.upstream.bodies()]
-    assert priorities == [("big task", 1000), ("small task", 15), ("big task", 1000)]
+    assert priorities == [("big task", 0), ("small task", 0), ("big task", 22)]
 
 
 async def test_later_calls_go_straight_through_and_tell_the_policy_their_prompt_size(rig: Rig) -> None:
@@ -256,7 +258,7 @@ async def test_later_calls_go_straight_through_and_tell_the_policy_their_prompt_
     assert [c.prompt_tokens for c in entry.calls] == [TOKENIZER.count_prompt(conversation("task")),
                                                       TOKENIZER.count_prompt(grown)]
     assert [c.outcome for c in entry.calls] == ["completed", "completed"]
-    assert [b["rid"][-2:] for b in rig.upstream.bodies()] == ["-0", "-1"]
+    assert [b["rid"][-3:] for b in rig.upstream.bodies()] == ["_t0", "_t1"]
 
 
 # --- session identity ----------------------------------------------------------------------------
@@ -565,7 +567,7 @@ async def test_an_error_event_in_the_stream_is_passed_on_and_ends_the_call_as_an
     assert call.status == 200 and SMG_STREAM_ERROR in b"".join(call.body_chunks)  # the client reads the failure
     entry = rig.room.registry.get("s1")
     assert entry is not None and (entry.in_flight, entry.calls[1].outcome) == (0, "upstream_error")
-    assert rig.gateway.lending.ledger.holder_of("s1") is None  # a failed call leaves no context on the worker
+    assert rig.gateway.lending.of("s1") is None  # a failed call reports nothing of the session's KV
     assert b'basin_calls_total{outcome="upstream_error"} 1.0' in rig.gateway.metrics.render()
     assert rig.policy.is_live("s1")  # the session lives on; only the call failed
 
@@ -645,7 +647,7 @@ async def test_a_stream_the_upstream_does_not_finish_gets_an_error_event_then_do
     assert _second_call_outcome(rig) == (0, "upstream_error")
     assert b'basin_calls_total{outcome="upstream_error"} 1.0' in rig.gateway.metrics.render()
     assert any(words in r.getMessage() and r.levelname == "WARNING" for r in caplog.records)  # the reason is logged
-    assert rig.gateway.lending.ledger.holder_of("s1") is None and rig.policy.is_live("s1")
+    assert rig.gateway.lending.of("s1") is None and rig.policy.is_live("s1")
 
 
 @pytest.mark.parametrize("tail", [b"", b'data: {"unfini'], ids=["ends-there", "then-an-unfinished-event"])
@@ -953,7 +955,7 @@ async def test_an_upstream_4xx_passes_through_unchanged(rig: Rig) -> None:
     assert response.json() == {"object": "error", "message": "temperature must be >= 0"}
     assert rig.room.registry.get("s1") is None  # refused upstream: not served work, nothing held, nothing to lend
     assert b'basin_calls_total{outcome="rejected"} 1.0' in rig.gateway.metrics.render()
-    assert rig.gateway.lending.ledger.holder_of("s1") is None
+    assert rig.gateway.lending.of("s1") is None
 
 
 # --- pass-through --------------------------------------------------------------------------------

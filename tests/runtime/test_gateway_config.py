@@ -46,7 +46,7 @@ def calibration_file(tmp_path: Path, **values: Any) -> Path:
 
 def test_every_option_is_a_config_key_and_every_config_key_an_option() -> None:
     dests = {action.dest for action in build_parser()._actions if action.dest not in ("help", "config")}
-    assert dests == CONFIG_KEYS - {"policy", "lending_decode_instances"}  # mappings live in the file only
+    assert dests == CONFIG_KEYS - {"policy"}  # a mapping lives in the file only
 
 
 def test_the_command_line_wins_over_the_file_and_the_file_over_the_defaults(tmp_path: Path) -> None:
@@ -285,7 +285,8 @@ def test_a_calibration_measured_for_another_predictor_or_quantile_is_refused_nam
         asyncio.run(gateway.upstream.client.aclose())
     for bad, fragment in (({"predictor_sha256": "XYZ"}, "predictor_sha256 must be 64 lowercase hex digits"),
                           ({"reservation_quantile": 1.0}, "reservation_quantile must be a number in (0, 1)"),
-                          ({"lending": "storage"}, "lending must be one of ['none', 'decode-memory']")):
+                          ({"lending": "storage"},
+                           "lending must be one of ['none', 'decode-memory', 'storage-offload']")):
         with pytest.raises(CalibrationError, match=re.escape(fragment)):
             load_calibration(calibration_file(tmp_path, **base, **bad))
 

@@ -19,12 +19,13 @@ from basin_runtime.gateway.admin import Reloader
 from basin_runtime.gateway.app import create_app
 from basin_runtime.gateway.config import GatewayConfig
 from basin_runtime.gateway.lending import LendingTracker
+from basin_runtime.gateway.priority import routing_key
 from basin_runtime.gateway.session_log import SessionLogWriter
 from basin_runtime.policy.hit_rate import HitRateWindow
 from basin_runtime.session_log import SessionLogRecord
 from basin_runtime.session_table import read_sessions
 from pipeline.ingest import main as ingest_main
-from tests.runtime.test_gateway_app import TOKENIZER, Rig, StubModel, conversation, eventually, rig_for
+from tests.runtime.test_gateway_app import TOKENIZER, Handler, Rig, StubModel, conversation, eventually, rig_for
 
 pytestmark = pytest.mark.asyncio
 MODEL_FILE = Path(__file__).resolve().parents[2] / "models" / "peak_predictor.onnx"
@@ -123,7 +124,8 @@ async def test_a_session_reserves_m_q_times_its_prediction_and_overflows_only_pa
     assert (views["a"]["predicted_peak_tokens"], views["a"]["reserved_peak_tokens"]) == (1.0, 5.0)
     assert (views["b"]["predicted_peak_tokens"], views["b"]["reserved_peak_tokens"]) == (40.0, 200.0)
     assert reserved == prompt + 200  # a's context is past its 5-token reservation
-    assert views["a"]["priority"] < views["b"]["priority"]
+    assert views["a"]["priority_s"] < views["b"]["priority_s"]
+    assert (views["a"]["engine_priority"], views["b"]["engine_priority"]) == (0, 22)  # ranks 0 and 1 of 2, of 4
     assert end["basin_sessions_judged_total"] == 2 and end["basin_sessions_overflowed_total"] == 1
     assert end["basin_peak_prediction_ratio_sum"] == pytest.approx(prompt / 1.0 + prompt / 40.0)
     logged = {r.session_id: r for r in map(SessionLogRecord.from_json,
@@ -279,7 +281,8 @@ async def test_state_and_sessions_show_the_policy_and_each_session() -> None:
         sessions = (await rig.client.get("/basin/sessions")).json()["sessions"]
     assert state["policy"] == {**rig.policy.snapshot().to_dict()} and state["policy"]["live"] == ["s"]
     assert state["hit_rate"] == pytest.approx(4 / 9) and state["is_shadow"] is False
-    assert state["lending"]["http://d1"]["lent_tokens"] == 10  # 9 prompt + 1 completion tokens
+    assert state["lending"] == {"sessions_by_decode_instance": {"http://d1": 1}, "cached_tokens_by_tier": {},
+                                "calls_moved": 0}
     assert [(s["session_id"], s["state"], s["num_calls"], s["served_by"]) for s in sessions] == \
         [("s", "live", 1, "http://d1")]
 
@@ -359,24 +362,44 @@ async def test_shadow_mode_decides_and_reports_but_holds_no_one() -> None:
 # --- lending -------------------------------------------------------------------------------------
 
 
-async def test_the_next_call_carries_the_write_back_plan_and_the_session_end_forgets_it() -> None:
-    lending = LendingTracker({"http://d1": 100_000}, default_capacity_tokens=50_000)
+def _generate_answer(worker: str, tiers: dict[str, int]) -> Handler:
+    """A `/generate` answer from decode worker `worker` reporting `tiers` as SGLang's cached_tokens_details."""
+    async def handler(request: httpx.Request) -> httpx.Response:
+        meta = {"prompt_tokens": 900, "completion_tokens": 10, "cached_tokens": sum(tiers.values()),
+                "cached_tokens_details": {**tiers, "storage_backend": "HiCacheFile"}}
+        return httpx.Response(200, json={"text": "ok", "meta_info": meta}, headers={"x-smg-routed-worker-id": worker})
+
+    return handler
+
+
+async def test_the_tracker_keeps_what_engines_report_and_counts_a_move_between_decode_instances() -> None:
+    lending = LendingTracker()
     async with ops_rig(lending=lending) as rig:
-        await rig.chat("s", "task", headers={"X-Basin-Writeback": "instance=forged"})
+        rig.upstream.handler = _generate_answer("http://d1", {"device": 0, "host": 0, "storage": 512})
+        assert (await rig.client.post("/generate", json={"text": "task", "user": "s"})).status_code == 200
+        rig.upstream.handler = _generate_answer("http://d2", {"device": 640, "host": 0, "storage": 0})
+        assert (await rig.client.post("/generate", json={"text": "task and more", "user": "s"})).status_code == 200
+        kv = lending.of("s")
+        assert kv is not None and (kv.served_by, kv.calls_moved) == ("http://d2", 1)
+        assert kv.cached_tiers == {"device": 640, "host": 0, "storage": 0}
+        samples = await scrape(rig)
+        assert samples["basin_upstream_cached_tier_tokens_total{tier=storage}"] == 512
+        assert samples["basin_upstream_cached_tier_tokens_total{tier=device}"] == 640
+        assert samples["basin_decode_instance_moves_total"] == 1
+        await rig.client.post("/basin/sessions/s/end")
+    assert lending.of("s") is None and lending.to_dict()["cached_tokens_by_tier"] == {"device": 640, "host": 0,
+                                                                                    "storage": 512}
+
+
+async def test_no_write_back_hint_is_sent_and_a_client_routing_key_is_replaced_by_the_sessions() -> None:
+    async with ops_rig() as rig:
+        await rig.chat("s", "task", headers={"x-smg-routing-key": "forged"})
         await rig.chat("s", "task", "next")
         first, second = rig.upstream.requests
-        assert "x-basin-writeback" not in first.headers  # the client's own is never passed on
-        assert second.headers["x-basin-writeback"] == "instance=http://d1;held=10;cached=4;tokens=6"
-        assert lending.ledger.holder_of("s") is not None
-        await rig.client.post("/basin/sessions/s/end")
-    assert lending.ledger.holder_of("s") is None and lending.ledger.lent_tokens("http://d1") == 0
-
-
-async def test_an_unknown_decode_worker_is_learned_with_the_default_capacity() -> None:
-    lending = LendingTracker(default_capacity_tokens=2_000)
-    async with ops_rig(lending=lending) as rig:
-        await rig.chat("s", "task")
-    assert lending.ledger.instance_ids() == ("http://d1",) and lending.ledger.cap_tokens("http://d1") == 1_000
+    assert not any(k.lower() == "x-basin-writeback" for k in [*first.headers, *second.headers])
+    assert first.headers["x-smg-routing-key"] == second.headers["x-smg-routing-key"] == routing_key("s")
+    assert [json.loads(r.content)["rid"] for r in (first, second)] == [f"{routing_key('s')}_t0",
+                                                                      f"{routing_key('s')}_t1"]
 
 
 # --- the session log -----------------------------------------------------------------------------
@@ -500,13 +523,15 @@ async def test_the_issue_6_options_come_from_the_file_and_bad_values_name_the_ke
 
     good = tmp_path / "good.yaml"
     good.write_text("upstream: http://r\nmodel: m.onnx\nbudget_tokens: 5\nshadow: true\nsession_log: log/s.jsonl\n"
-                    "session_log_keep_text: false\nlending_decode_instances: {http://d1: 1000}\n"
+                    "session_log_keep_text: false\nengine_priority_levels: 8\nrouting_key_header: x-key\n"
                     "hit_rate_window_s: 30\n")
     config = load_config({"config": str(good)})
     assert (config.shadow, config.session_log, config.session_log_keep_text) == (True, tmp_path / "log/s.jsonl", False)
-    assert (config.lending_decode_instances, config.hit_rate_window_s) == ({"http://d1": 1000}, 30.0)
-    for bad, key in [("lending_decode_instances: {http://d1: 0}", "lending_decode_instances"),
-                     ("lending_cap_fraction: 2", "lending_cap_fraction"), ("shadow: 1", "shadow")]:
+    assert (config.engine_priority_levels, config.routing_key_header, config.hit_rate_window_s) == (8, "x-key", 30.0)
+    for bad, key in [("engine_priority_levels: 0", "engine_priority_levels"),
+                     ("engine_priority_levels: 65", "engine_priority_levels"),
+                     ("engine_preemption_threshold: -1", "engine_preemption_threshold"),
+                     ("routing_key_header: 'a b'", "routing_key_header"), ("shadow: 1", "shadow")]:
         path = tmp_path / "bad.yaml"
         path.write_text(f"upstream: http://r\nmodel: m.onnx\n{bad}\n")
         with pytest.raises(ConfigError, match=key):

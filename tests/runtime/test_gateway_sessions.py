@@ -8,13 +8,15 @@ import json
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from basin_runtime.gateway import sessions
 from basin_runtime.gateway.calls import Call, parse_call
 from basin_runtime.gateway.clock import ManualClock
 from basin_runtime.gateway.errors import BadRequestError
 from basin_runtime.gateway.measure import Meter, PromptMemo
-from basin_runtime.gateway.priority import INT32_MAX, INT32_MIN, request_id, sglang_priority, stamp
+from basin_runtime.gateway.priority import PriorityLevels, request_id, routing_key, stamp
 from basin_runtime.gateway.sessions import session_id_for
 from basin_runtime.task_text import TaskTextRule
 from basin_runtime.tokenizer import get_tokenizer
@@ -230,25 +232,53 @@ def test_a_count_that_another_count_of_the_same_memo_overtakes_leaves_the_memo_e
 # --- priority ------------------------------------------------------------------------------------
 
 
-def test_the_sglang_priority_is_whole_seconds_after_the_origin_in_the_same_order() -> None:
-    origin = 1000.0
-    priorities = [1000.0, 1000.99, 1001.0, 1033.4, 2000.0]
-    mapped = [sglang_priority(p, origin) for p in priorities]
-    assert mapped == [0, 0, 1, 33, 1000]
-    assert mapped == sorted(mapped)  # smaller Basin priority -> smaller integer -> served first
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 30), st.floats(-1e6, 1e6)), max_size=80),
+       st.integers(1, 9), st.integers(0, 20))
+def test_priority_levels_are_the_bucketed_rank_in_basin_order(steps: list[tuple[bool, int, float]], num_levels: int,
+                                                               threshold: int) -> None:
+    """Against a brute-force model (sort every time): level = floor(rank x L / n), at most L values, spaced by
+    threshold + 1, and a more urgent session never has a larger level."""
+    levels = PriorityLevels(num_levels, threshold)
+    held: dict[str, tuple[float, int]] = {}
+    for seq, (is_add, index, priority_s) in enumerate(steps):
+        sid = f"s{index}"
+        if is_add and sid not in held:
+            levels.add(sid, priority_s)
+            held[sid] = (priority_s, seq)
+        elif not is_add:
+            levels.remove(sid)
+            held.pop(sid, None)
+        order = sorted(held, key=lambda k: held[k])
+        expected = {sid: rank * num_levels // len(order) for rank, sid in enumerate(order)}
+        assert {sid: levels.level(sid) for sid in held} == expected
+        values = [levels.value(sid) for sid in order]
+        assert values == sorted(values) and len(set(values)) <= num_levels
+        assert set(values) <= levels.values() == {k * (threshold + 1) for k in range(num_levels)}
+    assert len(levels) == len(held)
 
 
-def test_the_sglang_priority_is_clamped_to_int32() -> None:
-    assert sglang_priority(1e12, 0.0) == INT32_MAX
-    assert sglang_priority(-1e12, 0.0) == INT32_MIN
-    assert sglang_priority(math.inf, 0.0) == INT32_MAX
+def test_adjacent_levels_are_one_step_past_the_preemption_threshold() -> None:
+    levels = PriorityLevels(4, preemption_threshold=10)
+    for k, p in enumerate([5.0, 1.0, 9.0, 3.0, 7.0, 2.0, 8.0, 4.0]):
+        levels.add(f"s{k}", p)
+    assert sorted({levels.value(f"s{k}") for k in range(8)}) == [0, 11, 22, 33]  # SGLang preempts on a gap > 10
+    with pytest.raises(ValueError, match="already ranked"):
+        levels.add("s0", 1.0)
     with pytest.raises(ValueError, match="NaN"):
-        sglang_priority(math.nan, 0.0)
+        levels.add("new", math.nan)
+    with pytest.raises(ValueError, match="num_levels"):
+        PriorityLevels(0)
 
 
-def test_request_ids_are_safe_ascii_and_stamp_keeps_a_client_rid() -> None:
-    rid = request_id("beef", "sessión/ünïcode 1", 7)
-    assert rid.startswith("basin-beef-") and rid.endswith("-7") and rid.isascii() and " " not in rid
+def test_routing_keys_and_request_ids_are_stable_safe_ascii_and_strip_back_to_the_key() -> None:
+    key = routing_key("sessión/ünïcode 1")
+    assert key == routing_key("sessión/ünïcode 1") != routing_key("another")  # same on every replica and run
+    assert key.startswith("basin-") and len(key) == 30 and key.isascii() and key.replace("-", "").isalnum()
+    rid = request_id(key, 7)
+    assert rid == f"{key}_t7"
+    head, _, tail = rid.rpartition("_")  # smg: one trailing `_t<digits>` is stripped; the key has no `_`
+    assert (head, tail) == (key, "t7") and "_" not in key
     body: dict[str, object] = {"priority": 5}
     assert stamp(body, 12, rid) == rid and body == {"priority": 12, "rid": rid}
     mine: dict[str, object] = {"rid": "mine"}

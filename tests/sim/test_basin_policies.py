@@ -268,7 +268,7 @@ def test_lending_is_the_deployments_switch_and_every_policy_runs_under_it(name: 
         assert (engine.ledger is not None) == (lending == "decode-memory")
         assert all(run.status == Status.FINISHED for run in engine.runs.values())
         written[lending] = sum(p.written_back_tokens for p in engine.prefill)
-    assert written["none"] == 0 and written["decode-memory"] > 0
+    assert written["none"] == written["storage-offload"] == 0 and written["decode-memory"] > 0
 
 
 def test_a_deployment_file_sets_lending_and_refuses_an_unknown_kind(tmp_path: Path) -> None:
@@ -280,7 +280,8 @@ def test_a_deployment_file_sets_lending_and_refuses_an_unknown_kind(tmp_path: Pa
     path.write_text(base + "lending: decode-memory\n")
     assert catalog.load_deployment(str(path)).build().lending == "decode-memory"
     path.write_text(base + "lending: storage\n")
-    with pytest.raises(catalog.CatalogError, match=r"mine\.yaml: lending must be one of \['none', 'decode-memory'\]"):
+    with pytest.raises(catalog.CatalogError,
+                       match=r"mine\.yaml: lending must be one of \['none', 'decode-memory', 'storage-offload'\]"):
         catalog.load_deployment(str(path))
 
 

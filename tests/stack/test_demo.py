@@ -61,3 +61,19 @@ def test_a_tiny_demo_runs_both_modes_through_emulators_smg_and_the_gateway(tmp_p
     assert (out / "comparison.png").stat().st_size > 0
     assert not (out / "logs" / "without" / "gateway.log").exists()  # the baseline has no gateway in the path
     assert (out / "logs" / "with" / "gateway.log").exists()
+
+
+@pytest.mark.e2e
+def test_the_lending_demo_runs_decode_offload_off_and_on_with_the_recipe(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    code = main(["--out-dir", str(out), "--sessions", str(tmp_path / "absent.parquet"), "--synthetic",
+                 "--max-sessions", "6", "--duration-s", "240", "--surge", "60", "120", "2", "--time-scale", "20",
+                 "--max-lag-model-s", "1000", "--lending", "storage-offload"])
+    assert code == 0
+    assert "| | lending-off | lending-on |" in (out / "summary.md").read_text()
+    assert json.loads((out / "calibration-storage-offload.json").read_text())["lending"] == "storage-offload"
+    offloaded = {mode: any((out / "storage" / mode).rglob("*-*-*-*")) for mode in ("lending-off", "lending-on")}
+    decode_logs = (out / "logs" / "lending-on").glob("decode*.log")
+    assert all(run["status"] == "finished" for mode in ("lending-off", "lending-on")
+               for run in json.loads((out / f"run-{mode}.json").read_text())["sessions"])
+    assert offloaded == {"lending-off": True, "lending-on": True} and list(decode_logs)  # prefill backs up in both
