@@ -202,10 +202,15 @@ class Grid:
 _SESSION_POLICIES = ("sglang", "continuum", "budgeter", "basin-proto", "basin")  # hicache = sglang on a host tier
 PRESETS: dict[str, tuple[Grid, ...]] = {
     # The evaluation's table: the paper's +100% surge on cache-first 1P3D (GPU cache and host tier) with
-    # Terminal-Bench-like and SWE-bench-like sessions, every policy with and without lending; each workload's
+    # Terminal-Bench-like and SWE-bench-like sessions, every policy without lending, with the paper's
+    # decode-memory lending and (host tier) with stock SGLang's storage offload; each workload's
     # steady reference; Basin's ablations on the GPU cache without lending; a decode-first deployment.
     "paper": (
         Grid(("surge-100-terminal-bench", "surge-100-swebench"), ("1p3d", "1p3d-host"), ("none", "decode-memory"),
+             _SESSION_POLICIES),
+        # stock SGLang's lending (decode offload to HiCache storage) needs the host tier: SGLang's storage
+        # backend sits under --enable-hierarchical-cache
+        Grid(("surge-100-terminal-bench", "surge-100-swebench"), ("1p3d-host",), ("storage-offload",),
              _SESSION_POLICIES),
         Grid(("steady-terminal-bench", "steady-swebench"), ("1p3d",), ("none",), ("sglang", "continuum", "basin")),
         Grid(("surge-100-terminal-bench", "surge-100-swebench"), ("1p3d",), ("none",),
