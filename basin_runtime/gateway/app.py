@@ -69,6 +69,7 @@ from basin_runtime.gateway.waiting import WaitingRoom
 from basin_runtime.policy import Policy, PolicyError
 from basin_runtime.policy.hit_rate import HitRateWindow
 from basin_runtime.session_keys import SESSION_KEY_HEADER, SessionKeys
+from basin_runtime.state.backend import StateUnavailableError
 from basin_runtime.task_text import TaskTextError, TaskTextRule
 from basin_runtime.tokenizer import TokenizerError, get_tokenizer
 
@@ -136,7 +137,8 @@ def create_app(gateway: Gateway, *, admin_token: str | None = None, tick_interva
         Route("/basin/sessions/{session_id:path}/end", end_session, methods=["POST"]),
     ]
     routes += admin_routes(gateway, lambda request: _require_admin(request, admin_token), reloader)
-    handlers = {GatewayError: _error_handler, PolicyError: _error_handler, HTTPException: _route_error_handler}
+    handlers = {GatewayError: _error_handler, PolicyError: _error_handler, StateUnavailableError: _error_handler,
+                HTTPException: _route_error_handler}
     app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan,
                     middleware=[Middleware(_LastResort)])
     app.state.gateway = gateway  # the server's graceful shutdown drains it first (`cli.py`)
