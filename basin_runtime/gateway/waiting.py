@@ -87,7 +87,7 @@ class WaitingRoom:
         self.on_session_end = on_session_end
         self.on_admitted: AdmittedHook | None = None
         self.is_draining = False
-        backend.bind(self._on_applied)
+        backend.bind(self._on_applied, self.reconcile)
 
     @property
     def policy(self) -> Policy:
@@ -274,7 +274,7 @@ class WaitingRoom:
                 elif owner is None:
                     self.backend.submit(Step("claim", sid, (), now))
                 else:
-                    self._leave(entry, "moved", "taken over by replica " + owner)
+                    self.leave(entry, "moved", "taken over by replica " + owner)
             elif sid in state.orphans:
                 orphan = state.orphans[sid]
                 self.backend.submit(Step("adopt", sid, (orphan.predicted_peak_tokens, orphan.context_tokens,
@@ -285,7 +285,11 @@ class WaitingRoom:
                 kind = "adopt" if entry.state == "live" else "arrive"
                 self.backend.submit(Step(kind, sid, (peak, context, entry.reservation_multiplier), now))
             else:
-                self._leave(entry, "ended", "ended by another replica")
+                self.leave(entry, "ended", "ended by another replica")
+        if not self.is_draining:  # held here by the shared state but unknown to this room: its step's answer was lost
+            for sid, owner in list(state.owners.items()):
+                if owner == self.backend.replica_id and self.registry.get(sid) is None:
+                    self.backend.submit(Step("finish", sid, (), now))
 
     # --- the listener ----------------------------------------------------------------------------
 
@@ -312,9 +316,9 @@ class WaitingRoom:
         entry = None if sid is None else self.registry.get(sid)
         if applied.replica != me and entry is not None:
             if applied.step.kind == "finish":
-                self._leave(entry, "ended", f"ended through replica {applied.replica}")
+                self.leave(entry, "ended", f"ended through replica {applied.replica}")
             elif applied.step.kind == "claim" and applied.claimed_from in (me, None):
-                self._leave(entry, "moved", f"taken over by replica {applied.replica}")
+                self.leave(entry, "moved", f"taken over by replica {applied.replica}")
         if applied.reaped and any(self.registry.get(s) is not None for s in applied.reaped):
             if applied.replica != me:
                 logger.warning("sessions held here were let go by replica %s (this replica's lease had lapsed); "
@@ -359,8 +363,9 @@ class WaitingRoom:
         logger.warning("session %s shed after %.1f s: %s", shed.session_id, shed.waited_s, shed.reason)
         self._notify_end(entry, "shed")
 
-    def _leave(self, entry: SessionEntry, reason: EndReason, why: str) -> None:
-        """Shared state only: a session held here left through another replica's step."""
+    def leave(self, entry: SessionEntry, reason: EndReason, why: str) -> None:
+        """Shared state only: a session held here leaves this room without a step of its own (another replica's
+        step ended or took it; a shutdown handed it over)."""
         if self.registry.get(entry.session_id) is not entry:
             return
         self.registry.remove(entry.session_id)

@@ -258,6 +258,10 @@ class Policy:
         """A copy of what the policy keeps about a live or queued session; an unknown id raises."""
         return dataclasses.replace(self._record(session_id, "record_of"))
 
+    def live_ids(self) -> tuple[str, ...]:
+        """The live sessions' ids, in admission order (O(live))."""
+        return tuple(self._live)
+
     def records(self) -> list[SessionRecord]:
         """Copies of every held session's record, live and queued, in arrival order (O(n log n))."""
         held = [*self._live.values(), *self._queue.in_service_order()]

@@ -51,8 +51,9 @@ class StateBackend(Protocol):
         """True if this replica does the deployment's periodic work (ticks) now."""
         ...
 
-    def bind(self, listener: Listener) -> None:
-        """Hear of every step applied, in order."""
+    def bind(self, listener: Listener, on_reset: Callable[[bool], None] | None = None) -> None:
+        """Hear of every step applied, in order (and, shared, of every reload of the state: True if the store
+        had lost it)."""
         ...
 
     async def step(self, step: Step) -> list[Event]:
@@ -81,8 +82,8 @@ class InProcessBackend:
         """The local policy."""
         return self._policy
 
-    def bind(self, listener: Listener) -> None:
-        """Hear of every step applied."""
+    def bind(self, listener: Listener, on_reset: Callable[[bool], None] | None = None) -> None:
+        """Hear of every step applied (the state is never reloaded in process: `on_reset` is not called)."""
         self._listener = listener
 
     async def step(self, step: Step) -> list[Event]:

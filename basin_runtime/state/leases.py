@@ -1,0 +1,156 @@
+# Leases: which replicas are alive, and which one does the deployment's periodic work.
+#
+# Rules:
+# - Every replica renews its lease (a key with a TTL of `lease_s`) and its signal report (`signals.py`)
+#   every `interval_s` (a fifth of the lease at most), in one pipelined round trip, and checks that the
+#   shared state's epoch is still its own (else it reloads: Redis restarted or was emptied).
+# - One replica at a time holds the leader lease (`leader.lua`: SET NX PX, renewed by its holder). Only
+#   the leader ticks the shared policy (budget moves, admissions on time, shedding; the waiting room asks
+#   `backend.is_leader`), with the deployment's hit rate and first-token latency combined from every live
+#   replica's report; and only the leader reaps and keeps snapshots.
+# - Reaping: a replica that holds sessions (or is registered) without a lease is dead; the leader sends
+#   one `reap` step naming the dead (`replica.py`): their live sessions' reservations return to the
+#   budget at once and the sessions are kept as orphans for `orphan_window_s`, which any replica adopts
+#   on their next call; queued ones keep their place. A live session held by nobody (admitted after its
+#   replica died) is reaped the same way, and orphans past the window are forgotten. A replica's
+#   reservations are therefore back within its lease plus one interval of its death.
+# - Snapshots: every `snapshot_interval_s`, if the state moved, the leader keeps its copy of the state
+#   (`snapshot.lua`) and trims the stream before it; a replica (re)starting loads it and replays the rest.
+# - A graceful shutdown releases the leader lease and the replica's own lease at once.
+"""`Coordinator`: replica leases, the leader lease, and the leader's periodic work."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from redis.exceptions import RedisError
+
+from basin_runtime.state.backend import StateUnavailableError
+from basin_runtime.state.redis_backend import RedisBackend
+from basin_runtime.state.signals import SignalReport, combine
+from basin_runtime.state.steps import Step
+
+logger = logging.getLogger(__name__)
+
+
+class Coordinator:
+    """Heartbeats this replica's lease, competes for the leader lease, and leads when it holds it."""
+
+    def __init__(self, backend: RedisBackend, report: Callable[[], SignalReport], *, orphan_window_s: float,
+                 tick_interval_s: float = 1.0, min_prompt_tokens: int = 1000, min_calls: int = 5,
+                 snapshot_interval_s: float = 10.0) -> None:
+        self.backend = backend
+        self.report = report
+        self.orphan_window_s = orphan_window_s
+        self.interval_s = min(backend.lease_s / 5, tick_interval_s, 0.5)
+        self.min_prompt_tokens = min_prompt_tokens
+        self.min_calls = min_calls
+        self.snapshot_interval_s = snapshot_interval_s
+        self.hit_rate: float | None = None  # the deployment's, as the leader last combined it
+        self.ttft_s: float | None = None
+        self.replicas_alive: tuple[str, ...] = ()
+        self._last_snapshot_s = time.monotonic()
+        self._snapshot_n = 0
+
+    async def run(self) -> None:
+        """Beat every `interval_s` until cancelled; an unreachable Redis marks the backend down."""
+        while True:
+            try:
+                await self.beat()
+            except RedisError as exc:
+                self.backend.mark_down(exc)
+            except StateUnavailableError:
+                pass  # went down mid-beat: the backend is recovering
+            except Exception:  # a beat must outlive one bad turn; the traceback goes to the log
+                logger.exception("shared-state heartbeat failed")
+            await asyncio.sleep(self.interval_s)
+
+    async def beat(self) -> None:
+        """Renew the lease and report, check the epoch, take or renew the leader lease, lead if held."""
+        b = self.backend
+        if not b.is_up:
+            b.is_leader = False
+            return
+        me, keys, lease_ms = b.replica_id, b.keys, max(1, int(b.lease_s * 1000))
+        pipe = b.client.pipeline(transaction=False)
+        pipe.set(keys.lease(me), "1", px=lease_ms)
+        pipe.sadd(keys.replicas, me)
+        pipe.set(keys.signals(me), self.report().to_json(), px=lease_ms)
+        pipe.hget(keys.meta, "epoch")
+        *_, epoch = await pipe.execute()
+        if epoch is None or epoch.decode() != b.epoch:
+            b.request_resync("the shared state's epoch changed (Redis restarted or was emptied)")
+            return
+        b.is_leader = bool(await b.script("leader")(keys=[keys.leader], args=[me, lease_ms]))
+        if b.is_leader:
+            await self._lead()
+
+    async def stop(self) -> None:
+        """A graceful exit: give up the leader lease and this replica's lease at once."""
+        b = self.backend
+        b.is_leader = False
+        if not b.is_up:
+            return
+        try:
+            pipe = b.client.pipeline(transaction=False)
+            pipe.delete(b.keys.lease(b.replica_id), b.keys.signals(b.replica_id))
+            pipe.srem(b.keys.replicas, b.replica_id)
+            await pipe.execute()
+            if (await b.client.get(b.keys.leader)) == b.replica_id.encode():
+                await b.client.delete(b.keys.leader)
+        except RedisError as exc:
+            logger.warning("could not give up the leases at shutdown (%s); they lapse in %.1f s", exc, b.lease_s)
+
+    async def _lead(self) -> None:
+        b = self.backend
+        registered = {m.decode() for m in await b.client.smembers(b.keys.replicas)}
+        ids = sorted(registered | b.replicated.replicas() | {b.replica_id})
+        leases = await b.client.mget([b.keys.lease(r) for r in ids])
+        reports = await b.client.mget([b.keys.signals(r) for r in ids])
+        alive = {r for r, lease in zip(ids, leases, strict=True) if lease is not None} | {b.replica_id}
+        self.replicas_alive = tuple(sorted(alive))
+        self.hit_rate, self.ttft_s = combine(_reports(ids, reports, alive), self.min_prompt_tokens, self.min_calls)
+        dead = sorted(set(ids) - alive)
+        if dead or self._has_ownerless_live() or self._has_expired_orphans():
+            await b.step(Step("reap", None, (dead, self.orphan_window_s)))
+            if dead:
+                logger.warning("replica(s) %s missed their lease: their sessions were let go", ", ".join(dead))
+                await b.client.srem(b.keys.replicas, *dead)
+        if time.monotonic() - self._last_snapshot_s >= self.snapshot_interval_s:
+            await self.keep_snapshot()
+
+    async def keep_snapshot(self) -> bool:
+        """Keep this replica's copy of the state as the snapshot and trim the stream before it; True if kept."""
+        b = self.backend
+        self._last_snapshot_s = time.monotonic()
+        state = b.replicated
+        if state.n <= self._snapshot_n:
+            return False
+        kept = await b.script("snapshot")(keys=[b.keys.meta, b.keys.snapshot, b.keys.stream],
+                                          args=[b.epoch or "", b.snapshot_json(), state.entry_id, state.n])
+        self._snapshot_n = state.n
+        return bool(kept)
+
+    def _has_ownerless_live(self) -> bool:
+        state = self.backend.replicated
+        return any(state.owner_of(sid) is None for sid in state.policy.live_ids())
+
+    def _has_expired_orphans(self) -> bool:
+        state = self.backend.replicated
+        now = state.policy.now_s
+        return now is not None and any(now - o.since_s > self.orphan_window_s for o in state.orphans.values())
+
+
+def _reports(ids: list[str], raw: list[bytes | None], alive: set[str]) -> list[SignalReport]:
+    reports = []
+    for replica, text in zip(ids, raw, strict=True):
+        if text is None or replica not in alive:
+            continue
+        try:
+            reports.append(SignalReport.from_json(text))
+        except ValueError as exc:
+            logger.warning("replica %s's signal report is unreadable (%s); left out", replica, exc)
+    return reports
