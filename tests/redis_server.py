@@ -47,15 +47,16 @@ class RedisServer:
 
     def start(self, timeout_s: float = 10.0) -> None:
         """Start the server (empty: no persistence) and wait until it answers PING."""
-        log = (self.folder / f"redis-{self.port}.log").open("ab")
-        self.process = subprocess.Popen(
-            [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.folder), "--protected-mode", "yes"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log = self.folder / f"redis-{self.port}.log"
+        with log.open("ab") as out:
+            self.process = subprocess.Popen(
+                [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                 "--appendonly", "no", "--dir", str(self.folder), "--protected-mode", "yes"],
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"redis-server exited with {self.process.returncode}; see {log.name}")
+                raise RuntimeError(f"redis-server exited with {self.process.returncode}; see {log}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
                     sock.sendall(b"PING\r\n")

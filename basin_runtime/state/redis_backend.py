@@ -28,7 +28,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import logging
@@ -143,7 +142,7 @@ class RedisBackend:
 
     def __init__(self, url: str, config: PolicyConfig, *, replica_id: str | None = None, prefix: str = DEFAULT_PREFIX,
                  lease_s: float = 5.0, clock: Literal["sequencer", "caller"] = "sequencer",
-                 max_buffered_steps: int = 10_000, max_batch_steps: int = 256, tail_block_ms: int = 1000,
+                 max_buffered_steps: int = 10_000, max_batch_steps: int = 256, tail_block_ms: int = 250,
                  retry_after_s: float = 1.0, hooks: StateHooks | None = None) -> None:
         self.url = url
         self.config = config
@@ -175,6 +174,7 @@ class RedisBackend:
         self._up_event = asyncio.Event()
         self._recovering: asyncio.Task[None] | None = None
         self._scripts: dict[str, Any] = {}
+        self._is_closing = False
 
     # --- the StateBackend seam -----------------------------------------------------------------
 
@@ -237,13 +237,18 @@ class RedisBackend:
         self._spawn(self._tail_loop())
 
     async def aclose(self) -> None:
-        """Stop the background work and close the connections."""
+        """Stop the background work and close the connections. The loops end on their own (a blocked XREAD is
+        not cancelled: redis-py 8 can swallow the cancellation of a blocked read), within one tail block."""
+        self._is_closing = True
+        self._wakeup.set()
+        self._up_event.set()
         tasks = [*self._tasks, *([self._recovering] if self._recovering else [])]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=self.tail_block_ms / 1000 + 2)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending)
         for client in (self._client, self._tail_client):
             if client is not None:
                 await client.aclose()
@@ -265,10 +270,10 @@ class RedisBackend:
         task.add_done_callback(self._tasks.discard)
 
     async def _send_loop(self) -> None:
-        while True:
+        while not self._is_closing:
             await self._wakeup.wait()
             self._wakeup.clear()
-            while self._queue and self.is_up:
+            while self._queue and self.is_up and not self._is_closing:
                 batch = self._take_batch()
                 if not batch:  # only arrivals left, held while registration runs
                     await asyncio.sleep(max(0.001, self._window.until_s - time.monotonic()))
@@ -382,13 +387,17 @@ class RedisBackend:
             logger.info("step %s of session %s refused by the policy: %s", step.kind, step.session_id, error)
 
     async def _tail_loop(self) -> None:
-        while True:
+        while not self._is_closing:
             await self._up_event.wait()
+            if self._is_closing:
+                return
             assert self._tail_client is not None
             try:
                 reply = await self._tail_client.xread({self.keys.stream: self.replicated.entry_id}, count=PAGE_ENTRIES,
                                                       block=self.tail_block_ms)
-            except RedisError as exc:
+            except RedisError as exc:  # (redis-py may turn a cancelled read into one)
+                if self._is_closing:
+                    return
                 self.mark_down(exc)
                 continue
             if not self.is_up:
@@ -407,6 +416,8 @@ class RedisBackend:
         if exc is not None:
             self.hooks.on_error(type(exc).__name__)
             why = f"the shared state (Redis at {self.url}) cannot be reached: {exc}"
+        if self._is_closing:
+            return
         was_up = self.is_up
         self.is_up = False
         self._up_event.clear()
@@ -422,7 +433,7 @@ class RedisBackend:
 
     async def _recover(self) -> None:
         delay_s = 0.05
-        while True:
+        while not self._is_closing:
             try:
                 await self._resync()
                 return
