@@ -28,6 +28,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -175,6 +176,7 @@ class RedisBackend:
         self._recovering: asyncio.Task[None] | None = None
         self._scripts: dict[str, Any] = {}
         self._is_closing = False
+        self._tail_id: int | None = None  # the tail connection's CLIENT ID (to unblock its read at close)
 
     # --- the StateBackend seam -----------------------------------------------------------------
 
@@ -242,6 +244,9 @@ class RedisBackend:
         self._is_closing = True
         self._wakeup.set()
         self._up_event.set()
+        if self._tail_id is not None and self.is_up:
+            with contextlib.suppress(RedisError):  # best effort: else the read ends within its block
+                await self.client.client_unblock(self._tail_id)
         tasks = [*self._tasks, *([self._recovering] if self._recovering else [])]
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=self.tail_block_ms / 1000 + 2)
@@ -393,11 +398,14 @@ class RedisBackend:
                 return
             assert self._tail_client is not None
             try:
+                if self._tail_id is None:
+                    self._tail_id = int(await self._tail_client.client_id())
                 reply = await self._tail_client.xread({self.keys.stream: self.replicated.entry_id}, count=PAGE_ENTRIES,
                                                       block=self.tail_block_ms)
             except RedisError as exc:  # (redis-py may turn a cancelled read into one)
                 if self._is_closing:
                     return
+                self._tail_id = None  # a new connection next time
                 self.mark_down(exc)
                 continue
             if not self.is_up:
