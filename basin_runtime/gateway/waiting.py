@@ -57,7 +57,7 @@ from basin_runtime.gateway.sessions import SessionEntry, SessionRegistry, Verdic
 from basin_runtime.policy import Admitted, BudgetMoved, Event, Policy, PolicyError, Shed
 from basin_runtime.state.backend import InProcessBackend, StateBackend, StateUnavailableError
 from basin_runtime.state.replica import Applied
-from basin_runtime.state.steps import Step
+from basin_runtime.state.steps import Step, StepKind
 
 logger = logging.getLogger(__name__)
 
@@ -282,7 +282,7 @@ class WaitingRoom:
             elif is_state_lost:  # the store lost everything: register it again (live: adopted; queued: anew)
                 context = entry.calls[-1].prompt_tokens if entry.calls else 0
                 peak = entry.predicted_peak_tokens if entry.revised_peak_tokens is None else entry.revised_peak_tokens
-                kind = "adopt" if entry.state == "live" else "arrive"
+                kind: StepKind = "adopt" if entry.state == "live" else "arrive"
                 self.backend.submit(Step(kind, sid, (peak, context, entry.reservation_multiplier), now))
             else:
                 self.leave(entry, "ended", "ended by another replica")
@@ -319,11 +319,10 @@ class WaitingRoom:
                 self.leave(entry, "ended", f"ended through replica {applied.replica}")
             elif applied.step.kind == "claim" and applied.claimed_from in (me, None):
                 self.leave(entry, "moved", f"taken over by replica {applied.replica}")
-        if applied.reaped and any(self.registry.get(s) is not None for s in applied.reaped):
-            if applied.replica != me:
-                logger.warning("sessions held here were let go by replica %s (this replica's lease had lapsed); "
-                               "registering them again", applied.replica)
-                self.reconcile(is_state_lost=False)
+        if applied.reaped and applied.replica != me and any(self.registry.get(s) is not None for s in applied.reaped):
+            logger.warning("sessions held here were let go by replica %s (this replica's lease had lapsed); "
+                           "registering them again", applied.replica)
+            self.reconcile(is_state_lost=False)
 
     def _apply(self, events: list[Event], now: float) -> None:
         """The one translation of policy events into gateway state, for every step."""

@@ -362,7 +362,8 @@ class Policy:
                     self._make_live(record, reservation_tokens(self.config.mode, record))
                 else:
                     self._queue.push(record)
-        for key, value in (("working_set_tokens", self._working_set_tokens), ("reserved_tokens", self._reserved_tokens)):
+        sums = (("working_set_tokens", self._working_set_tokens), ("reserved_tokens", self._reserved_tokens))
+        for key, value in sums:
             if state.get(key) != value:
                 raise PolicyError(f"state {key} is {state.get(key)!r} but its live sessions sum to {value}")
 
@@ -452,7 +453,8 @@ def _record_of(key: str, row: object, next_seq: int) -> SessionRecord:
         raise PolicyError(f"{what}: seq {number} is not below next_seq {next_seq}")
     return SessionRecord(session_id, number, require_finite(f"{what} arrival_s", arrival),
                          require_finite(f"{what} peak", peak, minimum=0), require_finite(f"{what} priority", priority),
-                         require_tokens(f"{what} context", context), _check_multiplier(f"{what} multiplier", multiplier))
+                         require_tokens(f"{what} context", context),
+                         _check_multiplier(f"{what} multiplier", multiplier))
 
 
 def _optional_time(key: str, value: Any) -> float | None:

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from basin_runtime.policy import Event, Policy
@@ -35,11 +36,22 @@ class StateUnavailableError(Exception):
         self.retry_after_s = retry_after_s
 
 
+@dataclass
+class StateHooks:
+    """What the backend tells the gateway's metrics: up/down, errors by kind, step latency, dropped steps."""
+
+    on_up: Callable[[bool], None] = lambda is_up: None
+    on_error: Callable[[str], None] = lambda kind: None
+    on_step_latency: Callable[[float], None] = lambda seconds: None
+    on_dropped: Callable[[int], None] = lambda count: None
+
+
 class StateBackend(Protocol):
     """Where the waiting room's policy steps are applied."""
 
     replica_id: str
     is_shared: bool  # several replicas share the state (steps from elsewhere apply too)
+    is_up: bool  # the state can be reached (always, in process)
 
     @property
     def policy(self) -> Policy:
@@ -49,6 +61,11 @@ class StateBackend(Protocol):
     @property
     def is_leader(self) -> bool:
         """True if this replica does the deployment's periodic work (ticks) now."""
+        ...
+
+    @property
+    def num_pending(self) -> int:
+        """Steps made and not yet applied (0 in process)."""
         ...
 
     def bind(self, listener: Listener, on_reset: Callable[[bool], None] | None = None) -> None:
@@ -70,6 +87,8 @@ class InProcessBackend:
 
     is_shared = False
     is_leader = True
+    is_up = True
+    num_pending = 0
     replica_id = LOCAL_REPLICA
 
     def __init__(self, policy: Policy) -> None:

@@ -54,10 +54,16 @@ class Coordinator:
         self.replicas_alive: tuple[str, ...] = ()
         self._last_snapshot_s = time.monotonic()
         self._snapshot_n = 0
+        self._is_closing = False
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Beat in the background until `stop`."""
+        self._task = asyncio.create_task(self.run())
 
     async def run(self) -> None:
-        """Beat every `interval_s` until cancelled; an unreachable Redis marks the backend down."""
-        while True:
+        """Beat every `interval_s` until stopped; an unreachable Redis marks the backend down."""
+        while not self._is_closing:
             try:
                 await self.beat()
             except RedisError as exc:
@@ -81,7 +87,7 @@ class Coordinator:
         pipe.set(keys.signals(me), self.report().to_json(), px=lease_ms)
         pipe.hget(keys.meta, "epoch")
         *_, epoch = await pipe.execute()
-        if epoch is None or epoch.decode() != b.epoch:
+        if epoch is None or _text(epoch) != b.epoch:
             b.request_resync("the shared state's epoch changed (Redis restarted or was emptied)")
             return
         b.is_leader = bool(await b.script("leader")(keys=[keys.leader], args=[me, lease_ms]))
@@ -89,7 +95,10 @@ class Coordinator:
             await self._lead()
 
     async def stop(self) -> None:
-        """A graceful exit: give up the leader lease and this replica's lease at once."""
+        """A graceful exit: stop beating, give up the leader lease and this replica's lease at once."""
+        self._is_closing = True
+        if self._task is not None:
+            await self._task  # ends within one interval (no Redis read is cancelled: see `RedisBackend.aclose`)
         b = self.backend
         b.is_leader = False
         if not b.is_up:
@@ -106,7 +115,7 @@ class Coordinator:
 
     async def _lead(self) -> None:
         b = self.backend
-        registered = {m.decode() for m in await b.client.smembers(b.keys.replicas)}
+        registered = {_text(m) for m in await b.client.smembers(b.keys.replicas)}
         ids = sorted(registered | b.replicated.replicas() | {b.replica_id})
         leases = await b.client.mget([b.keys.lease(r) for r in ids])
         reports = await b.client.mget([b.keys.signals(r) for r in ids])
@@ -144,7 +153,11 @@ class Coordinator:
         return now is not None and any(now - o.since_s > self.orphan_window_s for o in state.orphans.values())
 
 
-def _reports(ids: list[str], raw: list[bytes | None], alive: set[str]) -> list[SignalReport]:
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _reports(ids: list[str], raw: list[bytes | str | None], alive: set[str]) -> list[SignalReport]:
     reports = []
     for replica, text in zip(ids, raw, strict=True):
         if text is None or replica not in alive:

@@ -40,13 +40,13 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
 
 from basin_runtime.policy import Event, Policy, PolicyConfig
-from basin_runtime.state.backend import Listener, StateUnavailableError
+from basin_runtime.state.backend import Listener, StateHooks, StateUnavailableError
 from basin_runtime.state.replica import Entry, ReplicatedState, StreamGapError
 from basin_runtime.state.steps import SEQUENCER_CLOCK, Step, encode_step
 
@@ -106,16 +106,6 @@ class Keys:
 
     def signals(self, replica: str) -> str:
         return f"{self.prefix}:signals:{replica}"
-
-
-@dataclass
-class StateHooks:
-    """What the backend tells the gateway's metrics: up/down, errors by kind, step latency, dropped steps."""
-
-    on_up: Callable[[bool], None] = lambda is_up: None
-    on_error: Callable[[str], None] = lambda kind: None
-    on_step_latency: Callable[[float], None] = lambda seconds: None
-    on_dropped: Callable[[int], None] = lambda count: None
 
 
 @dataclass
@@ -184,6 +174,11 @@ class RedisBackend:
     def policy(self) -> Policy:
         """This replica's copy of the shared policy core."""
         return self.replicated.policy
+
+    @property
+    def num_pending(self) -> int:
+        """Steps made here and not yet sent (kept while Redis is out of reach)."""
+        return len(self._queue)
 
     @property
     def client(self) -> aioredis.Redis:
@@ -411,7 +406,7 @@ class RedisBackend:
             if not self.is_up:
                 continue
             try:
-                for _stream, entries in reply or []:
+                for _stream, entries in cast(list[Any], reply or []):
                     self._ingest(entries)
             except StreamGapError as exc:
                 self.request_resync(str(exc))
@@ -509,8 +504,31 @@ class RedisBackend:
                           separators=(",", ":"))
 
 
+def check_config(url: str, config: PolicyConfig, prefix: str = DEFAULT_PREFIX) -> bool:
+    """Before serving: `StateConfigError` if the shared state runs another policy configuration; False if Redis
+    cannot be reached now (the gateway then starts and keeps trying), True if it matches or none is set yet."""
+    import redis
+
+    client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+    try:
+        theirs = client.hget(Keys(prefix).meta, "config")
+    except RedisError as exc:
+        logger.warning("the shared state at %s cannot be reached at start-up (%s)", url, exc)
+        return False
+    finally:
+        client.close()
+    ours = config_json(config)
+    if theirs is not None and _text(theirs) != ours:
+        raise StateConfigError(_config_difference(ours, _text(theirs)))
+    return True
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def _config_difference(ours: str, theirs: str) -> str:
-    mine, other = json.loads(ours), json.loads(theirs or "{}")
+    mine, other = json.loads(ours), json.loads(theirs or "{}")  # (both canonical JSON text)
     fields = sorted(k for k in set(mine) | set(other) if mine.get(k) != other.get(k))
     shown = ", ".join(f"{k}: here {mine.get(k)!r}, shared {other.get(k)!r}" for k in fields)
     return (f"this replica's policy configuration differs from the one the shared state runs with ({shown}); "

@@ -62,7 +62,8 @@ class SignalReport:
         return report
 
 
-def combine(reports: Sequence[SignalReport], min_prompt_tokens: int, min_calls: int) -> tuple[float | None, float | None]:
+def combine(reports: Sequence[SignalReport], min_prompt_tokens: int,
+            min_calls: int) -> tuple[float | None, float | None]:
     """(hit rate, first-token latency) of the deployment; either None with too little evidence."""
     engine = [r.engine_hit_rate for r in reports if r.engine_hit_rate is not None]
     prompt = sum(r.prompt_tokens for r in reports)

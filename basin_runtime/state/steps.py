@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import operator
 from dataclasses import dataclass
-from typing import Any, Final, Literal, get_args
+from typing import Any, Final, Literal, SupportsFloat, SupportsIndex, cast, get_args
 
 from basin_runtime.policy import Event, Policy, PolicyError
 
@@ -34,7 +34,7 @@ ARITY: Final[dict[str, tuple[int, ...]]] = {
 }
 
 
-class SEQUENCER_CLOCK:  # noqa: N801 - a sentinel, used as a value
+class SEQUENCER_CLOCK:  # a sentinel, used as a value (never instantiated)
     """`Step.now` when the sequencer (Redis TIME) stamps the step's time."""
 
 
@@ -97,7 +97,7 @@ def decode_step(text: str | bytes) -> tuple[Step, int]:
     """(step, its replica's counter) from `encode_step`'s JSON; `PolicyError` for anything else."""
     try:
         data = json.loads(text)
-        step = Step(data["k"], data.get("s"), tuple(data["a"]), data["t"] if "t" in data else SEQUENCER_CLOCK)
+        step = Step(data["k"], data.get("s"), tuple(data["a"]), data.get("t", SEQUENCER_CLOCK))
         counter = data["q"]
     except (ValueError, KeyError, TypeError) as exc:
         raise PolicyError(f"malformed step entry {text[:200]!r}: {exc}") from None
@@ -109,7 +109,7 @@ def decode_step(text: str | bytes) -> tuple[Step, int]:
 def _plain(value: object) -> Any:
     """JSON for the numbers the core accepts that json does not know (numpy integers and floats)."""
     if hasattr(type(value), "__index__"):
-        return operator.index(value)  # type: ignore[call-overload]
+        return operator.index(cast(SupportsIndex, value))
     if hasattr(type(value), "__float__"):
-        return float(value)  # type: ignore[arg-type]
+        return float(cast(SupportsFloat, value))
     raise TypeError(f"a step argument must be plain JSON, got {type(value).__name__}")
