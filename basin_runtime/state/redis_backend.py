@@ -337,6 +337,9 @@ class RedisBackend:
             self._requeue(batch)
         else:  # the epoch is gone (Redis restarted empty) or changed: what was made for the old one is void
             self._fail(batch, "the shared state was reset; retry")
+            unanswered = sum(p.future is None for p in batch)
+            if unanswered:
+                self._drop(unanswered, "they were made for a shared state that is gone")
             self.request_resync(f"the epoch changed under this replica ({status})")
 
     def _requeue(self, batch: list[_Pending]) -> None:

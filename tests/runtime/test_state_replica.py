@@ -55,7 +55,7 @@ def test_steps_round_trip_as_json_with_the_values_the_core_refuses() -> None:
     assert decode_step(encode_step(Step("tick", None, (), None), 1))[0].now is None  # an explicit null is kept
     for bad in ('{"k": "nope", "a": [], "q": 1}', '{"k": "finish", "a": [], "q": 1}', '[1]', '{"k": "tick", "a": [],'
                 ' "q": 0}', 'not json'):
-        with pytest.raises(PolicyError, match="malformed step entry|unknown step kind|session id"):
+        with pytest.raises(PolicyError, match=r"malformed step entry|unknown step kind|session id"):
             decode_step(bad)
     with pytest.raises(PolicyError, match="takes 1 arguments, got 2"):
         Step("observe", "s", (1, 2))
