@@ -17,7 +17,8 @@
 #   the latest snapshot of the epoch, replay the stream after it, then let the room `reconcile` its
 #   sessions. A replica whose policy configuration differs from the epoch's refuses to start
 #   (`StateConfigError`). A new epoch after a state was lost opens a registration window of one lease:
-#   replicas register their sessions again (adopt) before any `arrive` is sequenced.
+#   replicas register their sessions again (adopt) before any `arrive` is sequenced, and the operator's
+#   reference budget, if one was set, is set again (the hit rate's moves start over from it).
 # - Redis out of reach: `step` raises `StateUnavailableError` at once (a new session gets 503); steps
 #   made with `submit` are kept, up to `max_buffered_steps` (then dropped and counted), and sent when
 #   Redis is back in the same epoch; if the epoch is gone (Redis restarted empty) they are dropped
@@ -464,6 +465,7 @@ class RedisBackend:
             raise StateConfigError(_config_difference(ours, theirs))
         self._window.until_s = time.monotonic() + max(0, int(until_us) - int(now_us)) / 1e6
         is_lost = self.epoch is not None and epoch != self.epoch
+        reference_tokens = self.replicated.policy.snapshot().reference_budget_tokens
         if epoch != self.epoch:
             if self._queue:
                 self._drop(len(self._queue), "they were made for a shared state that is gone")
@@ -475,6 +477,9 @@ class RedisBackend:
         except StreamGapError:
             self.replicated = await self._load_snapshot()
             await self._catch_up()
+        if is_lost and self.policy.snapshot().reference_budget_tokens != reference_tokens:
+            # an operator's budget (PUT /basin/budget) was lost with the store: every replica that knew it says it
+            self.submit(Step("set_reference_budget", None, (reference_tokens,), None))
         if self._on_reset is not None:
             self._on_reset(is_lost)
         self.is_up = True
