@@ -72,6 +72,7 @@ from basin_runtime.gateway.restart import Adoption, LiveSessionsFile
 from basin_runtime.gateway.session_log import SessionLogWriter
 from basin_runtime.gateway.sessions import CallRecord, SessionEntry, session_id_for
 from basin_runtime.gateway.waiting import EndReason, WaitingRoom
+from basin_runtime.policy import DuplicateSessionError
 from basin_runtime.policy.hit_rate import HitRateWindow
 from basin_runtime.policy.latency import LatencyWindow
 from basin_runtime.session_keys import SESSION_KEY_HEADER, SessionKeys
@@ -284,7 +285,12 @@ class Gateway:
         if entry is None and self.room.backend.is_shared and not is_single_call:
             entry = await self._take_over(session_id, call, request)
         if entry is None:
-            entry, prompt_tokens, is_new = await self._arrive(session_id, is_single_call, call, request)
+            try:
+                entry, prompt_tokens, is_new = await self._arrive(session_id, is_single_call, call, request)
+            except DuplicateSessionError:  # replicas: it arrived elsewhere a moment before; now this copy knows it
+                if (entry := await self._take_over(session_id, call, request)) is None:
+                    raise
+                prompt_tokens = await _off_loop_if_large(call.num_bytes, self.meter.prompt_tokens, call, entry.memo)
         else:
             prompt_tokens = await _off_loop_if_large(call.num_bytes, self.meter.prompt_tokens, call, entry.memo)
         revision = None

@@ -190,9 +190,10 @@ class WaitingRoom:
                 await self.backend.step(Step("finish", entry.session_id, (), now))
             if not entry.decision.done():
                 entry.decision.set_result("shutdown")
+        reason: EndReason = "moved" if self.backend.is_shared else "withdrawn"
         for entry in queued:
-            logger.info("session %s withdrawn: the gateway is shutting down", entry.session_id)
-            self._notify_end(entry, "withdrawn")
+            logger.info("session %s %s: the gateway is shutting down", entry.session_id, reason)
+            self._notify_end(entry, reason)
         return queued
 
     async def hand_over(self, orphan_window_s: float) -> None:

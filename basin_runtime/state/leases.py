@@ -13,7 +13,9 @@
 #   budget at once and the sessions are kept as orphans for `orphan_window_s`, which any replica adopts
 #   on their next call; queued ones keep their place. A live session held by nobody (admitted after its
 #   replica died) is reaped the same way, and orphans past the window are forgotten. A replica's
-#   reservations are therefore back within its lease plus one interval of its death.
+#   reservations are therefore back within its lease plus one interval of its death. A leader new to the
+#   role, or to the epoch (Redis restarted empty: every lease vanished with it), reaps no one for one
+#   lease first: it cannot tell how long a lease has been missing, and live replicas renew within it.
 # - Snapshots: every `snapshot_interval_s`, if the state moved, the leader keeps its copy of the state
 #   (`snapshot.lua`) and trims the stream before it; a replica (re)starting loads it and replays the rest.
 # - A graceful shutdown releases the leader lease and the replica's own lease at once.
@@ -56,6 +58,7 @@ class Coordinator:
         self._snapshot_n = 0
         self._is_closing = False
         self._task: asyncio.Task[None] | None = None
+        self._leading_since: tuple[str | None, float] | None = None  # (epoch, when) this replica began to lead
 
     def start(self) -> None:
         """Beat in the background until `stop`."""
@@ -91,8 +94,12 @@ class Coordinator:
             b.request_resync("the shared state's epoch changed (Redis restarted or was emptied)")
             return
         b.is_leader = bool(await b.script("leader")(keys=[keys.leader], args=[me, lease_ms]))
-        if b.is_leader:
-            await self._lead()
+        if not b.is_leader:
+            self._leading_since = None
+            return
+        if self._leading_since is None or self._leading_since[0] != b.epoch:
+            self._leading_since = (b.epoch, time.monotonic())
+        await self._lead(may_reap=time.monotonic() - self._leading_since[1] >= b.lease_s)
 
     async def stop(self) -> None:
         """A graceful exit: stop beating, give up the leader lease and this replica's lease at once."""
@@ -113,7 +120,7 @@ class Coordinator:
         except RedisError as exc:
             logger.warning("could not give up the leases at shutdown (%s); they lapse in %.1f s", exc, b.lease_s)
 
-    async def _lead(self) -> None:
+    async def _lead(self, may_reap: bool) -> None:
         b = self.backend
         registered = {_text(m) for m in await b.client.smembers(b.keys.replicas)}
         ids = sorted(registered | b.replicated.replicas() | {b.replica_id})
@@ -123,7 +130,7 @@ class Coordinator:
         self.replicas_alive = tuple(sorted(alive))
         self.hit_rate, self.ttft_s = combine(_reports(ids, reports, alive), self.min_prompt_tokens, self.min_calls)
         dead = sorted(set(ids) - alive)
-        if dead or self._has_ownerless_live() or self._has_expired_orphans():
+        if may_reap and (dead or self._has_ownerless_live() or self._has_expired_orphans()):
             await b.step(Step("reap", None, (dead, self.orphan_window_s)))
             if dead:
                 logger.warning("replica(s) %s missed their lease: their sessions were let go", ", ".join(dead))

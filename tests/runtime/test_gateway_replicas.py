@@ -213,6 +213,20 @@ def test_a_queued_session_keeps_its_place_when_its_client_moves_to_another_repli
         assert later.result(10).status_code == 200
 
 
+def test_a_live_sessions_call_through_another_replica_continues_it_there(redis_server: RedisServer) -> None:
+    with replicas(redis_server, 2, budget_tokens=1) as (one, two):
+        assert one.chat("roamer", "roaming task").result(10).status_code == 200
+        assert two.chat("roamer", "roaming task", "next step").result(10).status_code == 200  # no queue turn
+        wait_until(lambda: one.call(lambda: one.room.registry.get("roamer") is None), what="one lets it go")
+        entry = two.call(lambda: two.room.registry.get("roamer"))
+        assert entry is not None and entry.state == "live" and entry.is_adopted
+        assert two.state()["policy"]["live"] == ["roamer"]
+        assert two.call(lambda: two.backend.replicated.owner_of("roamer")) == "r2"
+        metrics = one.run(one.client.get("/metrics")).text
+        assert 'basin_sessions_ended_total{reason="moved"} 1.0' in metrics
+        assert two.end("roamer").status_code == 200
+
+
 # --- a replica dies ------------------------------------------------------------------------------
 
 
@@ -285,11 +299,14 @@ def test_after_redis_restarts_empty_live_sessions_are_registered_again_before_an
         newcomer = two.chat("new", "new task")  # refused while down, then sequenced after `old` is back
         wait_until(lambda: one.call(lambda: one.room.policy.is_live("old")) and two.call(
             lambda: two.room.policy.is_live("old")), timeout_s=10, what="old registered again")
-        response = newcomer.result(10)
-        if response.status_code == 503:  # it came while Redis was down: its client retries
-            newcomer = two.chat("new", "new task")
-        wait_until(lambda: two.call(lambda: two.room.policy.is_queued("new") or two.room.policy.is_live("new")),
-                   what="new sequenced")
+        deadline = time.monotonic() + 10
+        while not two.call(lambda: two.room.policy.is_queued("new") or two.room.policy.is_live("new")):
+            if newcomer.done():  # it came while Redis was away (503): its client retries
+                response = newcomer.result()
+                assert response.status_code == 503 and response.json()["error"]["type"] == "state_unavailable"
+                newcomer = two.chat("new", "new task")
+            assert time.monotonic() < deadline, "new was never sequenced"
+            time.sleep(0.01)
         assert two.call(lambda: two.room.policy.is_queued("new")), "new was admitted before old was registered"
         assert one.end("old").status_code == 200
         assert newcomer.result(10).status_code == 200
