@@ -147,7 +147,8 @@ class Gateway:
         coordinator.backend.hooks = StateHooks(
             on_up=lambda is_up: m.state_up.set(1 if is_up else 0),
             on_error=lambda kind: m.state_errors.labels(kind).inc(),
-            on_step_latency=m.state_step_seconds.observe, on_dropped=m.state_dropped.inc)
+            on_step_latency=m.state_step_seconds.observe, on_dropped=m.state_dropped.inc,
+            on_apply_lag=m.state_apply_lag.observe)
         m.state_up.set(1 if coordinator.backend.is_up else 0)
 
     def signal_report(self) -> SignalReport:

@@ -93,6 +93,9 @@ class GatewayMetrics:
                                      registry=r)
         self.state_step_seconds = Histogram("basin_state_step_seconds", "Round trip of one batch of policy steps "
                                             "to the shared state", registry=r, buckets=LATENCY_BUCKETS_S)
+        self.state_apply_lag = Histogram("basin_state_apply_lag_seconds", "From another replica's step (Redis's "
+                                         "clock) to its application here: how soon a decision made elsewhere wakes "
+                                         "a session waiting here", registry=r, buckets=LATENCY_BUCKETS_S)
         self.hit_ratio.set(float("nan"))
         self.state_up.set(1)
         self.state_leader.set(1)

@@ -235,6 +235,16 @@ class Policy:
         )
 
     @property
+    def reserved_tokens(self) -> int:
+        """The live sessions' reservations, summed (O(1))."""
+        return self._reserved_tokens
+
+    @property
+    def budget_tokens(self) -> int:
+        """The budget admission uses now (O(1))."""
+        return self._budget.budget_tokens
+
+    @property
     def now_s(self) -> float | None:
         """The last `now` the policy saw (None before any)."""
         return self._now_s

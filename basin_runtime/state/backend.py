@@ -44,6 +44,7 @@ class StateHooks:
     on_error: Callable[[str], None] = lambda kind: None
     on_step_latency: Callable[[float], None] = lambda seconds: None
     on_dropped: Callable[[int], None] = lambda count: None
+    on_apply_lag: Callable[[float], None] = lambda seconds: None  # another replica's step: its stamp to applied here
 
 
 class StateBackend(Protocol):

@@ -99,11 +99,8 @@ class Keys:
         return f"{self.prefix}:leader"
 
     @property
-    def replicas(self) -> str:
-        return f"{self.prefix}:replicas"
-
-    def lease(self, replica: str) -> str:
-        return f"{self.prefix}:lease:{replica}"
+    def heartbeats(self) -> str:
+        return f"{self.prefix}:heartbeats"
 
     def signals(self, replica: str) -> str:
         return f"{self.prefix}:signals:{replica}"
@@ -222,7 +219,7 @@ class RedisBackend:
         self._tail_client = aioredis.Redis.from_url(self.url, socket_timeout=self.tail_block_ms / 1000 + 5,
                                                     socket_connect_timeout=max(1.0, self.lease_s / 2))
         self._scripts = {name: self._client.register_script(_script(f"{name}.lua"))
-                         for name in ("append", "init", "leader", "snapshot")}
+                         for name in ("append", "init", "beat", "snapshot")}
         try:
             await self._resync()
         except RedisError as exc:
@@ -373,6 +370,8 @@ class RedisBackend:
             applied = self.replicated.apply(entry)  # StreamGapError: the caller reloads
             if quiet:
                 continue
+            if entry.replica != self.replica_id:  # how stale this copy is: the wake-up delay across replicas
+                self.hooks.on_apply_lag(max(0.0, time.time() - entry.clock_us / 1e6))
             if self._listener is not None:
                 try:
                     self._listener(applied)

@@ -260,6 +260,26 @@ def test_a_dead_replicas_reservations_return_within_its_lease_and_its_sessions_g
         assert (policy["live"], policy["reserved_tokens"], policy["working_set_tokens"]) == ([], 0, 0)
 
 
+def test_when_the_leader_dies_the_next_leader_lets_its_sessions_go_within_its_lease(redis_server: RedisServer) -> None:
+    """A new leader reads how long the dead one has been silent from the heartbeats' Redis stamps: no extra lease."""
+    with replicas(redis_server, 3, peak=100.0, budget_tokens=200, always_engaged=True) as group:
+        wait_until(lambda: sum(r.call(lambda r=r: r.backend.is_leader) for r in group) == 1, what="one leader")
+        leader = next(r for r in group if r.call(lambda r=r: r.backend.is_leader))
+        others = [r for r in group if r is not leader]
+        assert leader.chat("on-leader", "leader's task").result(10).status_code == 200
+        assert others[0].chat("elsewhere", "other task").result(10).status_code == 200  # 200 of 200
+        waiting = others[1].chat("waiter", "waiter task")
+        wait_until(lambda: others[0].call(lambda: others[0].room.policy.is_queued("waiter")), what="waiter queued")
+        leader.die()
+        back_s = wait_until(lambda: others[0].call(lambda: "on-leader" not in others[0].room.policy.live_ids()),
+                            timeout_s=5, what="the dead leader's session let go")
+        assert back_s <= LEASE_S + 1.0, f"reservations back {back_s:.2f} s after the leader's death"
+        assert sum(r.call(lambda r=r: r.backend.is_leader) for r in others) == 1  # one successor
+        assert waiting.result(10).status_code == 200
+        for replica, session in ((others[0], "elsewhere"), (others[1], "waiter")):
+            assert replica.end(session).status_code == 200
+
+
 # --- Redis out of reach, Redis restarted empty -----------------------------------------------------
 
 
