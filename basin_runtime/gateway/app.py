@@ -24,6 +24,9 @@
 #   closes the upstream client when the app built it itself, then the session log.
 # - Start-up loads the tokenizer, every model and the calibration before the app exists, so a bad
 #   file stops start-up with `ConfigError` naming it.
+# - With `--state` (replicas), the lifespan also connects the shared state (`RedisBackend`, imported only
+#   then) and runs its `Coordinator` (leases, leader work); at its end, after the sessions are handed
+#   over, it gives up its leases and closes the connections.
 """Starlette application and its construction from the configuration."""
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import contextlib
 import hmac
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import httpx
 from starlette.applications import Starlette
@@ -66,11 +70,17 @@ from basin_runtime.gateway.restart import LiveSessionsFile
 from basin_runtime.gateway.session_log import SessionLogWriter
 from basin_runtime.gateway.upstream import UpstreamClient, make_client
 from basin_runtime.gateway.waiting import WaitingRoom
-from basin_runtime.policy import Policy, PolicyError
+from basin_runtime.policy import Policy, PolicyConfig, PolicyError
 from basin_runtime.policy.hit_rate import HitRateWindow
+from basin_runtime.policy.latency import DEFAULT_MIN_CALLS
 from basin_runtime.session_keys import SESSION_KEY_HEADER, SessionKeys
+from basin_runtime.state.backend import StateUnavailableError
+from basin_runtime.state.signals import SignalReport
 from basin_runtime.task_text import TaskTextError, TaskTextRule
 from basin_runtime.tokenizer import TokenizerError, get_tokenizer
+
+if TYPE_CHECKING:
+    from basin_runtime.state.leases import Coordinator
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +119,10 @@ def create_app(gateway: Gateway, *, admin_token: str | None = None, tick_interva
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await gateway.upstream.start()
+        coordinator = gateway.coordinator
+        if coordinator is not None:
+            await coordinator.backend.start()
+            coordinator.start()
         tasks = {asyncio.create_task(gateway.room.run_timers(tick_interval_s, idle_timeout_s))}
         if gateway.engine_scraper is not None:
             tasks.add(asyncio.create_task(gateway.engine_scraper.run()))
@@ -123,6 +137,9 @@ def create_app(gateway: Gateway, *, admin_token: str | None = None, tick_interva
             if gateway.engine_scraper is not None:
                 await gateway.engine_scraper.aclose()
             await gateway.shut_down()
+            if coordinator is not None:
+                await coordinator.stop()
+                await coordinator.backend.aclose()
             if on_shutdown is not None:
                 await on_shutdown()
             if gateway.session_log is not None:
@@ -136,7 +153,8 @@ def create_app(gateway: Gateway, *, admin_token: str | None = None, tick_interva
         Route("/basin/sessions/{session_id:path}/end", end_session, methods=["POST"]),
     ]
     routes += admin_routes(gateway, lambda request: _require_admin(request, admin_token), reloader)
-    handlers = {GatewayError: _error_handler, PolicyError: _error_handler, HTTPException: _route_error_handler}
+    handlers = {GatewayError: _error_handler, PolicyError: _error_handler, StateUnavailableError: _error_handler,
+                HTTPException: _route_error_handler}
     app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan,
                     middleware=[Middleware(_LastResort)])
     app.state.gateway = gateway  # the server's graceful shutdown drains it first (`cli.py`)
@@ -228,10 +246,12 @@ def build_gateway(config: GatewayConfig, client: UpstreamClient | httpx.AsyncCli
     except (TokenizerError, TaskTextError) as exc:
         raise ConfigError(str(exc)) from exc
     calibration = None if config.calibration is None else read_calibration(config.calibration, config)
-    policy = Policy(gateway_policy_config(config, calibration))
+    policy_settings = gateway_policy_config(config, calibration)
     predictors = Predictors.load(config.default_model, config.workload_models, tokenizer.name,
                                  config.reservation_quantile, config.revise_at_calls)
-    room = WaitingRoom(policy, clock or MonotonicClock(), retry_after_s=config.retry_after_s,
+    coordinator = None if config.state is None else shared_state(config, policy_settings)
+    room = WaitingRoom(Policy(policy_settings) if coordinator is None else None, clock or MonotonicClock(),
+                       retry_after_s=config.retry_after_s, backend=None if coordinator is None else coordinator.backend,
                        levels=PriorityLevels(config.engine_priority_levels, config.engine_preemption_threshold))
     session_log = None if config.session_log is None else SessionLogWriter(
         config.session_log, max_bytes=config.session_log_max_bytes, keep_files=config.session_log_keep_files,
@@ -245,7 +265,20 @@ def build_gateway(config: GatewayConfig, client: UpstreamClient | httpx.AsyncCli
                    lending=LendingTracker(), session_log=session_log, is_shadow=config.shadow,
                    engine_metrics_urls=config.engine_metrics_urls,
                    engine_metrics_interval_s=config.engine_metrics_interval_s, limits=config.limits,
-                   routing_key_header=config.routing_key_header)
+                   routing_key_header=config.routing_key_header, coordinator=coordinator)
+
+
+def shared_state(config: GatewayConfig, policy_settings: PolicyConfig) -> Coordinator:
+    """The shared state's backend and coordinator for `--state` (redis imported only here)."""
+    from basin_runtime.state.leases import Coordinator
+    from basin_runtime.state.redis_backend import RedisBackend
+
+    assert config.state is not None
+    backend = RedisBackend(config.state, policy_settings, lease_s=config.state_lease_s,
+                           retry_after_s=max(1.0, config.state_lease_s))
+    return Coordinator(backend, lambda: SignalReport.of(0, 0, None, ()), orphan_window_s=config.adoption_window_s,
+                       tick_interval_s=config.tick_interval_s, min_prompt_tokens=config.hit_rate_min_prompt_tokens,
+                       min_calls=DEFAULT_MIN_CALLS)
 
 
 def upstream_client(config: GatewayConfig) -> UpstreamClient:

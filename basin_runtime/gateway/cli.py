@@ -4,6 +4,9 @@
 # - A bad option, config, model or calibration file ends start-up with one line on stderr naming
 #   the file or option, and exit status 2; never a traceback.
 # - Logging is configured here and only here.
+# - With `--state`, a replica whose policy configuration differs from the shared state's is refused like
+#   a bad option (one line naming the fields); an unreachable Redis is not (it starts, answering new
+#   sessions 503 `state_unavailable` until Redis can be reached).
 # - Binding beyond loopback (127.0.0.0/8, ::1, localhost; `0.0.0.0` and `::` are every address)
 #   without an admin token ends start-up like a bad option: every /basin/ endpoint would be open to
 #   whoever reaches the port. `--insecure-admin` (`insecure_admin: true`) starts anyway, with a
@@ -29,6 +32,7 @@ import uvicorn
 
 from basin_runtime.gateway.app import build_app
 from basin_runtime.gateway.config import ConfigError, GatewayConfig, build_parser, load_config
+from basin_runtime.policy import PolicyConfig
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         _configure_logging(config.log_level)
         check_admin_exposure(config)
         app = build_app(config)
+        check_shared_state(config, app.state.gateway.room.policy.config)
     except ConfigError as exc:
         print(f"basin-gateway: error: {exc}", file=sys.stderr)
         return 2
@@ -95,6 +100,19 @@ def check_admin_exposure(config: GatewayConfig) -> None:
                           f"to run it open anyway")
     logger.warning("--insecure-admin: binding %s without an admin token; whoever reaches the port can use %s",
                    config.host, endpoints)
+
+
+def check_shared_state(config: GatewayConfig, policy_config: PolicyConfig) -> None:
+    """With `--state`: `ConfigError` if the other replicas run another policy configuration (each would then
+    decide differently from the same steps)."""
+    if config.state is None:
+        return
+    from basin_runtime.state.redis_backend import StateConfigError, check_config
+
+    try:
+        check_config(config.state, policy_config)
+    except StateConfigError as exc:
+        raise ConfigError(f"--state {config.state}: {exc}") from None
 
 
 def _configure_logging(level_name: str) -> None:

@@ -107,6 +107,9 @@ class GatewayConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
     max_session_id_chars: int = DEFAULT_MAX_SESSION_ID_CHARS
+    # replicas sharing one admission state (`basin_runtime/state/`): redis://HOST:PORT/DB; None: in process
+    state: str | None = None
+    state_lease_s: float = 5.0  # a dead replica's reservations return within this (plus a fifth of it)
 
     @property
     def limits(self) -> Limits:
@@ -212,6 +215,20 @@ def _calls(key: str, value: object) -> tuple[int, ...]:
     return tuple(sorted(set(items)))
 
 
+def _state_url(key: str, value: object) -> str:
+    url = _str(key, value)
+    if not re.match(r"^(redis|rediss|unix)://", url):
+        raise ConfigError(f"{key}: expected redis://HOST:PORT/DB (or rediss://, unix://), got {value!r}")
+    return url
+
+
+def _lease(key: str, value: object) -> float:
+    seconds = _seconds(key, value)
+    if seconds < 0.5:
+        raise ConfigError(f"{key}: expected a lease of at least 0.5 s, got {value!r}")
+    return seconds
+
+
 def _json_depth(key: str, value: object) -> int:
     depth = _int(key, value)
     if not 3 <= depth <= MAX_JSON_DEPTH_CEILING:  # a chat body is 3 deep; Python recurses per level
@@ -241,6 +258,7 @@ _CHECKS: dict[str, Callable[[str, object], object]] = {
     "live_sessions_file": _str, "adoption_window_s": _seconds, "drain_timeout_s": _seconds,
     "engine_priority_levels": _levels, "engine_preemption_threshold": _int, "routing_key_header": _header_name,
     "max_body_bytes": _positive_int, "max_json_depth": _json_depth, "max_session_id_chars": _positive_int,
+    "state": _state_url, "state_lease_s": _lease,
 }
 
 CONFIG_KEYS = frozenset(_CHECKS)
@@ -347,6 +365,12 @@ def build_parser() -> argparse.ArgumentParser:
              f"(default {_default('max_json_depth')})")
     add("--max-session-id-chars", type=int, metavar="N",
         help=f"longest session id accepted, from the header or `user` (default {_default('max_session_id_chars')})")
+    add("--state", metavar="URL",
+        help="share the admission state with other gateway replicas through Redis or Valkey, "
+             "redis://HOST:PORT/DB (default: in this process only; README \"Replicas\")")
+    add("--state-lease-s", type=float, metavar="S",
+        help=f"with --state: a replica silent this long is dead, and its sessions' reservations return to the "
+             f"budget (default {_default('state_lease_s'):g})")
     return parser
 
 

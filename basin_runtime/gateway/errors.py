@@ -10,6 +10,8 @@
 #     499 client went away (nobody reads it; for the logs)      502 upstream refused or answered 5xx
 #     503 session shed (with Retry-After and the reason)        504 upstream timed out
 #     503 shutting down (draining: no new session is admitted; with Retry-After)
+#     503 state unavailable (`--state`: the shared admission state is out of reach or being rebuilt, so
+#         no new session can be decided; with the reason and Retry-After; admitted sessions are served)
 #     502 upstream broke off mid-answer, or answered 2xx with a body that is not the JSON it claims
 #     500 a policy error (a bug: the policy refused a step the gateway thought legal), or any
 #         unexpected exception (`internal_error`, turned into a `GatewayInternalError` by the app's
@@ -32,6 +34,7 @@ from starlette.responses import JSONResponse
 
 from basin_runtime.disconnect import ClientDisconnected
 from basin_runtime.policy import PolicyError, Shed, UnknownSessionError
+from basin_runtime.state.backend import StateUnavailableError
 
 
 class GatewayError(Exception):
@@ -196,6 +199,8 @@ def _classify(exc: Exception) -> tuple[int, str, dict[str, Any], dict[str, str]]
             return 503, "session_shed", _shed_details(exc), {"Retry-After": str(math.ceil(exc.retry_after_s))}
         case ShuttingDownError():
             return 503, "shutting_down", {}, {"Retry-After": str(math.ceil(exc.retry_after_s))}
+        case StateUnavailableError():
+            return 503, "state_unavailable", {"reason": exc.reason}, {"Retry-After": str(math.ceil(exc.retry_after_s))}
         case UpstreamTimeoutError():
             return 504, "upstream_timeout", {}, {}
         case UpstreamStatusError():

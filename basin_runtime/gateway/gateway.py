@@ -37,6 +37,12 @@
 #   known session's later calls) and encoded for forwarding in a worker thread, so one huge prompt
 #   never stalls the event loop; smaller ones stay inline, where that work is cheaper than the hop.
 # - Added latency is the wall time from the call's arrival to its forwarding, minus any queue wait.
+# - Replicas (`--state`, `basin_runtime/state/`): a call of a session this replica does not hold, but
+#   the shared state does (another replica's, live or queued) or let go (an orphan: its replica died),
+#   is taken over here without a new queue turn and without a new prediction; only a session the shared
+#   state does not know arrives. The deployment's hit rate and first-token latency tick the policy (the
+#   leader's), from every replica's report (`signal_report`). At shutdown the sessions held here are
+#   handed over (live ones become orphans any replica adopts) instead of ended.
 """The gateway's request path: identify, admit or queue, stamp, forward, record."""
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 from urllib.parse import unquote
 
 from starlette.requests import Request
@@ -66,10 +72,16 @@ from basin_runtime.gateway.restart import Adoption, LiveSessionsFile
 from basin_runtime.gateway.session_log import SessionLogWriter
 from basin_runtime.gateway.sessions import CallRecord, SessionEntry, session_id_for
 from basin_runtime.gateway.waiting import EndReason, WaitingRoom
+from basin_runtime.policy import DuplicateSessionError
 from basin_runtime.policy.hit_rate import HitRateWindow
 from basin_runtime.policy.latency import LatencyWindow
 from basin_runtime.session_keys import SESSION_KEY_HEADER, SessionKeys
 from basin_runtime.session_log import LoggedCall, SessionLogRecord
+from basin_runtime.state.backend import StateHooks
+from basin_runtime.state.signals import SignalReport
+
+if TYPE_CHECKING:
+    from basin_runtime.state.leases import Coordinator
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +103,8 @@ class Gateway:
                  session_log: SessionLogWriter | None = None, is_shadow: bool = False,
                  engine_metrics_urls: Sequence[str] = (), engine_metrics_interval_s: float = 5.0,
                  live_sessions: LiveSessionsFile | None = None, adoption_window_s: float = 600.0,
-                 limits: Limits | None = None, routing_key_header: str = ROUTING_KEY_HEADER) -> None:
+                 limits: Limits | None = None, routing_key_header: str = ROUTING_KEY_HEADER,
+                 coordinator: Coordinator | None = None) -> None:
         self.room = room
         self.meter = meter
         self.predictors = predictors
@@ -121,6 +134,31 @@ class Gateway:
         room.ttft = self.ttft_s
         room.on_session_end = self._session_ended
         room.on_admitted = self._session_admitted
+        self.coordinator = coordinator
+        if coordinator is not None:
+            self._share(coordinator)
+
+    def _share(self, coordinator: Coordinator) -> None:
+        """Replicas: tick with the deployment's signals (the leader's), report this replica's, feed the metrics."""
+        coordinator.report = self.signal_report
+        self.room.hit_rate = lambda: coordinator.hit_rate
+        self.room.ttft = lambda: coordinator.ttft_s
+        m = self.metrics
+        coordinator.backend.hooks = StateHooks(
+            on_up=lambda is_up: m.state_up.set(1 if is_up else 0),
+            on_error=lambda kind: m.state_errors.labels(kind).inc(),
+            on_step_latency=m.state_step_seconds.observe, on_dropped=m.state_dropped.inc,
+            on_apply_lag=m.state_apply_lag.observe)
+        m.state_up.set(1 if coordinator.backend.is_up else 0)
+
+    def signal_report(self) -> SignalReport:
+        """This replica's windows, for the leader to combine into the deployment's signals."""
+        now = self.room.clock.now()
+        cached, prompt = self.hit_window.sums(now)
+        engine = None if self.engine_scraper is None else self.engine_scraper.window.rate(now)
+        started = time.perf_counter()
+        waiting = [started - sent for sent in self._awaiting_first_byte.values()]
+        return SignalReport.of(cached, prompt, engine, self.latency_window.values(now, waiting))
 
     def hit_rate(self) -> float | None:
         """The windowed prefix hit rate now (None: too little evidence).
@@ -145,6 +183,8 @@ class Gateway:
     def refresh_metrics(self) -> None:
         """Set the state gauges from the policy (on a scrape and after each tick)."""
         self.metrics.refresh(self.room.policy.snapshot(), self.hit_rate(), self.is_shadow, self.ttft_s())
+        backend = self.room.backend
+        self.metrics.refresh_state(backend.is_up, backend.is_leader, backend.num_pending)
         if self.session_log is not None:
             self.metrics.log_failed.set(self.session_log.num_failed)
             self.metrics.log_dropped.set(self.session_log.num_dropped)
@@ -219,8 +259,13 @@ class Gateway:
         self.room.is_draining = True
         await self.save_live_sessions()
         held = list(self.room.registry)
-        for entry in held:
-            await self.room.release(entry.session_id, "shutdown")
+        if self.room.backend.is_shared:  # handed over: live ones become orphans any replica adopts
+            await self.room.hand_over(self.adoption.window_s)
+            for entry in held:
+                self.room.leave(entry, "shutdown", "the replica shut down; handed over")
+        else:
+            for entry in held:
+                await self.room.release(entry.session_id, "shutdown")
         if held:
             logger.info("shut down with %d sessions live: each logged as `shutdown`%s", len(held),
                         "" if self.live_sessions is None else f", listed in {self.live_sessions.path}")
@@ -238,8 +283,15 @@ class Gateway:
             self.limits.max_session_id_chars)
         entry = self.room.registry.get(session_id)
         is_new = False
+        if entry is None and self.room.backend.is_shared and not is_single_call:
+            entry = await self._take_over(session_id, call, request)
         if entry is None:
-            entry, prompt_tokens, is_new = await self._arrive(session_id, is_single_call, call, request)
+            try:
+                entry, prompt_tokens, is_new = await self._arrive(session_id, is_single_call, call, request)
+            except DuplicateSessionError:  # replicas: it arrived elsewhere a moment before; now this copy knows it
+                if (entry := await self._take_over(session_id, call, request)) is None:
+                    raise
+                prompt_tokens = await _off_loop_if_large(call.num_bytes, self.meter.prompt_tokens, call, entry.memo)
         else:
             prompt_tokens = await _off_loop_if_large(call.num_bytes, self.meter.prompt_tokens, call, entry.memo)
         revision = None
@@ -258,6 +310,17 @@ class Gateway:
                 await self.room.wait(entry, request.receive)
                 held_s = time.perf_counter() - started
         return entry, prompt_tokens, held_s
+
+    async def _take_over(self, session_id: str, call: Call, request: Request) -> SessionEntry | None:
+        """Replicas: continue a session the shared state holds or let go; None if it knows no such session."""
+        state = getattr(self.room.backend, "replicated", None)
+        if state is None or not (state.is_held(session_id) or session_id in state.orphans):
+            return None
+        memo = PromptMemo()
+        first = await _off_loop_if_large(call.num_bytes, self.meter.first_call, call, memo)
+        model = call.body.get("model")
+        return await self.room.take_over(session_id, first, workload=request.headers.get(self.workload_header) or None,
+                                         memo=memo, model=model if isinstance(model, str) else None)
 
     async def _arrive(self, session_id: str, is_single_call: bool, call: Call,
                       request: Request) -> tuple[SessionEntry, int, bool]:

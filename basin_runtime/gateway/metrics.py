@@ -80,7 +80,25 @@ class GatewayMetrics:
                                 registry=r)
         self.log_dropped = Gauge("basin_session_log_dropped_records",
                                  "Finished sessions dropped because the session log's queue was full", registry=r)
+        self.state_up = Gauge("basin_state_backend_up", "1 while the admission state can be reached (always, in "
+                              "process; with --state, Redis)", registry=r)
+        self.state_leader = Gauge("basin_state_leader", "1 while this replica does the deployment's periodic work "
+                                  "(always, in process)", registry=r)
+        self.state_pending = Gauge("basin_state_pending_steps", "Policy steps waiting to reach the shared state",
+                                   registry=r)
+        self.state_errors = Counter("basin_state_errors", "Shared-state failures, by kind (an unreachable Redis, a "
+                                    "step the policy refused)", ["kind"], registry=r)
+        self.state_dropped = Counter("basin_state_dropped_steps", "Observe/revise steps dropped: too many waiting "
+                                     "while the shared state was out of reach, or made for a state that is gone",
+                                     registry=r)
+        self.state_step_seconds = Histogram("basin_state_step_seconds", "Round trip of one batch of policy steps "
+                                            "to the shared state", registry=r, buckets=LATENCY_BUCKETS_S)
+        self.state_apply_lag = Histogram("basin_state_apply_lag_seconds", "From another replica's step (Redis's "
+                                         "clock) to its application here: how soon a decision made elsewhere wakes "
+                                         "a session waiting here", registry=r, buckets=LATENCY_BUCKETS_S)
         self.hit_ratio.set(float("nan"))
+        self.state_up.set(1)
+        self.state_leader.set(1)
 
     def refresh(self, snapshot: PolicySnapshot, hit_rate: float | None, is_shadow: bool,
                 ttft_s: float | None = None) -> None:
@@ -95,6 +113,12 @@ class GatewayMetrics:
         self.engine_ttft.set(float("nan") if ttft_s is None else ttft_s)
         self.is_engaged.set(1 if snapshot.is_engaged else 0)
         self.is_shadow.set(1 if is_shadow else 0)
+
+    def refresh_state(self, is_up: bool, is_leader: bool, num_pending: int) -> None:
+        """Set the state backend's gauges."""
+        self.state_up.set(1 if is_up else 0)
+        self.state_leader.set(1 if is_leader else 0)
+        self.state_pending.set(num_pending)
 
     def session_admitted(self, waited_s: float) -> None:
         """Count an admission and its queue wait."""

@@ -67,6 +67,12 @@ class PriorityLevels:
         key = self._key_of[session_id] = (priority_s, self._seq)
         bisect.insort(self._keys, key)
 
+    def reset(self, ranked: list[tuple[str, float]]) -> None:
+        """Rank exactly these sessions (id, priority), added in this order (ties go to the earlier one)."""
+        self._keys, self._key_of = [], {}
+        for session_id, priority_s in ranked:
+            self.add(session_id, priority_s)
+
     def remove(self, session_id: str) -> None:
         """A session left (no-op if it was not ranked)."""
         key = self._key_of.pop(session_id, None)
@@ -74,8 +80,11 @@ class PriorityLevels:
             del self._keys[bisect.bisect_left(self._keys, key)]
 
     def level(self, session_id: str) -> int:
-        """The session's level now: 0 (most urgent) .. num_levels - 1."""
-        key = self._key_of[session_id]
+        """The session's level now: 0 (most urgent) .. num_levels - 1 (the last for a session not ranked: with
+        a shared state, one whose registration is on its way)."""
+        key = self._key_of.get(session_id)
+        if key is None:
+            return self.num_levels - 1
         return bisect.bisect_left(self._keys, key) * self.num_levels // len(self._keys)
 
     def value(self, session_id: str) -> int:

@@ -85,6 +85,7 @@ class Adoption:
     def __init__(self, previous_ids: Iterable[str], started_s: float, window_s: float) -> None:
         self._ids = set(previous_ids)
         self._until_s = started_s + window_s
+        self.window_s = window_s
 
     def __len__(self) -> int:
         return len(self._ids)

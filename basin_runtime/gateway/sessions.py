@@ -12,8 +12,9 @@
 # - A session is idle when it is live, has no call in flight, and its last call ended (or started)
 #   at least the idle timeout ago.
 # - Each session keeps its calls (`CallRecord`), what the session log (issue 6) is written from.
-# - The registry ranks its sessions by their fixed Basin priority (`priority.PriorityLevels`): the
-#   engine priority a call carries is the session's bucketed rank at that moment.
+# - The registry keeps the ranking of every session the policy holds by its fixed Basin priority
+#   (`priority.PriorityLevels`, fed by the waiting room as policy steps apply): the engine priority a
+#   call carries is the session's bucketed rank at that moment.
 """Session identity, per-session records, and the session registry."""
 
 from __future__ import annotations
@@ -156,11 +157,9 @@ class SessionRegistry:
         """Register a session the policy now holds."""
         assert entry.session_id not in self._entries, entry.session_id
         self._entries[entry.session_id] = entry
-        self.levels.add(entry.session_id, entry.priority_s)
 
     def remove(self, session_id: str) -> SessionEntry | None:
         """Forget a session (ended, withdrawn or shed); None if it was not held."""
-        self.levels.remove(session_id)
         return self._entries.pop(session_id, None)
 
     def engine_priority(self, entry: SessionEntry) -> int:

@@ -21,8 +21,10 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
-from basin_runtime.policy.config import PolicyConfig, PolicyError, require_finite
+from basin_runtime.policy.config import PolicyConfig, PolicyError, require_finite, require_tokens
 from basin_runtime.policy.events import BudgetMoved
 
 
@@ -108,6 +110,21 @@ class BudgetController:
         self._budget_tokens = min(high, max(low, old))
         reason = f"operator set the reference budget to {reference_tokens} tokens"
         return BudgetMoved(now, old, self._budget_tokens, reference_tokens, None, reason)
+
+    def to_state(self) -> dict[str, Any]:
+        """The controller's state as JSON-ready plain types (`Policy.to_state`)."""
+        return {"reference_tokens": self._reference_tokens, "budget_tokens": self._budget_tokens,
+                "last_move_s": self._last_move_s}
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        """Take the state `to_state` wrote; `PolicyError` naming a bad field (nothing changed then)."""
+        reference = require_tokens("state budget.reference_tokens", state.get("reference_tokens"))
+        budget = require_tokens("state budget.budget_tokens", state.get("budget_tokens"))
+        last = state.get("last_move_s")
+        last_move_s = None if last is None else require_finite("state budget.last_move_s", last)
+        if reference == 0 or budget == 0:
+            raise PolicyError(f"state budget: reference and budget must be > 0, got {reference} and {budget}")
+        self._reference_tokens, self._budget_tokens, self._last_move_s = reference, budget, last_move_s
 
     def _may_move(self, now: float) -> bool:
         if self._last_move_s is None:

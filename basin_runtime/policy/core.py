@@ -30,6 +30,10 @@
 #   arriving session's own admission too, with a wait of 0), so a driver has one translation path.
 # - Every public method validates everything before it changes anything: an illegal step raises
 #   `PolicyError` and leaves the state exactly as it was. `now` never runs backwards.
+# - `to_state()` is everything that affects a decision (configuration, clock, sessions in admission
+#   and service order, budget, arrival window, last first-token latency) as versioned JSON-ready
+#   data; `Policy.from_state` rebuilds a policy that takes every later step exactly as the original
+#   would (replicas restart from it, `basin_runtime/state/`). A state that does not add up is refused.
 # Invariants (after every public call):
 # - working_set_tokens == sum(context of live); reserved_tokens == sum(reservation of live).
 # - The queue is settled: if it is not empty, some session is live and the head does not fit.
@@ -37,8 +41,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from basin_runtime.policy.admission import (
     AdmissionQueue,
@@ -61,6 +67,8 @@ from basin_runtime.policy.priority import priority_s, service_key
 from basin_runtime.policy.shedding import ArrivalRateMeter, shed_reason, should_shed
 
 SessionState = Literal["queued", "live"]
+STATE_FORMAT = "basin-policy-state"
+STATE_VERSION = 1
 
 
 class Policy:
@@ -227,6 +235,21 @@ class Policy:
         )
 
     @property
+    def reserved_tokens(self) -> int:
+        """The live sessions' reservations, summed (O(1))."""
+        return self._reserved_tokens
+
+    @property
+    def budget_tokens(self) -> int:
+        """The budget admission uses now (O(1))."""
+        return self._budget.budget_tokens
+
+    @property
+    def now_s(self) -> float | None:
+        """The last `now` the policy saw (None before any)."""
+        return self._now_s
+
+    @property
     def is_pressed(self) -> bool:
         """True unless a latency gate is set and the engines' last reported first-token latency is under it."""
         gate = self.config.latency_gate_s
@@ -240,6 +263,19 @@ class Policy:
         """'live' or 'queued'; an unknown id raises `UnknownSessionError`."""
         self._record(session_id, "state_of")
         return "live" if session_id in self._live else "queued"
+
+    def record_of(self, session_id: str) -> SessionRecord:
+        """A copy of what the policy keeps about a live or queued session; an unknown id raises."""
+        return dataclasses.replace(self._record(session_id, "record_of"))
+
+    def live_ids(self) -> tuple[str, ...]:
+        """The live sessions' ids, in admission order (O(live))."""
+        return tuple(self._live)
+
+    def records(self) -> list[SessionRecord]:
+        """Copies of every held session's record, live and queued, in arrival order (O(n log n))."""
+        held = [*self._live.values(), *self._queue.in_service_order()]
+        return [dataclasses.replace(r) for r in sorted(held, key=lambda r: r.seq)]
 
     def is_live(self, session_id: str) -> bool:
         """True if the session is admitted and not finished (False for unknown ids)."""
@@ -279,7 +315,68 @@ class Policy:
             is_engaged=self.is_engaged,
         )
 
+    def to_state(self) -> dict[str, Any]:
+        """Everything that affects a decision, as JSON-ready plain types (see the rules on top)."""
+        return {
+            "format": STATE_FORMAT, "version": STATE_VERSION, "config": dataclasses.asdict(self.config),
+            "now_s": self._now_s, "started_s": self._started_s, "next_seq": self._next_seq,
+            "ttft_s": self._ttft_s, "working_set_tokens": self._working_set_tokens,
+            "reserved_tokens": self._reserved_tokens, "budget": self._budget.to_state(),
+            "arrivals_s": self._arrivals.arrivals_s(),
+            "live": [_record_row(r) for r in self._live.values()],
+            "queued": [_record_row(r) for r in sorted(self._queue.in_service_order(), key=lambda r: r.seq)],
+        }
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> Policy:
+        """The policy `to_state` described; `PolicyError` naming the first field that is wrong."""
+        if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
+            raise PolicyError(f"not a {STATE_FORMAT} record")
+        if state.get("version") != STATE_VERSION:
+            raise PolicyError(f"{STATE_FORMAT} version {state.get('version')!r} is not {STATE_VERSION}")
+        config = state.get("config")
+        if not isinstance(config, Mapping):
+            raise PolicyError(f"state config must be a mapping, got {config!r}")
+        try:
+            policy = cls(PolicyConfig(**config))
+        except TypeError as exc:
+            raise PolicyError(f"state config: {exc}") from None
+        policy._load(state)
+        return policy
+
     # --- internals ---------------------------------------------------------------------------
+
+    def _load(self, state: Mapping[str, Any]) -> None:
+        self._now_s = _optional_time("now_s", state.get("now_s"))
+        self._started_s = _optional_time("started_s", state.get("started_s"))
+        self._next_seq = require_tokens("state next_seq", state.get("next_seq"))
+        ttft = state.get("ttft_s")
+        self._ttft_s = None if ttft is None else require_finite("state ttft_s", ttft, minimum=0)
+        budget = state.get("budget")
+        if not isinstance(budget, Mapping):
+            raise PolicyError(f"state budget must be a mapping, got {budget!r}")
+        self._budget.load_state(budget)
+        arrivals = state.get("arrivals_s")
+        if not isinstance(arrivals, list):
+            raise PolicyError(f"state arrivals_s must be a list, got {arrivals!r}")
+        self._arrivals.load([require_finite("state arrivals_s[]", t) for t in arrivals])
+        for key, is_live in (("live", True), ("queued", False)):
+            rows = state.get(key)
+            if not isinstance(rows, list):
+                raise PolicyError(f"state {key} must be a list, got {rows!r}")
+            for row in rows:
+                record = _record_of(key, row, self._next_seq)
+                if record.session_id in self._live or record.session_id in self._queue:
+                    raise PolicyError(f"state {key}: session {record.session_id!r} is held twice")
+                if is_live:
+                    self._make_live(record, reservation_tokens(self.config.mode, record))
+                else:
+                    self._queue.push(record)
+        sums = (("working_set_tokens", self._working_set_tokens), ("reserved_tokens", self._reserved_tokens))
+        for key, value in sums:
+            if state.get(key) != value:
+                raise PolicyError(f"state {key} is {state.get(key)!r} but its live sessions sum to {value}")
+
 
     def _check_now(self, now: float) -> float:
         value = require_finite("now", now)
@@ -346,6 +443,32 @@ class Policy:
             head_waited_s=head_waited_s,
             reason=shed_reason(rate, peak_rate, head_waited_s),
         )
+
+
+def _record_row(record: SessionRecord) -> list[Any]:
+    return [record.session_id, record.seq, record.arrival_s, record.predicted_peak_tokens, record.priority,
+            record.context_tokens, record.reservation_multiplier]
+
+
+def _record_of(key: str, row: object, next_seq: int) -> SessionRecord:
+    """A session record from its `to_state` row; `PolicyError` naming what is wrong."""
+    if not isinstance(row, list) or len(row) != 7:
+        raise PolicyError(f"state {key}: a session must be [id, seq, arrival_s, peak, priority, context, "
+                          f"multiplier], got {row!r}")
+    session_id, seq, arrival, peak, priority, context, multiplier = row
+    _check_session_id(session_id)
+    what = f"state {key} session {session_id!r}"
+    number = require_tokens(f"{what} seq", seq)
+    if number >= next_seq:
+        raise PolicyError(f"{what}: seq {number} is not below next_seq {next_seq}")
+    return SessionRecord(session_id, number, require_finite(f"{what} arrival_s", arrival),
+                         require_finite(f"{what} peak", peak, minimum=0), require_finite(f"{what} priority", priority),
+                         require_tokens(f"{what} context", context),
+                         _check_multiplier(f"{what} multiplier", multiplier))
+
+
+def _optional_time(key: str, value: Any) -> float | None:
+    return None if value is None else require_finite(f"state {key}", value)
 
 
 def _check_session_id(session_id: str) -> None:

@@ -46,11 +46,16 @@ class HitRateWindow:
 
     def rate(self, now: float) -> float | None:
         """The windowed hit rate in [0, 1], or None with too little evidence."""
+        cached, prompt = self.sums(now)
+        if prompt < max(1, self.min_prompt_tokens):
+            return None
+        return cached / prompt
+
+    def sums(self, now: float) -> tuple[int, int]:
+        """(cached, prompt) tokens of the calls in the window (what replicas add up: `basin_runtime/state/`)."""
         horizon = now - self.window_s
         while self._samples and self._samples[0][0] < horizon:
             _, prompt, cached = self._samples.popleft()
             self._prompt_tokens -= prompt
             self._cached_tokens -= cached
-        if self._prompt_tokens < max(1, self.min_prompt_tokens):
-            return None
-        return self._cached_tokens / self._prompt_tokens
+        return self._cached_tokens, self._prompt_tokens

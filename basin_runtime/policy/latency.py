@@ -45,11 +45,16 @@ class LatencyWindow:
     def median_s(self, now: float, waiting_s: Iterable[float] = ()) -> float | None:
         """The windowed median time to first token, counting `waiting_s` (how long each call still without a
         first token has waited); None with fewer than `min_calls` calls."""
+        values = self.values(now, waiting_s)
+        if len(values) < self.min_calls:
+            return None
+        return statistics.median(values)
+
+    def values(self, now: float, waiting_s: Iterable[float] = ()) -> list[float]:
+        """Every latency the median is taken over: the window's calls and `waiting_s` (what replicas report)."""
         horizon = now - self.window_s
         while self._samples and self._samples[0][0] < horizon:
             self._samples.popleft()
         values = [ttft for _, ttft in self._samples]
         values.extend(waiting_s)
-        if len(values) < self.min_calls:
-            return None
-        return statistics.median(values)
+        return values

@@ -37,6 +37,14 @@ class ArrivalRateMeter:
             return None
         return len(self._arrivals_s) / span_s
 
+    def arrivals_s(self) -> list[float]:
+        """The arrivals still held, oldest first (`Policy.to_state`)."""
+        return list(self._arrivals_s)
+
+    def load(self, arrivals_s: list[float]) -> None:
+        """Hold exactly these arrivals (oldest first), as `arrivals_s` returned them."""
+        self._arrivals_s = deque(arrivals_s)
+
     def _prune(self, now: float) -> None:
         horizon_s = now - self._window_s
         while self._arrivals_s and self._arrivals_s[0] <= horizon_s:

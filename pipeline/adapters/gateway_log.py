@@ -11,8 +11,9 @@ Rules:
   text are the same task to a text model, so they must share a cross-validation fold.
 - A record whose raw task text was not kept cannot train a text model, so it is rejected with that
   reason rather than dropped silently; a call's gap runs from its end to the next call's start.
-- Restarts (format version 2): a session cut by a graceful shutdown (`end_reason: shutdown`) and
-  adopted by the next run (`adopted: true`, same session id, later in the same file) is one session:
+- Restarts (format version 2): a session cut by a graceful shutdown (`end_reason: shutdown`, or `moved`
+  to another replica sharing the state) and adopted by the next run or replica (`adopted: true`, same
+  session id, later in the same file: replicas that write one log) is one session:
   the two records are joined (calls in order; text, start and prediction from the first part). A cut
   part never resumed in its file, or an adopted part whose first part is not there (the previous run
   was killed, or rotation split them), has an unknown first prompt or peak: rejected, with that reason.
@@ -27,7 +28,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
-from basin_runtime.session_log import SessionLogError, SessionLogRecord
+from basin_runtime.session_log import CUT_REASONS, SessionLogError, SessionLogRecord
 from basin_runtime.session_table import Call, Session
 from pipeline.adapters.files import open_text
 from pipeline.records import Reject, non_negative_gap
@@ -90,7 +91,7 @@ def read_gateway_log(path: Path, source: str) -> Iterator[Session | Reject]:
                                              "file (the previous run was killed, or rotation split it): its first "
                                              "prompt is mid-session")
                         number, record = first[0], join_parts(first[1], record)
-                    if record.end_reason == "shutdown":
+                    if record.end_reason in CUT_REASONS:
                         cut[record.session_id] = (number, record)
                         continue
                     if record.end_reason == "failed":
@@ -102,7 +103,8 @@ def read_gateway_log(path: Path, source: str) -> Iterator[Session | Reject]:
         yield Reject(str(path), 0, f"unreadable file: {exc}")
         return
     for number, _ in cut.values():
-        yield Reject(str(path), number, "cut by a gateway shutdown and not resumed in this file: its peak is unknown")
+        yield Reject(str(path), number, "cut by a gateway shutdown (or moved to another replica) and not resumed in "
+                                        "this file: its peak is unknown")
 
 
 def join_parts(first: SessionLogRecord, adopted: SessionLogRecord) -> SessionLogRecord:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
+import pytest
 import pytest_asyncio
 
+from tests.runtime.redis_policy import LoopThread
 from tests.runtime.test_gateway_app import Rig, rig_for
 
 
@@ -20,3 +22,13 @@ async def full() -> AsyncIterator[Rig]:
     """A one-token budget: once one session is live, every other one waits."""
     async with rig_for(budget_tokens=1) as made:
         yield made
+
+
+@pytest.fixture(scope="session")
+def redis_loop() -> Iterator[LoopThread]:
+    """An event loop in a thread, for the synchronous suites that drive the Redis backend."""
+    loop = LoopThread()
+    try:
+        yield loop
+    finally:
+        loop.close()

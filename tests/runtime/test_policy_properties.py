@@ -7,18 +7,24 @@ model (two dicts), and checks:
 - admissions follow priority order (the model's queue minimum, every time);
 - every arrival ends admitted-then-finished, withdrawn, or shed with a reason: never lost;
 - working set, reservations, queue order and engagement match the model after every step;
-- budget moves are single bounded steps, at most one per interval; sheds happen exactly when due.
+- budget moves are single bounded steps, at most one per interval; sheds happen exactly when due;
+- the state survives `to_state` / `from_state` after every step, and a policy restored from it (a rule)
+  goes on exactly as the model expects.
+The same machine runs with the policy shared through a real Redis (`RedisPolicyMachine`: every step
+sequenced by the Redis stream, snapshots kept and the stream trimmed as the leader would), where another
+replica started on the same stream must hold exactly the same state.
 `LedgerMachine` checks the lending ledger against a list-based model: the cap per instance, oldest
 first eviction and reclaim, never negative, one copy per session, write-back plans.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import pickle
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, cast
 
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -28,6 +34,7 @@ from hypothesis.stateful import (
     invariant,
     precondition,
     rule,
+    run_state_machine_as_test,
 )
 
 from basin_runtime.policy import (
@@ -42,6 +49,8 @@ from basin_runtime.policy import (
     Shed,
     WriteBackPlan,
 )
+from tests.redis_server import RedisServer
+from tests.runtime.redis_policy import LoopThread, RedisPolicy
 
 MACHINE_SETTINGS = settings(max_examples=100, stateful_step_count=50, deadline=None, database=None)
 
@@ -89,7 +98,7 @@ class PolicyMachine(RuleBasedStateMachine):
             shed_wait_s=20.0,
             arrival_window_s=100.0,
         )
-        self.policy = Policy(self.config)
+        self.policy = self.new_policy(self.config)
         self.now = 0.0
         self.started_s: float | None = None
         self.num_arrived = 0
@@ -99,6 +108,9 @@ class PolicyMachine(RuleBasedStateMachine):
         self.outcomes: dict[str, str] = {}  # finished / withdrawn / shed
         self.last_move_s: float | None = None
         self.ttft_s: float | None = None  # the last first-token latency a tick reported
+
+    def new_policy(self, config: PolicyConfig) -> Policy:
+        return Policy(config)
 
     # --- model arithmetic ----------------------------------------------------------------------
 
@@ -288,6 +300,15 @@ class PolicyMachine(RuleBasedStateMachine):
         assert policy.snapshot() == before_snapshot
         assert pickle.dumps(policy) == before_state
 
+    @rule()
+    def restore_from_state(self) -> None:
+        """Go on with a policy rebuilt from the state's JSON (what a replica restarting from a snapshot does)."""
+        assert self.policy is not None
+        state = json.loads(json.dumps(self.policy.to_state()))
+        if type(self.policy) is Policy:
+            self.policy = Policy.from_state(state)
+        assert self.policy.to_state() == state
+
     # --- event checks ----------------------------------------------------------------------------
 
     def check_budget_move(
@@ -349,6 +370,14 @@ class PolicyMachine(RuleBasedStateMachine):
             assert self.policy.priority_of(session.session_id) == session.priority
 
     @invariant()
+    def state_round_trips(self) -> None:
+        if self.policy is None:
+            return
+        state = self.policy.to_state()
+        restored = Policy.from_state(json.loads(json.dumps(state)))
+        assert restored.to_state() == state and restored.snapshot() == self.policy.snapshot()
+
+    @invariant()
     def queue_is_settled(self) -> None:
         if self.policy is None or not self.queued:
             return
@@ -380,6 +409,38 @@ class PolicyMachine(RuleBasedStateMachine):
 
 TestPolicyMachine = PolicyMachine.TestCase
 TestPolicyMachine.settings = MACHINE_SETTINGS
+
+
+class RedisPolicyMachine(PolicyMachine):
+    """The same machine, every step through a real Redis; snapshots and a second replica checked too."""
+
+    url: ClassVar[str] = ""
+    loop: ClassVar[LoopThread | None] = None
+
+    def new_policy(self, config: PolicyConfig) -> Policy:
+        assert self.loop is not None
+        self.shared = RedisPolicy(config, self.url, self.loop)
+        return cast(Policy, self.shared)
+
+    @precondition(lambda self: self.policy is not None)
+    @rule()
+    def keep_snapshot(self) -> None:
+        """The leader keeps a snapshot and trims the stream before it; replicas started later load it."""
+        self.shared.keep_snapshot()
+
+    def teardown(self) -> None:
+        if self.policy is None:
+            return
+        try:
+            super().teardown()
+            self.shared.check_replicas_agree()
+        finally:
+            self.shared.close()
+
+
+def test_the_policy_machine_through_redis(redis_server: RedisServer, redis_loop: LoopThread) -> None:
+    RedisPolicyMachine.url, RedisPolicyMachine.loop = redis_server.url, redis_loop
+    run_state_machine_as_test(RedisPolicyMachine, settings=MACHINE_SETTINGS)
 
 
 # --- lending ledger ------------------------------------------------------------------------------

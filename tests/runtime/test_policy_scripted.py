@@ -3,6 +3,11 @@
 Each test walks one rule with a hand-written clock. `Tracker` holds the expected snapshot; a step
 states only what changed (`dataclasses.replace`), but the comparison is always against the whole
 `PolicySnapshot`. Illegal steps must raise `PolicyError` and leave the state byte-for-byte equal.
+
+Every test runs against both state backends (the `backend` fixture): the policy in process, and the
+policy shared through a real Redis (`redis_policy.RedisPolicy`: each step sequenced by the Redis stream and
+answered from this replica's copy). After a Redis test, another replica started on the same stream must
+hold exactly the same state.
 """
 
 from __future__ import annotations
@@ -10,9 +15,9 @@ from __future__ import annotations
 import json
 import math
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -36,6 +41,42 @@ from basin_runtime.policy import (
     reference_budget_tokens,
 )
 from basin_runtime.policy.shedding import ArrivalRateMeter
+from tests.runtime.redis_policy import RedisPolicy
+
+
+class _Backends:
+    """What `new_policy` builds in the running test (the `backend` fixture sets it)."""
+
+    build: Callable[[PolicyConfig], Policy] = Policy
+
+
+def new_policy(config: PolicyConfig) -> Policy:
+    """A policy on the running test's backend."""
+    return _Backends.build(config)
+
+
+@pytest.fixture(autouse=True, params=["in-process", "redis"])
+def backend(request: pytest.FixtureRequest) -> Iterator[str]:
+    if request.param == "in-process":
+        yield request.param
+        return
+    server, loop = request.getfixturevalue("redis_server"), request.getfixturevalue("redis_loop")
+    made: list[RedisPolicy] = []
+
+    def build(config: PolicyConfig) -> Policy:
+        made.append(RedisPolicy(config, server.url, loop))
+        return cast(Policy, made[-1])
+
+    _Backends.build = build
+    try:
+        yield request.param
+    finally:
+        _Backends.build = Policy
+        for policy in made:
+            try:
+                policy.check_replicas_agree()
+            finally:
+                policy.close()
 
 
 class Tracker:
@@ -66,7 +107,7 @@ class Tracker:
 
 
 def make(budget_tokens: int = 1000, **overrides: Any) -> tuple[Policy, Tracker]:
-    policy = Policy(PolicyConfig(budget_tokens=budget_tokens, **overrides))
+    policy = new_policy(PolicyConfig(budget_tokens=budget_tokens, **overrides))
     return policy, Tracker(policy)
 
 
@@ -370,7 +411,7 @@ def test_a_queued_sessions_revision_keeps_its_place_and_may_let_it_in() -> None:
     assert admits(policy.revise("next", 3.0, 10)) == []  # priority fixed at arrival: still behind head
     t.check(now_s=3.0, queued=["head", "next"], live=["live"], reserved_tokens=900, working_set_tokens=100)
     assert admits(policy.revise("head", 4.0, 50)) == ["head", "next"]  # 900 + 50 + 10 fits: both go in
-    proto = Policy(PolicyConfig(budget_tokens=1000, mode="prototype", always_engaged=True))
+    proto = new_policy(PolicyConfig(budget_tokens=1000, mode="prototype", always_engaged=True))
     proto.arrive("p", 0.0, 10, 100)
     assert proto.revise("p", 1.0, 5_000, 2.0) == [] and proto.snapshot().reserved_tokens == 100  # contexts
 
@@ -876,7 +917,7 @@ def test_operator_change_before_any_event_leaves_the_clock_unset() -> None:
 
 
 def test_adopt_makes_a_session_live_over_budget_and_does_not_count_as_an_arrival() -> None:
-    policy = Policy(PolicyConfig(budget_tokens=100_000, always_engaged=True))
+    policy = new_policy(PolicyConfig(budget_tokens=100_000, always_engaged=True))
     assert arrives(policy, "a", 0.0, 90_000, 1_000) is True
     assert policy.adopt("old", 1.0, 50_000, 40_000) == [Admitted("old", 1.0, 1.0 + 50_000 / 30, 0.0, 50_000)]
     snap = policy.snapshot()
@@ -889,7 +930,7 @@ def test_adopt_makes_a_session_live_over_budget_and_does_not_count_as_an_arrival
 
 
 def test_adopt_refuses_a_duplicate_and_changes_nothing() -> None:
-    policy = Policy(PolicyConfig(budget_tokens=100_000))
+    policy = new_policy(PolicyConfig(budget_tokens=100_000))
     policy.adopt("old", 0.0, 5_000, 4_000)
     before = policy.snapshot()
     with pytest.raises(PolicyError, match="'old' arrived again"):

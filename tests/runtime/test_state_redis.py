@@ -1,0 +1,142 @@
+"""The Redis backend on its own, against a real redis-server: wake-ups, exactly once, snapshots, epochs.
+
+Backends here are `RedisBackend`s without a gateway, on the test's event loop, each on a key prefix of
+its own per test; their listeners record what they apply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import pytest
+
+from basin_runtime.policy import Admitted, PolicyConfig
+from basin_runtime.state.backend import StateUnavailableError
+from basin_runtime.state.leases import Coordinator
+from basin_runtime.state.redis_backend import RedisBackend
+from basin_runtime.state.replica import ReplicatedState
+from basin_runtime.state.signals import SignalReport
+from basin_runtime.state.steps import Step, encode_step
+from tests.redis_server import RedisServer
+
+pytestmark = pytest.mark.asyncio
+
+CONFIG = PolicyConfig(budget_tokens=100, always_engaged=True)
+
+
+@asynccontextmanager
+async def backends(server: RedisServer, count: int, *, lease_s: float = 5.0,
+                   on_reset: Callable[[RedisBackend, bool], None] | None = None) -> AsyncIterator[list[RedisBackend]]:
+    prefix = f"backend-{uuid.uuid4().hex[:10]}"
+    made: list[RedisBackend] = []
+    try:
+        for k in range(count):
+            backend = RedisBackend(server.url, CONFIG, replica_id=f"r{k + 1}", prefix=prefix, lease_s=lease_s,
+                                   tail_block_ms=50)
+            backend.applied = []  # type: ignore[attr-defined]
+            backend.bind(backend.applied.append,  # type: ignore[attr-defined]
+                         None if on_reset is None else (lambda lost, b=backend: on_reset(b, lost)))
+            await backend.start(require=True)
+            made.append(backend)
+        yield made
+    finally:
+        for backend in made:
+            await backend.aclose()
+
+
+async def eventually(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not condition():
+            await asyncio.sleep(0.002)
+
+
+async def test_a_step_on_one_replica_wakes_a_session_queued_on_another_within_50_ms(redis_server: RedisServer) -> None:
+    async with backends(redis_server, 2) as (a, b):
+        delays = []
+        for k in range(20):
+            assert await b.step(Step("arrive", f"live{k}", (100, 10))) != []
+            assert await a.step(Step("arrive", f"queued{k}", (100, 10))) == []  # the budget is b's session's
+            seen: list[float] = []
+            a.bind(lambda applied, s=seen, k=k: s.append(time.perf_counter()) if any(
+                isinstance(e, Admitted) and e.session_id == f"queued{k}" for e in applied.events) else None)
+            started = time.perf_counter()
+            await b.step(Step("finish", f"live{k}", ()))
+            await eventually(lambda s=seen: bool(s))
+            delays.append(seen[0] - started)
+            await a.step(Step("finish", f"queued{k}", ()))
+        assert max(delays) < 0.05, f"woken after {[round(1000 * d, 1) for d in delays]} ms"
+
+
+async def test_a_batch_sent_again_after_its_answer_was_lost_applies_once(redis_server: RedisServer) -> None:
+    async with backends(redis_server, 1) as (a,):
+        payload = encode_step(Step("arrive", "twice", (50, 5)), 1)
+        for _ in range(2):  # what a replica does when the connection drops before the answer: send it again
+            await a.script("append")(keys=[a.keys.stream, a.keys.meta],
+                                     args=[a.epoch, "0-0", "ghost-replica", "1", payload])
+        await eventually(lambda: a.replicated.n == 2)
+        assert a.policy.snapshot().live == ("twice",) and a.replicated.counters["ghost-replica"] == 1
+        assert [x.is_duplicate for x in a.applied] == [False, True]  # type: ignore[attr-defined]
+
+
+async def test_snapshots_trim_the_stream_and_a_replica_behind_them_reloads(redis_server: RedisServer) -> None:
+    async with backends(redis_server, 2) as (a, b):
+        for k in range(30):
+            await a.step(Step("arrive", f"s{k}", (1, 1)))
+        old = ReplicatedState.from_state(b.replicated.to_state())  # b, as it was at entry 30
+        for k in range(30):
+            await a.step(Step("observe", f"s{k}", (2,)))
+        coordinator = Coordinator(a, lambda: SignalReport.of(0, 0, None, ()), orphan_window_s=600)
+        assert await coordinator.keep_snapshot()
+        assert await a.client.xlen(a.keys.stream) == 1  # trimmed up to the snapshot's entry
+        await a.step(Step("finish", "s0", ()))
+        async with backends(redis_server, 0):
+            late = RedisBackend(redis_server.url, CONFIG, replica_id="late", prefix=a.keys.prefix, tail_block_ms=50)
+            await late.start(require=True)
+            try:
+                assert late.replicated.to_state() == a.replicated.to_state()  # snapshot + the one entry after it
+            finally:
+                await late.aclose()
+        b.replicated = old  # b fell behind the trim: its next read finds a gap, it reloads the snapshot
+        b.request_resync("test: behind the snapshot")
+        await eventually(lambda: b.is_up and b.replicated.n == a.replicated.n)
+        assert b.replicated.to_state() == a.replicated.to_state()
+
+
+async def test_after_the_state_is_lost_registrations_come_before_any_arrival(redis_server: RedisServer) -> None:
+    registered: dict[str, bool] = {}
+
+    def reregister(backend: RedisBackend, is_lost: bool) -> None:
+        if is_lost and backend.replica_id == "r1":  # r1 held `old`: it registers it again (the room's reconcile)
+            backend.submit(Step("adopt", "old", (100, 10)))
+            registered["r1"] = True
+
+    async with backends(redis_server, 2, lease_s=1.0, on_reset=reregister) as (a, b):
+        await a.step(Step("arrive", "old", (100, 10)))
+        await eventually(lambda: b.replicated.n == 1)
+        await a.client.delete(a.keys.meta, a.keys.stream, a.keys.snapshot)  # Redis lost everything
+        b.request_resync("test: b notices first")
+        await eventually(lambda: b.is_up)
+        a.submit(Step("observe", "old", (11,)))  # a finds out on its next step
+        started = time.monotonic()
+        arriving = asyncio.create_task(b.step(Step("arrive", "new", (100, 10))))  # held while registration runs
+        await asyncio.sleep(0.2)
+        assert not arriving.done()
+        await eventually(lambda: a.is_up and registered.get("r1", False))
+        assert await arriving == []  # queued behind the registered `old`: it was not admitted first
+        assert time.monotonic() - started >= 0.5
+        assert b.policy.snapshot().live == ("old",) and b.policy.snapshot().queued == ("new",)
+        assert a.num_dropped_steps == 1  # the observe made for the lost state: the adopt carries the size
+        assert b.epoch == a.epoch
+
+
+async def test_steps_wait_while_redis_cannot_be_reached(redis_server: RedisServer) -> None:
+    async with backends(redis_server, 1) as (a,):
+        a.mark_down(None, "test: Redis gone")
+        with pytest.raises(StateUnavailableError, match="test: Redis gone"):
+            await a.step(Step("arrive", "x", (1, 1)))
+        await eventually(lambda: a.is_up)
+        assert await a.step(Step("arrive", "x", (1, 1))) != []
