@@ -14,8 +14,9 @@
 #   read whole and sent in one piece (`WholeUpstreamResponse`: no streaming machinery per call; a
 #   failure while reading it is then a 502 instead of a cut stream). Answers are passed on decoded
 #   (a `Content-Encoding` the upstream applied anyway is undone and dropped).
-# - Before the answer's head arrives, the client is watched: if it leaves, the upstream request is
-#   cancelled. Failures then: cannot connect -> `UpstreamRefusedError`; timeout ->
+# - Until the answer has been passed on, the client is watched (`race_client`: while waiting for the
+#   answer's head, then while streaming its body): if it leaves, the upstream request is cancelled.
+#   Failures before the head: cannot connect -> `UpstreamRefusedError`; timeout ->
 #   `UpstreamTimeoutError`; a 5xx -> `UpstreamStatusError` with the start of the upstream's body.
 #   A 4xx passes through unchanged (the client's own mistake, in the upstream's words). A 2xx read
 #   whole that says it is JSON and does not parse -> `UpstreamBadAnswerError` (502, its start quoted).
@@ -303,6 +304,14 @@ class UpstreamResponse(StreamingResponse):
         self._usage = events.usage()
         self._is_complete = True
 
+    async def _send_all(self, send: Send) -> None:
+        """The answer's head, each chunk as it comes, then its end (Starlette's streaming without its task group:
+        the client is watched by `race_client`, as for the head)."""
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        async for chunk in self._chunks:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
     def _first_bytes_passed(self) -> None:
         if self._on_first_byte is not None:
             hook, self._on_first_byte = self._on_first_byte, None
@@ -343,9 +352,9 @@ class UpstreamResponse(StreamingResponse):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         outcome: CallOutcome = "client_gone"
         try:
-            await super().__call__(scope, receive, send)
+            await race_client(self._send_all(send), receive, ClientGoneError)
             outcome = self._outcome()
-        except (ClientDisconnect, OSError):
+        except (ClientGoneError, ClientDisconnect, OSError):
             outcome = "client_gone"
         except UpstreamBrokenError as exc:  # a plain body cut mid-way: the client sees a cut body
             outcome = "upstream_error"
