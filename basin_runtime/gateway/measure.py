@@ -24,6 +24,8 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+import orjson
+
 from basin_runtime.gateway.calls import Call
 from basin_runtime.gateway.errors import BadRequestError
 from basin_runtime.messages import Message
@@ -137,4 +139,9 @@ def _digest(value: object) -> bytes:
 
 
 def _json(value: object) -> bytes:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    """Compact JSON of `value` (only ever compared with itself): orjson, or the standard library for an
+    integer past 64 bits, which orjson does not write."""
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")

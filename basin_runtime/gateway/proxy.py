@@ -53,7 +53,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import time
@@ -78,7 +77,7 @@ from basin_runtime.gateway.errors import (
     error_event,
 )
 from basin_runtime.gateway.sessions import CallOutcome
-from basin_runtime.gateway.signals import Usage, usage_of
+from basin_runtime.gateway.signals import Usage, parse_json, usage_of
 from basin_runtime.gateway.sse import SseEvents, SseFramer
 from basin_runtime.gateway.upstream import HttpxUpstreamClient, UpstreamAnswer, UpstreamBrokenError, UpstreamClient
 
@@ -204,8 +203,8 @@ def _whole_length(response: UpstreamAnswer) -> int | None:
 def _usage_of_json(response: UpstreamAnswer, body: bytes) -> Usage | None:
     """The usage in a whole JSON answer; `UpstreamBadAnswerError` if a 2xx answer claims JSON and is not."""
     try:
-        return usage_of(json.loads(body))
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        return usage_of(parse_json(body))
+    except ValueError:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
         media_type = response.headers.get("content-type", "").split(";")[0].strip().lower()
         if _is_ok(response.status_code) and (media_type == "application/json" or media_type.endswith("+json")):
             raise UpstreamBadAnswerError(f"upstream {response.url} answered {response.status_code} with a body "

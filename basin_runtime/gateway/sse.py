@@ -23,11 +23,10 @@ amount, and what the relay learns from them."""
 
 from __future__ import annotations
 
-import json
 import re
 from typing import NamedTuple
 
-from basin_runtime.gateway.signals import Usage, usage_of
+from basin_runtime.gateway.signals import Usage, parse_json, usage_of
 
 SEPARATOR = re.compile(rb"(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r|\n)")  # a line break, then an empty line's break
 LOOKBACK_BYTES = 3  # a separator that starts in the bytes already scanned starts at most this far back
@@ -166,6 +165,7 @@ class SseEvents:
         self.error: str | None = None  # the message of the first error event
         self.made_progress = False  # since the relay last cleared it: an event other than a comment
         self._last_usage_event: bytes | None = None
+        self._last_usage_json: object = None  # its JSON, when `_keep` already read it
 
     def pass_on(self, frames: list[Frame]) -> bytes:
         """The bytes of `frames` to send on (the usage-only chunk the client did not ask for left out)."""
@@ -173,7 +173,10 @@ class SseEvents:
 
     def usage(self) -> Usage | None:
         """The usage the last usage event reported."""
-        return None if self._last_usage_event is None else usage_of(_event_json(self._last_usage_event))
+        if self._last_usage_event is None:
+            return None
+        return usage_of(self._last_usage_json if self._last_usage_json is not None
+                        else _event_json(self._last_usage_event))
 
     def is_done(self, event: bytes) -> bool:
         """True for the `data: [DONE]` event."""
@@ -190,9 +193,11 @@ class SseEvents:
         if self.error is None and ERROR_KEY in event:
             self.error = _error_of_event(event)
         if USAGE_EVENT.search(event) is not None:
-            self._last_usage_event = event
-            if self.drop_usage_chunk and _is_usage_only(event):
-                return False
+            self._last_usage_event, self._last_usage_json = event, None
+            if self.drop_usage_chunk:  # read now to decide, and kept: `usage()` needs it if it is the last
+                self._last_usage_json = chunk = _event_json(event)
+                if _is_usage_only(chunk):
+                    return False
         return True
 
 
@@ -200,8 +205,8 @@ def _event_json(event: bytes) -> object:
     """The JSON of one SSE event's data, or None if it is not JSON."""
     data = event_data(event)
     try:
-        return None if data is None else json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None if data is None else parse_json(data)
+    except ValueError:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
         return None
 
 
@@ -214,7 +219,6 @@ def _error_of_event(event: bytes) -> str | None:
     return error[:ERROR_MESSAGE_CHARS] if isinstance(error, str) and error else None
 
 
-def _is_usage_only(event: bytes) -> bool:
-    """True for the final chunk `include_usage` adds: usage and an empty `choices` list."""
-    chunk = _event_json(event)
+def _is_usage_only(chunk: object) -> bool:
+    """True for the final chunk `include_usage` adds (as JSON): usage and an empty `choices` list."""
     return isinstance(chunk, dict) and chunk.get("choices") == [] and isinstance(chunk.get("usage"), dict)
