@@ -33,9 +33,12 @@
 #   `lending.py`, `session_log.py`).
 # - Shadow mode: the policy decides as usual, but a queued session's calls are not held (counted in
 #   `basin_shadow_would_hold_total`); `_admit` is the one place a call is held.
-# - A body of OFF_LOOP_BODY_BYTES or more is parsed, identified (a conversation's hash), counted (a
-#   known session's later calls) and encoded for forwarding in a worker thread, so one huge prompt
-#   never stalls the event loop; smaller ones stay inline, where that work is cheaper than the hop.
+# - A body of OFF_LOOP_BODY_BYTES or more is parsed, identified (a conversation's hash), counted and
+#   encoded for forwarding in a worker thread, so one huge prompt never stalls the event loop; smaller
+#   ones stay inline, where that work is cheaper than the hop. A new session's first call is counted
+#   and predicted the same way: inline the prediction (~0.3 ms) costs less than a thread hop, which
+#   under load also waits for the thread to be scheduled (that wait was most of the first call's added
+#   latency).
 # - Added latency is the wall time from the call's arrival to its forwarding, minus any queue wait.
 # - Replicas (`--state`, `basin_runtime/state/`): a call of a session this replica does not hold, but
 #   the shared state does (another replica's, live or queued) or let go (an orphan: its replica died),
@@ -327,7 +330,7 @@ class Gateway:
         workload = request.headers.get(self.workload_header) or None
         model = self.predictors.for_workload(workload)
         memo = PromptMemo()
-        first, peak = await asyncio.to_thread(self._predict, call, memo, model)
+        first, peak = await _off_loop_if_large(call.num_bytes, self._predict, call, memo, model)
         is_adopted = self.adoption.claim(session_id, call.is_continuation, self.room.clock.now())
         entry, is_new = await self.room.arrive(session_id, first, peak, workload=workload, memo=memo,
                                                is_adopted=is_adopted, is_single_call=is_single_call,
