@@ -96,9 +96,9 @@ class Call:
             return self.raw
         head = self.raw.rstrip()
         assert head.endswith(b"}"), "a parsed body is a JSON object"
-        fields = ",".join(f"{json.dumps(k)}:{json.dumps(v, ensure_ascii=False)}" for k, v in added.items())
-        comma = "," if len(self.body) > len(added) else ""
-        return head[:-1] + f"{comma}{fields}}}".encode()
+        fields = b",".join(orjson.dumps(k) + b":" + orjson.dumps(v) for k, v in added.items())  # the gateway's values
+        comma = b"," if len(self.body) > len(added) else b""
+        return head[:-1] + comma + fields + b"}"
 
 
 def _same(a: object, b: object) -> bool:
