@@ -62,6 +62,9 @@ class SseFramer:
 
     def feed(self, chunk: bytes) -> list[Frame]:
         """The frames `chunk` completes, in stream order."""
+        if (not self._held and not self.is_passing and chunk.endswith(b"\n\n") and chunk.find(b"\n\n") == len(chunk) - 2
+                and b"\r" not in chunk):
+            return [Frame(chunk, True)]  # exactly one whole LF event (how SGLang and smg send them): as it came
         frames: list[Frame] = []
         if self.is_passing:
             chunk = self._pass(chunk, frames)
@@ -169,6 +172,9 @@ class SseEvents:
 
     def pass_on(self, frames: list[Frame]) -> bytes:
         """The bytes of `frames` to send on (the usage-only chunk the client did not ask for left out)."""
+        if len(frames) == 1:
+            frame = frames[0]
+            return frame.data if not frame.is_whole or self._keep(frame.data) else b""
         return b"".join([frame.data for frame in frames if not frame.is_whole or self._keep(frame.data)])
 
     def usage(self) -> Usage | None:
