@@ -8,7 +8,8 @@ a subprocess) and the real gateway (`python -m basin_runtime.gateway` in a subpr
 2. At 200 concurrent sessions (each making `--calls` growing chat calls, then ending itself with the
    end key its first answer carried; the gateway runs with an admin token that only the benchmark's
    state read uses): p50/p99 latency direct and via the gateway, the difference, the gateway's own
-   `basin_gateway_added_latency_seconds` (time before forwarding) and throughput via / direct.
+   `basin_gateway_added_latency_seconds` (time before forwarding) and throughput via / direct
+   (`--rounds` alternations of a direct and a via phase, summed).
 3. Memory: the gateway's RSS (from /proc) while 10,000 sessions pass through it (200 at a time).
 
 With `--via-smg` the upstream is the real router (`python -m smg.launch_router`, PD mode) in front of
@@ -402,20 +403,30 @@ async def bench(args: argparse.Namespace) -> None:
             await run_sessions(upstream, 10**6, 50, 2, 50, False, [], stream)
 
             direct_1, via_1 = [], []
+            unloaded_cpu = cpu_s(gw_pid)
             for k in range(args.unloaded_calls):
                 await run_sessions(upstream, 2 * 10**6 + k, 1, 1, 1, False, direct_1, stream)
                 await run_sessions(gateway, 2 * 10**6 + k, 1, 1, 1, True, via_1, stream)
+            unloaded_cpu = (cpu_s(gw_pid) - unloaded_cpu) / args.unloaded_calls
             added_1 = [v - d for v, d in zip(via_1, direct_1, strict=True)]
 
+            # Direct and via the gateway in turns, `--rounds` times: the other work on a shared machine comes
+            # and goes, and alternating spreads it over both sides.
             n = args.concurrency * 2
             direct, via = [], []
-            load_direct = load_average()
-            cpu_0 = cpu_of(deployment.pids)
-            direct_s = await run_sessions(upstream, 0, n, args.calls, args.concurrency, False, direct, stream)
-            cpu_1 = cpu_of(deployment.pids)
-            load_via = load_average()
-            via_s = await run_sessions(gateway, 0, n, args.calls, args.concurrency, True, via, stream)
-            cpu_2 = cpu_of(deployment.pids)
+            direct_s = via_s = 0.0
+            loads = []
+            cpu_direct = cpu_via = dict.fromkeys(cpu_of(deployment.pids), 0.0)
+            for round_ in range(args.rounds):
+                loads.append(load_average())
+                cpu_0 = cpu_of(deployment.pids)
+                direct_s += await run_sessions(upstream, round_ * n, n, args.calls, args.concurrency, False, direct,
+                                               stream)
+                cpu_1 = cpu_of(deployment.pids)
+                via_s += await run_sessions(gateway, round_ * n, n, args.calls, args.concurrency, True, via, stream)
+                cpu_2 = cpu_of(deployment.pids)
+                cpu_direct = {k: v + cpu_1[k] - cpu_0[k] for k, v in cpu_direct.items()}
+                cpu_via = {k: v + cpu_2[k] - cpu_1[k] for k, v in cpu_via.items()}
             own_p50, own_p99, own_n = await gateway_added_quantiles(client, gateway)
 
             big_cpu, big_bytes = (0.0, 0) if args.big_calls == 0 else await big_conversation_cpu(
@@ -441,20 +452,23 @@ async def bench(args: argparse.Namespace) -> None:
           f"gateway: basin_runtime.gateway ({args.upstream_client} upstream client, state {args.state}), "
           f"session log on; calls {'streamed' if stream else 'not streamed'}")
     print(f"unloaded ({args.unloaded_calls} calls, one at a time, {what}): added p50 {pct(added_1, .5) * ms:.2f} ms, "
-          f"p99 {pct(added_1, .99) * ms:.2f} ms (direct p50 {pct(direct_1, .5) * ms:.2f} ms)")
+          f"p99 {pct(added_1, .99) * ms:.2f} ms (direct p50 {pct(direct_1, .5) * ms:.2f} ms); gateway CPU "
+          f"{unloaded_cpu * ms:.2f} ms per call (each a new session's first call, and its end)")
     print(f"{args.concurrency} concurrent sessions x {args.calls} calls ({len(via)} calls), {what}:")
     print(f"  direct  p50 {pct(direct, .5) * ms:7.2f} ms  p99 {pct(direct, .99) * ms:7.2f} ms  "
-          f"{len(direct) / direct_s:8.1f} calls/s  (load average before: {load_direct})")
+          f"{len(direct) / direct_s:8.1f} calls/s")
     print(f"  gateway p50 {pct(via, .5) * ms:7.2f} ms  p99 {pct(via, .99) * ms:7.2f} ms  "
-          f"{len(via) / via_s:8.1f} calls/s  (load average before: {load_via})")
+          f"{len(via) / via_s:8.1f} calls/s  ({args.rounds} rounds of direct then via; load average before each: "
+          f"{'; '.join(loads)})")
     print(f"  added (difference of percentiles): p50 {(pct(via, .5) - pct(direct, .5)) * ms:.2f} ms, "
           f"p99 {(pct(via, .99) - pct(direct, .99)) * ms:.2f} ms")
     print(f"  gateway's own pre-forward time (histogram bucket bounds, {own_n} calls): p50 <= {own_p50 * ms:g} ms, "
           f"p99 <= {own_p99 * ms:g} ms")
     print(f"  throughput via gateway / direct: {(len(via) / via_s) / (len(direct) / direct_s):.2f}x")
-    print(f"  CPU ms per call, direct:      {per_call(cpu_0, cpu_1, len(direct), names)}")
-    print(f"  CPU ms per call, via gateway: {per_call(cpu_1, cpu_2, len(via), names)}  (its session ends included)")
-    gateway_us = (cpu_2["gateway"] - cpu_1["gateway"]) / len(via) * 1e6
+    zero = dict.fromkeys(cpu_direct, 0.0)
+    print(f"  CPU ms per call, direct:      {per_call(zero, cpu_direct, len(direct), names)}")
+    print(f"  CPU ms per call, via gateway: {per_call(zero, cpu_via, len(via), names)}  (its session ends included)")
+    gateway_us = cpu_via["gateway"] / len(via) * 1e6
     print(f"stage profile of one call (session's call {args.calls}, in-process, us): "
           + ", ".join(f"{name} {us:.1f}" for name, us in stages.items())
           + f"; sum {sum(stages.values()):.1f}; the rest of the gateway's {gateway_us:.0f} us per call (HTTP server, "
@@ -484,6 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--via-smg", action="store_true", help="smg (PD mode) and stand-in workers as the upstream")
     parser.add_argument("--stream", action="store_true", help="streamed chat calls (times to the first chunk)")
     parser.add_argument("--state", choices=("memory", "redis"), default="memory")
+    parser.add_argument("--rounds", type=int, default=1, help="load phases, direct then via the gateway")
     parser.add_argument("--big-tokens", type=int, default=300_000)
     parser.add_argument("--big-calls", type=int, default=20, help="later calls of the big conversation (0: none)")
     args = parser.parse_args(argv)
