@@ -4,8 +4,10 @@
 # - An event ends at a blank line; a line ends in CRLF, LF or CR (the SSE spec), so `\n\n`, `\r\n\r\n`,
 #   `\r\r` and their mixtures all end one. An event is given out with its line breaks, byte for byte
 #   as the upstream wrote it: what is passed on is exactly what arrived, only re-chunked by event.
-# - Each byte is scanned once: a new chunk is searched from at most 3 bytes before it (the longest
-#   separator, `\r\n\r\n`, is 4), so framing is linear in the stream's length whatever its chunking.
+# - Each byte is scanned a bounded number of times: a new chunk is searched from at most 3 bytes
+#   before it (the longest separator, `\r\n\r\n`, is 4), so framing is linear in the stream's length
+#   whatever its chunking. A chunk that is exactly one whole LF event with nothing held (what SGLang
+#   and smg send) is recognised by two searches over it and given out as it came, uncopied.
 # - At most `max_event_bytes` of an unfinished event are held back. An event that grows past it is
 #   given out in pieces as its bytes arrive (`Frame.is_whole` False: to pass on, never to parse)
 #   until its blank line; then framing goes on as before.
