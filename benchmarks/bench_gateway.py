@@ -29,7 +29,8 @@ with its descendants), and the run ends with:
    call (each grown by one turn), averaged over `--big-calls` calls.
 
     .venv/bin/python benchmarks/bench_gateway.py [--sessions 10000] [--concurrency 200] [--calls 5]
-        [--upstream-client aiohttp|httpx] [--via-smg] [--stream] [--state memory|redis]
+        [--upstream-client aiohttp|httpx] [--via-smg] [--stream] [--state memory|redis] [--rounds 1]
+        [--big-tokens 300000] [--big-calls 20]
 
 Loopback only; every process started is stopped at the end. The machine's load average is printed
 with the numbers: on a shared machine compare runs made in the same conditions.
