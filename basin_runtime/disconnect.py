@@ -10,6 +10,8 @@
 #   the caller gets. The watcher never outlives the call. A result (or error) ready together with a
 #   disconnect wins.
 # - The client leaving raises `gone()`: each server names its own error (the gateway maps it to 499).
+# - `ClientWatch` is the same race for several awaits in turn (the gateway: the upstream's answer head,
+#   then streaming its body) with one watcher for all of them; its owner closes it when the call ends.
 # - Stdlib only: the ASGI `receive` callable is typed here, not imported from a web framework.
 """`race_client`: await something unless the ASGI client disconnects first."""
 
@@ -36,18 +38,41 @@ async def until_disconnect(receive: Receive) -> None:
 async def race_client(awaitable: Awaitable[T], receive: Receive,
                       gone: Callable[[], BaseException] = ClientDisconnected) -> T:
     """The result of `awaitable`, or `gone()` raised (with `awaitable` cancelled) if the client leaves."""
-    task = asyncio.ensure_future(awaitable)
-    watcher = asyncio.ensure_future(until_disconnect(receive))
+    watch = ClientWatch(receive)
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        is_first = task.done()
+        return await watch.race(awaitable, gone)
     finally:
-        watcher.cancel()
-        if not task.done():
-            await _cancel(task)
-    if not is_first:
-        raise gone()
-    return task.result()
+        watch.close()
+
+
+class ClientWatch:
+    """One watcher of an ASGI client, raced against one await after another (see the rules)."""
+
+    def __init__(self, receive: Receive) -> None:
+        self._receive = receive
+        self._watcher: asyncio.Future[None] | None = None  # started by the first race
+        self.is_taken = False  # another owner (a streamed answer) will close it
+
+    async def race(self, awaitable: Awaitable[T], gone: Callable[[], BaseException] = ClientDisconnected) -> T:
+        """The result of `awaitable`, or `gone()` raised (with `awaitable` cancelled) if the client has left."""
+        task = asyncio.ensure_future(awaitable)
+        if self._watcher is None:
+            self._watcher = asyncio.ensure_future(until_disconnect(self._receive))
+        both: set[asyncio.Future[Any]] = {task, self._watcher}
+        try:
+            await asyncio.wait(both, return_when=asyncio.FIRST_COMPLETED)
+            is_first = task.done()
+        finally:
+            if not task.done():
+                await _cancel(task)
+        if not is_first:
+            raise gone()
+        return task.result()
+
+    def close(self) -> None:
+        """Stop watching (the call has ended)."""
+        if self._watcher is not None:
+            self._watcher.cancel()
 
 
 async def _cancel(task: asyncio.Future[T]) -> None:

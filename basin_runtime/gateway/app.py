@@ -17,6 +17,12 @@
 #   itself is JSON: Starlette's own 404 (no route) and 405 (wrong method, with Allow) become
 #   `not_found` / `method_not_allowed`; any other exception that reaches the app's edge before the
 #   answer started is logged with its traceback and answered 500 `internal_error` (`_LastResort`).
+# - The hot path: a POST to exactly one of the inference paths is served by `_InferencePath` ahead of
+#   Starlette's router and middleware stack (a route match over every route, two exception layers and
+#   a send wrapper per layer cost more CPU than the gateway's own work on a small call). It answers
+#   exactly as that stack would: the same handler, the gateway's errors through `error_response`, any
+#   other exception before the answer started as 500 `internal_error`, logged. Anything else (another
+#   method or path, a trailing slash, a `root_path`) takes the stack.
 # - The lifespan starts the upstream client (the aiohttp session must be made on the running loop),
 #   runs the waiting room's timers, the live-sessions file's writer (`restart.py`) and, when
 #   configured, the engines' /metrics scraper (`engine_metrics.py`). At its end (the server has
@@ -153,12 +159,57 @@ def create_app(gateway: Gateway, *, admin_token: str | None = None, tick_interva
         Route("/basin/sessions/{session_id:path}/end", end_session, methods=["POST"]),
     ]
     routes += admin_routes(gateway, lambda request: _require_admin(request, admin_token), reloader)
-    handlers = {GatewayError: _error_handler, PolicyError: _error_handler, StateUnavailableError: _error_handler,
-                HTTPException: _route_error_handler}
-    app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan,
-                    middleware=[Middleware(_LastResort)])
+    handlers: dict[type[Exception], Callable[[Request, Exception], Awaitable[Response]]] = {
+        error: _error_handler for error in _HANDLED_ERRORS}
+    handlers[HTTPException] = _route_error_handler
+    app = _GatewayApp(routes=routes, exception_handlers=handlers, lifespan=lifespan,
+                      middleware=[Middleware(_LastResort)])
     app.state.gateway = gateway  # the server's graceful shutdown drains it first (`cli.py`)
     return app
+
+
+_HANDLED_ERRORS = (GatewayError, PolicyError, StateUnavailableError)  # answered by `error_response`
+
+
+class _GatewayApp(Starlette):
+    """Starlette with the inference calls served ahead of its stack (see the rules: the hot path)."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return _InferencePath(super().build_middleware_stack(), self.state.gateway)
+
+
+class _InferencePath:
+    """Serves a POST to an inference path itself; passes everything else to Starlette's stack."""
+
+    def __init__(self, app: ASGIApp, gateway: Gateway) -> None:
+        self.app = app
+        self._gateway = gateway
+        self._kinds = {path: kind for kind, path in UPSTREAM_PATHS.items()}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = (self._kinds.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST"
+                and not scope.get("root_path") else None)
+        if kind is None:
+            await self.app(scope, receive, send)
+            return
+        has_started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal has_started
+            has_started = has_started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            response = await self._gateway.handle(kind, Request(scope, receive))
+            await response(scope, receive, tracked)
+        except _HANDLED_ERRORS as exc:
+            if has_started:
+                raise
+            await error_response(exc)(scope, receive, send)
+        except Exception as exc:
+            if has_started:
+                raise
+            await (await _answer_unexpected(scope, exc))(scope, receive, send)
 
 
 async def _error_handler(request: Request, exc: Exception) -> Response:

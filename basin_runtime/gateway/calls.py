@@ -4,6 +4,10 @@
 # - The body must be UTF-8 JSON text (RFC 8259: no NaN or Infinity, no number too large for a
 #   float or past Python's 4300-digit integers, no lone UTF-16 surrogate) holding an object nested
 #   at most `max_json_depth` levels (`limits.py`). Anything else is a 400 naming what is wrong.
+#   orjson reads it (several times faster than the standard library on the hot path, and it refuses
+#   invalid UTF-8, NaN, infinities and lone surrogates itself); a body it refuses, or one holding a
+#   float of magnitude 2**63 or more (orjson reads an integer past 64 bits as a float), is read again
+#   by the standard library's parser, which names the error or keeps the integer exact.
 # - The shape of what the gateway itself reads is checked here, once, so later code can trust it
 #   (SGLang validates the rest); a wrong one is a 400 naming the field:
 #     chat: a non-empty `messages` list of objects with a string `role`; a message's `content` is
@@ -31,6 +35,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+import orjson
 
 from basin_runtime.gateway.errors import BadRequestError, NestingTooDeepError
 from basin_runtime.gateway.limits import DEFAULT_MAX_JSON_DEPTH, check_depth
@@ -90,9 +96,9 @@ class Call:
             return self.raw
         head = self.raw.rstrip()
         assert head.endswith(b"}"), "a parsed body is a JSON object"
-        fields = ",".join(f"{json.dumps(k)}:{json.dumps(v, ensure_ascii=False)}" for k, v in added.items())
-        comma = "," if len(self.body) > len(added) else ""
-        return head[:-1] + f"{comma}{fields}}}".encode()
+        fields = b",".join(orjson.dumps(k) + b":" + orjson.dumps(v) for k, v in added.items())  # the gateway's values
+        comma = b"," if len(self.body) > len(added) else b""
+        return b"".join((memoryview(head)[:-1], comma, fields, b"}"))  # one copy of a body that may be megabytes
 
 
 def _same(a: object, b: object) -> bool:
@@ -119,6 +125,17 @@ def parse_call(kind: CallKind, raw: bytes, max_json_depth: int = DEFAULT_MAX_JSO
 
 def read_json_object(raw: bytes, max_json_depth: int = DEFAULT_MAX_JSON_DEPTH) -> dict[str, Any]:
     """A request body as a JSON object (the rules' first point); `BadRequestError` naming what is wrong."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        body = None
+    if isinstance(body, dict) and not check_depth(body, max_json_depth):
+        return body
+    return _read_json_object_slowly(raw, max_json_depth)
+
+
+def _read_json_object_slowly(raw: bytes, max_json_depth: int) -> dict[str, Any]:
+    """`read_json_object` with the standard library's parser: the exact error, and integers of any size."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -33,9 +33,12 @@
 #   `lending.py`, `session_log.py`).
 # - Shadow mode: the policy decides as usual, but a queued session's calls are not held (counted in
 #   `basin_shadow_would_hold_total`); `_admit` is the one place a call is held.
-# - A body of OFF_LOOP_BODY_BYTES or more is parsed, identified (a conversation's hash), counted (a
-#   known session's later calls) and encoded for forwarding in a worker thread, so one huge prompt
-#   never stalls the event loop; smaller ones stay inline, where that work is cheaper than the hop.
+# - A body of OFF_LOOP_BODY_BYTES or more is parsed, identified (a conversation's hash), counted and
+#   encoded for forwarding in a worker thread, so one huge prompt never stalls the event loop; smaller
+#   ones stay inline, where that work is cheaper than the hop. A new session's first call is counted
+#   and predicted the same way: inline the prediction (~0.3 ms) costs less than a thread hop, which
+#   under load also waits for the thread to be scheduled (that wait was most of the first call's added
+#   latency).
 # - Added latency is the wall time from the call's arrival to its forwarding, minus any queue wait.
 # - Replicas (`--state`, `basin_runtime/state/`): a call of a session this replica does not hold, but
 #   the shared state does (another replica's, live or queued) or let go (an orphan: its replica died),
@@ -50,7 +53,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, TypeVar
 from urllib.parse import unquote
@@ -193,8 +196,9 @@ class Gateway:
         """Serve one inference call."""
         arrived = time.perf_counter()
         raw = await read_body(request, self.limits.max_body_bytes)
-        call = await _off_loop_if_large(len(raw), parse_call, kind, raw, self.limits.max_json_depth)
-        entry, prompt_tokens, held_s = await self._admit(call, request)
+        call, (session_id, is_single_call) = await _off_loop_if_large(len(raw), self._read_call, kind, raw,
+                                                                      request.headers)
+        entry, prompt_tokens, held_s = await self._admit(call, session_id, is_single_call, request)
         priority = self.room.registry.engine_priority(entry)
         rid = stamp(call.body, priority, None if call.is_batch else request_id(entry.routing_key, len(entry.calls)))
         headers = self._headers(entry, request)
@@ -277,10 +281,14 @@ class Gateway:
         headers[self.routing_key_header] = entry.routing_key
         return headers
 
-    async def _admit(self, call: Call, request: Request) -> tuple[SessionEntry, int, float]:
-        session_id, is_single_call = await _off_loop_if_large(  # a conversation's hash reads its first messages
-            call.num_bytes, session_id_for, call, request.headers, self.session_header,
-            self.limits.max_session_id_chars)
+    def _read_call(self, kind: CallKind, raw: bytes, headers: Mapping[str, str]) -> tuple[Call, tuple[str, bool]]:
+        """The parsed call and its session (id, is a single call): one step, so a large body costs one thread
+        hop for both (a conversation's hash reads its first messages)."""
+        call = parse_call(kind, raw, self.limits.max_json_depth)
+        return call, session_id_for(call, headers, self.session_header, self.limits.max_session_id_chars)
+
+    async def _admit(self, call: Call, session_id: str, is_single_call: bool,
+                     request: Request) -> tuple[SessionEntry, int, float]:
         entry = self.room.registry.get(session_id)
         is_new = False
         if entry is None and self.room.backend.is_shared and not is_single_call:
@@ -327,7 +335,7 @@ class Gateway:
         workload = request.headers.get(self.workload_header) or None
         model = self.predictors.for_workload(workload)
         memo = PromptMemo()
-        first, peak = await asyncio.to_thread(self._predict, call, memo, model)
+        first, peak = await _off_loop_if_large(call.num_bytes, self._predict, call, memo, model)
         is_adopted = self.adoption.claim(session_id, call.is_continuation, self.room.clock.now())
         entry, is_new = await self.room.arrive(session_id, first, peak, workload=workload, memo=memo,
                                                is_adopted=is_adopted, is_single_call=is_single_call,

@@ -48,6 +48,7 @@ MAX_JSON_DEPTH_CEILING = 512  # Python's recursion limit is 1000; re-serialising
 DEFAULT_MAX_SESSION_ID_CHARS = 256  # ids are kept per session, logged and echoed in a response header
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _DIGITS = re.compile(r"[0-9]+")
+_HUGE_FLOAT = float(2**63)
 
 
 @dataclass(frozen=True)
@@ -94,10 +95,15 @@ def _content_length(request: Request, max_bytes: int) -> int | None:
     return int(digits)
 
 
-def check_depth(body: object, max_depth: int) -> None:
-    """Refuse (`NestingTooDeepError`) JSON nested deeper than `max_depth` containers; no recursion."""
+def check_depth(body: object, max_depth: int) -> bool:
+    """Refuse (`NestingTooDeepError`) JSON nested deeper than `max_depth` containers; no recursion.
+
+    True if it holds a float of magnitude at least 2**63 (`calls.py` reads such a body again: orjson
+    reads an integer past 64 bits as a float), found in the same pass.
+    """
     level: list[dict[str, Any] | list[Any]] = [body] if isinstance(body, (dict, list)) else []
     depth = 0
+    has_huge_float = False
     while level:
         depth += 1
         if depth > max_depth:
@@ -105,9 +111,13 @@ def check_depth(body: object, max_depth: int) -> None:
                                       "max_json_depth", max_depth)
         deeper: list[dict[str, Any] | list[Any]] = []
         for container in level:
-            items = container.values() if isinstance(container, dict) else container
-            deeper.extend(child for child in items if isinstance(child, (dict, list)))
+            for child in container.values() if isinstance(container, dict) else container:
+                if isinstance(child, (dict, list)):
+                    deeper.append(child)
+                elif type(child) is float and not -_HUGE_FLOAT < child < _HUGE_FLOAT:
+                    has_huge_float = True
         level = deeper
+    return has_huge_float
 
 
 def _deep_path(body: object, max_depth: int) -> str:

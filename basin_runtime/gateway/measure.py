@@ -24,6 +24,8 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+import orjson
+
 from basin_runtime.gateway.calls import Call
 from basin_runtime.gateway.errors import BadRequestError
 from basin_runtime.messages import Message
@@ -126,15 +128,23 @@ class Meter:
 
 
 def _digest(value: object) -> bytes:
-    """A digest of a message (or of the tools): a long text content is hashed as bytes, not re-serialised."""
+    """A digest of a message (or of the tools): a long text content is hashed as bytes, not re-serialised.
+
+    SHA-256 (cut to 16 bytes): with the CPU's SHA instructions it hashes about twice as fast as BLAKE2b,
+    and a long conversation's later call hashes every message it resends."""
     content = value.get("content") if isinstance(value, dict) else None
     if isinstance(value, dict) and isinstance(content, str) and len(content) > _LONG_TEXT_CHARS:
-        digest = hashlib.blake2b(_json({k: v for k, v in value.items() if k != "content"}), digest_size=16)
+        digest = hashlib.sha256(_json({k: v for k, v in value.items() if k != "content"}))
         digest.update(b"\x00content\x00")  # a NUL never appears in JSON text: no collision with the plain form
         digest.update(content.encode("utf-8"))
-        return digest.digest()
-    return hashlib.blake2b(_json(value), digest_size=16).digest()
+        return digest.digest()[:16]
+    return hashlib.sha256(_json(value)).digest()[:16]
 
 
 def _json(value: object) -> bytes:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    """Compact JSON of `value` (only ever compared with itself): orjson, or the standard library for an
+    integer past 64 bits, which orjson does not write."""
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")

@@ -14,8 +14,9 @@
 #   read whole and sent in one piece (`WholeUpstreamResponse`: no streaming machinery per call; a
 #   failure while reading it is then a 502 instead of a cut stream). Answers are passed on decoded
 #   (a `Content-Encoding` the upstream applied anyway is undone and dropped).
-# - Before the answer's head arrives, the client is watched: if it leaves, the upstream request is
-#   cancelled. Failures then: cannot connect -> `UpstreamRefusedError`; timeout ->
+# - Until the answer has been passed on, the client is watched (one `ClientWatch` per call: while waiting
+#   for the answer's head, then while streaming its body): if it leaves, the upstream request is cancelled.
+#   Failures before the head: cannot connect -> `UpstreamRefusedError`; timeout ->
 #   `UpstreamTimeoutError`; a 5xx -> `UpstreamStatusError` with the start of the upstream's body.
 #   A 4xx passes through unchanged (the client's own mistake, in the upstream's words). A 2xx read
 #   whole that says it is JSON and does not parse -> `UpstreamBadAnswerError` (502, its start quoted).
@@ -52,7 +53,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import time
@@ -65,7 +65,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from basin_runtime.disconnect import race_client
+from basin_runtime.disconnect import ClientWatch
 from basin_runtime.gateway.errors import (
     ClientGoneError,
     UpstreamBadAnswerError,
@@ -77,7 +77,7 @@ from basin_runtime.gateway.errors import (
     error_event,
 )
 from basin_runtime.gateway.sessions import CallOutcome
-from basin_runtime.gateway.signals import Usage, usage_of
+from basin_runtime.gateway.signals import Usage, parse_json, usage_of
 from basin_runtime.gateway.sse import SseEvents, SseFramer
 from basin_runtime.gateway.upstream import HttpxUpstreamClient, UpstreamAnswer, UpstreamBrokenError, UpstreamClient
 
@@ -138,9 +138,20 @@ class Upstream:
         `on_first_byte` hears how long a 2xx answer took to its first bytes: a streamed answer's first event
         passed on (its first token), a whole answer's body (an upper bound of its first token)."""
         sent_s = time.perf_counter()
+        watch = ClientWatch(receive)  # closed here, unless a streamed answer takes it over (and closes it)
         try:
-            response = await race_client(self.client.send(method, path, _request_headers(headers), body, params),
-                                         receive, ClientGoneError)
+            return await self._answer(watch, method, path, headers, body, on_end, params, sent_s,
+                                      drop_usage_chunk, on_first_byte)
+        finally:
+            if not watch.is_taken:
+                watch.close()
+
+    async def _answer(self, watch: ClientWatch, method: str, path: str, headers: Mapping[str, str],
+                      body: bytes | None, on_end: EndHook, params: str, sent_s: float, drop_usage_chunk: bool,
+                      on_first_byte: FirstByteHook | None) -> Response:
+        try:
+            response = await watch.race(self.client.send(method, path, _request_headers(headers), body, params),
+                                        ClientGoneError)
         except ClientGoneError:
             await on_end(CallEnd("client_gone"))
             raise
@@ -154,14 +165,16 @@ class Upstream:
         length = _whole_length(response)
         first_byte = on_first_byte if _is_ok(response.status_code) else None
         if length is None:
+            watch.is_taken = True
             return UpstreamResponse(response, on_end, drop_usage_chunk=drop_usage_chunk,
                                     read_timeout_s=self.client.read_timeout_s,
-                                    on_first_byte=None if first_byte is None else _since(sent_s, first_byte))
+                                    on_first_byte=None if first_byte is None else _since(sent_s, first_byte),
+                                    watch=watch)
         try:
-            body = await response.read(length)
+            answer = await response.read(length)
             if first_byte is not None:
                 first_byte(time.perf_counter() - sent_s)
-            usage = _usage_of_json(response, body)
+            usage = _usage_of_json(response, answer)
         except (UpstreamBrokenError, UpstreamBadAnswerError) as exc:
             await on_end(CallEnd("upstream_error", response.status_code, response.headers))
             if isinstance(exc, UpstreamBadAnswerError):
@@ -169,7 +182,7 @@ class Upstream:
             raise _mid_answer_error(response.url, exc, self.client.read_timeout_s) from exc
         finally:
             await response.aclose()
-        return WholeUpstreamResponse(body, response.status_code, response.headers, on_end, usage)
+        return WholeUpstreamResponse(answer, response.status_code, response.headers, on_end, usage)
 
 
 def _since(sent_s: float, hook: FirstByteHook) -> Callable[[], None]:
@@ -203,8 +216,8 @@ def _whole_length(response: UpstreamAnswer) -> int | None:
 def _usage_of_json(response: UpstreamAnswer, body: bytes) -> Usage | None:
     """The usage in a whole JSON answer; `UpstreamBadAnswerError` if a 2xx answer claims JSON and is not."""
     try:
-        return usage_of(json.loads(body))
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        return usage_of(parse_json(body))
+    except ValueError:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
         media_type = response.headers.get("content-type", "").split(";")[0].strip().lower()
         if _is_ok(response.status_code) and (media_type == "application/json" or media_type.endswith("+json")):
             raise UpstreamBadAnswerError(f"upstream {response.url} answered {response.status_code} with a body "
@@ -246,8 +259,10 @@ class UpstreamResponse(StreamingResponse):
     """The upstream's answer, passed through as its bytes arrive; ends the call exactly once."""
 
     def __init__(self, upstream: UpstreamAnswer, on_end: EndHook, *, drop_usage_chunk: bool = False,
-                 read_timeout_s: float | None = None, on_first_byte: Callable[[], None] | None = None) -> None:
+                 read_timeout_s: float | None = None, on_first_byte: Callable[[], None] | None = None,
+                 watch: ClientWatch | None = None) -> None:
         self._upstream = upstream
+        self._watch = watch  # the client's watcher since the request was sent (else one is made when sending)
         self._on_end = on_end
         self._on_first_byte = on_first_byte  # called at the first bytes passed on, then dropped
         self._is_complete = False
@@ -303,6 +318,14 @@ class UpstreamResponse(StreamingResponse):
         self._usage = events.usage()
         self._is_complete = True
 
+    async def _send_all(self, send: Send) -> None:
+        """The answer's head, each chunk as it comes, then its end (Starlette's streaming without its task group:
+        the client is watched by the call's `ClientWatch`, as for the head)."""
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        async for chunk in self._chunks:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
     def _first_bytes_passed(self) -> None:
         if self._on_first_byte is not None:
             hook, self._on_first_byte = self._on_first_byte, None
@@ -343,14 +366,18 @@ class UpstreamResponse(StreamingResponse):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         outcome: CallOutcome = "client_gone"
         try:
-            await super().__call__(scope, receive, send)
+            if self._watch is None:
+                self._watch = ClientWatch(receive)
+            await self._watch.race(self._send_all(send), ClientGoneError)
             outcome = self._outcome()
-        except (ClientDisconnect, OSError):
+        except (ClientGoneError, ClientDisconnect, OSError):
             outcome = "client_gone"
         except UpstreamBrokenError as exc:  # a plain body cut mid-way: the client sees a cut body
             outcome = "upstream_error"
             logger.warning("upstream %s failed mid-answer: %s: %s", self._upstream.url, type(exc).__name__, exc)
         finally:
+            if self._watch is not None:
+                self._watch.close()
             with anyio.CancelScope(shield=True):
                 await self._chunks.aclose()
                 await self._upstream.aclose()

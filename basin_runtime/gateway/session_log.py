@@ -3,7 +3,9 @@
 # Rules:
 # - `append` never blocks the event loop: it only puts the record on an in-memory queue (bounded;
 #   when full the record is dropped with a warning and counted in `num_dropped`). One writer thread
-#   turns records into lines, appends them, flushes and `fsync`s after each batch it drains.
+#   turns records into lines, appends them, flushes and `fsync`s after each batch it drains. A batch
+#   is what arrived within `BATCH_WAIT_S` of its first record (a stop request ends the wait at once),
+#   so under load the file is opened, checked and synced a few times a second, not once per session.
 # - Rotation: when the live file (`path`) would pass `max_bytes`, it is renamed to
 #   `<stem>-<UTC time>-<seq><suffix>` beside it and a new one is started. Retention: at most
 #   `keep_files` rotated files are kept; the oldest are deleted. Every file ends in `.jsonl`, so
@@ -34,6 +36,7 @@ from basin_runtime.session_log import SessionLogRecord
 
 logger = logging.getLogger(__name__)
 _STOP = object()
+BATCH_WAIT_S = 0.05
 
 
 class SessionLogWriter:
@@ -49,6 +52,7 @@ class SessionLogWriter:
         self.num_dropped = 0
         self.num_failed = 0  # records that could not be encoded or written
         self._queue: queue.Queue[object] = queue.Queue(maxsize=max_queued)
+        self._wake = threading.Event()  # set by `close`: a batch being gathered is written at once
         self._is_closed = False
         self._seq = 0
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -79,6 +83,7 @@ class SessionLogWriter:
             return
         self._is_closed = True
         self._queue.put(_STOP)
+        self._wake.set()
         self._thread.join(timeout_s)
 
     def rotated_files(self) -> list[Path]:
@@ -90,6 +95,8 @@ class SessionLogWriter:
         is_stopping = False
         while not is_stopping:
             items = [self._queue.get()]
+            if items[0] is not _STOP:
+                self._wake.wait(BATCH_WAIT_S)
             while True:
                 try:
                     items.append(self._queue.get_nowait())

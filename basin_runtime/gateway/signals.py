@@ -12,12 +12,17 @@
 #   response-level `sglext.cached_tokens_details` of an OpenAI answer whose request asked for it
 #   (`return_cached_tokens_details`); shape `{"device": n, "host": n[, "storage": n, "storage_backend":
 #   name]}` (sglang 0.5.23, managers/scheduler_components/output_streamer.py). None when not reported.
+# - Answers are read with orjson; what it refuses is read again by the standard library's parser, which
+#   takes what Python's own `json.dumps` writes (NaN, Infinity) and integers past 64 bits.
 """Per-call usage from the upstream's answers."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+import orjson
 
 
 @dataclass(frozen=True)
@@ -31,6 +36,14 @@ class Usage:
 
 
 CACHE_TIERS = ("device", "host", "storage")
+
+
+def parse_json(data: bytes) -> object:
+    """JSON text as Python values (see the rules); `ValueError` (or `UnicodeDecodeError`) if it is not JSON."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)
 
 
 def cached_tiers_of(details: object) -> dict[str, int] | None:

@@ -4,8 +4,10 @@
 # - An event ends at a blank line; a line ends in CRLF, LF or CR (the SSE spec), so `\n\n`, `\r\n\r\n`,
 #   `\r\r` and their mixtures all end one. An event is given out with its line breaks, byte for byte
 #   as the upstream wrote it: what is passed on is exactly what arrived, only re-chunked by event.
-# - Each byte is scanned once: a new chunk is searched from at most 3 bytes before it (the longest
-#   separator, `\r\n\r\n`, is 4), so framing is linear in the stream's length whatever its chunking.
+# - Each byte is scanned a bounded number of times: a new chunk is searched from at most 3 bytes
+#   before it (the longest separator, `\r\n\r\n`, is 4), so framing is linear in the stream's length
+#   whatever its chunking. A chunk that is exactly one whole LF event with nothing held (what SGLang
+#   and smg send) is recognised by two searches over it and given out as it came, uncopied.
 # - At most `max_event_bytes` of an unfinished event are held back. An event that grows past it is
 #   given out in pieces as its bytes arrive (`Frame.is_whole` False: to pass on, never to parse)
 #   until its blank line; then framing goes on as before.
@@ -23,11 +25,10 @@ amount, and what the relay learns from them."""
 
 from __future__ import annotations
 
-import json
 import re
 from typing import NamedTuple
 
-from basin_runtime.gateway.signals import Usage, usage_of
+from basin_runtime.gateway.signals import Usage, parse_json, usage_of
 
 SEPARATOR = re.compile(rb"(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r|\n)")  # a line break, then an empty line's break
 LOOKBACK_BYTES = 3  # a separator that starts in the bytes already scanned starts at most this far back
@@ -63,6 +64,9 @@ class SseFramer:
 
     def feed(self, chunk: bytes) -> list[Frame]:
         """The frames `chunk` completes, in stream order."""
+        if (not self._held and not self.is_passing and chunk.endswith(b"\n\n") and chunk.find(b"\n\n") == len(chunk) - 2
+                and b"\r" not in chunk):
+            return [Frame(chunk, True)]  # exactly one whole LF event (how SGLang and smg send them): as it came
         frames: list[Frame] = []
         if self.is_passing:
             chunk = self._pass(chunk, frames)
@@ -166,14 +170,21 @@ class SseEvents:
         self.error: str | None = None  # the message of the first error event
         self.made_progress = False  # since the relay last cleared it: an event other than a comment
         self._last_usage_event: bytes | None = None
+        self._last_usage_json: object = None  # its JSON, when `_keep` already read it
 
     def pass_on(self, frames: list[Frame]) -> bytes:
         """The bytes of `frames` to send on (the usage-only chunk the client did not ask for left out)."""
+        if len(frames) == 1:
+            frame = frames[0]
+            return frame.data if not frame.is_whole or self._keep(frame.data) else b""
         return b"".join([frame.data for frame in frames if not frame.is_whole or self._keep(frame.data)])
 
     def usage(self) -> Usage | None:
         """The usage the last usage event reported."""
-        return None if self._last_usage_event is None else usage_of(_event_json(self._last_usage_event))
+        if self._last_usage_event is None:
+            return None
+        return usage_of(self._last_usage_json if self._last_usage_json is not None
+                        else _event_json(self._last_usage_event))
 
     def is_done(self, event: bytes) -> bool:
         """True for the `data: [DONE]` event."""
@@ -190,9 +201,11 @@ class SseEvents:
         if self.error is None and ERROR_KEY in event:
             self.error = _error_of_event(event)
         if USAGE_EVENT.search(event) is not None:
-            self._last_usage_event = event
-            if self.drop_usage_chunk and _is_usage_only(event):
-                return False
+            self._last_usage_event, self._last_usage_json = event, None
+            if self.drop_usage_chunk:  # read now to decide, and kept: `usage()` needs it if it is the last
+                self._last_usage_json = chunk = _event_json(event)
+                if _is_usage_only(chunk):
+                    return False
         return True
 
 
@@ -200,8 +213,8 @@ def _event_json(event: bytes) -> object:
     """The JSON of one SSE event's data, or None if it is not JSON."""
     data = event_data(event)
     try:
-        return None if data is None else json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None if data is None else parse_json(data)
+    except ValueError:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
         return None
 
 
@@ -214,7 +227,6 @@ def _error_of_event(event: bytes) -> str | None:
     return error[:ERROR_MESSAGE_CHARS] if isinstance(error, str) and error else None
 
 
-def _is_usage_only(event: bytes) -> bool:
-    """True for the final chunk `include_usage` adds: usage and an empty `choices` list."""
-    chunk = _event_json(event)
+def _is_usage_only(chunk: object) -> bool:
+    """True for the final chunk `include_usage` adds (as JSON): usage and an empty `choices` list."""
     return isinstance(chunk, dict) and chunk.get("choices") == [] and isinstance(chunk.get("usage"), dict)
