@@ -251,13 +251,16 @@ def test_a_dead_replicas_reservations_return_within_its_lease_and_its_sessions_g
         resumed = one.chat("s1", "task 1", "go on")  # the orphan's next call: adopted though the budget is full
         assert resumed.result(10).status_code == 200
         assert time.monotonic() - died_at < 10
+        # one's copy holds the steps made on three once its tail has applied them (a call's observe is sent
+        # after its answer): compare once replication has caught up, within a second
+        wait_until(lambda: (one.state()["policy"]["reserved_tokens"], one.state()["policy"]["working_set_tokens"])
+                   == held_sums([one, two, three]), timeout_s=1.0, what="one's copy equal to the sessions held")
         policy = one.state()["policy"]
         assert sorted(policy["live"]) == ["newcomer", "s0", "s1", "waiter"] and policy["queued"] == []
-        assert (policy["reserved_tokens"], policy["working_set_tokens"]) == held_sums([one, two, three])
         for replica, session in ((one, "s0"), (one, "s1"), (three, "newcomer"), (three, "waiter")):
             assert replica.end(session).status_code == 200
-        policy = one.state()["policy"]
-        assert (policy["live"], policy["reserved_tokens"], policy["working_set_tokens"]) == ([], 0, 0)
+        wait_until(lambda: (lambda p: (p["live"], p["reserved_tokens"], p["working_set_tokens"]) == ([], 0, 0))(
+            one.state()["policy"]), timeout_s=1.0, what="every session ended in one's copy")
 
 
 def test_when_the_leader_dies_the_next_leader_lets_its_sessions_go_within_its_lease(redis_server: RedisServer) -> None:
