@@ -119,8 +119,8 @@ def create_app(gateway: Gateway, *, admin_token: str | None = None, tick_interva
     async def end_session(request: Request) -> Response:
         session_id = request.path_params["session_id"]
         _require_end_permission(request, admin_token, gateway.session_keys, session_id)
-        entry = await gateway.end_session(session_id)
-        return JSONResponse({"session_id": entry.session_id, "was": entry.state, "calls": len(entry.calls)})
+        ended = await gateway.end_session(session_id)
+        return JSONResponse({"session_id": ended.session_id, "was": ended.was, "calls": ended.calls})
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

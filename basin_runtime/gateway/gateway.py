@@ -74,7 +74,7 @@ from basin_runtime.gateway.proxy import CallEnd, EndHook, Upstream
 from basin_runtime.gateway.restart import Adoption, LiveSessionsFile
 from basin_runtime.gateway.session_log import SessionLogWriter
 from basin_runtime.gateway.sessions import CallRecord, SessionEntry, session_id_for
-from basin_runtime.gateway.waiting import EndReason, WaitingRoom
+from basin_runtime.gateway.waiting import Ended, EndReason, WaitingRoom
 from basin_runtime.policy import DuplicateSessionError
 from basin_runtime.policy.hit_rate import HitRateWindow
 from basin_runtime.policy.latency import LatencyWindow
@@ -241,8 +241,8 @@ class Gateway:
         return await self.upstream.forward(request.method, path, request.headers, None,
                                            request.receive, params=request.url.query)
 
-    async def end_session(self, session_id: str) -> SessionEntry:
-        """End a session on the client's or operator's word."""
+    async def end_session(self, session_id: str) -> Ended:
+        """End a session on the client's or operator's word (shared state: held here or anywhere)."""
         return await self.room.end(session_id, "ended")
 
     async def save_live_sessions(self) -> None:

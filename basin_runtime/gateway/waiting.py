@@ -38,6 +38,7 @@ import asyncio
 import logging
 import math
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Literal
 
 from starlette.types import Receive
@@ -58,6 +59,16 @@ from basin_runtime.policy import Admitted, BudgetMoved, Event, Policy, PolicyErr
 from basin_runtime.state.backend import InProcessBackend, StateBackend, StateUnavailableError
 from basin_runtime.state.replica import Applied
 from basin_runtime.state.steps import Step, StepKind
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A session ended on a client's or the operator's word: what it was and its calls (None: it was held by
+    another replica, or let go by a dead one, which served them)."""
+
+    session_id: str
+    was: str
+    calls: int | None
 
 logger = logging.getLogger(__name__)
 
@@ -172,12 +183,34 @@ class WaitingRoom:
                 await self.release(entry.session_id, "withdrawn")
         self._raise_unless_admitted(entry, verdict)
 
-    async def end(self, session_id: str, reason: EndReason = "ended") -> SessionEntry:
-        """End a live session or withdraw a queued one; `SessionNotFoundError` if it is not held."""
+    async def end(self, session_id: str, reason: EndReason = "ended") -> Ended:
+        """End a live session or withdraw a queued one; `SessionNotFoundError` if it is not held.
+
+        Shared state: a session another replica holds is ended there by this replica's `finish` step (its
+        holder logs it, "ended through replica ..."), and an orphan (its replica died) is adopted and
+        finished at once, so it is forgotten and not adopted again: a client may end its session through
+        any replica, as a load balancer sends it."""
         entry = await self.release(session_id, reason)
-        if entry is None:
-            raise SessionNotFoundError(f"no live or queued session {session_id!r}")
-        return entry
+        if entry is not None:
+            return Ended(session_id, entry.state, len(entry.calls))
+        state = getattr(self.backend, "replicated", None)
+        if state is not None:
+            now = self.clock.now()
+            if state.is_held(session_id):
+                was = "live" if self.policy.is_live(session_id) else "queued"
+                await self._shared_finish(Step("finish", session_id, (), now))
+                logger.info("session %s %s through this replica (held by %s)", session_id, reason,
+                            state.owner_of(session_id) or "nobody")
+                return Ended(session_id, was, None)
+            orphan = state.orphans.get(session_id)
+            if orphan is not None:
+                await self._shared_finish(Step("adopt", session_id, (orphan.predicted_peak_tokens,
+                                                                     orphan.context_tokens,
+                                                                     orphan.reservation_multiplier), now))
+                await self._shared_finish(Step("finish", session_id, (), now))
+                logger.info("session %s %s through this replica (an orphan: its replica died)", session_id, reason)
+                return Ended(session_id, "orphan", None)
+        raise SessionNotFoundError(f"no live or queued session {session_id!r}")
 
     async def drain(self) -> list[SessionEntry]:
         """Stop admitting: every queued session's calls get 503 (withdrawn in process); return them."""

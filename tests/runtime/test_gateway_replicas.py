@@ -227,6 +227,28 @@ def test_a_live_sessions_call_through_another_replica_continues_it_there(redis_s
         assert two.end("roamer").status_code == 200
 
 
+def test_a_session_may_be_ended_through_any_replica(redis_server: RedisServer) -> None:
+    """A load balancer may send a session's end to another replica than its calls: it is ended there, and its
+    holder lets it go (and logs it); an orphan (its replica died) is ended too, and not adopted again."""
+    with replicas(redis_server, 3, peak=100.0, budget_tokens=1_000_000) as (one, two, three):
+        assert one.chat("roams", "a task").result(10).status_code == 200
+        assert three.chat("orphaned", "another task").result(10).status_code == 200
+        answer = two.end("roams")
+        assert answer.status_code == 200 and answer.json() == {"session_id": "roams", "was": "live", "calls": None}
+        wait_until(lambda: one.call(lambda: one.room.registry.get("roams") is None), timeout_s=1.0,
+                   what="the holder let it go")
+        metrics = one.run(one.client.get("/metrics")).text
+        assert 'basin_sessions_ended_total{reason="ended"} 1.0' in metrics  # logged once, by its holder
+        three.die()
+        wait_until(lambda: one.call(lambda: "orphaned" in one.backend.replicated.orphans), timeout_s=5.0,
+                   what="the dead replica's session orphaned")
+        answer = two.end("orphaned")
+        assert answer.status_code == 200 and answer.json()["was"] == "orphan"
+        wait_until(lambda: one.call(lambda: "orphaned" not in one.backend.replicated.orphans
+                                    and not one.room.policy.live_ids()), timeout_s=1.0, what="the orphan forgotten")
+        assert two.end("orphaned").status_code == 404  # ended once
+
+
 # --- a replica dies ------------------------------------------------------------------------------
 
 
