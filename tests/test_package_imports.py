@@ -56,8 +56,10 @@ class Case:
 
 CASES = (
     Case("basin_runtime.policy", ()),  # the standard library only; see also runtime/test_policy_purity.py
-    Case("basin_runtime", ("basin", "onnxruntime"), skip=("basin_runtime.gateway",)),
+    Case("basin_runtime", ("basin", "onnxruntime"), skip=("basin_runtime.gateway", "basin_runtime.state")),
     Case("basin_runtime.gateway", ("basin[serve]",)),
+    # the gateway's shared admission state (`--state redis://...`): the Redis client comes with the serve extra
+    Case("basin_runtime.state", ("basin[serve]",)),
     Case("basin_sim", ("basin[sim]",)),
     Case("basin_emulate", ("basin[emulate]",)),
     Case("basin_loadgen", ("basin[loadgen]",)),
