@@ -178,6 +178,18 @@ class _GatewayApp(Starlette):
         return _InferencePath(super().build_middleware_stack(), self.state.gateway)
 
 
+class _TrackedSend:
+    """`send`, remembering whether the answer has started (after that, an error can no longer be answered)."""
+
+    def __init__(self, send: Send) -> None:
+        self.send = send
+        self.has_started = False
+
+    async def __call__(self, message: Message) -> None:
+        self.has_started = self.has_started or message["type"] == "http.response.start"
+        await self.send(message)
+
+
 class _InferencePath:
     """Serves a POST to an inference path itself; passes everything else to Starlette's stack."""
 
@@ -192,22 +204,17 @@ class _InferencePath:
         if kind is None:
             await self.app(scope, receive, send)
             return
-        has_started = False
-
-        async def tracked(message: Message) -> None:
-            nonlocal has_started
-            has_started = has_started or message["type"] == "http.response.start"
-            await send(message)
+        tracked = _TrackedSend(send)
 
         try:
             response = await self._gateway.handle(kind, Request(scope, receive))
             await response(scope, receive, tracked)
         except _HANDLED_ERRORS as exc:
-            if has_started:
+            if tracked.has_started:
                 raise
             await error_response(exc)(scope, receive, send)
         except Exception as exc:
-            if has_started:
+            if tracked.has_started:
                 raise
             await (await _answer_unexpected(scope, exc))(scope, receive, send)
 
@@ -242,17 +249,12 @@ class _LastResort:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        has_started = False
-
-        async def tracked(message: Message) -> None:
-            nonlocal has_started
-            has_started = has_started or message["type"] == "http.response.start"
-            await send(message)
+        tracked = _TrackedSend(send)
 
         try:
             await self.app(scope, receive, tracked)
         except Exception as exc:
-            if has_started:
+            if tracked.has_started:
                 raise
             response = await _answer_unexpected(scope, exc)
             await response(scope, receive, send)
