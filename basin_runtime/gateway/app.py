@@ -311,7 +311,8 @@ def build_gateway(config: GatewayConfig, client: UpstreamClient | httpx.AsyncCli
         keep_text=config.session_log_keep_text)
     upstream = Upstream(client if client is not None else upstream_client(config))
     live_sessions = None if config.live_sessions_file is None else LiveSessionsFile(config.live_sessions_file)
-    return Gateway(room, Meter(tokenizer, rule), predictors, upstream, live_sessions=live_sessions,
+    meter = Meter(tokenizer, rule, max_prefix_bytes=config.resend_memo_bytes)
+    return Gateway(room, meter, predictors, upstream, live_sessions=live_sessions,
                    adoption_window_s=config.adoption_window_s,
                    session_header=config.session_header, workload_header=config.workload_header,
                    hit_window=HitRateWindow(config.hit_rate_window_s, config.hit_rate_min_prompt_tokens),

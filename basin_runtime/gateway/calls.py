@@ -21,6 +21,8 @@
 # - A chat call whose messages already hold an assistant turn is a continuation: plainly not the
 #   first call of its session. Raw-prompt calls (`/v1/completions`, `/generate`) never are.
 # - A list of prompts is a batch; the task text of a raw-prompt call is its (first) text prompt.
+# - A chat call of a known session that resends its last body's conversation (a byte prefix) may be
+#   read by `resend.py` instead: only the new messages and fields, with the same checks.
 # - The forwarded body (`Call.encode`) is the client's own bytes with the top-level fields the
 #   gateway added spliced in before the closing brace; it is re-serialised only when the gateway
 #   changed a field the client sent (its own `priority`, or `stream_options` without
@@ -34,13 +36,16 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 
 from basin_runtime.gateway.errors import BadRequestError, NestingTooDeepError
 from basin_runtime.gateway.limits import DEFAULT_MAX_JSON_DEPTH, check_depth
 from basin_runtime.messages import Message
+
+if TYPE_CHECKING:
+    from basin_runtime.gateway.resend import Resent
 
 CallKind = Literal["chat", "completion", "generate"]
 UPSTREAM_PATHS: dict[CallKind, str] = {
@@ -66,6 +71,14 @@ class Call:
     user: str | None
     raw: bytes = b""  # the body as the client sent it
     sent: Mapping[str, Any] = field(default_factory=dict)  # the client's own values of GATEWAY_FIELDS
+    resent: Resent | None = None  # read after its session's last body's prefix: `messages` holds the new ones
+
+    @property
+    def read_bytes(self) -> int:
+        """The bytes of the body the gateway reads (parses, hashes, counts): past the prefix of a resent call."""
+        if self.resent is None or self.resent.base.prefix is None:
+            return len(self.raw)
+        return len(self.raw) - self.resent.base.prefix.end
 
     @property
     def path(self) -> str:
@@ -85,12 +98,16 @@ class Call:
     @property
     def is_continuation(self) -> bool:
         """True if the conversation already holds an assistant turn."""
+        if self.resent is not None:
+            return self.resent.prefix.has_assistant
         return self.messages is not None and any(m.get("role") == "assistant" for m in self.messages)
 
     def encode(self) -> bytes:
         """The body to forward: the client's bytes plus the fields the gateway added (see the rules)."""
         added = {k: self.body[k] for k in GATEWAY_FIELDS if k in self.body and k not in self.sent}
         if any(k not in self.body or not _same(self.body[k], v) for k, v in self.sent.items()) or not self.raw:
+            if self.resent is not None:  # `resend.read_resent` reads such a body in full: a bug if reached
+                raise AssertionError("a resent call's body holds only its new messages; it cannot be re-serialised")
             return json.dumps(self.body, ensure_ascii=False).encode("utf-8")
         if not added:
             return self.raw
@@ -108,12 +125,12 @@ def _same(a: object, b: object) -> bool:
 def parse_call(kind: CallKind, raw: bytes, max_json_depth: int = DEFAULT_MAX_JSON_DEPTH) -> Call:
     """Parse one call's body; raises `BadRequestError` naming what is wrong."""
     body = read_json_object(raw, max_json_depth)
-    _common_shape(body)
+    common_shape(body)
     user = body.get("user") or None
     sent = {k: body[k] for k in GATEWAY_FIELDS if k in body}
     if kind == "chat":
         messages = _messages(body)
-        tools = _list_of_objects(body, "tools")
+        tools = list_of_objects(body, "tools")
         return Call(kind, body, messages, tools, (), 0, False, user, raw, sent)
     name = "prompt" if kind == "completion" else ("text" if "text" in body else "input_ids")
     if name not in body:
@@ -213,14 +230,14 @@ def _optional(container: Mapping[str, Any], key: str, expected: type, words: str
         raise BadRequestError(f"`{where}{key}` must be {words} or null, got {_kind(value)}")
 
 
-def _common_shape(body: Mapping[str, Any]) -> None:
+def common_shape(body: Mapping[str, Any]) -> None:
     _optional(body, "stream", bool, "true or false")
     _optional(body, "stream_options", dict, "an object")
     _optional(body.get("stream_options") or {}, "include_usage", bool, "true or false", "stream_options.")
     _optional(body, "user", str, "a string")
 
 
-def _list_of_objects(body: Mapping[str, Any], key: str, where: str = "") -> list[dict[str, Any]] | None:
+def list_of_objects(body: Mapping[str, Any], key: str, where: str = "") -> list[dict[str, Any]] | None:
     value = body.get(key)
     if value is None:
         return None
@@ -237,14 +254,19 @@ def _messages(body: Mapping[str, Any]) -> list[Message]:
     if not isinstance(messages, list) or not messages:
         raise BadRequestError("the request has no `messages` (a non-empty list is required)")
     for k, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise BadRequestError(f"messages[{k}] must be an object with a string `role`")
-        _content(f"messages[{k}].content", message.get("content"))
-        for j, call in enumerate(_list_of_objects(message, "tool_calls", f"messages[{k}].") or ()):
-            if "function" in call and not isinstance(call["function"], dict):
-                raise BadRequestError(f"`messages[{k}].tool_calls[{j}].function` must be an object (with `name` "
-                                      f"and `arguments`), got {_kind(call['function'])}")
+        check_message(k, message)
     return messages
+
+
+def check_message(k: int, message: object) -> None:
+    """The shape of `messages[k]` (the rules); `BadRequestError` naming the field."""
+    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+        raise BadRequestError(f"messages[{k}] must be an object with a string `role`")
+    _content(f"messages[{k}].content", message.get("content"))
+    for j, call in enumerate(list_of_objects(message, "tool_calls", f"messages[{k}].") or ()):
+        if "function" in call and not isinstance(call["function"], dict):
+            raise BadRequestError(f"`messages[{k}].tool_calls[{j}].function` must be an object (with `name` "
+                                  f"and `arguments`), got {_kind(call['function'])}")
 
 
 def _content(where: str, content: object) -> None:

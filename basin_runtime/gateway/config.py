@@ -37,6 +37,7 @@ from basin_runtime.gateway.priority import (
     MAX_NUM_LEVELS,
     ROUTING_KEY_HEADER,
 )
+from basin_runtime.gateway.resend import DEFAULT_MAX_PREFIX_BYTES
 from basin_runtime.model_files import file_sha256
 from basin_runtime.policy import PolicyConfig, PolicyError
 from basin_runtime.policy.calibrated import check_serves, policy_config
@@ -107,6 +108,8 @@ class GatewayConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
     max_session_id_chars: int = DEFAULT_MAX_SESSION_ID_CHARS
+    # bytes of the sessions' last bodies kept to read a resent conversation's new part only (`resend.py`)
+    resend_memo_bytes: int = DEFAULT_MAX_PREFIX_BYTES
     # replicas sharing one admission state (`basin_runtime/state/`): redis://HOST:PORT/DB; None: in process
     state: str | None = None
     state_lease_s: float = 5.0  # a dead replica's reservations return within this (plus two beats: 0.5 s at most)
@@ -258,7 +261,7 @@ _CHECKS: dict[str, Callable[[str, object], object]] = {
     "live_sessions_file": _str, "adoption_window_s": _seconds, "drain_timeout_s": _seconds,
     "engine_priority_levels": _levels, "engine_preemption_threshold": _int, "routing_key_header": _header_name,
     "max_body_bytes": _positive_int, "max_json_depth": _json_depth, "max_session_id_chars": _positive_int,
-    "state": _state_url, "state_lease_s": _lease,
+    "resend_memo_bytes": _int, "state": _state_url, "state_lease_s": _lease,
 }
 
 CONFIG_KEYS = frozenset(_CHECKS)
@@ -365,6 +368,9 @@ def build_parser() -> argparse.ArgumentParser:
              f"(default {_default('max_json_depth')})")
     add("--max-session-id-chars", type=int, metavar="N",
         help=f"longest session id accepted, from the header or `user` (default {_default('max_session_id_chars')})")
+    add("--resend-memo-bytes", type=int, metavar="N",
+        help=f"bytes of the sessions' last request bodies kept, so that a resent conversation is read from its "
+             f"new messages on (0: read every body in full; default {_default('resend_memo_bytes')})")
     add("--state", metavar="URL",
         help="share the admission state with other gateway replicas through Redis or Valkey, "
              "redis://HOST:PORT/DB (default: in this process only; README \"Replicas\")")

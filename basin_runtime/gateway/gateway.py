@@ -39,6 +39,10 @@
 #   and predicted the same way: inline the prediction (~0.3 ms) costs less than a thread hop, which
 #   under load also waits for the thread to be scheduled (that wait was most of the first call's added
 #   latency).
+# - A known session's chat call that resends its last body's conversation is read from its new
+#   part on (`resend.py`): on the loop when that part is under OFF_LOOP_BODY_BYTES and the body under
+#   OFF_LOOP_COPY_BYTES (the prefix comparison and the forwarded copy are a memcmp and a memcpy),
+#   else in a worker thread; one whose session ended before it was admitted is read again in full.
 # - Added latency is the wall time from the call's arrival to its forwarding, minus any queue wait.
 # - Replicas (`--state`, `basin_runtime/state/`): a call of a session this replica does not hold, but
 #   the shared state does (another replica's, live or queued) or let go (an orphan: its replica died),
@@ -71,6 +75,7 @@ from basin_runtime.gateway.metrics import GatewayMetrics
 from basin_runtime.gateway.predictors import PeakModel, Predictors
 from basin_runtime.gateway.priority import ROUTING_KEY_HEADER, request_id, stamp
 from basin_runtime.gateway.proxy import CallEnd, EndHook, Upstream
+from basin_runtime.gateway.resend import RESEND_MIN_BYTES, read_resent
 from basin_runtime.gateway.restart import Adoption, LiveSessionsFile
 from basin_runtime.gateway.session_log import SessionLogWriter
 from basin_runtime.gateway.sessions import CallRecord, SessionEntry, session_id_for
@@ -93,6 +98,7 @@ T = TypeVar("T")
 # Measured on a growing agent conversation: that work costs ~8 us per KiB (0.9 ms at 76 KiB, 9 ms at
 # 1 MiB) against ~60 us per thread hop; below 64 KiB it stays inline and stalls the loop < 1 ms.
 OFF_LOOP_BODY_BYTES = 64 << 10
+OFF_LOOP_COPY_BYTES = 8 << 20  # a resent body is compared and copied (memcmp, memcpy) on the loop below this size
 ROUTED_WORKER_HEADER = "x-smg-routed-worker-id"  # smg's answer header: the worker (the decode one in PD) that served
 FAILED_OUTCOMES = frozenset({"rejected", "upstream_error", "gateway_error"})
 
@@ -196,8 +202,10 @@ class Gateway:
         """Serve one inference call."""
         arrived = time.perf_counter()
         raw = await read_body(request, self.limits.max_body_bytes)
-        call, (session_id, is_single_call) = await _off_loop_if_large(len(raw), self._read_call, kind, raw,
-                                                                      request.headers)
+        call, (session_id, is_single_call) = await self._read(kind, raw, request.headers)
+        if call.resent is not None and self.room.registry.get(session_id) is None:  # it ended meanwhile: read in full
+            call, (session_id, is_single_call) = await _off_loop_if_large(len(raw), self._read_call, kind, raw,
+                                                                          request.headers)
         entry, prompt_tokens, held_s = await self._admit(call, session_id, is_single_call, request)
         priority = self.room.registry.engine_priority(entry)
         rid = stamp(call.body, priority, None if call.is_batch else request_id(entry.routing_key, len(entry.calls)))
@@ -209,7 +217,8 @@ class Gateway:
         end = _EndOnce(partial(self._call_ended, entry, record))
         try:  # from here every exit path ends the call exactly once, or the session could never be released
             drop_usage_chunk = _ask_for_usage(call)
-            body = await _off_loop_if_large(call.num_bytes, call.encode)
+            body = (call.encode() if call.resent is not None and call.num_bytes < OFF_LOOP_COPY_BYTES
+                    else await _off_loop_if_large(call.num_bytes, call.encode))
             self.metrics.added_latency.observe(max(0.0, time.perf_counter() - arrived - held_s))
             self._awaiting_first_byte[id(record)] = time.perf_counter()
             response = await self.upstream.forward("POST", call.path, headers, body, request.receive,
@@ -281,6 +290,22 @@ class Gateway:
         headers[self.routing_key_header] = entry.routing_key
         return headers
 
+    async def _read(self, kind: CallKind, raw: bytes, headers: Mapping[str, str]) -> tuple[Call, tuple[str, bool]]:
+        """The parsed call and its session: a known session's resent conversation from its new part on
+        (`resend.py`; on the loop when that part and the prefix comparison are small), else the whole body."""
+        if kind == "chat" and len(raw) >= RESEND_MIN_BYTES:
+            entry = self.room.registry.get(headers.get(self.session_header, "").strip())
+            base = None if entry is None else entry.memo.counts
+            if entry is not None and base is not None and base.prefix is not None:
+                depth = self.limits.max_json_depth
+                if len(raw) < OFF_LOOP_COPY_BYTES and len(raw) - base.prefix.end < OFF_LOOP_BODY_BYTES:
+                    call = read_resent(raw, base, depth)
+                else:
+                    call = await asyncio.to_thread(read_resent, raw, base, depth)
+                if call is not None:
+                    return call, (entry.session_id, False)
+        return await _off_loop_if_large(len(raw), self._read_call, kind, raw, headers)
+
     def _read_call(self, kind: CallKind, raw: bytes, headers: Mapping[str, str]) -> tuple[Call, tuple[str, bool]]:
         """The parsed call and its session (id, is a single call): one step, so a large body costs one thread
         hop for both (a conversation's hash reads its first messages)."""
@@ -299,9 +324,9 @@ class Gateway:
             except DuplicateSessionError:  # replicas: it arrived elsewhere a moment before; now this copy knows it
                 if (entry := await self._take_over(session_id, call, request)) is None:
                     raise
-                prompt_tokens = await _off_loop_if_large(call.num_bytes, self.meter.prompt_tokens, call, entry.memo)
+                prompt_tokens = await _off_loop_if_large(call.read_bytes, self.meter.prompt_tokens, call, entry.memo)
         else:
-            prompt_tokens = await _off_loop_if_large(call.num_bytes, self.meter.prompt_tokens, call, entry.memo)
+            prompt_tokens = await _off_loop_if_large(call.read_bytes, self.meter.prompt_tokens, call, entry.memo)
         revision = None
         if not is_new and not entry.is_adopted and len(entry.calls) + 1 in self.predictors.revise_at_calls:
             revision = self.predictors.revision(

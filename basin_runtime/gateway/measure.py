@@ -7,6 +7,9 @@
 # - A session keeps a `PromptMemo`: each message's count under a digest of the message. Agents
 #   resend a growing history, so a later call counts only the messages after the longest unchanged
 #   prefix; a rewritten history is recounted from the first change. The result stays exact.
+#   A call `resend.py` read after its last body's prefix counts its new messages on the memo it was
+#   read against (`Call.resent.base`), which its prefix came with; the memo then keeps the new prefix
+#   (within the Meter's `PrefixBudget`).
 # - A large call is counted in a worker thread (`gateway.py`), possibly beside another call of the
 #   same session on the event loop: a count reads the memo's counts once and swaps in new ones
 #   whole, so neither sees half of the other's update (the last one to finish is kept).
@@ -28,6 +31,7 @@ import orjson
 
 from basin_runtime.gateway.calls import Call
 from basin_runtime.gateway.errors import BadRequestError
+from basin_runtime.gateway.resend import DEFAULT_MAX_PREFIX_BYTES, BodyPrefix, PrefixBudget, prefix_of
 from basin_runtime.messages import Message
 from basin_runtime.task_text import TaskTextError, TaskTextRule, extract_task_text
 from basin_runtime.tokenizer import ChatTokenizer, TokenizerError
@@ -43,6 +47,7 @@ class MemoCounts:
     tokens: tuple[int, ...] = ()
     tools_key: bytes | None = None
     tools_tokens: int = 0
+    prefix: BodyPrefix | None = None  # the prompt's body prefix, for reading its session's next call (`resend.py`)
 
 
 @dataclass
@@ -74,9 +79,11 @@ class FirstCall:
 class Meter:
     """Counts prompts with the serving tokenizer and cuts task texts with one rule."""
 
-    def __init__(self, tokenizer: ChatTokenizer, rule: TaskTextRule) -> None:
+    def __init__(self, tokenizer: ChatTokenizer, rule: TaskTextRule, *,
+                 max_prefix_bytes: int = DEFAULT_MAX_PREFIX_BYTES) -> None:
         self.tokenizer = tokenizer
         self._rule = rule
+        self.prefixes = PrefixBudget(max_prefix_bytes)
 
     def prompt_tokens(self, call: Call, memo: PromptMemo) -> int:
         """The call's prompt size; a chat call reuses and updates the session's memo."""
@@ -86,6 +93,8 @@ class Meter:
 
     def first_call(self, call: Call, memo: PromptMemo) -> FirstCall:
         """Task text, first prompt size and current prompt size of a session's first call."""
+        if call.resent is not None:  # the gateway reads a session's first call in full (`gateway.py`)
+            raise AssertionError("a resent call holds only its new messages: not a session's first call")
         if call.messages is None:
             prompt_tokens = self.prompt_tokens(call, memo)
             return FirstCall(self._task_text([{"role": "user", "content": "".join(call.texts[:1])}]),
@@ -104,18 +113,26 @@ class Meter:
         """The counts of a chat call, from the memo's unchanged prefix on; the memo then holds them."""
         messages, tools, old = call.messages or (), call.tools, memo.counts
         try:
-            keys = tuple(_digest(message) for message in messages)
-            same = 0
-            while same < min(len(keys), len(old.keys)) and keys[same] == old.keys[same]:
-                same += 1
-            tokens = old.tokens[:same] + tuple(self.tokenizer.count_message(m) for m in messages[same:])
-            has_system = any(m.get("role") == "system" for m in messages)
+            if call.resent is not None:  # `messages` are the new ones: the base's counts hold the others
+                base = call.resent.base
+                keys = base.keys + tuple(_digest(message) for message in messages)
+                tokens = base.tokens + tuple(self.tokenizer.count_message(m) for m in messages)
+                has_system = call.resent.prefix.has_system
+                prefix: BodyPrefix | None = call.resent.prefix
+            else:
+                keys = tuple(_digest(message) for message in messages)
+                same = 0
+                while same < min(len(keys), len(old.keys)) and keys[same] == old.keys[same]:
+                    same += 1
+                tokens = old.tokens[:same] + tuple(self.tokenizer.count_message(m) for m in messages[same:])
+                has_system = any(m.get("role") == "system" for m in messages)
+                prefix = prefix_of(call)
             tools_key = _digest([tools, has_system])
             tools_tokens = (old.tools_tokens if tools_key == old.tools_key
                             else self.tokenizer.count_tools(tools, has_system))
         except (TokenizerError, TypeError) as exc:
             raise BadRequestError(f"cannot read the messages: {exc}") from exc
-        memo.counts = MemoCounts(keys, tokens, tools_key, tools_tokens)
+        memo.counts = MemoCounts(keys, tokens, tools_key, tools_tokens, self.prefixes.keep(prefix))
         return memo.counts
 
     def _task_text(self, messages: Sequence[Message]) -> str:
