@@ -29,7 +29,7 @@ with its descendants), and the run ends with:
    call (each grown by one turn), averaged over `--big-calls` calls.
 
     .venv/bin/python benchmarks/bench_gateway.py [--sessions 10000] [--concurrency 200] [--calls 5]
-        [--upstream-client aiohttp|httpx] [--via-smg] [--stream] [--state memory|redis] [--rounds 1]
+        [--upstream-client httptools|aiohttp|httpx] [--via-smg] [--stream] [--state memory|redis] [--rounds 1]
         [--big-tokens 300000] [--big-calls 20]
 
 Loopback only; every process started is stopped at the end. The machine's load average is printed
@@ -495,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=200)
     parser.add_argument("--calls", type=int, default=5, help="calls per session in the latency phase")
     parser.add_argument("--unloaded-calls", type=int, default=300)
-    parser.add_argument("--upstream-client", choices=("aiohttp", "httpx"), default="aiohttp")
+    parser.add_argument("--upstream-client", choices=("httptools", "aiohttp", "httpx"), default="httptools")
     parser.add_argument("--via-smg", action="store_true", help="smg (PD mode) and stand-in workers as the upstream")
     parser.add_argument("--stream", action="store_true", help="streamed chat calls (times to the first chunk)")
     parser.add_argument("--state", choices=("memory", "redis"), default="memory")

@@ -46,7 +46,7 @@ from basin_runtime.predictor import reservation_quantile_arg
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 DEFAULT_REVISE_AT_CALLS = (3, 5)
-UPSTREAM_CLIENTS = ("aiohttp", "httpx")
+UPSTREAM_CLIENTS = ("httptools", "aiohttp", "httpx")
 
 
 class ConfigError(ValueError):
@@ -80,7 +80,7 @@ class GatewayConfig:
     # httpx / openai pools, so a client reusing one at 5 s races the close and gets a reset): above every
     # common client pool (httpx and openai 5 s, aiohttp 15 s) and load balancer (60 s), as smg's own 90 s.
     keep_alive_s: float = 90.0
-    upstream_client: str = "aiohttp"
+    upstream_client: str = "httptools"  # the gateway's own HTTP/1.1 client (`http1.py`)
     retry_after_s: float = 60.0
     admin_token: str | None = None
     insecure_admin: bool = False  # serve /basin/ without a token beyond loopback (`cli.py` refuses otherwise)
@@ -313,7 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"how long an idle client connection is kept open (default {_default('keep_alive_s'):g}; keep it above "
              f"the idle time of the clients' pools and of any proxy in front)")
     add("--upstream-client", choices=UPSTREAM_CLIENTS,
-        help=f"HTTP client to the upstream (default {_default('upstream_client')}; httpx is ~10x slower at load)")
+        help=f"HTTP client to the upstream (default {_default('upstream_client')}, the gateway's own; aiohttp costs "
+             f"more CPU per call, httpx ~10x more at load)")
     add("--retry-after-s", type=float, metavar="S",
         help=f"Retry-After of a shed session's 503 (default {_default('retry_after_s'):g})")
     add("--admin-token", metavar="TOKEN", help="bearer token required on /basin/ endpoints, and the secret of "

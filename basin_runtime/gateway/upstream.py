@@ -1,4 +1,4 @@
-# The HTTP client to the upstream, behind one small protocol, with two implementations.
+# The HTTP client to the upstream, behind one small protocol, with three implementations.
 #
 # Rules:
 # - `UpstreamClient.send(method, path, headers, body, params)` sends one request and returns an
@@ -13,7 +13,9 @@
 #   connection.
 # - Timeouts: `connect_s` to connect, `read_s` the longest wait for the next upstream bytes (so a long
 #   SSE answer is never cut while tokens keep coming); `read_timeout_s` says which (None: no limit).
-# - `AiohttpUpstreamClient` (the default for a real upstream) makes its `aiohttp.ClientSession` in
+# - `http1.Http1UpstreamClient` ("httptools", the default for a real upstream) is the gateway's own
+#   HTTP/1.1 client on asyncio protocols and httptools' parser: the least CPU per call.
+# - `AiohttpUpstreamClient` makes its `aiohttp.ClientSession` in
 #   `start()`, on the running loop (the app's lifespan), and closes it in `aclose()`.
 #   `HttpxUpstreamClient` wraps an `httpx.AsyncClient` (the unit tests inject `httpx.MockTransport`).
 #   httpx's pool costs CPU proportional to (connections x waiting requests) per request: at 200
@@ -284,9 +286,13 @@ class AiohttpUpstreamClient:
 
 
 def make_client(kind: str, base_url: str, *, connect_s: float, read_s: float) -> UpstreamClient:
-    """The `kind` ("aiohttp" or "httpx") client to `base_url`."""
+    """The `kind` ("httptools", "aiohttp" or "httpx") client to `base_url`."""
+    if kind == "httptools":
+        from basin_runtime.gateway.http1 import Http1UpstreamClient
+
+        return Http1UpstreamClient(base_url, connect_s=connect_s, read_s=read_s)
     if kind == "aiohttp":
         return AiohttpUpstreamClient(base_url, connect_s=connect_s, read_s=read_s)
     if kind == "httpx":
         return HttpxUpstreamClient.for_url(base_url, connect_s=connect_s, read_s=read_s)
-    raise ValueError(f"unknown upstream client {kind!r}; expected aiohttp or httpx")
+    raise ValueError(f"unknown upstream client {kind!r}; expected httptools, aiohttp or httpx")

@@ -20,7 +20,7 @@ from basin_runtime.gateway.proxy import CallEnd, Upstream
 from basin_runtime.gateway.upstream import UpstreamClient, make_client
 
 pytestmark = pytest.mark.asyncio
-KINDS = ["aiohttp", "httpx"]
+KINDS = ["httptools", "aiohttp", "httpx"]
 
 
 class Server:
@@ -160,8 +160,9 @@ async def test_refused_timeout_and_5xx_map_to_the_gateway_errors(kind: str) -> N
     assert refused.is_closed
 
 
-async def test_cancelling_a_send_releases_the_connection() -> None:
-    async with serving("aiohttp") as (server, client):
+@pytest.mark.parametrize("kind", ["httptools", "aiohttp"])
+async def test_cancelling_a_send_releases_the_connection(kind: str) -> None:
+    async with serving(kind) as (server, client):
         task = asyncio.ensure_future(client.send("POST", "/slow", {}, b"{}"))
         await asyncio.sleep(0.2)
         task.cancel()
