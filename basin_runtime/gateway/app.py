@@ -17,7 +17,8 @@
 #   itself is JSON: Starlette's own 404 (no route) and 405 (wrong method, with Allow) become
 #   `not_found` / `method_not_allowed`; any other exception that reaches the app's edge before the
 #   answer started is logged with its traceback and answered 500 `internal_error` (`_LastResort`).
-# - The hot path: a POST to exactly one of the inference paths is served by `_InferencePath` ahead of
+# - The hot path: a POST to exactly one of the inference paths, or to a session's end (one per agent
+#   session; an agent ends its own), is served by `_InferencePath` ahead of
 #   Starlette's router and middleware stack (a route match over every route, two exception layers and
 #   a send wrapper per layer cost more CPU than the gateway's own work on a small call). It answers
 #   exactly as that stack would: the same handler, the gateway's errors through `error_response`, any
@@ -41,6 +42,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -165,6 +167,7 @@ def create_app(gateway: Gateway, *, admin_token: str | None = None, tick_interva
     app = _GatewayApp(routes=routes, exception_handlers=handlers, lifespan=lifespan,
                       middleware=[Middleware(_LastResort)])
     app.state.gateway = gateway  # the server's graceful shutdown drains it first (`cli.py`)
+    app.state.end_session = end_session  # served ahead of the stack too (`_InferencePath`)
     return app
 
 
@@ -175,7 +178,7 @@ class _GatewayApp(Starlette):
     """Starlette with the inference calls served ahead of its stack (see the rules: the hot path)."""
 
     def build_middleware_stack(self) -> ASGIApp:
-        return _InferencePath(super().build_middleware_stack(), self.state.gateway)
+        return _InferencePath(super().build_middleware_stack(), self.state.gateway, self.state.end_session)
 
 
 class _TrackedSend:
@@ -190,24 +193,35 @@ class _TrackedSend:
         await self.send(message)
 
 
-class _InferencePath:
-    """Serves a POST to an inference path itself; passes everything else to Starlette's stack."""
+_END_PATH = re.compile(r"/basin/sessions/(?P<session_id>.*)/end")  # the route's regex (Starlette's `path` is `.*`)
 
-    def __init__(self, app: ASGIApp, gateway: Gateway) -> None:
+
+class _InferencePath:
+    """Serves a POST to an inference path, or a session's end, itself; passes everything else to Starlette's
+    stack."""
+
+    def __init__(self, app: ASGIApp, gateway: Gateway, end_session: Callable[[Request], Awaitable[Response]]) -> None:
         self.app = app
         self._gateway = gateway
         self._kinds = {path: kind for kind, path in UPSTREAM_PATHS.items()}
+        self._end_session = end_session
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        kind = (self._kinds.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST"
-                and not scope.get("root_path") else None)
-        if kind is None:
+        is_post = scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path")
+        kind = self._kinds.get(scope["path"]) if is_post else None
+        end = None if kind is not None or not is_post else _END_PATH.fullmatch(scope["path"])
+        if kind is None and end is None:
             await self.app(scope, receive, send)
             return
         tracked = _TrackedSend(send)
 
         try:
-            response = await self._gateway.handle(kind, Request(scope, receive))
+            if kind is not None:
+                response = await self._gateway.handle(kind, Request(scope, receive))
+            else:
+                assert end is not None
+                scope["path_params"] = {"session_id": end["session_id"]}
+                response = await self._end_session(Request(scope, receive))
             await response(scope, receive, tracked)
         except _HANDLED_ERRORS as exc:
             if tracked.has_started:

@@ -17,6 +17,7 @@
 #   still held as `shutdown` and lists it for the next run to adopt. A second Ctrl-C forces the exit.
 # - uvicorn keeps an idle client connection `keep_alive_s` (its own default, 5 s, is what the httpx and
 #   openai pools wait before reusing one, so the two race and the client gets a reset).
+# - uvicorn's proxy-headers middleware is off: the gateway reads no client address (a layer per request).
 """Command-line entry point of the gateway."""
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logger.info("basin-gateway on http://%s:%d in front of %s", config.host, config.port, config.upstream)
     server = DrainingServer(uvicorn.Config(app, host=config.host, port=config.port, log_config=None,
-                                           access_log=False, lifespan="on",
+                                           access_log=False, lifespan="on", proxy_headers=False,
                                            timeout_keep_alive=config.keep_alive_s,  # type: ignore[arg-type]
                                            timeout_graceful_shutdown=max(1, math.ceil(config.drain_timeout_s))),
                             drain=app.state.gateway.drain)  # (uvicorn types timeout_keep_alive int; a float works)
