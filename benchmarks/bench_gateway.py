@@ -26,7 +26,7 @@ with its descendants), and the run ends with:
    timed one by one; the gateway's measured CPU per call minus their sum is the HTTP server, the upstream
    client and the event loop.
 5. A `--big-tokens` conversation (300k tokens of agent turns by default): the gateway's CPU per later
-   call (each grown by one turn), averaged over `--big-calls` calls.
+   call (each grown by one turn), averaged over `--big-calls` calls, and the other processes' beside it.
 
     .venv/bin/python benchmarks/bench_gateway.py [--sessions 10000] [--concurrency 200] [--calls 5]
         [--upstream-client httptools|aiohttp|httpx] [--via-smg] [--stream] [--state memory|redis] [--rounds 1]
@@ -355,8 +355,9 @@ def per_call(before: dict[str, float], after: dict[str, float], calls: int, name
     return ", ".join(f"{name} {(after[name] - before[name]) / calls * 1000:.3f}" for name in names if name in after)
 
 
-async def big_conversation_cpu(gateway: str, gw_pid: int, tokens: int, calls: int) -> tuple[float, int]:
-    """The gateway's CPU seconds per later call of a `tokens` conversation (grown by one turn a call)."""
+async def big_conversation_cpu(gateway: str, pids: dict[str, list[int]], tokens: int,
+                               calls: int) -> tuple[dict[str, float], int]:
+    """CPU seconds per later call of a `tokens` conversation (grown by one turn a call), by process."""
     from bench_big_prompt import conversation, text_of
 
     # tool output as user turns: smg refuses a `tool` message without a `tool_call_id`
@@ -373,14 +374,14 @@ async def big_conversation_cpu(gateway: str, gw_pid: int, tokens: int, calls: in
             history = [*history, {"role": "assistant", "content": text_of(300, 7000 + k)},
                        {"role": "user", "content": text_of(2000, 8000 + k)}]
             bodies.append(json.dumps({"model": MODEL_NAME, "messages": history, "max_tokens": 1}).encode())
-        before = cpu_s(gw_pid)
+        before = cpu_of(pids)
         for body in bodies:
             status, _, answer = await conn.post("/v1/chat/completions", body, {"x-session-id": sid})
             if status != 200:
                 raise RuntimeError(f"big call failed: {status} {answer[:200]!r}")
-        used = cpu_s(gw_pid) - before
+        after = cpu_of(pids)
         await conn.post(f"/basin/sessions/{sid}/end", b"", {SESSION_KEY_HEADER: key} if key else {})
-        return used / calls, len(bodies[-1])
+        return {name: (after[name] - before[name]) / calls for name in after}, len(bodies[-1])
     finally:
         conn.close()
 
@@ -430,8 +431,8 @@ async def bench(args: argparse.Namespace) -> None:
                 cpu_via = {k: v + cpu_2[k] - cpu_1[k] for k, v in cpu_via.items()}
             own_p50, own_p99, own_n = await gateway_added_quantiles(client, gateway)
 
-            big_cpu, big_bytes = (0.0, 0) if args.big_calls == 0 else await big_conversation_cpu(
-                gateway, gw_pid, args.big_tokens, args.big_calls)
+            big_cpu, big_bytes = ({}, 0) if args.big_calls == 0 else await big_conversation_cpu(
+                gateway, deployment.pids, args.big_tokens, args.big_calls)
 
             rss = [(0, rss_mib(gw_pid))]
             done, batch = 0, 1000
@@ -475,8 +476,10 @@ async def bench(args: argparse.Namespace) -> None:
           + f"; sum {sum(stages.values()):.1f}; the rest of the gateway's {gateway_us:.0f} us per call (HTTP server, "
             f"upstream client, event loop): {gateway_us - sum(stages.values()):.0f}")
     if args.big_calls:
+        others = ", ".join(f"{name} {big_cpu[name] * ms:.2f}" for name in names
+                           if name != "gateway" and name in big_cpu)
         print(f"{args.big_tokens}-token conversation, later calls ({big_bytes / 1e6:.1f} MB body): gateway CPU "
-              f"{big_cpu * ms:.2f} ms per call over {args.big_calls} calls")
+              f"{big_cpu['gateway'] * ms:.2f} ms per call over {args.big_calls} calls ({others} ms)")
     print(f"load average at the end: {load_average()}")
     if args.sessions == 0:
         return
