@@ -7,11 +7,11 @@
 #   httptools (llhttp, C) straight into a status, a dict of lower-case header names and a queue of body
 #   chunks. aiohttp's request machinery (URL objects, multidicts, tracing, cookie jars, timers per
 #   call) was a sixth of the gateway's CPU under load.
-# - Connections: keep-alive, reused last-in first-out, dropped when idle KEEPALIVE_S (before the
-#   upstream's own keep-alive closes them), when the answer says `Connection: close` or was not read
-#   to its end, or when a send is cancelled. A request that finds its reused connection closed before
-#   any byte of the answer came back (the upstream closed it as it was taken) is sent once more on a
-#   new connection; nothing else is retried.
+# - Connections: keep-alive, reused last-in first-out, closed once idle KEEPALIVE_S (before the
+#   upstream's own keep-alive closes them: checked whenever a connection is taken or given back), when
+#   the answer says `Connection: close` or was not read to its end, or when a send is cancelled. A
+#   request that finds its reused connection closed before any byte of the answer came back (the
+#   upstream closed it as it was taken) is sent once more on a new connection; nothing else is retried.
 # - Timeouts: `connect_s` to connect; `read_s` the longest wait for the next bytes, from sending the
 #   request on (the head too), as aiohttp's `sock_read`. Cancelling `send` (the client left) drops
 #   the connection, so the upstream sees the request go.
@@ -307,7 +307,7 @@ class Http1UpstreamClient:
         self._prefix = parts.path.rstrip("/")
         self._connect_s = connect_s
         self._read_s = read_s
-        self._idle: list[_Connection] = []
+        self._idle: collections.deque[_Connection] = collections.deque()  # oldest on the left, newest on the right
         self._is_closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -366,12 +366,11 @@ class Http1UpstreamClient:
 
     async def _connection(self, url: str) -> tuple[_Connection, bool]:
         loop = self._loop or asyncio.get_running_loop()
-        now = loop.time()
+        self._expire(loop.time())
         while self._idle:
-            conn = self._idle.pop()
-            if not conn.is_lost and now - conn.idle_since < KEEPALIVE_S:
+            conn = self._idle.pop()  # the most recently used: the least likely to be closed by the upstream
+            if not conn.is_lost:
                 return conn, True
-            conn.close()
         try:
             _, conn = await asyncio.wait_for(
                 loop.create_connection(lambda: _Connection(loop), self._host, self._port, ssl=self._ssl),
@@ -389,10 +388,17 @@ class Http1UpstreamClient:
             conn.close()
             return
         conn.idle_since = conn._loop.time()
+        self._expire(conn.idle_since)
         self._idle.append(conn)
+
+    def _expire(self, now: float) -> None:
+        """Close the connections idle KEEPALIVE_S or more (the oldest are on the left)."""
+        idle = self._idle
+        while idle and (idle[0].is_lost or now - idle[0].idle_since >= KEEPALIVE_S):
+            idle.popleft().close()
 
     async def aclose(self) -> None:
         self._is_closed = True
-        idle, self._idle = self._idle, []
+        idle, self._idle = self._idle, collections.deque()
         for conn in idle:
             conn.close()

@@ -29,6 +29,7 @@ class ScriptedServer:
     def __init__(self, script: Script) -> None:
         self.script = script
         self.connections = 0
+        self.closed = 0  # connections the client closed (or the server ended)
         self.requests: list[bytes] = []
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -52,6 +53,7 @@ class ScriptedServer:
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
+            self.closed += 1
             writer.close()
 
 
@@ -136,6 +138,31 @@ async def test_idle_connections_past_the_keep_alive_are_dropped(monkeypatch: pyt
         await asyncio.sleep(0.1)
         await get(client)
     assert server.connections == 2
+
+
+async def test_connections_idle_past_the_keep_alive_are_closed_when_the_pool_is_next_used(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(http1, "KEEPALIVE_S", 0.05)
+    release = asyncio.Event()
+
+    async def slow_get() -> tuple[int, bytes]:
+        answer = await client.send("POST", "/v1/x", {}, b"{}")
+        await release.wait()  # all three answers are open at once: three connections
+        try:
+            return answer.status_code, await answer.read(100)
+        finally:
+            await answer.aclose()
+
+    async with scripted(lambda head, n: ok(b"x")) as (server, client):
+        calls = [asyncio.ensure_future(slow_get()) for _ in range(3)]
+        await asyncio.sleep(0.05)
+        release.set()
+        assert await asyncio.gather(*calls) == [(200, b"x")] * 3
+        assert server.connections == 3 and server.closed == 0  # kept for reuse
+        await asyncio.sleep(0.1)
+        await get(client)  # takes a fresh connection; the three stale ones are closed
+        await asyncio.sleep(0.05)
+        assert server.connections == 4 and server.closed == 3
 
 
 @pytest.mark.parametrize(("raw", "body"), [
