@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 import httptools
 
 from basin_runtime.gateway.errors import UpstreamRefusedError, UpstreamTimeoutError
-from basin_runtime.gateway.upstream import KEEPALIVE_S, UpstreamBrokenError
+from basin_runtime.gateway.upstream import KEEPALIVE_S, ClientState, UpstreamBrokenError, read_upto
 
 HIGH_WATER_BYTES = 1 << 20  # unread body bytes at which reading pauses
 LOW_WATER_BYTES = 256 << 10  # ... and resumes
@@ -264,15 +264,7 @@ class Http1Answer:
                                       f"decode: {exc}") from exc
 
     async def read(self, limit: int) -> bytes:
-        parts: list[bytes] = []
-        size = 0
-        async for chunk in self.chunks():
-            parts.append(chunk)
-            size += len(chunk)
-            if size >= limit:
-                break
-        data = b"".join(parts)
-        return data if len(data) <= limit else data[:limit]
+        return await read_upto(self.chunks(), limit)
 
     async def aclose(self) -> None:
         conn, self._conn = self._conn, None
@@ -292,7 +284,7 @@ def _decoder(encoding: str) -> zlib._Decompress | UpstreamBrokenError:
     return UpstreamBrokenError(f"the upstream answered in a Content-Encoding the gateway cannot undo: {encoding!r}")
 
 
-class Http1UpstreamClient:
+class Http1UpstreamClient(ClientState):
     """`UpstreamClient` over the gateway's own HTTP/1.1 connections (see the rules)."""
 
     def __init__(self, base_url: str, *, connect_s: float, read_s: float) -> None:
@@ -310,14 +302,6 @@ class Http1UpstreamClient:
         self._idle: collections.deque[_Connection] = collections.deque()  # oldest on the left, newest on the right
         self._is_closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
-
-    @property
-    def base_url(self) -> str:
-        return self._base_url
-
-    @property
-    def is_closed(self) -> bool:
-        return self._is_closed
 
     @property
     def read_timeout_s(self) -> float | None:

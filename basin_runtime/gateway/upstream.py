@@ -99,6 +99,37 @@ class UpstreamClient(Protocol):
         ...
 
 
+async def read_upto(chunks: AsyncGenerator[bytes, None], limit: int) -> bytes:
+    """A body's first `limit` bytes (or all of a shorter one) from its chunks, joined once."""
+    parts: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in chunks:
+            parts.append(chunk)
+            size += len(chunk)
+            if size >= limit:
+                break
+    finally:
+        await chunks.aclose()
+    data = b"".join(parts)
+    return data if len(data) <= limit else data[:limit]
+
+
+class ClientState:
+    """What a client says of itself: the upstream's base URL, and whether `aclose` was called."""
+
+    _base_url: str
+    _is_closed: bool
+
+    @property
+    def base_url(self) -> str:
+        return self._base_url
+
+    @property
+    def is_closed(self) -> bool:
+        return self._is_closed
+
+
 # --- httpx ---------------------------------------------------------------------------------------
 
 
@@ -133,12 +164,7 @@ class HttpxAnswer:
                                       is_timeout=isinstance(exc, httpx.TimeoutException)) from exc
 
     async def read(self, limit: int) -> bytes:
-        data = b""
-        async for chunk in self.chunks():
-            data += chunk
-            if len(data) >= limit:
-                break
-        return data[:limit]
+        return await read_upto(self.chunks(), limit)
 
     async def aclose(self) -> None:
         await self._response.aclose()
@@ -222,12 +248,7 @@ class AiohttpAnswer:
                                       is_timeout=isinstance(exc, TimeoutError)) from exc
 
     async def read(self, limit: int) -> bytes:
-        data = b""
-        async for chunk in self.chunks():
-            data += chunk
-            if len(data) >= limit:
-                break
-        return data[:limit]
+        return await read_upto(self.chunks(), limit)
 
     async def aclose(self) -> None:
         if self._response.content.at_eof():
@@ -236,7 +257,7 @@ class AiohttpAnswer:
             self._response.close()  # unread bytes: the connection cannot be reused
 
 
-class AiohttpUpstreamClient:
+class AiohttpUpstreamClient(ClientState):
     """`UpstreamClient` over an `aiohttp.ClientSession` made in `start()` (on the running loop)."""
 
     def __init__(self, base_url: str, *, connect_s: float, read_s: float) -> None:
@@ -244,14 +265,6 @@ class AiohttpUpstreamClient:
         self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_s, sock_read=read_s)
         self._session: aiohttp.ClientSession | None = None
         self._is_closed = False
-
-    @property
-    def base_url(self) -> str:
-        return self._base_url
-
-    @property
-    def is_closed(self) -> bool:
-        return self._is_closed
 
     @property
     def read_timeout_s(self) -> float | None:
