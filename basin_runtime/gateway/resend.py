@@ -28,6 +28,7 @@
 from __future__ import annotations
 
 import re
+import threading
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -89,19 +90,24 @@ class PrefixBudget:
     def __init__(self, max_bytes: int = DEFAULT_MAX_PREFIX_BYTES) -> None:
         self.max_bytes = max_bytes
         self._held: weakref.WeakSet[BodyPrefix] = weakref.WeakSet()
+        self._lock = threading.Lock()  # large calls are counted in worker threads, small ones on the loop
 
     @property
     def held_bytes(self) -> int:
         """Bytes of the bodies the live prefixes hold."""
-        return sum(len(p.raw) for p in list(self._held))
+        with self._lock:
+            return sum(len(p.raw) for p in list(self._held))
 
     def keep(self, prefix: BodyPrefix | None) -> BodyPrefix | None:
         """`prefix` if it fits beside the others, else None (its session's next call is read in full)."""
-        if prefix is None or prefix in self._held:
-            return prefix
-        if self.held_bytes + len(prefix.raw) > self.max_bytes:
+        if prefix is None:
             return None
-        self._held.add(prefix)
+        with self._lock:
+            if prefix in self._held:
+                return prefix
+            if sum(len(p.raw) for p in list(self._held)) + len(prefix.raw) > self.max_bytes:
+                return None
+            self._held.add(prefix)
         return prefix
 
 

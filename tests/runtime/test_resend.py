@@ -278,3 +278,32 @@ async def test_a_resent_call_whose_session_ended_meanwhile_is_read_in_full_as_a_
         entry = rig.room.registry.get("s")
         assert entry is not None and [c.prompt_tokens for c in entry.calls] == [TOKENIZER.count_prompt(grown)]
         assert len(rig.model.asked) == 2  # arrived again: predicted from the whole conversation
+
+
+def test_the_budget_is_kept_from_several_threads_at_once() -> None:
+    """Large calls count in worker threads while small ones count on the loop: one budget for all."""
+    import threading
+
+    budget = PrefixBudget(max_bytes=1 << 30)
+    errors: list[BaseException] = []
+    kept: list[list[BodyPrefix]] = [[] for _ in range(4)]
+
+    def churn(mine: list[BodyPrefix]) -> None:
+        try:
+            for k in range(2_000):
+                prefix = budget.keep(BodyPrefix(b"x" * 100, 100, {}, 1, False, False))
+                assert prefix is not None
+                mine.append(prefix)
+                if k % 3 == 0:
+                    mine.pop(0)  # released: its bytes leave the budget while the others iterate it
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=churn, args=(mine,)) for mine in kept]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    gc.collect()
+    assert budget.held_bytes == 100 * sum(len(mine) for mine in kept)
