@@ -23,7 +23,7 @@ import asyncio
 import math
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -114,8 +114,21 @@ async def get(http: httpx.AsyncClient, url: str) -> dict[str, Any]:
     return result
 
 
+async def as_an_operator(send: Callable[[], Awaitable[httpx.Response]]) -> httpx.Response:
+    """An admin request as an operator's script sends it: a 503 `state_unavailable` (the shared state
+    recovering, e.g. from a pooled connection to a Redis restarted a moment ago) is sent again after its
+    Retry-After, for a few seconds."""
+    deadline = time.monotonic() + 5.0
+    while True:
+        response = await send()
+        if not (response.status_code == 503 and response.json()["error"]["type"] == "state_unavailable"
+                and time.monotonic() < deadline):
+            return response
+        await asyncio.sleep(min(1.0, float(response.headers.get("retry-after", "1"))))
+
+
 async def set_budget(http: httpx.AsyncClient, rig: ReplicaRig, tokens: int) -> None:
-    response = await http.put(f"{rig.url('g1')}/basin/budget", json={"budget_tokens": tokens})
+    response = await as_an_operator(lambda: http.put(f"{rig.url('g1')}/basin/budget", json={"budget_tokens": tokens}))
     assert response.status_code == 200, response.text
 
 
@@ -151,7 +164,8 @@ async def accounted(http: httpx.AsyncClient, rig: ReplicaRig, names: tuple[str, 
 async def end_everywhere(http: httpx.AsyncClient, rig: ReplicaRig, names: tuple[str, ...]) -> None:
     for name in names:
         for view in (await get(http, f"{rig.url(name)}/basin/sessions"))["sessions"]:
-            response = await http.post(f"{rig.url(name)}/basin/sessions/{view['session_id']}/end")
+            url = f"{rig.url(name)}/basin/sessions/{view['session_id']}/end"
+            response = await as_an_operator(lambda: http.post(url))  # noqa: B023  (awaited before the next url)
             assert response.status_code in (200, 404), response.text
 
 
