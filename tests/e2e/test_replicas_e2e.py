@@ -165,7 +165,7 @@ async def end_everywhere(http: httpx.AsyncClient, rig: ReplicaRig, names: tuple[
     for name in names:
         for view in (await get(http, f"{rig.url(name)}/basin/sessions"))["sessions"]:
             url = f"{rig.url(name)}/basin/sessions/{view['session_id']}/end"
-            response = await as_an_operator(lambda: http.post(url))  # noqa: B023  (awaited before the next url)
+            response = await as_an_operator(lambda url=url: http.post(url))
             assert response.status_code in (200, 404), response.text
 
 
