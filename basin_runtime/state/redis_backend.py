@@ -24,6 +24,9 @@
 #   Redis is back in the same epoch; if the epoch is gone (Redis restarted empty) they are dropped
 #   (counted): the room registers its sessions again with their current sizes instead. A batch whose
 #   answer was lost is sent again with the same step counters, so a step that did apply is skipped.
+# - A command that meets a closed connection is sent once more on a new one (`redis_client`): after
+#   Redis restarts, the pool still holds connections to the old server, and each would otherwise fail
+#   one command and mark the state down for a moment. Sending again is safe: steps carry counters.
 """`RedisBackend`: the admission state shared by gateway replicas through a Redis stream."""
 
 from __future__ import annotations
@@ -44,6 +47,9 @@ from importlib import resources
 from typing import Any, Literal, cast
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 
 from basin_runtime.policy import Event, Policy, PolicyConfig
@@ -214,10 +220,10 @@ class RedisBackend:
     async def start(self, *, require: bool = False) -> None:
         """Connect and catch up; with `require`, `StateUnavailableError` if Redis cannot be reached now (else the
         backend keeps trying in the background). `StateConfigError` if the deployment runs another configuration."""
-        self._client = aioredis.Redis.from_url(self.url, socket_timeout=max(2.0, self.lease_s),
-                                               socket_connect_timeout=max(1.0, self.lease_s / 2))
-        self._tail_client = aioredis.Redis.from_url(self.url, socket_timeout=self.tail_block_ms / 1000 + 5,
-                                                    socket_connect_timeout=max(1.0, self.lease_s / 2))
+        self._client = redis_client(self.url, socket_timeout=max(2.0, self.lease_s),
+                                    socket_connect_timeout=max(1.0, self.lease_s / 2))
+        self._tail_client = redis_client(self.url, socket_timeout=self.tail_block_ms / 1000 + 5,
+                                         socket_connect_timeout=max(1.0, self.lease_s / 2))
         self._scripts = {name: self._client.register_script(_script(f"{name}.lua"))
                          for name in ("append", "init", "beat", "snapshot")}
         try:
@@ -315,8 +321,8 @@ class RedisBackend:
         except ResponseError:
             raise  # a bug in the script or its arguments: not an outage
         except RedisError as exc:
+            self.mark_down(exc)  # first: the steps failed below answer with this outage's reason
             self._requeue(batch)
-            self.mark_down(exc)
             return
         self.hooks.on_step_latency(time.perf_counter() - started)
         if not self.is_up:  # a reload began meanwhile: it replays these entries; steps sent again are skipped
@@ -542,3 +548,8 @@ def _config_difference(ours: str, theirs: str) -> str:
             "every replica must run the same one: fix this one's options, or start the deployment on a fresh "
             "state (another Redis database)")
 
+
+def redis_client(url: str, *, socket_timeout: float, socket_connect_timeout: float) -> aioredis.Redis:
+    """A client whose command, meeting a closed connection, is sent once more on a new one (see the rules)."""
+    return aioredis.Redis.from_url(url, socket_timeout=socket_timeout, socket_connect_timeout=socket_connect_timeout,
+                                   retry=Retry(NoBackoff(), 1), retry_on_error=[RedisConnectionError])

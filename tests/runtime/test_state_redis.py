@@ -11,13 +11,16 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import pytest
+import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from basin_runtime.policy import Admitted, PolicyConfig
 from basin_runtime.state.backend import StateUnavailableError
 from basin_runtime.state.leases import Coordinator
-from basin_runtime.state.redis_backend import RedisBackend
+from basin_runtime.state.redis_backend import RedisBackend, redis_client
 from basin_runtime.state.replica import ReplicatedState
 from basin_runtime.state.signals import SignalReport
 from basin_runtime.state.steps import Step, encode_step
@@ -140,3 +143,25 @@ async def test_steps_wait_while_redis_cannot_be_reached(redis_server: RedisServe
             await a.step(Step("arrive", "x", (1, 1)))
         await eventually(lambda: a.is_up)
         assert await a.step(Step("arrive", "x", (1, 1))) != []
+
+
+async def test_a_command_after_redis_restarted_is_sent_again_on_a_new_connection(tmp_path: Path) -> None:
+    """The pool still holds connections to the old server: each would fail one command (and mark the shared
+    state down for a moment) unless the command is sent again; a plain client shows the failure."""
+    server = RedisServer(tmp_path)
+    server.start()
+    try:
+        for client, expected_first in ((redis_client(server.url, socket_timeout=2, socket_connect_timeout=1), True),
+                                       (aioredis.Redis.from_url(server.url, socket_timeout=2), False)):
+            await asyncio.gather(*(client.blpop([f"k{i}"], timeout=0.2) for i in range(3)))  # 3 pooled connections
+            server.restart()
+            outcomes = []
+            for _ in range(3):
+                try:
+                    outcomes.append(await client.ping())
+                except RedisConnectionError:
+                    outcomes.append(False)
+            await client.aclose()
+            assert outcomes == [expected_first, True, True]
+    finally:
+        server.kill()
