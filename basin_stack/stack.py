@@ -29,6 +29,7 @@ import atexit
 import contextlib
 import dataclasses
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -50,11 +51,38 @@ class StackError(RuntimeError):
     """A process of the stack could not start or died; the message names it and quotes its log."""
 
 
+_HANDED_OUT: set[int] = set()  # ports free_port gave this process: never given twice
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
 def free_port() -> int:
-    """A loopback port nobody listens on now."""
-    with socket.socket() as sock:
+    """A loopback port nobody listens on now, below the kernel's ephemeral range when it can be.
+
+    Every port of the stack is picked before its server starts, while the servers started before it open
+    connections; a port from the ephemeral range could meanwhile become one of those connections' local
+    port, and its server then fails to bind (a demo run hit `address already in use`). A port below the
+    range is never given to an outgoing connection."""
+    try:
+        low = int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 0
+    rng = random.Random()
+    for _ in range(200 if low > 11_000 else 0):
+        port = rng.randrange(10_000, low)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    with socket.socket() as sock:  # no room below the range: the kernel's pick
         sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+        port = int(sock.getsockname()[1])
+    _HANDED_OUT.add(port)
+    return port
 
 
 @dataclass
