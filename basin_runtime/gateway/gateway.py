@@ -295,7 +295,7 @@ class Gateway:
         (`resend.py`; on the loop when that part and the prefix comparison are small), else the whole body."""
         if kind == "chat" and len(raw) >= RESEND_MIN_BYTES:
             entry = self.room.registry.get(headers.get(self.session_header, "").strip())
-            base = None if entry is None else entry.memo.counts
+            base = None if entry is None else entry.memo.counts  # read once: another call may swap it
             if entry is not None and base is not None and base.prefix is not None:
                 depth = self.limits.max_json_depth
                 if len(raw) < OFF_LOOP_COPY_BYTES and len(raw) - base.prefix.end < OFF_LOOP_BODY_BYTES:

@@ -208,7 +208,6 @@ class Http1Answer:
         self._reason = conn.reason.decode("latin-1")
         encoding = headers.get("content-encoding", "identity").strip().lower()
         self._decoder = None if encoding == "identity" else _decoder(encoding)
-        self._is_read = conn.is_complete and not conn.chunks
 
     @property
     def status_code(self) -> int:
@@ -240,7 +239,6 @@ class Http1Answer:
                         continue
                 yield chunk
             elif conn.is_complete:
-                self._is_read = True
                 if self._decoder is not None and (tail := self._decode(b"", end=True)):
                     yield tail
                 return
@@ -270,7 +268,7 @@ class Http1Answer:
         conn, self._conn = self._conn, None
         if conn is None:
             return
-        if self._is_read or (conn.is_complete and not conn.chunks):
+        if conn.is_complete and not conn.chunks:  # read to its end: the connection is clean
             self._client.give_back(conn)
         else:
             conn.close()  # unread bytes: the connection cannot be reused

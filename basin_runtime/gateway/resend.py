@@ -96,7 +96,10 @@ class PrefixBudget:
     def held_bytes(self) -> int:
         """Bytes of the bodies the live prefixes hold."""
         with self._lock:
-            return sum(len(p.raw) for p in list(self._held))
+            return self._sum()
+
+    def _sum(self) -> int:
+        return sum(len(p.raw) for p in list(self._held))
 
     def keep(self, prefix: BodyPrefix | None) -> BodyPrefix | None:
         """`prefix` if it fits beside the others, else None (its session's next call is read in full)."""
@@ -105,7 +108,7 @@ class PrefixBudget:
         with self._lock:
             if prefix in self._held:
                 return prefix
-            if sum(len(p.raw) for p in list(self._held)) + len(prefix.raw) > self.max_bytes:
+            if self._sum() + len(prefix.raw) > self.max_bytes:
                 return None
             self._held.add(prefix)
         return prefix
