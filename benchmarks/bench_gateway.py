@@ -341,11 +341,15 @@ async def servers(log_dir: str, args: argparse.Namespace, admin_token: str) -> A
         config_path.chmod(0o600)
         gw_port = free_port()
         gateway = f"http://127.0.0.1:{gw_port}"
-        gw_proc = stack.enter_context(process([
-            sys.executable, "-m", "basin_runtime.gateway", "--upstream", upstream, "--port", str(gw_port),
-            "--model", str(MODEL_FILE), "--budget-tokens", str(10**12), "--log-level", "warning",
-            "--upstream-client", args.upstream_client, "--config", str(config_path),
-            "--session-log", str(Path(log_dir) / "sessions.jsonl")]))
+        if args.gateway == "basin":
+            command = ["-m", "basin_runtime.gateway", "--upstream", upstream, "--port", str(gw_port),
+                       "--model", str(MODEL_FILE), "--budget-tokens", str(10**12), "--log-level", "warning",
+                       "--upstream-client", args.upstream_client, "--config", str(config_path),
+                       "--session-log", str(Path(log_dir) / "sessions.jsonl")]
+        else:  # the floor: forwarding alone (`bare_relay.py`)
+            command = [str(ROOT / "benchmarks" / "bare_relay.py"), "--mode", args.gateway.removeprefix("bare-"),
+                       "--upstream", upstream, "--port", str(gw_port)]
+        gw_proc = stack.enter_context(process([sys.executable, *command]))
         await wait_healthy(gateway, gw_proc)
         pids["gateway"] = [gw_proc.pid]
         yield Deployment(upstream, gateway, pids, upstream_name)
@@ -396,6 +400,7 @@ async def stage_profile(session: int, turn: int, stream: bool, repeat: int = 200
 async def bench(args: argparse.Namespace) -> None:
     admin_token = secrets.token_hex(16)
     stream = args.stream
+    is_basin = args.gateway == "basin"
     with tempfile.TemporaryDirectory() as log_dir:
         async with servers(log_dir, args, admin_token) as deployment, \
                 httpx.AsyncClient(trust_env=False, timeout=60) as client:
@@ -429,21 +434,21 @@ async def bench(args: argparse.Namespace) -> None:
                 cpu_2 = cpu_of(deployment.pids)
                 cpu_direct = {k: v + cpu_1[k] - cpu_0[k] for k, v in cpu_direct.items()}
                 cpu_via = {k: v + cpu_2[k] - cpu_1[k] for k, v in cpu_via.items()}
-            own_p50, own_p99, own_n = await gateway_added_quantiles(client, gateway)
+            own = await gateway_added_quantiles(client, gateway) if is_basin else None
 
             big_cpu, big_bytes = ({}, 0) if args.big_calls == 0 else await big_conversation_cpu(
                 gateway, deployment.pids, args.big_tokens, args.big_calls)
 
             rss = [(0, rss_mib(gw_pid))]
             done, batch = 0, 1000
-            while done < args.sessions:
+            while done < args.sessions and is_basin:
                 await run_sessions(gateway, 10**7 + done, batch, 2, args.concurrency, True, [], stream)
                 done += batch
                 rss.append((done, rss_mib(gw_pid)))
             admin = {"Authorization": f"Bearer {admin_token}"}
-            state = (await client.get(gateway + "/basin/state", headers=admin)).json()["policy"]
+            state = (await client.get(gateway + "/basin/state", headers=admin)).json()["policy"] if is_basin else {}
 
-    stages = await stage_profile(n - 1, args.calls - 1, stream)
+    stages = await stage_profile(n - 1, args.calls - 1, stream) if is_basin else {}
     ms = 1000.0
     what = "time to first chunk" if stream else "latency"
     names = ["client", "gateway", deployment.upstream_name if deployment.upstream_name == "smg" else "", "workers",
@@ -451,8 +456,11 @@ async def bench(args: argparse.Namespace) -> None:
     names = [name for name in names if name]
     print(f"machine: {os.cpu_count()} cpus; upstream: {deployment.upstream_name}"
           f"{' (PD mode) in front of a prefill and a decode stand-in' if args.via_smg else ': raw ASGI on uvicorn'}; "
-          f"gateway: basin_runtime.gateway ({args.upstream_client} upstream client, state {args.state}), "
-          f"session log on; calls {'streamed' if stream else 'not streamed'}")
+          + (f"gateway: basin_runtime.gateway ({args.upstream_client} upstream client, state {args.state}), "
+             f"session log on"
+             if is_basin else f"in the gateway's place: bare_relay.py --mode {args.gateway.removeprefix('bare-')} "
+                              f"(forwarding alone)")
+          + f"; calls {'streamed' if stream else 'not streamed'}")
     print(f"unloaded ({args.unloaded_calls} calls, one at a time, {what}): added p50 {pct(added_1, .5) * ms:.2f} ms, "
           f"p99 {pct(added_1, .99) * ms:.2f} ms (direct p50 {pct(direct_1, .5) * ms:.2f} ms); gateway CPU "
           f"{unloaded_cpu * ms:.2f} ms per call (each a new session's first call, and its end)")
@@ -464,24 +472,26 @@ async def bench(args: argparse.Namespace) -> None:
           f"{'; '.join(loads)})")
     print(f"  added (difference of percentiles): p50 {(pct(via, .5) - pct(direct, .5)) * ms:.2f} ms, "
           f"p99 {(pct(via, .99) - pct(direct, .99)) * ms:.2f} ms")
-    print(f"  gateway's own pre-forward time (histogram bucket bounds, {own_n} calls): p50 <= {own_p50 * ms:g} ms, "
-          f"p99 <= {own_p99 * ms:g} ms")
+    if own is not None:
+        print(f"  gateway's own pre-forward time (histogram bucket bounds, {own[2]} calls): p50 <= {own[0] * ms:g} ms, "
+              f"p99 <= {own[1] * ms:g} ms")
     print(f"  throughput via gateway / direct: {(len(via) / via_s) / (len(direct) / direct_s):.2f}x")
     zero = dict.fromkeys(cpu_direct, 0.0)
     print(f"  CPU ms per call, direct:      {per_call(zero, cpu_direct, len(direct), names)}")
     print(f"  CPU ms per call, via gateway: {per_call(zero, cpu_via, len(via), names)}  (its session ends included)")
     gateway_us = cpu_via["gateway"] / len(via) * 1e6
-    print(f"stage profile of one call (session's call {args.calls}, in-process, us): "
-          + ", ".join(f"{name} {us:.1f}" for name, us in stages.items())
-          + f"; sum {sum(stages.values()):.1f}; the rest of the gateway's {gateway_us:.0f} us per call (HTTP server, "
-            f"upstream client, event loop): {gateway_us - sum(stages.values()):.0f}")
+    if stages:
+        print(f"stage profile of one call (session's call {args.calls}, in-process, us): "
+              + ", ".join(f"{name} {us:.1f}" for name, us in stages.items())
+              + f"; sum {sum(stages.values()):.1f}; the rest of the gateway's {gateway_us:.0f} us per call (HTTP "
+                f"server, upstream client, event loop): {gateway_us - sum(stages.values()):.0f}")
     if args.big_calls:
         others = ", ".join(f"{name} {big_cpu[name] * ms:.2f}" for name in names
                            if name != "gateway" and name in big_cpu)
         print(f"{args.big_tokens}-token conversation, later calls ({big_bytes / 1e6:.1f} MB body): gateway CPU "
               f"{big_cpu['gateway'] * ms:.2f} ms per call over {args.big_calls} calls ({others} ms)")
     print(f"load average at the end: {load_average()}")
-    if args.sessions == 0:
+    if args.sessions == 0 or not is_basin:
         return
     print(f"memory (gateway RSS MiB) over {args.sessions} sessions: "
           + ", ".join(f"{k}: {mib:.1f}" for k, mib in rss))
@@ -499,6 +509,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=5, help="calls per session in the latency phase")
     parser.add_argument("--unloaded-calls", type=int, default=300)
     parser.add_argument("--upstream-client", choices=("httptools", "aiohttp", "httpx"), default="httptools")
+    parser.add_argument("--gateway", choices=("basin", "bare-asgi", "bare-protocol"), default="basin",
+                        help="what runs in the gateway's place: basin's gateway, or a bare relay (`bare_relay.py`: "
+                             "forwarding alone, on uvicorn or on a raw asyncio protocol) to measure the floor")
     parser.add_argument("--via-smg", action="store_true", help="smg (PD mode) and stand-in workers as the upstream")
     parser.add_argument("--stream", action="store_true", help="streamed chat calls (times to the first chunk)")
     parser.add_argument("--state", choices=("memory", "redis"), default="memory")
