@@ -76,6 +76,14 @@ def features(first_call: float, prompt_tokens: Sequence[int], completion_tokens:
             math.log1p(sum(completion_tokens)), math.log1p(k)]
 
 
+def clamp_peak(raw: float, floor: float) -> float:
+    """A model's raw peak as a prediction: not finite -> MAX_PEAK_TOKENS; then within [max(floor, 1),
+    MAX_PEAK_TOKENS] (`np.clip`'s order: the upper bound wins)."""
+    if not math.isfinite(raw):
+        raw = MAX_PEAK_TOKENS
+    return min(max(raw, floor, 1.0), MAX_PEAK_TOKENS)
+
+
 class OnlineModel:
     """A loaded online re-estimate model (onnxruntime only)."""
 
@@ -110,8 +118,12 @@ class OnlineModel:
         return model
 
     def predict(self, first_call: float, prompt_tokens: Sequence[int], completion_tokens: Sequence[int]) -> float:
-        """Re-estimated peak tokens at call k = len(prompt_tokens) >= 2."""
-        return float(self.predict_batch([first_call], [prompt_tokens], [completion_tokens])[0])
+        """Re-estimated peak tokens at call k = len(prompt_tokens) >= 2 (`predict_batch` of one row, without
+        its array work: the gateway's revision path)."""
+        check_history(prompt_tokens, completion_tokens)
+        feeds = {"features": np.array([features(first_call, prompt_tokens, completion_tokens)], dtype=np.float32),
+                 "slot": np.array([slot_index(len(prompt_tokens))], dtype=np.int64)}
+        return clamp_peak(float(self._session.run([OUTPUT], feeds)[0].flat[0]), float(prompt_tokens[-1]))
 
     def predict_batch(self, first_calls: Sequence[float], prompt_tokens: Sequence[Sequence[int]],
                       completion_tokens: Sequence[Sequence[int]]) -> np.ndarray:

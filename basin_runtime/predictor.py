@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +36,7 @@ import numpy as np
 import onnxruntime as ort
 
 from basin_runtime.model_files import multiplier_at, open_session
-from basin_runtime.online import OnlineError, OnlineModel, check_history, online_file_name
+from basin_runtime.online import OnlineError, OnlineModel, check_history, clamp_peak, online_file_name
 
 SCHEMA_VERSION = "1"
 INPUTS = {"task_text": "tensor(string)", "task_chars": "tensor(float)", "first_prompt_tokens": "tensor(float)"}
@@ -208,8 +209,16 @@ class PeakPredictor:
         return multiplier_at(q, table["quantiles"], row, PredictorError, self.info.path, "multipliers")
 
     def predict(self, task_text: str, first_prompt_tokens: int) -> float:
-        """Predicted peak tokens of one session."""
-        return float(self.predict_batch([task_text], [first_prompt_tokens])[0])
+        """Predicted peak tokens of one session (`predict_batch` of one row, without its array work: the
+        gateway's first-call path)."""
+        first = float(first_prompt_tokens)
+        if not (math.isfinite(first) and first >= 0):
+            raise ValueError("first_prompt_tokens must be finite and non-negative")
+        text = np.empty((1, 1), dtype=object)
+        text[0, 0] = task_text
+        feeds = {"task_text": text, "task_chars": np.array([[len(task_text)]], dtype=np.float32),
+                 "first_prompt_tokens": np.array([[first]], dtype=np.float32)}
+        return clamp_peak(float(self._session.run([OUTPUT], feeds)[0].flat[0]), first)
 
     def predict_batch(self, task_texts: Sequence[str], first_prompt_tokens: Sequence[int]) -> np.ndarray:
         """Predicted peak tokens of many sessions (float64 array)."""

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +10,7 @@ import numpy as np
 import onnx
 import pytest
 
+from basin_runtime.online import clamp_peak
 from basin_runtime.predictor import MAX_PEAK_TOKENS, PeakPredictor, PredictorError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,3 +114,29 @@ def test_loading_and_predicting_never_import_the_training_stack() -> None:
     loaded = set(json.loads(out))
     assert "onnxruntime" in loaded
     assert loaded.isdisjoint({"sklearn", "pandas", "optuna", "mlflow", "skl2onnx", "scipy"})
+
+
+def test_one_row_predictions_equal_the_batch_path_exactly() -> None:
+    """`predict` (the gateway's first call) and `OnlineModel.predict` (its revisions) skip the batch path's array
+    work; their answers must be the batch path's, bit for bit, clamps included."""
+    predictor = PeakPredictor.load(SHIPPED)
+    texts = ["", "Fix the typo in README", "日本語 🙂", "refactor " * 3000]
+    for text in texts:
+        for first in (0, 1, 1500, 10**7, 2 * 10**7, 1.5):
+            assert predictor.predict(text, first) == float(predictor.predict_batch([text], [first])[0])
+    with pytest.raises(ValueError, match="finite and non-negative"):
+        predictor.predict("task", -1)
+    online = predictor.online
+    assert online is not None
+    for first_call in (0.0, 1.0, 2500.0, 3e7):
+        for prompts, completions in (([900, 1200], [50]), ([0, 0, 0], [0, 0]), ([900] * 12, [10] * 11),
+                                     ([10, 2 * 10**7], [5])):
+            assert online.predict(first_call, prompts, completions) == float(
+                online.predict_batch([first_call], [prompts], [completions])[0])
+
+
+@pytest.mark.parametrize("raw", [math.nan, math.inf, -math.inf, -5.0, 0.0, 0.5, 7.0, 1e9, MAX_PEAK_TOKENS * 2])
+@pytest.mark.parametrize("floor", [0.0, 3.0, 100.0, MAX_PEAK_TOKENS * 3])
+def test_clamp_peak_is_the_batch_paths_where_and_clip(raw: float, floor: float) -> None:
+    batch = np.clip(np.where(np.isfinite([raw]), [raw], MAX_PEAK_TOKENS), np.maximum([floor], 1.0), MAX_PEAK_TOKENS)
+    assert clamp_peak(raw, floor) == float(batch[0])
