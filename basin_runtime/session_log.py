@@ -78,9 +78,13 @@ class SessionLogRecord:
 
     def to_json(self) -> str:
         """One log line (no trailing newline)."""
+        return json.dumps(self.to_object(), ensure_ascii=False)
+
+    def to_object(self) -> dict[str, Any]:
+        """The log line as a JSON object (any JSON encoder writes it; the gateway's writer uses orjson)."""
         body = {name: getattr(self, name) for name in _RECORD_FIELDS}  # asdict's deep copy costs 5x more
         body["calls"] = [{name: getattr(c, name) for name in _CALL_FIELDS} for c in self.calls]
-        return json.dumps({"format": LOG_FORMAT, "version": LOG_VERSION, **body}, ensure_ascii=False)
+        return {"format": LOG_FORMAT, "version": LOG_VERSION, **body}
 
     @classmethod
     def from_json(cls, line: str) -> SessionLogRecord:

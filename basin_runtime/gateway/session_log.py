@@ -13,6 +13,7 @@
 # - Text-free (`keep_text=False`): the task text is not written (`task_text: null`); its length
 #   (`task_chars`) and every token count are. Ingest rejects such records for text models, by name.
 # - `close()` writes what is queued, then stops the thread; appends after it raise.
+# - Lines are encoded by orjson (the line `SessionLogRecord.to_json` writes, read back the same).
 # - A record that cannot be written (it does not encode as JSON/UTF-8) is skipped with an error log
 #   line naming the session and counted in `num_failed`; the thread goes on with the next one. No
 #   exception ends the writer thread: it logs, counts the batch as failed and keeps serving.
@@ -31,6 +32,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 from typing import BinaryIO
+
+import orjson
 
 from basin_runtime.session_log import SessionLogRecord
 
@@ -124,8 +127,8 @@ class SessionLogWriter:
         try:
             for record in records:
                 try:
-                    line = (record.to_json() + "\n").encode("utf-8")
-                except (ValueError, TypeError) as exc:  # UnicodeEncodeError is a ValueError
+                    line = orjson.dumps(record.to_object(), option=orjson.OPT_APPEND_NEWLINE)
+                except (ValueError, TypeError) as exc:  # orjson's JSONEncodeError is a TypeError
                     self.num_failed += 1
                     logger.error("session log %s: session %r not logged, its record does not encode: %s",
                                  self.path, record.session_id, exc)

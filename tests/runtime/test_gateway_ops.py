@@ -485,6 +485,22 @@ async def test_a_record_that_does_not_encode_is_skipped_counted_and_the_writer_g
     assert ids == ["good", "later"] and (writer.num_written, writer.num_failed) == (2, 1)
 
 
+async def test_the_writers_line_reads_back_as_the_records_own_json(tmp_path: Path) -> None:
+    """The writer encodes with orjson; what it writes must read back exactly as `to_json`'s line does."""
+    from basin_runtime.session_log import LoggedCall
+
+    calls = (LoggedCall(1.5, 2.25, 1200, 80, 1000, "completed"), LoggedCall(3.0, 1e16, 2**40, 0, None, "client_gone"))
+    record = SessionLogRecord("s-é", "qwen", "qwen3.6", "fix the 日本語 bug \"quoted\"\n", 25, 0.1, 1e9 + 0.5,
+                              "ended", calls, workload="tb", predicted_peak_tokens=12345.678,
+                              reserved_peak_tokens=2.5e7)
+    writer = SessionLogWriter(tmp_path / "sessions.jsonl", keep_text=True)
+    writer.append(record)
+    await asyncio.to_thread(writer.close)
+    (line,) = writer.path.read_text(encoding="utf-8").splitlines()
+    assert json.loads(line) == json.loads(record.to_json())
+    assert SessionLogRecord.from_json(line) == SessionLogRecord.from_json(record.to_json()) == record
+
+
 async def test_the_log_is_owner_only_and_a_torn_last_line_does_not_swallow_the_next_record(tmp_path: Path) -> None:
     path = tmp_path / "log" / "sessions.jsonl"
     writer = SessionLogWriter(path)
