@@ -225,6 +225,11 @@ class Http1Answer:
     def url(self) -> str:
         return self._url
 
+    @property
+    def is_received(self) -> bool:
+        conn = self._conn
+        return conn is not None and conn.is_complete
+
     async def chunks(self) -> AsyncGenerator[bytes, None]:
         conn = self._conn
         if conn is None:

@@ -34,6 +34,8 @@
 #   When the gateway itself added `stream_options.include_usage` (`drop_usage_chunk`), the final
 #   usage-only chunk (empty `choices`) is not passed on: the client did not ask for it, and SGLang
 #   would not have sent it.
+# - Once the upstream's whole body has arrived (`is_received`, where the client can tell), a streamed
+#   answer's last piece goes out with its end in one write (nothing waits: no upstream bytes are awaited).
 # - An SSE answer is passed on event by event (an unfinished event is held until its blank line), so
 #   the gateway can always end it cleanly. A failure the upstream reports inside it (an event
 #   `data: {"error": {...}}`: smg writes one, then `[DONE]`, when the engine it streams from dies
@@ -320,11 +322,18 @@ class UpstreamResponse(StreamingResponse):
 
     async def _send_all(self, send: Send) -> None:
         """The answer's head, each chunk as it comes, then its end (Starlette's streaming without its task group:
-        the client is watched by the call's `ClientWatch`, as for the head)."""
+        the client is watched by the call's `ClientWatch`, as for the head). Once the upstream's whole body has
+        arrived, the relay's next steps need no waiting, so each chunk is held until the next one is in hand: the
+        last (`[DONE]`, mostly) goes out with the answer's end in one write, and nothing is ever delayed."""
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        held = None
         async for chunk in self._chunks:
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+            if held is not None:
+                await send({"type": "http.response.body", "body": held, "more_body": True})
+            held = chunk if getattr(self._upstream, "is_received", False) else None  # optional: see upstream.py
+            if held is None:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": held or b"", "more_body": False})
 
     def _first_bytes_passed(self) -> None:
         if self._on_first_byte is not None:

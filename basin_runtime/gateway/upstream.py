@@ -5,7 +5,8 @@
 #   `UpstreamAnswer` once its head has arrived: status, headers, and the body either whole
 #   (`read(limit)`) or chunk by chunk as it arrives (`chunks()`, never buffered: SSE goes through as
 #   written). `aclose()` on the answer gives its connection back (or drops it, when the body was not
-#   read to its end); it is safe to call more than once.
+#   read to its end); it is safe to call more than once. An answer may also say `is_received` (optional,
+#   the gateway's own client does): its whole body has arrived, so the rest of `chunks()` comes without waiting.
 # - Failures before the head: cannot connect (or any transport failure) -> `UpstreamRefusedError`;
 #   no connection or bytes in time -> `UpstreamTimeoutError`. Failures while reading the body ->
 #   `UpstreamBrokenError` (`is_timeout` when no bytes came within the read timeout: with both

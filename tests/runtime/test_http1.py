@@ -229,3 +229,69 @@ async def test_a_large_body_pauses_reading_and_arrives_whole_in_order(monkeypatc
         await answer.aclose()
     assert got == payload and any(paused)
     assert server.requests[0].endswith(big_request)
+
+
+def _chunked(*pieces: bytes) -> bytes:
+    return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces)
+
+
+@pytest.mark.parametrize("terminator_after_s", [0.0, 0.3])
+async def test_the_relay_sends_the_last_event_with_the_end_only_once_the_whole_body_has_arrived(
+        terminator_after_s: float) -> None:
+    """A body wholly received: its last event (`[DONE]`) and the answer's end go in one ASGI message (one write).
+    A terminator still to come: `[DONE]` goes at once, the end when the upstream ends (nothing is held back)."""
+    from basin_runtime.gateway.proxy import CallEnd, UpstreamResponse
+
+    events = [b'data: {"choices": [{"delta": {"content": "a"}}]}\n\n', b"data: [DONE]\n\n"]
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    terminator_written = asyncio.Event()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        request = await reader.readuntil(b"\r\n\r\n")
+        await reader.readexactly(int(request.lower().split(b"content-length: ")[1].split(b"\r\n")[0]))
+        if terminator_after_s:
+            writer.write(head + _chunked(*events))
+            await writer.drain()
+            await asyncio.sleep(terminator_after_s)
+        writer.write((b"" if terminator_after_s else head + _chunked(*events)) + b"0\r\n\r\n")
+        terminator_written.set()
+        await writer.drain()
+        writer.close()
+        await writer.wait_closed()
+
+    listener = await asyncio.start_server(handle, "127.0.0.1", 0)
+    client = Http1UpstreamClient(f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}", connect_s=2.0, read_s=5.0)
+    await client.start()
+    sent: list[tuple[dict[str, object], bool]] = []  # (message, was the terminator written by then)
+    ends: list[CallEnd] = []
+
+    async def send(message: dict[str, object]) -> None:
+        sent.append((message, terminator_written.is_set()))
+
+    async def on_end(end: CallEnd) -> None:
+        ends.append(end)
+
+    async def never_disconnects() -> dict[str, object]:
+        await asyncio.Event().wait()
+        return {}
+
+    try:
+        answer = await client.send("POST", "/v1/chat/completions", {}, b"{}")
+        if not terminator_after_s:
+            await terminator_written.wait()
+            await asyncio.sleep(0.05)  # the whole answer is in the client's buffer before the relay starts
+        await UpstreamResponse(answer, on_end)({"type": "http"}, never_disconnects, send)  # type: ignore[arg-type]
+    finally:
+        await client.aclose()
+        listener.close()
+        await listener.wait_closed()
+
+    bodies = [(m["body"], m["more_body"], written) for m, written in sent if m["type"] == "http.response.body"]
+    assert b"".join(body for body, _, _ in bodies) == b"".join(events) and ends[0].outcome == "completed"
+    if terminator_after_s:
+        done = next(k for k, (body, _, _) in enumerate(bodies) if body.endswith(events[-1]))
+        assert bodies[done][1:] == (True, False)  # sent at once, before the upstream's end came
+        assert bodies[-1] == (b"", False, True)
+    else:
+        assert bodies[-1][0].endswith(events[-1]) and bodies[-1][1] is False  # [DONE] and the end: one message
+        assert all(more for _, more, _ in bodies[:-1])
