@@ -16,8 +16,10 @@ rendered prompt. Thinking content is not part of the history (Qwen drops it), so
 from __future__ import annotations
 
 import json
+import re
 import unicodedata
 from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, Protocol
@@ -129,11 +131,30 @@ def _qwen_encoder(model: str) -> Encoder:
 
     encoding = get_qwen(model)._tokenizer  # the tiktoken Encoding; skips a Python wrapper per call
     core, special = encoding._core_bpe, encoding.special_tokens_set
+    special_ids: dict[str, int] = dict(encoding._special_tokens)
+    special_at = special_token_pattern(special)
+    encode_ordinary = core.encode_ordinary
+    firsts = {token[0] for token in special}  # Qwen's all start with "<": a text without one has none
+    lead = next(iter(firsts)) if len(firsts) == 1 else None
 
     def ids(text: str) -> Sequence[int]:
         if len(text) < _LONG_TEXT_CHARS:
-            short: list[int] = core.encode(text, special)
-            return short
+            # What `core.encode(text, special)` does (ordinary BPE between special tokens, each special token one
+            # id), without handing it the set of special tokens, which it converts on every call (~6 us of a
+            # short message's ~15).
+            if lead is not None and lead not in text:
+                plain: list[int] = encode_ordinary(text)
+                return plain
+            out: list[int] = []
+            start = 0
+            for match in special_at.finditer(text):
+                if match.start() > start:
+                    out += encode_ordinary(text[start:match.start()])
+                out.append(special_ids[match.group()])
+                start = match.end()
+            if start < len(text):
+                out += encode_ordinary(text[start:])
+            return out
         # The same ids as a buffer: no Python int per token, so the GIL is free while it encodes (a
         # 23 MB text holds it ~25 ms instead of ~300 ms building the list; gateway.py counts off the loop).
         return memoryview(core.encode_to_tiktoken_buffer(text, special)).cast("B").cast("I")
@@ -149,6 +170,14 @@ def _qwen_encoder(model: str) -> Encoder:
 
 
 _LONG_TEXT_CHARS = 1 << 16
+
+
+def special_token_pattern(special: AbstractSet[str]) -> re.Pattern[str]:
+    """Any of `special`; no one of them starts another (checked: a match is then the only one at its place)."""
+    for token in special:
+        if any(other != token and other.startswith(token) for other in special):
+            raise TokenizerError(f"special token {token!r} starts another one: counting cannot split at it")
+    return re.compile("|".join(re.escape(token) for token in sorted(special)))
 
 
 _REGISTRY: dict[str, Callable[[], Encoder]] = {

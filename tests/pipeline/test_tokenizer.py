@@ -63,3 +63,21 @@ def test_unknown_tokenizer_and_role_are_clear_errors() -> None:
 def test_a_long_text_counts_what_the_reference_counts(text: str) -> None:
     # Long texts are encoded into a buffer (no Python int per token, the GIL free meanwhile): same count.
     assert get_tokenizer().count_text(text) == len(REFERENCE.encode(text, allowed_special="all"))
+
+
+def test_short_texts_get_exactly_the_reference_ids_special_tokens_anywhere() -> None:
+    """Short texts are split at special tokens and the pieces encoded as ordinary text (no set of allowed
+    special tokens handed to tiktoken per call): the ids must be the reference's, wherever special tokens sit."""
+    from basin_runtime.tokenizer import _qwen_encoder
+
+    encode = _qwen_encoder("qwen3.6-35b-a3b")
+    specials = sorted(REFERENCE._tokenizer.special_tokens_set)
+    texts = ["", "plain text, no tag", "<", "<|im_", "a < b <= c", "<|im_start|>", "<|im_start|><|im_end|>",
+             "x<|im_end|>y<think>z</think>", "<|im_start|>user\n<tool_response>\nok\n</tool_response><|im_end|>\n",
+             "<<|im_start|>>", "naïve <|endoftext|> 😀" * 50, "".join(specials), " ".join(specials) + " tail"]
+    for text in texts:
+        assert list(encode(text)) == REFERENCE._tokenizer.encode(text, allowed_special="all"), text
+    session = messages_session("s1")
+    for message in session["messages"]:
+        rendered = get_tokenizer().render_message(message)
+        assert list(encode(rendered)) == REFERENCE._tokenizer.encode(rendered, allowed_special="all")
