@@ -19,6 +19,7 @@
 #   `Content-Encoding` of gzip or deflate the upstream applied although asked for identity is undone
 #   as the chunks pass (the proxy drops the header); any other encoding is an `UpstreamBrokenError`.
 #   Reading pauses while 1 MiB of body waits unread (flow control), and resumes as it is read.
+#   `chunks()` gives everything received so far in one piece (SSE events read at once go on together).
 # - `http` and `https` base URLs (a path prefix is kept); the Host header is the base URL's.
 """An HTTP/1.1 upstream client over asyncio protocols and httptools."""
 
@@ -109,7 +110,10 @@ class _Connection(asyncio.Protocol):
             self._waiter.set_result(None)
 
     def take(self) -> bytes:
-        chunk = self.chunks.popleft()
+        """Every body byte received so far, in one piece (several HTTP chunks read at once go on together)."""
+        chunks = self.chunks
+        chunk = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
+        chunks.clear()
         self.buffered -= len(chunk)
         if self._is_paused and self.buffered <= LOW_WATER_BYTES and self.transport is not None:
             self._is_paused = False

@@ -295,3 +295,36 @@ async def test_the_relay_sends_the_last_event_with_the_end_only_once_the_whole_b
     else:
         assert bodies[-1][0].endswith(events[-1]) and bodies[-1][1] is False  # [DONE] and the end: one message
         assert all(more for _, more, _ in bodies[:-1])
+
+
+async def test_http_chunks_received_together_come_out_as_one_piece_and_later_ones_as_they_come() -> None:
+    events = [b"data: 1\n\n", b"data: 2\n\n", b"data: [DONE]\n\n"]
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    answer_sent = asyncio.Event()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        request = await reader.readuntil(b"\r\n\r\n")
+        await reader.readexactly(int(request.lower().split(b"content-length: ")[1].split(b"\r\n")[0]))
+        writer.write(head + _chunked(*events[:2]))  # two HTTP chunks in one write
+        await writer.drain()
+        await answer_sent.wait()
+        writer.write(_chunked(events[2]) + b"0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+        await writer.wait_closed()
+
+    listener = await asyncio.start_server(handle, "127.0.0.1", 0)
+    client = Http1UpstreamClient(f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}", connect_s=2.0, read_s=5.0)
+    await client.start()
+    try:
+        answer = await client.send("POST", "/v1/chat/completions", {}, b"{}")
+        pieces = []
+        async for piece in answer.chunks():
+            pieces.append(piece)
+            answer_sent.set()  # the last event is written only once the first piece is out
+        await answer.aclose()
+    finally:
+        await client.aclose()
+        listener.close()
+        await listener.wait_closed()
+    assert pieces == [events[0] + events[1], events[2]]
