@@ -28,9 +28,13 @@ with its descendants), and the run ends with:
 5. A `--big-tokens` conversation (300k tokens of agent turns by default): the gateway's CPU per later
    call (each grown by one turn), averaged over `--big-calls` calls, and the other processes' beside it.
 
+With `--gateway bare-asgi` or `--gateway bare-protocol` a bare relay (`bare_relay.py`: forwarding alone,
+no sessions, parsing, counting, policy, metrics or log) takes the gateway's place, on uvicorn or on a raw
+asyncio protocol: the same phases then measure the floor under the gateway's numbers on this stack.
+
     .venv/bin/python benchmarks/bench_gateway.py [--sessions 10000] [--concurrency 200] [--calls 5]
         [--upstream-client httptools|aiohttp|httpx] [--via-smg] [--stream] [--state memory|redis] [--rounds 1]
-        [--big-tokens 300000] [--big-calls 20]
+        [--big-tokens 300000] [--big-calls 20] [--gateway basin|bare-asgi|bare-protocol]
 
 Loopback only; every process started is stopped at the end. The machine's load average is printed
 with the numbers: on a shared machine compare runs made in the same conditions.
