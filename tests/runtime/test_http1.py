@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import pytest
@@ -235,6 +235,32 @@ def _chunked(*pieces: bytes) -> bytes:
     return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces)
 
 
+SSE_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+Writes = Callable[[asyncio.StreamWriter], Awaitable[None]]
+
+
+@asynccontextmanager
+async def timed_answer(writes: Writes) -> AsyncIterator[Http1UpstreamClient]:
+    """A client of a server that reads one request, then lets `writes` write the answer, when it likes."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        request = await reader.readuntil(b"\r\n\r\n")
+        await reader.readexactly(int(request.lower().split(b"content-length: ")[1].split(b"\r\n")[0]))
+        await writes(writer)
+        writer.close()
+        await writer.wait_closed()
+
+    listener = await asyncio.start_server(handle, "127.0.0.1", 0)
+    client = Http1UpstreamClient(f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}", connect_s=2.0, read_s=5.0)
+    await client.start()
+    try:
+        yield client
+    finally:
+        await client.aclose()
+        listener.close()
+        await listener.wait_closed()
+
+
 @pytest.mark.parametrize("terminator_after_s", [0.0, 0.3])
 async def test_the_relay_sends_the_last_event_with_the_end_only_once_the_whole_body_has_arrived(
         terminator_after_s: float) -> None:
@@ -243,25 +269,17 @@ async def test_the_relay_sends_the_last_event_with_the_end_only_once_the_whole_b
     from basin_runtime.gateway.proxy import CallEnd, UpstreamResponse
 
     events = [b'data: {"choices": [{"delta": {"content": "a"}}]}\n\n', b"data: [DONE]\n\n"]
-    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
     terminator_written = asyncio.Event()
 
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        request = await reader.readuntil(b"\r\n\r\n")
-        await reader.readexactly(int(request.lower().split(b"content-length: ")[1].split(b"\r\n")[0]))
+    async def writes(writer: asyncio.StreamWriter) -> None:
         if terminator_after_s:
-            writer.write(head + _chunked(*events))
+            writer.write(SSE_HEAD + _chunked(*events))
             await writer.drain()
             await asyncio.sleep(terminator_after_s)
-        writer.write((b"" if terminator_after_s else head + _chunked(*events)) + b"0\r\n\r\n")
+        writer.write((b"" if terminator_after_s else SSE_HEAD + _chunked(*events)) + b"0\r\n\r\n")
         terminator_written.set()
         await writer.drain()
-        writer.close()
-        await writer.wait_closed()
 
-    listener = await asyncio.start_server(handle, "127.0.0.1", 0)
-    client = Http1UpstreamClient(f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}", connect_s=2.0, read_s=5.0)
-    await client.start()
     sent: list[tuple[dict[str, object], bool]] = []  # (message, was the terminator written by then)
     ends: list[CallEnd] = []
 
@@ -275,16 +293,12 @@ async def test_the_relay_sends_the_last_event_with_the_end_only_once_the_whole_b
         await asyncio.Event().wait()
         return {}
 
-    try:
+    async with timed_answer(writes) as client:
         answer = await client.send("POST", "/v1/chat/completions", {}, b"{}")
         if not terminator_after_s:
             await terminator_written.wait()
             await asyncio.sleep(0.05)  # the whole answer is in the client's buffer before the relay starts
         await UpstreamResponse(answer, on_end)({"type": "http"}, never_disconnects, send)  # type: ignore[arg-type]
-    finally:
-        await client.aclose()
-        listener.close()
-        await listener.wait_closed()
 
     bodies = [(m["body"], m["more_body"], written) for m, written in sent if m["type"] == "http.response.body"]
     assert b"".join(body for body, _, _ in bodies) == b"".join(events) and ends[0].outcome == "completed"
@@ -299,32 +313,20 @@ async def test_the_relay_sends_the_last_event_with_the_end_only_once_the_whole_b
 
 async def test_http_chunks_received_together_come_out_as_one_piece_and_later_ones_as_they_come() -> None:
     events = [b"data: 1\n\n", b"data: 2\n\n", b"data: [DONE]\n\n"]
-    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
     answer_sent = asyncio.Event()
 
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        request = await reader.readuntil(b"\r\n\r\n")
-        await reader.readexactly(int(request.lower().split(b"content-length: ")[1].split(b"\r\n")[0]))
-        writer.write(head + _chunked(*events[:2]))  # two HTTP chunks in one write
+    async def writes(writer: asyncio.StreamWriter) -> None:
+        writer.write(SSE_HEAD + _chunked(*events[:2]))  # two HTTP chunks in one write
         await writer.drain()
         await answer_sent.wait()
         writer.write(_chunked(events[2]) + b"0\r\n\r\n")
         await writer.drain()
-        writer.close()
-        await writer.wait_closed()
 
-    listener = await asyncio.start_server(handle, "127.0.0.1", 0)
-    client = Http1UpstreamClient(f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}", connect_s=2.0, read_s=5.0)
-    await client.start()
-    try:
+    async with timed_answer(writes) as client:
         answer = await client.send("POST", "/v1/chat/completions", {}, b"{}")
         pieces = []
         async for piece in answer.chunks():
             pieces.append(piece)
             answer_sent.set()  # the last event is written only once the first piece is out
         await answer.aclose()
-    finally:
-        await client.aclose()
-        listener.close()
-        await listener.wait_closed()
     assert pieces == [events[0] + events[1], events[2]]
