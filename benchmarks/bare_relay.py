@@ -49,9 +49,10 @@ def asgi_app(client: Http1UpstreamClient) -> Callable[..., Awaitable[None]]:
     async def app(scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]],
                   send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
         if scope["type"] == "lifespan":
-            while (message := await receive())["type"] != "lifespan.shutdown":
-                await client.start()
-                await send({"type": "lifespan.startup.complete"})
+            await receive()  # lifespan.startup
+            await client.start()
+            await send({"type": "lifespan.startup.complete"})
+            await receive()  # lifespan.shutdown
             await send({"type": "lifespan.shutdown.complete"})
             return
         path = scope["path"]
@@ -91,7 +92,7 @@ class RelayProtocol(asyncio.Protocol):
         self.headers: list[tuple[bytes, bytes]] = []
         self.body: list[bytes] = []
         self.url = b""
-        self.queue: asyncio.Queue[tuple[str, bytes, str, list[tuple[bytes, bytes]], bytes]] = asyncio.Queue()
+        self.queue: asyncio.Queue[tuple[str, str, list[tuple[bytes, bytes]], bytes]] = asyncio.Queue()
         self.worker: asyncio.Task[None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -119,13 +120,13 @@ class RelayProtocol(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         method = self.parser.get_method().decode()
-        self.queue.put_nowait((method, self.url, self.url.decode("latin-1"), self.headers, b"".join(self.body)))
+        self.queue.put_nowait((method, self.url.decode("latin-1"), self.headers, b"".join(self.body)))
 
     async def serve(self) -> None:
         transport = self.transport
         assert transport is not None
         while True:
-            method, _, path, headers, body = await self.queue.get()
+            method, path, headers, body = await self.queue.get()
             if method == "GET" or path.startswith("/basin/"):
                 data = HEALTH if method == "GET" else b"{}"
                 transport.write(_answer_head(200, {"content-type": "application/json"}, chunked=False,

@@ -54,6 +54,7 @@ class RevisingModel(Protocol):
 
     online: OnlineModel | None
 
+
 class Predictors:
     """The default model and the per-workload models, the reservation quantile and the revision calls."""
 
