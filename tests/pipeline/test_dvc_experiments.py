@@ -7,7 +7,7 @@ Rules:
   with the synthetic corpus made tiny (no corpus is present next to it), 2 trials and a one-seed,
   two-trial nested loop; `dvc repro` and a commit of what it writes under metrics/ make the
   baseline, as a user's `make repro` + `git commit` would.
-- Marked `slow` (~70 s on 2 idle cores: two pipeline runs, each stage a fresh Python).
+- Marked `integration` (~70 s on 2 idle cores: two pipeline runs, each stage a fresh Python).
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def _exp_rows(project: Path) -> list[dict[str, str]]:
     return list(csv.DictReader(io.StringIO(shown)))
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_exp_show_has_the_baselines_and_the_experiments_headline_numbers(experiment: Path) -> None:
     rows = _exp_rows(experiment)
     assert len(rows) >= 2, rows  # the workspace and the committed baseline, at least
@@ -97,7 +97,7 @@ def test_exp_show_has_the_baselines_and_the_experiments_headline_numbers(experim
     assert metric_files <= set(HEADLINE) | set(ONLINE), metric_files  # headline only: the details stay out
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_metrics_show_is_a_few_columns_and_diff_loads_the_commits_headline_and_details(experiment: Path) -> None:
     shown = _run(experiment, "dvc", "metrics", "show").stdout
     assert max(len(line) for line in shown.splitlines()) < 140, shown  # synthetic names are long
@@ -114,7 +114,7 @@ def test_metrics_show_is_a_few_columns_and_diff_loads_the_commits_headline_and_d
     assert pooled["old"] in {0, 1} and pooled["new"] in {0, 1, 2}
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_plots_diff_draws_both_revisions_and_one_series_per_study(experiment: Path) -> None:
     shown: dict[str, Any] = json.loads(_run(experiment, "dvc", "plots", "diff", "HEAD", "--json").stdout)
     assert not shown.get("errors"), shown["errors"]

@@ -106,6 +106,7 @@ def _tuned(frame: pd.DataFrame, tmp_path: Path, trials: int) -> optuna.Study:
                             n_trials=trials, resume=False, on_trial=lambda _: None)
 
 
+@pytest.mark.integration
 def test_nested_removes_the_selection_bias_of_the_best_trial_on_noise(tmp_path: Path) -> None:
     """Pure-noise target: the best of 40 trials scores clearly above 0 on its own folds; nested ~ 0."""
     best, honest = [], []

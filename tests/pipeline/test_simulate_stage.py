@@ -14,6 +14,7 @@ from pipeline import simulate as stage
 MODEL = Path("models/peak_predictor.onnx")
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(not MODEL.exists(), reason="the shipped predictor is not in this checkout")
 def test_the_stage_runs_the_headline_row_over_seeds_with_paired_ratios(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -166,6 +166,7 @@ def _write(path: Path, blob: bytes) -> Path:
     return path
 
 
+@pytest.mark.integration
 def test_whole_chain_is_deterministic_publishes_nothing_from_synthetic_data_and_tracks_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")

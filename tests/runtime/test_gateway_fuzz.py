@@ -55,6 +55,7 @@ from basin_runtime.session_log import SessionLogRecord
 from tests.runtime.test_gateway_app import ANSWER, Rig, rig_for
 from tests.runtime.test_gateway_limits import Driven
 
+pytestmark = pytest.mark.integration  # thousands of examples through the whole ASGI app: minutes, not seconds
 SCALE = int(os.environ.get("BASIN_FUZZ_SCALE", "1"))
 FUZZ = settings(derandomize=True, database=None, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,

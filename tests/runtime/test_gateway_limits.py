@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
 from collections.abc import AsyncIterator, MutableMapping
 from typing import Any
@@ -20,6 +19,7 @@ from basin_runtime.gateway.gateway import OFF_LOOP_BODY_BYTES
 from basin_runtime.gateway.limits import Limits
 from basin_runtime.gateway.measure import Meter, PromptMemo
 from basin_runtime.gateway.sessions import session_id_for
+from basin_stack.stack import free_port
 from tests.runtime.test_gateway_app import CHAT, TOKENIZER, Rig, conversation, rig_for
 
 pytestmark = pytest.mark.asyncio
@@ -77,11 +77,6 @@ class Driven:
         error: dict[str, Any] = json.loads(body)["error"]
         return error
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def body_of(size: int) -> bytes:

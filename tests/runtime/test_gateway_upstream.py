@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
 from collections.abc import AsyncIterator, MutableMapping
 from contextlib import asynccontextmanager
@@ -18,6 +17,7 @@ from aiohttp import web
 from basin_runtime.gateway.errors import UpstreamRefusedError, UpstreamStatusError, UpstreamTimeoutError
 from basin_runtime.gateway.proxy import CallEnd, Upstream
 from basin_runtime.gateway.upstream import UpstreamClient, make_client
+from basin_stack.stack import free_port
 
 pytestmark = pytest.mark.asyncio
 KINDS = ["httptools", "aiohttp", "httpx"]
@@ -80,11 +80,6 @@ class Server:
 
 FIRST_EVENT = b'data: {"choices":[{"delta":{"content":"he"}}]}\n\n'
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @asynccontextmanager

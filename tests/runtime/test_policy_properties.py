@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, cast
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -438,6 +439,7 @@ class RedisPolicyMachine(PolicyMachine):
             self.shared.close()
 
 
+@pytest.mark.integration
 def test_the_policy_machine_through_redis(redis_server: RedisServer, redis_loop: LoopThread) -> None:
     RedisPolicyMachine.url, RedisPolicyMachine.loop = redis_server.url, redis_loop
     run_state_machine_as_test(RedisPolicyMachine, settings=MACHINE_SETTINGS)

@@ -98,6 +98,7 @@ def test_arrival_order_makes_the_priority_the_arrival_and_fixed_budget_never_mov
         ablation("basin:x")
 
 
+@pytest.mark.integration
 def test_compare_runs_ablations_as_rows_each_reservation_kind_on_its_own_knee(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "s.yaml").write_text(SCENARIO)

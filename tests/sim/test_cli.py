@@ -135,6 +135,7 @@ def test_basin_loads_the_shipped_predictor_and_refuses_a_missing_one(
     assert "nope.onnx: no such predictor file" in capsys.readouterr().err
 
 
+@pytest.mark.integration
 def test_basin_without_a_calibration_file_calibrates_once_and_then_uses_the_cache(
         files: dict[str, str], capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
     """No silent uncalibrated Basin: the first run measures the knee ramp and says so; the next one reads it;

@@ -41,6 +41,7 @@ def test_a_cell_is_the_mean_and_sd_over_seeds_with_drop_wait_shed_and_the_share_
                          "| s | d | decode-memory | sglang | 50 ± 0 | 10.0 | 1.0 s | 0.0% | 100% |"]
 
 
+@pytest.mark.integration
 def test_the_grid_runs_every_cell_and_seed_with_a_calibrated_basin(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "s.yaml").write_text(SCENARIO)

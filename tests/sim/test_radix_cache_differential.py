@@ -21,6 +21,7 @@ import math
 import random
 from typing import Protocol
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -213,9 +214,9 @@ class V1Machine(_Machine):
         return RadixCacheV1(capacity_tokens, host_tokens)
 
 
-TestAgainstModel = ModelMachine.TestCase
+TestAgainstModel = pytest.mark.integration(ModelMachine.TestCase)
 TestAgainstModel.settings = MACHINE_SETTINGS
-TestAgainstV1 = V1Machine.TestCase
+TestAgainstV1 = pytest.mark.integration(V1Machine.TestCase)
 TestAgainstV1.settings = MACHINE_SETTINGS
 
 

@@ -40,6 +40,7 @@ def test_task_words_carry_signal_about_the_peak() -> None:
         assert np.corrcoef(scores, peaks)[0, 1] > 0.25, family.benchmark
 
 
+@pytest.mark.integration
 @pytest.mark.real_data
 def test_synthetic_statistics_fit_the_real_table(shared_trajectories: Path, tmp_path: Path) -> None:
     from pipeline.ingest import main as ingest_main

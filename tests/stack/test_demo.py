@@ -12,6 +12,18 @@ from basin_runtime.session_log import SessionLogRecord
 from basin_stack.demo import main, table
 from basin_stack.stack import gateway_config
 
+TINY = ["--synthetic", "--max-sessions", "6", "--duration-s", "240", "--surge", "60", "120", "2", "--time-scale", "20",
+        "--max-lag-model-s", "1000"]
+
+
+@pytest.fixture(scope="module")
+def caches(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """The simulator's overload-rate and knee caches, shared by the demo tests (a module fixture: one worker):
+    the first demo measures the deployment's overload rate and knee (~25 s), the lending one adds only
+    the knee with storage on."""
+    folder = tmp_path_factory.mktemp("demo-caches")
+    return ["--rates-file", str(folder / "rates.json"), "--calibrations-file", str(folder / "calibrations.json")]
+
 
 def test_the_gateway_runs_every_time_constant_time_scale_times_faster() -> None:
     config = gateway_config({"tick_interval_s": 2.0, "policy": {"peak_completion_rate_per_s": 0.3}}, 20.0)
@@ -42,12 +54,12 @@ def test_the_table_puts_the_runs_side_by_side_and_marks_an_invalid_one() -> None
 
 
 @pytest.mark.e2e
-def test_a_tiny_demo_runs_both_modes_through_emulators_smg_and_the_gateway(tmp_path: Path) -> None:
+def test_a_tiny_demo_runs_both_modes_through_emulators_smg_and_the_gateway(tmp_path: Path, caches: list[str]) -> None:
     out = tmp_path / "demo"
-    code = main(["--out-dir", str(out), "--sessions", str(tmp_path / "absent.parquet"), "--synthetic",
-                 "--max-sessions", "6", "--duration-s", "240", "--surge", "60", "120", "2", "--time-scale", "20",
-                 "--max-lag-model-s", "1000"])
+    code = main(["--out-dir", str(out), "--sessions", str(tmp_path / "absent.parquet"), *TINY, *caches])
     assert code == 0
+    rates, knees = (json.loads(Path(caches[k]).read_text()) for k in (1, 3))
+    assert len(rates) == 1 and len(knees) == 1  # measured now and kept for the next demo
     summary = (out / "summary.md").read_text()
     assert "| | without gateway | with gateway |" in summary
     for mode in ("without", "with"):
@@ -64,12 +76,14 @@ def test_a_tiny_demo_runs_both_modes_through_emulators_smg_and_the_gateway(tmp_p
 
 
 @pytest.mark.e2e
-def test_the_lending_demo_runs_decode_offload_off_and_on_with_the_recipe(tmp_path: Path) -> None:
+def test_the_lending_demo_runs_decode_offload_off_and_on_with_the_recipe(tmp_path: Path, caches: list[str]) -> None:
     out = tmp_path / "demo"
-    code = main(["--out-dir", str(out), "--sessions", str(tmp_path / "absent.parquet"), "--synthetic",
-                 "--max-sessions", "6", "--duration-s", "240", "--surge", "60", "120", "2", "--time-scale", "20",
-                 "--max-lag-model-s", "1000", "--lending", "storage-offload"])
+    code = main(["--out-dir", str(out), "--sessions", str(tmp_path / "absent.parquet"), *TINY, *caches,
+                 "--lending", "storage-offload"])
     assert code == 0
+    rates, knees = (json.loads(Path(caches[k]).read_text()) for k in (1, 3))
+    assert len(rates) == 1  # one overload rate for both lending switches: the same arrivals
+    assert {entry["lending"] for entry in knees.values()} == {"none", "storage-offload"}
     assert "| | lending-off | lending-on |" in (out / "summary.md").read_text()
     assert json.loads((out / "calibration-storage-offload.json").read_text())["lending"] == "storage-offload"
     offloaded = {mode: any((out / "storage" / mode).rglob("*-*-*-*")) for mode in ("lending-off", "lending-on")}
