@@ -29,10 +29,10 @@ repro: $(STAMP)
 # so growth shows in every CI log. PYTEST_ARGS adds options (e.g. PYTEST_ARGS="-k gateway").
 PYTEST_ARGS ?=
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n auto --dist loadgroup --durations=25 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n auto --dist loadfile --durations=25 $(PYTEST_ARGS)
 
 test-quick: $(STAMP)
-	$(BIN)/python -m pytest -q -n auto --dist loadgroup -m "not integration and not e2e" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n auto --dist loadfile -m "not integration and not e2e" $(PYTEST_ARGS)
 
 # The session table first (real corpora when present, else the synthetic corpus; ~15 s), then the demo.
 DEMO_ARGS ?=

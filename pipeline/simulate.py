@@ -74,6 +74,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--calibrations-file", type=Path, default=DEFAULT_CALIBRATIONS_FILE,
                         help="the knee-calibration cache (measured on first use for this model file)")
     parser.add_argument("--overload-rate", type=float, help="use this overload rate instead (sessions/s; tests)")
+    parser.add_argument("--synthetic", action="store_true", help="the synthetic corpus instead of --sessions")
     parser.add_argument("--ramp-step-s", type=float, default=RAMP_STEP_S,
                         help="simulated seconds per knee-ramp step (tests: shorter)")
     return parser
@@ -99,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
                "--ramp-step-s", str(args.ramp_step_s)]
     if args.overload_rate is not None:
         options += ["--overload-rate", str(args.overload_rate)]
+    if args.synthetic:
+        options.append("--synthetic")
     grids = (compare.Grid((args.scenario,), (args.deployment,), None, tuple(args.policies)),
              compare.Grid((args.steady_scenario,), (args.deployment,), None, ("basin",)))
     result = compare.run_grids(compare.parse_args(options), grids)

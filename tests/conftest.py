@@ -5,11 +5,11 @@ Rules:
   UNIT_LIMIT_S seconds: a hook fails one that runs longer, naming the limit. `integration` (real
   subprocesses, pipelines, long property or fuzz runs) and `e2e` (through the real router) are exempt.
   `make test` runs all three (CI); `make test-quick` the unit tier.
-- Workers (pytest-xdist, `-n auto --dist loadgroup`): each gets its own slice of loopback ports
+- Workers (pytest-xdist, `-n auto --dist loadfile`): each gets its own slice of loopback ports
   ($BASIN_PORT_RANGE, which basin_stack.stack.free_port and every test server read), so two workers never
-  pick the same port. A module with a module-scoped fixture (a stack, a pipeline run) runs whole on one
-  worker (its own xdist group), so that fixture is built once; integration and e2e tests are handed out
-  first, so the long ones do not end up alone at the tail of the run.
+  pick the same port. A file runs whole on one worker, so a module-scoped fixture (a stack, a pipeline
+  run) is built once. (`--dist loadgroup` does not group with pytest 9.2 and xdist 3.8: measured here,
+  two tests of one xdist_group ran on two workers.)
 - Expensive shared inputs (the real session table) are computed once per run for all workers
   (`computed_once`: a folder named by the digest of the inputs, built under a file lock).
 - Hypothesis: profile `ci` (the default: no example database, no deadline, every test's own example
@@ -53,14 +53,9 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ[PORT_RANGE_ENV] = f"{PORTS[0] + index * width}-{PORTS[0] + (index + 1) * width}"
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Group each module that has a module-scoped fixture; integration and e2e tests first."""
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        defs = info.name2fixturedefs.values() if info is not None else ()
-        if any(d.scope == "module" for chain in defs for d in chain):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    """Integration and e2e tests first (a stable sort: modules stay in order), so that with `--dist loadfile`
+    their files are handed out first and no long one is left alone at the tail of the run."""
     items.sort(key=lambda item: not any(item.get_closest_marker(m) for m in TIERS))
 
 

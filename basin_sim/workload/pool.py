@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import logging
 import random
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,8 +14,6 @@ from basin_sim.workload.scenarios import WorkloadSpec
 from basin_sim.workload.synthetic import generate_corpus
 from basin_sim.workload.tool_time import resolve_gaps
 
-log = logging.getLogger(__name__)
-
 DEFAULT_SESSIONS = Path("data/sessions.parquet")
 SYNTHETIC_SEED = 7  # the pipeline's synthetic corpus (params.yaml: ingest.synthetic)
 SYNTHETIC_PER_BENCHMARK = 300
@@ -24,20 +21,41 @@ PRESET_SEED = 11  # a preset's pool is one fixed draw, like the synthetic corpus
 
 
 class PoolError(ValueError):
-    """The session table exists but cannot be read; the message names the file and the problem."""
+    """No session table where one was looked for, or one that cannot be read; the message names the file."""
+
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]  # the checkout, when basin_sim runs from one
+
+
+def table_candidates(path: Path) -> list[Path]:
+    """Where a session table given as `path` is looked for: `path`, and for a relative path also the same
+    path under the project checkout this package runs from (a command started outside the project root)."""
+    candidates = [path.absolute()]
+    if not path.is_absolute() and (PROJECT_ROOT / "dvc.yaml").exists():
+        beside = PROJECT_ROOT / path
+        if beside != candidates[0]:
+            candidates.append(beside)
+    return candidates
 
 
 def load_pool(path: Path, use_synthetic: bool) -> tuple[list[Session], str]:
-    """The session pool and its workload label ('table' or 'synthetic'); warns when it falls back."""
-    if not use_synthetic and path.exists():
-        try:
-            return read_sessions(path), "table"
-        except SessionTableError as exc:
-            raise PoolError(str(exc)) from exc
-    if not use_synthetic:
-        log.warning("no session table at %s: using the SYNTHETIC corpus (seed %d, %d sessions per benchmark); "
-                    "numbers are not those of the real traces", path, SYNTHETIC_SEED, SYNTHETIC_PER_BENCHMARK)
-    return generate_corpus(SYNTHETIC_SEED, SYNTHETIC_PER_BENCHMARK), "synthetic"
+    """The session pool and its workload label ('table' or 'synthetic').
+
+    The synthetic corpus only when asked for (`use_synthetic`); with no table found, a `PoolError` that
+    names every place looked in and the command that builds the table."""
+    if use_synthetic:
+        return generate_corpus(SYNTHETIC_SEED, SYNTHETIC_PER_BENCHMARK), "synthetic"
+    candidates = table_candidates(path)
+    for candidate in candidates:
+        if candidate.exists():
+            try:
+                return read_sessions(candidate), "table"
+            except SessionTableError as exc:
+                raise PoolError(str(exc)) from exc
+    looked = " nor ".join(str(c) for c in candidates)
+    raise PoolError(f"no session table at {looked}: build it with `make repro` (or `dvc repro ingest`) in the "
+                    f"project, pass --sessions PATH, or --synthetic for the synthetic corpus (seed {SYNTHETIC_SEED}, "
+                    f"{SYNTHETIC_PER_BENCHMARK} sessions per benchmark; not the real traces' numbers)")
 
 
 def workload_pool(base: Sequence[Session], workload: WorkloadSpec) -> list[Session]:

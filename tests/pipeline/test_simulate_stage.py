@@ -28,7 +28,7 @@ def test_the_stage_runs_the_headline_row_over_seeds_with_paired_ratios(
         scenarios.append(str(path))
     out, headline = tmp_path / "sim" / "metrics.json", tmp_path / "sim" / "goodput.json"
     calibration_path = tmp_path / "sim" / "calibration.json"
-    assert stage.main(["--model", str(MODEL), "--sessions", str(tmp_path / "absent.parquet"),
+    assert stage.main(["--model", str(MODEL), "--sessions", str(tmp_path / "absent.parquet"), "--synthetic",
                        "--out-metrics", str(out), "--headline", str(headline), "--plot-dir", str(tmp_path / "plots"),
                        "--out-calibration", str(calibration_path), "--ramp-step-s", "300",
                        "--scenario", scenarios[0], "--steady-scenario", scenarios[1], "--seeds", "1", "2",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from basin_sim.calibrate import rates as rates_module
 from basin_sim.calibrate.overload import Calibration
 from basin_sim.cli import main
+from basin_sim.workload import pool as pool_module
 from tests.sim.builders import seeded_files
 
 SCENARIO = """name: tiny-surge
@@ -54,13 +56,35 @@ def test_run_prints_one_json_summary_line_and_writes_the_timeline_plot(
     assert (Path(files["dir"]) / "tiny-surge_tiny_gpu_sglang_seed3.png").stat().st_size > 10_000
 
 
-def test_without_a_session_table_it_says_it_uses_the_synthetic_corpus(
-        files: dict[str, str], capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
+def test_without_a_session_table_it_stops_naming_where_it_looked_and_the_command_that_builds_it(
+        files: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
     argv = ["run", "--scenario", files["scenario"], "--deployment", files["deployment"], "--policy", "sglang",
-            "--json", "--quiet", "--sessions", str(Path(files["dir"]) / "missing.parquet"), *RATE]
-    assert main(argv) == 0
+            "--json", "--quiet", *RATE]
+    missing = Path(files["dir"]) / "missing.parquet"
+    with pytest.raises(SystemExit) as exited:
+        main([*argv, "--sessions", str(missing)])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert ": error: no session table at " in err and f"no session table at {missing}:" in err
+    assert "`make repro`" in err and "--sessions PATH" in err and "--synthetic" in err
+    # started outside the project with the default relative path: it looks here and in the checkout
+    checkout, elsewhere = tmp_path / "checkout", tmp_path / "elsewhere"
+    (checkout / "data").mkdir(parents=True)
+    (checkout / "dvc.yaml").write_text("stages: {}\n")
+    elsewhere.mkdir()
+    monkeypatch.setattr(pool_module, "PROJECT_ROOT", checkout)
+    monkeypatch.chdir(elsewhere)
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert f"no session table at {elsewhere / 'data/sessions.parquet'} nor {checkout / 'data/sessions.parquet'}:" in err
+    shutil.copy(files["sessions"], checkout / "data" / "sessions.parquet")
+    assert main(argv) == 0  # the checkout's table
+    assert json.loads(capsys.readouterr().out)["workload"] == "table"
+    assert main([*argv, "--synthetic"]) == 0  # the synthetic corpus only when asked for
     assert json.loads(capsys.readouterr().out)["workload"] == "synthetic"
-    assert "SYNTHETIC corpus" in caplog.text
 
 
 @pytest.mark.parametrize(("argv", "message"), [
