@@ -25,14 +25,15 @@ install: $(STAMP)
 repro: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" DVC_NO_ANALYTICS=1 dvc repro
 
-# -n auto: one worker per core (tests/conftest.py gives each its own ports); --durations: the 25 slowest,
-# so growth shows in every CI log. PYTEST_ARGS adds options (e.g. PYTEST_ARGS="-k gateway").
+# -n auto: one worker per core (tests/conftest.py gives each its own ports); whole files per worker, in the
+# order tests/conftest.py sorts them (integration and e2e first; xdist would reorder by test count);
+# --durations: the 25 slowest, so growth shows in every CI log. PYTEST_ARGS adds options (-k gateway, ...).
 PYTEST_ARGS ?=
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n auto --dist loadfile --durations=25 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder --durations=25 $(PYTEST_ARGS)
 
 test-quick: $(STAMP)
-	$(BIN)/python -m pytest -q -n auto --dist loadfile -m "not integration and not e2e" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder -m "not integration and not e2e" $(PYTEST_ARGS)
 
 # The session table first (real corpora when present, else the synthetic corpus; ~15 s), then the demo.
 DEMO_ARGS ?=
