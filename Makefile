@@ -29,11 +29,12 @@ repro: $(STAMP)
 # order tests/conftest.py sorts them (integration and e2e first; xdist would reorder by test count);
 # --durations: the 25 slowest, so growth shows in every CI log. PYTEST_ARGS adds options (-k gateway, ...).
 PYTEST_ARGS ?=
+PYTEST := $(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder --durations=25 $(PYTEST_ARGS)
+	$(PYTEST) --durations=25 $(PYTEST_ARGS)
 
 test-quick: $(STAMP)
-	$(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder -m "not integration and not e2e" $(PYTEST_ARGS)
+	$(PYTEST) -m "not integration and not e2e" $(PYTEST_ARGS)
 
 # The session table first (real corpora when present, else the synthetic corpus; ~15 s), then the demo.
 DEMO_ARGS ?=

@@ -53,10 +53,15 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ[PORT_RANGE_ENV] = f"{PORTS[0] + index * width}-{PORTS[0] + (index + 1) * width}"
 
 
+def tiered(item: pytest.Item) -> bool:
+    """True for an integration or e2e test (exempt from the unit limit, run first)."""
+    return any(item.get_closest_marker(m) for m in TIERS)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Integration and e2e tests first (a stable sort: modules stay in order), so that with `--dist loadfile`
     their files are handed out first and no long one is left alone at the tail of the run."""
-    items.sort(key=lambda item: not any(item.get_closest_marker(m) for m in TIERS))
+    items.sort(key=lambda item: not tiered(item))
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -64,7 +69,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     """A passing unit test (no tier marker) that took longer than UNIT_LIMIT_S fails, saying so."""
     outcome = yield
     report = outcome.get_result()  # type: ignore[attr-defined]
-    if report.when != "call" or not report.passed or any(item.get_closest_marker(m) for m in TIERS):
+    if report.when != "call" or not report.passed or tiered(item):
         return
     limit = float(os.environ.get("BASIN_UNIT_LIMIT_S", UNIT_LIMIT_S))  # only tests/test_tiers.py sets it
     if report.duration > limit:

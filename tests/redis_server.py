@@ -29,7 +29,6 @@ def redis_server_binary() -> str:
     return path
 
 
-
 class RedisServer:
     """One redis-server process on loopback; `stop`, `start` (empty again) and `kill` act it out."""
 

@@ -74,7 +74,6 @@ class Deployment:
                 for role, url in (("prefill", self.prefill), ("decode", self.decode))}
 
 
-
 def start(name: str, argv: list[str], logs: Path) -> Process:
     log = logs / f"{name}.log"
     with log.open("wb") as out:

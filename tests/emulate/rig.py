@@ -29,7 +29,6 @@ from tests.sim.builders import TINY
 _ROOMS = itertools.count(1)
 
 
-
 def tiny_profile_file(folder: Path) -> Path:
     """TINY (prefill 10 ms + 0.1 ms/token, decode 20 ms/step, transfer 5 ms + 1 us/token) as a profile file."""
     path = folder / "tiny.yaml"

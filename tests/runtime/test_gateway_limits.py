@@ -78,7 +78,6 @@ class Driven:
         return error
 
 
-
 def body_of(size: int) -> bytes:
     """A chat body of exactly `size` bytes."""
     head = json.dumps({"model": "m", "messages": [{"role": "user", "content": ""}]}).encode()

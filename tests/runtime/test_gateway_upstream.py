@@ -81,7 +81,6 @@ class Server:
 FIRST_EVENT = b'data: {"choices":[{"delta":{"content":"he"}}]}\n\n'
 
 
-
 @asynccontextmanager
 async def serving(kind: str, read_s: float = 5.0) -> AsyncIterator[tuple[Server, UpstreamClient]]:
     server = Server()
