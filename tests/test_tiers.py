@@ -61,3 +61,12 @@ def test_a_unit_test_over_the_limit_fails_naming_it_and_the_tiers_are_exempt(pyt
                                  "faster, or mark it integration*"])
     assert "assert 1 == 2" in result.stdout.str()  # its own failure, not the limit's
     assert "test_failing_slow_unit: a unit test ran" not in result.stdout.str()
+
+
+def test_the_unit_limit_stretches_only_with_a_load_over_the_cores() -> None:
+    from tests.conftest import unit_limit_s
+
+    assert unit_limit_s(5.0, 0.5, 2) == 5.0
+    assert unit_limit_s(5.0, 2.0, 2) == 5.0
+    assert unit_limit_s(5.0, 6.0, 2) == 15.0
+    assert unit_limit_s(5.0, 3.0, 0) == 15.0  # cpu_count unknown: one core
