@@ -31,6 +31,7 @@ import yaml
 from basin_runtime.policy.lending import LENDING_KINDS, LendingKind
 from basin_sim.clients import ClientError, ClientPolicy
 from basin_sim.profile import CACHE_KINDS, CacheKind, Deployment, Profile, ProfileError
+from basin_sim.workload import serving
 from basin_sim.workload.scenarios import (
     BurstSpec,
     PopulationSpec,
@@ -212,14 +213,24 @@ _BURST_FIELDS: dict[str, type] = {"from_s": float, "to_s": float, "x_base": floa
 def _workload(path: Path, raw: object) -> WorkloadSpec:
     if raw is None:
         return WorkloadSpec()
-    values = _fields(path, "workload", raw, {"benchmarks": list, "preset": str, "tool_time_scale": float},
-                     optional={"benchmarks", "preset", "tool_time_scale"})
+    kinds = {"benchmarks": list, "preset": str, "tool_time_scale": float, "timing": str, "reasoning_scale": float,
+             "harness_scale": float}
+    values = _fields(path, "workload", raw, kinds, optional=set(kinds))
     benchmarks = values.get("benchmarks")
     if benchmarks is not None:
         if not benchmarks or not all(isinstance(b, str) for b in benchmarks):
             raise CatalogError(f"{path}: workload.benchmarks must be a non-empty list of names, got {benchmarks!r}")
         values["benchmarks"] = tuple(benchmarks)
-    return WorkloadSpec(**values)
+    workload = WorkloadSpec(**values)
+    if workload.timing != serving.RECORDED:
+        try:
+            serving.load_timing(workload.timing, workload.reasoning_scale, workload.harness_scale)
+        except serving.TimingError as exc:
+            raise CatalogError(f"{path}: workload.timing: {exc}") from exc
+    elif workload.reasoning_scale is not None or workload.harness_scale is not None:
+        raise CatalogError(f"{path}: workload.reasoning_scale and harness_scale need a serving timing "
+                           f"(workload.timing, one of {serving.known_timings()})")
+    return workload
 
 
 def _items(path: Path, key: str, raw: object) -> list[object]:

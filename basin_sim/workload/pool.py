@@ -11,6 +11,7 @@ from pathlib import Path
 from basin_runtime.session_table import Session, SessionTableError, read_sessions
 from basin_sim.workload.presets import preset_pool
 from basin_sim.workload.scenarios import WorkloadSpec
+from basin_sim.workload.serving import RECORDED, load_timing
 from basin_sim.workload.synthetic import generate_corpus
 from basin_sim.workload.tool_time import resolve_gaps
 
@@ -59,7 +60,8 @@ def load_pool(path: Path, use_synthetic: bool) -> tuple[list[Session], str]:
 
 
 def workload_pool(base: Sequence[Session], workload: WorkloadSpec) -> list[Session]:
-    """The sessions a scenario draws from: a preset, or the base pool's chosen benchmarks; tool time resolved.
+    """The sessions a scenario draws from: a preset, or the base pool's chosen benchmarks; tool time resolved;
+    then the serving model's timing applied (workload/serving.py) unless it is `recorded`.
 
     Tool time is resolved once per pool session (its own seeded stream), so a session's gaps, and
     with them its unloaded time, are the same in every run and every seed.
@@ -74,7 +76,11 @@ def workload_pool(base: Sequence[Session], workload: WorkloadSpec) -> list[Sessi
         sessions = [s for s in base if s.benchmark in workload.benchmarks]
     else:
         sessions = list(base)
-    return [with_tool_time(s, workload.tool_time_scale) for s in sessions]
+    resolved = [with_tool_time(s, workload.tool_time_scale) for s in sessions]
+    if workload.timing == RECORDED:
+        return resolved
+    timing = load_timing(workload.timing, workload.reasoning_scale, workload.harness_scale)
+    return [timing.apply(s) for s in resolved]
 
 
 def with_tool_time(session: Session, tool_time_scale: float) -> Session:

@@ -82,11 +82,16 @@ class BurstSpec:
 
 @dataclass(frozen=True)
 class WorkloadSpec:
-    """Which sessions: some benchmarks of the pool (None: all) or a synthetic preset; tool time scale."""
+    """Which sessions: some benchmarks of the pool (None: all) or a synthetic preset; tool time scale; the
+    serving model's timing (workload/serving.py: `recorded`, or a named timing with its two scales, None =
+    the timing's fitted values)."""
 
     benchmarks: tuple[str, ...] | None = None
     preset: str | None = None
     tool_time_scale: float = 1.0
+    timing: str = "recorded"
+    reasoning_scale: float | None = None
+    harness_scale: float | None = None
 
 
 @dataclass(frozen=True)

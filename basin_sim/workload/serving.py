@@ -1,0 +1,210 @@
+"""Session timing of the serving model: what each call decodes and how long each tool step takes.
+
+The recorded sessions were run by other models and harnesses (Terminal-Bench: Claude Sonnet 4's
+visible answers, terminal print times). The paper's agents were served by Qwen3.6-35B-A3B, a
+reasoning model, on real containers. A *timing* describes that serving model's sessions on top of a
+recorded (or preset) session's prompt sizes:
+
+- ``timing: recorded`` (the default) replays the recorded completions and tool gaps (tool_time.py).
+- ``timing: NAME`` reads ``basin_sim/workload/serving/NAME.yaml``. Per call, the engine decodes the
+  recorded visible completion plus ``reasoning`` tokens drawn from a log-normal (median x
+  ``reasoning_scale``, the file's sigma, capped at the file's ``max``). The next prompt does not carry
+  them (the model's chat template drops earlier turns' thinking), so the recorded prompt sizes stay.
+  Each tool step waits the recorded gap plus a ``harness`` step drawn from the benchmark's log-normal
+  (median x ``harness_scale``, capped at the file's per-benchmark ``max``): the container exec and the
+  agent's own wait that the recorded print times leave out.
+- The two scales are the timing's free parameters. Unless a scenario sets them, they are the values in
+  ``NAME.fit.yaml`` beside the file, written by ``python -m basin_sim.calibrate.timing_fit`` from the
+  paper's steady 1P1D facts only; a timing without a fit file needs both scales given.
+- Draws are seeded by the session id (one stream per pool session), so a session's timing, and with
+  it its unloaded time, is the same in every run and seed; calls in order, reasoning then harness.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from basin_runtime.session_table import Session
+
+SERVING_DIR = Path(__file__).resolve().parent / "serving"
+RECORDED = "recorded"
+DEFAULT_HARNESS = "default"  # the harness model of a benchmark the file does not list
+
+
+class TimingError(ValueError):
+    """A timing file or value that cannot be used; the message names the file and the key."""
+
+
+@dataclass(frozen=True)
+class CappedLogNormal:
+    """A log-normal by its median and sigma, capped at `max`."""
+
+    median: float
+    sigma: float
+    max: float
+
+    def sample(self, rng: random.Random, scale: float) -> float:
+        """One draw with the median multiplied by `scale`."""
+        if scale == 0 or self.median == 0:
+            rng.random()  # keep the stream's position independent of the scale
+            rng.random()
+            return 0.0
+        z = _normal(rng)
+        return min(self.max, self.median * scale * math.exp(self.sigma * z))
+
+
+def _normal(rng: random.Random) -> float:
+    """A standard normal from two uniforms (Box-Muller), so each draw uses exactly two `rng.random()`."""
+    u1 = 1.0 - rng.random()  # in (0, 1]
+    u2 = rng.random()
+    return math.sqrt(-2.0 * math.log(u1)) * math.cos(2.0 * math.pi * u2)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """A serving model's per-call reasoning and per-step harness time, with its two scales resolved."""
+
+    name: str
+    model: str
+    reasoning: CappedLogNormal
+    harness: Mapping[str, CappedLogNormal]  # by benchmark; DEFAULT_HARNESS for any other
+    reasoning_scale: float
+    harness_scale: float
+
+    def harness_for(self, benchmark: str) -> CappedLogNormal:
+        """The harness-step model of one benchmark."""
+        return self.harness.get(benchmark, self.harness[DEFAULT_HARNESS])
+
+    def apply(self, session: Session) -> Session:
+        """The session as this serving model runs it (see the module rules)."""
+        seed = int.from_bytes(hashlib.sha256(f"timing:{session.session_id}".encode()).digest()[:8], "big")
+        rng = random.Random(seed)
+        harness = self.harness_for(session.benchmark)
+        calls = []
+        last = len(session.calls) - 1
+        for k, call in enumerate(session.calls):
+            reasoning = round(self.reasoning.sample(rng, self.reasoning_scale))
+            step_s = harness.sample(rng, self.harness_scale)
+            gap = call.gap_s
+            if k < last and gap is not None:
+                gap = gap + step_s
+            calls.append(dataclasses.replace(call, completion_tokens=call.completion_tokens + reasoning, gap_s=gap))
+        return dataclasses.replace(session, calls=tuple(calls))
+
+
+def timing_path(name: str) -> Path:
+    """The file of a named timing (or `name` itself when it is a .yaml path)."""
+    path = Path(name)
+    if path.suffix in (".yaml", ".yml"):
+        return path
+    return SERVING_DIR / f"{name}.yaml"
+
+
+def fit_path(path: Path) -> Path:
+    """The fit file beside a timing file."""
+    return path.with_name(path.stem + ".fit.yaml")
+
+
+def known_timings() -> list[str]:
+    """The shipped timings' names (and `recorded`)."""
+    return [RECORDED, *sorted(p.stem for p in SERVING_DIR.glob("*.yaml") if not p.stem.endswith(".fit"))]
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise TimingError(f"timing file {path}: cannot be read ({exc}); known timings: {known_timings()}") from exc
+    except yaml.YAMLError as exc:
+        raise TimingError(f"timing file {path}: not YAML ({exc})") from exc
+    if not isinstance(data, dict):
+        raise TimingError(f"timing file {path}: must be a mapping, got {type(data).__name__}")
+    return data
+
+
+def _lognormal(path: Path, where: str, raw: object) -> CappedLogNormal:
+    needed = {"median", "sigma", "max"}
+    if not isinstance(raw, Mapping) or set(raw) - needed - {"source"} or not needed <= set(raw):
+        raise TimingError(f"timing file {path}: {where} needs median, sigma, max (and an optional source), got {raw!r}")
+    values = {}
+    for key in ("median", "sigma", "max"):
+        value = raw[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise TimingError(f"timing file {path}: {where}.{key} must be a finite number >= 0, got {value!r}")
+        values[key] = float(value)
+    return CappedLogNormal(**values)
+
+
+def check_scale(path: Path | str, key: str, value: object) -> float:
+    """A scale as a float, or TimingError naming where it came from."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise TimingError(f"{path}: {key} must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def fitted_scales(path: Path) -> dict[str, float] | None:
+    """The scales a fit file holds, or None without one."""
+    fit = fit_path(path)
+    if not fit.exists():
+        return None
+    data = _read(fit)
+    fitted = data.get("fitted")
+    if not isinstance(fitted, Mapping) or set(fitted) != {"reasoning_scale", "harness_scale"}:
+        raise TimingError(f"fit file {fit}: needs fitted: {{reasoning_scale, harness_scale}}, got {fitted!r}")
+    return {key: check_scale(fit, f"fitted.{key}", value) for key, value in fitted.items()}
+
+
+def load_timing(name: str, reasoning_scale: float | None = None, harness_scale: float | None = None) -> Timing:
+    """A named timing with its scales: the given ones, else the fit file's (TimingError without either)."""
+    if name == RECORDED:
+        raise TimingError("`recorded` is the recorded timing itself: nothing to load")
+    path = timing_path(name)
+    if not path.exists():
+        raise TimingError(f"no timing {name!r} (looked for {path}); known timings: {known_timings()}")
+    data = _read(path)
+    known = {"name", "model", "reasoning_tokens", "harness_s", "free"}
+    if set(data) - known or not {"model", "reasoning_tokens", "harness_s"} <= set(data):
+        raise TimingError(f"timing file {path}: keys {sorted(data)}; needs model, reasoning_tokens, harness_s "
+                          f"(name and free optional)")
+    harness_raw = data["harness_s"]
+    if not isinstance(harness_raw, Mapping) or DEFAULT_HARNESS not in harness_raw:
+        raise TimingError(f"timing file {path}: harness_s must map benchmarks to log-normals, with a "
+                          f"{DEFAULT_HARNESS!r} entry; got {harness_raw!r}")
+    harness = {str(b): _lognormal(path, f"harness_s.{b}", raw) for b, raw in harness_raw.items()}
+    scales = {"reasoning_scale": reasoning_scale, "harness_scale": harness_scale}
+    if any(v is None for v in scales.values()):
+        fitted = fitted_scales(path)
+        if fitted is None:
+            raise TimingError(f"timing {name!r} has no fit file ({fit_path(path)}): give reasoning_scale and "
+                              f"harness_scale, or fit them with `python -m basin_sim.calibrate.timing_fit`")
+        scales = {k: (fitted[k] if v is None else v) for k, v in scales.items()}
+    return Timing(name=str(data.get("name", path.stem)), model=str(data["model"]),
+                  reasoning=_lognormal(path, "reasoning_tokens", data["reasoning_tokens"]), harness=harness,
+                  reasoning_scale=check_scale(path, "reasoning_scale", scales["reasoning_scale"]),
+                  harness_scale=check_scale(path, "harness_scale", scales["harness_scale"]))
+
+
+def free_parameters(name: str) -> dict[str, tuple[float, float]]:
+    """The free parameters of a timing file and the range each may be fitted in (its `free` block)."""
+    path = timing_path(name)
+    free = _read(path).get("free")
+    if not isinstance(free, Mapping) or set(free) != {"reasoning_scale", "harness_scale"}:
+        raise TimingError(f"timing file {path}: free must list reasoning_scale and harness_scale, got {free!r}")
+    ranges = {}
+    for key, raw in free.items():
+        if not isinstance(raw, Mapping) or not isinstance(raw.get("range"), list) or len(raw["range"]) != 2:
+            raise TimingError(f"timing file {path}: free.{key} needs range: [low, high], got {raw!r}")
+        low, high = (check_scale(path, f"free.{key}.range", v) for v in raw["range"])
+        if not low < high:
+            raise TimingError(f"timing file {path}: free.{key}.range needs low < high, got {raw['range']}")
+        ranges[key] = (low, high)
+    return ranges
