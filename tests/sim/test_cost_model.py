@@ -219,3 +219,18 @@ def test_the_command_prints_every_point_and_the_constants(measurements: Measurem
     assert all(f"{field}: " in out for field in FITTED_FIELDS)
     assert main(["--profile", "no-such-profile", "--no-paper"]) == 2
     assert "no-such-profile" in capsys.readouterr().err
+
+
+def test_the_h200_profile_is_the_h100_fit_on_the_h200_s_peaks_with_its_own_memory(measurements: Measurements,
+                                                                                  shipped: Profile) -> None:
+    h200 = load_profile("h200-qwen3.6-35b-a3b")
+    model = measurements.models[measurements.target_model]
+    hardware = hardware_of(shipped, model, measurements.gpus[measurements.target_gpu])
+    expected = profile_for(shipped, hardware, model, measurements.gpus["h200-sxm"])
+    for name in FITTED_FIELDS:
+        assert getattr(h200, name) == pytest.approx(getattr(expected, name), rel=1e-3), name
+    assert h200.hbm_bytes_per_s > 1.4 * shipped.hbm_bytes_per_s  # 4.8 vs 3.35 TB/s
+    # the KV pool from the header's arithmetic: 0.85 x 141 GB - 36 GB of weights, at 24.7 KB per cached token
+    assert h200.kv_pool_tokens == pytest.approx((0.85 * 141e9 - 36e9) / 24.7e3, rel=0.01)
+    same = {f.name for f in dataclasses.fields(Profile)} - set(FITTED_FIELDS) - {"name", "kv_pool_tokens"}
+    assert {name: getattr(h200, name) for name in same} == {name: getattr(shipped, name) for name in same}
