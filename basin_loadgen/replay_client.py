@@ -356,7 +356,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--plot", type=Path, help="PNG of the timeline")
     parser.add_argument("--model", help="served model name (default: the first of /v1/models)")
     parser.add_argument("--api-key", default="basin-replay")
-    parser.add_argument("--deployment", default="1p3d", help="simulated deployment whose cost model gives each "
+    parser.add_argument("--deployment", default="1p3d-h100", help="simulated deployment whose cost model gives each "
                         "session's unloaded time (goodput's reference)")
     parser.add_argument("--cache", choices=("gpu", "host"), default="gpu")
     parser.add_argument("--default-gap-s", type=float, default=DEFAULT_GAP_S, help="tool gap where none was recorded")

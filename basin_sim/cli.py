@@ -1,10 +1,10 @@
 """Command line: `basin-sim run|calibrate|knee|risk|ramp` (`python -m basin_sim`): one scenario, or a measurement.
 
-    python -m basin_sim run --scenario surge-100 --deployment 1p3d --policy sglang --seed 1 --json
+    python -m basin_sim run --scenario surge-100 --deployment 1p3d-h100 --policy sglang --seed 1 --json
     python -m basin_sim run --scenario my-surge.yaml --deployment my-deployment.yaml --policy sglang --json
-    python -m basin_sim run --scenario steady --deployment 1p3d-host --policy sglang --plot-dir plots/
-    python -m basin_sim run --scenario surge-100 --deployment 1p3d --lending decode-memory --policy basin
-    python -m basin_sim calibrate --deployment 1p3d --scenario surge-100
+    python -m basin_sim run --scenario steady --deployment 1p3d-h100-host --policy sglang --plot-dir plots/
+    python -m basin_sim run --scenario surge-100 --deployment 1p3d-h100 --lending decode-memory --policy basin
+    python -m basin_sim calibrate --deployment 1p3d-h100 --scenario surge-100
 """
 
 from __future__ import annotations

@@ -206,14 +206,14 @@ PRESETS: dict[str, tuple[Grid, ...]] = {
     # decode-memory lending and (host tier) with stock SGLang's storage offload; each workload's
     # steady reference; Basin's ablations on the GPU cache without lending; a decode-first deployment.
     "paper": (
-        Grid(("surge-100-terminal-bench", "surge-100-swebench"), ("1p3d", "1p3d-host"), ("none", "decode-memory"),
-             _SESSION_POLICIES),
+        Grid(("surge-100-terminal-bench", "surge-100-swebench"), ("1p3d-h100", "1p3d-h100-host"),
+             ("none", "decode-memory"), _SESSION_POLICIES),
         # stock SGLang's lending (decode offload to HiCache storage) needs the host tier: SGLang's storage
         # backend sits under --enable-hierarchical-cache
-        Grid(("surge-100-terminal-bench", "surge-100-swebench"), ("1p3d-host",), ("storage-offload",),
+        Grid(("surge-100-terminal-bench", "surge-100-swebench"), ("1p3d-h100-host",), ("storage-offload",),
              _SESSION_POLICIES),
-        Grid(("steady-terminal-bench", "steady-swebench"), ("1p3d",), ("none",), ("sglang", "continuum", "basin")),
-        Grid(("surge-100-terminal-bench", "surge-100-swebench"), ("1p3d",), ("none",),
+        Grid(("steady-terminal-bench", "steady-swebench"), ("1p3d-h100",), ("none",), ("sglang", "continuum", "basin")),
+        Grid(("surge-100-terminal-bench", "surge-100-swebench"), ("1p3d-h100",), ("none",),
              tuple(name for name in ABLATIONS if name != "basin")),
         Grid(("surge-100",), ("3p1d",), ("none",), ("sglang", "continuum", "budgeter", "basin")),
     ),
@@ -313,7 +313,7 @@ def _parser() -> argparse.ArgumentParser:
                              "--ablations (paper: the evaluation's policy table, ablations and decode-first rows)")
     parser.add_argument("--scenarios", nargs="+", default=["steady", "surge-100", "kill-burst"],
                         help="names or .yaml files")
-    parser.add_argument("--deployments", nargs="+", default=["1p3d"], help="names or .yaml files")
+    parser.add_argument("--deployments", nargs="+", default=["1p3d-h100"], help="names or .yaml files")
     parser.add_argument("--lending", nargs="+", choices=LENDING_KINDS,
                         help="run every policy under each of these lending switches (default: each deployment "
                              "file's own)")

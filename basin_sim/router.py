@@ -37,8 +37,8 @@
 #   Here a session's entries go when it ends (`forget`): past the group prefix only its own requests
 #   match them, and it sends no more, so no live session's routing changes. Nothing else is evicted:
 #   a group is touched by every request of its tenant, and what live sessions hold per tenant (at most
-#   1.24M tokens, ~5M characters, in the steady runs on 3p1d and 1p3d) is far below 2^26, so when smg
-#   does prune (1p3d's one tenant receives ~28M distinct tokens over a run) its LRU takes long-ended
+#   1.24M tokens, ~5M characters, in the steady runs on 3p1d and 1p3d-h100) is far below 2^26, so when smg
+#   does prune (1p3d-h100's one tenant receives ~28M distinct tokens over a run) its LRU takes long-ended
 #   sessions' text, never matched again, before any live session's.
 # Cost: a step does no scan over the pool (a 300-worker pool routes as fast as a 3-worker one): the
 # total load is kept (so the mean), the workers of each load in index order (so the least loaded and

@@ -121,9 +121,9 @@ def demo_deployment(cache_tokens: int) -> Any:
     from basin_sim import catalog
     from basin_sim.profile import Deployment
 
-    spec = catalog.load_deployment("1p3d")
+    spec = catalog.load_deployment("1p3d-h100")
     profile = dataclasses.replace(spec.profile, kv_pool_tokens=cache_tokens)
-    return Deployment.of(f"demo-1p3d-{cache_tokens}", profile, spec.num_prefill, spec.num_decode, "gpu")
+    return Deployment.of(f"demo-1p3d-h100-{cache_tokens}", profile, spec.num_prefill, spec.num_decode, "gpu")
 
 
 DEMO_SCENARIO_NAME = "demo"  # the knee cache's scenario label; its key reads only the workload and client knobs

@@ -1,6 +1,6 @@
 """Does Basin still beat Continuum where it did? Exit 1 if not (a guard for changes to the policy or engine).
 
-    python benchmarks/basin_vs_continuum.py          # the headline surge-100, kill-burst-keep, surge-100-30min; 1p3d
+    python benchmarks/basin_vs_continuum.py     # the headline surge-100, kill-burst-keep, surge-100-30min; 1p3d-h100
     python benchmarks/basin_vs_continuum.py --scenarios surge-100-terminal-bench --min-ratio 1.2
 
 Runs `basin-sim compare` for `continuum` and `basin` on the given scenarios (the headline cell, the
@@ -31,7 +31,7 @@ def _spread(values: list[float]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenarios", nargs="+", default=["surge-100", "kill-burst-keep", "surge-100-30min"])
-    parser.add_argument("--deployment", default="1p3d")
+    parser.add_argument("--deployment", default="1p3d-h100")
     parser.add_argument("--seeds", nargs="+", type=int, default=list(range(1, 11)))
     parser.add_argument("--min-ratio", type=float, default=1.0, help="Basin / Continuum goodput must be >= this")
     parser.add_argument("--jobs", type=int, default=2)

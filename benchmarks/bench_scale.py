@@ -3,7 +3,7 @@ SGLang on 1P3D and on 100P300D at exactly 100x the rate, both given as explicit 
 1P3D's hour in < 10 s, 100P300D's in < 5 min, 100P300D's wall time per session within 1.5x of 1P3D's.
 
 The 1P3D rate is half its overload rate for the default workload, read from the overload-rate cache
-(`basin-sim calibrate --deployment 1p3d --scenario steady` records it); nothing is calibrated here.
+(`basin-sim calibrate --deployment 1p3d-h100 --scenario steady` records it); nothing is calibrated here.
 
     python benchmarks/bench_scale.py [--scale 100] [--hours 1] [--seed 1] [--sessions PATH] [--rates-file PATH]
         [--profile-out DIR]   # also write a cProfile of each run (DIR/<deployment>.prof)
@@ -88,7 +88,7 @@ def run_hour(deployment: Deployment, pool: list[Session], per_min: float, hours:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--small", default="1p3d", help="the deployment whose overload rate sets the load")
+    parser.add_argument("--small", default="1p3d-h100", help="the deployment whose overload rate sets the load")
     parser.add_argument("--large", default="100p300d", help="run at --scale x the small one's rate")
     parser.add_argument("--scale", type=float, default=100.0)
     parser.add_argument("--hours", type=float, default=1.0, help="simulated hours after the warm-up")

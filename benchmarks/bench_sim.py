@@ -2,7 +2,7 @@
 sessions, whole scenario runs as the CLI does them (target: 1 h of 1P3D in < 30 s; a run < 2 min), and
 the prefix cache's admission cost against the number of chains it holds (target: flat).
 
-    python benchmarks/bench_sim.py [--deployment 1p3d] [--cache gpu] [--hours 1,2,4] [--sessions PATH]
+    python benchmarks/bench_sim.py [--deployment 1p3d-h100] [--cache gpu] [--hours 1,2,4] [--sessions PATH]
         [--cache-chains 2000,60000]
 """
 
@@ -76,7 +76,7 @@ def cache_admit_us(num_chains: int, num_admits: int = 20_000) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--deployment", default="1p3d")
+    parser.add_argument("--deployment", default="1p3d-h100")
     parser.add_argument("--cache", choices=("gpu", "host"), default="gpu")
     parser.add_argument("--hours", default="1,2,4", help="simulated hours for the scaling rows ('' for none)")
     parser.add_argument("--sessions", type=Path, default=DEFAULT_SESSIONS)

@@ -19,8 +19,8 @@ fi
 
 # extra|command, run from the repo root (the basin policy reads models/peak_predictor.onnx from there).
 CHECKS=(
-    "sim|basin-sim run --scenario surge-100 --deployment 1p3d --policy sglang --seed 1 --json --synthetic --quiet"
-    "sim|basin-sim run --scenario surge-100 --deployment 1p3d --policy basin --seed 1 --json --synthetic --quiet"
+    "sim|basin-sim run --scenario surge-100 --deployment 1p3d-h100 --policy sglang --seed 1 --json --synthetic --quiet"
+    "sim|basin-sim run --scenario surge-100 --deployment 1p3d-h100 --policy basin --seed 1 --json --synthetic --quiet"
     "serve|basin-gateway --help"
     "emulate|basin-emulate --help"
     "loadgen|python -m basin_loadgen.replay_client --help"

@@ -1,6 +1,6 @@
 """Basin at reservation quantiles q = 0.5 / 0.9 / 0.95, the budget's r held fixed and re-measured, over seeds.
 
-    python benchmarks/reservation_quantiles.py                       # surge-100-30min on 1p3d, 10 seeds
+    python benchmarks/reservation_quantiles.py                       # surge-100-30min on 1p3d-h100, 10 seeds
     python benchmarks/reservation_quantiles.py --scenario surge-100 --seeds 1 2 3
 
 Each session reserves m(q) x its predicted peak, m from the shipped pooled model's file for its
@@ -90,7 +90,7 @@ def _cell(values: Sequence[float], fmt: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenario", default="surge-100-30min")
-    parser.add_argument("--deployment", default="1p3d")
+    parser.add_argument("--deployment", default="1p3d-h100")
     parser.add_argument("--model", default="models/peak_predictor.onnx")
     parser.add_argument("--quantiles", type=float, nargs="+", default=[0.5, 0.9, 0.95])
     parser.add_argument("--seeds", type=int, nargs="+", default=list(range(1, 11)))

@@ -1,7 +1,7 @@
 """The DVC stage `simulate`: the evaluation's headline row with the freshly trained predictor, over seeds.
 
 The paper's +100% surge (`simulate.scenario`, surge-100) on the cache-first deployment
-(`simulate.deployment`, 1p3d, its own lending switch: none, as stock SGLang) for `simulate.policies`
+(`simulate.deployment`, 1p3d-h100, its own lending switch: none, as stock SGLang) for `simulate.policies`
 (sglang, continuum, basin), and Basin on the steady reference (`simulate.steady_scenario`), every run
 over `simulate.seeds` (10): the grid runs through `basin_sim.compare.run_grids`, so a cell is
 calibrated, cached and run exactly as `basin-sim compare` runs it. Basin reserves m(q) x each
@@ -62,7 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--out-calibration", type=Path, default=Path("data/simulate/calibration.json"),
                         help="the knee calibration measured with the fresh model (the gateway's --calibration)")
     parser.add_argument("--plot-dir", type=Path, default=Path("data/simulate/plots"))
-    parser.add_argument("--deployment", default="1p3d")
+    parser.add_argument("--deployment", default="1p3d-h100")
     parser.add_argument("--scenario", default="surge-100", help="the surge (a name or a .yaml file)")
     parser.add_argument("--steady-scenario", default="steady", help="Basin's steady reference (a name or a .yaml)")
     parser.add_argument("--policies", nargs="+", default=list(POLICIES))

@@ -43,7 +43,7 @@ def _gateway(calibration: Path, tmp_path: Path, mode: str) -> Gateway:
 
 
 def _engine(calibration: Path, policy_name: str) -> Engine:
-    spec = catalog.load_deployment("1p3d")
+    spec = catalog.load_deployment("1p3d-h100")
     deployment = spec.build("gpu")
     run = RunSpec(catalog.load_scenario("steady"), deployment, policy_name, 1, 0.4,
                   predicted_peak_tokens={"s": 10_000.0}, calibration=load_calibration(calibration))

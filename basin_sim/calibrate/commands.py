@@ -1,9 +1,9 @@
 """`basin-sim calibrate|knee|risk|ramp`: the overload rate; the cache knee; the risk test; which limit binds.
 
-    python -m basin_sim calibrate --deployment 1p3d --scenario surge-100
-    python -m basin_sim knee --deployment 1p3d --model models/peak_predictor.onnx --out data/calibration-1p3d.json
-    python -m basin_sim risk --deployment 1p3d --json
-    python -m basin_sim ramp --deployment 1p3d --json
+    python -m basin_sim calibrate --deployment 1p3d-h100 --scenario surge-100
+    python -m basin_sim knee --deployment 1p3d-h100 --model models/peak_predictor.onnx --out calibration.json
+    python -m basin_sim risk --deployment 1p3d-h100 --json
+    python -m basin_sim ramp --deployment 1p3d-h100 --json
 
 `risk` predicts from the knee ramp's plateau which limit live sessions meet first (fluid.py);
 `ramp` runs a ramp that goes past the overload rate and reports which limit it actually hit first

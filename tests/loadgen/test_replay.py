@@ -303,7 +303,7 @@ def test_the_cli_replays_a_surge_and_writes_the_summary_records_and_plot(fake: F
     assert set(summary["windows"]) == {"pre", "surge", "post"} and summary["goodput_window"] == "post"
     assert summary["status_counts"]["finished"] == len(sessions) > 0
     assert all(s["run_id"].startswith("cli-") and s["unloaded_s"] > 0 for s in sessions)
-    # the fake answers at once, so every session finishes well within 4x its unloaded time on 1p3d
+    # the fake answers at once, so every session finishes well within 4x its unloaded time on 1p3d-h100
     post = summary["windows"]["post"]
     assert post["sessions_good"] == post["sessions_arrived"] and post["goodput_per_hour"] == pytest.approx(
         post["sessions_arrived"] / (10 / 3600))

@@ -63,7 +63,7 @@ def test_a_scenario_of_per_min_segments_needs_no_overload_rate(tmp_path: Path) -
 def test_unknown_names_list_the_known_ones() -> None:
     with pytest.raises(catalog.CatalogError, match=r"unknown scenario 'surge-1000'; known scenarios: .*surge-100"):
         catalog.load_scenario("surge-1000")
-    with pytest.raises(catalog.CatalogError, match="known deployments: 100p300d, 1p1d, 1p3d"):
+    with pytest.raises(catalog.CatalogError, match="known deployments: 100p300d, 1p1d, 1p3d, 1p3d-h100"):
         catalog.load_deployment("2p2d")
 
 

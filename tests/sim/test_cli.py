@@ -88,12 +88,13 @@ def test_without_a_session_table_it_stops_naming_where_it_looked_and_the_command
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--scenario", "surge-1000", "--deployment", "1p3d", "--policy", "sglang"],
+    (["--scenario", "surge-1000", "--deployment", "1p3d-h100", "--policy", "sglang"],
      "unknown scenario 'surge-1000'; known scenarios: closed-agents, kill-burst, kill-burst-keep, paper-burst-keep"),
-    (["--scenario", "steady", "--deployment", "9p9d", "--policy", "sglang"], "known deployments: 100p300d, 1p1d, 1p3d"),
-    (["--scenario", "steady", "--deployment", "1p3d", "--policy", "vllm"],
+    (["--scenario", "steady", "--deployment", "9p9d", "--policy", "sglang"],
+     "known deployments: 100p300d, 1p1d, 1p3d, 1p3d-h100"),
+    (["--scenario", "steady", "--deployment", "1p3d-h100", "--policy", "vllm"],
      "unknown policy 'vllm'; known policies: sglang, hicache"),
-    (["--scenario", "steady", "--deployment", "1p3d", "--policy", "hicache", "--cache", "gpu"],
+    (["--scenario", "steady", "--deployment", "1p3d-h100", "--policy", "hicache", "--cache", "gpu"],
      "policy 'hicache' needs the host tier"),
 ])
 def test_bad_input_exits_2_with_a_message_naming_the_choices(

@@ -102,5 +102,6 @@ def test_the_paper_preset_names_only_shipped_scenarios_deployments_policies_and_
     assert set(headline.scenarios) == {"surge-100-terminal-bench", "surge-100-swebench"}
     assert headline.lending == ("none", "decode-memory") and {"continuum", "basin", "budgeter"} <= set(headline.labels)
     stock = grids[1]  # stock SGLang's lending, on the host tier its storage backend needs
-    assert (stock.deployments, stock.lending, stock.labels) == (("1p3d-host",), ("storage-offload",), headline.labels)
+    assert (stock.deployments, stock.lending, stock.labels) == (("1p3d-h100-host",), ("storage-offload",),
+                                                                headline.labels)
     assert load_scenario("surge-100-terminal-bench").workload.benchmarks == ("terminal-bench",)

@@ -143,7 +143,7 @@ def test_an_explicit_pin_ttl_wins_over_the_rule() -> None:
 
 
 def test_the_simulator_hands_the_runs_gaps_and_prompts_to_the_rule_and_a_set_ttl_through() -> None:
-    d = catalog.load_deployment("1p3d").build("gpu")
+    d = catalog.load_deployment("1p3d-h100").build("gpu")
     sessions = [spec(session(f"s{i}", [20_000 + 1_000 * i, 30_000, 40_000], gap_s=0.001 * (i + 1)), float(i))
                 for i in range(60)]
     assert tool_calls(sessions[:1]) == (((0.001, 20_000), (0.001, 30_000)),)

@@ -197,4 +197,4 @@ def test_an_unknown_deployment_exits_2_listing_the_known_ones(capsys: pytest.Cap
             main([command, "--deployment", "9p9d", "--quiet", "--json"])
         assert info.value.code == 2
         err = capsys.readouterr().err
-        assert "unknown deployment '9p9d'" in err and "1p3d" in err
+        assert "unknown deployment '9p9d'" in err and "1p3d-h100" in err
