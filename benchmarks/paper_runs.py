@@ -3,6 +3,7 @@
     python benchmarks/paper_runs.py                      # 10 seeds, our corpora and the paper-sized preset
     python benchmarks/paper_runs.py --seeds 1 2 --plots docs/
     python benchmarks/paper_runs.py --relative --workloads paper   # the paper's factors at the model's own rate
+    python benchmarks/paper_runs.py --timing qwen3.6-35b-a3b       # sessions timed as the paper's model runs them
 
 Per scenario (plain SGLang, `sglang` policy, on `1p1d`): goodput of the sessions arriving in the hour
 after the surge, share of seeds stuck, hit rate before / after, TTFT p50 after, minutes to recover,
@@ -11,7 +12,9 @@ mean +- standard deviation over the seeds. Writes data/sim/paper_runs.json; with
 PNG of the first stuck run (any scenario) and the first surge-100 run that is not stuck. Scenario parameters are
 the paper's; nothing here is tuned. With --relative, every rate keeps the paper's factor of its
 overload rate (3.3/min = 0.5 x its ~6.6/min) but applies it to the model's own measured overload rate
-of the deployment on that workload (calibrate/rates.py, measured once and cached).
+of the deployment on that workload (calibrate/rates.py, measured once and cached). With --timing, every
+scenario's sessions are timed as that serving model runs them (workload/serving.py), at the scales its fit
+file holds (fitted on the steady facts alone, before any of these runs: calibrate/timing_fit.py).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from basin_sim.plots import plot_run
 from basin_sim.simulate import RunResult, RunSpec, run_scenario
 from basin_sim.workload.pool import load_pool, workload_pool
 from basin_sim.workload.scenarios import WorkloadSpec
+from basin_sim.workload.serving import RECORDED, load_timing
 
 SCENARIOS = ("steady", "surge-100", "surge-33", "burst-kill", "burst-keep")
 PAPER = {  # the paper's measurements on its 1P1D H100 deployment (issue 15)
@@ -54,9 +58,12 @@ def _pool(workload: WorkloadSpec) -> list[Session]:
     return workload_pool(base, workload)
 
 
-def _one(job: tuple[str, int, str, bool, bool]) -> tuple[dict[str, Any], RunResult | None]:
-    scenario_name, seed, deployment_name, keep, relative = job
+def _one(job: tuple[str, int, str, bool, bool, str, float | None]) -> tuple[dict[str, Any], RunResult | None]:
+    scenario_name, seed, deployment_name, keep, relative, timing, reasoning_scale = job
     scenario = catalog.load_scenario(scenario_name)
+    if timing != RECORDED:
+        workload = replace(scenario.workload, timing=timing, reasoning_scale=reasoning_scale)
+        scenario = replace(scenario, workload=workload)
     pool = _pool(scenario.workload)
     deployment = catalog.load_deployment(deployment_name).build(None)
     rate = 0.0
@@ -91,11 +98,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="scenario name prefixes: paper (our corpora), paper-preset (the paper-sized preset)")
     parser.add_argument("--relative", action="store_true",
                         help="the paper's factors of the overload rate, at the model's own overload rate")
+    parser.add_argument("--timing", default=RECORDED,
+                        help="time sessions as this serving model runs them (workload/serving.py), fitted scales")
+    parser.add_argument("--reasoning-scale", type=float,
+                        help="with --timing: this reasoning scale instead of the fitted one (e.g. the upper end of "
+                             "the fit's indistinguishable span, for sensitivity)")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("data/sim/paper_runs.json"))
     parser.add_argument("--plots", type=Path, help="write one stuck and one recovered run's timeline here")
     args = parser.parse_args(argv)
-    jobs = [(f"{w}-{name}", seed, args.deployment, args.plots is not None, args.relative)
+    timing = None if args.timing == RECORDED else load_timing(args.timing, args.reasoning_scale)
+    jobs = [(f"{w}-{name}", seed, args.deployment, args.plots is not None, args.relative, args.timing,
+             args.reasoning_scale)
             for w in args.workloads for name in SCENARIOS for seed in args.seeds]
     rows: list[dict[str, Any]] = []
     plotted: dict[str, Path] = {}
@@ -123,7 +137,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"recovered after {cell['recovered_after_s']} s  busy {cell['prefill_busy_fraction']}  "
                   f"live regular @50min {cell['live_regular_min50']}   | paper: {cell['paper']}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    scales = None if timing is None else {"reasoning_scale": timing.reasoning_scale,
+                                          "harness_scale": timing.harness_scale}
     args.out.write_text(json.dumps({"deployment": args.deployment, "seeds": args.seeds, "relative": args.relative,
+                                    "timing": args.timing, "timing_scales": scales,
                                     "table": table, "runs": rows,
                                     "plots": {k: str(v) for k, v in plotted.items()}}, indent=1) + "\n")
     for kind, path in plotted.items():
