@@ -25,6 +25,11 @@ Rules:
   every (seed, outer fold). No new study: the fold's chosen knobs are reused.
 - The shipped model is trained by `train` (tuned on all folds, fitted on all rows); this stage only
   reports how well that recipe does on rows it never tuned or fitted on.
+- Out-of-fold predictions (`--predictions`): for the first fold seed of the unseen-task protocol, each
+  session's prediction by the pooled model and by its benchmark's own model (null without one), each
+  from the outer fold that held every run of its task out of tuning and fitting. The simulator
+  replays sessions with these (basin_sim/predictions.py `load_out_of_fold`), so no simulated session
+  is predicted by a model that saw its task.
 """
 
 from __future__ import annotations
@@ -147,8 +152,10 @@ def baseline_predict(frame: pd.DataFrame, name: str, train: np.ndarray, test: np
 Predictor = Callable[[np.ndarray, np.ndarray, int], np.ndarray]
 
 
-def score_seed(frame: pd.DataFrame, labels: np.ndarray, protocol: str, predict: Predictor) -> dict[str, Any]:
-    """Per-benchmark scores of one seed's outer folds: per-fold Spearman mean, and pooled over rows."""
+def score_seed(frame: pd.DataFrame, labels: np.ndarray, protocol: str, predict: Predictor,
+               keep: list[np.ndarray] | None = None) -> dict[str, Any]:
+    """Per-benchmark scores of one seed's outer folds: per-fold Spearman mean, and pooled over rows; with
+    `keep`, the seed's outer-fold prediction of every row is appended to it."""
     true = frame["peak_prompt_tokens"].to_numpy(dtype=np.float64)
     benches = frame["benchmark"].to_numpy()
     predicted = np.full(len(frame), np.nan)
@@ -162,6 +169,8 @@ def score_seed(frame: pd.DataFrame, labels: np.ndarray, protocol: str, predict: 
         for bench in per_fold:
             at = rows[benches[rows] == bench]
             per_fold[bench].append(spearman(predicted[at], true[at]))
+    if keep is not None:
+        keep.append(predicted)
     out: dict[str, Any] = {}
     for bench, values in per_fold.items():
         defined = [v for v in values if v is not None]
@@ -226,10 +235,11 @@ def repeated(per_seed: list[dict[str, Any]], key: str) -> dict[str, Any]:
 
 
 def nested_scores(frame: pd.DataFrame, protocol: str, seeds: list[int], settings: Settings,
-                  featurizer: Splitter, *, with_baselines: bool,
-                  with_reservations: bool = False) -> dict[str, dict[str, Any]]:
+                  featurizer: Splitter, *, with_baselines: bool, with_reservations: bool = False,
+                  predictions: list[np.ndarray] | None = None) -> dict[str, dict[str, Any]]:
     """Per benchmark: the nested model's (and the baselines') per-seed scores, then mean and sd; with
-    reservations, their scores over every (seed, outer fold) under `reservations`."""
+    reservations, their scores over every (seed, outer fold) under `reservations`; with `predictions`,
+    the model's outer-fold predictions of every row for each seed are appended to it."""
     runs: dict[str, list[dict[str, Any]]] = {"model": [], **({b: [] for b in BASELINES} if with_baselines else {})}
     chosen: dict[int, list[dict[str, Any]]] = {}
     reserved: list[dict[str, dict[str, Any]]] | None = [] if with_reservations else None
@@ -237,7 +247,7 @@ def nested_scores(frame: pd.DataFrame, protocol: str, seeds: list[int], settings
         labels = assign(frame, np.arange(len(frame)), settings.outer_folds, seed, protocol)
         chosen[seed] = []
         runs["model"].append(score_seed(frame, labels, protocol, model_predictor(
-            frame, featurizer, labels, protocol, settings, seed, chosen[seed], reserved)))
+            frame, featurizer, labels, protocol, settings, seed, chosen[seed], reserved), predictions))
         for name in runs.keys() - {"model"}:
             def predict(train: np.ndarray, test: np.ndarray, fold: int, name: str = name) -> np.ndarray:
                 return baseline_predict(frame, name, train, test)
@@ -279,8 +289,10 @@ def repeated_tasks(frame: pd.DataFrame) -> list[str]:
     return sorted(str(b) for b, has in counts.items() if has)
 
 
-def report(frame: pd.DataFrame, params: NestedParams, search: SearchSpace) -> dict[str, Any]:
-    """Nested scores of the pooled model and each benchmark's own model, with baselines, per protocol."""
+def report(frame: pd.DataFrame, params: NestedParams, search: SearchSpace,
+           out_of_fold: dict[str, pd.Series] | None = None) -> dict[str, Any]:
+    """Nested scores of the pooled model and each benchmark's own model, with baselines, per protocol; with
+    `out_of_fold`, each model's unseen-task predictions of the first seed by session id, under its name."""
     settings = Settings(params.outer_folds, params.inner_folds, params.trials, search)
     result: dict[str, Any] = {"settings": {"seeds": list(params.seeds), "outer_folds": params.outer_folds,
                                            "inner_folds": params.inner_folds, "trials": params.trials},
@@ -297,8 +309,12 @@ def report(frame: pd.DataFrame, params: NestedParams, search: SearchSpace) -> di
                 continue
             rows = subset.reset_index(drop=True)  # the pooled model learns from every benchmark's rows
             started = time.monotonic()
+            kept: list[np.ndarray] = []
             scores = nested_scores(rows, protocol, list(params.seeds), settings, FoldFeaturizer(rows, sizes),
-                                   with_baselines=name != "pooled", with_reservations=protocol == "unseen_task")
+                                   with_baselines=name != "pooled", with_reservations=protocol == "unseen_task",
+                                   predictions=kept)
+            if out_of_fold is not None and protocol == "unseen_task":
+                out_of_fold[name] = pd.Series(kept[0], index=rows["session_id"].to_numpy())
             log.info("%s %s: %.0f s", protocol, name, time.monotonic() - started)
             for bench, entry in ((b, e) for b, e in scores.items() if b in benches):
                 key = "pooled_model" if name == "pooled" else "own_model"
@@ -338,14 +354,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="nested.json to write")
     parser.add_argument("--headline-dir", type=Path,
                         help="folder for the headline files spearman_unseen.json, spearman_seen.json, cover90.json")
+    parser.add_argument("--predictions", type=Path,
+                        help="write the out-of-fold predictions (unseen task, first seed) of every session here")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     params = nested_params(args.params)
     frame = pd.read_parquet(args.frame)
     started = time.monotonic()
+    out_of_fold: dict[str, pd.Series] = {}
     try:
-        result = report(frame, params, train_params(args.params).search)
+        result = report(frame, params, train_params(args.params).search, out_of_fold)
     except ValueError as exc:  # one line naming the fold and the knob, no traceback
         log.error("%s", exc)
         return 1
@@ -360,10 +379,31 @@ def main(argv: list[str] | None = None) -> int:
                 log.info("%-11s %-20s m(0.9) covers %s (constant %s)", protocol, bench,
                          _fmt(cover["model"]["0.9"]["coverage"]), _fmt(cover["constant"]["0.9"]["coverage"]))
     write_metrics(args.out, result)  # 6 significant digits: a re-run elsewhere leaves git clean
+    if args.predictions is not None:
+        write_out_of_fold(args.predictions, frame, out_of_fold, params)
     if args.headline_dir is not None:
         for name, values in headline(result).items():
             write_metrics(args.headline_dir / f"{name}.json", values)
     return 0
+
+
+def out_of_fold_table(frame: pd.DataFrame, out_of_fold: dict[str, pd.Series], params: NestedParams) -> pd.DataFrame:
+    """One row per session: its outer fold (unseen task, first seed) and the pooled and own models' predictions."""
+    seed = params.seeds[0]
+    table = frame[["session_id", "benchmark", "task_id", "peak_prompt_tokens"]].copy()
+    table["seed"] = seed
+    table["outer_fold"] = assign(frame, np.arange(len(frame)), params.outer_folds, seed, "unseen_task")
+    table["pooled_predicted"] = table["session_id"].map(out_of_fold["pooled"]).astype("float64")
+    own = pd.concat([series for name, series in out_of_fold.items() if name != "pooled"]) if len(out_of_fold) > 1 \
+        else pd.Series(dtype="float64")
+    table["own_predicted"] = table["session_id"].map(own).astype("float64")
+    return table.reset_index(drop=True)
+
+
+def write_out_of_fold(path: Path, frame: pd.DataFrame, out_of_fold: dict[str, pd.Series], params: NestedParams) -> None:
+    """The out-of-fold table as parquet (what `basin_sim.predictions.load_out_of_fold` reads)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    out_of_fold_table(frame, out_of_fold, params).to_parquet(path, index=False)
 
 
 def headline(result: dict[str, Any]) -> dict[str, dict[str, float]]:

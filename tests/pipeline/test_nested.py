@@ -14,7 +14,7 @@ from pipeline import nested, tuning
 from pipeline.fast_cv import FoldFeaturizer
 from pipeline.features import ModelParams, build_model
 from pipeline.featurize import assign_folds
-from pipeline.params import SearchSpace
+from pipeline.params import NestedParams, SearchSpace
 from pipeline.scoring import spearman
 
 SPACE = SearchSpace(alpha=(0.01, 30.0), ngram_max=(1, 1), min_df=(1, 4), max_df=(0.3, 1.0), max_features=(50, 5000))
@@ -149,3 +149,25 @@ def test_the_headline_is_the_shipped_models_numbers_by_short_name_and_numbers_on
     }
     assert nested.headline(result) == {"spearman_unseen": {"swe": 0.4}, "spearman_seen": {"swe": 0.6},
                                        "cover90": {"swe": 0.89, "my-bench": 0.91}}
+
+
+def test_out_of_fold_predictions_come_from_models_that_never_saw_the_task_and_are_written_per_session(
+        tmp_path: Path) -> None:
+    frame = synthetic(3, 60, signal=True, runs_per_task=3)
+    frame["session_id"] = [f"s{i}" for i in range(len(frame))]
+    featurizer = Recording(frame)
+    kept: list[np.ndarray] = []
+    nested.nested_scores(frame, "unseen_task", [7], nested.Settings(5, 3, 2, SPACE), featurizer,
+                         with_baselines=False, predictions=kept)
+    assert len(kept) == 1 and np.isfinite(kept[0]).all()
+    tasks = frame["task_id"].to_numpy()
+    for train, test in featurizer.calls:  # every fit, inner or outer, predicts only tasks it did not train on
+        assert not set(tasks[train]) & set(tasks[test])
+    params = NestedParams(seeds=(7,), outer_folds=5, inner_folds=3, trials=2, seen_task=False)
+    out = tmp_path / "oof.parquet"
+    nested.write_out_of_fold(out, frame, {"pooled": pd.Series(kept[0], index=frame["session_id"])}, params)
+    table = pd.read_parquet(out)
+    assert list(table["session_id"]) == list(frame["session_id"])
+    assert np.allclose(table["pooled_predicted"], kept[0]) and table["own_predicted"].isna().all()
+    assert np.array_equal(table["outer_fold"], nested.assign(frame, np.arange(len(frame)), 5, 7, "unseen_task"))
+    assert (table["seed"] == 7).all()
