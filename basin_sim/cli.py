@@ -34,11 +34,14 @@ from basin_sim.calibrate.knee_cache import DEFAULT_CALIBRATIONS_FILE, KneeCache,
 from basin_sim.calibrate.rates import DEFAULT_RATES_FILE, RateCache, RatesError, overload_rate_for
 from basin_sim.policies import UnknownPolicyError, policy_names, policy_spec
 from basin_sim.predictions import (
+    PredictionsError,
     Revisions,
+    add_predictions_source,
     add_reservation_quantile,
     load_predictor,
     online_revisions,
-    predict_pool,
+    peaks_tag,
+    pool_peaks,
     reservation_multipliers,
     reserved_peaks,
 )
@@ -91,11 +94,13 @@ def _run(args: argparse.Namespace) -> int:
     peaks: dict[str, float] = {}
     multipliers: dict[str, float] = {}
     revisions: Revisions = {}
+    sources: dict[str, int] = {}
     if args.policy == "basin":
         predictor = load_predictor(args.model)
-        peaks = predict_pool(predictor, pool)
+        peaks, sources = pool_peaks(predictor, pool, args.predictions, args.out_of_fold)
         multipliers = reservation_multipliers(predictor, pool, args.reservation_quantile)
-        revisions = online_revisions(predictor, pool, peaks, args.reservation_quantile, args.revise_at_calls)
+        revise_at = args.revise_at_calls if args.predictions == "in-sample" else []  # no out-of-fold online model
+        revisions = online_revisions(predictor, pool, peaks, args.reservation_quantile, revise_at)
     calibration, calibration_source = _calibration(args, deployment), "given"
     if args.policy in ("basin", "basin-proto") and calibration is None:
         if args.no_calibration:
@@ -106,7 +111,8 @@ def _run(args: argparse.Namespace) -> int:
                 deployment_spec.build("gpu", args.lending), pool, scenario, rate,
                 file_sha256(args.model) if is_basin else "none",
                 args.reservation_quantile if is_basin else None,
-                reserved_peaks(peaks, multipliers) if is_basin else None, KneeCache(args.calibrations_file))
+                reserved_peaks(peaks, multipliers) if is_basin else None, KneeCache(args.calibrations_file),
+                peaks_tag(args.predictions, args.out_of_fold) if is_basin else "")
             calibration = calibration_from_mapping(record, f"the knee calibration in {args.calibrations_file}")
             log.info("Basin calibration (%s, %s): knee %.0f tokens, reservation ratio %s", calibration_source,
                      args.calibrations_file, calibration.knee_tokens, record.get("reservation_ratio"))
@@ -122,7 +128,7 @@ def _run(args: argparse.Namespace) -> int:
     finally:
         progress.close()
     summary: dict[str, Any] = {"workload": source, "overload_rate_source": rate_source,
-                               "calibration_source": calibration_source, **result.summary}
+                               "calibration_source": calibration_source, "predictions": sources, **result.summary}
     log.info("simulated %.0f s in %.1f s wall", summary["simulated_s"], time.perf_counter() - started)
     if args.plot_dir is not None:
         from basin_sim.plots import plot_run
@@ -201,6 +207,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--model", type=Path, default=Path("models/peak_predictor.onnx"),
                      help="peak predictor for policy basin (default: the shipped pooled model)")
     add_reservation_quantile(run)
+    add_predictions_source(run)
     run.add_argument("--reservation-scale", type=float, default=1.0,
                      help="basin: a further factor on each reservation (ablations; default 1)")
     run.add_argument("--knee-tokens", type=float, help="basin budget: measured cache knee (default 0.9 x capacity)")
@@ -235,5 +242,5 @@ def main(argv: list[str] | None = None) -> int:
         commands = {"calibrate": calibrate_main, "run": _run, "knee": knee_main, "risk": risk_main, "ramp": ramp_main}
         return commands[args.command](args)
     except (catalog.CatalogError, UnknownPolicyError, UsageError, PoolError, PredictorError, CalibrationError,
-            RatesError, ScenarioError, RampError) as exc:
+            RatesError, ScenarioError, RampError, PredictionsError) as exc:
         parser.exit(2, f"{parser.prog}: error: {exc}\n")

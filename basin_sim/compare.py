@@ -45,11 +45,14 @@ from basin_sim.calibrate.commands import RAMP_STEP_S
 from basin_sim.calibrate.knee_cache import DEFAULT_CALIBRATIONS_FILE, KneeCache, knee_key, measure_knee
 from basin_sim.calibrate.rates import DEFAULT_RATES_FILE, RateCache, RatesError, overload_rate_for
 from basin_sim.predictions import (
+    PredictionsError,
     Revisions,
+    add_predictions_source,
     add_reservation_quantile,
     load_predictor,
     online_revisions,
-    predict_pool,
+    peaks_tag,
+    pool_peaks,
     reservation_multipliers,
     reserved_peaks,
 )
@@ -83,6 +86,7 @@ class Cell:
     predictor_sha256: str = "none"
     swept: dict[float, tuple[dict[str, float], Revisions]] = field(default_factory=dict)  # q -> m(q), revisions
     ramp_step_s: float = RAMP_STEP_S  # simulated seconds per knee-ramp step
+    peaks_tag: str = ""  # where the peaks come from beyond the model file (predictions.peaks_tag)
 
     def reserving(self, quantile: float | None) -> tuple[float | None, dict[str, float], Revisions]:
         """(q, m(q) per pool session, revisions) at the served q (None) or a swept one."""
@@ -236,6 +240,7 @@ def _cells(args: argparse.Namespace, grids: Sequence[Grid]) -> tuple[dict[CellKe
     needs_model = "basin" in labels or any(label in ABLATIONS for label in labels)
     predictor = load_predictor(args.model) if needs_model else None
     sha = file_sha256(args.model) if predictor is not None else "none"
+    tag = ""  # set once the first pool's peaks are read (their table checked)
     cache = RateCache(args.rates_file)
     q = args.reservation_quantile
     cells: dict[CellKey, Cell] = {}
@@ -250,13 +255,17 @@ def _cells(args: argparse.Namespace, grids: Sequence[Grid]) -> tuple[dict[CellKe
             if scenario_name not in loaded:
                 scenario = catalog.load_scenario(scenario_name)
                 pool = tuple(workload_pool(base, scenario.workload))
-                peaks = {} if predictor is None else predict_pool(predictor, pool)
+                peaks, sources = ({}, {}) if predictor is None else pool_peaks(predictor, pool, args.predictions,
+                                                                               args.out_of_fold)
+                if sources:
+                    print(f"{scenario.name}: peaks {sources}", file=sys.stderr)
+                    tag = peaks_tag(args.predictions, args.out_of_fold)
                 multipliers = {} if predictor is None else reservation_multipliers(predictor, pool, q)
-                revisions = {} if predictor is None else online_revisions(predictor, pool, peaks, q,
-                                                                          args.revise_at_calls)
+                revise_at = args.revise_at_calls if args.predictions == "in-sample" else []  # no out-of-fold online
+                revisions = {} if predictor is None else online_revisions(predictor, pool, peaks, q, revise_at)
                 swept = {} if predictor is None else {
                     sq: (reservation_multipliers(predictor, pool, sq),
-                         online_revisions(predictor, pool, peaks, sq, args.revise_at_calls)) for sq in swept_qs}
+                         online_revisions(predictor, pool, peaks, sq, revise_at)) for sq in swept_qs}
                 loaded[scenario_name] = (scenario, pool, peaks, multipliers, revisions, swept)
             scenario, pool, peaks, multipliers, revisions, swept = loaded[scenario_name]
             for deployment_name in grid.deployments:
@@ -275,7 +284,7 @@ def _cells(args: argparse.Namespace, grids: Sequence[Grid]) -> tuple[dict[CellKe
                 for lending in grid.lending or (spec.lending,):
                     key = (scenario_name, deployment_name, lending)
                     cells[key] = Cell(scenario, spec, lending, pool, peaks, rates[(scenario_name, deployment_name)],
-                                      None, multipliers, q, revisions, sha, swept, args.ramp_step_s)
+                                      None, multipliers, q, revisions, sha, swept, args.ramp_step_s, tag)
                     cell_labels[key] = list(dict.fromkeys([*cell_labels.get(key, []), *grid.labels]))
     return cells, cell_labels
 
@@ -286,7 +295,8 @@ def _calibrated(cells: dict[CellKey, Cell], kinds: Mapping[CellKey, Sequence[Res
     cached. Cells of one shape (a host tier's and its GPU deployment) share a knee."""
     keys = {(key, kind): knee_key(cell.gpu_deployment(), cell.pool, cell.scenario,
                                   calibration_tag(kind, cell.predictor_sha256, cell.reservation_quantile),
-                                  cell.reservation_quantile, cell.ramp_step_s)
+                                  cell.reservation_quantile, cell.ramp_step_s,
+                                  cell.peaks_tag if kind == "predicted" else "")
             for key, cell in cells.items() for kind in kinds[key]}
     records = {knee: cache.record(knee) for knee in set(keys.values())}
     first = {knee: job for job, knee in reversed(keys.items())}
@@ -323,6 +333,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seeds", nargs="+", type=int, default=list(DEFAULT_SEEDS))
     parser.add_argument("--model", type=Path, default=Path("models/peak_predictor.onnx"))
     add_reservation_quantile(parser)
+    add_predictions_source(parser)
     parser.add_argument("--sessions", type=Path, default=Path("data/sessions.parquet"))
     parser.add_argument("--synthetic", action="store_true")
     parser.add_argument("--rates-file", type=Path, default=DEFAULT_RATES_FILE, help="the overload-rate cache")
@@ -385,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = run_grids(args, _grids(args))
     except (catalog.CatalogError, PredictorError, SessionTableError, PoolError, RatesError, ScenarioError,
-            OSError) as exc:  # one line, no traceback
+            PredictionsError, OSError) as exc:  # one line, no traceback
         print(f"basin-sim compare: error: {exc}", file=sys.stderr)
         return 2
     print(markdown(result.rows, result.labels))
@@ -399,8 +410,8 @@ def main(argv: list[str] | None = None) -> int:
         meta = {f"{c.scenario.name}/{c.deployment.name}/{c.lending}": {
             "overload_rate_per_s": c.overload_rate_per_s, "calibration": c.calibration} for c in result.cells.values()}
         summary = {"/".join(k): v for k, v in result.summary().items()}
-        args.out.write_text(json.dumps({"seeds": args.seeds, "cells": meta, "summary": summary, "runs": result.rows},
-                                       indent=2) + "\n")
+        args.out.write_text(json.dumps({"seeds": args.seeds, "predictions": args.predictions, "cells": meta,
+                                        "summary": summary, "runs": result.rows}, indent=2) + "\n")
     return 0
 
 

@@ -1,7 +1,14 @@
-# Predicted peaks for a session pool, made once per run set with the shipped ONNX predictor.
+# Predicted peaks for a session pool, made once per run set.
 #
 # Rules: the predictor sees only what the gateway sees at a session's first call (`task_text`, the
-# first prompt's size); the whole pool goes through `predict_batch` in one call. The reservation
+# first prompt's size); the whole pool goes through `predict_batch` in one call.
+# Sources (`--predictions`): `out-of-fold` (the default) takes each session's prediction from the
+# nested stage's table (data/nested/oof_predictions.parquet, pooled model: a model whose tuning and fit
+# never saw any run of that session's task); a pool session the table does not hold (a preset's or a
+# gateway log's, never in the training table) is predicted by the shipped model, and the run counts
+# both. The online re-estimates have no out-of-fold counterpart, so out-of-fold runs make none.
+# `in-sample` predicts every session with the shipped model, trained on these very sessions: a
+# near-oracle, kept as a named ablation. The reservation
 # quantile q: each session reserves m(q) x its prediction, m read from the predictor file for the
 # session's benchmark (`PeakPredictor.multiplier`), exactly as the gateway reads it; q None: m = 1.
 """Batch-predict a pool's peaks; their reservation multipliers from the predictor file."""
@@ -16,6 +23,13 @@ from typing import Protocol
 from basin_runtime.session_table import Session
 
 DEFAULT_MODEL = Path("models/peak_predictor.onnx")
+DEFAULT_OUT_OF_FOLD = Path("data/nested/oof_predictions.parquet")
+PREDICTION_SOURCES = ("out-of-fold", "in-sample")
+OUT_OF_FOLD_COLUMN = "pooled_predicted"  # the shipped models/peak_predictor.onnx is the pooled model
+
+
+class PredictionsError(ValueError):
+    """An out-of-fold table that is missing or unreadable; the message names it and the command that builds it."""
 DEFAULT_RESERVATION_QUANTILE = 0.9  # the gateway's default (`GatewayConfig.reservation_quantile`)
 
 
@@ -46,6 +60,58 @@ def predict_pool(predictor: BatchPredictor, pool: Sequence[Session]) -> dict[str
     """Pool session id -> predicted peak tokens, from task text and first prompt size only."""
     peaks = predictor.predict_batch([s.task_text for s in pool], [s.first_prompt_tokens for s in pool])
     return {s.session_id: float(p) for s, p in zip(pool, peaks, strict=True)}
+
+
+def load_out_of_fold(path: Path) -> dict[str, float]:
+    """Session id -> its out-of-fold predicted peak, from the nested stage's table."""
+    import pyarrow.parquet as pq
+
+    if not path.exists():
+        raise PredictionsError(f"no out-of-fold predictions at {path}: build them with `make repro` (stage nested), "
+                               "or pass --predictions in-sample (the shipped model on the sessions it was trained on)")
+    try:
+        table = pq.read_table(path, columns=["session_id", OUT_OF_FOLD_COLUMN]).to_pydict()
+    except Exception as exc:  # pyarrow raises several kinds for a bad file
+        raise PredictionsError(f"{path}: not an out-of-fold table with session_id and {OUT_OF_FOLD_COLUMN} ({exc})") \
+            from exc
+    return {str(sid): float(p) for sid, p in zip(table["session_id"], table[OUT_OF_FOLD_COLUMN], strict=True)
+            if p is not None}
+
+
+def pool_peaks(predictor: BatchPredictor, pool: Sequence[Session], source: str,
+               out_of_fold: Path = DEFAULT_OUT_OF_FOLD) -> tuple[dict[str, float], dict[str, int]]:
+    """(pool session id -> predicted peak, how many came from where) for a prediction source (see the rules)."""
+    if source == "in-sample":
+        return predict_pool(predictor, pool), {"in-sample": len(pool)}
+    if source != "out-of-fold":
+        raise PredictionsError(f"unknown prediction source {source!r}; known: {', '.join(PREDICTION_SOURCES)}")
+    table = load_out_of_fold(out_of_fold)
+    held = [s for s in pool if s.session_id in table]
+    others = [s for s in pool if s.session_id not in table]
+    peaks = {s.session_id: table[s.session_id] for s in held}
+    if others:
+        peaks.update(predict_pool(predictor, others))
+    return peaks, {"out-of-fold": len(held), "shipped model, session not in the training table": len(others)}
+
+
+def peaks_tag(source: str, out_of_fold: Path = DEFAULT_OUT_OF_FOLD) -> str:
+    """What a knee calibration's peaks depend on beyond the model file: '' in-sample, else the table's digest."""
+    if source == "in-sample":
+        return ""
+    from basin_runtime.model_files import file_sha256
+
+    load_out_of_fold(out_of_fold)  # a missing or unreadable table: the PredictionsError that names it
+    return f"out-of-fold:{file_sha256(out_of_fold)}"
+
+
+def add_predictions_source(parser: argparse.ArgumentParser) -> None:
+    """The --predictions and --out-of-fold options."""
+    parser.add_argument("--predictions", choices=PREDICTION_SOURCES, default="out-of-fold",
+                        help="basin: each session's peak from a model that never saw its task (out-of-fold, the "
+                             "default: the nested stage's table) or from the shipped model trained on it "
+                             "(in-sample: a near-oracle ablation)")
+    parser.add_argument("--out-of-fold", type=Path, default=DEFAULT_OUT_OF_FOLD,
+                        help=f"the out-of-fold table (default {DEFAULT_OUT_OF_FOLD}, built by `make repro`)")
 
 
 def reservation_multipliers(predictor: ReservingPredictor, pool: Sequence[Session],

@@ -31,6 +31,8 @@ def _spread(values: list[float]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenarios", nargs="+", default=["surge-100", "kill-burst-keep", "surge-100-30min"])
+    parser.add_argument("--predictions", choices=("out-of-fold", "in-sample"), default="out-of-fold",
+                        help="Basin's peaks (basin_sim/predictions.py; default out-of-fold, as basin-sim compare)")
     parser.add_argument("--deployment", default="1p3d-h100")
     parser.add_argument("--seeds", nargs="+", type=int, default=list(range(1, 11)))
     parser.add_argument("--min-ratio", type=float, default=1.0, help="Basin / Continuum goodput must be >= this")
@@ -40,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(tmp) / "compare.json"
         status = compare.main(["--scenarios", *args.scenarios, "--deployments", args.deployment, "--policies",
                                "continuum", "basin", "--seeds", *map(str, args.seeds), "--jobs", str(args.jobs),
-                               "--out", str(out)])
+                               "--out", str(out), "--predictions", args.predictions])
         if status != 0:
             return status
         runs = json.loads(out.read_text())["runs"]

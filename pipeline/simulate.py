@@ -6,9 +6,11 @@ The paper's +100% surge (`simulate.scenario`, surge-100) on the cache-first depl
 over `simulate.seeds` (10): the grid runs through `basin_sim.compare.run_grids`, so a cell is
 calibrated, cached and run exactly as `basin-sim compare` runs it. Basin reserves m(q) x each
 predicted peak (m from the model file for the session's benchmark, q = `simulate.reservation_quantile`,
-as the gateway serves), revised at calls 3 and 5 with the online model beside the file, in the budget
-of the knee ramp measured with this model at this q (cached by the model's SHA-256 in
-data/sim/calibrations.json, and written to `--out-calibration`, a file the gateway reads).
+as the gateway serves); each peak is the nested stage's out-of-fold prediction (a model that never saw
+the session's task: `--out-of-fold`; `--predictions in-sample` for the shipped model's own, a
+near-oracle), so no online revision applies; in the budget of the knee ramp measured with these peaks
+at this q (cached by the model's SHA-256 and the table's in data/sim/calibrations.json, and written
+to `--out-calibration`, a file the gateway reads).
 
 Every seed of a cell sees the same arrivals for every policy, so the ratios are paired: per seed,
 Basin's goodput over Continuum's (same surge) and over its own steady goodput; the metrics give
@@ -41,7 +43,7 @@ from basin_sim import compare
 from basin_sim.calibrate.commands import RAMP_STEP_S
 from basin_sim.calibrate.knee_cache import DEFAULT_CALIBRATIONS_FILE
 from basin_sim.calibrate.rates import DEFAULT_RATES_FILE
-from basin_sim.predictions import DEFAULT_RESERVATION_QUANTILE
+from basin_sim.predictions import DEFAULT_RESERVATION_QUANTILE, add_predictions_source
 from pipeline import tracking
 from pipeline.metrics_files import numbers_only, write_metrics
 from pipeline.params import simulate_params
@@ -75,6 +77,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="the knee-calibration cache (measured on first use for this model file)")
     parser.add_argument("--overload-rate", type=float, help="use this overload rate instead (sessions/s; tests)")
     parser.add_argument("--synthetic", action="store_true", help="the synthetic corpus instead of --sessions")
+    add_predictions_source(parser)
     parser.add_argument("--ramp-step-s", type=float, default=RAMP_STEP_S,
                         help="simulated seconds per knee-ramp step (tests: shorter)")
     return parser
@@ -97,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     options = ["--model", str(args.model), "--sessions", str(args.sessions), "--reservation-quantile",
                str(args.reservation_quantile), "--seeds", *map(str, args.seeds), "--jobs", str(args.jobs),
                "--rates-file", str(args.rates_file), "--calibrations-file", str(args.calibrations_file),
-               "--ramp-step-s", str(args.ramp_step_s)]
+               "--ramp-step-s", str(args.ramp_step_s), "--predictions", args.predictions,
+               "--out-of-fold", str(args.out_of_fold)]
     if args.overload_rate is not None:
         options += ["--overload-rate", str(args.overload_rate)]
     if args.synthetic:

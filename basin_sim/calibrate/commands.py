@@ -38,9 +38,10 @@ from basin_sim.calibrate.ramp import (
 from basin_sim.calibrate.ramp import calibration_record as ramp_calibration_record
 from basin_sim.calibrate.rates import DEFAULT_RATES_FILE, RateCache, measure_overload_rate, overload_rate_for
 from basin_sim.predictions import (
+    add_predictions_source,
     add_reservation_quantile,
     load_predictor,
-    predict_pool,
+    pool_peaks,
     reservation_multipliers,
     reserved_peaks,
 )
@@ -133,7 +134,8 @@ def _ramp(args: argparse.Namespace, default_fractions: tuple[float, ...] = RAMP_
     if getattr(args, "model", None) is not None:
         predictor = load_predictor(args.model)
         multipliers = reservation_multipliers(predictor, pool, args.reservation_quantile)
-        reservations = reserved_peaks(predict_pool(predictor, pool), multipliers, args.reservation_scale)
+        peaks, _ = pool_peaks(predictor, pool, args.predictions, args.out_of_fold)
+        reservations = reserved_peaks(peaks, multipliers, args.reservation_scale)
     fractions = default_fractions if getattr(args, "fractions", None) is None else tuple(args.fractions)
     return simulated_ramp(deployment, pool, scenario, RateCache(args.rates_file), fractions, args.step_s, args.seed,
                           reservations)
@@ -288,6 +290,7 @@ def add_commands(sub: Any) -> None:
     knee.add_argument("--no-model", dest="model", action="store_const", const=None,
                       help="no predictor: the calibration file holds no reservation_ratio (prototype mode)")
     add_reservation_quantile(knee, with_revisions=False)  # the ramp reserves first-call reservations
+    add_predictions_source(knee)
     knee.add_argument("--reservation-scale", type=float, default=1.0,
                       help="a further factor on each reservation (ablations; default 1)")
     risk = sub.add_parser("risk", help="fluid model fixed points and the cache-first / decode-first verdict")

@@ -5,8 +5,10 @@
 #   measured on the knee ramp of `basin-sim knee`, for the deployment's shape with a GPU cache and
 #   its lending switch (the ramp runs with it: lending moves the knee), the scenario's workload, the
 #   predictor file in use (its SHA-256; "none" for `basin-proto`, whose
-#   reservations are contexts) and the reservation quantile. That is the cache key (canonical JSON,
-#   with the overload-rate key, the ramp's fractions, step and seed, and the record's format).
+#   reservations are contexts), where the peaks come from when not the file itself (`peaks`: e.g. the
+#   out-of-fold table's digest, basin_sim/predictions.py) and the reservation quantile. That is the
+#   cache key (canonical JSON, with the overload-rate key, the ramp's fractions, step and seed, and
+#   the record's format). The record itself names only the predictor file, as the gateway checks it.
 # - The cache is one JSON file (default data/sim/calibrations.json), one entry per key: the
 #   calibration record, in the gateway's calibration-file format, and the command that measured it.
 #   A missing entry is measured now (the knee ramp, a minute or so) and written before it is used, and
@@ -61,26 +63,28 @@ class KneeCache(JsonCache):
 
 
 def knee_key(deployment: Deployment, pool: Sequence[Session], scenario: Scenario, predictor_sha256: str,
-             quantile: float | None, step_s: float = RAMP_STEP_S) -> str:
+             quantile: float | None, step_s: float = RAMP_STEP_S, peaks: str = "") -> str:
     """The canonical key of one calibration (see the rules above)."""
     shape = dataclasses.replace(deployment, host_cache_tokens=0)
-    return json.dumps({"rate": rate_key(shape, scenario.workload, scenario.clients, pool),
-                       "lending": deployment.lending,
-                       "predictor_sha256": predictor_sha256, "reservation_quantile": quantile,
-                       "ramp": {"fractions": list(RAMP_FRACTIONS), "step_s": step_s, "seed": RAMP_SEED},
-                       "record": RECORD_FORMAT},
-                      sort_keys=True)
+    key: dict[str, Any] = {"rate": rate_key(shape, scenario.workload, scenario.clients, pool),
+                           "lending": deployment.lending,
+                           "predictor_sha256": predictor_sha256, "reservation_quantile": quantile,
+                           "ramp": {"fractions": list(RAMP_FRACTIONS), "step_s": step_s, "seed": RAMP_SEED},
+                           "record": RECORD_FORMAT}
+    if peaks:
+        key["peaks"] = peaks
+    return json.dumps(key, sort_keys=True)
 
 
 def calibration_for(deployment: Deployment, pool: Sequence[Session], scenario: Scenario, rate_per_s: float,
                     predictor_sha256: str, quantile: float | None, reservations: Mapping[str, float] | None,
-                    cache: KneeCache) -> tuple[dict[str, Any], str]:
+                    cache: KneeCache, peaks: str = "") -> tuple[dict[str, Any], str]:
     """(calibration record, source): cached for this key, else measured now on the knee ramp and cached.
 
     `reservations` (pool session id -> what it reserves at arrival) are those of the predictor and
     quantile in the key; None for `basin-proto`. `source` is 'cache' or 'measured now'.
     """
-    key = knee_key(deployment, pool, scenario, predictor_sha256, quantile)
+    key = knee_key(deployment, pool, scenario, predictor_sha256, quantile, peaks=peaks)
     record = cache.record(key)
     if record is not None:
         return record, "cache"

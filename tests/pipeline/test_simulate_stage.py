@@ -29,6 +29,7 @@ def test_the_stage_runs_the_headline_row_over_seeds_with_paired_ratios(
     out, headline = tmp_path / "sim" / "metrics.json", tmp_path / "sim" / "goodput.json"
     calibration_path = tmp_path / "sim" / "calibration.json"
     assert stage.main(["--model", str(MODEL), "--sessions", str(tmp_path / "absent.parquet"), "--synthetic",
+                       "--predictions", "in-sample",
                        "--out-metrics", str(out), "--headline", str(headline), "--plot-dir", str(tmp_path / "plots"),
                        "--out-calibration", str(calibration_path), "--ramp-step-s", "300",
                        "--scenario", scenarios[0], "--steady-scenario", scenarios[1], "--seeds", "1", "2",

@@ -111,9 +111,9 @@ def test_compare_runs_ablations_as_rows_each_reservation_kind_on_its_own_knee(
     out, knees = tmp_path / "compare.json", tmp_path / "calibrations.json"
     assert cli_main(["compare", "--scenarios", str(tmp_path / "s.yaml"), "--deployments", str(tmp_path / "d.yaml"),
                      "--policies", "basin", "--ablations", "basin:oracle-peak", "basin:arrival-order", "basin:q0.5",
-                     "--seeds", "1", "--jobs", "1", "--model", str(MODEL), "--synthetic", "--sessions",
-                     str(tmp_path / "absent.parquet"), "--rates-file", str(rates.path), "--calibrations-file",
-                     str(knees), "--out", str(out), "--plot-dir", str(tmp_path / "plots")]) == 0
+                     "--seeds", "1", "--jobs", "1", "--model", str(MODEL), "--predictions", "in-sample",
+                     "--synthetic", "--sessions", str(tmp_path / "absent.parquet"), "--rates-file", str(rates.path),
+                     "--calibrations-file", str(knees), "--out", str(out), "--plot-dir", str(tmp_path / "plots")]) == 0
     png = tmp_path / "plots" / "compare-tiny-surge.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     table = capsys.readouterr().out.splitlines()

@@ -32,6 +32,7 @@ num_decode: 1
 cache: gpu
 """
 RATE = ["--overload-rate", "0.1"]
+IN_SAMPLE = ["--predictions", "in-sample"]  # these tables are made up: no out-of-fold table for them
 
 
 @pytest.fixture
@@ -146,6 +147,7 @@ def test_basin_loads_the_shipped_predictor_and_refuses_a_missing_one(
     model = Path(__file__).resolve().parents[2] / "models" / "peak_predictor.onnx"
     argv = ["run", "--scenario", files["scenario"], "--deployment", files["deployment"], "--policy", "basin",
             "--json", "--quiet", "--sessions", files["sessions"], *RATE, "--no-calibration", "--model", str(model),
+            *IN_SAMPLE,
             "--reservation-scale", "0.6"]
     assert main(argv) == 0
     summary = json.loads(capsys.readouterr().out)
@@ -155,7 +157,7 @@ def test_basin_loads_the_shipped_predictor_and_refuses_a_missing_one(
     assert summary["sessions_arrived"] > 0 and 0 <= summary["sessions_overflowed"] <= summary["sessions_admitted"]
     assert isinstance(summary["revisions"], int)  # counted; applying them is tested in test_basin_policies
     with pytest.raises(SystemExit) as info:
-        main([*argv[:-4], "--model", str(Path(files["dir"]) / "nope.onnx")])
+        main([*argv[:-6], "--model", str(Path(files["dir"]) / "nope.onnx")])
     assert info.value.code == 2
     assert "nope.onnx: no such predictor file" in capsys.readouterr().err
 
@@ -168,7 +170,7 @@ def test_basin_without_a_calibration_file_calibrates_once_and_then_uses_the_cach
     model = Path(__file__).resolve().parents[2] / "models" / "peak_predictor.onnx"
     cache = Path(files["dir"]) / "calibrations.json"
     argv = ["run", "--scenario", files["scenario"], "--deployment", files["deployment"], "--policy", "basin",
-            "--json", "--quiet", "--sessions", files["sessions"], *RATE, "--model", str(model),
+            "--json", "--quiet", "--sessions", files["sessions"], *RATE, "--model", str(model), *IN_SAMPLE,
             "--calibrations-file", str(cache)]
     assert main(argv) == 0
     first = json.loads(capsys.readouterr().out)
@@ -199,7 +201,8 @@ def test_knee_writes_a_calibration_file_the_gateway_reads_and_run_uses_it(
     model = Path(__file__).resolve().parents[2] / "models" / "peak_predictor.onnx"
     out = Path(files["dir"]) / "calibration.json"
     assert main(["knee", "--deployment", files["deployment"], "--sessions", files["sessions"], "--quiet",
-                 "--step-s", "600", "--model", str(model), "--out", str(out), "--rates-file", files["rates"]]) == 0
+                 "--step-s", "600", "--model", str(model), *IN_SAMPLE, "--out", str(out), "--rates-file",
+                 files["rates"]]) == 0
     printed = capsys.readouterr().out
     assert printed.count("reserved/working set") == 8  # one line per ramp step
     calibration = load_calibration(out)
@@ -211,7 +214,7 @@ def test_knee_writes_a_calibration_file_the_gateway_reads_and_run_uses_it(
     gate = calibration.latency_gate_s()
     assert gate == pytest.approx(calibration.ttft_plateau_s + 3 * calibration.call_cycle_plateau_s)
     assert main(["run", "--scenario", files["scenario"], "--deployment", files["deployment"], "--policy", "basin",
-                 "--json", "--quiet", "--sessions", files["sessions"], "--model", str(model),
+                 "--json", "--quiet", "--sessions", files["sessions"], "--model", str(model), *IN_SAMPLE,
                  "--calibration", str(out), *RATE]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["knee_tokens"] == calibration.knee_tokens
@@ -222,7 +225,8 @@ def test_knee_writes_a_calibration_file_the_gateway_reads_and_run_uses_it(
                         (["--lending", "decode-memory"], "lending 'none' (served: 'decode-memory')")):
         with pytest.raises(SystemExit) as info:  # r was measured for another quantile / lending: refused, said how
             main(["run", "--scenario", files["scenario"], "--deployment", files["deployment"], "--policy", "basin",
-                  "--quiet", "--sessions", files["sessions"], "--model", str(model), "--calibration", str(out),
+                  "--quiet", "--sessions", files["sessions"], "--model", str(model), *IN_SAMPLE, "--calibration",
+                  str(out),
                   *RATE, *other])
         assert info.value.code == 2
         err = capsys.readouterr().err
@@ -280,3 +284,31 @@ def test_a_shape_and_workload_without_a_recorded_rate_is_measured_once_cached_an
     assert main([*argv[:-2], "--rates-file", str(rates), "--cache", "host"]) == 0  # same shape, host tier
     assert json.loads(capsys.readouterr().out)["overload_rate_per_s"] == 0.12 and measured == [0.12]
     assert first["base_rate_per_s"] == pytest.approx(0.5 * 0.12)
+
+
+def test_basin_takes_each_peak_from_the_out_of_fold_table_by_default_and_names_a_missing_one(
+        files: dict[str, str], capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from basin_runtime.session_table import read_sessions
+
+    model = Path(__file__).resolve().parents[2] / "models" / "peak_predictor.onnx"
+    ids = [s.session_id for s in read_sessions(Path(files["sessions"]))]
+    held = ids[: len(ids) // 2]  # the other half is not in the table: predicted by the shipped model, counted
+    table = tmp_path / "oof.parquet"
+    pq.write_table(pa.table({"session_id": held, "pooled_predicted": [50_000.0] * len(held)}), table)
+    argv = ["run", "--scenario", files["scenario"], "--deployment", files["deployment"], "--policy", "basin",
+            "--json", "--quiet", "--sessions", files["sessions"], *RATE, "--no-calibration", "--model", str(model)]
+    assert main([*argv, "--out-of-fold", str(table)]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["predictions"] == {"out-of-fold": len(held),
+                                      "shipped model, session not in the training table": len(ids) - len(held)}
+    assert summary["revisions"] == 0  # the online model has no out-of-fold counterpart
+    assert main([*argv, "--predictions", "in-sample"]) == 0
+    assert json.loads(capsys.readouterr().out)["predictions"] == {"in-sample": len(ids)}
+    with pytest.raises(SystemExit) as info:
+        main([*argv, "--out-of-fold", str(tmp_path / "absent.parquet")])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "absent.parquet" in err and "make repro" in err and "--predictions in-sample" in err

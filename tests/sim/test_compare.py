@@ -56,7 +56,8 @@ def test_the_grid_runs_every_cell_and_seed_with_a_calibrated_basin(
     out, knees = tmp_path / "compare.json", tmp_path / "calibrations.json"
     argv = ["compare", "--scenarios", str(tmp_path / "s.yaml"), "--deployments", str(tmp_path / "d.yaml"),
             str(tmp_path / "d-host.yaml"), "--policies", "sglang", "basin", "--seeds", "1", "2", "--jobs", "1",
-            "--model", str(MODEL), "--synthetic", "--sessions", str(tmp_path / "absent.parquet"),
+            "--model", str(MODEL), "--predictions", "in-sample", "--synthetic", "--sessions",
+            str(tmp_path / "absent.parquet"),
             "--rates-file", str(rates.path),
             "--calibrations-file", str(knees), "--lending", "none", "decode-memory", "--out", str(out)]
     assert cli_main(argv) == 0
