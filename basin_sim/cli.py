@@ -44,6 +44,7 @@ from basin_sim.predictions import (
     pool_peaks,
     reservation_multipliers,
     reserved_peaks,
+    revision_calls,
 )
 from basin_sim.profile import CacheKind, Deployment
 from basin_sim.simulate import RunSpec, run_scenario
@@ -99,8 +100,8 @@ def _run(args: argparse.Namespace) -> int:
         predictor = load_predictor(args.model)
         peaks, sources = pool_peaks(predictor, pool, args.predictions, args.out_of_fold)
         multipliers = reservation_multipliers(predictor, pool, args.reservation_quantile)
-        revise_at = args.revise_at_calls if args.predictions == "in-sample" else []  # no out-of-fold online model
-        revisions = online_revisions(predictor, pool, peaks, args.reservation_quantile, revise_at)
+        revisions = online_revisions(predictor, pool, peaks, args.reservation_quantile,
+                                     revision_calls(args.predictions, args.revise_at_calls))
     calibration, calibration_source = _calibration(args, deployment), "given"
     if args.policy in ("basin", "basin-proto") and calibration is None:
         if args.no_calibration:

@@ -55,6 +55,7 @@ from basin_sim.predictions import (
     pool_peaks,
     reservation_multipliers,
     reserved_peaks,
+    revision_calls,
 )
 from basin_sim.profile import Deployment
 from basin_sim.simulate import RunSpec, run_scenario
@@ -259,9 +260,9 @@ def _cells(args: argparse.Namespace, grids: Sequence[Grid]) -> tuple[dict[CellKe
                                                                                args.out_of_fold)
                 if sources:
                     print(f"{scenario.name}: peaks {sources}", file=sys.stderr)
-                    tag = peaks_tag(args.predictions, args.out_of_fold)
+                    tag = tag or peaks_tag(args.predictions, args.out_of_fold)
                 multipliers = {} if predictor is None else reservation_multipliers(predictor, pool, q)
-                revise_at = args.revise_at_calls if args.predictions == "in-sample" else []  # no out-of-fold online
+                revise_at = revision_calls(args.predictions, args.revise_at_calls)
                 revisions = {} if predictor is None else online_revisions(predictor, pool, peaks, q, revise_at)
                 swept = {} if predictor is None else {
                     sq: (reservation_multipliers(predictor, pool, sq),

@@ -95,13 +95,19 @@ def pool_peaks(predictor: BatchPredictor, pool: Sequence[Session], source: str,
 
 
 def peaks_tag(source: str, out_of_fold: Path = DEFAULT_OUT_OF_FOLD) -> str:
-    """What a knee calibration's peaks depend on beyond the model file: '' in-sample, else the table's digest."""
+    """What a knee calibration's peaks depend on beyond the model file: '' in-sample, else the table's digest
+    (called once `pool_peaks` has read the table, so the file is known to be there)."""
     if source == "in-sample":
         return ""
     from basin_runtime.model_files import file_sha256
 
-    load_out_of_fold(out_of_fold)  # a missing or unreadable table: the PredictionsError that names it
     return f"out-of-fold:{file_sha256(out_of_fold)}"
+
+
+def revision_calls(source: str, calls: Sequence[int]) -> Sequence[int]:
+    """The calls at which Basin re-estimates a peak: `calls` in-sample; none out of fold (the online model has
+    no out-of-fold counterpart)."""
+    return calls if source == "in-sample" else ()
 
 
 def add_predictions_source(parser: argparse.ArgumentParser) -> None:

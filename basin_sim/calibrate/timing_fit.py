@@ -102,7 +102,7 @@ def axis(low: float, high: float, points: int) -> list[float]:
 
 def grid(ranges: Mapping[str, tuple[float, float]], points: int) -> list[tuple[float, float]]:
     """Log-spaced points over both ranges."""
-    axes = [axis(*ranges[key], points) for key in ("reasoning_scale", "harness_scale")]
+    axes = [axis(*ranges[key], points) for key in serving.SCALES]
     return [(r, h) for r, h in itertools.product(*axes)]
 
 
@@ -110,7 +110,7 @@ def refined(ranges: Mapping[str, tuple[float, float]], points: int,
             best: tuple[float, float]) -> dict[str, tuple[float, float]]:
     """The ranges between the best point's neighbours on the coarse axes (clipped to the free ranges)."""
     out = {}
-    for key, value in zip(("reasoning_scale", "harness_scale"), best, strict=True):
+    for key, value in zip(serving.SCALES, best, strict=True):
         values = axis(*ranges[key], points)
         k = values.index(value)
         out[key] = (values[max(0, k - 1)], values[min(len(values) - 1, k + 1)])
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
                    "error": {k: round(best["mean"][k] / t - 1.0, 4) for k, t in TARGETS.items()}},
         "indistinguishable": {"points": len(alike), "within_loss": round(best["loss"] + 2 * best["loss_noise"], 5),
                               **{key: [min(p[key] for p in alike), max(p[key] for p in alike)]
-                                 for key in ("reasoning_scale", "harness_scale")}},
+                                 for key in serving.SCALES}},
     }
     if args.check_seeds:
         point = [(best["reasoning_scale"], best["harness_scale"])]

@@ -38,6 +38,7 @@ from basin_runtime.session_table import Session
 SERVING_DIR = Path(__file__).resolve().parent / "serving"
 RECORDED = "recorded"
 DEFAULT_HARNESS = "default"  # the harness model of a benchmark the file does not list
+SCALES = ("reasoning_scale", "harness_scale")  # a timing's free parameters
 
 
 class TimingError(ValueError):
@@ -135,17 +136,11 @@ def _lognormal(path: Path, where: str, raw: object) -> CappedLogNormal:
     needed = {"median", "sigma", "max"}
     if not isinstance(raw, Mapping) or set(raw) - needed - {"source"} or not needed <= set(raw):
         raise TimingError(f"timing file {path}: {where} needs median, sigma, max (and an optional source), got {raw!r}")
-    values = {}
-    for key in ("median", "sigma", "max"):
-        value = raw[key]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-            raise TimingError(f"timing file {path}: {where}.{key} must be a finite number >= 0, got {value!r}")
-        values[key] = float(value)
-    return CappedLogNormal(**values)
+    return CappedLogNormal(**{key: check_scale(f"timing file {path}", f"{where}.{key}", raw[key]) for key in needed})
 
 
 def check_scale(path: Path | str, key: str, value: object) -> float:
-    """A scale as a float, or TimingError naming where it came from."""
+    """A finite number >= 0 (a scale, a median, a cap) as a float, or TimingError naming where it came from."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         raise TimingError(f"{path}: {key} must be a finite number >= 0, got {value!r}")
     return float(value)
@@ -158,7 +153,7 @@ def fitted_scales(path: Path) -> dict[str, float] | None:
         return None
     data = _read(fit)
     fitted = data.get("fitted")
-    if not isinstance(fitted, Mapping) or set(fitted) != {"reasoning_scale", "harness_scale"}:
+    if not isinstance(fitted, Mapping) or set(fitted) != set(SCALES):
         raise TimingError(f"fit file {fit}: needs fitted: {{reasoning_scale, harness_scale}}, got {fitted!r}")
     return {key: check_scale(fit, f"fitted.{key}", value) for key, value in fitted.items()}
 
@@ -197,7 +192,7 @@ def free_parameters(name: str) -> dict[str, tuple[float, float]]:
     """The free parameters of a timing file and the range each may be fitted in (its `free` block)."""
     path = timing_path(name)
     free = _read(path).get("free")
-    if not isinstance(free, Mapping) or set(free) != {"reasoning_scale", "harness_scale"}:
+    if not isinstance(free, Mapping) or set(free) != set(SCALES):
         raise TimingError(f"timing file {path}: free must list reasoning_scale and harness_scale, got {free!r}")
     ranges = {}
     for key, raw in free.items():
