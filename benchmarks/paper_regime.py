@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                         choices=["rates", "hysteresis", "knee"])
     parser.add_argument("--timing", default=TIMING)
     parser.add_argument("--seeds", nargs="+", type=int, default=list(range(1, 11)))
-    parser.add_argument("--knee-seeds", nargs="+", type=int, default=[1, 2, 3])
+    parser.add_argument("--knee-seeds", nargs="+", type=int, default=list(range(1, 11)))
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("data/sim/paper_regime.json"))
     parser.add_argument("--plots", type=Path)
