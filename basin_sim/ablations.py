@@ -3,7 +3,8 @@
 # Rules:
 # - An ablation is a row label ("basin:<part>") for the registered `basin` policy with one change:
 #   what a session reserves (`reservation`), whether the online re-estimates apply (`revisions`),
-#   or `PolicyConfig` fields set by hand (`overrides`, as the gateway config's `policy:` section).
+#   whether the latency gate is on (`latency_gate`), or `PolicyConfig` fields set by hand (`overrides`,
+#   as the gateway config's `policy:` section). `basin` itself is the paper's Basin (no latency gate).
 # - Reservations: "predicted" (m(q) x the ONNX prediction, as served), "oracle-peak" (each session's
 #   true peak: an oracle, never servable), "benchmark-constant" (every session of a benchmark
 #   reserves that benchmark's q-quantile of the pool's peaks: no predictor; in-sample, so its cover
@@ -13,15 +14,15 @@
 #   Priority follows the same peak (arrival + peak / tokens_per_s).
 # - Each reservation kind is calibrated on its own knee ramp (its r), keyed by `calibration_tag`, so
 #   the budget is in the unit that kind sums.
-# - Latency gate off ("basin:no-latency-gate"): admission engages on the working set against B / r
-#   alone, as the paper has it, however fast the engines still answer.
+# - Latency gate on ("basin:latency-gate", beyond the paper; the gateway's --latency-gate): the working
+#   set engages admission only while the engines' windowed first-token latency reaches the
+#   calibration's gate (plateau latency + 3 call cycles).
 # - The quantile sweep ("basin:q<q>"): reserve m(q) x the prediction for another q than the served
 #   one while the budget stays the served calibration's (r measured at the served q). B in tokens is
 #   then the same for every q, so what varies is how much of it each session takes: a larger q
 #   reserves more per session and admits fewer into the same budget. (Re-measuring r at each q would
 #   scale B with m(q) and hold the admitted working set at the knee whatever q is: no sweep at all.)
-#   The sweep runs without the latency gate (its q = 0.9 row is "basin:no-latency-gate"): behind the
-#   gate admission may never engage, and then q changes nothing but who outgrows their reservation.
+#   The sweep runs without the latency gate, as `basin` does (its q = 0.9 row is `basin`).
 # - Size-aware priority off: tokens_per_s so large that the priority is the arrival time.
 #   Adaptive budget off: the budget's bounds are both 1 (it never moves). Shedding off: no peak
 #   completion rate. Admission off: a budget no working set reaches (NO_ADMISSION_BUDGET_TOKENS), so
@@ -54,17 +55,17 @@ class Ablation:
     revisions: bool = True
     overrides: Mapping[str, Any] = field(default_factory=dict)
     quantile: float | None = None  # reserve m(this q) x prediction (None: the served q), budget unchanged
+    latency_gate: bool = False
 
 
 SWEEP_QUANTILES = (0.5, 0.75, 0.95, 0.99)  # beside the served 0.9, within the model files' grid (0.5..0.99)
 ABLATIONS: dict[str, Ablation] = {a.name: a for a in (
-    Ablation("basin", "as served: m(q) x prediction, revisions, size-aware priority, adaptive budget, shedding"),
+    Ablation("basin", "the paper's Basin: m(q) x prediction, size-aware priority, adaptive budget, shedding"),
     Ablation("basin:oracle-peak", "reserves each session's true peak (an oracle)", "oracle-peak", revisions=False),
     Ablation("basin:benchmark-constant", "reserves its benchmark's q-quantile peak (no predictor)",
              "benchmark-constant", revisions=False),
     Ablation("basin:current-context", "reserves only its current context (priority still predicted)",
              "current-context", revisions=False),
-    Ablation("basin:no-revisions", "no online re-estimates", revisions=False),
     Ablation("basin:arrival-order", "size-aware priority off: priority = arrival",
              overrides={"tokens_per_s": ARRIVAL_ORDER_TOKENS_PER_S}),
     Ablation("basin:fixed-budget", "adaptive budget off: the budget never moves",
@@ -72,10 +73,10 @@ ABLATIONS: dict[str, Ablation] = {a.name: a for a in (
     Ablation("basin:no-shedding", "shedding off", overrides={"peak_completion_rate_per_s": None}),
     Ablation("basin:no-admission", "admission off: everyone admitted on arrival (order and priority kept)",
              overrides={"budget_tokens": NO_ADMISSION_BUDGET_TOKENS}),
-    Ablation("basin:no-latency-gate", "admission engages on the working set alone (the paper's rule), whatever the "
-             "engines' latency", overrides={"latency_gate_s": None}),
-    *(Ablation(f"basin:q{q:g}", f"no latency gate, reserving m({q:g}) x prediction in the budget measured at the "
-               "served q", overrides={"latency_gate_s": None}, quantile=q) for q in SWEEP_QUANTILES),
+    Ablation("basin:latency-gate", "beyond the paper: the working set engages admission only while the engines' "
+             "first-token latency reaches the calibration's gate", latency_gate=True),
+    *(Ablation(f"basin:q{q:g}", f"reserving m({q:g}) x prediction in the budget measured at the served q",
+               quantile=q) for q in SWEEP_QUANTILES),
 )}
 
 

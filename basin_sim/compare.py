@@ -66,8 +66,11 @@ POLICIES = ("sglang", "hicache", "continuum", "budgeter", "basin-proto", "basin"
 DEFAULT_SEEDS = tuple(range(1, 11))
 KEPT = ("scenario", "deployment", "lending", "policy", "seed", "goodput_per_hour", "hit_rate_pre", "hit_rate_post",
         "sessions_arrived", "sessions_shed", "shed_share", "sessions_abandoned", "first_call_wait_p50_s",
-        "ttft_p50_post_s", "recovered_after_s", "is_stuck", "suspensions")
+        "ttft_p50_post_s", "recovered_after_s", "is_stuck", "suspensions", "held_cache_share", "pin_answer_share",
+        "pin_ttl_mean_s", "pin_tool_time_share", "pin_queue_delay_s")
 CellKey = tuple[str, str, str]  # scenario, deployment, lending
+# what Continuum's pins did (None for a policy that never pins), averaged over seeds
+PIN_COLUMNS = ("held_cache_share", "pin_tool_time_share", "pin_ttl_mean_s", "pin_queue_delay_s")
 
 
 @dataclass(frozen=True)
@@ -134,7 +137,8 @@ def _run(key: CellKey, label: str, seed: int, knee: dict[str, Any] | None) -> di
                   reservation_multipliers=multipliers,
                   reservation_quantile=q if policy == "basin" else None,
                   revisions=revisions if policy == "basin" and (variant is None or variant.revisions) else {},
-                  policy_overrides=variant.overrides if variant is not None else {})
+                  policy_overrides=variant.overrides if variant is not None else {},
+                  latency_gate=variant is not None and variant.latency_gate)
     summary = run_scenario(run, cell.pool).summary
     return {**{k: summary[k] for k in KEPT}, "policy": label}
 
@@ -163,7 +167,8 @@ def aggregate(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str, str, str],
                       "first_call_wait_p50_s": _mean([r["first_call_wait_p50_s"] for r in runs
                                                       if r.get("first_call_wait_p50_s") is not None]),
                       "shed_share": _mean([r["shed_share"] for r in runs if "shed_share" in r]),
-                      "share_stuck": sum(bool(r["is_stuck"]) for r in runs) / len(runs)}
+                      "share_stuck": sum(bool(r["is_stuck"]) for r in runs) / len(runs),
+                      **{key: _mean([r[key] for r in runs if r.get(key) is not None]) for key in PIN_COLUMNS}}
     return cells
 
 
@@ -177,10 +182,11 @@ def _shown(value: float | None, spec: str) -> str:
 
 def markdown(rows: Sequence[dict[str, Any]], policies: Sequence[str]) -> str:
     """One row per (scenario, deployment, lending, policy), policies in the order given: goodput mean ± sd /h,
-    hit-rate drop, first-call wait p50, shed share, share of seeds stuck."""
+    hit-rate drop, first-call wait p50, shed share, share of seeds stuck, and what pins held (Continuum: the
+    share of the cache held between calls, the share of tool time pinned, T)."""
     cells = aggregate(rows)
     lines = ["| scenario | deployment | lending | policy | goodput /h | hit-rate drop (points) | first-call wait p50 "
-             "| shed | stuck |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| shed | stuck | pinned: cache, tool time, T |", "|" + " --- |" * 10]
     seen = dict.fromkeys((s, d, lend) for s, d, lend, _ in cells)
     for scenario, deployment, lending in seen:
         for policy in policies:
@@ -190,8 +196,15 @@ def markdown(rows: Sequence[dict[str, Any]], policies: Sequence[str]) -> str:
             lines.append(f"| {scenario} | {deployment} | {lending} | {policy} | {cell['goodput_mean']:,.0f} ± "
                          f"{cell['goodput_sd']:,.0f} | {_shown(cell['hit_rate_drop_points'], '.1f')} | "
                          f"{_shown(cell['first_call_wait_p50_s'], '.1f')} s | {_shown(cell['shed_share'], '.1%')} | "
-                         f"{cell['share_stuck']:.0%} |")
+                         f"{cell['share_stuck']:.0%} | {_pinned(cell)} |")
     return "\n".join(lines)
+
+
+def _pinned(cell: Mapping[str, Any]) -> str:
+    if cell["pin_tool_time_share"] is None:
+        return "-"
+    return (f"{_shown(cell['held_cache_share'], '.0%')}, {cell['pin_tool_time_share']:.0%}, "
+            f"T {_shown(cell['pin_queue_delay_s'], '.1f')} s")
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@
 #   radix cache as unpinned, evictable KV (SGLang caches an aborted request's computed prefix); this
 #   model appends a call's whole prompt when its hit is decided, so a job aborted mid-way through a
 #   chunked prefill leaves its not-yet-computed chunks counted as cached too (at most the chunks left).
-#   Under Continuum an aborted request of a live session leaves its chain held for `pin_ttl_s`.
+#   An aborted request is never held between calls (Continuum pins only a call that was answered).
 # - A kill ends sessions at once, their requests aborted.
 # - Clients (`clients`, clients.py; None: nobody gives up): an attempt not answered `call_timeout_s`
 #   after it was sent is timed out and aborted; after the client's or the harness's wait the same call
@@ -47,10 +47,12 @@
 #   killed, aborted, abandoned), after the policy heard of it: a closed population starts its next one.
 # - Per timeline bin: arrivals, completions, timeouts, retries and abandonments are counted, and the
 #   state at the bin's end is recorded before the first event at or after it is handled.
-# - Continuum pins (policy.pin_ttl_s set): the prefill cache keeps a session's chain held from its
-#   KV transfer until `pin_ttl_s` after the call's answer; the next call takes the hold over; expired
-#   holds are unpinned whenever the instance forms a batch and on every tick; an ended session's hold
-#   is dropped and its prefill instance may start a batch at once.
+# - Pins between calls (`policy.pins`, a `PinRule`: Continuum): the prefill cache keeps a session's
+#   chain held from its KV transfer until the call's answer, and then for the TTL the rule gives that
+#   answer (`ttl_after_answer_s`, asked at every answer, the last one included; 0: unpinned at once);
+#   the next call takes the hold over; expired holds are unpinned whenever the instance forms a batch
+#   and on every tick; an ended session's hold is dropped and its prefill instance may start a batch at
+#   once. The rule is told when each call is scheduled (`on_scheduled`: its prefill starts).
 # - Lending (deployment.lending == 'decode-memory', a deployment switch whatever the policy): after
 #   each answer but the last, the decode instance keeps prompt + completion tokens of KV in idle
 #   memory if they fit there, under the ledger's cap (50% of its memory, oldest dropped first); lent
@@ -135,7 +137,7 @@ class Engine:
                        for i in range(deployment.num_decode)]
         self.prefill_router = CacheAwareRouter(deployment.num_prefill, seed=router_seed)
         self.decode_router = CacheAwareRouter(deployment.num_decode, seed=router_seed + 1)
-        self.pin_ttl_s = policy.pin_ttl_s
+        self.pins = policy.pins
         self.ledger: LendingLedger | None = None
         if deployment.lending == "decode-memory":
             self.ledger = LendingLedger(LEND_CAP_FRACTION)
@@ -276,6 +278,7 @@ class Engine:
             cache_device_tokens=sum(c.device_used_tokens for c in caches),
             cache_host_tokens=sum(c.host_used_tokens for c in caches),
             cache_pinned_tokens=sum(c.pinned_tokens for c in caches),
+            cache_held_tokens=sum(c.held_tokens for c in caches) if self.pins is not None else 0,
             prefill_waiting=sum(p.num_waiting for p in self.prefill),
             decode_queued=sum(d.num_queued for d in self.decode),
             decode_running=sum(d.batch_size for d in self.decode),
@@ -385,7 +388,7 @@ class Engine:
         return self.latency_window.median_s(self.now, waiting)
 
     def _on_tick(self, _: object) -> None:
-        if self.pin_ttl_s is not None:
+        if self.pins is not None:
             for prefill in self.prefill:
                 if prefill.cache.expire_holds(self.now):
                     self._kick(prefill)
@@ -531,7 +534,7 @@ class Engine:
         return max(0, fetched_end - job.device_hit_tokens - job.host_hit_tokens)
 
     def _kick(self, prefill: PrefillInstance) -> None:
-        if self.pin_ttl_s is not None:
+        if self.pins is not None:
             prefill.cache.expire_holds(self.now)
         batch = prefill.start_batch(self.now)
         if batch is None:
@@ -540,6 +543,8 @@ class Engine:
             self._requests[job.request_id].stage = Stage.PREFILLING
             self.timeline.record_prefill(self.now, job.prompt_tokens, job.device_hit_tokens,
                                          job.host_hit_tokens + job.storage_hit_tokens)
+            if self.pins is not None:
+                self.pins.on_scheduled(job.session_key, self.now)
         self._at(batch.ends_s, _PREFILL_DONE, prefill)
 
     def _on_prefill_done(self, prefill: PrefillInstance) -> None:
@@ -561,7 +566,7 @@ class Engine:
     def _on_transfer_done(self, request: Request) -> None:
         if request.is_aborted:  # aborted during the transfer: it gave everything back then
             return
-        hold_until_s = None if self.pin_ttl_s is None else math.inf  # Continuum: held until TTL after the answer
+        hold_until_s = None if self.pins is None else math.inf  # pinned: held until the TTL after the answer
         request.prefill.cache.release(request.run.spec.session_id, self.now, hold_until_s)
         self._kick(request.prefill)
         run = request.run
@@ -609,8 +614,10 @@ class Engine:
             self.storage.offload_answer(job.session_key, job.prompt_tokens, slot.completion_tokens)
         run = request.run
         run.request, run.attempt = None, 0
+        context_tokens, pins = job.prompt_tokens + slot.completion_tokens, self.pins
+        ttl_s = 0.0 if pins is None else pins.ttl_after_answer_s(run.spec.session_id, self.now, context_tokens)
         if run.next_call + 1 < run.spec.session.n_calls:
-            self._keep_kv(request, slot)
+            self._keep_kv(request, slot, ttl_s)
         run.steps += slot.steps
         run.good_steps += slot.good_steps
         run.next_call += 1
@@ -621,11 +628,14 @@ class Engine:
 
     # --- pins and lending ---------------------------------------------------------------------------
 
-    def _keep_kv(self, request: Request, slot: DecodeSlot) -> None:
-        """After an answer that is not the session's last: start the TTL hold, lend decode's copy."""
+    def _keep_kv(self, request: Request, slot: DecodeSlot, ttl_s: float) -> None:
+        """After an answer that is not the session's last: start the TTL hold (or unpin), lend decode's copy."""
         session_id = request.run.spec.session_id
-        if self.pin_ttl_s is not None:
-            request.prefill.cache.hold(session_id, self.now + self.pin_ttl_s)
+        if self.pins is not None:
+            if ttl_s > 0:
+                request.prefill.cache.hold(session_id, self.now + ttl_s)
+            elif request.prefill.cache.drop_hold(session_id):
+                self._kick(request.prefill)
         if self.ledger is not None:
             tokens = slot.prompt_tokens + slot.completion_tokens
             if tokens <= request.decode.idle_tokens(self.now):
@@ -643,7 +653,7 @@ class Engine:
         return plan.tokens_to_move
 
     def _forget_kv(self, session_id: str) -> None:
-        if self.pin_ttl_s is not None:
+        if self.pins is not None:
             for prefill in self.prefill:
                 if prefill.cache.drop_hold(session_id):
                     self._kick(prefill)  # what the hold pinned may now go to a request waiting for room
@@ -693,9 +703,8 @@ class Engine:
         elif stage == Stage.DECODING:
             request.decode.leave(request.slot, self.now)
             del self._requests[request.request_id]
-            session_id = request.run.spec.session_id
-            if self.pin_ttl_s is not None and request.prefill.cache.is_held(session_id):
-                request.prefill.cache.hold(session_id, self.now + self.pin_ttl_s)  # the TTL runs from the abort
+            if self.pins is not None:
+                request.prefill.cache.drop_hold(request.run.spec.session_id)  # the caller kicks prefill
         self._finish_route(request)  # the client went away: smg stops counting it now, not when it is dropped
         request.run.request = None
 
@@ -706,7 +715,5 @@ class Engine:
         del self._requests[request.request_id]
 
     def _release_chain(self, request: Request) -> None:
-        """Unpin an aborted request's chain; under Continuum a live session keeps it held for the TTL."""
-        live = request.run.status == Status.LIVE
-        hold_until_s = None if self.pin_ttl_s is None or not live else self.now + self.pin_ttl_s
-        request.prefill.cache.release(request.run.spec.session_id, self.now, hold_until_s)
+        """Unpin an aborted request's chain."""
+        request.prefill.cache.release(request.run.spec.session_id, self.now)

@@ -138,12 +138,12 @@ def reserved_peaks(peaks: Mapping[str, float], multipliers: Mapping[str, float],
 
 def add_reservation_quantile(parser: argparse.ArgumentParser, with_revisions: bool = True) -> None:
     """The --reservation-quantile and (`with_revisions`) --revise-at-calls options, as the gateway's (default
-    0.9; 3 and 5)."""
+    0.9; never)."""
     if with_revisions:
         parser.add_argument("--revise-at-calls", type=int, nargs="*", default=list(DEFAULT_REVISE_AT_CALLS),
                             metavar="K",
-                            help="basin: re-estimate a session's peak at these calls with the online model beside "
-                            "the model file (default 3 5, as the gateway; none given: never)")
+                            help="basin, beyond the paper: re-estimate a session's peak at these calls with the online "
+                            "model beside the model file (default: never, as the gateway; e.g. 3 5; in-sample only)")
     from basin_runtime.predictor import reservation_quantile_arg
 
     parser.add_argument("--reservation-quantile", type=reservation_quantile_arg, default=DEFAULT_RESERVATION_QUANTILE,
@@ -153,7 +153,7 @@ def add_reservation_quantile(parser: argparse.ArgumentParser, with_revisions: bo
 
 
 Revisions = dict[str, dict[int, tuple[float, float]]]
-DEFAULT_REVISE_AT_CALLS = (3, 5)  # the gateway's default (`GatewayConfig.revise_at_calls`)
+DEFAULT_REVISE_AT_CALLS: tuple[int, ...] = ()  # the gateway's default (`GatewayConfig.revise_at_calls`): never
 
 
 def online_revisions(predictor: ReservingPredictor, pool: Sequence[Session], peaks: Mapping[str, float],

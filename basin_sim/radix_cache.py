@@ -167,6 +167,11 @@ class RadixCache:
         return Hit(device, host)
 
     @property
+    def held_tokens(self) -> int:
+        """Device tokens of the chains held between calls (O(holds))."""
+        return sum(self._chains[key].device_tokens for key in self._holds)
+
+    @property
     def evictable_tokens(self) -> int:
         """Device tokens that eviction could free (everything not pinned)."""
         return self.device_used_tokens - self.pinned_tokens

@@ -22,6 +22,10 @@
 #   minute's end, counts over the minute (`retries`: attempts after a call's first); `ttft_p50_s` is
 #   from a call's first send, so a call retried after a timeout counts its whole wait.
 # - `prefill_share`: by prefill index, its share of the requests the prefill router sent (attempts).
+# - Pins between calls (Continuum): `held_tokens_mean`, the device tokens held between calls averaged
+#   over the goodput window's ticks, and `held_cache_share`, that over the prefill caches' capacity;
+#   the policy's `pin_report` (`PIN_KEYS`: answers, the share pinned, the mean TTL, the share of tool
+#   time pinned, T and eta at the end, evicted re-entries measured), None for a policy that never pins.
 """The summary of one run: goodput, hit rates, waits, recovery, per-minute timeline, prefill shares."""
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ if TYPE_CHECKING:
 RECOVERY_TOLERANCE = 0.05
 STUCK_MINUTES = 10
 STUCK_DROP = 0.15
+PIN_KEYS = ("pin_answers", "pin_answer_share", "pin_ttl_mean_s", "pin_tool_time_share", "pin_queue_delay_s",
+            "pin_eta", "pin_evicted_reentries")  # ContinuumPolicy.pin_report's; None for a policy that never pins
 
 
 def _median(values: Sequence[float]) -> float | None:
@@ -83,6 +89,11 @@ def summarize(spec: RunSpec, engine: Engine, outcomes: Sequence[SessionOutcome],
     }
     report = getattr(engine.policy, "reservation_report", None)
     summary.update(report() if report is not None else {"sessions_admitted": None, "sessions_overflowed": None})
+    held = timeline.mean_sample("cache_held_tokens", *window)
+    summary["held_tokens_mean"] = held
+    summary["held_cache_share"] = None if held is None else held / summary["cache_tokens"]
+    pins = getattr(engine.policy, "pin_report", None)
+    summary.update(pins() if pins is not None else dict.fromkeys(PIN_KEYS))
     summary["timeline"] = minute_timeline(spec, engine)
     return summary
 

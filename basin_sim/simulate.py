@@ -40,7 +40,7 @@ from basin_sim.clients import ClosedPopulation
 from basin_sim.engine import Engine
 from basin_sim.goodput import SLOWDOWN_LIMIT, SessionOutcome
 from basin_sim.lifecycle import SessionRun, SessionSpec
-from basin_sim.policies import PolicyContext, make_policy, policy_spec
+from basin_sim.policies import PolicyContext, make_policy
 from basin_sim.profile import Deployment
 from basin_sim.run_summary import summarize
 from basin_sim.timeline import Timeline
@@ -80,8 +80,9 @@ class RunSpec:
     # basin: pool session id -> call k -> (re-estimated peak, m_k(q)) (`predictions.online_revisions`)
     revisions: Mapping[str, Mapping[int, tuple[float, float]]] = field(default_factory=dict)
     calibration: Calibration | None = None  # basin: what the operator measured; None: knee = capacity
-    pin_ttl_s: float | None = None  # continuum TTL; None: Continuum's own rule (policies/continuum_ttl.py)
+    pin_ttl_s: float | None = None  # continuum: a fixed TTL for every pin; None: its online rule (continuum_ttl.py)
     policy_overrides: Mapping[str, Any] = field(default_factory=dict)  # basin: PolicyConfig fields (ablations)
+    latency_gate: bool = False  # basin: the calibration's latency gate (beyond the paper)
 
     @property
     def base_rate_per_s(self) -> float:
@@ -141,7 +142,7 @@ def _run_scenario(spec: RunSpec, pool: Sequence[Session], progress: ProgressCall
     timeline = Timeline(spec.bin_s)
     end_s = scenario.engine_s(scenario.duration_s)
     population = _population(scenario, pool, spec.seed, end_s)
-    engine = Engine(spec.deployment, make_policy(spec.policy_name, policy_context(spec, sessions or pool_specs(pool))),
+    engine = Engine(spec.deployment, make_policy(spec.policy_name, policy_context(spec)),
                     timeline=timeline, tick_s=spec.tick_s, router_seed=spec.seed, clients=scenario.clients,
                     client_seed=spec.seed, on_session_over=None if population is None else population.session_over)
     if population is not None:
@@ -164,12 +165,6 @@ def _run_scenario(spec: RunSpec, pool: Sequence[Session], progress: ProgressCall
     return RunResult(spec, summarize(spec, engine, outcomes, len(pool)), timeline, outcomes)
 
 
-def pool_specs(pool: Sequence[Session]) -> list[SessionSpec]:
-    """The pool as specs (arrival 0): what a closed population may start."""
-    shared = shared_prefix_tokens(pool)
-    return [to_spec(s.session_id, s, 0.0, shared) for s in pool]
-
-
 def _population(scenario: Scenario, pool: Sequence[Session], seed: int, stop_s: float) -> ClosedPopulation | None:
     if scenario.population is None:
         return None
@@ -179,19 +174,12 @@ def _population(scenario: Scenario, pool: Sequence[Session], seed: int, stop_s: 
                             stop_s=stop_s)
 
 
-def tool_calls(sessions: Sequence[SessionSpec]) -> tuple[tuple[tuple[float, int], ...], ...]:
-    """Per session: (tool gap, prompt tokens of the call before it) for each gap, in call order."""
-    return tuple(tuple((gap, call.prompt_tokens) for gap, call in zip(s.gaps_s, s.session.calls, strict=False))
-                 for s in sessions)
-
-
-def policy_context(spec: RunSpec, sessions: Sequence[SessionSpec]) -> PolicyContext:
-    """What the run's policy is told (Continuum: these sessions' tool gaps and prompts, for its TTL rule)."""
-    calls = tool_calls(sessions) if policy_spec(spec.policy_name).needs_tool_calls else ()
+def policy_context(spec: RunSpec) -> PolicyContext:
+    """What the run's policy is told."""
     return PolicyContext(spec.deployment, spec.predicted_peak_tokens, spec.reservation_scale,
                          calibration=spec.calibration, pin_ttl_s=spec.pin_ttl_s,
                          reservation_multipliers=spec.reservation_multipliers, revisions=spec.revisions,
-                         tool_calls=calls, policy_overrides=spec.policy_overrides)
+                         policy_overrides=spec.policy_overrides, latency_gate=spec.latency_gate)
 
 
 class ArrivalFeed:

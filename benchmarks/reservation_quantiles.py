@@ -4,7 +4,7 @@
     python benchmarks/reservation_quantiles.py --scenario surge-100 --seeds 1 2 3
 
 Each session reserves m(q) x its predicted peak, m from the shipped pooled model's file for its
-benchmark, revised at calls 3 and 5 with the file's online model (as the gateway does). The budget
+benchmark, revised at calls 3 and 5 with the file's online model (the gateway's --revise-at-calls 3 5). The budget
 is B = r x 0.9 x knee, r the reservation ratio measured on the knee ramp (first-call reservations
 over contexts of the live sessions):
 - `r fixed`: r from the ramp at the served q (0.9) for every q: a larger q reserves more per session
@@ -75,7 +75,7 @@ def _run(job: tuple[str, str, str, float, int, dict[str, Any]]) -> dict[str, Any
     summary = run_scenario(RunSpec(
         scenario, deployment, "basin", seed, rate, predicted_peak_tokens=peaks,
         reservation_multipliers=reservation_multipliers(predictor, pool, q), reservation_quantile=q,
-        revisions=online_revisions(predictor, pool, peaks, q),
+        revisions=online_revisions(predictor, pool, peaks, q, (3, 5)),
         calibration=calibration_from_mapping(calibration, "the knee ramp")), pool).summary
     admitted = summary["sessions_admitted"]
     return {"admitted": admitted, "overflow": summary["sessions_overflowed"] / admitted if admitted else 0.0,

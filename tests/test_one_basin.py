@@ -47,7 +47,7 @@ def _engine(calibration: Path, policy_name: str) -> Engine:
     deployment = spec.build("gpu")
     run = RunSpec(catalog.load_scenario("steady"), deployment, policy_name, 1, 0.4,
                   predicted_peak_tokens={"s": 10_000.0}, calibration=load_calibration(calibration))
-    return Engine(deployment, make_policy(policy_name, policy_context(run, [])))
+    return Engine(deployment, make_policy(policy_name, policy_context(run)))
 
 
 def _rates(window: HitRateWindow) -> list[float | None]:

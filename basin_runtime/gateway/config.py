@@ -45,7 +45,7 @@ from basin_runtime.policy.hit_rate import DEFAULT_MIN_PROMPT_TOKENS, DEFAULT_WIN
 from basin_runtime.predictor import reservation_quantile_arg
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
-DEFAULT_REVISE_AT_CALLS = (3, 5)
+DEFAULT_REVISE_AT_CALLS: tuple[int, ...] = ()  # the paper's Basin never revises (beyond it: --revise-at-calls 3 5)
 UPSTREAM_CLIENTS = ("httptools", "aiohttp", "httpx")
 
 
@@ -70,6 +70,7 @@ class GatewayConfig:
     host: str = "127.0.0.1"
     port: int = 8080
     always_engaged: bool = False
+    latency_gate: bool = False
     session_header: str = "X-Session-ID"
     workload_header: str = "X-Basin-Workload"
     idle_timeout_s: float = 600.0
@@ -250,7 +251,7 @@ _CHECKS: dict[str, Callable[[str, object], object]] = {
     "upstream": _upstream, "model": _models, "reservation_quantile": _quantile, "revise_at_calls": _calls,
     "budget_tokens": _int,
     "calibration": _str, "host": _str,
-    "port": _int, "always_engaged": _bool, "session_header": _str, "workload_header": _str,
+    "port": _int, "always_engaged": _bool, "latency_gate": _bool, "session_header": _str, "workload_header": _str,
     "idle_timeout_s": _seconds, "tick_interval_s": _seconds, "upstream_timeout_s": _seconds,
     "upstream_connect_timeout_s": _seconds, "upstream_client": _upstream_client, "retry_after_s": _seconds,
     "keep_alive_s": _seconds, "admin_token": _str, "insecure_admin": _bool,
@@ -290,13 +291,16 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"reserve m(Q) x the predicted peak, m from the model file, so a share Q of sessions fit their "
              f"reservation (default {_default('reservation_quantile')}; 'none' reserves the bare prediction)")
     add("--revise-at-calls", type=int, nargs="*", metavar="K",
-        help=f"re-estimate a session's peak at these calls with the online model beside the model file "
-             f"(default {' '.join(str(k) for k in DEFAULT_REVISE_AT_CALLS)}; none given: never)")
+        help="beyond the paper: re-estimate a session's peak at these calls with the online model beside the model "
+             "file (default: never, as the paper's Basin; e.g. 3 5)")
     add("--budget-tokens", type=int, metavar="N", help="reference cache budget in tokens (wins over --calibration)")
     add("--calibration", metavar="FILE",
         help="JSON: knee_tokens, cache_capacity_tokens [, hit_rate_plateau, peak_completion_rate_per_s, "
              "reservation_ratio]")
     add("--always-engaged", action="store_true", help="queue every arrival, even while under the budget")
+    add("--latency-gate", action="store_true",
+        help="beyond the paper: the working set engages admission only while the engines' first-token latency "
+             "reaches the calibration's gate (plateau latency + 3 call cycles; off by default)")
     add("--session-header", metavar="NAME",
         help=f"header holding the session id (default {_default('session_header')})")
     add("--workload-header", metavar="NAME",
@@ -497,6 +501,6 @@ def gateway_policy_config(config: GatewayConfig, calibration: Calibration | None
         raise ConfigError("no budget: give --budget-tokens N or --calibration FILE")
     try:
         return policy_config(calibration, {"always_engaged": config.always_engaged, **config.policy},
-                             budget_tokens=config.budget_tokens)
+                             budget_tokens=config.budget_tokens, latency_gate=config.latency_gate)
     except (PolicyError, TypeError) as exc:
         raise ConfigError(f"policy configuration: {exc}") from exc

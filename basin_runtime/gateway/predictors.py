@@ -12,8 +12,8 @@
 #   without multipliers, or a q off their grid, stops start-up naming the file. Without q (None), and
 #   for models without a `multiplier` (test doubles that only predict), m = 1.
 # - Revisions: a model file with an online model beside it (`basin_runtime/online.py`) re-estimates
-#   a session's peak at the configured calls (`revise_at_calls`, default 3 and 5) from its first-call
-#   prediction and its calls so far, reserving m_k(q) x the re-estimate; a file without one never
+#   a session's peak at the configured calls (`revise_at_calls`; none by default: beyond the paper) from its
+#   first-call prediction and its calls so far, reserving m_k(q) x the re-estimate; a file without one never
 #   revises (a warning at start-up names it).
 """Predictor selection by workload."""
 

@@ -10,13 +10,14 @@
 #   contexts in prototype mode, so r does not apply there (r = 1). This is the only place that
 #   turns a calibration into a budget; the gateway and the simulator both call it.
 # - `policy_config(calibration, overrides)`: the measured plateau, peak completion rate and (basin
-#   mode) reservation ratio, so admission engages on the working set against B / r, and, when the
-#   ramp measured the plateau's first-token latency and call cycle, the latency gate: the first-token
-#   latency at which the median session would miss goodput's deadline (`Calibration.latency_gate_s`;
-#   the working set engages admission only while the engines are that slow); then the
-#   overrides (any `PolicyConfig` field, e.g. a config file's `policy:` section), then an explicit
-#   budget if one is given. Neither calibration nor budget is an error. A bad value raises
+#   mode) reservation ratio, so admission engages on the working set against B / r (the paper's rule);
+#   then the overrides (any `PolicyConfig` field, e.g. a config file's `policy:` section), then an
+#   explicit budget if one is given. Neither calibration nor budget is an error. A bad value raises
 #   `PolicyError` naming the field.
+# - The latency gate is beyond the paper and off unless asked for (`latency_gate=True`): then, when the
+#   ramp measured the plateau's first-token latency and call cycle, the working set engages admission
+#   only while the engines are as slow as the first-token latency at which the median session would
+#   miss goodput's deadline (`Calibration.latency_gate_s`). An override `latency_gate_s` sets it by hand.
 # - Pure: no I/O (reading the file is `basin_runtime.calibration`).
 """`Calibration`, the budget it implies, and `policy_config`: one construction for every driver."""
 
@@ -70,8 +71,9 @@ class Calibration:
 
 
 def policy_config(calibration: Calibration | None, overrides: Mapping[str, Any] | None = None, *,
-                  budget_tokens: int | None = None) -> PolicyConfig:
-    """The policy's configuration: measured values, then `overrides`, then an explicit budget."""
+                  budget_tokens: int | None = None, latency_gate: bool = False) -> PolicyConfig:
+    """The policy's configuration: measured values (the latency gate only if asked for), then `overrides`, then an
+    explicit budget."""
     extra = dict(overrides or {})
     unknown = sorted(set(extra) - _CONFIG_FIELDS)
     if unknown:
@@ -89,7 +91,7 @@ def policy_config(calibration: Calibration | None, overrides: Mapping[str, Any] 
                     if getattr(calibration, key) is not None}
         if mode != "prototype":
             measured["reservation_ratio"] = calibration.reservation_ratio
-            gate = calibration.latency_gate_s()
+            gate = calibration.latency_gate_s() if latency_gate else None
             if gate is not None:
                 measured["latency_gate_s"] = gate
     return PolicyConfig(budget_tokens=budget, **{**measured, **extra})

@@ -15,6 +15,9 @@
 # - `on_arrival` is handed the whole recorded session (the simulator has it); a policy that stands for
 #   a real gateway reads only what the gateway sees at the first call: `task_text` and the first
 #   prompt's size. Anything else (the real peak, later calls) is an oracle and must say so in its name.
+# - A policy that pins a session's KV between calls (Continuum) offers a `PinRule` as `pins` (None for
+#   every other policy): the engine asks it, at every answer, how long to hold that call's KV on prefill,
+#   and tells it when each call is scheduled (its prefill starts).
 # - A policy does no I/O and reads time only from `now`.
 """The session-policy protocol, its decisions, and what a policy is built from."""
 
@@ -59,8 +62,8 @@ class PolicyContext:
     a Basin policy applies at the calls they name. `calibration` is what
     the operator measured (the gateway's calibration file; None: nothing measured, the knee taken as
     the cache capacity), `policy_overrides` any `PolicyConfig` fields set by hand (the gateway
-    config's `policy:` section). `pin_ttl_s` is the TTL of a Continuum pin (None: the policy's own
-    default).
+    config's `policy:` section). `pin_ttl_s` is a fixed TTL for every Continuum pin (None: Continuum's own
+    rule, measured online).
     """
 
     deployment: Deployment
@@ -71,16 +74,27 @@ class PolicyContext:
     # pool session id -> call k -> (re-estimated peak, m_k(q)): Basin revises the reservation at call k
     revisions: Mapping[str, Mapping[int, tuple[float, float]]] = field(default_factory=dict)
     policy_overrides: Mapping[str, Any] = field(default_factory=dict)
+    latency_gate: bool = False  # basin: the calibration's latency gate (beyond the paper; `policy_config`)
     pin_ttl_s: float | None = None
-    # Continuum's TTL rule: per run session, (tool gap s, prompt tokens of the call before it) per gap
-    tool_calls: tuple[tuple[tuple[float, int], ...], ...] = ()
+
+
+class PinRule(Protocol):
+    """How long prefill holds a session's KV after each answer, and what it learns from the engine."""
+
+    def ttl_after_answer_s(self, session_id: str, now: float, context_tokens: int) -> float:
+        """A call of the session was answered (its context: prompt + answer); seconds to hold it (0: not at all)."""
+        ...
+
+    def on_scheduled(self, session_id: str, now: float) -> None:
+        """A call of the session was scheduled: its prefill starts now."""
+        ...
 
 
 class SessionPolicy(Protocol):
     """A gateway's decisions about sessions; see the rules at the top of this module."""
 
     name: str
-    pin_ttl_s: float | None  # prefill keeps a session's chain pinned this long after each answer (Continuum)
+    pins: PinRule | None  # prefill holds a session's chain between calls by this rule (Continuum); None: never
 
     def on_arrival(self, session_id: str, now: float, session: Session) -> Decisions:
         """A session arrives; admitting it now is a decision like any other (else it is held at the door)."""
@@ -106,11 +120,9 @@ class SessionPolicy(Protocol):
 
 @dataclass(frozen=True)
 class PolicySpec:
-    """A registered policy: its name, what it is, whether it needs a host tier, how to build it, and whether it
-    reads the run's tool calls (`PolicyContext.tool_calls`, built only for a policy that does)."""
+    """A registered policy: its name, what it is, whether it needs a host tier, and how to build it."""
 
     name: str
     description: str
     uses_host_tier: bool
     factory: Callable[[PolicyContext], SessionPolicy]
-    needs_tool_calls: bool = False

@@ -22,7 +22,8 @@
 #   `basin_runtime.policy.calibrated.policy_config` over the operator's calibration (the gateway's
 #   calibration file) and overrides, so budget, plateau hit rate and shedding rate are the served
 #   ones. With no calibration, the knee is taken as the cache capacity (B = 0.9 x capacity). Shedding
-#   only with a measured peak completion rate.
+#   only with a measured peak completion rate. The latency gate (beyond the paper) only with
+#   `PolicyContext.latency_gate`, as the gateway's `--latency-gate`.
 # - Request priority = the core's fixed session priority (smaller first), for prefill and decode.
 # - Lending is the deployment's switch (`Deployment.lending`), not the policy's: the engine lends or not.
 """`basin` and `basin-proto`: the Basin policy core as a simulator policy."""
@@ -35,7 +36,7 @@ from collections.abc import Mapping
 from basin_runtime.policy import Admitted, Event, Policy, PolicyConfig, PolicyMode, Shed
 from basin_runtime.policy.calibrated import Calibration, policy_config
 from basin_runtime.session_table import Session
-from basin_sim.policies.base import NO_DECISIONS, Decisions, PolicyContext, PolicySpec
+from basin_sim.policies.base import NO_DECISIONS, Decisions, PinRule, PolicyContext, PolicySpec
 
 
 class MissingPredictionError(KeyError):
@@ -53,7 +54,8 @@ def calibration_for(context: PolicyContext) -> Calibration:
 
 def config_for(context: PolicyContext, mode: PolicyMode) -> PolicyConfig:
     """The policy core's configuration: `policy_config` as the gateway calls it, in this mode."""
-    return policy_config(calibration_for(context), {**context.policy_overrides, "mode": mode})
+    return policy_config(calibration_for(context), {**context.policy_overrides, "mode": mode},
+                         latency_gate=context.latency_gate)
 
 
 class BasinPolicy:
@@ -64,7 +66,7 @@ class BasinPolicy:
                  revisions: Mapping[str, Mapping[int, tuple[float, float]]] | None = None) -> None:
         self.name = name
         self.core = core
-        self.pin_ttl_s: float | None = None
+        self.pins: PinRule | None = None
         self._peaks = predicted_peak_tokens
         self._scale = reservation_scale
         self._multipliers = dict(reservation_multipliers or {})

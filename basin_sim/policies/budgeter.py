@@ -26,7 +26,7 @@ import collections
 import itertools
 
 from basin_runtime.session_table import Session
-from basin_sim.policies.base import NO_DECISIONS, Decisions, PolicyContext, PolicySpec
+from basin_sim.policies.base import NO_DECISIONS, Decisions, PinRule, PolicyContext, PolicySpec
 
 RESUME_FRACTION = 0.9
 
@@ -40,7 +40,7 @@ class BudgeterPolicy:
         if not 0 < resume_fraction <= 1:
             raise ValueError(f"budgeter resume_fraction must be in (0, 1], got {resume_fraction!r}")
         self.name = "budgeter"
-        self.pin_ttl_s: float | None = None
+        self.pins: PinRule | None = None
         self.pool_tokens = pool_tokens
         self.resume_below_tokens = resume_fraction * pool_tokens
         self._seq = itertools.count()

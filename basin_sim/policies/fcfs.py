@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from basin_runtime.session_table import Session
-from basin_sim.policies.base import NO_DECISIONS, Decisions, PolicyContext, PolicySpec
+from basin_sim.policies.base import NO_DECISIONS, Decisions, PinRule, PolicyContext, PolicySpec
 
 
 class FcfsPolicy:
@@ -13,7 +13,7 @@ class FcfsPolicy:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.pin_ttl_s: float | None = None
+        self.pins: PinRule | None = None
 
     def on_arrival(self, session_id: str, now: float, session: Session) -> Decisions:
         """Always admit."""

@@ -173,19 +173,26 @@ def test_the_reservation_ratio_scales_the_budget_into_reservation_tokens_except_
     assert (proto.budget_tokens, proto.reservation_ratio) == (90_000, 1.0)
 
 
-def test_the_plateau_latency_and_call_cycle_set_the_latency_gate_in_basin_mode_only(tmp_path: Path) -> None:
+def test_the_latency_gate_is_off_unless_asked_for_and_then_set_by_the_plateau_latency_and_call_cycle(
+        tmp_path: Path) -> None:
     calibration = load_calibration(calibration_file(tmp_path, knee_tokens=100_000, cache_capacity_tokens=10**6,
                                                     ttft_plateau_s=0.25, call_cycle_plateau_s=10.0))
     assert (calibration.ttft_plateau_s, calibration.call_cycle_plateau_s) == (0.25, 10.0)
-    basin = policy_config(parse("--upstream", "http://r:1", "--model", "m.onnx"), calibration)
+    paper = policy_config(parse("--upstream", "http://r:1", "--model", "m.onnx"), calibration)
+    assert paper.latency_gate_s is None  # the paper's Basin: the working set alone engages admission
+    gated = parse("--upstream", "http://r:1", "--model", "m.onnx", "--latency-gate")
     # a session is good within 4x its unloaded time: calls 3 x 10 s slower each and the median one misses it
-    assert basin.latency_gate_s == pytest.approx(30.25)
+    assert policy_config(gated, calibration).latency_gate_s == pytest.approx(30.25)
+    from_file = write(tmp_path / "gate.yaml", "upstream: http://r:1\nmodel: m.onnx\nlatency_gate: true\n")
+    assert policy_config(parse("--config", str(from_file)), calibration).latency_gate_s == pytest.approx(30.25)
     half = load_calibration(calibration_file(tmp_path, knee_tokens=100_000, cache_capacity_tokens=10**6,
                                              ttft_plateau_s=0.25))
-    assert policy_config(parse("--upstream", "http://r:1", "--model", "m.onnx"), half).latency_gate_s is None
-    config_file = write(tmp_path / "proto.yaml", "upstream: http://r:1\nmodel: m.onnx\npolicy: {mode: prototype}\n")
-    assert policy_config(parse("--config", str(config_file)), calibration).latency_gate_s is None  # the paper's rule
-    off = write(tmp_path / "off.yaml", "upstream: http://r:1\nmodel: m.onnx\npolicy: {latency_gate_s: null}\n")
+    assert policy_config(gated, half).latency_gate_s is None  # not measured: no gate to serve
+    config_file = write(tmp_path / "proto.yaml", "upstream: http://r:1\nmodel: m.onnx\nlatency_gate: true\n"
+                                                 "policy: {mode: prototype}\n")
+    assert policy_config(parse("--config", str(config_file)), calibration).latency_gate_s is None  # the prototype's
+    off = write(tmp_path / "off.yaml", "upstream: http://r:1\nmodel: m.onnx\nlatency_gate: true\n"
+                                       "policy: {latency_gate_s: null}\n")
     assert policy_config(parse("--config", str(off)), calibration).latency_gate_s is None  # the operator's word
     with pytest.raises(CalibrationError, match="ttft_plateau_s must be a finite number > 0, got -1"):
         load_calibration(calibration_file(tmp_path, knee_tokens=100_000, cache_capacity_tokens=10**6,

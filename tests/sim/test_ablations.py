@@ -73,8 +73,18 @@ def test_the_quantile_sweep_reserves_m_of_each_q_in_the_served_budget() -> None:
     sweep = [ABLATIONS[name] for name in ABLATIONS if name.startswith("basin:q")]
     assert [a.quantile for a in sweep] == [0.5, 0.75, 0.95, 0.99]
     assert all(a.reservation == "predicted" for a in sweep)  # the served calibration: r fixed
-    assert all(a.overrides == {"latency_gate_s": None} for a in sweep)  # admission engages, so q matters
-    assert ABLATIONS["basin:no-latency-gate"].overrides == {"latency_gate_s": None}
+    assert not any(a.latency_gate or a.overrides for a in sweep)  # the paper's admission, so q matters
+
+
+def test_the_latency_gate_is_an_ablation_beyond_the_paper_and_basin_runs_without_it() -> None:
+    d = deployment(cache_tokens=10_000)
+    calibration = Calibration(8_000.0, 10_000.0, ttft_plateau_s=0.2, call_cycle_plateau_s=4.0)
+    assert not ABLATIONS["basin"].latency_gate and ABLATIONS["basin:latency-gate"].latency_gate
+    paper = make_policy("basin", PolicyContext(d, {"a1": 9_000.0}, calibration=calibration))
+    gated = make_policy("basin", PolicyContext(d, {"a1": 9_000.0}, calibration=calibration, latency_gate=True))
+    assert isinstance(paper, BasinPolicy) and isinstance(gated, BasinPolicy)
+    assert paper.core.config.latency_gate_s is None
+    assert gated.core.config.latency_gate_s == pytest.approx(0.2 + 3 * 4.0)
 
 
 def test_arrival_order_makes_the_priority_the_arrival_and_fixed_budget_never_moves() -> None:

@@ -291,7 +291,7 @@ def test_the_engine_ticks_the_policy_with_the_first_token_latency_and_basin_enga
     sessions = {f"s{k}": session(f"s{k}", [60_000, 61_000]) for k in range(6)}
     peaks = {sid: 100_000.0 for sid in sessions}
     gate = Calibration(1_000.0, 10_000_000.0, ttft_plateau_s=0.1, call_cycle_plateau_s=0.2)  # gate at 0.7 s
-    policy = make_policy("basin", PolicyContext(d, peaks, calibration=gate))
+    policy = make_policy("basin", PolicyContext(d, peaks, calibration=gate, latency_gate=True))
     assert isinstance(policy, BasinPolicy) and policy.core.config.latency_gate_s == pytest.approx(0.7)
     engine = Engine(d, policy, tick_s=1.0)
     for s in sessions.values():

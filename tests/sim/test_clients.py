@@ -29,12 +29,25 @@ from basin_sim.policies import NO_DECISIONS, Decisions, FcfsPolicy
 from tests.sim.builders import deployment, session, spec, with_profile
 
 
+class FixedPins:
+    """Hold every answered call's KV for the same TTL (Continuum's pins with a set TTL)."""
+
+    def __init__(self, ttl_s: float) -> None:
+        self.ttl_s = ttl_s
+
+    def ttl_after_answer_s(self, session_id: str, now: float, context_tokens: int) -> float:
+        return self.ttl_s
+
+    def on_scheduled(self, session_id: str, now: float) -> None:
+        pass
+
+
 class Recording(FcfsPolicy):
     """FCFS that counts what it is told; optionally pins (Continuum). Lending is the deployment's switch."""
 
     def __init__(self, pin_ttl_s: float | None = None, admits: bool = True, last: str | None = None) -> None:
         super().__init__("recording")
-        self.pin_ttl_s = pin_ttl_s
+        self.pins = None if pin_ttl_s is None else FixedPins(pin_ttl_s)
         self.admits = admits
         self.last = last  # this session's requests go after everyone else's
         self.ended: Counter[str] = Counter()

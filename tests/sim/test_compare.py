@@ -33,12 +33,17 @@ def test_a_cell_is_the_mean_and_sd_over_seeds_with_drop_wait_shed_and_the_share_
     assert cells[("s", "d", "none", "basin")] == {
         "seeds": 2, "goodput_mean": 200.0, "goodput_sd": pytest.approx(141.421, 1e-4),
         "hit_rate_drop_points": pytest.approx(25.0), "first_call_wait_p50_s": 20.0,
-        "shed_share": pytest.approx(0.05), "share_stuck": 0.5}
-    table = markdown(rows, ["sglang", "continuum", "basin"]).splitlines()
+        "shed_share": pytest.approx(0.05), "share_stuck": 0.5, "held_cache_share": None, "pin_tool_time_share": None,
+        "pin_ttl_mean_s": None, "pin_queue_delay_s": None}
+    pinned = [{**row("continuum", seed, 90.0, False), "held_cache_share": share, "pin_tool_time_share": 0.5,
+               "pin_ttl_mean_s": 2.0, "pin_queue_delay_s": delay} for seed, share, delay in ((1, 0.2, 3.0), (2, 0.4, 5.0))]
+    assert aggregate(pinned)[("s", "d", "none", "continuum")]["held_cache_share"] == pytest.approx(0.3)
+    table = markdown([*rows, *pinned], ["sglang", "continuum", "basin"]).splitlines()
     assert table[0].startswith("| scenario | deployment | lending | policy | goodput /h | hit-rate drop")
-    assert table[2:] == ["| s | d | none | sglang | 1,234 ± 0 | 10.0 | 1.0 s | 0.0% | 0% |",
-                         "| s | d | none | basin | 200 ± 141 | 25.0 | 20.0 s | 5.0% | 50% |",
-                         "| s | d | decode-memory | sglang | 50 ± 0 | 10.0 | 1.0 s | 0.0% | 100% |"]
+    assert table[2:] == ["| s | d | none | sglang | 1,234 ± 0 | 10.0 | 1.0 s | 0.0% | 0% | - |",
+                         "| s | d | none | continuum | 90 ± 0 | 10.0 | 1.0 s | 0.0% | 0% | 30%, 50%, T 4.0 s |",
+                         "| s | d | none | basin | 200 ± 141 | 25.0 | 20.0 s | 5.0% | 50% | - |",
+                         "| s | d | decode-memory | sglang | 50 ± 0 | 10.0 | 1.0 s | 0.0% | 100% | - |"]
 
 
 @pytest.mark.integration

@@ -65,7 +65,7 @@ def _minutes(low_from: int, full_from: int, d_tokens: int) -> Timeline:
         k = minute - 15
         timeline.record_prefill(minute * 60.0 + 1, 1_000, 300 if k >= low_from else 950, 0)
         in_use = d_tokens if k >= full_from else d_tokens // 2
-        timeline.record_sample(Sample(minute * 60.0 + 30, 10, 0, 0, 0, 0, 0, 0, 0, 1, in_use))
+        timeline.record_sample(Sample(minute * 60.0 + 30, 10, 0, 0, 0, 0, 0, 0, 0, 0, 1, in_use))
     return timeline
 
 
