@@ -25,7 +25,8 @@
 # - Pins between calls (Continuum): `held_tokens_mean`, the device tokens held between calls averaged
 #   over the goodput window's ticks, and `held_cache_share`, that over the prefill caches' capacity;
 #   the policy's `pin_report` (`PIN_KEYS`: answers, the share pinned, the mean TTL, the share of tool
-#   time pinned, T and eta at the end, evicted re-entries measured), None for a policy that never pins.
+#   time pinned, the mean T the choices read, eta at the end, evicted re-entries measured), None for a
+#   policy that never pins.
 """The summary of one run: goodput, hit rates, waits, recovery, per-minute timeline, prefill shares."""
 
 from __future__ import annotations

@@ -15,8 +15,8 @@
 # - The last call of a session is not pinned (its program is over); neither is an aborted call (the
 #   engine does not ask: Continuum pins only answered calls).
 # - Report (`pin_report`): answers, the share of them pinned, the mean TTL over answers, the share of
-#   tool time spent pinned (sum of min(TTL, duration) / sum of durations), T and eta now, the evicted
-#   re-entries measured.
+#   tool time spent pinned (sum of min(TTL, duration) / sum of durations), the mean over answers of the T
+#   their choice read, eta now, the evicted re-entries measured.
 # Substitution: in the paper's vLLM a preempted running request also marks its program evicted; in
 # this PD model prefill holds no running request (decode's retractions do not touch the prefill cache),
 # so only expired pins evict. (The paper's v6 also puts a pinned request ahead of unpinned ones; here
@@ -57,6 +57,7 @@ class ContinuumPolicy:
         self.answers = 0
         self.pinned_answers = 0
         self.ttl_sum_s = 0.0
+        self.queue_delay_sum_s = 0.0  # T as each answer's choice read it
         self.tool_s = 0.0
         self.pinned_tool_s = 0.0
         self.evicted_reentries = 0
@@ -90,6 +91,7 @@ class ContinuumPolicy:
         self.answers += 1
         self.pinned_answers += ttl > 0
         self.ttl_sum_s += ttl
+        self.queue_delay_sum_s += self.estimator.queue_delay_s
         return ttl
 
     def on_scheduled(self, session_id: str, now: float) -> None:
@@ -122,7 +124,7 @@ class ContinuumPolicy:
             "pin_answer_share": self.pinned_answers / self.answers if self.answers else None,
             "pin_ttl_mean_s": self.ttl_sum_s / self.answers if self.answers else None,
             "pin_tool_time_share": self.pinned_tool_s / self.tool_s if self.tool_s > 0 else None,
-            "pin_queue_delay_s": self.estimator.queue_delay_s,
+            "pin_queue_delay_s": self.queue_delay_sum_s / self.answers if self.answers else None,
             "pin_eta": self.estimator.eta,
             "pin_evicted_reentries": self.evicted_reentries,
         }
