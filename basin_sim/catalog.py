@@ -214,7 +214,7 @@ def _workload(path: Path, raw: object) -> WorkloadSpec:
     if raw is None:
         return WorkloadSpec()
     kinds = {"benchmarks": list, "preset": str, "tool_time_scale": float, "timing": str, "reasoning_scale": float,
-             "harness_scale": float}
+             "harness_scale": float, "median_peak_tokens": float}
     values = _fields(path, "workload", raw, kinds, optional=set(kinds))
     benchmarks = values.get("benchmarks")
     if benchmarks is not None:

@@ -48,7 +48,7 @@ from basin_sim.predictions import (
 )
 from basin_sim.profile import CacheKind, Deployment
 from basin_sim.simulate import RunSpec, run_scenario
-from basin_sim.workload.pool import DEFAULT_SESSIONS, PoolError, load_pool, workload_pool
+from basin_sim.workload.pool import DEFAULT_SESSIONS, PoolError, load_pool, token_scale, workload_pool
 from basin_sim.workload.scenarios import Scenario, ScenarioError
 
 log = logging.getLogger(__name__)
@@ -98,7 +98,8 @@ def _run(args: argparse.Namespace) -> int:
     sources: dict[str, int] = {}
     if args.policy == "basin":
         predictor = load_predictor(args.model)
-        peaks, sources = pool_peaks(predictor, pool, args.predictions, args.out_of_fold)
+        peaks, sources = pool_peaks(predictor, pool, args.predictions, args.out_of_fold,
+                                    token_scale(base, scenario.workload))
         multipliers = reservation_multipliers(predictor, pool, args.reservation_quantile)
         revisions = online_revisions(predictor, pool, peaks, args.reservation_quantile,
                                      revision_calls(args.predictions, args.revise_at_calls))

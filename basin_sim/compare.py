@@ -59,7 +59,7 @@ from basin_sim.predictions import (
 )
 from basin_sim.profile import Deployment
 from basin_sim.simulate import RunSpec, run_scenario
-from basin_sim.workload.pool import PoolError, load_pool, workload_pool
+from basin_sim.workload.pool import PoolError, load_pool, token_scale, workload_pool
 from basin_sim.workload.scenarios import Scenario, ScenarioError
 
 POLICIES = ("sglang", "hicache", "continuum", "budgeter", "basin-proto", "basin")
@@ -269,8 +269,8 @@ def _cells(args: argparse.Namespace, grids: Sequence[Grid]) -> tuple[dict[CellKe
             if scenario_name not in loaded:
                 scenario = catalog.load_scenario(scenario_name)
                 pool = tuple(workload_pool(base, scenario.workload))
-                peaks, sources = ({}, {}) if predictor is None else pool_peaks(predictor, pool, args.predictions,
-                                                                               args.out_of_fold)
+                peaks, sources = ({}, {}) if predictor is None else pool_peaks(
+                    predictor, pool, args.predictions, args.out_of_fold, token_scale(base, scenario.workload))
                 if sources:
                     print(f"{scenario.name}: peaks {sources}", file=sys.stderr)
                     tag = tag or peaks_tag(args.predictions, args.out_of_fold)

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -78,9 +79,28 @@ def load_out_of_fold(path: Path) -> dict[str, float]:
             if p is not None}
 
 
+Peaks = tuple[dict[str, float], dict[str, int]]  # pool session id -> predicted peak; how many came from where
+
+
 def pool_peaks(predictor: BatchPredictor, pool: Sequence[Session], source: str,
-               out_of_fold: Path = DEFAULT_OUT_OF_FOLD) -> tuple[dict[str, float], dict[str, int]]:
-    """(pool session id -> predicted peak, how many came from where) for a prediction source (see the rules)."""
+               out_of_fold: Path = DEFAULT_OUT_OF_FOLD, token_scale: float = 1.0) -> Peaks:
+    """(pool session id -> predicted peak, how many came from where) for a prediction source (see the rules).
+
+    A pool scaled by `token_scale` (workload.median_peak_tokens) is predicted as recorded and the prediction
+    scaled: the recipe's ridge on log peak with a log first-prompt feature, refitted on sessions all scaled
+    by one factor, keeps its coefficients and moves its intercept by log(scale)."""
+    recorded = pool if token_scale == 1.0 else [_unscaled(s, token_scale) for s in pool]
+    peaks, sources = _pool_peaks(predictor, recorded, source, out_of_fold)
+    return {sid: peak * token_scale for sid, peak in peaks.items()}, sources
+
+
+def _unscaled(session: Session, token_scale: float) -> Session:
+    """What the predictor reads of a scaled session as recorded: its first prompt's size divided back."""
+    first = max(1, round(session.first_prompt_tokens / token_scale))
+    return dataclasses.replace(session, calls=(dataclasses.replace(session.calls[0], prompt_tokens=first),))
+
+
+def _pool_peaks(predictor: BatchPredictor, pool: Sequence[Session], source: str, out_of_fold: Path) -> Peaks:
     if source == "in-sample":
         return predict_pool(predictor, pool), {"in-sample": len(pool)}
     if source != "out-of-fold":

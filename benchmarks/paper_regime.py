@@ -35,8 +35,9 @@ from typing import Any
 
 from basin_runtime.session_table import Session
 from basin_sim import catalog
-from basin_sim.calibrate.overload import CalibrationSettings, find_overload_rate
+from basin_sim.calibrate.overload import find_overload_rate
 from basin_sim.calibrate.ramp import run_ramp
+from basin_sim.calibrate.rates import TIMED_SETTINGS
 from basin_sim.simulate import RunSpec, run_scenario
 from basin_sim.workload.pool import load_pool, workload_pool
 from basin_sim.workload.scenarios import RateStep, Scenario, WorkloadSpec
@@ -46,7 +47,7 @@ TIMING = "qwen3.6-35b-a3b"
 PRESET = "paper-terminal-bench"
 POST_FACTORS = (0.25, 0.5, 0.75, 1.0, 1.25)
 PAPER_BASE_PER_MIN = 3.3  # the paper's 1P1D base rate
-RATE_SETTINGS = CalibrationSettings(horizon_s=3600.0, resolution_per_s=0.002, start_rate_per_s=0.02)
+RATE_SETTINGS = TIMED_SETTINGS  # an hour at 0.002/s: what basin-sim uses for every timed workload
 KNEE_FRACTIONS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2)
 KNEE_STEP_S = 1800.0
 PAPER = {

@@ -26,7 +26,6 @@ from basin_runtime.model_files import file_sha256
 from basin_runtime.session_table import Session
 from basin_sim import catalog
 from basin_sim.calibrate.fluid import fixed_points, risk_test
-from basin_sim.calibrate.overload import CalibrationSettings
 from basin_sim.calibrate.ramp import (
     DECODE_FULL_SHARE,
     QUEUED_PER_DECODE,
@@ -36,7 +35,13 @@ from basin_sim.calibrate.ramp import (
     run_ramp,
 )
 from basin_sim.calibrate.ramp import calibration_record as ramp_calibration_record
-from basin_sim.calibrate.rates import DEFAULT_RATES_FILE, RateCache, measure_overload_rate, overload_rate_for
+from basin_sim.calibrate.rates import (
+    DEFAULT_RATES_FILE,
+    RateCache,
+    measure_overload_rate,
+    overload_rate_for,
+    settings_for,
+)
 from basin_sim.predictions import (
     add_predictions_source,
     add_reservation_quantile,
@@ -47,7 +52,7 @@ from basin_sim.predictions import (
 )
 from basin_sim.profile import Deployment
 from basin_sim.timeline import Timeline
-from basin_sim.workload.pool import load_pool, workload_pool
+from basin_sim.workload.pool import load_pool, token_scale, workload_pool
 from basin_sim.workload.scenarios import Scenario
 
 log = logging.getLogger(__name__)
@@ -82,8 +87,9 @@ def knee_record(deployment: Deployment, pool: Sequence[Session], rate_per_s: flo
     return calibration_record(deployment, steps, command, step_s, predictor_sha256, reservation_quantile)
 
 
-def _workload(args: argparse.Namespace) -> tuple[Deployment, list[Session], Scenario]:
-    """The deployment (with --cache if given), the scenario's workload pool (--tool-time-scale), the scenario."""
+def _workload(args: argparse.Namespace) -> tuple[Deployment, list[Session], Scenario, float]:
+    """The deployment (with --cache if given), the scenario's workload pool (--tool-time-scale), the scenario, the
+    pool's token scale (workload.median_peak_tokens)."""
     spec = catalog.load_deployment(args.deployment)
     scenario = catalog.load_scenario(args.scenario)
     scale = getattr(args, "tool_time_scale", None)
@@ -92,7 +98,8 @@ def _workload(args: argparse.Namespace) -> tuple[Deployment, list[Session], Scen
             raise RampError(f"--tool-time-scale must be >= 0, got {scale}")
         scenario = dataclasses.replace(scenario, workload=dataclasses.replace(scenario.workload, tool_time_scale=scale))
     base, _ = load_pool(args.sessions, args.synthetic)
-    return spec.build(getattr(args, "cache", None)), workload_pool(base, scenario.workload), scenario
+    return (spec.build(getattr(args, "cache", None)), workload_pool(base, scenario.workload), scenario,
+            token_scale(base, scenario.workload))
 
 
 @dataclass(frozen=True)
@@ -129,12 +136,12 @@ def simulated_ramp(deployment: Deployment, pool: list[Session], scenario: Scenar
 
 
 def _ramp(args: argparse.Namespace, default_fractions: tuple[float, ...] = RAMP_FRACTIONS) -> RampRun:
-    deployment, pool, scenario = _workload(args)
+    deployment, pool, scenario, scale = _workload(args)
     reservations = None
     if getattr(args, "model", None) is not None:
         predictor = load_predictor(args.model)
         multipliers = reservation_multipliers(predictor, pool, args.reservation_quantile)
-        peaks, _ = pool_peaks(predictor, pool, args.predictions, args.out_of_fold)
+        peaks, _ = pool_peaks(predictor, pool, args.predictions, args.out_of_fold, scale)
         reservations = reserved_peaks(peaks, multipliers, args.reservation_scale)
     fractions = default_fractions if getattr(args, "fractions", None) is None else tuple(args.fractions)
     return simulated_ramp(deployment, pool, scenario, RateCache(args.rates_file), fractions, args.step_s, args.seed,
@@ -143,9 +150,11 @@ def _ramp(args: argparse.Namespace, default_fractions: tuple[float, ...] = RAMP_
 
 def calibrate_main(args: argparse.Namespace) -> int:
     """Measure the overload rate of a deployment's shape (GPU cache) on a scenario's workload; cache it."""
-    deployment, pool, scenario = _workload(args)
-    settings = CalibrationSettings(horizon_s=args.horizon_s, seeds=tuple(range(1, args.seeds + 1)),
+    deployment, pool, scenario, _ = _workload(args)
+    settings = dataclasses.replace(settings_for(scenario.workload), seeds=tuple(range(1, args.seeds + 1)),
                                    min_overloaded=args.min_overloaded)
+    if args.horizon_s is not None:
+        settings = dataclasses.replace(settings, horizon_s=args.horizon_s)
 
     def report(rate: float, count: int) -> None:
         log.info("rate %.4f/s: %d of %d trials overloaded", rate, count, len(settings.seeds))
@@ -280,7 +289,9 @@ def add_commands(sub: Any) -> None:
     calibrate = sub.add_parser("calibrate", help="measure a deployment shape's overload rate on a workload; cache it")
     calibrate.add_argument("--seeds", type=int, default=5, help="trials per rate (seeds 1..N)")
     calibrate.add_argument("--min-overloaded", type=int, default=4, help="trials that must overload")
-    calibrate.add_argument("--horizon-s", type=float, default=1800.0)
+    calibrate.add_argument("--horizon-s", type=float,
+                           help="minutes of each steady trial, in seconds (default: 1800 for recorded sessions, 3600 "
+                                "for sessions timed as a serving model runs them)")
     calibrate.add_argument("--write", action="store_true", help="record the rate in the deployment file")
     knee = sub.add_parser("knee", help="find the cache knee on a simulated load ramp; write the calibration file")
     knee.add_argument("--out", type=Path, help="calibration JSON for the gateway (and for --calibration)")

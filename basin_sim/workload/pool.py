@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import random
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -61,26 +62,62 @@ def load_pool(path: Path, use_synthetic: bool) -> tuple[list[Session], str]:
 
 def workload_pool(base: Sequence[Session], workload: WorkloadSpec) -> list[Session]:
     """The sessions a scenario draws from: a preset, or the base pool's chosen benchmarks; tool time resolved;
-    then the serving model's timing applied (workload/serving.py) unless it is `recorded`.
+    every prompt scaled by `token_scale` (1 unless the workload sets `median_peak_tokens`); then the serving
+    model's timing applied (workload/serving.py) unless it is `recorded`.
 
     Tool time is resolved once per pool session (its own seeded stream), so a session's gaps, and
     with them its unloaded time, are the same in every run and every seed.
     """
-    if workload.preset is not None:
-        sessions = preset_pool(workload.preset, PRESET_SEED)
-    elif workload.benchmarks is not None:
-        known = sorted({s.benchmark for s in base})
-        missing = [b for b in workload.benchmarks if b not in known]
-        if missing:
-            raise PoolError(f"workload.benchmarks {missing} have no sessions in the pool; known: {known}")
-        sessions = [s for s in base if s.benchmark in workload.benchmarks]
-    else:
-        sessions = list(base)
-    resolved = [with_tool_time(s, workload.tool_time_scale) for s in sessions]
+    sessions = _chosen(base, workload)
+    scale = _scale_of(sessions, workload)
+    resolved = [scaled(with_tool_time(s, workload.tool_time_scale), scale) for s in sessions]
     if workload.timing == RECORDED:
         return resolved
     timing = load_timing(workload.timing, workload.reasoning_scale, workload.harness_scale)
     return [timing.apply(s) for s in resolved]
+
+
+def _chosen(base: Sequence[Session], workload: WorkloadSpec) -> list[Session]:
+    """A preset's pool, or the base pool's sessions of the workload's benchmarks (all without a list)."""
+    if workload.preset is not None:
+        return preset_pool(workload.preset, PRESET_SEED)
+    if workload.benchmarks is None:
+        return list(base)
+    known = sorted({s.benchmark for s in base})
+    missing = [b for b in workload.benchmarks if b not in known]
+    if missing:
+        raise PoolError(f"workload.benchmarks {missing} have no sessions in the pool; known: {known}")
+    return [s for s in base if s.benchmark in workload.benchmarks]
+
+
+def _scale_of(sessions: Sequence[Session], workload: WorkloadSpec) -> float:
+    if workload.median_peak_tokens is None:
+        return 1.0
+    if not sessions:
+        raise PoolError("workload.median_peak_tokens: the pool has no sessions to scale")
+    return workload.median_peak_tokens / statistics.median(s.peak_prompt_tokens for s in sessions)
+
+
+def token_scale(base: Sequence[Session], workload: WorkloadSpec) -> float:
+    """The factor every prompt of the workload's pool is scaled by: its `median_peak_tokens` over the chosen
+    sessions' median peak (1 without one)."""
+    return _scale_of(_chosen(base, workload), workload)
+
+
+def scaled(session: Session, scale: float) -> Session:
+    """The session with every prompt (and what of it was cached or recorded) `scale` times as large, rounded;
+    completions, gaps and task text as they were. A session of the same shape at another size: each prompt's
+    share already sent in the previous call stays."""
+    if scale == 1.0:
+        return session
+
+    def times(tokens: int | None) -> int | None:
+        return None if tokens is None else max(1, round(tokens * scale))
+
+    calls = tuple(dataclasses.replace(c, prompt_tokens=max(1, round(c.prompt_tokens * scale)),
+                                      cached_tokens=times(c.cached_tokens),
+                                      recorded_prompt_tokens=times(c.recorded_prompt_tokens)) for c in session.calls)
+    return dataclasses.replace(session, calls=calls)
 
 
 def with_tool_time(session: Session, tool_time_scale: float) -> Session:

@@ -4,14 +4,11 @@
 # - A preset is a synthetic family (synthetic.py) derived from one of FAMILIES, whose session shape it
 #   keeps: calls per session, completion sizes, task texts, the spread and tail of the growth per call
 #   (all fitted there on our real sessions). Two scales move the family's first prompt and its tool
-#   output per call; `calibrate` fits them so that the pool meets the preset's targets: either two
-#   (median prompt and median reuse: two scales) or one (median peak: one scale for both; completions
-#   do not scale, so the share of each prompt already sent rises a little: 0.972 -> 0.980 for
-#   paper-swebench-pro).
+#   output per call; `calibrate` fits them so that the pool meets the preset's two targets.
 # - Statistics (`pool_statistics`): median prompt = the median over every call of `prompt_tokens`;
 #   reuse of call k >= 1 = prompt_{k-1} / prompt_k, the share of its prompt already sent in the previous
 #   call (each prompt is the previous prompt + the previous completion + new tool output); median reuse
-#   = the median over those calls; median peak = the median over sessions of `peak_prompt_tokens`.
+#   = the median over those calls.
 # - Tool gaps are drawn from the preset's tool-time model (tool_time.TOOL_TIME[gap_model]), measured gaps
 #   of a real corpus, rather than from the base family's log-normal.
 # - Deterministic: the same name, seed and size give the same sessions; sessions come one after another
@@ -45,37 +42,24 @@ class PresetError(ValueError):
 
 @dataclass(frozen=True)
 class Preset:
-    """A target pool: a base family, its calibrated scales and the statistics they were fitted to: the median
-    prompt and median reuse (two scales), or the median peak alone (one scale for both)."""
+    """A target pool: a base family, its two calibrated scales and the statistics they were fitted to."""
 
     name: str
     description: str
     base_family: str  # a synthetic.FAMILIES benchmark whose session shape the preset keeps
     gap_model: str  # a tool_time.TOOL_TIME benchmark its tool gaps are drawn from
-    target_median_prompt_tokens: float | None
-    target_median_reuse: float | None
+    target_median_prompt_tokens: float
+    target_median_reuse: float
     first_prompt_scale: float  # x the base family's first prompt (calibrated)
     tool_output_scale: float  # x the base family's tool output per call (calibrated)
-    target_median_peak_tokens: float | None = None
-
-    def __post_init__(self) -> None:
-        two = self.target_median_prompt_tokens is not None and self.target_median_reuse is not None
-        one = self.target_median_peak_tokens is not None
-        if two == one or (one and (self.target_median_prompt_tokens, self.target_median_reuse) != (None, None)):
-            raise PresetError(f"preset {self.name!r}: give either target_median_prompt_tokens and "
-                              "target_median_reuse, or target_median_peak_tokens alone")
-        if one and self.first_prompt_scale != self.tool_output_scale:
-            raise PresetError(f"preset {self.name!r}: a median-peak preset has one scale, got "
-                              f"{self.first_prompt_scale} and {self.tool_output_scale}")
 
 
 @dataclass(frozen=True)
 class PoolStatistics:
-    """The statistics a preset is calibrated to (see the rules above)."""
+    """The two statistics a preset is calibrated to (see the rules above)."""
 
     median_prompt_tokens: float
     median_reuse: float
-    median_peak_tokens: float
 
 
 PRESETS: Mapping[str, Preset] = {
@@ -86,14 +70,6 @@ PRESETS: Mapping[str, Preset] = {
         base_family="synthetic-terminal", gap_model="terminal-bench",
         target_median_prompt_tokens=25_600, target_median_reuse=0.982,
         first_prompt_scale=18.4196, tool_output_scale=1.1244),
-    "paper-swebench-pro": Preset(
-        "paper-swebench-pro",
-        "the paper's SWE-bench-Pro trajectories: median peak context ~107K tokens (issue 35, quoting the paper); "
-        "our SWE-bench Verified sessions' calls, completions and growth, first prompt and tool output scaled "
-        "together, its measured tool time",
-        base_family="synthetic-swebench", gap_model="swebench-verified",
-        target_median_prompt_tokens=None, target_median_reuse=None, target_median_peak_tokens=107_000,
-        first_prompt_scale=8.677, tool_output_scale=8.677),
 }
 
 
@@ -128,29 +104,20 @@ def preset_pool(name: str, seed: int, num_sessions: int = DEFAULT_NUM_SESSIONS) 
 
 
 def pool_statistics(sessions: Sequence[Session]) -> PoolStatistics:
-    """Median prompt over all calls, median share of each prompt sent in the previous call, median peak."""
+    """Median prompt over all calls, and median share of each prompt sent in the previous call."""
     prompts = [c.prompt_tokens for s in sessions for c in s.calls]
     reuse = [a.prompt_tokens / b.prompt_tokens for s in sessions for a, b in zip(s.calls, s.calls[1:], strict=False)]
     if not reuse:
         raise PresetError("no session in the pool has a second call: reuse is undefined")
-    return PoolStatistics(float(statistics.median(prompts)), float(statistics.median(reuse)),
-                          float(statistics.median(s.peak_prompt_tokens for s in sessions)))
+    return PoolStatistics(float(statistics.median(prompts)), float(statistics.median(reuse)))
 
 
 def calibrate(preset: Preset, seed: int = CALIBRATION_SEED, num_sessions: int = CALIBRATION_SESSIONS,
               iterations: int = 40) -> Preset:
-    """The preset with scales fitted so its pool meets its targets (fixed-point, multiplicative steps)."""
+    """The preset with scales fitted so its pool meets both targets (fixed-point, multiplicative steps)."""
     current = preset
     for _ in range(iterations):
         stats = pool_statistics(generate_preset(current, seed, num_sessions))
-        if preset.target_median_peak_tokens is not None:
-            step = preset.target_median_peak_tokens / stats.median_peak_tokens
-            if abs(step - 1) < 1e-4:
-                break
-            scale = round(current.first_prompt_scale * step, 4)
-            current = replace(current, first_prompt_scale=scale, tool_output_scale=scale)
-            continue
-        assert preset.target_median_prompt_tokens is not None and preset.target_median_reuse is not None
         prompt_step = preset.target_median_prompt_tokens / stats.median_prompt_tokens
         growth_step = (1 - preset.target_median_reuse) / (1 - stats.median_reuse)  # new tokens per prompt
         if abs(prompt_step - 1) < 1e-4 and abs(growth_step - 1) < 1e-4:
@@ -172,9 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     stats = pool_statistics(generate_preset(fitted, CALIBRATION_SEED, CALIBRATION_SESSIONS))
     print(f"# {fitted.name}: median prompt {stats.median_prompt_tokens:.0f} tokens "
-          f"(target {fitted.target_median_prompt_tokens}), median reuse {stats.median_reuse:.4f} "
-          f"(target {fitted.target_median_reuse}), median peak {stats.median_peak_tokens:.0f} tokens "
-          f"(target {fitted.target_median_peak_tokens})")
+          f"(target {fitted.target_median_prompt_tokens:.0f}), median reuse {stats.median_reuse:.4f} "
+          f"(target {fitted.target_median_reuse})")
     print(f"first_prompt_scale={fitted.first_prompt_scale}, tool_output_scale={fitted.tool_output_scale}")
     return 0
 

@@ -17,7 +17,7 @@
 #   previous one is over (finished, abandoned, shed, killed); exactly one of `rate` and
 #   `population` is given.
 # - Sessions are drawn uniformly with replacement from the pool (workload/pool.py: benchmarks or a
-#   preset, tool time resolved) and replayed call by call.
+#   preset, tool time resolved, optionally scaled to a median peak) and replayed call by call.
 # - Bursts: extra Poisson arrivals at `x_base` x the first segment's rate (however it is given)
 #   inside [from_s, to_s), each burst on its own random stream, so regular arrivals depend only on
 #   the seed. Burst sessions are drawn uniformly, with replacement, from the pool sessions whose
@@ -34,6 +34,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -84,7 +85,8 @@ class BurstSpec:
 class WorkloadSpec:
     """Which sessions: some benchmarks of the pool (None: all) or a synthetic preset; tool time scale; the
     serving model's timing (workload/serving.py: `recorded`, or a named timing with its two scales, None =
-    the timing's fitted values)."""
+    the timing's fitted values); `median_peak_tokens`: every prompt of the pool's sessions scaled by one
+    factor so their median peak is this (workload/pool.py; not with a preset)."""
 
     benchmarks: tuple[str, ...] | None = None
     preset: str | None = None
@@ -92,6 +94,7 @@ class WorkloadSpec:
     timing: str = "recorded"
     reasoning_scale: float | None = None
     harness_scale: float | None = None
+    median_peak_tokens: float | None = None
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,10 @@ class Scenario:
             raise ScenarioError(f"{where}: workload.tool_time_scale must be >= 0, got {self.workload.tool_time_scale}")
         if self.workload.preset is not None and self.workload.benchmarks is not None:
             raise ScenarioError(f"{where}: workload takes `benchmarks` or `preset`, not both")
+        peak = self.workload.median_peak_tokens
+        if peak is not None and (self.workload.preset is not None or not math.isfinite(peak) or peak < 1):
+            raise ScenarioError(f"{where}: workload.median_peak_tokens must be a number >= 1 on recorded sessions "
+                                f"(not a preset), got {peak!r}")
 
     def _check_rate(self, where: str) -> None:
         if not self.rate:

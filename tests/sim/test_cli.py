@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -312,3 +313,25 @@ def test_basin_takes_each_peak_from_the_out_of_fold_table_by_default_and_names_a
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert "absent.parquet" in err and "make repro" in err and "--predictions in-sample" in err
+
+
+def test_a_scaled_pool_is_predicted_as_recorded_and_each_prediction_scaled(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from basin_sim.predictions import pool_peaks
+    from basin_sim.workload.pool import scaled
+    from tests.sim.builders import session
+
+    class Doubling:  # predicts twice the first prompt it is shown
+        def predict_batch(self, task_texts: Sequence[str], first_prompt_tokens: Sequence[int]) -> list[float]:
+            return [2.0 * f for f in first_prompt_tokens]
+
+    pool = [scaled(session("a", [1_000, 3_000]), 4.0), scaled(session("b", [500, 800]), 4.0)]
+    assert pool[0].first_prompt_tokens == 4_000
+    peaks, sources = pool_peaks(Doubling(), pool, "in-sample", token_scale=4.0)
+    assert peaks == {"a": 4 * 2 * 1_000.0, "b": 4 * 2 * 500.0} and sources == {"in-sample": 2}
+    table = tmp_path / "oof.parquet"
+    pq.write_table(pa.table({"session_id": ["a"], "pooled_predicted": [5_000.0]}), table)
+    peaks, _ = pool_peaks(Doubling(), pool, "out-of-fold", table, token_scale=4.0)
+    assert peaks == {"a": 4 * 5_000.0, "b": 4 * 2 * 500.0}

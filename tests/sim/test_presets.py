@@ -104,28 +104,3 @@ def test_pool_statistics_by_hand() -> None:
     assert stats.median_reuse == 0.5  # of 0.5, 0.5, 0.8
     with pytest.raises(PresetError, match="second call"):
         pool_statistics([_session([50])])
-
-
-PRO = PRESETS["paper-swebench-pro"]
-
-
-@pytest.mark.parametrize("seed", [1, 2])
-def test_the_swebench_pro_preset_meets_the_papers_median_peak_on_fresh_seeds(seed: int) -> None:
-    pool = preset_pool("paper-swebench-pro", seed, 1000)
-    assert pool_statistics(pool).median_peak_tokens == pytest.approx(107_000, rel=0.04)
-    base = generate_corpus(seed, 1000, [family_named(PRO.base_family)])
-    # one scale for first prompt and tool output, none for completions: reuse rises a little, from ~0.972
-    assert pool_statistics(base).median_reuse < pool_statistics(pool).median_reuse == pytest.approx(0.980, abs=0.003)
-    assert statistics.median(s.n_calls for s in pool) == pytest.approx(statistics.median(s.n_calls for s in base),
-                                                                       rel=0.1)
-
-
-def test_the_swebench_pro_scale_is_its_calibration_fixed_point_and_a_preset_has_one_kind_of_target() -> None:
-    assert calibrate(PRO) == PRO
-    assert PRO.first_prompt_scale == PRO.tool_output_scale > 5
-    fitted = calibrate(replace(PRO, first_prompt_scale=1.0, tool_output_scale=1.0), seed=5, num_sessions=200)
-    assert pool_statistics(generate_preset(fitted, 5, 200)).median_peak_tokens == pytest.approx(107_000, rel=0.002)
-    with pytest.raises(PresetError, match="either target_median_prompt_tokens and target_median_reuse"):
-        replace(PAPER, target_median_peak_tokens=50_000.0)
-    with pytest.raises(PresetError, match="one scale"):
-        replace(PRO, tool_output_scale=2.0)

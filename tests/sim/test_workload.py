@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 
+
 from basin_runtime.session_table import Call, Session
+from basin_sim.workload.pool import scaled, token_scale, workload_pool
 from basin_sim.workload.scenarios import (
     DEFAULT_GAP_S,
     BurstSpec,
@@ -12,6 +16,7 @@ from basin_sim.workload.scenarios import (
     RateStep,
     Scenario,
     ScenarioError,
+    WorkloadSpec,
     burst_kills,
     generate_sessions,
     shared_prefix_tokens,
@@ -99,9 +104,28 @@ def test_shared_prefix_is_the_smallest_first_prompt_and_missing_gaps_get_the_def
     ({"population": PopulationSpec(3)}, "exactly one of `rate`"),
     ({"bursts": (BurstSpec(50.0, 150.0, 1.0, 10.0),)}, r"bursts\[0\]: need 0 <= from_s < to_s <= duration_s"),
     ({"bursts": (BurstSpec(10.0, 20.0, 1.0, 10.0, kill_at_s=5.0),)}, r"bursts\[0\]: kill_at_s"),
+    ({"workload": WorkloadSpec(median_peak_tokens=0.5)}, r"workload.median_peak_tokens must be a number >= 1"),
+    ({"workload": WorkloadSpec(preset="paper-terminal-bench", median_peak_tokens=9e4)}, r"\(not a preset\)"),
 ])
 def test_inconsistent_scenarios_are_refused_naming_the_field(changes: dict, message: str) -> None:  # type: ignore[type-arg]
     fields = {"name": "x", "duration_s": 100.0, "warmup_s": 0.0, "goodput_from_s": 0.0, "goodput_to_s": 100.0,
               "rate": (RateStep(0.0, 1.0),), **changes}
     with pytest.raises(ScenarioError, match=message):
         Scenario(**fields)
+
+
+def test_a_workload_scaled_to_a_median_peak_keeps_each_sessions_shape_at_the_new_size() -> None:
+    base = generate_corpus(4, 60)
+    workload = WorkloadSpec(benchmarks=("synthetic-swebench",), median_peak_tokens=100_000)
+    chosen = [s for s in base if s.benchmark == "synthetic-swebench"]
+    scale = token_scale(base, workload)
+    assert scale == pytest.approx(100_000 / statistics.median(s.peak_prompt_tokens for s in chosen))
+    pool = workload_pool(base, workload)
+    recorded = workload_pool(base, WorkloadSpec(benchmarks=("synthetic-swebench",)))
+    assert statistics.median(s.peak_prompt_tokens for s in pool) == pytest.approx(100_000, rel=1e-3)
+    for big, small in zip(pool, recorded, strict=True):
+        assert (big.session_id, big.task_text, big.n_calls) == (small.session_id, small.task_text, small.n_calls)
+        assert [c.completion_tokens for c in big.calls] == [c.completion_tokens for c in small.calls]
+        assert [c.gap_s for c in big.calls] == [c.gap_s for c in small.calls]  # tool time of the recorded session
+        assert [c.prompt_tokens for c in big.calls] == [round(c.prompt_tokens * scale) for c in small.calls]
+    assert token_scale(base, WorkloadSpec()) == 1.0 and scaled(chosen[0], 1.0) is chosen[0]
