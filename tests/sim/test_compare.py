@@ -36,7 +36,8 @@ def test_a_cell_is_the_mean_and_sd_over_seeds_with_drop_wait_shed_and_the_share_
         "shed_share": pytest.approx(0.05), "share_stuck": 0.5, "held_cache_share": None, "pin_tool_time_share": None,
         "pin_ttl_mean_s": None, "pin_queue_delay_s": None}
     pinned = [{**row("continuum", seed, 90.0, False), "held_cache_share": share, "pin_tool_time_share": 0.5,
-               "pin_ttl_mean_s": 2.0, "pin_queue_delay_s": delay} for seed, share, delay in ((1, 0.2, 3.0), (2, 0.4, 5.0))]
+               "pin_ttl_mean_s": 2.0, "pin_queue_delay_s": delay}
+              for seed, share, delay in ((1, 0.2, 3.0), (2, 0.4, 5.0))]
     assert aggregate(pinned)[("s", "d", "none", "continuum")]["held_cache_share"] == pytest.approx(0.3)
     table = markdown([*rows, *pinned], ["sglang", "continuum", "basin"]).splitlines()
     assert table[0].startswith("| scenario | deployment | lending | policy | goodput /h | hit-rate drop")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -74,12 +73,6 @@ def test_the_reload_counts_attention_pairs_of_every_chunk() -> None:
     profile = with_profile(prefill_attention_pair_s=1e-9)
     pairs = 10_000 * 10_000 / 2  # chunk pairs computed * (before + computed / 2) sum to c^2 / 2
     assert reload_s(profile, 10_000, False) == pytest.approx(RELOAD_10K_S + pairs * 1e-9)
-
-
-def test_memoryfulness_is_minus_the_correlation_of_calls_done_and_calls_left() -> None:
-    assert memoryfulness([5, 5, 5]) == pytest.approx(1.0)  # one length: k and N - k move together exactly
-    assert 0.0 < memoryfulness([2, 10]) < 1.0
-    assert memoryfulness([1, 1]) == 0.0 and memoryfulness([]) == 0.0  # no boundary: undefined
 
 
 def test_memoryfulness_is_minus_the_correlation_of_calls_done_and_calls_left() -> None:

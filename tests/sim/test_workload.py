@@ -6,7 +6,6 @@ import statistics
 
 import pytest
 
-
 from basin_runtime.session_table import Call, Session
 from basin_sim.workload.pool import scaled, token_scale, workload_pool
 from basin_sim.workload.scenarios import (
