@@ -218,12 +218,27 @@ class Grid:
 
 
 _SESSION_POLICIES = ("sglang", "continuum", "budgeter", "basin-proto", "basin")  # hicache = sglang on a host tier
+_PAPER_POLICIES = ("sglang", "continuum", "basin-proto", "basin")
+PAPER_SURGES = ("paper-timed-surge-100", "paper-timed-kill-burst", "paper-timed-kill-burst-keep",
+                "paper-swebench-pro-surge-100")
 PRESETS: dict[str, tuple[Grid, ...]] = {
-    # The evaluation's table: the paper's +100% surge on cache-first 1P3D (GPU cache and host tier) with
-    # Terminal-Bench-like and SWE-bench-like sessions, every policy without lending, with the paper's
-    # decode-memory lending and (host tier) with stock SGLang's storage offload; each workload's
-    # steady reference; Basin's ablations on the GPU cache without lending; a decode-first deployment.
+    # The evaluation in the paper's regime (sessions timed as the paper's model runs them, issue 34) on its
+    # 1P3D H200 node: the three Terminal-Bench scenarios (the paper-sized preset) and the surge on
+    # SWE-bench-Pro-like sessions, every policy without lending and with the paper's decode-memory lending
+    # (the paper's Basin and its prototype lend; Continuum and SGLang do not: compare across the two);
+    # each workload's steady reference; every ablation of Basin without lending.
     "paper": (
+        Grid(PAPER_SURGES, ("1p3d",), ("none", "decode-memory"), _PAPER_POLICIES),
+        Grid(("paper-timed-steady", "paper-swebench-pro-steady"), ("1p3d",), ("none", "decode-memory"),
+             _PAPER_POLICIES),
+        Grid(PAPER_SURGES, ("1p3d",), ("none",), tuple(name for name in ABLATIONS if name != "basin")),
+    ),
+    # The earlier evaluation, on recorded session timing and the H100 1P3D (README: "The evaluation on
+    # recorded timing"): the paper's +100% surge with Terminal-Bench-like and SWE-bench-like sessions, GPU
+    # cache and host tier, every policy without lending, with decode-memory lending and (host tier) with
+    # stock SGLang's storage offload; each workload's steady reference; Basin's ablations; a decode-first
+    # deployment.
+    "recorded-h100": (
         Grid(("surge-100-terminal-bench", "surge-100-swebench"), ("1p3d-h100", "1p3d-h100-host"),
              ("none", "decode-memory"), _SESSION_POLICIES),
         # stock SGLang's lending (decode offload to HiCache storage) needs the host tier: SGLang's storage
@@ -334,7 +349,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="basin-sim compare", description=__doc__.splitlines()[0])
     parser.add_argument("--preset", choices=sorted(PRESETS),
                         help="a named set of grids instead of --scenarios/--deployments/--lending/--policies/"
-                             "--ablations (paper: the evaluation's policy table, ablations and decode-first rows)")
+                             "--ablations (paper: the evaluation in the paper's regime, policy table, steady "
+                             "references and ablations; recorded-h100: the earlier one on recorded timing)")
     parser.add_argument("--scenarios", nargs="+", default=["steady", "surge-100", "kill-burst"],
                         help="names or .yaml files")
     parser.add_argument("--deployments", nargs="+", default=["1p3d-h100"], help="names or .yaml files")

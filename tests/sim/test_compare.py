@@ -93,18 +93,39 @@ def test_an_unknown_scenario_is_one_line_exit_2(capsys: pytest.CaptureFixture[st
     assert err.startswith("basin-sim compare: error:") and "no-such-scenario" in err
 
 
-def test_the_paper_preset_names_only_shipped_scenarios_deployments_policies_and_ablations() -> None:
+@pytest.mark.parametrize("preset", ["paper", "recorded-h100"])
+def test_the_presets_name_only_shipped_scenarios_deployments_policies_and_ablations(preset: str) -> None:
     from basin_sim.ablations import ABLATIONS
     from basin_sim.compare import PRESETS
     from basin_sim.policies import policy_names
 
-    grids = PRESETS["paper"]
-    for grid in grids:
+    for grid in PRESETS[preset]:
         for name in grid.scenarios:
             load_scenario(name)
         for name in grid.deployments:
             load_deployment(name)
         assert set(grid.labels) <= set(policy_names()) | set(ABLATIONS)
+
+
+def test_the_paper_preset_is_the_paper_regime_on_its_h200_node_with_and_without_lending() -> None:
+    from basin_sim.ablations import ABLATIONS
+    from basin_sim.compare import PRESETS
+
+    policies, steady, ablations = PRESETS["paper"]
+    assert set(policies.scenarios) == {"paper-timed-surge-100", "paper-timed-kill-burst", "paper-timed-kill-burst-keep",
+                                       "paper-swebench-pro-surge-100"}
+    assert all(load_scenario(name).workload.timing == "qwen3.6-35b-a3b" for name in policies.scenarios)
+    assert load_deployment("1p3d").build().profile.name.startswith("h200")
+    assert policies.deployments == steady.deployments == ablations.deployments == ("1p3d",)
+    assert policies.lending == steady.lending == ("none", "decode-memory")
+    assert set(policies.labels) == set(steady.labels) == {"sglang", "continuum", "basin-proto", "basin"}
+    assert set(ablations.labels) == set(ABLATIONS) - {"basin"} and ablations.scenarios == policies.scenarios
+
+
+def test_the_recorded_preset_keeps_the_earlier_evaluation() -> None:
+    from basin_sim.compare import PRESETS
+
+    grids = PRESETS["recorded-h100"]
     headline = grids[0]
     assert set(headline.scenarios) == {"surge-100-terminal-bench", "surge-100-swebench"}
     assert headline.lending == ("none", "decode-memory") and {"continuum", "basin", "budgeter"} <= set(headline.labels)
