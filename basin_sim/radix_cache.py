@@ -50,6 +50,7 @@
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -168,8 +169,9 @@ class RadixCache:
 
     @property
     def held_tokens(self) -> int:
-        """Device tokens of the chains held between calls (O(holds))."""
-        return sum(self._chains[key].device_tokens for key in self._holds)
+        """Device tokens of the chains held between calls: holds with a finite expiry, a TTL after an answer, not
+        those held until an answer comes (O(holds))."""
+        return sum(self._chains[key].device_tokens for key, until_s in self._holds.items() if until_s != math.inf)
 
     @property
     def evictable_tokens(self) -> int:

@@ -22,8 +22,9 @@
 #   minute's end, counts over the minute (`retries`: attempts after a call's first); `ttft_p50_s` is
 #   from a call's first send, so a call retried after a timeout counts its whole wait.
 # - `prefill_share`: by prefill index, its share of the requests the prefill router sent (attempts).
-# - Pins between calls (Continuum): `held_tokens_mean`, the device tokens held between calls averaged
-#   over the goodput window's ticks, and `held_cache_share`, that over the prefill caches' capacity;
+# - Pins between calls (Continuum): `held_tokens_mean`, the device tokens held for a TTL after an answer
+#   (not those held while the call decodes) averaged over the goodput window's ticks, and
+#   `held_cache_share`, that over the prefill caches' capacity;
 #   the policy's `pin_report` (`PIN_KEYS`: answers, the share pinned, the mean TTL, the share of tool
 #   time pinned, the mean T the choices read, eta at the end, evicted re-entries measured), None for a
 #   policy that never pins.

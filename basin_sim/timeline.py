@@ -35,7 +35,7 @@ class Sample:
     cache_device_tokens: int
     cache_host_tokens: int
     cache_pinned_tokens: int
-    cache_held_tokens: int  # of those, held between calls (Continuum's pins)
+    cache_held_tokens: int  # of those, held for a TTL after an answer, between calls (Continuum's pins)
     prefill_waiting: int
     decode_queued: int
     decode_running: int

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from basin_sim import catalog
 from basin_sim.engine import Engine
-from basin_sim.lifecycle import Status
+from basin_sim.lifecycle import Stage, Status
 from basin_sim.policies import ContinuumPolicy, PolicyContext, make_policy
 from basin_sim.policies.continuum_ttl import (
     COLD_START_SAMPLES,
@@ -205,8 +205,11 @@ def test_cold_start_pins_each_answer_for_t_default_and_the_pin_expires_after_it(
     engine = Engine(d, policy, tick_s=0.05)
     assert engine.pins is policy
     engine.add(spec(session("a", [2_000, 3_000], gap_s=3.0), 0.0))
-    t = _until_answered(engine, "a", 1)
     cache = engine.prefill[0].cache
+    while (request := engine.runs["a"].request) is None or request.stage != Stage.DECODING:
+        engine.run_until(engine.now + 0.001)
+    assert cache.is_held("a") and cache.held_tokens == 0  # held until the answer: not yet between calls
+    t = _until_answered(engine, "a", 1)
     engine.run_until(t + DEFAULT_TTL_S - 0.1)
     assert cache.is_held("a") and cache.held_tokens > 0  # answered, within T_default
     engine.run_until(t + DEFAULT_TTL_S + 0.1)
