@@ -1,8 +1,9 @@
 """The DVC stage `simulate`: the evaluation's headline row with the freshly trained predictor, over seeds.
 
-The paper's +100% surge (`simulate.scenario`, surge-100) on the cache-first deployment
-(`simulate.deployment`, 1p3d-h100, its own lending switch: none, as stock SGLang) for `simulate.policies`
-(sglang, continuum, basin), and Basin on the steady reference (`simulate.steady_scenario`), every run
+In the paper's regime: the kept burst (`simulate.scenario`, paper-timed-kill-burst-keep: the one
+Terminal-Bench scenario that overloads the paper's node here) on its 1P3D H200 (`simulate.deployment`,
+1p3d, its own lending switch: none, as stock SGLang) for `simulate.policies` (sglang, continuum,
+basin-proto, basin), and Basin on the steady reference (`simulate.steady_scenario`), every run
 over `simulate.seeds` (10): the grid runs through `basin_sim.compare.run_grids`, so a cell is
 calibrated, cached and run exactly as `basin-sim compare` runs it. Basin reserves m(q) x each
 predicted peak (m from the model file for the session's benchmark, q = `simulate.reservation_quantile`,
@@ -13,7 +14,8 @@ at this q (cached by the model's SHA-256 and the table's in data/sim/calibration
 to `--out-calibration`, a file the gateway reads).
 
 Every seed of a cell sees the same arrivals for every policy, so the ratios are paired: per seed,
-Basin's goodput over Continuum's (same surge) and over its own steady goodput; the metrics give
+Basin's goodput over Continuum's (same surge; the prototype's too, when it runs) and over its own
+steady goodput; the metrics give
 each ratio's mean and standard deviation over seeds, beside each run's goodput mean ± sd, hit-rate
 drop, first-call wait, shed share and share of seeds stuck.
 
@@ -50,7 +52,7 @@ from pipeline.params import simulate_params
 
 log = logging.getLogger(__name__)
 
-POLICIES = ("sglang", "continuum", "basin")
+POLICIES = ("sglang", "continuum", "basin-proto", "basin")
 SEEDS = tuple(range(1, 11))
 
 
@@ -64,9 +66,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--out-calibration", type=Path, default=Path("data/simulate/calibration.json"),
                         help="the knee calibration measured with the fresh model (the gateway's --calibration)")
     parser.add_argument("--plot-dir", type=Path, default=Path("data/simulate/plots"))
-    parser.add_argument("--deployment", default="1p3d-h100")
-    parser.add_argument("--scenario", default="surge-100", help="the surge (a name or a .yaml file)")
-    parser.add_argument("--steady-scenario", default="steady", help="Basin's steady reference (a name or a .yaml)")
+    parser.add_argument("--deployment", default="1p3d")
+    parser.add_argument("--scenario", default="paper-timed-kill-burst-keep", help="the surge (a name or a .yaml file)")
+    parser.add_argument("--steady-scenario", default="paper-timed-steady",
+                        help="Basin's steady reference (a name or a .yaml)")
     parser.add_argument("--policies", nargs="+", default=list(POLICIES))
     parser.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS))
     parser.add_argument("--reservation-quantile", type=float, default=DEFAULT_RESERVATION_QUANTILE)
@@ -135,7 +138,10 @@ def main(argv: list[str] | None = None) -> int:
             "vs_continuum": metrics["basin_over_continuum"]["mean"],
             "vs_continuum_sd": metrics["basin_over_continuum"]["sd"],
             "vs_steady": metrics["basin_over_own_steady"]["mean"],
-            "vs_steady_sd": metrics["basin_over_own_steady"]["sd"]}))
+            "vs_steady_sd": metrics["basin_over_own_steady"]["sd"],
+            **({"proto_vs_continuum": metrics["proto_over_continuum"]["mean"],
+                "proto_vs_continuum_sd": metrics["proto_over_continuum"]["sd"]}
+               if "proto_over_continuum" in metrics else {})}))
     tracking.configure()
     tracking.log_run("simulate", {"deployment": surge.deployment.name, "scenario": surge.scenario.name,
                                   "seeds": len(args.seeds), "model": str(args.model),
@@ -148,7 +154,8 @@ def headline_metrics(rows: Sequence[dict[str, Any]], surge: str, steady: str,
                      policies: Sequence[str]) -> dict[str, Any]:
     """Per policy on the surge (and Basin on steady): goodput mean and sd over seeds (and each seed's, in seed
     order), hit-rate drop, first-call wait p50, shed share, share stuck; the paired per-seed ratios of Basin's
-    goodput over Continuum's and over its own steady goodput, as mean and sd."""
+    goodput over Continuum's and over its own steady goodput (and the prototype's over Continuum's when it
+    runs), as mean and sd."""
     summary = compare.aggregate(rows)
     by = {(row["scenario"], row["policy"], row["seed"]): float(row["goodput_per_hour"]) for row in rows}
     goodput: dict[str, Any] = {}
@@ -163,9 +170,11 @@ def headline_metrics(rows: Sequence[dict[str, Any]], surge: str, steady: str,
     missing = [p for p in policies if p not in goodput]
     if missing:
         raise ValueError(f"no runs of {missing} on {surge}")
-    return {"scenario": surge, "steady_scenario": steady, "goodput": goodput,
-            "basin_over_continuum": _paired(by, seeds, (surge, "basin"), (surge, "continuum")),
-            "basin_over_own_steady": _paired(by, seeds, (surge, "basin"), (steady, "basin"))}
+    paired = {"basin_over_continuum": _paired(by, seeds, (surge, "basin"), (surge, "continuum")),
+              "basin_over_own_steady": _paired(by, seeds, (surge, "basin"), (steady, "basin"))}
+    if "basin-proto" in policies:
+        paired["proto_over_continuum"] = _paired(by, seeds, (surge, "basin-proto"), (surge, "continuum"))
+    return {"scenario": surge, "steady_scenario": steady, "goodput": goodput, **paired}
 
 
 def _paired(by: Mapping[tuple[str, str, int], float], seeds: Sequence[int], top: tuple[str, str],

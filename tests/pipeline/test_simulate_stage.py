@@ -41,7 +41,7 @@ def test_the_stage_runs_the_headline_row_over_seeds_with_paired_ratios(
     assert calibration.reservation_ratio > 1.0  # predicted peaks exceed the contexts of live sessions
     assert calibration.reservation_quantile == 0.9 and calibration.predictor_sha256 is not None
     assert metrics["calibration"]["knee_tokens"] == calibration.knee_tokens
-    assert set(metrics["goodput"]) == {"sglang", "continuum", "basin", "basin_steady"}
+    assert set(metrics["goodput"]) == {"sglang", "continuum", "basin-proto", "basin", "basin_steady"}
     assert all(cell["seeds"] == 2 for cell in metrics["goodput"].values())
     assert (metrics["scenario"], metrics["steady_scenario"], metrics["seeds"]) == ("tiny-surge", "tiny-steady", [1, 2])
     basin, continuum = (metrics["goodput"][p]["per_seed"] for p in ("basin", "continuum"))
@@ -50,7 +50,11 @@ def test_the_stage_runs_the_headline_row_over_seeds_with_paired_ratios(
     assert metrics["basin_over_continuum"]["mean"] == pytest.approx(sum(ratios) / 2, rel=1e-5)  # paired by seed
     assert metrics["basin_over_own_steady"]["seeds"] == 2
     written = json.loads(headline.read_text())
-    assert set(written) == {"basin_per_h", "basin_sd", "vs_continuum", "vs_continuum_sd", "vs_steady", "vs_steady_sd"}
+    assert set(written) == {"basin_per_h", "basin_sd", "vs_continuum", "vs_continuum_sd", "vs_steady", "vs_steady_sd",
+                            "proto_vs_continuum", "proto_vs_continuum_sd"}
+    proto = metrics["goodput"]["basin-proto"]["per_seed"]
+    assert written["proto_vs_continuum"] == pytest.approx(
+        sum(p / c for p, c in zip(proto, continuum, strict=True)) / 2, rel=1e-5)
     assert written["vs_continuum"] == pytest.approx(metrics["basin_over_continuum"]["mean"], rel=1e-5)
     assert list((tmp_path / "plots").glob("*.png"))
     _assert_logged_as_a_run(uri, metrics)
