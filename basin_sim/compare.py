@@ -200,6 +200,42 @@ def markdown(rows: Sequence[dict[str, Any]], policies: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
+def paired(rows: Sequence[dict[str, Any]], reference: str = "continuum") -> str:
+    """Per (scenario, deployment, lending) and label, goodput over `reference`'s in the same cell and seed (the
+    same arrivals), as mean ± sd over seeds and the seeds ahead; a seed whose reference is 0 is left out.
+    Lending rows are paired with the reference without lending too: the paper's Basin lends, Continuum does
+    not."""
+    by = {(r["scenario"], r["deployment"], r.get("lending", "none"), r["policy"], r["seed"]):
+          float(r["goodput_per_hour"]) for r in rows}
+    head = f"/ {reference} (same lending) | / {reference} without lending"
+    lines = [f"| scenario | deployment | lending | label | {head} | seeds ahead |", "|" + " --- |" * 7]
+    labels = dict.fromkeys((s, d, lend, p) for s, d, lend, p, _ in by if p != reference)
+    for scenario, deployment, lending, label in labels:
+        seeds = sorted(seed for s, d, lend, p, seed in by if (s, d, lend, p) == (scenario, deployment, lending, label))
+        same = _ratios(by, seeds, (scenario, deployment, lending, label), (scenario, deployment, lending, reference))
+        bare = _ratios(by, seeds, (scenario, deployment, lending, label), (scenario, deployment, "none", reference))
+        if same is None and bare is None:
+            continue
+        shown = same if same is not None else bare
+        assert shown is not None
+        lines.append(f"| {scenario} | {deployment} | {lending} | {label} | {_ratio_text(same)} | {_ratio_text(bare)} | "
+                     f"{sum(r > 1 for r in shown)} of {len(shown)} |")
+    return "\n".join(lines)
+
+
+def _ratios(by: Mapping[tuple[str, str, str, str, int], float], seeds: Sequence[int], top: tuple[str, str, str, str],
+            bottom: tuple[str, str, str, str]) -> list[float] | None:
+    ratios = [by[(*top, s)] / by[(*bottom, s)] for s in seeds if by.get((*bottom, s))]
+    return ratios or None
+
+
+def _ratio_text(ratios: Sequence[float] | None) -> str:
+    if ratios is None:
+        return "-"
+    sd = statistics.stdev(ratios) if len(ratios) > 1 else 0.0
+    return f"{statistics.fmean(ratios):.3f} ± {sd:.3f}"
+
+
 def _pinned(cell: Mapping[str, Any]) -> str:
     if cell["pin_tool_time_share"] is None:
         return "-"
@@ -430,6 +466,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"basin-sim compare: error: {exc}", file=sys.stderr)
         return 2
     print(markdown(result.rows, result.labels))
+    if "continuum" in result.labels:
+        print("\nPaired by seed (same arrivals), goodput over Continuum's:\n")
+        print(paired(result.rows))
     if args.plot_dir is not None:
         from basin_sim.plots import plot_compare
 

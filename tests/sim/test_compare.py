@@ -10,7 +10,7 @@ import pytest
 from basin_sim.calibrate.rates import RateCache, rate_key
 from basin_sim.catalog import load_deployment, load_scenario
 from basin_sim.cli import main as cli_main
-from basin_sim.compare import aggregate, main, markdown
+from basin_sim.compare import aggregate, main, markdown, paired
 from basin_sim.workload.pool import workload_pool
 from basin_sim.workload.synthetic import generate_corpus
 from tests.sim.test_cli import DEPLOYMENT, SCENARIO
@@ -45,6 +45,21 @@ def test_a_cell_is_the_mean_and_sd_over_seeds_with_drop_wait_shed_and_the_share_
                          "| s | d | none | continuum | 90 ± 0 | 10.0 | 1.0 s | 0.0% | 0% | 30%, 50%, T 4.0 s |",
                          "| s | d | none | basin | 200 ± 141 | 25.0 | 20.0 s | 5.0% | 50% | - |",
                          "| s | d | decode-memory | sglang | 50 ± 0 | 10.0 | 1.0 s | 0.0% | 100% | - |"]
+
+
+def test_paired_ratios_are_per_seed_in_the_same_cell_and_against_the_reference_without_lending() -> None:
+    rows = [row("continuum", 1, 100.0, False), row("continuum", 2, 200.0, False),
+            row("basin", 1, 150.0, False), row("basin", 2, 100.0, False),
+            row("continuum", 1, 50.0, False, lending="decode-memory"), row("continuum", 2, 0.0, False,
+                                                                          lending="decode-memory"),
+            row("basin", 1, 100.0, False, lending="decode-memory"), row("basin", 2, 300.0, False,
+                                                                      lending="decode-memory")]
+    table = paired(rows).splitlines()
+    assert table[0] == ("| scenario | deployment | lending | label | / continuum (same lending) | / continuum without "
+                        "lending | seeds ahead |")
+    # none: 1.5 and 0.5; decode-memory: 2.0 (seed 2's continuum is 0: left out) and against none 1.0 and 1.5
+    assert table[2:] == ["| s | d | none | basin | 1.000 ± 0.707 | 1.000 ± 0.707 | 1 of 2 |",
+                         "| s | d | decode-memory | basin | 2.000 ± 0.000 | 1.250 ± 0.354 | 1 of 1 |"]
 
 
 @pytest.mark.integration
