@@ -24,9 +24,10 @@
 # - A chat call of a known session that resends its last body's conversation (a byte prefix) may be
 #   read by `resend.py` instead: only the new messages and fields, with the same checks.
 # - The forwarded body (`Call.encode`) is the client's own bytes with the top-level fields the
-#   gateway added spliced in before the closing brace; it is re-serialised only when the gateway
-#   changed a field the client sent (its own `priority`, or `stream_options` without
-#   `include_usage`). The gateway sets no body field but `GATEWAY_FIELDS`.
+#   gateway set spliced in before the closing brace; a field the client sent itself and the gateway
+#   changed (its own `priority` or `rid`, `stream_options` without `include_usage`) is cut out of
+#   the bytes first (`json_scan.without_members`), never by re-serialising the body: a large body
+#   costs one copy and no encoder holding the GIL. The gateway sets no body field but `GATEWAY_FIELDS`.
 """Parse and validate the body of an inference call."""
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import orjson
 
 from basin_runtime.gateway.errors import BadRequestError, NestingTooDeepError
+from basin_runtime.gateway.json_scan import top_level_members, without_members
 from basin_runtime.gateway.limits import DEFAULT_MAX_JSON_DEPTH, check_depth
 from basin_runtime.messages import Message
 
@@ -103,23 +105,42 @@ class Call:
         return self.messages is not None and any(m.get("role") == "assistant" for m in self.messages)
 
     def encode(self) -> bytes:
-        """The body to forward: the client's bytes plus the fields the gateway added (see the rules)."""
-        added = {k: self.body[k] for k in GATEWAY_FIELDS if k in self.body and k not in self.sent}
-        if any(k not in self.body or not _same(self.body[k], v) for k, v in self.sent.items()) or not self.raw:
-            if self.resent is not None:  # `resend.read_resent` reads such a body in full: a bug if reached
-                raise AssertionError("a resent call's body holds only its new messages; it cannot be re-serialised")
+        """The body to forward: the client's bytes, less the gateway's fields it sent that the gateway changed, plus
+        the gateway's values of them (see the rules)."""
+        changed = [k for k in GATEWAY_FIELDS if k in self.body and not (k in self.sent and _same(self.body[k],
+                                                                                               self.sent[k]))]
+        replaced = [k for k in self.sent if k not in self.body or k in changed]
+        if not self.raw:
             return json.dumps(self.body, ensure_ascii=False).encode("utf-8")
-        if not added:
+        if not changed and not replaced:
             return self.raw
-        head = self.raw.rstrip()
+        if replaced:
+            if self.resent is not None:  # `resend.read_resent` reads such a body in full: a bug if reached
+                raise AssertionError("a resent call's body holds only its new messages; it cannot drop a field")
+            members = top_level_members(self.raw)
+            if members is None:  # not the object the parser read: a bug if reached
+                raise AssertionError("a parsed body's top level does not scan as one object")
+            head = without_members(self.raw, replaced, members)
+            num_kept = sum(1 for key, _, _ in members if key not in replaced)
+        else:
+            head, num_kept = self.raw.rstrip(), len(self.body) - len(changed)
         assert head.endswith(b"}"), "a parsed body is a JSON object"
-        fields = b",".join(orjson.dumps(k) + b":" + orjson.dumps(v) for k, v in added.items())  # the gateway's values
-        comma = b"," if len(self.body) > len(added) else b""
+        fields = b",".join(_member(k, self.body[k]) for k in changed)  # the gateway's values
+        comma = b"," if num_kept and fields else b""
         return b"".join((memoryview(head)[:-1], comma, fields, b"}"))  # one copy of a body that may be megabytes
 
 
 def _same(a: object, b: object) -> bool:
     return a is b or (type(a) is type(b) and a == b)
+
+
+def _member(key: str, value: object) -> bytes:
+    """`"key":value` in compact JSON (orjson; the standard library for an integer past 64 bits in a client's
+    `stream_options`, which orjson does not write)."""
+    try:
+        return orjson.dumps(key) + b":" + orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        return json.dumps({key: value}, ensure_ascii=False, separators=(",", ":"))[1:-1].encode("utf-8")
 
 
 def parse_call(kind: CallKind, raw: bytes, max_json_depth: int = DEFAULT_MAX_JSON_DEPTH) -> Call:

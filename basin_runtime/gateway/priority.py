@@ -22,8 +22,10 @@
 #   header (`x-smg-routing-key` by default), replacing a client's own.
 # - `rid` = `<routing key>_t<call index>`: stable too, and smg (sticky sessions on) derives the same
 #   key from it, since it strips one `_r<n>` then one `_t<n>` suffix and prefers a rid-derived key to the
-#   header. A client's own rid is kept untouched (smg then keys on it). Batch requests (a list of
-#   prompts) get no rid: SGLang expects one per item.
+#   header. The gateway owns `rid` as it owns `priority`: a client's own rid is replaced (SGLang keys a
+#   request's state and its abort on the rid, and smg its routing, so a rid chosen by a client could
+#   collide with another session's calls). Batch requests (a list of prompts) carry no rid: SGLang
+#   makes one per item, and a client's own rid is removed.
 """Bounded engine priority levels, the session routing key, and request ids."""
 
 from __future__ import annotations
@@ -107,9 +109,11 @@ def request_id(key: str, call_index: int) -> str:
 
 
 def stamp(body: dict[str, Any], priority: int, rid: str | None) -> str | None:
-    """Set `priority` on the request body, and `rid` if the client sent none; return the rid in effect."""
+    """Set the gateway's `priority` and `rid` on the request body, replacing the client's (no rid: a batch, whose
+    client rid is removed); return `rid`."""
     body["priority"] = priority
-    if "rid" not in body and rid is not None:
+    if rid is None:
+        body.pop("rid", None)
+    else:
         body["rid"] = rid
-    current = body.get("rid")
-    return current if isinstance(current, str) else None
+    return rid

@@ -27,7 +27,6 @@
 
 from __future__ import annotations
 
-import re
 import threading
 import weakref
 from collections.abc import Mapping, Sequence
@@ -44,6 +43,21 @@ from basin_runtime.gateway.calls import (
     list_of_objects,
 )
 from basin_runtime.gateway.errors import BadRequestError, NestingTooDeepError
+from basin_runtime.gateway.json_scan import (
+    BACKSLASH,
+    CLOSE_LIST,
+    CLOSE_OBJECT,
+    COLON,
+    COMMA,
+    OPEN_LIST,
+    OPEN_OBJECT,
+    QUOTE,
+    WS,
+    container_end,
+    last_non_ws,
+    string_end,
+    value_end,
+)
 from basin_runtime.gateway.limits import check_depth
 
 if TYPE_CHECKING:
@@ -52,10 +66,6 @@ if TYPE_CHECKING:
 RESEND_MIN_BYTES = 64 << 10  # smaller bodies are read in full: cheaper than keeping their bytes
 DEFAULT_MAX_PREFIX_BYTES = 256 << 20
 
-_WS = re.compile(rb"[ \t\n\r]*")  # JSON whitespace
-_STRUCT = re.compile(rb'["{}\[\]]')
-_SCALAR_END = re.compile(rb"[^,}\] \t\n\r]*")
-_QUOTE, _BACKSLASH, _OPEN_OBJECT, _OPEN_LIST, _CLOSE_OBJECT, _CLOSE_LIST, _COMMA, _COLON = b'"\\{[}],:'
 
 
 @dataclass(frozen=True, eq=False)
@@ -148,25 +158,25 @@ def _read_tail(raw: bytes, base: MemoCounts, prefix: BodyPrefix, max_json_depth:
     new: list[dict[str, Any]] = []
     end = i = prefix.end
     while True:
-        i = _WS.match(raw, i).end()  # type: ignore[union-attr]  # matches the empty string at worst
-        if raw[i] == _CLOSE_LIST:
+        i = WS.match(raw, i).end()  # type: ignore[union-attr]  # matches the empty string at worst
+        if raw[i] == CLOSE_LIST:
             break
-        if raw[i] != _COMMA:
+        if raw[i] != COMMA:
             return None
-        i = _WS.match(raw, i + 1).end()  # type: ignore[union-attr]
-        if raw[i] != _OPEN_OBJECT:
+        i = WS.match(raw, i + 1).end()  # type: ignore[union-attr]
+        if raw[i] != OPEN_OBJECT:
             return None
-        j = _container_end(raw, i)
+        j = container_end(raw, i)
         if j < 0:
             return None
         new.append(orjson.loads(view[i:j]))
         end = i = j
-    i = _WS.match(raw, i + 1).end()  # type: ignore[union-attr]
-    if raw[i] == _CLOSE_OBJECT:
-        if _WS.match(raw, i + 1).end() != len(raw):  # type: ignore[union-attr]
+    i = WS.match(raw, i + 1).end()  # type: ignore[union-attr]
+    if raw[i] == CLOSE_OBJECT:
+        if WS.match(raw, i + 1).end() != len(raw):  # type: ignore[union-attr]
             return None
         tail: dict[str, Any] = {}
-    elif raw[i] == _COMMA:
+    elif raw[i] == COMMA:
         tail = orjson.loads(b"{" + raw[i + 1:])
         if not isinstance(tail, dict) or "messages" in tail or check_depth(tail, max_json_depth):
             return None
@@ -200,91 +210,39 @@ def _forwards_unchanged(body: Mapping[str, Any]) -> bool:
 
 def _scan_top_level(raw: bytes, num_fields: int) -> tuple[int, Sequence[str]] | None:
     """(end of the last message, the keys before `messages`) of a JSON object body, or None."""
-    i = _WS.match(raw).end()  # type: ignore[union-attr]
-    if raw[i] != _OPEN_OBJECT:
+    i = WS.match(raw).end()  # type: ignore[union-attr]
+    if raw[i] != OPEN_OBJECT:
         return None
     i += 1
     keys: list[str] = []
     end = head = -1
     while True:
-        i = _WS.match(raw, i).end()  # type: ignore[union-attr]
-        if raw[i] != _QUOTE:
+        i = WS.match(raw, i).end()  # type: ignore[union-attr]
+        if raw[i] != QUOTE:
             return None
-        j = _string_end(raw, i)
-        key = orjson.loads(raw[i:j]) if _BACKSLASH in raw[i:j] else raw[i + 1:j - 1].decode("utf-8")
+        j = string_end(raw, i)
+        key = orjson.loads(raw[i:j]) if BACKSLASH in raw[i:j] else raw[i + 1:j - 1].decode("utf-8")
         keys.append(key)
-        i = _WS.match(raw, j).end()  # type: ignore[union-attr]
-        if raw[i] != _COLON:
+        i = WS.match(raw, j).end()  # type: ignore[union-attr]
+        if raw[i] != COLON:
             return None
-        i = _WS.match(raw, i + 1).end()  # type: ignore[union-attr]
-        j = _value_end(raw, i)
+        i = WS.match(raw, i + 1).end()  # type: ignore[union-attr]
+        j = value_end(raw, i)
         if j < 0:
             return None
         if key == "messages":
-            if raw[i] != _OPEN_LIST:
+            if raw[i] != OPEN_LIST:
                 return None
-            last = _last_non_ws(raw, j - 2)  # j - 1 is the closing bracket
-            if raw[last] != _CLOSE_OBJECT:
+            last = last_non_ws(raw, j - 2)  # j - 1 is the closing bracket
+            if raw[last] != CLOSE_OBJECT:
                 return None
             end, head = last + 1, len(keys) - 1
-        i = _WS.match(raw, j).end()  # type: ignore[union-attr]
-        if raw[i] == _CLOSE_OBJECT:
+        i = WS.match(raw, j).end()  # type: ignore[union-attr]
+        if raw[i] == CLOSE_OBJECT:
             break
-        if raw[i] != _COMMA:
+        if raw[i] != COMMA:
             return None
         i += 1
     if end < 0 or len(set(keys)) != len(keys) or len(keys) != num_fields:
         return None
     return end, keys[:head]
-
-
-def _last_non_ws(raw: bytes, i: int) -> int:
-    while raw[i] in b" \t\n\r":
-        i -= 1
-    return i
-
-
-def _value_end(raw: bytes, i: int) -> int:
-    """The index just after the JSON value starting at `i` (-1 if it does not end)."""
-    first = raw[i]
-    if first == _QUOTE:
-        return _string_end(raw, i)
-    if first in (_OPEN_OBJECT, _OPEN_LIST):
-        return _container_end(raw, i)
-    return _SCALAR_END.match(raw, i).end()  # type: ignore[union-attr]
-
-
-def _string_end(raw: bytes, i: int) -> int:
-    """The index just after the string whose opening quote is at `i` (-1 if it does not end)."""
-    j = i + 1
-    while True:
-        j = raw.find(b'"', j)
-        if j < 0:
-            return -1
-        k = j
-        while raw[k - 1] == _BACKSLASH:
-            k -= 1
-        if (j - k) % 2 == 0:  # an even run of backslashes escapes itself, not the quote
-            return j + 1
-        j += 1
-
-
-def _container_end(raw: bytes, i: int) -> int:
-    """The index just after the object or list opening at `i` (-1 if it does not end); strings skipped."""
-    depth = 0
-    search = _STRUCT.search
-    while True:
-        match = search(raw, i)
-        if match is None:
-            return -1
-        i = match.start()
-        char = raw[i]
-        if char == _QUOTE:
-            i = _string_end(raw, i)
-            if i < 0:
-                return -1
-            continue
-        depth += 1 if char in (_OPEN_OBJECT, _OPEN_LIST) else -1
-        i += 1
-        if depth == 0:
-            return i

@@ -216,20 +216,28 @@ async def test_a_call_is_forwarded_with_the_session_priority_a_rid_and_the_clien
     assert body["messages"] == conversation("fix the bug")
 
 
-async def test_a_client_rid_is_kept_and_a_client_priority_is_replaced(rig: Rig) -> None:
-    await rig.chat("s1", "task", rid="client-rid-7", priority=999, headers={"X-SMG-Routing-Key": "theirs"})
-    (sent,) = rig.upstream.requests
-    body = json.loads(sent.content)
-    assert (body["rid"], body["priority"]) == ("client-rid-7", 0)
-    assert sent.headers.get_list("x-smg-routing-key") == [routing_key("s1")]  # the client's key is replaced
-    assert rig.room.registry.get("s1").calls[0].rid == "client-rid-7"  # type: ignore[union-attr]
-
-
-async def test_a_batch_prompt_gets_the_priority_but_no_rid(rig: Rig) -> None:
-    response = await rig.client.post("/v1/completions", json={"prompt": ["a", "b"], "user": "u"})
+async def test_the_gateway_owns_rid_and_priority_a_client_cannot_choose_them(rig: Rig) -> None:
+    # Issue 36 item 10: a client's rid (SGLang keys a request's state and abort on it, smg its routing) is replaced,
+    # as its priority is, however it spells the key; the rest of its bytes go on as they were.
+    raw = (b'{"model": "m", "r\\u0069d": "other-session_t0", "messages": [{"role": "user", "content": "task"}], '
+           b'"priority": 999, "rid": "client-rid-7", "temperature": 0.5}')
+    response = await rig.client.post(CHAT, content=raw, headers={"X-Session-ID": "s1", "X-SMG-Routing-Key": "theirs",
+                                                                  "content-type": "application/json"})
     assert response.status_code == 200
-    (body,) = rig.upstream.bodies("/v1/completions")
-    assert "rid" not in body and isinstance(body["priority"], int)
+    (sent,) = rig.upstream.requests
+    key = routing_key("s1")
+    assert sent.content == (b'{"model": "m","messages": [{"role": "user", "content": "task"}],"temperature": 0.5,'
+                            b'"priority":0,"rid":"' + key.encode() + b'_t0"}')
+    assert sent.headers.get_list("x-smg-routing-key") == [key]  # the client's key is replaced
+    assert rig.room.registry.get("s1").calls[0].rid == f"{key}_t0"  # type: ignore[union-attr]
+
+
+async def test_a_batch_prompt_gets_the_priority_and_loses_a_client_rid(rig: Rig) -> None:
+    for body in ({"prompt": ["a", "b"], "user": "u"}, {"prompt": ["a", "b"], "user": "u", "rid": ["x", "y"]}):
+        response = await rig.client.post("/v1/completions", json=body)
+        assert response.status_code == 200
+    for body in rig.upstream.bodies("/v1/completions"):
+        assert "rid" not in body and isinstance(body["priority"], int)  # SGLang makes one rid per item
 
 
 async def test_priority_levels_follow_the_basin_order_not_the_arrival_order() -> None:

@@ -281,10 +281,10 @@ def test_routing_keys_and_request_ids_are_stable_safe_ascii_and_strip_back_to_th
     assert (head, tail) == (key, "t7") and "_" not in key
     body: dict[str, object] = {"priority": 5}
     assert stamp(body, 12, rid) == rid and body == {"priority": 12, "rid": rid}
-    mine: dict[str, object] = {"rid": "mine"}
-    assert stamp(mine, 3, rid) == "mine" and mine == {"rid": "mine", "priority": 3}
+    mine: dict[str, object] = {"rid": "mine"}  # the gateway owns rid, as it owns priority (issue 36 item 10)
+    assert stamp(mine, 3, rid) == rid and mine == {"rid": rid, "priority": 3}
     batch: dict[str, object] = {"rid": ["r1", "r2"]}
-    assert stamp(batch, 3, None) is None and batch["rid"] == ["r1", "r2"]
+    assert stamp(batch, 3, None) is None and batch == {"priority": 3}
 
 
 # --- the manual clock ----------------------------------------------------------------------------
