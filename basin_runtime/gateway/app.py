@@ -166,6 +166,7 @@ def create_app(gateway: Gateway, *, admin_token: str | None = None, tick_interva
     handlers[HTTPException] = _route_error_handler
     app = _GatewayApp(routes=routes, exception_handlers=handlers, lifespan=lifespan,
                       middleware=[Middleware(_LastResort)])
+    app.router.redirect_slashes = False  # a trailing slash is another path: 404 `not_found`, never a bare 307
     app.state.gateway = gateway  # the server's graceful shutdown drains it first (`cli.py`)
     app.state.end_session = end_session  # served ahead of the stack too (`_InferencePath`)
     return app
@@ -352,7 +353,7 @@ def shared_state(config: GatewayConfig, policy_settings: PolicyConfig) -> Coordi
 def upstream_client(config: GatewayConfig) -> UpstreamClient:
     """The HTTP client to the upstream (`config.upstream_client`), with the gateway's timeouts, no connection cap."""
     return make_client(config.upstream_client, config.upstream, connect_s=config.upstream_connect_timeout_s,
-                       read_s=config.upstream_timeout_s)
+                       read_s=config.upstream_timeout_s, max_head_bytes=config.max_header_bytes)
 
 
 def build_app(config: GatewayConfig, clock: Clock | None = None) -> Starlette:

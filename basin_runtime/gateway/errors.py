@@ -4,7 +4,8 @@
 # - Every failure a client can see is a `GatewayError` subclass raised where it is found; nothing
 #   else in the gateway picks a status code. `error_response` is the only mapping:
 #     400 bad request (malformed JSON, wrong shape, no messages/prompt; `invalid_request_error`)
-#     400/413 a limit passed (`LimitError`: `json_too_deep`, `session_id_too_long`, 413 `request_too_large`)
+#     400/413/431 a limit passed (`LimitError`: `json_too_deep`, `session_id_too_long`, 413 `request_too_large`,
+#         431 `headers_too_large`)
 #     401 admin token (or end key) missing or wrong             404 unknown session, path or route
 #     405 method not allowed on a route (with Allow)            409 session ended while it waited
 #     499 client went away (nobody reads it; for the logs)      502 upstream refused or answered 5xx
@@ -12,7 +13,10 @@
 #     503 shutting down (draining: no new session is admitted; with Retry-After)
 #     503 state unavailable (`--state`: the shared admission state is out of reach or being rebuilt, so
 #         no new session can be decided; with the reason and Retry-After; admitted sessions are served)
-#     502 upstream broke off mid-answer, or answered 2xx with a body that is not the JSON it claims
+#     502 upstream broke off mid-answer, answered 2xx with a body that is not the JSON it claims, a redirect
+#         (never followed nor passed on), or an answer head past `max_header_bytes`
+#     4xx the upstream's refusal, its status kept: passed on as written when its body is JSON with a string
+#         `type` (SGLang's and OpenAI's error shapes), else `upstream_rejected` quoting the body's start
 #     500 a policy error (a bug: the policy refused a step the gateway thought legal), or any
 #         unexpected exception (`internal_error`, turned into a `GatewayInternalError` by the app's
 #         last-resort handler): never a plain-text answer.
@@ -71,6 +75,13 @@ class NestingTooDeepError(LimitError):
     """The request's JSON is nested deeper than `max_json_depth`."""
 
     kind: ClassVar[str] = "json_too_deep"
+
+
+class HeadersTooLargeError(LimitError):
+    """A request head is larger than `max_header_bytes`, or has more than `max_headers` headers."""
+
+    status_code: ClassVar[int] = 431
+    kind: ClassVar[str] = "headers_too_large"
 
 
 class SessionIdTooLongError(LimitError):
@@ -152,6 +163,16 @@ class UpstreamBadAnswerError(UpstreamError):
     """The upstream answered 2xx with a body that is not what it claims (JSON that does not parse)."""
 
 
+class UpstreamRejectedError(UpstreamError):
+    """The upstream refused the request (a 4xx) with a body that is not JSON with a `type`: passed on with the
+    upstream's status, in the gateway's JSON."""
+
+    def __init__(self, status_code: int, body_text: str) -> None:
+        super().__init__(f"upstream answered {status_code}: {body_text}")
+        self.status_code = status_code
+        self.body_text = body_text
+
+
 class UpstreamStatusError(UpstreamError):
     """The upstream answered with a 5xx status."""
 
@@ -205,6 +226,9 @@ def _classify(exc: Exception) -> tuple[int, str, dict[str, Any], dict[str, str]]
             return 504, "upstream_timeout", {}, {}
         case UpstreamStatusError():
             return 502, "upstream_error", {"upstream_status": exc.status_code, "upstream_body": exc.body_text}, {}
+        case UpstreamRejectedError():
+            details = {"upstream_status": exc.status_code, "upstream_body": exc.body_text}
+            return exc.status_code, "upstream_rejected", details, {}
         case UpstreamStreamError():
             return 502, "upstream_stream_error", {}, {}
         case UpstreamBadAnswerError():

@@ -60,18 +60,18 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, TypeVar
-from urllib.parse import unquote
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from basin_runtime.gateway.calls import Call, CallKind, parse_call
 from basin_runtime.gateway.engine_metrics import EngineHitWindow, EngineScraper
-from basin_runtime.gateway.errors import PathNotForwardedError, SessionEndedError
+from basin_runtime.gateway.errors import SessionEndedError
 from basin_runtime.gateway.lending import LendingTracker
 from basin_runtime.gateway.limits import Limits, read_body
 from basin_runtime.gateway.measure import FirstCall, Meter, PromptMemo
 from basin_runtime.gateway.metrics import GatewayMetrics
+from basin_runtime.gateway.paths import forwarded_target
 from basin_runtime.gateway.predictors import PeakModel, Predictors
 from basin_runtime.gateway.priority import ROUTING_KEY_HEADER, request_id, stamp
 from basin_runtime.gateway.proxy import CallEnd, EndHook, Upstream
@@ -239,16 +239,14 @@ class Gateway:
     async def pass_through(self, request: Request) -> Response:
         """Forward a read-only request (models, server info) without session accounting.
 
-        Only the listed paths go upstream, exactly: a path with a `.` or `..` segment, an empty segment
-        or an encoded slash or backslash (raw or percent-encoded) is refused, so `/v1/models/../../workers`
-        cannot reach the router's internals.
+        Only the listed paths go upstream, exactly as the client encoded them, and only a well-formed target
+        (`paths.forwarded_target`): no `.` or `..` segment, empty segment or encoded slash or backslash, so
+        `/v1/models/../../workers` cannot reach the router's internals.
         """
-        raw = (request.scope.get("raw_path") or request.url.path.encode()).decode("latin-1").split("?", 1)[0]
-        path = unquote(raw)
-        if any(s in ("", ".", "..") for s in path.split("/")[1:]) or "\\" in path or "%2f" in raw.lower():
-            raise PathNotForwardedError(f"{path!r} is not a path the gateway forwards")
-        return await self.upstream.forward(request.method, path, request.headers, None,
-                                           request.receive, params=request.url.query)
+        raw_path = request.scope.get("raw_path") or request.scope["path"].encode("utf-8")
+        path, query = forwarded_target(raw_path.split(b"?", 1)[0], request.scope.get("query_string", b""))
+        return await self.upstream.forward(request.method, path, request.headers, None, request.receive,
+                                           params=query)
 
     async def end_session(self, session_id: str) -> Ended:
         """End a session on the client's or operator's word (shared state: held here or anywhere)."""

@@ -18,8 +18,13 @@
 #   for the answer's head, then while streaming its body): if it leaves, the upstream request is cancelled.
 #   Failures before the head: cannot connect -> `UpstreamRefusedError`; timeout ->
 #   `UpstreamTimeoutError`; a 5xx -> `UpstreamStatusError` with the start of the upstream's body.
-#   A 4xx passes through unchanged (the client's own mistake, in the upstream's words). A 2xx read
-#   whole that says it is JSON and does not parse -> `UpstreamBadAnswerError` (502, its start quoted).
+#   A 4xx (the client's own mistake, in the upstream's words) is read whole, up to `REFUSAL_BODY_BYTES`,
+#   and passed on with its status: as written when it is a JSON object with a string `type` (SGLang's
+#   `{"object": "error", "type", ...}`, OpenAI's `{"error": {"type", ...}}`), else as the gateway's
+#   JSON (`UpstreamRejectedError`, `upstream_rejected`, quoting its start: a plain-text, HTML or empty
+#   refusal, FastAPI's `{"detail": ...}`). A 1xx or 3xx -> `UpstreamBadAnswerError` (502: a redirect
+#   would send the client to an address behind the gateway). A 2xx read whole that says it is JSON and
+#   does not parse -> `UpstreamBadAnswerError` (502, its start quoted).
 # - `on_end(CallEnd)` is called exactly once per forwarded call: when the body has been sent, when
 #   the client disconnects, or when the upstream fails (before or during the body). It carries the
 #   upstream's status and headers (smg names the worker that answered there), and the call's usage.
@@ -73,6 +78,7 @@ from basin_runtime.gateway.errors import (
     UpstreamBadAnswerError,
     UpstreamError,
     UpstreamRefusedError,
+    UpstreamRejectedError,
     UpstreamStatusError,
     UpstreamStreamError,
     UpstreamTimeoutError,
@@ -107,6 +113,7 @@ NOT_SENT = HOP_BY_HOP | {"accept-encoding", "expect"}  # the gateway asks for id
 # Not passed back: hop-by-hop, what the gateway's own server sets, and the encoding undone here.
 NOT_RETURNED = HOP_BY_HOP | {"date", "server", "content-encoding"}
 ERROR_BODY_BYTES = 4096
+REFUSAL_BODY_BYTES = 64 << 10  # a 4xx body up to this is read whole and judged (SGLang's are a few hundred bytes)
 WHOLE_BODY_BYTES = 1 << 20  # a non-SSE answer with a Content-Length up to this is read whole, then sent
 USAGE_BODY_BYTES = 4 << 20  # a longer JSON answer is passed on but its usage is not read
 EVENT_BYTES = 1 << 20  # a longer SSE event is passed on as it arrives but not parsed (usage events are small)
@@ -157,13 +164,15 @@ class Upstream:
         except ClientGoneError:
             await on_end(CallEnd("client_gone"))
             raise
-        except (UpstreamTimeoutError, UpstreamRefusedError):
+        except (UpstreamTimeoutError, UpstreamRefusedError, UpstreamBadAnswerError):
             await on_end(CallEnd("upstream_error"))
             raise
         if response.status_code >= 500:
             text = await _read_start(response)
             await on_end(CallEnd("upstream_error", response.status_code, response.headers))
             raise UpstreamStatusError(response.status_code, text)
+        if not _is_ok(response.status_code):
+            return await _refusal(response, on_end)
         length = _whole_length(response)
         first_byte = on_first_byte if _is_ok(response.status_code) else None
         if length is None:
@@ -185,6 +194,40 @@ class Upstream:
         finally:
             await response.aclose()
         return WholeUpstreamResponse(answer, response.status_code, response.headers, on_end, usage)
+
+
+async def _refusal(response: UpstreamAnswer, on_end: EndHook) -> Response:
+    """A 4xx passed on as written if its body is JSON with a `type`, else as the gateway's JSON; a 1xx or 3xx
+    refused (see the rules). The call ends here unless the answer is passed on (then when it has been sent)."""
+    status = response.status_code
+    try:
+        body = await response.read(REFUSAL_BODY_BYTES + 1)
+    except UpstreamBrokenError as exc:
+        await response.aclose()
+        await on_end(CallEnd("upstream_error", status, response.headers))
+        raise _mid_answer_error(response.url, exc, None) from exc
+    await response.aclose()
+    if status < 400:
+        await on_end(CallEnd("upstream_error", status, response.headers))
+        raise UpstreamBadAnswerError(f"upstream {response.url} answered {status} {response.reason}, which the gateway "
+                                     f"neither follows nor passes on")
+    if len(body) <= REFUSAL_BODY_BYTES and _has_type(body):
+        return WholeUpstreamResponse(body, status, response.headers, on_end, None)
+    await on_end(CallEnd("rejected", status, response.headers))
+    text = body[:ERROR_BODY_BYTES].decode("utf-8", errors="replace").strip() or response.reason
+    raise UpstreamRejectedError(status, text)
+
+
+def _has_type(body: bytes) -> bool:
+    """True if `body` is a JSON object with a string `type`, at its top or in its `error` object."""
+    try:
+        answer = parse_json(body)
+    except ValueError:
+        return False
+    if not isinstance(answer, dict):
+        return False
+    error = answer.get("error")
+    return isinstance(answer.get("type"), str) or (isinstance(error, dict) and isinstance(error.get("type"), str))
 
 
 def _since(sent_s: float, hook: FirstByteHook) -> Callable[[], None]:

@@ -176,7 +176,7 @@ class Case:
     attempts: int  # decode requests smg made for the call
     error: type[openai.APIError]  # exactly this openai exception
     status: int | None  # its HTTP status (None: an error event in a 200 stream)
-    error_type: str | None  # the error body's `type` (None: not JSON, as smg's cut 429 body)
+    error_type: str  # the error body's `type`
     words: str  # in the error's message or upstream body
     outcome: str = "upstream_error"  # the call's label in basin_calls_total
     upstream_status: int | None = None  # smg's status, in the gateway's 502
@@ -189,7 +189,9 @@ class Case:
 CASES = [
     Case("status-429", False, 5, openai.InternalServerError, 502, "upstream_error", "scripted status-429",
          upstream_status=500),
-    Case("status-429", True, 5, openai.RateLimitError, 429, None, "scripted status-429", outcome="rejected"),
+    # smg's cut SSE body under the worker's 429 is not JSON: the gateway answers its own JSON with the 429 kept
+    Case("status-429", True, 5, openai.RateLimitError, 429, "upstream_rejected", "scripted status-429",
+         outcome="rejected", upstream_status=429),
     Case("status-500", False, 5, openai.InternalServerError, 502, "upstream_error", "scripted status-500",
          upstream_status=500),
     Case("status-500", True, 5, openai.InternalServerError, 502, "upstream_error", "scripted status-500",

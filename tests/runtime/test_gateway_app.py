@@ -29,6 +29,7 @@ from basin_runtime.gateway.measure import Meter
 from basin_runtime.gateway.predictors import Predictors
 from basin_runtime.gateway.priority import routing_key
 from basin_runtime.gateway.proxy import CallEnd, Upstream, UpstreamResponse
+from basin_runtime.gateway.upstream import UpstreamClient
 from basin_runtime.gateway.waiting import WaitingRoom
 from basin_runtime.policy import Policy, PolicyConfig
 from basin_runtime.task_text import TaskTextRule
@@ -120,23 +121,25 @@ def conversation(*contents: str, system: str | None = None) -> list[dict[str, st
 async def rig_for(*, budget_tokens: int = 1_000_000, model: StubModel | None = None, admin_token: str | None = None,
                   workload_models: dict[str, StubModel] | None = None, gateway_options: dict[str, Any] | None = None,
                   app_options: dict[str, Any] | None = None, reservation_quantile: float | None = None,
-                  revise_at_calls: tuple[int, ...] = (), **policy: Any) -> AsyncIterator[Rig]:
-    """A fresh rig; everything it opened is closed on exit (`*_options`: extra Gateway / create_app arguments)."""
-    clock = ManualClock()
+                  revise_at_calls: tuple[int, ...] = (), upstream_client: UpstreamClient | None = None,
+                  clock: ManualClock | None = None, **policy: Any) -> AsyncIterator[Rig]:
+    """A fresh rig; everything it opened is closed on exit (`*_options`: extra Gateway / create_app arguments;
+    `upstream_client`: a real client instead of the fake upstream, which then sees nothing)."""
+    clock = clock or ManualClock()
     upstream = FakeUpstream()
     model = model or StubModel()
     room = WaitingRoom(Policy(PolicyConfig(budget_tokens=budget_tokens, **policy)), clock, retry_after_s=30)
-    upstream_client = httpx.AsyncClient(transport=httpx.MockTransport(upstream), base_url="http://router")
+    mock_client = httpx.AsyncClient(transport=httpx.MockTransport(upstream), base_url="http://router")
     gateway = Gateway(room, Meter(TOKENIZER, TaskTextRule()), Predictors(model, workload_models, reservation_quantile,
                                                                           revise_at_calls),
-                      Upstream(upstream_client), **(gateway_options or {}))
+                      Upstream(upstream_client or mock_client), **(gateway_options or {}))
     app = create_app(gateway, admin_token=admin_token, **(app_options or {}))
     client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway")
     try:
         yield Rig(gateway, app, clock, upstream, model, client)
     finally:
         await client.aclose()
-        await upstream_client.aclose()
+        await mock_client.aclose()
 
 
 async def eventually(condition: Callable[[], bool], timeout_s: float = 2.0) -> None:
@@ -686,10 +689,14 @@ async def test_a_break_after_done_loses_nothing_and_the_call_completes(rig: Rig)
 SMG_CUT_429 = b'data: {"error":{"message":{"object":"error","message":"rate limited","type":"BadRequestError'
 
 
-async def test_a_4xx_stream_passes_through_unchanged_and_ends_rejected(rig: Rig) -> None:
+async def test_a_4xx_stream_that_is_not_json_comes_back_as_json_with_its_status_and_ends_rejected(rig: Rig) -> None:
+    # Issue 36 item 8: every refusal the gateway relays is JSON with a stable `type`; this one's words are quoted.
     call = await _failing_call(rig, _failing_stream(SMG_CUT_429, status=429))
 
-    assert call.status == 429 and b"".join(call.body_chunks) == SMG_CUT_429  # the upstream's words, nothing added
+    error = json.loads(b"".join(call.body_chunks))["error"]
+    assert call.status == 429 and (error["type"], error["code"], error["upstream_status"]) == ("upstream_rejected",
+                                                                                                429, 429)
+    assert error["upstream_body"] == SMG_CUT_429.decode()
     assert _second_call_outcome(rig) == (0, "rejected")
 
 
@@ -953,14 +960,18 @@ async def test_an_upstream_5xx_reports_its_status_and_body(rig: Rig) -> None:
     assert (error["upstream_status"], error["upstream_body"]) == (500, "scheduler crashed: KV cache pool exhausted")
 
 
-async def test_an_upstream_4xx_passes_through_unchanged(rig: Rig) -> None:
+SGLANG_400 = {"object": "error", "message": "temperature must be >= 0", "type": "BadRequestError", "param": None,
+              "code": 400}  # SGLang's ErrorResponse (srt/entrypoints/openai/protocol.py)
+
+
+async def test_an_upstream_4xx_in_json_with_a_type_passes_through_unchanged(rig: Rig) -> None:
     async def reject(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(400, json={"object": "error", "message": "temperature must be >= 0"})
+        return httpx.Response(400, json=SGLANG_400)
 
     rig.upstream.handler = reject
     response = await rig.chat("s1", "task", temperature=-1)
     assert response.status_code == 400
-    assert response.json() == {"object": "error", "message": "temperature must be >= 0"}
+    assert response.json() == SGLANG_400
     assert rig.room.registry.get("s1") is None  # refused upstream: not served work, nothing held, nothing to lend
     assert b'basin_calls_total{outcome="rejected"} 1.0' in rig.gateway.metrics.render()
     assert rig.gateway.lending.of("s1") is None

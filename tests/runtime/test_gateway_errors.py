@@ -7,12 +7,14 @@ import json
 from basin_runtime.gateway.errors import (
     BodyTooLargeError,
     GatewayError,
+    HeadersTooLargeError,
     LimitError,
     MethodNotAllowedError,
     NestingTooDeepError,
     SessionIdTooLongError,
     SessionShedError,
     ShuttingDownError,
+    UpstreamRejectedError,
     UpstreamStatusError,
     UpstreamTimeoutError,
     error_event,
@@ -32,9 +34,11 @@ SHED = Shed("s", 1.0, 2.0, 3.0, 0.5, 0.1, 900.0, "arrival rate 0.5/s exceeds pea
 EXAMPLES: dict[type, GatewayError] = {
     SessionShedError: SessionShedError(SHED, 12.5),
     UpstreamStatusError: UpstreamStatusError(500, "scheduler crashed"),
+    UpstreamRejectedError: UpstreamRejectedError(404, "Not Found"),
     LimitError: LimitError("too much", "max_things", 3),
     BodyTooLargeError: BodyTooLargeError("too large", "max_body_bytes", 10),
     NestingTooDeepError: NestingTooDeepError("too deep", "max_json_depth", 4),
+    HeadersTooLargeError: HeadersTooLargeError("too big", "max_header_bytes", 8192),
     SessionIdTooLongError: SessionIdTooLongError("too long", "max_session_id_chars", 8),
     MethodNotAllowedError: MethodNotAllowedError("no PUT here", "GET"),
     ShuttingDownError: ShuttingDownError("draining", 7.2),
@@ -57,7 +61,7 @@ def test_every_gateway_error_maps_to_one_status_and_an_openai_style_body() -> No
         "ClientGoneError": 499, "SessionShedError": 503, "ShuttingDownError": 503, "UpstreamError": 502,
         "UpstreamRefusedError": 502,
         "UpstreamTimeoutError": 504, "UpstreamStatusError": 502, "UpstreamStreamError": 502,
-        "UpstreamBadAnswerError": 502,
+        "UpstreamBadAnswerError": 502, "UpstreamRejectedError": 404, "HeadersTooLargeError": 431,
     }
 
 
