@@ -18,13 +18,13 @@
 # - uvicorn keeps an idle client connection `keep_alive_s` (its own default, 5 s, is what the httpx and
 #   openai pools wait before reusing one, so the two race and the client gets a reset).
 # - uvicorn's proxy-headers middleware is off: the gateway reads no client address (a layer per request).
+# - uvicorn runs with the gateway's own HTTP protocol and options (`server.server_config`).
 """Command-line entry point of the gateway."""
 
 from __future__ import annotations
 
 import ipaddress
 import logging
-import math
 import socket
 import sys
 from collections.abc import Awaitable, Callable
@@ -33,6 +33,7 @@ import uvicorn
 
 from basin_runtime.gateway.app import build_app
 from basin_runtime.gateway.config import ConfigError, GatewayConfig, build_parser, load_config
+from basin_runtime.gateway.server import server_config
 from basin_runtime.policy import PolicyConfig
 
 logger = logging.getLogger(__name__)
@@ -55,11 +56,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"basin-gateway: error: {exc}", file=sys.stderr)
         return 2
     logger.info("basin-gateway on http://%s:%d in front of %s", config.host, config.port, config.upstream)
-    server = DrainingServer(uvicorn.Config(app, host=config.host, port=config.port, log_config=None,
-                                           access_log=False, lifespan="on", proxy_headers=False,
-                                           timeout_keep_alive=config.keep_alive_s,  # type: ignore[arg-type]
-                                           timeout_graceful_shutdown=max(1, math.ceil(config.drain_timeout_s))),
-                            drain=app.state.gateway.drain)  # (uvicorn types timeout_keep_alive int; a float works)
+    server = DrainingServer(server_config(app, host=config.host, port=config.port, keep_alive_s=config.keep_alive_s,
+                                          drain_timeout_s=config.drain_timeout_s,
+                                          max_header_bytes=config.max_header_bytes, max_headers=config.max_headers),
+                            drain=app.state.gateway.drain)
     server.run()
     return 0
 

@@ -26,8 +26,15 @@ import yaml
 from basin_runtime.calibration import Calibration, CalibrationError, load_calibration
 from basin_runtime.gateway.limits import (
     DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_BODY_BYTES_IN_FLIGHT,
+    DEFAULT_MAX_CONTENT_PARTS,
+    DEFAULT_MAX_HEADER_BYTES,
+    DEFAULT_MAX_HEADERS,
     DEFAULT_MAX_JSON_DEPTH,
+    DEFAULT_MAX_JSON_ITEMS,
+    DEFAULT_MAX_MESSAGES,
     DEFAULT_MAX_SESSION_ID_CHARS,
+    DEFAULT_MAX_TOOLS,
     MAX_JSON_DEPTH_CEILING,
     Limits,
 )
@@ -47,6 +54,7 @@ from basin_runtime.predictor import reservation_quantile_arg
 LOG_LEVELS = ("debug", "info", "warning", "error")
 DEFAULT_REVISE_AT_CALLS: tuple[int, ...] = ()  # the paper's Basin never revises (beyond it: --revise-at-calls 3 5)
 UPSTREAM_CLIENTS = ("httptools", "aiohttp", "httpx")
+MIN_HEADER_BYTES = 1024
 
 
 class ConfigError(ValueError):
@@ -109,6 +117,13 @@ class GatewayConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
     max_session_id_chars: int = DEFAULT_MAX_SESSION_ID_CHARS
+    max_json_items: int = DEFAULT_MAX_JSON_ITEMS
+    max_messages: int = DEFAULT_MAX_MESSAGES
+    max_tools: int = DEFAULT_MAX_TOOLS
+    max_content_parts: int = DEFAULT_MAX_CONTENT_PARTS
+    max_body_bytes_in_flight: int = DEFAULT_MAX_BODY_BYTES_IN_FLIGHT
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES  # a request head; also an upstream answer's head
+    max_headers: int = DEFAULT_MAX_HEADERS
     # bytes of the sessions' last bodies kept to read a resent conversation's new part only (`resend.py`)
     resend_memo_bytes: int = DEFAULT_MAX_PREFIX_BYTES
     # replicas sharing one admission state (`basin_runtime/state/`): redis://HOST:PORT/DB; None: in process
@@ -118,7 +133,13 @@ class GatewayConfig:
     @property
     def limits(self) -> Limits:
         """The input limits (`limits.py`)."""
-        return Limits(self.max_body_bytes, self.max_json_depth, self.max_session_id_chars)
+        return Limits(self.max_body_bytes, self.max_json_depth, self.max_session_id_chars, self.max_json_items,
+                      self.max_messages, self.max_tools, self.max_content_parts, self.max_body_bytes_in_flight)
+
+    def __post_init__(self) -> None:
+        if self.max_body_bytes_in_flight < self.max_body_bytes:
+            raise ConfigError(f"max_body_bytes_in_flight ({self.max_body_bytes_in_flight}) must be at least "
+                              f"max_body_bytes ({self.max_body_bytes}): the largest body accepted could never be read")
 
 
 def _str(key: str, value: object) -> str:
@@ -202,6 +223,14 @@ def _positive_int(key: str, value: object) -> int:
     return number
 
 
+def _head_bytes(key: str, value: object) -> int:
+    number = _int(key, value)
+    if number < MIN_HEADER_BYTES:
+        raise ConfigError(f"{key}: expected a whole number of bytes >= {MIN_HEADER_BYTES} (a request line and a "
+                          f"few ordinary headers), got {value!r}")
+    return number
+
+
 def _quantile(key: str, value: object) -> float | None:
     if value is None:
         return None
@@ -262,6 +291,9 @@ _CHECKS: dict[str, Callable[[str, object], object]] = {
     "live_sessions_file": _str, "adoption_window_s": _seconds, "drain_timeout_s": _seconds,
     "engine_priority_levels": _levels, "engine_preemption_threshold": _int, "routing_key_header": _header_name,
     "max_body_bytes": _positive_int, "max_json_depth": _json_depth, "max_session_id_chars": _positive_int,
+    "max_json_items": _positive_int, "max_messages": _positive_int, "max_tools": _positive_int,
+    "max_content_parts": _positive_int, "max_body_bytes_in_flight": _positive_int, "max_header_bytes": _head_bytes,
+    "max_headers": _positive_int,
     "resend_memo_bytes": _int, "state": _state_url, "state_lease_s": _lease,
 }
 
@@ -373,6 +405,24 @@ def build_parser() -> argparse.ArgumentParser:
              f"(default {_default('max_json_depth')})")
     add("--max-session-id-chars", type=int, metavar="N",
         help=f"longest session id accepted, from the header or `user` (default {_default('max_session_id_chars')})")
+    add("--max-json-items", type=int, metavar="N",
+        help=f"most JSON values a request body may hold, counted before it is parsed, refused with 413 "
+             f"(default {_default('max_json_items')})")
+    add("--max-messages", type=int, metavar="N",
+        help=f"most messages in a chat call, refused with 413 (default {_default('max_messages')})")
+    add("--max-tools", type=int, metavar="N",
+        help=f"most tools in a chat call, refused with 413 (default {_default('max_tools')})")
+    add("--max-content-parts", type=int, metavar="N",
+        help=f"most content parts in all of a chat call's messages, refused with 413 "
+             f"(default {_default('max_content_parts')})")
+    add("--max-body-bytes-in-flight", type=int, metavar="N",
+        help=f"bytes of large request bodies (1 MiB or more) read and handled at once; a body past it is refused "
+             f"with 503 and Retry-After (default {_default('max_body_bytes_in_flight')})")
+    add("--max-header-bytes", type=int, metavar="N",
+        help=f"largest request head (request line and headers), refused with 431; also the largest answer head "
+             f"taken from the upstream (default {_default('max_header_bytes')})")
+    add("--max-headers", type=int, metavar="N",
+        help=f"most headers in a request, refused with 431 (default {_default('max_headers')})")
     add("--resend-memo-bytes", type=int, metavar="N",
         help=f"bytes of the sessions' last request bodies kept, so that a resent conversation is read from its "
              f"new messages on (0: read every body in full; default {_default('resend_memo_bytes')})")

@@ -21,6 +21,9 @@
 #   Reading pauses while 1 MiB of body waits unread (flow control), and resumes as it is read.
 #   `chunks()` gives everything received so far in one piece (SSE events read at once go on together).
 # - `http` and `https` base URLs (a path prefix is kept); the Host header is the base URL's.
+# - An answer head (status line and headers) past `max_head_bytes` is refused as it arrives, an
+#   `UpstreamBadAnswerError` (502 `upstream_bad_answer`) naming the limit: httptools holds a header's bytes
+#   until it ends, so an upstream could otherwise make the gateway hold, and pass on, a head of any size.
 """An HTTP/1.1 upstream client over asyncio protocols and httptools."""
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from basin_runtime.gateway.errors import UpstreamRefusedError, UpstreamTimeoutError
+from basin_runtime.gateway.errors import UpstreamBadAnswerError, UpstreamRefusedError, UpstreamTimeoutError
+from basin_runtime.gateway.limits import DEFAULT_MAX_HEADER_BYTES
 from basin_runtime.gateway.upstream import KEEPALIVE_S, ClientState, UpstreamBrokenError, read_upto
 
 HIGH_WATER_BYTES = 1 << 20  # unread body bytes at which reading pauses
@@ -50,8 +54,9 @@ class _Lost(Exception):
 class _Connection(asyncio.Protocol):
     """One keep-alive connection; at most one request at a time."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, max_head_bytes: int = DEFAULT_MAX_HEADER_BYTES) -> None:
         self._loop = loop
+        self._max_head_bytes = max_head_bytes
         self.transport: asyncio.Transport | None = None
         self.is_lost = False
         self.idle_since = 0.0
@@ -62,6 +67,7 @@ class _Connection(asyncio.Protocol):
         self._is_head = is_head
         self.reason = b""
         self.header_list: list[tuple[bytes, bytes]] = []
+        self.head_bytes = 0  # bytes received while the head had not ended
         self.has_head = False
         self._keep_alive = False
         self.is_complete = False
@@ -141,6 +147,13 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self._fail(UpstreamBrokenError(f"the upstream's answer is not valid HTTP/1.1: {exc}"))
             self.close()
+            return
+        if not self.has_head:
+            self.head_bytes += len(data)
+            if self.head_bytes > self._max_head_bytes:
+                self._fail(UpstreamBadAnswerError(f"the upstream's answer head passed {self._max_head_bytes} bytes "
+                                                  f"(limit `max_header_bytes`; set it with --max-header-bytes)"))
+                self.close()
 
     def eof_received(self) -> bool:
         return False  # close the transport; `connection_lost` settles the answer
@@ -176,6 +189,12 @@ class _Connection(asyncio.Protocol):
         self.header_list.append((name, value))
 
     def on_headers_complete(self) -> None:
+        head_bytes = sum(len(name) + len(value) + 4 for name, value in self.header_list) + len(self.reason)
+        if head_bytes > self._max_head_bytes:
+            self._fail(UpstreamBadAnswerError(f"the upstream's answer head is over {self._max_head_bytes} bytes "
+                                              f"(limit `max_header_bytes`; set it with --max-header-bytes)"))
+            self.close()
+            return
         self.has_head = True
         self._keep_alive = self._parser.should_keep_alive()  # read here: llhttp forgets it once the message ends
         if self._is_head:  # no body follows, whatever the headers say
@@ -294,7 +313,8 @@ def _decoder(encoding: str) -> zlib._Decompress | UpstreamBrokenError:
 class Http1UpstreamClient(ClientState):
     """`UpstreamClient` over the gateway's own HTTP/1.1 connections (see the rules)."""
 
-    def __init__(self, base_url: str, *, connect_s: float, read_s: float) -> None:
+    def __init__(self, base_url: str, *, connect_s: float, read_s: float,
+                 max_head_bytes: int = DEFAULT_MAX_HEADER_BYTES) -> None:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"the upstream URL must be http://HOST[:PORT] or https://..., got {base_url!r}")
@@ -306,6 +326,7 @@ class Http1UpstreamClient(ClientState):
         self._prefix = parts.path.rstrip("/")
         self._connect_s = connect_s
         self._read_s = read_s
+        self._max_head_bytes = max_head_bytes
         self._idle: collections.deque[_Connection] = collections.deque()  # oldest on the left, newest on the right
         self._is_closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -364,7 +385,8 @@ class Http1UpstreamClient(ClientState):
                 return conn, True
         try:
             _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: _Connection(loop), self._host, self._port, ssl=self._ssl),
+                loop.create_connection(lambda: _Connection(loop, self._max_head_bytes), self._host, self._port,
+                                       ssl=self._ssl),
                 self._connect_s)
         except TimeoutError as exc:
             raise UpstreamTimeoutError(f"upstream {url} did not answer in time (no connection within "

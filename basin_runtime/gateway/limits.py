@@ -46,6 +46,21 @@ DEFAULT_MAX_BODY_BYTES = 64 << 20
 DEFAULT_MAX_JSON_DEPTH = 128
 MAX_JSON_DEPTH_CEILING = 512  # Python's recursion limit is 1000; re-serialising recurses per level
 DEFAULT_MAX_SESSION_ID_CHARS = 256  # ids are kept per session, logged and echoed in a response header
+# A request head: browsers and SDKs send a few KiB (a long bearer token, cookies); nginx takes 8 KiB lines and
+# 32 KiB in all by default, Node.js 16 KiB. Every header but the hop-by-hop ones is forwarded upstream.
+DEFAULT_MAX_HEADER_BYTES = 64 << 10
+DEFAULT_MAX_HEADERS = 100
+# JSON values a body may hold (counted before it is parsed): a 262k-token prompt sent as token ids is 262k values
+# and a 300k-token agent conversation a few thousand; parsing 500k values of the costliest shape (nested objects)
+# holds the GIL ~50 ms (the collector paused), and their objects take ~100 bytes each.
+DEFAULT_MAX_JSON_ITEMS = 500_000
+# A context window of 262k tokens holds a few thousand messages; OpenAI takes 128 tools per request.
+DEFAULT_MAX_MESSAGES = 20_000
+DEFAULT_MAX_TOOLS = 512
+DEFAULT_MAX_CONTENT_PARTS = 10_000  # in all of a body's messages
+# Bodies of LARGE_BODY_BYTES or more being read and handled at once, in bytes: four of the largest body accepted.
+DEFAULT_MAX_BODY_BYTES_IN_FLIGHT = 4 * DEFAULT_MAX_BODY_BYTES
+LARGE_BODY_BYTES = 1 << 20
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _DIGITS = re.compile(r"[0-9]+")
 _HUGE_FLOAT = float(2**63)
@@ -58,6 +73,11 @@ class Limits:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
     max_session_id_chars: int = DEFAULT_MAX_SESSION_ID_CHARS
+    max_json_items: int = DEFAULT_MAX_JSON_ITEMS
+    max_messages: int = DEFAULT_MAX_MESSAGES
+    max_tools: int = DEFAULT_MAX_TOOLS
+    max_content_parts: int = DEFAULT_MAX_CONTENT_PARTS
+    max_body_bytes_in_flight: int = DEFAULT_MAX_BODY_BYTES_IN_FLIGHT
 
 
 async def read_body(request: Request, max_bytes: int) -> bytes:

@@ -299,12 +299,16 @@ class AiohttpUpstreamClient(ClientState):
             await session.close()
 
 
-def make_client(kind: str, base_url: str, *, connect_s: float, read_s: float) -> UpstreamClient:
-    """The `kind` ("httptools", "aiohttp" or "httpx") client to `base_url`."""
+def make_client(kind: str, base_url: str, *, connect_s: float, read_s: float,
+                max_head_bytes: int | None = None) -> UpstreamClient:
+    """The `kind` ("httptools", "aiohttp" or "httpx") client to `base_url` (`max_head_bytes`: the largest answer head
+    the gateway's own client takes; aiohttp and httpx keep their own, smaller, limits: 8 and 16 KiB a line)."""
     if kind == "httptools":
         from basin_runtime.gateway.http1 import Http1UpstreamClient
 
-        return Http1UpstreamClient(base_url, connect_s=connect_s, read_s=read_s)
+        if max_head_bytes is None:
+            return Http1UpstreamClient(base_url, connect_s=connect_s, read_s=read_s)
+        return Http1UpstreamClient(base_url, connect_s=connect_s, read_s=read_s, max_head_bytes=max_head_bytes)
     if kind == "aiohttp":
         return AiohttpUpstreamClient(base_url, connect_s=connect_s, read_s=read_s)
     if kind == "httpx":

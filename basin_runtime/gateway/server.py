@@ -1,0 +1,142 @@
+# The HTTP server around the app: uvicorn, with the gateway's own HTTP/1.1 protocol and graceful drain.
+#
+# Rules:
+# - What never reaches the app is answered by the protocol (`GatewayHttpProtocol`, uvicorn's httptools protocol
+#   with three changes), in the same JSON as every other answer (`errors.error_response`), then the
+#   connection is closed:
+#   - a request llhttp cannot parse (uvicorn's own answer is a plain-text 400): 400 `invalid_request_error`
+#     naming the parser's complaint;
+#   - a request head past `max_header_bytes` (its request line, header names and values) or with more than
+#     `max_headers` headers: 431 `headers_too_large`, naming the limit. httptools holds a header's bytes
+#     until the header ends, so the bytes of a head still arriving are counted as they come: the gateway
+#     holds at most the limit plus one read (256 KiB) of any head.
+#   A response already under way on the connection (a pipelined request) is not interleaved: the
+#   connection is closed without an answer to the bad request.
+# - uvicorn's WebSocket upgrade is off (`ws="none"`): an upgrade request is served as plain HTTP by the app,
+#   so no server-made 403 or 426 answer exists.
+# - `server_config` is the one place the server's options are set (the CLI and the tests use it).
+"""uvicorn with the gateway's protocol: JSON answers for malformed requests and oversized heads."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import httptools
+import uvicorn
+from starlette.types import ASGIApp
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from basin_runtime.gateway.errors import BadRequestError, GatewayError, HeadersTooLargeError, error_response
+from basin_runtime.gateway.limits import DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_HEADERS
+
+logger = logging.getLogger(__name__)
+
+
+class _HeadRefused(Exception):
+    """Raised inside a parser callback to stop parsing a head the protocol refuses."""
+
+
+class GatewayHttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, answering malformed requests and oversized heads in the gateway's JSON."""
+
+    max_header_bytes = DEFAULT_MAX_HEADER_BYTES
+    max_headers = DEFAULT_MAX_HEADERS
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._in_head = True
+        self._head_received = 0  # bytes of a head not ended yet, counted as they arrive
+        self._head_bytes = 0  # the head's URL and headers (`name: value\r\n`), counted as the parser reads them
+        self._num_headers = 0
+        self._refusal: GatewayError | None = None
+
+    def data_received(self, data: bytes) -> None:
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():  # never: WebSockets are off (`server_config`)
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+        except httptools.HttpParserError as exc:
+            if self._refusal is None:
+                self._refusal = BadRequestError(f"the request is not valid HTTP/1.1: {exc}")
+                logger.info("refused a request that is not valid HTTP/1.1: %s", exc)
+            self._refuse(self._refusal)
+            return
+        if self._in_head:  # every byte of `data` went into a head that has not ended yet
+            self._head_received += len(data)
+            if self._head_received > self.max_header_bytes:
+                self._refuse(self._too_large(f"the request head passed {self.max_header_bytes} bytes while it was "
+                                             "being read"))
+
+    def on_message_begin(self) -> None:
+        self._in_head, self._head_bytes, self._num_headers = True, 0, 0
+        super().on_message_begin()
+
+    def on_url(self, url: bytes) -> None:
+        self._count(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._num_headers += 1
+        if self._num_headers > self.max_headers:
+            self._refusal = HeadersTooLargeError(f"the request has more than {self.max_headers} headers",
+                                                 "max_headers", self.max_headers)
+            raise _HeadRefused
+        self._count(len(name) + len(value) + 4)  # `name: value\r\n`
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._in_head, self._head_received = False, 0
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._in_head = True
+        super().on_message_complete()
+
+    def _count(self, num_bytes: int) -> None:
+        self._head_bytes += num_bytes
+        if self._head_bytes > self.max_header_bytes:
+            self._refusal = self._too_large(f"the request head (its request line and headers) is over "
+                                            f"{self.max_header_bytes} bytes")
+            raise _HeadRefused
+
+    def _too_large(self, message: str) -> HeadersTooLargeError:
+        return HeadersTooLargeError(message, "max_header_bytes", self.max_header_bytes)
+
+    def _refuse(self, error: GatewayError) -> None:
+        """Answer `error` in JSON and close the connection (just close it if a response is under way)."""
+        if self.transport.is_closing():
+            return
+        if self.cycle is None or self.cycle.response_complete:
+            self.transport.write(_raw_answer(error))
+        self.transport.close()
+
+
+def _raw_answer(error: GatewayError) -> bytes:
+    """The whole HTTP/1.1 answer `error_response(error)` stands for, closing the connection."""
+    response = error_response(error)
+    head = [STATUS_LINE[response.status_code]]
+    head += [name + b": " + value + b"\r\n" for name, value in response.raw_headers]
+    head.append(b"connection: close\r\n\r\n")
+    return b"".join(head) + bytes(response.body)
+
+
+def protocol_class(max_header_bytes: int, max_headers: int) -> type[GatewayHttpProtocol]:
+    """`GatewayHttpProtocol` with these limits (uvicorn makes one protocol object per connection from a class)."""
+    return type("GatewayHttpProtocol", (GatewayHttpProtocol,),
+                {"max_header_bytes": max_header_bytes, "max_headers": max_headers})
+
+
+def server_config(app: ASGIApp, *, host: str, port: int, keep_alive_s: float, drain_timeout_s: float,
+                  max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
+                  max_headers: int = DEFAULT_MAX_HEADERS) -> uvicorn.Config:
+    """The uvicorn configuration the gateway serves with (see the rules)."""
+    return uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, lifespan="on",
+                          proxy_headers=False, http=protocol_class(max_header_bytes, max_headers), ws="none",
+                          timeout_keep_alive=keep_alive_s,  # type: ignore[arg-type]  # (typed int; a float works)
+                          timeout_graceful_shutdown=max(1, math.ceil(drain_timeout_s)))
