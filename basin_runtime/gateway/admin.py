@@ -8,8 +8,9 @@
 #   files (swapped in only if every one loads) and/or the calibration file (its reference budget
 #   is applied; other calibration fields need a restart), from the paths the gateway started with.
 # - `PUT /basin/shadow {"enabled": bool}` turns shadow mode on or off.
-# - Bodies are read within the gateway's limits, as inference bodies are (`limits.py`); a bad body
-#   is 400 naming the field; a file that cannot be loaded is 400 naming it, and nothing changes.
+# - Bodies are read within the gateway's limits, as inference bodies are (`limits.py`), and a large one
+#   is parsed off the event loop, as theirs are; a bad body is 400 naming the field; a file that cannot
+#   be loaded is 400 naming it, and nothing changes.
 """Admin endpoints: state, sessions, budget, reloads, shadow mode."""
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from starlette.routing import Route
 from basin_runtime.gateway.calls import read_json_object
 from basin_runtime.gateway.config import ConfigError, GatewayConfig, read_calibration
 from basin_runtime.gateway.errors import BadRequestError
-from basin_runtime.gateway.gateway import Gateway
+from basin_runtime.gateway.gateway import OFF_LOOP_BODY_BYTES, Gateway
 from basin_runtime.gateway.limits import Limits, read_body
 from basin_runtime.gateway.predictors import Predictors
 
@@ -97,7 +98,9 @@ def state_view(gateway: Gateway) -> dict[str, Any]:
 
 async def _json_body(request: Request, limits: Limits) -> dict[str, Any]:
     raw = await read_body(request, limits.max_body_bytes)
-    return read_json_object(raw or b"{}", limits.max_json_depth)
+    if len(raw) < OFF_LOOP_BODY_BYTES:
+        return read_json_object(raw or b"{}", limits.max_json_depth, limits.max_json_items)
+    return await asyncio.to_thread(read_json_object, raw, limits.max_json_depth, limits.max_json_items)
 
 
 def _flag(body: dict[str, Any], key: str, default: bool = False) -> bool:

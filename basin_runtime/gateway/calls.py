@@ -4,10 +4,19 @@
 # - The body must be UTF-8 JSON text (RFC 8259: no NaN or Infinity, no number too large for a
 #   float or past Python's 4300-digit integers, no lone UTF-16 surrogate) holding an object nested
 #   at most `max_json_depth` levels (`limits.py`). Anything else is a 400 naming what is wrong.
-#   orjson reads it (several times faster than the standard library on the hot path, and it refuses
-#   invalid UTF-8, NaN, infinities and lone surrogates itself); a body it refuses, or one holding a
-#   float of magnitude 2**63 or more (orjson reads an integer past 64 bits as a float), is read again
-#   by the standard library's parser, which names the error or keeps the integer exact.
+# - Before it is parsed, a body is refused (413 `too_many_items`) if it holds more than `max_json_items`
+#   values (`json_scan`: a bound from its commas and brackets first, counted exactly only past it), so
+#   no parse builds millions of objects: parsing holds the GIL, a worker thread does not help.
+# - orjson reads a body under STDLIB_PARSE_BYTES (several times faster than the standard library on
+#   the hot path, and it refuses invalid UTF-8, NaN, infinities and lone surrogates itself); a body it
+#   refuses, or one holding a float of magnitude 2**63 or more (orjson reads an integer past 64 bits as
+#   a float), is read again by the standard library's parser, which names the error or keeps the
+#   integer exact. A larger body is read by the standard library alone, with the cyclic collector
+#   paused (`limits.collector_paused`): as fast on large text, and at most twice the body's size in
+#   memory while it parses, where orjson reserves ~13 times it (its reader sizes a value pool by the
+#   input's length: 780 MB for one 60 MB message).
+# - A chat call holds at most `max_messages` messages, `max_tools` tools and `max_content_parts` content
+#   parts in all its messages (413 `too_many_items`, naming the limit).
 # - The shape of what the gateway itself reads is checked here, once, so later code can trust it
 #   (SGLang validates the rest); a wrong one is a 400 naming the field:
 #     chat: a non-empty `messages` list of objects with a string `role`; a message's `content` is
@@ -41,9 +50,23 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 
-from basin_runtime.gateway.errors import BadRequestError, NestingTooDeepError
-from basin_runtime.gateway.json_scan import top_level_members, without_members
-from basin_runtime.gateway.limits import DEFAULT_MAX_JSON_DEPTH, check_depth
+from basin_runtime.gateway.errors import BadRequestError, NestingTooDeepError, TooManyItemsError
+from basin_runtime.gateway.json_scan import (
+    CLOSE_OBJECT,
+    array_items,
+    count_values,
+    last_non_ws,
+    object_pieces,
+    top_level_members,
+    values_bound,
+)
+from basin_runtime.gateway.limits import (
+    DEFAULT_MAX_JSON_DEPTH,
+    DEFAULT_MAX_JSON_ITEMS,
+    Limits,
+    check_depth,
+    collector_paused,
+)
 from basin_runtime.messages import Message
 
 if TYPE_CHECKING:
@@ -56,7 +79,11 @@ UPSTREAM_PATHS: dict[CallKind, str] = {
     "generate": "/generate",
 }
 GATEWAY_FIELDS = ("priority", "rid", "stream_options")  # the top-level fields the gateway may set
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # the only way a valid UTF-8 text holds a surrogate
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # the only way a valid UTF-8 text holds a surrogate
+_SURROGATE = re.compile("[\ud800-\udfff]")
+STDLIB_PARSE_BYTES = 1 << 20  # a body this large is parsed by the standard library (memory: see the rules)
+PIECEWISE_PARSE_BYTES = 1 << 20  # ... member by member (and an array this large item by item)
+_LIMITS = Limits()
 
 
 @dataclass(frozen=True)
@@ -105,29 +132,32 @@ class Call:
         return self.messages is not None and any(m.get("role") == "assistant" for m in self.messages)
 
     def encode(self) -> bytes:
-        """The body to forward: the client's bytes, less the gateway's fields it sent that the gateway changed, plus
-        the gateway's values of them (see the rules)."""
+        """The body to forward in one buffer (`encode_pieces` joined)."""
+        pieces = self.encode_pieces()
+        return pieces[0] if len(pieces) == 1 and isinstance(pieces[0], bytes) else b"".join(pieces)
+
+    def encode_pieces(self) -> tuple[bytes | memoryview, ...]:
+        """The body to forward, as pieces sent one after another: the client's bytes (views, never copied), less the
+        gateway's fields it sent that the gateway changed, then the gateway's values of them (see the rules)."""
         changed = [k for k in GATEWAY_FIELDS if k in self.body and not (k in self.sent and _same(self.body[k],
                                                                                                self.sent[k]))]
         replaced = [k for k in self.sent if k not in self.body or k in changed]
         if not self.raw:
-            return json.dumps(self.body, ensure_ascii=False).encode("utf-8")
+            return (json.dumps(self.body, ensure_ascii=False).encode("utf-8"),)
         if not changed and not replaced:
-            return self.raw
-        if replaced:
-            if self.resent is not None:  # `resend.read_resent` reads such a body in full: a bug if reached
-                raise AssertionError("a resent call's body holds only its new messages; it cannot drop a field")
-            members = top_level_members(self.raw)
-            if members is None:  # not the object the parser read: a bug if reached
-                raise AssertionError("a parsed body's top level does not scan as one object")
-            head = without_members(self.raw, replaced, members)
-            num_kept = sum(1 for key, _, _ in members if key not in replaced)
-        else:
-            head, num_kept = self.raw.rstrip(), len(self.body) - len(changed)
-        assert head.endswith(b"}"), "a parsed body is a JSON object"
+            return (self.raw,)
         fields = b",".join(_member(k, self.body[k]) for k in changed)  # the gateway's values
-        comma = b"," if num_kept and fields else b""
-        return b"".join((memoryview(head)[:-1], comma, fields, b"}"))  # one copy of a body that may be megabytes
+        if not replaced:
+            end = last_non_ws(self.raw, len(self.raw) - 1)
+            assert self.raw[end] == CLOSE_OBJECT, "a parsed body is a JSON object"
+            comma = b"," if len(self.body) > len(changed) else b""
+            return memoryview(self.raw)[:end], comma, fields, b"}"
+        if self.resent is not None:  # `resend.read_resent` reads such a body in full: a bug if reached
+            raise AssertionError("a resent call's body holds only its new messages; it cannot drop a field")
+        members = top_level_members(self.raw)
+        if members is None:  # not the object the parser read: a bug if reached
+            raise AssertionError("a parsed body's top level does not scan as one object")
+        return object_pieces(self.raw, [m for m in members if m[0] not in replaced], fields)
 
 
 def _same(a: object, b: object) -> bool:
@@ -143,15 +173,16 @@ def _member(key: str, value: object) -> bytes:
         return json.dumps({key: value}, ensure_ascii=False, separators=(",", ":"))[1:-1].encode("utf-8")
 
 
-def parse_call(kind: CallKind, raw: bytes, max_json_depth: int = DEFAULT_MAX_JSON_DEPTH) -> Call:
-    """Parse one call's body; raises `BadRequestError` naming what is wrong."""
-    body = read_json_object(raw, max_json_depth)
+def parse_call(kind: CallKind, raw: bytes, limits: Limits = _LIMITS) -> Call:
+    """Parse one call's body; raises `BadRequestError` (or a `LimitError`) naming what is wrong."""
+    body = read_json_object(raw, limits.max_json_depth, limits.max_json_items)
     common_shape(body)
     user = body.get("user") or None
     sent = {k: body[k] for k in GATEWAY_FIELDS if k in body}
     if kind == "chat":
         messages = _messages(body)
         tools = list_of_objects(body, "tools")
+        check_counts(len(messages), len(tools or ()), content_parts(messages), limits)
         return Call(kind, body, messages, tools, (), 0, False, user, raw, sent)
     name = "prompt" if kind == "completion" else ("text" if "text" in body else "input_ids")
     if name not in body:
@@ -161,8 +192,13 @@ def parse_call(kind: CallKind, raw: bytes, max_json_depth: int = DEFAULT_MAX_JSO
     return Call(kind, body, None, None, texts, ids_count, is_batch, user, raw, sent)
 
 
-def read_json_object(raw: bytes, max_json_depth: int = DEFAULT_MAX_JSON_DEPTH) -> dict[str, Any]:
-    """A request body as a JSON object (the rules' first point); `BadRequestError` naming what is wrong."""
+def read_json_object(raw: bytes, max_json_depth: int = DEFAULT_MAX_JSON_DEPTH,
+                     max_json_items: int = DEFAULT_MAX_JSON_ITEMS) -> dict[str, Any]:
+    """A request body as a JSON object (the rules' first points); `BadRequestError` or a `LimitError` naming what is
+    wrong."""
+    check_items(raw, max_json_items)
+    if len(raw) >= STDLIB_PARSE_BYTES:
+        return _read_json_object_slowly(raw, max_json_depth)
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -172,29 +208,88 @@ def read_json_object(raw: bytes, max_json_depth: int = DEFAULT_MAX_JSON_DEPTH) -
     return _read_json_object_slowly(raw, max_json_depth)
 
 
+def check_items(raw: bytes, max_json_items: int, start: int = 0) -> None:
+    """Refuse (`TooManyItemsError`) a JSON text (`raw[start:]`) of more than `max_json_items` values, before it is
+    parsed: a cheap bound first, the exact count (`json_scan.count_values`) only when the bound passes the limit."""
+    if (len(raw) - start) // 2 + 1 <= max_json_items:  # every value but the last takes two bytes at least (`0,`)
+        return
+    if values_bound(raw, start) <= max_json_items or count_values(raw, max_json_items, start) <= max_json_items:
+        return
+    raise TooManyItemsError(f"the request body holds more than {max_json_items} JSON values (counted before it is "
+                            f"parsed)", "max_json_items", max_json_items)
+
+
+def check_counts(num_messages: int, num_tools: int, num_parts: int, limits: Limits) -> None:
+    """Refuse (`TooManyItemsError`) a chat call over one of the item limits, naming it."""
+    for count, what, limit in ((num_messages, "messages", "max_messages"), (num_tools, "tools", "max_tools"),
+                               (num_parts, "content parts in its messages", "max_content_parts")):
+        value = getattr(limits, limit)
+        if count > value:
+            raise TooManyItemsError(f"the request has {count} {what}; at most {value} are accepted", limit, value)
+
+
+def content_parts(messages: Sequence[Message]) -> int:
+    """The content parts in all of `messages` (a string content counts none)."""
+    return sum(len(content) for m in messages if isinstance(content := m.get("content"), list))
+
+
 def _read_json_object_slowly(raw: bytes, max_json_depth: int) -> dict[str, Any]:
-    """`read_json_object` with the standard library's parser: the exact error, and integers of any size."""
+    """`read_json_object` with the standard library's parser: the exact error, integers of any size, and at most
+    twice the body's size in memory while it parses (orjson holds ~13 times a large body's size). A large body is
+    read member by member, and an array member item by item (`_read_in_pieces`), so the GIL is held for one item's
+    parse at a time, not the whole body's."""
+    pieces = _read_in_pieces(raw) if len(raw) >= PIECEWISE_PARSE_BYTES else None
+    body = _read_whole(raw, max_json_depth) if pieces is None else pieces
+    if not isinstance(body, dict):
+        raise BadRequestError(f"the request body must be a JSON object, not {_kind(body)}")
+    check_depth(body, max_json_depth)
+    # The gateway forwards the body as UTF-8 (and logs parts of it): it must be valid Unicode. An escaped pair (an
+    # emoji) is fine; a lone half is not.
+    if b"\\u" in raw and _SURROGATE_ESCAPE.search(raw) is not None:
+        path = _surrogate_path(body)
+        if path is not None:
+            raise BadRequestError(f"`{path}` holds a lone UTF-16 surrogate (an escape in \\ud800-\\udfff without its "
+                                  "pair), which is not valid Unicode text")
+    return body
+
+
+def _read_whole(raw: bytes, max_json_depth: int) -> object:
+    """`raw` parsed in one piece by the standard library; `BadRequestError` naming what is wrong."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise BadRequestError(f"the request body is not UTF-8 text (byte {exc.start}: {exc.reason})") from exc
     try:
-        body = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
+        with collector_paused():
+            return json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
     except RecursionError as exc:  # a last resort: the depth limit below is far under Python's recursion limit
         raise NestingTooDeepError("the request body is nested too deeply to read", "max_json_depth",
                                   max_json_depth) from exc
     except ValueError as exc:  # JSONDecodeError, NaN/Infinity, or an integer past 4300 digits
         raise BadRequestError(f"the request body is not valid JSON: {exc}") from exc
-    if not isinstance(body, dict):
-        raise BadRequestError(f"the request body must be a JSON object, not {_kind(body)}")
-    check_depth(body, max_json_depth)
-    if _SURROGATE_ESCAPE.search(text) is not None:  # escaped pairs (emoji) are fine; a lone half is not
-        try:  # the gateway re-serialises the body as UTF-8 (and logs parts of it): text must be valid Unicode
-            json.dumps(body, ensure_ascii=False).encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise BadRequestError(f"`{_surrogate_path(body)}` holds a lone UTF-16 surrogate (an escape in "
-                                  "\\ud800-\\udfff without its pair), which is not valid Unicode text") from exc
+
+
+def _read_in_pieces(raw: bytes) -> dict[str, Any] | None:
+    """A JSON object body parsed member by member, the items of a large array member one by one (the same values as
+    one parse of the whole: identical bytes, the same parser); None if anything is off (the whole parse then says
+    what)."""
+    members = top_level_members(raw)
+    if members is None:
+        return None
+    body: dict[str, Any] = {}
+    try:
+        with collector_paused():
+            for key, _, start, end in members:
+                items = array_items(raw, start, end) if end - start >= PIECEWISE_PARSE_BYTES else None
+                body[key] = _load(raw, start, end) if items is None else [_load(raw, i, j) for i, j in items]
+    except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return None
     return body
+
+
+def _load(raw: bytes, start: int, end: int) -> object:
+    return json.loads(str(memoryview(raw)[start:end], "utf-8"), parse_constant=_no_constant,
+                      parse_float=_finite_float)
 
 
 def _no_constant(name: str) -> object:
@@ -208,8 +303,27 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def _surrogate_path(body: object) -> str:
-    """Where the first string (or key) that is not encodable as UTF-8 sits, as `a.b[2]`."""
+def _surrogate_path(body: object) -> str | None:
+    """Where the first string (or key) that is not encodable as UTF-8 sits, as `a.b[2]`; None if every one is (found
+    in one pass without paths: an escaped emoji, a surrogate pair, is common and fine)."""
+    stack: list[object] = [body]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, str):
+            if not _encodes(value):
+                break
+        elif isinstance(value, dict):
+            if not all(_encodes(str(key)) for key in value):
+                break
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    else:
+        return None
+    return _path_of_surrogate(body)
+
+
+def _path_of_surrogate(body: object) -> str:
     stack: list[tuple[str, object]] = [("", body)]
     while stack:
         path, value = stack.pop()
@@ -228,11 +342,8 @@ def _surrogate_path(body: object) -> str:
 
 
 def _encodes(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+    """True unless `text` holds a lone surrogate (a pair is decoded into one character: only a lone half is left)."""
+    return text.isascii() or _SURROGATE.search(text) is None
 
 
 def _kind(value: object) -> str:

@@ -5,7 +5,8 @@
 #   else in the gateway picks a status code. `error_response` is the only mapping:
 #     400 bad request (malformed JSON, wrong shape, no messages/prompt; `invalid_request_error`)
 #     400/413/431 a limit passed (`LimitError`: `json_too_deep`, `session_id_too_long`, 413 `request_too_large`,
-#         431 `headers_too_large`)
+#         413 `too_many_items`, 431 `headers_too_large`)
+#     503 too many large bodies at once (`too_many_large_bodies`, a `LimitError` with Retry-After: 1 s)
 #     401 admin token (or end key) missing or wrong             404 unknown session, path or route
 #     405 method not allowed on a route (with Allow)            409 session ended while it waited
 #     499 client went away (nobody reads it; for the logs)      502 upstream refused or answered 5xx
@@ -75,6 +76,21 @@ class NestingTooDeepError(LimitError):
     """The request's JSON is nested deeper than `max_json_depth`."""
 
     kind: ClassVar[str] = "json_too_deep"
+
+
+class TooManyItemsError(LimitError):
+    """A request body holds more JSON values, messages, tools or content parts than its limit."""
+
+    status_code: ClassVar[int] = 413
+    kind: ClassVar[str] = "too_many_items"
+
+
+class BodiesInFlightError(LimitError):
+    """Large request bodies being read and handled at once already hold `max_body_bytes_in_flight` bytes."""
+
+    status_code: ClassVar[int] = 503
+    kind: ClassVar[str] = "too_many_large_bodies"
+    retry_after_s: ClassVar[int] = 1
 
 
 class HeadersTooLargeError(LimitError):
@@ -200,6 +216,9 @@ def _body(exc: Exception, status: int, kind: str, details: dict[str, Any]) -> di
 
 def _classify(exc: Exception) -> tuple[int, str, dict[str, Any], dict[str, str]]:
     match exc:
+        case BodiesInFlightError():
+            details = {"limit": exc.limit, "limit_value": exc.value, "option": exc.option}
+            return exc.status_code, exc.kind, details, {"Retry-After": str(exc.retry_after_s)}
         case LimitError():
             return exc.status_code, exc.kind, {"limit": exc.limit, "limit_value": exc.value, "option": exc.option}, {}
         case BadRequestError():

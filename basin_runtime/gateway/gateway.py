@@ -33,16 +33,19 @@
 #   `lending.py`, `session_log.py`).
 # - Shadow mode: the policy decides as usual, but a queued session's calls are not held (counted in
 #   `basin_shadow_would_hold_total`); `_admit` is the one place a call is held.
-# - A body of OFF_LOOP_BODY_BYTES or more is parsed, identified (a conversation's hash), counted and
-#   encoded for forwarding in a worker thread, so one huge prompt never stalls the event loop; smaller
-#   ones stay inline, where that work is cheaper than the hop. A new session's first call is counted
-#   and predicted the same way: inline the prediction (~0.3 ms) costs less than a thread hop, which
-#   under load also waits for the thread to be scheduled (that wait was most of the first call's added
-#   latency).
+# - A body of OFF_LOOP_BODY_BYTES or more is parsed, identified (a conversation's hash) and counted in
+#   a worker thread, so one huge prompt never stalls the event loop; smaller ones stay inline, where
+#   that work is cheaper than the hop. A new session's first call is counted and predicted the same
+#   way: inline the prediction (~0.3 ms) costs less than a thread hop, which under load also waits for
+#   the thread to be scheduled (that wait was most of the first call's added latency). A body of
+#   HUGE_BODY_BYTES or more is worked on in one thread kept for such bodies, so however many arrive at
+#   once, the event loop competes for the GIL with one of them only. The forwarded body is the client's
+#   bytes in views with the gateway's fields beside them (`Call.encode_pieces`): no copy, on the loop,
+#   unless a field the client sent must be cut out of it (a scan of its top level: off the loop if large).
 # - A known session's chat call that resends its last body's conversation is read from its new
 #   part on (`resend.py`): on the loop when that part is under OFF_LOOP_BODY_BYTES and the body under
-#   OFF_LOOP_COPY_BYTES (the prefix comparison and the forwarded copy are a memcmp and a memcpy),
-#   else in a worker thread; one whose session ended before it was admitted is read again in full.
+#   OFF_LOOP_COPY_BYTES (the prefix comparison is a memcmp), else in a worker thread; one whose session
+#   ended before it was admitted is read again in full.
 # - Added latency is the wall time from the call's arrival to its forwarding, minus any queue wait.
 # - Replicas (`--state`, `basin_runtime/state/`): a call of a session this replica does not hold, but
 #   the shared state does (another replica's, live or queued) or let go (an orphan: its replica died),
@@ -55,6 +58,8 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -68,11 +73,11 @@ from basin_runtime.gateway.calls import Call, CallKind, parse_call
 from basin_runtime.gateway.engine_metrics import EngineHitWindow, EngineScraper
 from basin_runtime.gateway.errors import SessionEndedError
 from basin_runtime.gateway.lending import LendingTracker
-from basin_runtime.gateway.limits import Limits, read_body
+from basin_runtime.gateway.limits import BodyBudget, Limits, read_body
 from basin_runtime.gateway.measure import FirstCall, Meter, PromptMemo
 from basin_runtime.gateway.metrics import GatewayMetrics
 from basin_runtime.gateway.paths import forwarded_target
-from basin_runtime.gateway.predictors import PeakModel, Predictors
+from basin_runtime.gateway.predictors import PeakModel, Predictors, predict_peak
 from basin_runtime.gateway.priority import ROUTING_KEY_HEADER, request_id, stamp
 from basin_runtime.gateway.proxy import CallEnd, EndHook, Upstream
 from basin_runtime.gateway.resend import RESEND_MIN_BYTES, read_resent
@@ -98,7 +103,9 @@ T = TypeVar("T")
 # Measured on a growing agent conversation: that work costs ~8 us per KiB (0.9 ms at 76 KiB, 9 ms at
 # 1 MiB) against ~60 us per thread hop; below 64 KiB it stays inline and stalls the loop < 1 ms.
 OFF_LOOP_BODY_BYTES = 64 << 10
-OFF_LOOP_COPY_BYTES = 8 << 20  # a resent body is compared and copied (memcmp, memcpy) on the loop below this size
+OFF_LOOP_COPY_BYTES = 8 << 20  # a resent body is compared with its prefix (memcmp) on the loop below this size
+HUGE_BODY_BYTES = 8 << 20  # such a body's work runs in one thread of its own (`_off_loop_if_large`)
+_HUGE_BODY_WORKER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="basin-huge-body")
 ROUTED_WORKER_HEADER = "x-smg-routed-worker-id"  # smg's answer header: the worker (the decode one in PD) that served
 FAILED_OUTCOMES = frozenset({"rejected", "upstream_error", "gateway_error"})
 
@@ -130,6 +137,7 @@ class Gateway:
         self.session_log = session_log
         self.is_shadow = is_shadow
         self.limits = limits or Limits()
+        self.bodies = BodyBudget(self.limits.max_body_bytes_in_flight)
         self.engine_scraper = None if not engine_metrics_urls else EngineScraper(
             engine_metrics_urls, EngineHitWindow(self.hit_window.window_s, self.hit_window.min_prompt_tokens),
             room.clock.now, self.metrics.engine_scrape_errors, interval_s=engine_metrics_interval_s)
@@ -199,9 +207,16 @@ class Gateway:
             self.metrics.log_dropped.set(self.session_log.num_dropped)
 
     async def handle(self, kind: CallKind, request: Request) -> Response:
-        """Serve one inference call."""
+        """Serve one inference call (its body held in the large-body budget until it has been forwarded)."""
         arrived = time.perf_counter()
-        raw = await read_body(request, self.limits.max_body_bytes)
+        hold = self.bodies.hold()
+        try:
+            raw = await read_body(request, self.limits.max_body_bytes, hold)
+            return await self._serve(kind, request, raw, arrived)
+        finally:
+            hold.release()
+
+    async def _serve(self, kind: CallKind, request: Request, raw: bytes, arrived: float) -> Response:
         call, (session_id, is_single_call) = await self._read(kind, raw, request.headers)
         if call.resent is not None and self.room.registry.get(session_id) is None:  # it ended meanwhile: read in full
             call, (session_id, is_single_call) = await _off_loop_if_large(len(raw), self._read_call, kind, raw,
@@ -217,8 +232,9 @@ class Gateway:
         end = _EndOnce(partial(self._call_ended, entry, record))
         try:  # from here every exit path ends the call exactly once, or the session could never be released
             drop_usage_chunk = _ask_for_usage(call)
-            body = (call.encode() if call.resent is not None and call.num_bytes < OFF_LOOP_COPY_BYTES
-                    else await _off_loop_if_large(call.num_bytes, call.encode))
+            # the client's bytes in views, the gateway's fields beside them: O(1), unless a field the client sent
+            # must be cut out (a scan of the body's top level)
+            body = await _off_loop_if_large(call.num_bytes if call.sent else 0, call.encode_pieces)
             self.metrics.added_latency.observe(max(0.0, time.perf_counter() - arrived - held_s))
             self._awaiting_first_byte[id(record)] = time.perf_counter()
             response = await self.upstream.forward("POST", call.path, headers, body, request.receive,
@@ -295,11 +311,10 @@ class Gateway:
             entry = self.room.registry.get(headers.get(self.session_header, "").strip())
             base = None if entry is None else entry.memo.counts  # read once: another call may swap it
             if entry is not None and base is not None and base.prefix is not None:
-                depth = self.limits.max_json_depth
                 if len(raw) < OFF_LOOP_COPY_BYTES and len(raw) - base.prefix.end < OFF_LOOP_BODY_BYTES:
-                    call = read_resent(raw, base, depth)
+                    call = read_resent(raw, base, self.limits)
                 else:
-                    call = await asyncio.to_thread(read_resent, raw, base, depth)
+                    call = await asyncio.to_thread(read_resent, raw, base, self.limits)
                 if call is not None:
                     return call, (entry.session_id, False)
         return await _off_loop_if_large(len(raw), self._read_call, kind, raw, headers)
@@ -307,7 +322,7 @@ class Gateway:
     def _read_call(self, kind: CallKind, raw: bytes, headers: Mapping[str, str]) -> tuple[Call, tuple[str, bool]]:
         """The parsed call and its session (id, is a single call): one step, so a large body costs one thread
         hop for both (a conversation's hash reads its first messages)."""
-        call = parse_call(kind, raw, self.limits.max_json_depth)
+        call = parse_call(kind, raw, self.limits)
         return call, session_id_for(call, headers, self.session_header, self.limits.max_session_id_chars)
 
     async def _admit(self, call: Call, session_id: str, is_single_call: bool,
@@ -369,7 +384,7 @@ class Gateway:
 
     def _predict(self, call: Call, memo: PromptMemo, model: PeakModel) -> tuple[FirstCall, float]:
         first = self.meter.first_call(call, memo)
-        return first, model.predict(first.task_text, first.first_prompt_tokens)
+        return first, predict_peak(model, first.task_text, first.first_prompt_tokens)
 
     def _first_byte(self, record: CallRecord, ttft_s: float) -> None:
         self._awaiting_first_byte.pop(id(record), None)
@@ -433,10 +448,13 @@ class _EndOnce:
 
 
 async def _off_loop_if_large(num_bytes: int, work: Callable[..., T], *args: object) -> T:
-    """`work(*args)`, in a worker thread when the call's body is at least OFF_LOOP_BODY_BYTES."""
+    """`work(*args)`, in a worker thread when the call's body is at least OFF_LOOP_BODY_BYTES; one of HUGE_BODY_BYTES
+    or more in the one thread kept for them (see the rules)."""
     if num_bytes < OFF_LOOP_BODY_BYTES:
         return work(*args)
-    return await asyncio.to_thread(work, *args)
+    if num_bytes < HUGE_BODY_BYTES:
+        return await asyncio.to_thread(work, *args)
+    return await asyncio.get_running_loop().run_in_executor(_HUGE_BODY_WORKER, functools.partial(work, *args))
 
 
 def _ask_for_usage(call: Call) -> bool:

@@ -7,6 +7,8 @@
 #   httptools (llhttp, C) straight into a status, a dict of lower-case header names and a queue of body
 #   chunks. aiohttp's request machinery (URL objects, multidicts, tracing, cookie jars, timers per
 #   call) was a sixth of the gateway's CPU under load.
+# - A request is one write of its head and body, or of its head and the body's pieces (`RequestBody`),
+#   none of them copied when the body is large.
 # - Connections: keep-alive, reused last-in first-out, closed once idle KEEPALIVE_S (before the
 #   upstream's own keep-alive closes them: checked whenever a connection is taken or given back), when
 #   the answer says `Connection: close` or was not read to its end, or when a send is cancelled. A
@@ -40,7 +42,15 @@ import httptools
 
 from basin_runtime.gateway.errors import UpstreamBadAnswerError, UpstreamRefusedError, UpstreamTimeoutError
 from basin_runtime.gateway.limits import DEFAULT_MAX_HEADER_BYTES
-from basin_runtime.gateway.upstream import KEEPALIVE_S, ClientState, UpstreamBrokenError, read_upto
+from basin_runtime.gateway.upstream import (
+    KEEPALIVE_S,
+    ClientState,
+    RequestBody,
+    UpstreamBrokenError,
+    body_size,
+    joined,
+    read_upto,
+)
 
 HIGH_WATER_BYTES = 1 << 20  # unread body bytes at which reading pauses
 LOW_WATER_BYTES = 256 << 10  # ... and resumes
@@ -81,15 +91,16 @@ class _Connection(asyncio.Protocol):
 
     # --- the request -------------------------------------------------------------------------------
 
-    def send(self, head: bytes, body: bytes | None, *, is_head: bool) -> None:
+    def send(self, head: bytes, body: RequestBody | None, *, is_head: bool) -> None:
         self._reset(is_head=is_head)
         assert self.transport is not None
-        if body is None or not body:
+        size = 0 if body is None else body_size(body)
+        if body is None or size == 0:
             self.transport.write(head)
-        elif len(body) < _COPY_BODY_BYTES:
-            self.transport.write(head + body)
+        elif size < _COPY_BODY_BYTES:
+            self.transport.write(head + joined(body))
         else:
-            self.transport.writelines((head, body))
+            self.transport.writelines((head, body) if isinstance(body, bytes) else (head, *body))
 
     async def wait(self, read_s: float | None) -> None:
         """Until something happens (bytes, the end, a failure); `TimeoutError` after `read_s` without bytes."""
@@ -338,7 +349,7 @@ class Http1UpstreamClient(ClientState):
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
 
-    async def send(self, method: str, path: str, headers: Mapping[str, str], body: bytes | None,
+    async def send(self, method: str, path: str, headers: Mapping[str, str], body: RequestBody | None,
                    params: str = "") -> Http1Answer:
         if self._is_closed:
             raise RuntimeError("Http1UpstreamClient.send after aclose()")
@@ -347,7 +358,7 @@ class Http1UpstreamClient(ClientState):
         lines = [f"{method} {target} HTTP/1.1\r\nhost: {self._host_header}\r\n"]
         lines.extend(f"{name}: {value}\r\n" for name, value in headers.items())
         if body is not None:
-            lines.append(f"content-length: {len(body)}\r\n")
+            lines.append(f"content-length: {body_size(body)}\r\n")
         lines.append("\r\n")
         head = "".join(lines).encode("latin-1")
         is_head = method == "HEAD"

@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import orjson
 
@@ -80,17 +80,20 @@ def last_non_ws(raw: bytes, i: int) -> int:
     return i
 
 
-def top_level_members(raw: bytes) -> list[tuple[str, int, int]] | None:
-    """(key, start of its quote, end of its value) of each member of a JSON object body, in order; None if the
-    bytes are not one object (or a key does not decode)."""
+Member = tuple[str, int, int, int]  # key, start of its quote, start of its value, end of its value
+
+
+def top_level_members(raw: bytes) -> list[Member] | None:
+    """(key, start of its quote, start of its value, end of its value) of each member of a JSON object body, in
+    order; None if the bytes are not one object followed by nothing but whitespace (or a key does not decode)."""
     try:
         i = WS.match(raw).end()  # type: ignore[union-attr]
         if raw[i] != OPEN_OBJECT:
             return None
         i = WS.match(raw, i + 1).end()  # type: ignore[union-attr]
-        members: list[tuple[str, int, int]] = []
+        members: list[Member] = []
         if raw[i] == CLOSE_OBJECT:
-            return members
+            return members if WS.match(raw, i + 1).end() == len(raw) else None  # type: ignore[union-attr]
         while True:
             if raw[i] != QUOTE:
                 return None
@@ -105,10 +108,10 @@ def top_level_members(raw: bytes) -> list[tuple[str, int, int]] | None:
             j = value_end(raw, i)
             if j < 0:
                 return None
-            members.append((key, start, j))
+            members.append((key, start, i, j))
             i = WS.match(raw, j).end()  # type: ignore[union-attr]
             if raw[i] == CLOSE_OBJECT:
-                return members
+                return members if WS.match(raw, i + 1).end() == len(raw) else None  # type: ignore[union-attr]
             if raw[i] != COMMA:
                 return None
             i = WS.match(raw, i + 1).end()  # type: ignore[union-attr]
@@ -116,35 +119,60 @@ def top_level_members(raw: bytes) -> list[tuple[str, int, int]] | None:
         return None
 
 
-def without_members(raw: bytes, keys: Iterable[str], members: Sequence[tuple[str, int, int]]) -> bytes:
-    """The object `raw` (its `top_level_members`) without every member named in `keys`, its other members' bytes
-    as they were, ending in its closing brace (one copy)."""
-    dropped = set(keys)
+def object_pieces(raw: bytes, members: Sequence[Member], extra: bytes) -> tuple[bytes | memoryview, ...]:
+    """An object of `members` (of `raw`'s `top_level_members`, as their bytes: views, not copies) then the members
+    in `extra` (`"key":value,...`), as pieces sent one after another."""
     view = memoryview(raw)
-    kept = [view[start:end] for key, start, end in members if key not in dropped]
     pieces: list[bytes | memoryview] = [b"{"]
-    for k, piece in enumerate(kept):
+    for k, (_, start, _, end) in enumerate(members):
         if k:
             pieces.append(b",")
-        pieces.append(piece)
+        pieces.append(view[start:end])
+    if extra:
+        pieces += [b"," if members else b"", extra]
     pieces.append(b"}")
-    return b"".join(pieces)
+    return tuple(pieces)
 
 
-def values_bound(raw: bytes) -> int:
-    """An upper bound of the values in the JSON text `raw`: 1 + its commas and opening brackets, strings included."""
+def array_items(raw: bytes, start: int, end: int) -> list[tuple[int, int]] | None:
+    """(start, end) of each item of the JSON array `raw[start:end]`, in order; None if it is not one array."""
+    try:
+        if raw[start] != OPEN_LIST:
+            return None
+        i = WS.match(raw, start + 1).end()  # type: ignore[union-attr]
+        items: list[tuple[int, int]] = []
+        if raw[i] == CLOSE_LIST:
+            return items if i + 1 == end else None
+        while True:
+            j = value_end(raw, i)
+            if j < 0 or j == i:
+                return None
+            items.append((i, j))
+            i = WS.match(raw, j).end()  # type: ignore[union-attr]
+            if raw[i] == CLOSE_LIST:
+                return items if i + 1 == end else None
+            if raw[i] != COMMA:
+                return None
+            i = WS.match(raw, i + 1).end()  # type: ignore[union-attr]
+    except IndexError:
+        return None
+
+
+def values_bound(raw: bytes, start: int = 0) -> int:
+    """An upper bound of the values in the JSON text `raw[start:]`: 1 + its commas and opening brackets, strings
+    included."""
     total = 1
-    for start in range(0, len(raw), _SLICE_BYTES):  # a slice per C call, so no call holds the GIL for long
-        end = start + _SLICE_BYTES
-        total += raw.count(b",", start, end) + raw.count(b"{", start, end) + raw.count(b"[", start, end)
+    for low in range(start, len(raw), _SLICE_BYTES):  # a slice per C call, so no call holds the GIL for long
+        high = low + _SLICE_BYTES
+        total += raw.count(b",", low, high) + raw.count(b"{", low, high) + raw.count(b"[", low, high)
     return total
 
 
-def count_values(raw: bytes, limit: int) -> int:
-    """The number of values in the JSON text `raw` (see the rules), or a number past `limit` as soon as the count
-    passes it. Malformed text is counted as far as it goes (the parser then says what is wrong)."""
+def count_values(raw: bytes, limit: int, start: int = 0) -> int:
+    """The number of values in the JSON text `raw[start:]` (see the rules), or a number past `limit` as soon as the
+    count passes it. Malformed text is counted as far as it goes (the parser then says what is wrong)."""
     count = 1
-    i = 0
+    i = start
     search = _COUNTED.search
     while True:
         match = search(raw, i)

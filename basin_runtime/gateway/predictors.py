@@ -11,6 +11,10 @@
 #   benchmarks, else with its all-rows row. Every file's m(q) is read once at start-up, so a file
 #   without multipliers, or a q off their grid, stops start-up naming the file. Without q (None), and
 #   for models without a `multiplier` (test doubles that only predict), m = 1.
+# - The task text a model reads is at most its first PREDICTED_TEXT_CHARS characters (`predict_peak`): the
+#   longest task text in the training corpora is 29,525 characters, and the model's text featurizer takes ~23
+#   times a text's size in memory and ~0.1 s per MB (a 60 MB first message took 1.4 GB and 6 s). A session's
+#   reservation never falls below its context anyway (the policy's max(m x peak, context)).
 # - Revisions: a model file with an online model beside it (`basin_runtime/online.py`) re-estimates
 #   a session's peak at the configured calls (`revise_at_calls`; none by default: beyond the paper) from its
 #   first-call prediction and its calls so far, reserving m_k(q) x the re-estimate; a file without one never
@@ -29,6 +33,9 @@ from basin_runtime.online import OnlineModel
 from basin_runtime.predictor import PeakPredictor, PredictorError
 
 logger = logging.getLogger(__name__)
+
+
+PREDICTED_TEXT_CHARS = 1 << 16
 
 
 class PeakModel(Protocol):
@@ -53,6 +60,11 @@ class RevisingModel(Protocol):
     """A model that may carry an online re-estimate (`PeakPredictor.online`)."""
 
     online: OnlineModel | None
+
+
+def predict_peak(model: PeakModel, task_text: str, first_prompt_tokens: int) -> float:
+    """`model`'s predicted peak for a session, from at most the first PREDICTED_TEXT_CHARS of its task text."""
+    return model.predict(task_text[:PREDICTED_TEXT_CHARS], first_prompt_tokens)
 
 
 class Predictors:

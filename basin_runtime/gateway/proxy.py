@@ -87,7 +87,13 @@ from basin_runtime.gateway.errors import (
 from basin_runtime.gateway.sessions import CallOutcome
 from basin_runtime.gateway.signals import Usage, parse_json, usage_of
 from basin_runtime.gateway.sse import SseEvents, SseFramer
-from basin_runtime.gateway.upstream import HttpxUpstreamClient, UpstreamAnswer, UpstreamBrokenError, UpstreamClient
+from basin_runtime.gateway.upstream import (
+    HttpxUpstreamClient,
+    RequestBody,
+    UpstreamAnswer,
+    UpstreamBrokenError,
+    UpstreamClient,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -139,7 +145,7 @@ class Upstream:
         """Close the client."""
         await self.client.aclose()
 
-    async def forward(self, method: str, path: str, headers: Mapping[str, str], body: bytes | None,
+    async def forward(self, method: str, path: str, headers: Mapping[str, str], body: RequestBody | None,
                       receive: Receive, on_end: EndHook = _no_end, params: str = "", *,
                       drop_usage_chunk: bool = False, on_first_byte: FirstByteHook | None = None) -> Response:
         """Send one request upstream and return its answer as a streaming response.
@@ -156,7 +162,7 @@ class Upstream:
                 watch.close()
 
     async def _answer(self, watch: ClientWatch, method: str, path: str, headers: Mapping[str, str],
-                      body: bytes | None, on_end: EndHook, params: str, sent_s: float, drop_usage_chunk: bool,
+                      body: RequestBody | None, on_end: EndHook, params: str, sent_s: float, drop_usage_chunk: bool,
                       on_first_byte: FirstByteHook | None) -> Response:
         try:
             response = await watch.race(self.client.send(method, path, _request_headers(headers), body, params),

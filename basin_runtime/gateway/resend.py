@@ -38,8 +38,11 @@ import orjson
 from basin_runtime.gateway.calls import (
     GATEWAY_FIELDS,
     Call,
+    check_counts,
+    check_items,
     check_message,
     common_shape,
+    content_parts,
     list_of_objects,
 )
 from basin_runtime.gateway.errors import BadRequestError, NestingTooDeepError
@@ -58,7 +61,7 @@ from basin_runtime.gateway.json_scan import (
     string_end,
     value_end,
 )
-from basin_runtime.gateway.limits import check_depth
+from basin_runtime.gateway.limits import Limits, check_depth
 
 if TYPE_CHECKING:
     from basin_runtime.gateway.measure import MemoCounts
@@ -78,6 +81,7 @@ class BodyPrefix:
     num_messages: int
     has_assistant: bool
     has_system: bool
+    num_parts: int = 0  # content parts in its messages (`calls.content_parts`)
 
 
 @dataclass(frozen=True)
@@ -139,21 +143,23 @@ def prefix_of(call: Call) -> BodyPrefix | None:
     messages = call.messages
     return BodyPrefix(raw, end, {k: body[k] for k in head_keys}, len(messages),
                       any(m.get("role") == "assistant" for m in messages),
-                      any(m.get("role") == "system" for m in messages))
+                      any(m.get("role") == "system" for m in messages), content_parts(messages))
 
 
-def read_resent(raw: bytes, base: MemoCounts, max_json_depth: int) -> Call | None:
+def read_resent(raw: bytes, base: MemoCounts, limits: Limits) -> Call | None:
     """The call of a chat body that repeats `base.prefix` (see the rules), or None to read it in full."""
     prefix = base.prefix
     if prefix is None or len(raw) <= prefix.end or not raw.startswith(memoryview(prefix.raw)[:prefix.end]):
         return None
     try:
-        return _read_tail(raw, base, prefix, max_json_depth)
+        return _read_tail(raw, base, prefix, limits)
     except (IndexError, orjson.JSONDecodeError, BadRequestError, NestingTooDeepError):
-        return None  # the full read says what is wrong, in its own words
+        return None  # the full read says what is wrong, in its own words (an item limit too: `LimitError`)
 
 
-def _read_tail(raw: bytes, base: MemoCounts, prefix: BodyPrefix, max_json_depth: int) -> Call | None:
+def _read_tail(raw: bytes, base: MemoCounts, prefix: BodyPrefix, limits: Limits) -> Call | None:
+    max_json_depth = limits.max_json_depth
+    check_items(raw, limits.max_json_items, prefix.end)  # only what follows the prefix is parsed
     view = memoryview(raw)
     new: list[dict[str, Any]] = []
     end = i = prefix.end
@@ -191,9 +197,11 @@ def _read_tail(raw: bytes, base: MemoCounts, prefix: BodyPrefix, max_json_depth:
     for k, message in enumerate(new):
         check_message(prefix.num_messages + k, message)
     tools = list_of_objects(body, "tools")
+    num_parts = prefix.num_parts + content_parts(new)
+    check_counts(prefix.num_messages + len(new), len(tools or ()), num_parts, limits)
     own = BodyPrefix(raw, end, prefix.head, prefix.num_messages + len(new),
                      prefix.has_assistant or any(m.get("role") == "assistant" for m in new),
-                     prefix.has_system or any(m.get("role") == "system" for m in new))
+                     prefix.has_system or any(m.get("role") == "system" for m in new), num_parts)
     user = body.get("user") or None
     sent = {k: body[k] for k in GATEWAY_FIELDS if k in body}
     return Call("chat", body, new, tools, (), 0, False, user, raw, sent, resent=Resent(base, own))

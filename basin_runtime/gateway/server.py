@@ -7,8 +7,9 @@
 #   - a request llhttp cannot parse (uvicorn's own answer is a plain-text 400): 400 `invalid_request_error`
 #     naming the parser's complaint;
 #   - a request head past `max_header_bytes` (its request line, header names and values) or with more than
-#     `max_headers` headers: 431 `headers_too_large`, naming the limit. httptools holds a header's bytes
-#     until the header ends, so the bytes of a head still arriving are counted as they come: the gateway
+#     `max_headers` headers: 431 `headers_too_large`, naming the limit. The parser's callbacks count the
+#     URL and each header as it ends; httptools holds a header's bytes until it ends, so the reads that
+#     arrive while a head is open (after the read it began in) are counted too, as they come: the gateway
 #     holds at most the limit plus one read (256 KiB) of any head.
 #   A response already under way on the connection (a pipelined request) is not interleaved: the
 #   connection is closed without an answer to the bad request.
@@ -46,14 +47,16 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._in_head = True
-        self._head_received = 0  # bytes of a head not ended yet, counted as they arrive
+        self._is_head_open = False  # a request head has begun and not ended
+        self._has_begun = False  # a request began in the data being fed
+        self._head_received = 0  # bytes of an open head after the read it began in, counted as they arrive
         self._head_bytes = 0  # the head's URL and headers (`name: value\r\n`), counted as the parser reads them
         self._num_headers = 0
         self._refusal: GatewayError | None = None
 
     def data_received(self, data: bytes) -> None:
         self._unset_keepalive_if_required()
+        was_open, self._has_begun = self._is_head_open, False
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -67,14 +70,15 @@ class GatewayHttpProtocol(HttpToolsProtocol):
                 logger.info("refused a request that is not valid HTTP/1.1: %s", exc)
             self._refuse(self._refusal)
             return
-        if self._in_head:  # every byte of `data` went into a head that has not ended yet
+        if was_open and self._is_head_open and not self._has_begun:  # all of `data` went into a head still open
             self._head_received += len(data)
             if self._head_received > self.max_header_bytes:
                 self._refuse(self._too_large(f"the request head passed {self.max_header_bytes} bytes while it was "
                                              "being read"))
 
     def on_message_begin(self) -> None:
-        self._in_head, self._head_bytes, self._num_headers = True, 0, 0
+        self._is_head_open, self._has_begun = True, True
+        self._head_received, self._head_bytes, self._num_headers = 0, 0, 0
         super().on_message_begin()
 
     def on_url(self, url: bytes) -> None:
@@ -91,12 +95,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
-        self._in_head, self._head_received = False, 0
+        self._is_head_open = False
         super().on_headers_complete()
-
-    def on_message_complete(self) -> None:
-        self._in_head = True
-        super().on_message_complete()
 
     def _count(self, num_bytes: int) -> None:
         self._head_bytes += num_bytes

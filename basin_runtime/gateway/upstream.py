@@ -1,6 +1,9 @@
 # The HTTP client to the upstream, behind one small protocol, with three implementations.
 #
 # Rules:
+# - A request body is one buffer, or pieces sent one after another (`RequestBody`): the gateway forwards a
+#   large body as the client's bytes with its own fields around them, never joined into a copy (the gateway's
+#   own client writes the pieces as they are; aiohttp and httpx get them joined).
 # - `UpstreamClient.send(method, path, headers, body, params)` sends one request and returns an
 #   `UpstreamAnswer` once its head has arrived: status, headers, and the body either whole
 #   (`read(limit)`) or chunk by chunk as it arrives (`chunks()`, never buffered: SSE goes through as
@@ -34,6 +37,17 @@ import httpx
 from basin_runtime.gateway.errors import UpstreamRefusedError, UpstreamTimeoutError
 
 KEEPALIVE_S = 2.0  # idle connections dropped before uvicorn's (SGLang's server's) 5 s keep-alive closes them
+RequestBody = bytes | tuple[bytes | memoryview, ...]  # one buffer, or pieces of bytes sent in order
+
+
+def body_size(body: RequestBody) -> int:
+    """The bytes of a request body, one buffer or pieces (byte views: a view's length is its bytes)."""
+    return len(body) if isinstance(body, bytes) else sum(len(piece) for piece in body)
+
+
+def joined(body: RequestBody) -> bytes:
+    """A request body in one buffer (pieces joined: a copy)."""
+    return body if isinstance(body, bytes) else b"".join(body)
 
 
 class UpstreamBrokenError(Exception):
@@ -90,7 +104,7 @@ class UpstreamClient(Protocol):
         """Get ready to send (on the running loop)."""
         ...
 
-    async def send(self, method: str, path: str, headers: Mapping[str, str], body: bytes | None,
+    async def send(self, method: str, path: str, headers: Mapping[str, str], body: RequestBody | None,
                    params: str = "") -> UpstreamAnswer:
         """Send one request; return once the answer's head has arrived."""
         ...
@@ -199,9 +213,10 @@ class HttpxUpstreamClient:
     async def start(self) -> None:
         """Nothing to do: httpx opens connections on first use."""
 
-    async def send(self, method: str, path: str, headers: Mapping[str, str], body: bytes | None,
+    async def send(self, method: str, path: str, headers: Mapping[str, str], body: RequestBody | None,
                    params: str = "") -> HttpxAnswer:
-        request = self.client.build_request(method, path, headers=dict(headers), content=body,
+        content = None if body is None else joined(body)
+        request = self.client.build_request(method, path, headers=dict(headers), content=content,
                                             params=httpx.QueryParams(params))
         try:
             return HttpxAnswer(await self.client.send(request, stream=True))
@@ -277,13 +292,14 @@ class AiohttpUpstreamClient(ClientState):
             self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout, trust_env=False,
                                                   auto_decompress=True)
 
-    async def send(self, method: str, path: str, headers: Mapping[str, str], body: bytes | None,
+    async def send(self, method: str, path: str, headers: Mapping[str, str], body: RequestBody | None,
                    params: str = "") -> AiohttpAnswer:
         if self._session is None:
             raise RuntimeError("AiohttpUpstreamClient.send before start() (or after aclose())")
         url = self._base_url + path + (f"?{params}" if params else "")
         try:
-            response = await self._session.request(method, url, headers=dict(headers), data=body,
+            response = await self._session.request(method, url, headers=dict(headers),
+                                                   data=None if body is None else joined(body),
                                                    allow_redirects=False)
         except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
             raise UpstreamTimeoutError(f"upstream {url} did not answer in time "

@@ -65,7 +65,7 @@ async def serving(*, max_header_bytes: int | None = None, max_headers: int | Non
                                               drain_timeout_s=drain_timeout_s, **limits), drain=rig.gateway.drain)
         server.config.log_level = "warning"
         served = Served(rig, port, server)
-        app = web.Application()
+        app = web.Application(client_max_size=1 << 30)  # aiohttp refuses bodies over 1 MiB by default
         app.router.add_route("*", "/{tail:.*}", served.upstream)
         runner = web.AppRunner(app, handle_signals=False)
         await runner.setup()

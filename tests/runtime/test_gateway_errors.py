@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from basin_runtime.gateway.errors import (
+    BodiesInFlightError,
     BodyTooLargeError,
     GatewayError,
     HeadersTooLargeError,
@@ -14,6 +15,7 @@ from basin_runtime.gateway.errors import (
     SessionIdTooLongError,
     SessionShedError,
     ShuttingDownError,
+    TooManyItemsError,
     UpstreamRejectedError,
     UpstreamStatusError,
     UpstreamTimeoutError,
@@ -39,6 +41,8 @@ EXAMPLES: dict[type, GatewayError] = {
     BodyTooLargeError: BodyTooLargeError("too large", "max_body_bytes", 10),
     NestingTooDeepError: NestingTooDeepError("too deep", "max_json_depth", 4),
     HeadersTooLargeError: HeadersTooLargeError("too big", "max_header_bytes", 8192),
+    TooManyItemsError: TooManyItemsError("too many", "max_tools", 512),
+    BodiesInFlightError: BodiesInFlightError("busy", "max_body_bytes_in_flight", 1 << 28),
     SessionIdTooLongError: SessionIdTooLongError("too long", "max_session_id_chars", 8),
     MethodNotAllowedError: MethodNotAllowedError("no PUT here", "GET"),
     ShuttingDownError: ShuttingDownError("draining", 7.2),
@@ -62,6 +66,7 @@ def test_every_gateway_error_maps_to_one_status_and_an_openai_style_body() -> No
         "UpstreamRefusedError": 502,
         "UpstreamTimeoutError": 504, "UpstreamStatusError": 502, "UpstreamStreamError": 502,
         "UpstreamBadAnswerError": 502, "UpstreamRejectedError": 404, "HeadersTooLargeError": 431,
+        "TooManyItemsError": 413, "BodiesInFlightError": 503,
     }
 
 

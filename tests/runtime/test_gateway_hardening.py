@@ -7,16 +7,26 @@ and options, its own HTTP/1.1 client to a real aiohttp upstream) and talks to it
   parse (item 8);
 - heads: a request head past `max_header_bytes` or with more than `max_headers` headers gets a JSON 431, and an
   upstream answer head past `max_header_bytes` a JSON 502, never passed on (item 9).
+Tests of what happens inside the app drive it in-process (`rig_for`), as test_gateway_app.py does:
+- item counts: the issue's 38 MB body of 500,000 tool schemas and 600,000 tiny messages are refused (413 naming
+  `max_json_items`) before they are parsed; each item limit is an option named in its 413 (item 4);
+- large bodies in flight hold a budget (`max_body_bytes_in_flight`): past it, a JSON 503 (item 5; the memory each
+  request takes is measured by benchmarks/bench_hostile_bodies.py, not timed here).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 
+import httpx
 import pytest
 from aiohttp import web
 
+from basin_runtime.gateway.limits import Limits
 from tests.runtime.served import RawAnswer, raw_exchange, serving
+from tests.runtime.test_gateway_app import ANSWER, CHAT, conversation, eventually, rig_for
 
 pytestmark = pytest.mark.asyncio
 
@@ -155,3 +165,149 @@ async def test_an_upstream_answer_head_past_the_limit_is_a_json_502_and_never_re
         error = error_of(answer)
         assert answer is not None and (answer.status, error["type"]) == (502, "upstream_bad_answer")
         assert "x-huge" not in answer.headers and "max_header_bytes" in str(error["message"])
+
+
+# --- item 4: item counts, refused before the body is parsed -----------------------------------------
+
+
+def tools_body(num_tools: int) -> bytes:
+    """A chat body with `num_tools` small tool schemas: 500,000 of them make the issue's 38 MB body."""
+    tool = b'{"type": "function", "function": {"name": "t", "parameters": {"type": "object"}}}'
+    return (b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": ['
+            + b", ".join([tool] * num_tools) + b"]}")
+
+
+TWO_PARTS = b'{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}'
+
+
+def tiny_messages_body(num_messages: int) -> bytes:
+    return b'{"model": "m", "messages": [' + b", ".join([b'{"role": "user", "content": "x"}'] * num_messages) + b"]}"
+
+
+async def test_the_issues_hostile_bodies_are_refused_naming_the_item_limit_before_they_are_parsed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from basin_runtime.gateway import calls
+
+    parsed: list[int] = []
+    parse_slowly = calls._read_json_object_slowly
+    monkeypatch.setattr(calls, "_read_json_object_slowly", lambda raw, depth: parsed.append(len(raw)) or parse_slowly(
+        raw, depth))
+    async with rig_for() as rig:
+        for name, body in (("500k tools", tools_body(500_000)), ("600k messages", tiny_messages_body(600_000))):
+            response = await rig.client.post(CHAT, content=body, headers={"X-Session-ID": name,
+                                                                          "content-type": "application/json"})
+            error = response.json()["error"]
+            assert (response.status_code, error["type"], error["limit"]) == (413, "too_many_items", "max_json_items")
+            assert error["limit_value"] == 500_000 and "--max-json-items" in error["message"], name
+        assert parsed == [] and rig.upstream.requests == [] and len(rig.room.registry) == 0
+
+
+@pytest.mark.parametrize("limit,body", [
+    ("max_messages", tiny_messages_body(21)),
+    ("max_tools", tools_body(6)),
+    ("max_content_parts", b'{"messages": [' + b", ".join([TWO_PARTS] * 4) + b"]}"),
+    ("max_json_items", tiny_messages_body(10)),  # 1 + 1 + 10 x 3 = 32 values
+])
+async def test_each_item_limit_is_an_option_named_in_its_413(limit: str, body: bytes) -> None:
+    lowered = {"max_messages": 20, "max_tools": 5, "max_content_parts": 7, "max_json_items": 31}
+    limits = Limits(**{limit: lowered[limit]})
+    async with rig_for(gateway_options={"limits": limits}) as rig:
+        response = await rig.client.post(CHAT, content=body, headers={"content-type": "application/json"})
+        error = response.json()["error"]
+        assert (response.status_code, error["type"], error["limit"]) == (413, "too_many_items", limit), error
+        assert error["limit_value"] == getattr(limits, limit) and error["option"] == "--" + limit.replace("_", "-")
+        assert rig.upstream.requests == []
+
+
+async def test_a_resent_conversation_is_held_to_the_same_item_limits() -> None:
+    # A known session's resent body is read from its new part on (`resend.py`): the limits count the whole call.
+    limits = Limits(max_messages=40)
+    filler = "x" * 70_000  # past RESEND_MIN_BYTES, so the next call is read from its new messages on
+    async with rig_for(gateway_options={"limits": limits}) as rig:
+        history = conversation(filler, *[f"turn {k}" for k in range(18)])  # 37 messages
+        assert (await rig.chat("s", filler, *[f"turn {k}" for k in range(18)])).status_code == 200
+        assert rig.room.registry.get("s").memo.counts.prefix is not None  # type: ignore[union-attr]
+        grown = [*history, {"role": "assistant", "content": "a"}, {"role": "user", "content": "b"},
+                 {"role": "assistant", "content": "c"}, {"role": "user", "content": "d"}]  # 41 messages
+        response = await rig.client.post(CHAT, json={"model": "m", "messages": grown}, headers={"X-Session-ID": "s"})
+        error = response.json()["error"]
+        assert (response.status_code, error["limit"]) == (413, "max_messages"), error
+
+
+async def test_an_admin_body_is_parsed_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    from basin_runtime.gateway import admin
+
+    threads: list[str] = []
+    read = admin.read_json_object
+    monkeypatch.setattr(admin, "read_json_object", lambda *a: threads.append(threading.current_thread().name) or read(
+        *a))
+    async with rig_for() as rig:
+        small = await rig.client.put("/basin/budget", json={"budget_tokens": 5000})
+        large = await rig.client.put("/basin/budget", content=b'{"budget_tokens": 6000' + b" " * (1 << 17) + b"}")
+        assert (small.status_code, large.status_code) == (200, 200)
+    assert threads[0] == threading.current_thread().name != threads[1]
+
+
+# --- item 5: memory for large bodies, in all ------------------------------------------------------------
+
+
+async def test_large_bodies_in_flight_past_their_budget_get_a_json_503_with_retry_after_and_the_budget_comes_back(
+        ) -> None:
+    release = asyncio.Event()
+
+    async def slow(request: httpx.Request) -> httpx.Response:
+        if len(request.content) > 1 << 20:  # the large calls wait for the test to let them go
+            await release.wait()
+        return httpx.Response(200, json=ANSWER)
+
+    big = ("word " * (300 << 10))[:(1536 << 10) - 100]  # ~1.5 MiB: a large body
+    async with rig_for(gateway_options={"limits": Limits(max_body_bytes_in_flight=2 << 20)}) as rig:
+        rig.upstream.handler = slow
+        first = asyncio.create_task(rig.chat("one", big))
+        await eventually(lambda: len(rig.upstream.requests) == 1)
+        assert rig.gateway.bodies.held_bytes > 1 << 20
+        refused = await rig.chat("two", big)
+        error = refused.json()["error"]
+        assert (refused.status_code, error["type"], error["limit"]) == (503, "too_many_large_bodies",
+                                                                         "max_body_bytes_in_flight")
+        assert refused.headers["retry-after"] == "1" and rig.room.registry.get("two") is None
+        small = await rig.chat("three", "a small call")  # small bodies are not counted: served while it is full
+        assert small.status_code == 200
+        release.set()
+        assert (await first).status_code == 200
+        assert rig.gateway.bodies.held_bytes == 0
+        assert (await rig.chat("two", big)).status_code == 200
+        assert rig.gateway.bodies.held_bytes == 0
+
+
+async def test_a_chunked_large_body_is_counted_as_it_arrives() -> None:
+    from tests.runtime.test_gateway_limits import Driven
+
+    async with rig_for(gateway_options={"limits": Limits(max_body_bytes_in_flight=2 << 20)}) as rig:
+        rig.gateway.bodies.held_bytes = 1 << 20  # another large body holds half the budget
+        call = await Driven({"x-session-id": b"s"}, [b" " * (512 << 10)] * 4, leaves=False).run(rig.app)
+        assert (call.status, call.error["type"]) == (503, "too_many_large_bodies")
+        assert call.num_received <= 3  # refused as it passed the budget, not after reading it all
+        assert rig.gateway.bodies.held_bytes == 1 << 20
+
+
+async def test_a_large_body_in_large_reads_is_not_taken_for_a_head() -> None:
+    # The bytes of an open head are counted as they arrive; a body's reads (the last one ends the request, which
+    # once reopened the count) never are.
+    async with serving(max_header_bytes=4096) as served:
+        body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "word " * 600_000}]}).encode()
+        answer = await raw_exchange(served.port, post(body), post(b'{"messages": [{"role": "user", "content": "b"}]}',
+                                                                  b"s2"))
+        assert answer is not None and answer.status == 200, answer
+
+
+async def test_the_predictor_reads_at_most_its_text_limit_of_a_huge_task() -> None:
+    # Its featurizer took ~23x a text's size in memory: a 60 MB first message made the gateway 1.4 GB larger.
+    from basin_runtime.gateway.predictors import PREDICTED_TEXT_CHARS
+
+    async with rig_for() as rig:
+        task = "fix " * (PREDICTED_TEXT_CHARS // 2)
+        assert (await rig.chat("s", task)).status_code == 200
+        ((asked_text, _),) = rig.model.asked
+        assert asked_text == task[:PREDICTED_TEXT_CHARS] and len(task) > PREDICTED_TEXT_CHARS
+        assert rig.room.registry.get("s").task_text == task  # type: ignore[union-attr]  # the log keeps it whole

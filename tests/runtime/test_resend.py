@@ -20,6 +20,7 @@ from basin_runtime.gateway import resend
 from basin_runtime.gateway.calls import Call, parse_call
 from basin_runtime.gateway.errors import BadRequestError, NestingTooDeepError
 from basin_runtime.gateway.gateway import _ask_for_usage
+from basin_runtime.gateway.limits import Limits
 from basin_runtime.gateway.measure import MemoCounts, Meter, PromptMemo
 from basin_runtime.gateway.priority import stamp
 from basin_runtime.gateway.resend import BodyPrefix, PrefixBudget, prefix_of, read_resent
@@ -29,7 +30,7 @@ from pipeline.adapters.messages_jsonl import read_messages_jsonl
 from pipeline.records import RawSession
 
 TOKENIZER = get_tokenizer("qwen3.6")
-DEPTH = 64
+LIMITS = Limits(max_json_depth=64)
 Encoder = Callable[[dict[str, Any]], bytes]
 ENCODERS: dict[str, Encoder] = {  # how clients write JSON: Python's default (the openai client), compact, pretty
     "default": lambda body: json.dumps(body).encode(),
@@ -76,8 +77,8 @@ def replay(bodies: list[bytes]) -> list[Call]:
     fast_memo, full_memo = PromptMemo(), PromptMemo()
     calls = []
     for raw in bodies:
-        full = parse_call("chat", raw, DEPTH)
-        call = read_resent(raw, fast_memo.counts, DEPTH) or parse_call("chat", raw, DEPTH)
+        full = parse_call("chat", raw, LIMITS)
+        call = read_resent(raw, fast_memo.counts, LIMITS) or parse_call("chat", raw, LIMITS)
         if call.resent is not None:
             known = call.resent.num_known
             assert full.messages is not None and call.messages == full.messages[known:]
@@ -131,7 +132,7 @@ def test_new_messages_with_quotes_backslashes_braces_and_unicode_are_read_exactl
 
 def _memo_after(raw: bytes) -> MemoCounts:
     memo = PromptMemo()
-    Meter(TOKENIZER, TaskTextRule()).prompt_tokens(parse_call("chat", raw, DEPTH), memo)
+    Meter(TOKENIZER, TaskTextRule()).prompt_tokens(parse_call("chat", raw, LIMITS), memo)
     assert memo.counts.prefix is not None
     return memo.counts
 
@@ -163,9 +164,9 @@ HEAD = FIRST_BODY[:FIRST_BODY.index(b"}]") + 1]  # up to the end of the last mes
 ])
 def test_an_irregular_resent_body_is_read_in_full(why: str, raw: bytes) -> None:
     base = _memo_after(FIRST_BODY)
-    assert read_resent(raw, base, DEPTH) is None, why
+    assert read_resent(raw, base, LIMITS) is None, why
     try:  # the full read then accepts it or names the error, as it always did
-        parse_call("chat", raw, DEPTH)
+        parse_call("chat", raw, LIMITS)
     except (BadRequestError, NestingTooDeepError) as exc:
         assert str(exc)
 
@@ -174,20 +175,20 @@ def test_a_body_with_a_repeated_top_level_key_in_any_spelling_gets_no_prefix() -
     for raw in (b'{"model": "a", "messages": [{"role": "user", "content": "x"}], "model": "b"}',
                 b'{"x": [{"role": "user"}], "messages": [{"role": "user", "content": "x"}], "x": [{"a": 1}]}',
                 b'{"messages": [{"role": "user", "content": "x"}], "\\u006dessages": [{"role": "user"}]}'):
-        assert prefix_of(parse_call("chat", raw, DEPTH)) is None, raw
+        assert prefix_of(parse_call("chat", raw, LIMITS)) is None, raw
 
 
 def test_an_escaped_key_is_read_as_the_parser_reads_it() -> None:
     raw = b'{"\\u006dodel": "m", "\\u006dessages": [{"role": "user", "content": "x"}]}'
-    prefix = prefix_of(parse_call("chat", raw, DEPTH))
+    prefix = prefix_of(parse_call("chat", raw, LIMITS))
     assert prefix is not None and prefix.head == {"model": "m"} and raw[prefix.end - 1:] == b"}]}"
 
 
 def test_small_bodies_get_no_prefix_at_the_real_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(resend, "RESEND_MIN_BYTES", 64 << 10)
-    assert prefix_of(parse_call("chat", FIRST_BODY, DEPTH)) is None
+    assert prefix_of(parse_call("chat", FIRST_BODY, LIMITS)) is None
     big = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * (64 << 10)}]}).encode()
-    prefix = prefix_of(parse_call("chat", big, DEPTH))
+    prefix = prefix_of(parse_call("chat", big, LIMITS))
     assert prefix is not None and big[prefix.end - 1:] == b"}]}"
 
 
@@ -209,7 +210,7 @@ def test_the_budget_bounds_the_bytes_prefixes_hold_and_frees_those_no_longer_use
 
 def test_a_meter_without_budget_reads_every_body_in_full() -> None:
     meter, memo = Meter(TOKENIZER, TaskTextRule(), max_prefix_bytes=0), PromptMemo()
-    meter.prompt_tokens(parse_call("chat", FIRST_BODY, DEPTH), memo)
+    meter.prompt_tokens(parse_call("chat", FIRST_BODY, LIMITS), memo)
     assert memo.counts.prefix is None
 
 
@@ -262,8 +263,8 @@ async def test_a_resent_call_whose_session_ended_meanwhile_is_read_in_full_as_a_
         assert (await rig.client.post(CHAT, json={"model": "m", "messages": messages},
                                       headers={"X-Session-ID": "s"})).status_code == 200
 
-        def read_then_end(raw: bytes, base: MemoCounts, depth: int) -> Call | None:
-            call = read_resent(raw, base, depth)
+        def read_then_end(raw: bytes, base: MemoCounts, limits: Limits) -> Call | None:
+            call = read_resent(raw, base, limits)
             assert call is not None and call.resent is not None
             entry = rig.room.registry.get("s")
             assert entry is not None
