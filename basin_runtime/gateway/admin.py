@@ -2,7 +2,8 @@
 #
 # Rules:
 # - `GET /basin/state`: the policy snapshot, the hit rate, shadow mode and the lending reports.
-#   `GET /basin/sessions`: every live and queued session, without task text.
+#   `GET /basin/sessions`: every live and queued session, without task text; `reserved_tokens` is what it holds
+#   against the budget now (max of m x its prediction, `reserved_peak_tokens`, and its context).
 # - `PUT /basin/budget {"budget_tokens": N}` sets the operator's reference budget at once (never
 #   evicts; may admit). `POST /basin/reload {"models": bool, "calibration": bool}` reloads the model
 #   files (swapped in only if every one loads) and/or the calibration file (its reference budget
@@ -68,6 +69,7 @@ def sessions_view(gateway: Gateway) -> list[dict[str, Any]]:
             "session_id": entry.session_id, "state": entry.state, "priority_s": entry.priority_s,
             "engine_priority": gateway.room.registry.engine_priority(entry), "routing_key": entry.routing_key,
             "predicted_peak_tokens": entry.predicted_peak_tokens, "reserved_peak_tokens": entry.reserved_peak_tokens,
+            "reserved_tokens": entry.reserved_tokens, "context_tokens": entry.context_tokens,
             "workload": entry.workload, "model": entry.model,
             "is_adopted": entry.is_adopted, "num_calls": len(entry.calls), "in_flight": entry.in_flight,
             "waiters": entry.waiters, "age_s": now - entry.arrived_s, "idle_s": now - entry.last_active_s,

@@ -6,7 +6,10 @@
 #   unknown session -> measured (task text, first prompt, prediction; in a worker thread, off the
 #     event loop) and arrives at the policy, history or not (few-shot turns, a fabricated history:
 #     all wait their turn); only a session the previous run of this gateway held live, resuming
-#     within the adoption window, is adopted instead and never waits (`restart.py`);
+#     within the adoption window, is adopted instead and never waits (`restart.py`). The predictor
+#     reads the whole prompt of the call, history included, as the engine will hold it; an adopted
+#     session's prompt before its first assistant turn (its prediction is the one its real first
+#     call had). Either way the policy reserves max(m x prediction, context) from the first call on;
 #   known session -> the prompt size is observed (counting only the new messages).
 #   A queued (not adopted) session's call then waits in the waiting room.
 # - A session none of whose calls was ever served (its calls failed: upstream down, 5xx, a 4xx, a
@@ -74,10 +77,10 @@ from basin_runtime.gateway.engine_metrics import EngineHitWindow, EngineScraper
 from basin_runtime.gateway.errors import SessionEndedError
 from basin_runtime.gateway.lending import LendingTracker
 from basin_runtime.gateway.limits import BodyBudget, Limits, read_body
-from basin_runtime.gateway.measure import FirstCall, Meter, PromptMemo
+from basin_runtime.gateway.measure import Meter, PromptMemo
 from basin_runtime.gateway.metrics import GatewayMetrics
 from basin_runtime.gateway.paths import forwarded_target
-from basin_runtime.gateway.predictors import PeakModel, Predictors, predict_peak
+from basin_runtime.gateway.predictors import PREDICTED_TEXT_CHARS, Predictors, predict_peak
 from basin_runtime.gateway.priority import ROUTING_KEY_HEADER, request_id, stamp
 from basin_runtime.gateway.proxy import CallEnd, EndHook, Upstream
 from basin_runtime.gateway.resend import RESEND_MIN_BYTES, read_resent
@@ -373,18 +376,19 @@ class Gateway:
         workload = request.headers.get(self.workload_header) or None
         model = self.predictors.for_workload(workload)
         memo = PromptMemo()
-        first, peak = await _off_loop_if_large(call.num_bytes, self._predict, call, memo, model)
+        first = await _off_loop_if_large(call.num_bytes, self.meter.first_call, call, memo)
         is_adopted = self.adoption.claim(session_id, call.is_continuation, self.room.clock.now())
+        # What the engine will hold is the whole first prompt, history or not (a made-up one reserved like an empty
+        # task); only an adopted session, which ran before, is predicted as its real first call was.
+        prompt_tokens = first.first_prompt_tokens if is_adopted else first.prompt_tokens
+        peak = await _off_loop_if_large(min(len(first.task_text), PREDICTED_TEXT_CHARS), predict_peak, model,
+                                        first.task_text, prompt_tokens)
         entry, is_new = await self.room.arrive(session_id, first, peak, workload=workload, memo=memo,
                                                is_adopted=is_adopted, is_single_call=is_single_call,
                                                model=call.body.get("model") if isinstance(call.body.get("model"),
                                                                                           str) else None,
                                                reservation_multiplier=self.predictors.multiplier(workload))
         return entry, first.prompt_tokens, is_new
-
-    def _predict(self, call: Call, memo: PromptMemo, model: PeakModel) -> tuple[FirstCall, float]:
-        first = self.meter.first_call(call, memo)
-        return first, predict_peak(model, first.task_text, first.first_prompt_tokens)
 
     def _first_byte(self, record: CallRecord, ttft_s: float) -> None:
         self._awaiting_first_byte.pop(id(record), None)

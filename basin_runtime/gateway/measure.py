@@ -72,8 +72,8 @@ class FirstCall:
     """What the predictor needs from a session's first call (or the conversation of an adopted one)."""
 
     task_text: str
-    first_prompt_tokens: int
-    prompt_tokens: int
+    first_prompt_tokens: int  # before its first assistant turn (what an adopted session's real first call held)
+    prompt_tokens: int  # the whole prompt of this call
 
 
 class Meter:

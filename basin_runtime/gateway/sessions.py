@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -124,12 +125,18 @@ class SessionEntry:
     has_sent_key: bool = False  # its end key went out on an answer (`basin_runtime/session_keys.py`)
     reservation_multiplier: float = 1.0  # m(q) of its predictor file (m_k(q) after a revision at call k)
     revised_peak_tokens: float | None = None  # the last online re-estimate, if any
+    context_tokens: int = 0  # its latest prompt size told to the policy (its context)
 
     @property
     def reserved_peak_tokens(self) -> float:
-        """What it reserves until its context grows past it: m x the predicted (or last revised) peak."""
+        """What its prediction reserves: m x the predicted (or last revised) peak."""
         peak = self.predicted_peak_tokens if self.revised_peak_tokens is None else self.revised_peak_tokens
         return self.reservation_multiplier * peak
+
+    @property
+    def reserved_tokens(self) -> int:
+        """What it reserves now, as the policy counts it: max(ceil(m x peak), its context), never below its context."""
+        return max(math.ceil(self.reserved_peak_tokens), self.context_tokens)
 
     def is_idle(self, now: float, idle_timeout_s: float) -> bool:
         """Live, nothing in flight, and quiet for at least the idle timeout."""

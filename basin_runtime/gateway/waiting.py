@@ -117,6 +117,7 @@ class WaitingRoom:
         now = self.clock.now()
         entry = self._entry(session_id, now, predicted_peak_tokens, first.task_text, workload, memo, is_adopted,
                             is_single_call, model, reservation_multiplier)
+        entry.context_tokens = first.prompt_tokens
         step = Step("adopt" if is_adopted else "arrive", session_id,
                     (predicted_peak_tokens, first.prompt_tokens, reservation_multiplier), now)
         await self._step_for(entry, step)
@@ -143,6 +144,7 @@ class WaitingRoom:
         self._refuse_if_draining()
         is_live = step.kind == "adopt" or self.policy.is_live(session_id)
         entry = self._entry(session_id, now, peak, first.task_text, workload, memo, is_live, False, model, multiplier)
+        entry.context_tokens = first.prompt_tokens
         try:
             await self._step_for(entry, step)
         except PolicyError as exc:  # it ended, or another replica took it first: a session of its own then
@@ -165,6 +167,7 @@ class WaitingRoom:
             return False
         now = self.clock.now()
         entry.last_active_s = now
+        entry.context_tokens = prompt_tokens
         self.backend.submit(Step("observe", entry.session_id, (prompt_tokens,), now))
         if revision is not None:
             peak, multiplier = revision

@@ -339,9 +339,9 @@ async def test_a_first_call_with_history_is_predicted_and_arrives_like_any_new_s
     assert response.status_code == 200
     entry = rig.room.registry.get("old")
     assert entry is not None and not entry.is_adopted and entry.state == "live"
-    first_prompt = TOKENIZER.call_tokens(messages)[0].prompt_tokens
-    assert rig.model.asked == [("the task", first_prompt)]  # the prediction its real first call would get
-    assert rig.policy.snapshot().working_set_tokens == TOKENIZER.count_prompt(messages)
+    whole = TOKENIZER.count_prompt(messages)
+    assert rig.model.asked == [("the task", whole)]  # what the engine will hold: the history too (issue 36 item 1)
+    assert rig.policy.snapshot().working_set_tokens == whole
 
 
 async def test_fabricated_histories_cannot_skip_the_queue(full: Rig) -> None:

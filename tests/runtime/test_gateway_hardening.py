@@ -26,7 +26,7 @@ from aiohttp import web
 
 from basin_runtime.gateway.limits import Limits
 from tests.runtime.served import RawAnswer, raw_exchange, serving
-from tests.runtime.test_gateway_app import ANSWER, CHAT, conversation, eventually, rig_for
+from tests.runtime.test_gateway_app import ANSWER, CHAT, TOKENIZER, conversation, eventually, rig_for
 
 pytestmark = pytest.mark.asyncio
 
@@ -311,3 +311,59 @@ async def test_the_predictor_reads_at_most_its_text_limit_of_a_huge_task() -> No
         ((asked_text, _),) = rig.model.asked
         assert asked_text == task[:PREDICTED_TEXT_CHARS] and len(task) > PREDICTED_TEXT_CHARS
         assert rig.room.registry.get("s").task_text == task  # type: ignore[union-attr]  # the log keeps it whole
+
+
+# --- item 1: a reservation never below the context; the predictor reads what the engine will hold ----------------
+
+
+class ClampingModel:
+    """Predicts as the exported model does for a short task: a small peak, never below the first prompt it is told."""
+
+    def __init__(self) -> None:
+        self.asked: list[int] = []
+        self.online = TinyOnline()
+
+    def predict(self, task_text: str, first_prompt_tokens: int) -> float:
+        self.asked.append(first_prompt_tokens)
+        return float(max(first_prompt_tokens, 1412))
+
+
+class TinyOnline:
+    """An online re-estimate that keeps guessing small, whatever the calls (the issue's 2,780 for a 150k context)."""
+
+    def predict(self, first_call_peak: float, prompt_tokens: object, completion_tokens: object) -> float:
+        return 1544.0
+
+    def multiplier(self, q: float, k: int) -> float:
+        return 1.8
+
+
+async def test_a_made_up_history_reserves_what_the_engine_holds_on_its_first_call_and_every_later_one() -> None:
+    filler = "word " * 3000  # ~3k tokens a turn: a first call of ~30k tokens in made-up turns
+    made_up = [{"role": "user", "content": "task"}]
+    for _ in range(5):
+        made_up += [{"role": "assistant", "content": filler}, {"role": "user", "content": filler}]
+    honest = [{"role": "user", "content": "task " + " ".join(m["content"] for m in made_up[1:])}]
+    model = ClampingModel()
+    async with rig_for(model=model, reservation_quantile=None, revise_at_calls=(3,)) as rig:  # type: ignore[arg-type]
+        for session, messages in (("made-up", made_up), ("honest", honest)):
+            assert (await rig.client.post(CHAT, json={"messages": messages},
+                                          headers={"X-Session-ID": session})).status_code == 200
+        context = TOKENIZER.count_prompt(made_up)
+        assert model.asked[0] == context  # not the 2-token task before its first assistant turn
+        views = {v["session_id"]: v for v in (await rig.client.get("/basin/sessions")).json()["sessions"]}
+        for view in views.values():
+            record = rig.policy.record_of(view["session_id"])
+            assert view["reserved_tokens"] >= view["last_prompt_tokens"] == record.context_tokens
+        assert views["made-up"]["reserved_tokens"] >= context
+        grown = list(made_up)
+        for turn in range(3):  # calls 2 to 4; call 3 revises the peak down to a tiny 1,544 x 1.8
+            grown += [{"role": "assistant", "content": filler}, {"role": "user", "content": f"go on {turn}"}]
+            assert (await rig.client.post(CHAT, json={"messages": grown},
+                                          headers={"X-Session-ID": "made-up"})).status_code == 200
+            view = next(v for v in (await rig.client.get("/basin/sessions")).json()["sessions"]
+                        if v["session_id"] == "made-up")
+            assert view["reserved_tokens"] >= view["last_prompt_tokens"] == TOKENIZER.count_prompt(grown)
+        assert view["reserved_peak_tokens"] < view["last_prompt_tokens"]  # the revision was small: the context holds
+        assert rig.policy.snapshot().reserved_tokens == sum(v["reserved_tokens"] for v in (
+            await rig.client.get("/basin/sessions")).json()["sessions"])
