@@ -10,8 +10,8 @@
 #   `Authorization: Bearer <token>`; without one they are open (bind to loopback then; `cli.py`
 #   refuses any other address unless told `--insecure-admin`). The one exception is
 #   `POST /basin/sessions/{id}/end`, which also takes that session's end key in
-#   `X-Basin-Session-Key` (`basin_runtime/session_keys.py`, derived from the admin token): an
-#   agent ends its own session without the operator's token. A key opens nothing else; a 401
+#   `X-Basin-Session-Key` (`basin_runtime/session_keys.py`, derived from the admin token, bound to the
+#   session's incarnation): an agent ends its own session without the operator's token. A key opens nothing else; a 401
 #   names what each route takes.
 # - Errors become responses only through `errors.error_response`, and every answer the gateway makes
 #   itself is JSON: Starlette's own 404 (no route) and 405 (wrong method, with Allow) become
@@ -103,7 +103,7 @@ def create_app(gateway: Gateway, *, admin_token: str | None = None, tick_interva
                idle_timeout_s: float = 600.0, on_shutdown: Callable[[], Awaitable[None]] | None = None,
                reloader: Reloader | None = None) -> Starlette:
     """The ASGI app serving `gateway` (its session end keys are derived from `admin_token`)."""
-    gateway.session_keys = SessionKeys(admin_token)
+    gateway.session_keys = SessionKeys(admin_token, run="" if gateway.room.backend.is_shared else None)
 
     def call_route(kind: CallKind) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
@@ -120,7 +120,7 @@ def create_app(gateway: Gateway, *, admin_token: str | None = None, tick_interva
 
     async def end_session(request: Request) -> Response:
         session_id = request.path_params["session_id"]
-        _require_end_permission(request, admin_token, gateway.session_keys, session_id)
+        _require_end_permission(request, admin_token, gateway, session_id)
         ended = await gateway.end_session(session_id)
         return JSONResponse({"session_id": ended.session_id, "was": ended.was, "calls": ended.calls})
 
@@ -288,11 +288,15 @@ def _require_admin(request: Request, admin_token: str | None) -> None:
                              f"{SESSION_KEY_HEADER} opens only POST /basin/sessions/{{id}}/end of that session)")
 
 
-def _require_end_permission(request: Request, admin_token: str | None, keys: SessionKeys, session_id: str) -> None:
+def _require_end_permission(request: Request, admin_token: str | None, gateway: Gateway, session_id: str) -> None:
+    """The admin token, or the end key of the session's incarnation held now (a session not held: the 404 follows;
+    an orphan of a dead replica, whose key went with it: the admin token only)."""
     if admin_token is None or _has_admin_token(request, admin_token):
         return
     key = request.headers.get(SESSION_KEY_HEADER)
-    if key is None or not keys.is_key_of(session_id, key):
+    of = gateway.incarnation_of(session_id)
+    if key is None or gateway.is_orphan(session_id) or (of is not None and not gateway.session_keys.is_key_of(
+            session_id, of, key)):
         raise AdminAuthError(f"ending a session needs `{SESSION_KEY_HEADER}: <its key>` (sent on the session's "
                              f"first answer) or `Authorization: Bearer <admin token>`")
 

@@ -22,7 +22,8 @@
 #   the request the session's routing key in the routing-key header, so smg sends every call of a
 #   session to one decode instance (`priority.py`); the answer carries the session id in the session
 #   header, so a client identified by hash can end it, and the first answer of a session carries its
-#   end key (`basin_runtime/session_keys.py`), so the agent can end it itself.
+#   end key (`basin_runtime/session_keys.py`: bound to the session's incarnation, the policy's record of
+#   it), so the agent can end it itself.
 # - A call is in flight from forwarding until its answer ends (`proxy.py` reports the end);
 #   idle time counts from the end of the last call. A single-call session ends with its call.
 # - A call's record keeps the worker that served it when the router names it (smg does), and the
@@ -88,10 +89,10 @@ from basin_runtime.gateway.restart import Adoption, LiveSessionsFile
 from basin_runtime.gateway.session_log import SessionLogWriter
 from basin_runtime.gateway.sessions import CallRecord, SessionEntry, session_id_for
 from basin_runtime.gateway.waiting import Ended, EndReason, WaitingRoom
-from basin_runtime.policy import DuplicateSessionError
+from basin_runtime.policy import DuplicateSessionError, PolicyError
 from basin_runtime.policy.hit_rate import HitRateWindow
 from basin_runtime.policy.latency import LatencyWindow
-from basin_runtime.session_keys import SESSION_KEY_HEADER, SessionKeys
+from basin_runtime.session_keys import SESSION_KEY_HEADER, SessionKeys, incarnation
 from basin_runtime.session_log import LoggedCall, SessionLogRecord
 from basin_runtime.state.backend import StateHooks
 from basin_runtime.state.signals import SignalReport
@@ -251,9 +252,24 @@ class Gateway:
         if entry.session_id.isascii() and entry.session_id.isprintable():
             response.headers[self.session_header] = entry.session_id
         if not (entry.has_sent_key or entry.is_single_call):
-            response.headers[SESSION_KEY_HEADER] = self.session_keys.key(entry.session_id)
-            entry.has_sent_key = True
+            of = self.incarnation_of(entry.session_id)
+            if of is not None:
+                response.headers[SESSION_KEY_HEADER] = self.session_keys.key(entry.session_id, of)
+                entry.has_sent_key = True
         return response
+
+    def incarnation_of(self, session_id: str) -> str | None:
+        """The incarnation of the session held now under this id (its end key is bound to it); None if none is."""
+        try:
+            record = self.room.policy.record_of(session_id)
+        except PolicyError:
+            return None
+        return incarnation(record.seq, record.arrival_s)
+
+    def is_orphan(self, session_id: str) -> bool:
+        """Replicas: True if a dead replica let this session go (its key went with that replica's record)."""
+        state = getattr(self.room.backend, "replicated", None)
+        return state is not None and session_id in state.orphans
 
     async def pass_through(self, request: Request) -> Response:
         """Forward a read-only request (models, server info) without session accounting.

@@ -20,9 +20,12 @@ KEY_HEADER = "X-Basin-Session-Key"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 
 
-def expected_key(secret: str, session_id: str) -> str:
-    """The documented derivation, computed here independently of the gateway's code."""
-    return hmac.new(secret.encode(), f"basin-session-end:{session_id}".encode(), hashlib.sha256).hexdigest()[:32]
+def expected_key(rig: Rig, secret: str, session_id: str) -> str:
+    """The documented derivation, computed here independently of the gateway's code: the run's nonce and the
+    session's incarnation (its policy record's sequence number and arrival time) before its id."""
+    record = rig.policy.record_of(session_id)
+    message = f"basin-session-end:{rig.gateway.session_keys.run}/{record.seq}/{record.arrival_s!r}:{session_id}"
+    return hmac.new(secret.encode(), message.encode(), hashlib.sha256).hexdigest()[:32]
 
 
 async def live_ids(rig: Rig) -> set[str]:
@@ -38,7 +41,7 @@ async def test_a_sessions_first_answer_carries_its_end_key_and_later_answers_do_
         first = await rig.chat("s1", "task")
         later = await rig.chat("s1", "task", "more")
     assert first.status_code == later.status_code == 200
-    assert first.headers[KEY_HEADER] == expected_key(TOKEN, "s1")
+    assert first.headers[KEY_HEADER] == expected_key(rig, TOKEN, "s1")
     assert KEY_HEADER.lower() not in later.headers
 
 
@@ -64,7 +67,7 @@ async def test_a_session_key_opens_nothing_else() -> None:
             for headers in (as_key, as_bearer):
                 response = await rig.client.request(method, path, json={}, headers=headers)
                 assert response.status_code == 401, (method, path, headers)
-        for headers in (as_key, as_bearer, {KEY_HEADER: expected_key(TOKEN, "a")[:-1] + "0"}, {}):
+        for headers in (as_key, as_bearer, {KEY_HEADER: expected_key(rig, TOKEN, "a")[:-1] + "0"}, {}):
             response = await rig.client.post("/basin/sessions/b/end", headers=headers)
             assert response.status_code == 401, headers
             assert response.json()["error"]["type"] == "unauthorized"
@@ -110,17 +113,36 @@ async def test_the_key_goes_out_on_the_first_answer_forwarded_not_on_a_failed_ca
         rig.upstream.handler = None
         served = await rig.chat("s1", "task")
     assert failed.status_code == 502 and KEY_HEADER.lower() not in failed.headers
-    assert served.status_code == 200 and served.headers[KEY_HEADER] == expected_key(TOKEN, "s1")
+    assert served.status_code == 200 and served.headers[KEY_HEADER] == expected_key(rig, TOKEN, "s1")
 
 
 @pytest.mark.asyncio
-async def test_replicas_sharing_an_admin_token_derive_the_same_keys() -> None:
-    async with rig_for(admin_token=TOKEN) as one, rig_for(admin_token=TOKEN) as two, \
-            rig_for(admin_token="other") as other:
-        keys = [(await rig.chat("s1", "task")).headers[KEY_HEADER] for rig in (one, two, other)]
-        assert keys[0] == keys[1] != keys[2]
-        ended = await two.client.post("/basin/sessions/s1/end", headers={KEY_HEADER: keys[0]})
-        assert ended.status_code == 200
+async def test_a_key_ends_only_the_incarnation_it_was_given_to() -> None:
+    # Issue 36 item 3: the key of an ended session used to end every later session with its id.
+    async with rig_for(admin_token=TOKEN) as rig:
+        old_key = (await rig.chat("s1", "task")).headers[KEY_HEADER]
+        assert (await rig.client.post("/basin/sessions/s1/end", headers={KEY_HEADER: old_key})).status_code == 200
+        new_key = (await rig.chat("s1", "task")).headers[KEY_HEADER]
+        assert new_key != old_key and new_key == expected_key(rig, TOKEN, "s1")
+        refused = await rig.client.post("/basin/sessions/s1/end", headers={KEY_HEADER: old_key})
+        assert refused.status_code == 401 and "s1" in await live_ids(rig)
+        assert (await rig.client.post("/basin/sessions/s1/end", headers={KEY_HEADER: new_key})).status_code == 200
+        gone = await rig.client.post("/basin/sessions/s1/end", headers={KEY_HEADER: new_key})
+        assert gone.status_code == 404  # nothing held under the id: any key gets the 404 the admin token would
+
+
+@pytest.mark.asyncio
+async def test_keys_rotate_when_the_gateway_restarts() -> None:
+    # Two runs of one gateway (the same admin token): a key from before the restart opens nothing after it, and the
+    # session's first answer in the new run carries its new key.
+    async with rig_for(admin_token=TOKEN) as before:
+        old_key = (await before.chat("s1", "task")).headers[KEY_HEADER]
+    async with rig_for(admin_token=TOKEN) as after:
+        new_key = (await after.chat("s1", "task")).headers[KEY_HEADER]
+        assert new_key != old_key and after.gateway.session_keys.run != before.gateway.session_keys.run
+        refused = await after.client.post("/basin/sessions/s1/end", headers={KEY_HEADER: old_key})
+        assert refused.status_code == 401 and "s1" in await live_ids(after)
+        assert (await after.client.post("/basin/sessions/s1/end", headers={KEY_HEADER: new_key})).status_code == 200
 
 
 @pytest.mark.asyncio

@@ -55,13 +55,14 @@ class Replica:
     """One gateway replica on its own event loop (a thread)."""
 
     def __init__(self, name: str, url: str, prefix: str, upstream: FakeUpstream, config: PolicyConfig,
-                 peak: float = 1000.0) -> None:
+                 peak: float = 1000.0, admin_token: str | None = None) -> None:
         self.name = name
         self.thread_loop = LoopThread()
         self.is_dead = False
-        self.run(self._build(url, prefix, upstream, config, peak))
+        self.run(self._build(url, prefix, upstream, config, peak, admin_token))
 
-    async def _build(self, url: str, prefix: str, upstream: FakeUpstream, config: PolicyConfig, peak: float) -> None:
+    async def _build(self, url: str, prefix: str, upstream: FakeUpstream, config: PolicyConfig, peak: float,
+                     admin_token: str | None) -> None:
         self.backend = RedisBackend(url, config, replica_id=self.name, prefix=prefix, lease_s=LEASE_S, tail_block_ms=50)
         self.coordinator = Coordinator(self.backend, lambda: SignalReport.of(0, 0, None, ()), orphan_window_s=600,
                                        tick_interval_s=0.1, min_prompt_tokens=10)
@@ -70,7 +71,8 @@ class Replica:
         self.gateway = Gateway(room, Meter(TOKENIZER, TaskTextRule()), Predictors(StubModel(default=peak)),
                                Upstream(self.upstream_client), coordinator=self.coordinator,
                                hit_window=HitRateWindow(min_prompt_tokens=10))
-        self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(self.gateway)),
+        app = create_app(self.gateway, admin_token=admin_token)
+        self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
                                         base_url="http://gateway", timeout=30)
         await self.backend.start(require=True)
         self.coordinator.start()
@@ -132,14 +134,14 @@ class Replica:
 
 @contextmanager
 def replicas(server: RedisServer, count: int, upstream: FakeUpstream | None = None, *, peak: float = 1000.0,
-             **policy: Any) -> Iterator[list[Replica]]:
+             admin_token: str | None = None, **policy: Any) -> Iterator[list[Replica]]:
     prefix = f"replicas-{uuid.uuid4().hex[:10]}"
     # the budget stays put (the fake upstream's 44% hit rate would tighten it) unless a test says otherwise
     config = PolicyConfig(**{"budget_tokens": 1, "budget_min_fraction": 1.0, "budget_max_fraction": 1.0, **policy})
     made: list[Replica] = []
     try:
         for k in range(count):
-            made.append(Replica(f"r{k + 1}", server.url, prefix, upstream or FakeUpstream(), config, peak))
+            made.append(Replica(f"r{k + 1}", server.url, prefix, upstream or FakeUpstream(), config, peak, admin_token))
         yield made
     finally:
         for replica in made:
@@ -250,6 +252,23 @@ def test_a_session_may_be_ended_through_any_replica(redis_server: RedisServer) -
         wait_until(lambda: one.call(lambda: "orphaned" not in one.backend.replicated.orphans
                                     and not one.room.policy.live_ids()), timeout_s=1.0, what="the orphan forgotten")
         assert two.end("orphaned").status_code == 404  # ended once
+
+
+def test_replicas_derive_one_sessions_key_alike_and_a_new_incarnation_gets_a_new_one(redis_server: RedisServer) -> None:
+    # Issue 36 item 3: keys are bound to the session's record in the shared state, so any replica checks them.
+    key_header = "X-Basin-Session-Key"
+    with replicas(redis_server, 2, budget_tokens=1_000_000, admin_token="t0ken") as (one, two):
+        def end(replica: Replica, key: str) -> httpx.Response:
+            return replica.run(replica.client.post("/basin/sessions/s/end", headers={key_header: key}))  # type: ignore[no-any-return]
+
+        key = one.chat("s", "a task").result(10).headers[key_header]
+        wait_until(lambda: two.call(lambda: two.room.policy.is_live("s")), what="two has applied its arrival")
+        assert end(two, key).status_code == 200
+        wait_until(lambda: one.call(lambda: one.room.registry.get("s") is None), what="its holder lets it go")
+        again = one.chat("s", "a task").result(10).headers[key_header]
+        wait_until(lambda: two.call(lambda: two.room.policy.is_live("s")), what="two has applied its arrival")
+        assert again != key and end(two, key).status_code == 401
+        assert end(two, again).status_code == 200
 
 
 # --- a replica dies ------------------------------------------------------------------------------
