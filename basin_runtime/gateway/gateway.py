@@ -85,7 +85,7 @@ from basin_runtime.gateway.predictors import PREDICTED_TEXT_CHARS, Predictors, p
 from basin_runtime.gateway.priority import ROUTING_KEY_HEADER, request_id, stamp
 from basin_runtime.gateway.proxy import CallEnd, EndHook, Upstream
 from basin_runtime.gateway.resend import RESEND_MIN_BYTES, read_resent
-from basin_runtime.gateway.restart import Adoption, LiveSessionsFile
+from basin_runtime.gateway.restart import Adoption, LiveSession, LiveSessions, LiveSessionsFile, prefix_digest
 from basin_runtime.gateway.session_log import SessionLogWriter
 from basin_runtime.gateway.sessions import CallRecord, SessionEntry, session_id_for
 from basin_runtime.gateway.waiting import Ended, EndReason, WaitingRoom
@@ -146,11 +146,12 @@ class Gateway:
             engine_metrics_urls, EngineHitWindow(self.hit_window.window_s, self.hit_window.min_prompt_tokens),
             room.clock.now, self.metrics.engine_scrape_errors, interval_s=engine_metrics_interval_s)
         self.live_sessions = live_sessions
-        previous = set() if live_sessions is None else live_sessions.read()
+        previous = LiveSessions({}) if live_sessions is None else live_sessions.read()
         self.adoption = Adoption(previous, room.clock.now(), adoption_window_s)
-        if previous:
-            logger.info("%d sessions live before the restart may be adopted within %.0f s", len(previous),
-                        adoption_window_s)
+        if previous.sessions:
+            logger.info("%d sessions live before the restart may be adopted within %.0f s (the run before %s)",
+                        len(previous.sessions), adoption_window_s,
+                        "shut down gracefully" if previous.is_logged else "was killed: they are logged whole here")
         room.hit_rate = self.hit_rate
         room.ttft = self.ttft_s
         room.on_session_end = self._session_ended
@@ -287,12 +288,17 @@ class Gateway:
         """End a session on the client's or operator's word (shared state: held here or anywhere)."""
         return await self.room.end(session_id, "ended")
 
-    async def save_live_sessions(self) -> None:
-        """Write the live-sessions file if the set of live sessions changed (off the event loop)."""
-        if self.live_sessions is not None:
-            ids = frozenset(e.session_id for e in self.room.registry if e.state == "live" and not e.is_single_call)
-            if not self.live_sessions.is_unchanged(ids):
-                await asyncio.to_thread(self.live_sessions.write, ids)
+    async def save_live_sessions(self, *, is_logged: bool = False) -> None:
+        """Write the live-sessions file if the live sessions or their calls changed (off the event loop; `is_logged`:
+        their records so far are in the session log, a graceful shutdown's last write)."""
+        if self.live_sessions is None:
+            return
+        live = [e for e in self.room.registry if e.state == "live" and not e.is_single_call]
+        signature = (is_logged, frozenset((e.session_id, len(e.memo.keys), sum(c.ended_at is not None
+                                                                              for c in e.calls)) for e in live))
+        if not self.live_sessions.is_unchanged(signature):
+            sessions = LiveSessions({e.session_id: _live_session(e) for e in live}, is_logged)
+            await asyncio.to_thread(self.live_sessions.write, sessions, signature)
 
     async def drain(self) -> None:
         """A graceful shutdown begins: admit nothing more; queued calls get 503 now."""
@@ -301,9 +307,12 @@ class Gateway:
                     len(withdrawn), len(self.room.registry))
 
     async def shut_down(self) -> None:
-        """The server has stopped: save the live sessions for the next run, then end each as `shutdown`."""
+        """The server has stopped: end each session still held as `shutdown` (logged), then list the live ones for
+        the next run, marked logged."""
         self.room.is_draining = True
-        await self.save_live_sessions()
+        await self.save_live_sessions()  # (if anything below fails, the file lists them unlogged: whole next time)
+        snapshot = {e.session_id: _live_session(e) for e in self.room.registry
+                    if e.state == "live" and not e.is_single_call}
         held = list(self.room.registry)
         if self.room.backend.is_shared:  # handed over: live ones become orphans any replica adopts
             await self.room.hand_over(self.adoption.window_s)
@@ -312,6 +321,10 @@ class Gateway:
         else:
             for entry in held:
                 await self.room.release(entry.session_id, "shutdown")
+        if self.session_log is not None:
+            await asyncio.to_thread(self.session_log.flush)
+        if self.live_sessions is not None:
+            await asyncio.to_thread(self.live_sessions.write, LiveSessions(snapshot, is_logged=True))
         if held:
             logger.info("shut down with %d sessions live: each logged as `shutdown`%s", len(held),
                         "" if self.live_sessions is None else f", listed in {self.live_sessions.path}")
@@ -393,7 +406,8 @@ class Gateway:
         model = self.predictors.for_workload(workload)
         memo = PromptMemo()
         first = await _off_loop_if_large(call.num_bytes, self.meter.first_call, call, memo)
-        is_adopted = self.adoption.claim(session_id, call.is_continuation, self.room.clock.now())
+        previous = self.adoption.claim(session_id, call.is_continuation, memo.keys, self.room.clock.now())
+        is_adopted = previous is not None
         # What the engine will hold is the whole first prompt, history or not (a made-up one reserved like an empty
         # task); only an adopted session, which ran before, is predicted as its real first call was.
         prompt_tokens = first.first_prompt_tokens if is_adopted else first.prompt_tokens
@@ -404,6 +418,12 @@ class Gateway:
                                                model=call.body.get("model") if isinstance(call.body.get("model"),
                                                                                           str) else None,
                                                reservation_multiplier=self.predictors.multiplier(workload))
+        if previous is not None and is_new and not self.adoption.is_logged:  # the last run was killed: log it whole
+            entry.earlier = previous
+            unrecorded = self.meter.unrecorded_calls(call, memo.counts, len(previous.calls))
+            since = previous.calls[-1].ended_at if previous.calls else previous.started_at
+            entry.unrecorded_calls = tuple(LoggedCall(since or previous.started_at, None, c.prompt_tokens,
+                                                      c.completion_tokens) for c in unrecorded)
         return entry, first.prompt_tokens, is_new
 
     def _first_byte(self, record: CallRecord, ttft_s: float) -> None:
@@ -489,12 +509,33 @@ def _ask_for_usage(call: Call) -> bool:
 
 
 def log_record(entry: SessionEntry, reason: EndReason, ended_at: float, tokenizer: str) -> SessionLogRecord:
-    """The session-log line of a finished session (unknown completion tokens are written as 0)."""
-    calls = tuple(LoggedCall(c.started_at, c.ended_at, c.prompt_tokens, c.completion_tokens or 0, c.cached_tokens,
-                             c.outcome) for c in entry.calls)
+    """The session-log line of a finished session (unknown completion tokens are written as 0). A session adopted
+    after a run that was killed is logged whole: the previous run's part, the calls only its conversation shows,
+    then this run's (`restart.py`)."""
+    calls = _logged_calls(entry)
+    earlier = entry.earlier
+    if earlier is not None:
+        calls = earlier.calls + entry.unrecorded_calls + calls
     return SessionLogRecord(
         session_id=entry.session_id, model=entry.model or "unknown", tokenizer=tokenizer, task_text=entry.task_text,
-        task_chars=len(entry.task_text), started_at=entry.started_at, ended_at=ended_at, end_reason=reason,
-        calls=calls, workload=entry.workload, predicted_peak_tokens=entry.predicted_peak_tokens,
-        reserved_peak_tokens=entry.reserved_peak_tokens, adopted=entry.is_adopted,
+        task_chars=len(entry.task_text), started_at=entry.started_at if earlier is None else earlier.started_at,
+        ended_at=ended_at, end_reason=reason, calls=calls, workload=entry.workload,
+        predicted_peak_tokens=entry.predicted_peak_tokens if earlier is None else earlier.predicted_peak_tokens,
+        reserved_peak_tokens=entry.reserved_peak_tokens, adopted=entry.is_adopted and earlier is None,
     )
+
+
+def _logged_calls(entry: SessionEntry) -> tuple[LoggedCall, ...]:
+    return tuple(LoggedCall(c.started_at, c.ended_at, c.prompt_tokens, c.completion_tokens or 0, c.cached_tokens,
+                            c.outcome) for c in entry.calls)
+
+
+def _live_session(entry: SessionEntry) -> LiveSession:
+    """What the next run needs of a live session: the conversation it last sent, its record so far (ended calls)."""
+    earlier = entry.earlier
+    own = tuple(c for c in _logged_calls(entry) if c.ended_at is not None)
+    calls = own if earlier is None else earlier.calls + entry.unrecorded_calls + own
+    keys = entry.memo.keys
+    return LiveSession(prefix_digest(keys), len(keys), entry.started_at if earlier is None else earlier.started_at,
+                       entry.predicted_peak_tokens if earlier is None else earlier.predicted_peak_tokens,
+                       entry.reserved_peak_tokens, len(entry.task_text), entry.model, entry.workload, calls)

@@ -34,7 +34,7 @@ from basin_runtime.gateway.errors import BadRequestError
 from basin_runtime.gateway.resend import DEFAULT_MAX_PREFIX_BYTES, BodyPrefix, PrefixBudget, prefix_of
 from basin_runtime.messages import Message
 from basin_runtime.task_text import TaskTextError, TaskTextRule, extract_task_text
-from basin_runtime.tokenizer import ChatTokenizer, TokenizerError
+from basin_runtime.tokenizer import CallTokens, ChatTokenizer, TokenizerError
 
 _LONG_TEXT_CHARS = 1 << 16  # a message text past this is hashed as UTF-8 bytes: re-serialising it costs more
 
@@ -105,6 +105,18 @@ class Meter:
         if assistant is not None:
             first = self._total(replace(counts, tokens=counts.tokens[:assistant]))
         return FirstCall(self._task_text(call.messages), first, prompt_tokens)
+
+    def unrecorded_calls(self, call: Call, counts: MemoCounts, num_recorded: int) -> list[CallTokens]:
+        """The calls a resumed conversation shows past its first `num_recorded` (the k-th assistant turn answered
+        call k, as ingest reads a trajectory): each one's prompt from the counts of `call` (as the gateway counted it
+        then) and its answer's tokens."""
+        messages = call.messages or ()
+        answers = [k for k, m in enumerate(messages) if m.get("role") == "assistant"][num_recorded:]
+        try:
+            return [CallTokens(self._total(replace(counts, tokens=counts.tokens[:k])),
+                               self.tokenizer.count_completion(messages[k])) for k in answers]
+        except (TokenizerError, TypeError) as exc:
+            raise BadRequestError(f"cannot read the messages: {exc}") from exc
 
     def _total(self, counts: MemoCounts) -> int:
         return sum(counts.tokens) + counts.tools_tokens + self.tokenizer.generation_prompt_tokens

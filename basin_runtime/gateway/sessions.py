@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring  # the C escaper json.dumps uses
-from typing import Literal, TypeAlias
+from typing import TYPE_CHECKING, Literal, TypeAlias
 
 from basin_runtime.gateway.calls import Call
 from basin_runtime.gateway.limits import DEFAULT_MAX_SESSION_ID_CHARS, checked_session_id
@@ -34,6 +34,10 @@ from basin_runtime.gateway.measure import PromptMemo
 from basin_runtime.gateway.priority import PriorityLevels
 from basin_runtime.messages import message_text
 from basin_runtime.policy import Shed
+from basin_runtime.session_log import LoggedCall
+
+if TYPE_CHECKING:
+    from basin_runtime.gateway.restart import LiveSession
 
 SessionState = Literal["queued", "live"]
 Verdict: TypeAlias = Literal["admitted", "ended", "shutdown"] | Shed
@@ -126,6 +130,9 @@ class SessionEntry:
     reservation_multiplier: float = 1.0  # m(q) of its predictor file (m_k(q) after a revision at call k)
     revised_peak_tokens: float | None = None  # the last online re-estimate, if any
     context_tokens: int = 0  # its latest prompt size told to the policy (its context)
+    # adopted after a run that was killed: that run's part of its record, and calls only its conversation shows
+    earlier: LiveSession | None = None
+    unrecorded_calls: tuple[LoggedCall, ...] = ()
 
     @property
     def reserved_peak_tokens(self) -> float:

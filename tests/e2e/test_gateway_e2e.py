@@ -332,3 +332,58 @@ async def test_sigterm_logs_live_sessions_and_the_restarted_gateway_adopts_them(
     assert {r.session_id for r in resumed if r.adopted} == set(sessions)
     joined = [s for s in read_gateway_log(log, "e2e") if getattr(s, "session_id", "") in sessions]
     assert len(joined) == 6 and all(len(s.calls) == 2 for s in joined)  # type: ignore[union-attr]
+
+
+async def test_after_sigkill_the_adopted_sessions_are_logged_whole_and_ingest_reads_them(deployment: Deployment,
+                                                                                         tmp_path: Path) -> None:
+    """Issue 36 item 11: kill -9 leaves the last periodic live-sessions file; the next run adopts each session that
+    continues its conversation and logs it whole (the killed run's calls, one the file never saw, its own)."""
+    from basin_runtime.session_log import SessionLogRecord
+    from pipeline.adapters.gateway_log import read_gateway_log
+    from pipeline.records import Reject
+
+    port = free_port()
+    gateway = f"http://127.0.0.1:{port}"
+    sessions = [f"e2e-kill-{k}" for k in range(3)]
+
+    def history(session: str, turns: int) -> list[dict[str, str]]:
+        messages = [{"role": "user", "content": f"e2e kill task {session}"}]
+        for k in range(1, turns):
+            messages += [{"role": "assistant", "content": "stand-in answer"}, {"role": "user", "content": f"step {k}"}]
+        return messages
+
+    async def call(client: openai.AsyncOpenAI, session: str, turns: int) -> None:
+        await asyncio.wait_for(client.chat.completions.create(model="standin-model", messages=history(
+            session, turns), extra_headers={"X-Session-ID": session}), timeout=5)  # type: ignore[arg-type]
+
+    first = restartable_gateway(tmp_path, deployment.router, port, "kill-1", budget_tokens=1_000_000)
+    try:
+        async with client_for(gateway) as client:
+            for session in sessions:
+                await call(client, session, 1)
+                await call(client, session, 2)
+            await asyncio.sleep(3.0)  # the live-sessions file is written every 2 s
+            await call(client, sessions[0], 3)  # a call the file never sees
+        os.killpg(first.popen.pid, signal.SIGKILL)
+        first.popen.wait(timeout=10)
+    finally:
+        first.kill()
+    log = tmp_path / "log" / "sessions.jsonl"
+    assert not log.exists() or log.read_text() == ""  # killed: nothing logged
+    second = restartable_gateway(tmp_path, deployment.router, port, "kill-2", budget_tokens=1)
+    try:
+        async with client_for(gateway) as client:
+            await ask(client, "e2e-kill-blocker", "e2e kill blocker")  # fills the one-token budget
+            for session in sessions:  # each continues its conversation: adopted, none waits
+                await call(client, session, 4 if session == sessions[0] else 3)
+            await end(gateway, "e2e-kill-blocker", *sessions)
+        stop_with_sigterm(second)
+    finally:
+        second.kill()
+    records = {r.session_id: r for r in map(SessionLogRecord.from_json, log.read_text().splitlines())}
+    assert all(not records[s].adopted for s in sessions)
+    assert [len(records[s].calls) for s in sessions] == [4, 3, 3]
+    read = list(read_gateway_log(log, "e2e"))
+    joined = {s.session_id: s for s in read if not isinstance(s, Reject)}  # type: ignore[union-attr]
+    assert not [r for r in read if isinstance(r, Reject)], read
+    assert {s: len(joined[s].calls) for s in sessions} == {sessions[0]: 4, sessions[1]: 3, sessions[2]: 3}

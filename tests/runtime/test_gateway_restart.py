@@ -19,12 +19,15 @@ from typing import Any
 import httpx
 import pytest
 
-from basin_runtime.gateway.restart import LiveSessionsFile
+from basin_runtime.gateway.calls import parse_call
+from basin_runtime.gateway.measure import Meter, PromptMemo
+from basin_runtime.gateway.restart import LiveSession, LiveSessions, LiveSessionsFile, prefix_digest
 from basin_runtime.gateway.session_log import SessionLogWriter
-from basin_runtime.session_log import SessionLogRecord
+from basin_runtime.session_log import LoggedCall, SessionLogRecord
+from basin_runtime.task_text import TaskTextRule
 from pipeline.adapters.gateway_log import read_gateway_log
 from pipeline.records import Reject
-from tests.runtime.test_gateway_app import Rig, eventually, rig_for
+from tests.runtime.test_gateway_app import TOKENIZER, Rig, conversation, eventually, rig_for
 
 pytestmark = pytest.mark.asyncio
 
@@ -45,9 +48,20 @@ def logged(tmp_path: Path) -> list[SessionLogRecord]:
     return [SessionLogRecord.from_json(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
-def list_live(tmp_path: Path, *session_ids: str) -> None:
-    """What a previous run would have left."""
-    LiveSessionsFile(tmp_path / "log" / "sessions.live.json").write(session_ids)
+def live_session(*contents: str, calls: tuple[LoggedCall, ...] = ()) -> LiveSession:
+    """What a previous run knew of a session whose last call sent the conversation of user turns `contents`."""
+    memo = PromptMemo()
+    Meter(TOKENIZER, TaskTextRule()).first_call(parse_call("chat", json.dumps({"messages": conversation(
+        *contents)}).encode()), memo)
+    return LiveSession(prefix_digest(memo.keys), len(memo.keys), 1.7e9, 1000.0, 1000.0, len(contents[0]), "m", None,
+                       calls)
+
+
+def list_live(tmp_path: Path, *session_ids: str, is_logged: bool = True, contents: tuple[str, ...] = ("task",)) -> None:
+    """What a previous run would have left: these sessions, each last seen sending `contents`, their records logged
+    (a graceful shutdown) or not (a kill)."""
+    sessions = {sid: live_session(*contents) for sid in session_ids}
+    LiveSessionsFile(tmp_path / "log" / "sessions.live.json").write(LiveSessions(sessions, is_logged))
 
 
 async def finish(rig: Rig) -> None:
@@ -134,8 +148,10 @@ async def test_a_bad_live_sessions_file_adopts_nobody_and_says_so(tmp_path: Path
 
 async def test_the_live_sessions_file_is_owner_only_and_rewritten_only_on_change(tmp_path: Path) -> None:
     live = LiveSessionsFile(tmp_path / "state" / "live.json")
-    assert live.write(["b", "a"]) and not live.write(["a", "b"]) and live.write(["a"])
-    assert live.read() == {"a"}
+    a, b = live_session("task a"), live_session("task b")
+    assert live.write(LiveSessions({"b": b, "a": a}), "ab") and not live.write(LiveSessions({"a": a}), "ab")
+    assert live.write(LiveSessions({"a": a}, is_logged=True), "a")
+    assert live.read() == LiveSessions({"a": a}, is_logged=True)
     assert (tmp_path / "state").stat().st_mode & 0o777 == 0o700
     assert live.path.stat().st_mode & 0o777 == 0o600
 
@@ -173,7 +189,8 @@ async def test_shutdown_logs_every_live_session_and_the_next_run_adopts_them(tmp
     cut = logged(tmp_path)
     assert sorted(r.session_id for r in cut) == sessions
     assert {r.end_reason for r in cut} == {"shutdown"} and not any(r.adopted for r in cut)
-    assert LiveSessionsFile(tmp_path / "log" / "sessions.live.json").read() == set(sessions)
+    listed = LiveSessionsFile(tmp_path / "log" / "sessions.live.json").read()
+    assert set(listed.sessions) == set(sessions) and listed.is_logged
 
     async with restart_rig(tmp_path, budget_tokens=1) as second:  # full at once: adoption must not wait
         for session in sessions:
@@ -262,3 +279,54 @@ async def test_a_failed_call_does_not_release_a_session_with_another_call_in_fli
         release.set()
         assert (await slow).status_code == 200
         assert rig.room.registry.get("s") is not None
+
+
+# --- issue 36: adoption tied to the conversation; a killed run's sessions logged whole --------------------
+
+
+async def test_a_listed_id_resuming_another_conversation_is_not_adopted(tmp_path: Path) -> None:
+    # Issue 36 item 7: the id alone proved a prior session; now its conversation must continue the one listed.
+    list_live(tmp_path, "old", "older")
+    async with restart_rig(tmp_path) as rig:
+        await rig.chat("live", "task")  # the one-token budget is full
+        impostor = asyncio.create_task(rig.chat("old", "another task", "more"))  # history, but not old's
+        await eventually(lambda: rig.policy.is_queued("old"))
+        assert not rig.room.registry.get("old").is_adopted  # type: ignore[union-attr]
+        impostor.cancel()
+        await asyncio.gather(impostor, return_exceptions=True)
+        rewritten = asyncio.create_task(rig.chat("older", "task edited", "more"))  # its first message changed
+        await eventually(lambda: rig.policy.is_queued("older"))
+        rewritten.cancel()
+        await asyncio.gather(rewritten, return_exceptions=True)
+    list_live(tmp_path, "old")
+    async with restart_rig(tmp_path) as rig:
+        await rig.chat("live", "task")
+        resumed = await asyncio.wait_for(rig.chat("old", "task", "more", "and more"), timeout=2)  # continues it
+        assert resumed.status_code == 200 and rig.room.registry.get("old").is_adopted  # type: ignore[union-attr]
+
+
+async def test_after_a_kill_an_adopted_session_is_logged_whole_and_ingest_reads_it(tmp_path: Path) -> None:
+    # Issue 36 item 11: after kill -9 the adopted continuation was logged alone, and ingest rejected it.
+    turns = ("fix the parser", "tests fail", "try the other branch", "now run them all")
+    async with restart_rig(tmp_path, budget_tokens=1_000_000) as first:
+        for k in range(1, 3):
+            assert (await first.chat("agent", *turns[:k])).status_code == 200
+        await first.gateway.save_live_sessions()  # the last periodic write before the kill
+        assert (await first.chat("agent", *turns[:3])).status_code == 200  # a call the file never saw
+        seen = [c.prompt_tokens for c in first.room.registry.get("agent").calls]  # type: ignore[union-attr]
+        # killed: no drain, no shutdown, nothing logged
+    assert logged(tmp_path) == []
+    async with restart_rig(tmp_path, budget_tokens=1) as second:  # full: adoption must not wait
+        assert (await asyncio.wait_for(second.chat("agent", *turns), timeout=2)).status_code == 200
+        assert second.room.registry.get("agent").is_adopted  # type: ignore[union-attr]
+        assert (await second.client.post("/basin/sessions/agent/end")).status_code == 200
+        await finish(second)
+    (record,) = logged(tmp_path)
+    assert not record.adopted and record.end_reason == "ended" and record.task_text == "fix the parser"
+    assert [c.prompt_tokens for c in record.calls] == [*seen, TOKENIZER.count_prompt(conversation(*turns))]
+    assert record.calls[2].ended_at is None  # the call the file never saw: rebuilt from the conversation
+    assert record.calls[2].completion_tokens == TOKENIZER.count_completion({"role": "assistant", "content": "answer 3"})
+    read = list(read_gateway_log(tmp_path / "log" / "sessions.jsonl", "gw"))
+    assert not [r for r in read if isinstance(r, Reject)], read
+    (session,) = read
+    assert [c.prompt_tokens for c in session.calls] == [c.prompt_tokens for c in record.calls]  # type: ignore[union-attr]
