@@ -23,7 +23,10 @@
 #   a send wrapper per layer cost more CPU than the gateway's own work on a small call). It answers
 #   exactly as that stack would: the same handler, the gateway's errors through `error_response`, any
 #   other exception before the answer started as 500 `internal_error`, logged. Anything else (another
-#   method or path, a trailing slash, a `root_path`) takes the stack.
+#   method or path, a trailing slash, a `root_path`) takes the stack. The requests it serves are the
+#   gateway's `active_calls`, which a shutdown waits for and, at its drain's deadline, cuts: a request
+#   cancelled before its answer began gets a JSON 503 `shutting_down` (never the server's plain-text 500).
+# - While the gateway drains (a graceful shutdown), `GET /health` is 503 `shutting_down`.
 # - The lifespan starts the upstream client (the aiohttp session must be made on the running loop),
 #   runs the waiting room's timers, the live-sessions file's writer (`restart.py`) and, when
 #   configured, the engines' /metrics scraper (`engine_metrics.py`). At its end (the server has
@@ -46,6 +49,7 @@ import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING
 
+import anyio
 import httpx
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -112,6 +116,8 @@ def create_app(gateway: Gateway, *, admin_token: str | None = None, tick_interva
         return endpoint
 
     async def health(request: Request) -> Response:
+        if gateway.room.is_draining:  # a load balancer sends nothing more here
+            return error_response(gateway.shutting_down("it is draining"))
         return JSONResponse({"status": "ok"})
 
     async def metrics(request: Request) -> Response:
@@ -214,8 +220,22 @@ class _InferencePath:
         if kind is None and end is None:
             await self.app(scope, receive, send)
             return
-        tracked = _TrackedSend(send)
+        task = asyncio.current_task()
+        assert task is not None
+        self._gateway.active_calls.add(task)
+        try:
+            await self._serve(scope, receive, send, kind, end)
+        except asyncio.CancelledError:
+            if self._gateway.is_cut and task.cancelling():  # the gateway's own cut: answered, so the request is done
+                task.uncancel()
+                return
+            raise
+        finally:
+            self._gateway.active_calls.discard(task)
 
+    async def _serve(self, scope: Scope, receive: Receive, send: Send, kind: CallKind | None,
+                     end: re.Match[str] | None) -> None:
+        tracked = _TrackedSend(send)
         try:
             if kind is not None:
                 response = await self._gateway.handle(kind, Request(scope, receive))
@@ -232,6 +252,12 @@ class _InferencePath:
             if tracked.has_started:
                 raise
             await (await _answer_unexpected(scope, exc))(scope, receive, send)
+        except asyncio.CancelledError:  # cut at the drain's deadline (or by the server after it): still JSON
+            if not tracked.has_started:
+                with anyio.CancelScope(shield=True):
+                    await error_response(self._gateway.shutting_down(
+                        "this call did not finish within its drain (drain_timeout_s)"))(scope, receive, send)
+            raise
 
 
 async def _error_handler(request: Request, exc: Exception) -> Response:

@@ -11,10 +11,11 @@
 #   without an admin token ends start-up like a bad option: every /basin/ endpoint would be open to
 #   whoever reaches the port. `--insecure-admin` (`insecure_admin: true`) starts anyway, with a
 #   warning naming them.
-# - SIGTERM (or Ctrl-C) drains before uvicorn's own graceful shutdown: the gateway stops admitting
-#   (queued calls get 503 `shutting_down` at once), uvicorn closes the listener and lets live calls
-#   finish for up to `drain_timeout_s` (then cuts them), and the app's lifespan logs every session
-#   still held as `shutdown` and lists it for the next run to adopt. A second Ctrl-C forces the exit.
+# - SIGTERM (or Ctrl-C) drains (`server.DrainingServer`): the gateway keeps listening and answers every new
+#   call 503 `shutting_down` (queued ones at once), lets the calls in flight finish for up to `drain_timeout_s`
+#   (then cuts them with a JSON answer or error event), then uvicorn's own shutdown closes the listener and the
+#   app's lifespan logs every session still held as `shutdown` and lists it for the next run to adopt. A second
+#   Ctrl-C forces the exit.
 # - uvicorn keeps an idle client connection `keep_alive_s` (its own default, 5 s, is what the httpx and
 #   openai pools wait before reusing one, so the two race and the client gets a reset).
 # - uvicorn's proxy-headers middleware is off: the gateway reads no client address (a layer per request).
@@ -25,15 +26,11 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import socket
 import sys
-from collections.abc import Awaitable, Callable
-
-import uvicorn
 
 from basin_runtime.gateway.app import build_app
 from basin_runtime.gateway.config import ConfigError, GatewayConfig, build_parser, load_config
-from basin_runtime.gateway.server import server_config
+from basin_runtime.gateway.server import DrainingServer, server_config
 from basin_runtime.policy import PolicyConfig
 
 logger = logging.getLogger(__name__)
@@ -57,26 +54,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logger.info("basin-gateway on http://%s:%d in front of %s", config.host, config.port, config.upstream)
     server = DrainingServer(server_config(app, host=config.host, port=config.port, keep_alive_s=config.keep_alive_s,
-                                          drain_timeout_s=config.drain_timeout_s,
                                           max_header_bytes=config.max_header_bytes, max_headers=config.max_headers),
-                            drain=app.state.gateway.drain)
+                            app.state.gateway, drain_timeout_s=config.drain_timeout_s)
     server.run()
     return 0
-
-
-class DrainingServer(uvicorn.Server):
-    """uvicorn's server, draining the gateway before its graceful shutdown starts."""
-
-    def __init__(self, config: uvicorn.Config, drain: Callable[[], Awaitable[None]]) -> None:
-        super().__init__(config)
-        self._drain = drain
-
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        try:
-            await self._drain()
-        except Exception:  # the shutdown itself must go on
-            logger.exception("draining the gateway failed")
-        await super().shutdown(sockets)
 
 
 def is_loopback(host: str) -> bool:

@@ -15,7 +15,9 @@
 # - A session none of whose calls was ever served (its calls failed: upstream down, 5xx, a 4xx, a
 #   gateway error) is released as `failed` when its last call in flight ends: a failed first call
 #   holds no budget. A failed call is logged (warning) with its session, rid and status.
-# - Shutdown: `drain` stops admitting (queued calls get 503 at once) while live sessions are served;
+# - Shutdown: `drain` stops admitting: queued calls get 503 at once, and so does every new call
+#   (`handle`), while the calls in flight run on; at the drain's deadline `cut_calls` cancels those left
+#   (`server.DrainingServer`);
 #   `shut_down`, once the server has stopped, writes the live-sessions file for the next run and
 #   ends every session still held as `shutdown`, so each is in the session log.
 # - The forwarded body carries the session's engine priority (its bucketed rank now) and a rid, and
@@ -68,14 +70,14 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from basin_runtime.gateway.calls import Call, CallKind, parse_call
 from basin_runtime.gateway.engine_metrics import EngineHitWindow, EngineScraper
-from basin_runtime.gateway.errors import SessionEndedError
+from basin_runtime.gateway.errors import SessionEndedError, ShuttingDownError
 from basin_runtime.gateway.lending import LendingTracker
 from basin_runtime.gateway.limits import BodyBudget, Limits, read_body
 from basin_runtime.gateway.measure import Meter, PromptMemo
@@ -112,6 +114,7 @@ HUGE_BODY_BYTES = 8 << 20  # such a body's work runs in one thread of its own (`
 _HUGE_BODY_WORKER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="basin-huge-body")
 ROUTED_WORKER_HEADER = "x-smg-routed-worker-id"  # smg's answer header: the worker (the decode one in PD) that served
 FAILED_OUTCOMES = frozenset({"rejected", "upstream_error", "gateway_error"})
+CUT_MESSAGE = "basin: cut at the shutdown's drain deadline"
 
 
 class Gateway:
@@ -142,6 +145,8 @@ class Gateway:
         self.is_shadow = is_shadow
         self.limits = limits or Limits()
         self.bodies = BodyBudget(self.limits.max_body_bytes_in_flight)
+        self.active_calls: set[asyncio.Task[Any]] = set()  # `app._InferencePath` keeps it; a shutdown cuts them
+        self.is_cut = False
         self.engine_scraper = None if not engine_metrics_urls else EngineScraper(
             engine_metrics_urls, EngineHitWindow(self.hit_window.window_s, self.hit_window.min_prompt_tokens),
             room.clock.now, self.metrics.engine_scrape_errors, interval_s=engine_metrics_interval_s)
@@ -213,6 +218,8 @@ class Gateway:
 
     async def handle(self, kind: CallKind, request: Request) -> Response:
         """Serve one inference call (its body held in the large-body budget until it has been forwarded)."""
+        if self.room.is_draining:
+            raise self.shutting_down("no new call is taken")
         arrived = time.perf_counter()
         hold = self.bodies.hold()
         try:
@@ -245,9 +252,12 @@ class Gateway:
             response = await self.upstream.forward("POST", call.path, headers, body, request.receive,
                                                    on_end=end, drop_usage_chunk=drop_usage_chunk,
                                                    on_first_byte=partial(self._first_byte, record))
-        except BaseException:
+        except BaseException as exc:
             if not end.has_ended:
-                logger.exception("call %s of session %r failed inside the gateway", rid, entry.session_id)
+                if isinstance(exc, asyncio.CancelledError):
+                    logger.info("call %s of session %r cut before its answer began", rid, entry.session_id)
+                else:
+                    logger.exception("call %s of session %r failed inside the gateway", rid, entry.session_id)
                 await asyncio.shield(end(CallEnd("gateway_error")))
             raise
         if entry.session_id.isascii() and entry.session_id.isprintable():
@@ -258,6 +268,24 @@ class Gateway:
                 response.headers[SESSION_KEY_HEADER] = self.session_keys.key(entry.session_id, of)
                 entry.has_sent_key = True
         return response
+
+    @property
+    def num_active_calls(self) -> int:
+        """Requests the app is serving on the hot path (`app._InferencePath`: inference calls, session ends)."""
+        return len(self.active_calls)
+
+    def cut_calls(self) -> int:
+        """A shutdown's drain deadline passed: cancel every call still being served (each answers for itself: a JSON
+        503, or an error event in a stream that began); how many there were."""
+        self.is_cut = True
+        for task in self.active_calls:
+            task.cancel(CUT_MESSAGE)
+        return len(self.active_calls)
+
+    def shutting_down(self, what: str) -> ShuttingDownError:
+        """The 503 a call gets while the gateway drains or after it was cut."""
+        return ShuttingDownError(f"the gateway is shutting down: {what}; send it again to its replacement",
+                                 self.room.retry_after_s)
 
     def incarnation_of(self, session_id: str) -> str | None:
         """The incarnation of the session held now under this id (its end key is bound to it); None if none is."""

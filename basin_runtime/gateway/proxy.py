@@ -12,7 +12,9 @@
 # - An SSE answer, or one without a small `Content-Length`, streams through chunk by chunk as it
 #   arrives: never buffered whole. A non-SSE answer with `Content-Length` up to `WHOLE_BODY_BYTES` is
 #   read whole and sent in one piece (`WholeUpstreamResponse`: no streaming machinery per call; a
-#   failure while reading it is then a 502 instead of a cut stream). Answers are passed on decoded
+#   failure while reading it is then a 502 instead of a cut stream). A streamed SSE answer cut at a
+#   shutdown's drain deadline (its task cancelled: `Gateway.cut_calls`) ends with the gateway's error
+#   event (`shutting_down`) and `data: [DONE]`. Answers are passed on decoded
 #   (a `Content-Encoding` the upstream applied anyway is undone and dropped).
 # - Until the answer has been passed on, the client is watched (one `ClientWatch` per call: while waiting
 #   for the answer's head, then while streaming its body): if it leaves, the upstream request is cancelled.
@@ -60,6 +62,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -75,6 +78,7 @@ from starlette.types import Receive, Scope, Send
 from basin_runtime.disconnect import ClientWatch
 from basin_runtime.gateway.errors import (
     ClientGoneError,
+    ShuttingDownError,
     UpstreamBadAnswerError,
     UpstreamError,
     UpstreamRefusedError,
@@ -322,6 +326,9 @@ class UpstreamResponse(StreamingResponse):
         self._failure: UpstreamError | None = None  # how the upstream failed mid-answer, in the gateway's words
         self._read_timeout_s = read_timeout_s
         is_sse = upstream.headers.get("content-type", "").startswith("text/event-stream")
+        self._is_sse = is_sse
+        self._has_started = False
+        self._held: bytes | None = None  # a chunk sent with the next one (see `_send_all`)
         self._chunks = self._relay_sse() if is_sse else self._relay()
         super().__init__(self._chunks, status_code=upstream.status_code, headers=_response_headers(upstream.headers))
 
@@ -375,13 +382,14 @@ class UpstreamResponse(StreamingResponse):
         arrived, the relay's next steps need no waiting, so each chunk is held until the next one is in hand: the
         last (`[DONE]`, mostly) goes out with the answer's end in one write, and nothing is ever delayed."""
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        held = None
+        self._has_started = True
         async for chunk in self._chunks:
-            if held is not None:
-                await send({"type": "http.response.body", "body": held, "more_body": True})
-            held = chunk if getattr(self._upstream, "is_received", False) else None  # optional: see upstream.py
-            if held is None:
+            if self._held is not None:
+                await send({"type": "http.response.body", "body": self._held, "more_body": True})
+            self._held = chunk if getattr(self._upstream, "is_received", False) else None  # optional: upstream.py
+            if self._held is None:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        held, self._held = self._held, None
         await send({"type": "http.response.body", "body": held or b"", "more_body": False})
 
     def _first_bytes_passed(self) -> None:
@@ -433,6 +441,15 @@ class UpstreamResponse(StreamingResponse):
         except UpstreamBrokenError as exc:  # a plain body cut mid-way: the client sees a cut body
             outcome = "upstream_error"
             logger.warning("upstream %s failed mid-answer: %s: %s", self._upstream.url, type(exc).__name__, exc)
+        except asyncio.CancelledError:  # cut at a shutdown's drain deadline: a stream says so and ends cleanly
+            outcome = "gateway_error"
+            if self._is_sse and self._has_started:
+                ending = (self._held or b"") + error_event(ShuttingDownError(
+                    "the gateway is shutting down and this call did not finish within its drain (drain_timeout_s); "
+                    "send it again to its replacement", 0)) + DONE_EVENT
+                with anyio.CancelScope(shield=True):
+                    await send({"type": "http.response.body", "body": ending, "more_body": False})
+            raise
         finally:
             if self._watch is not None:
                 self._watch.close()

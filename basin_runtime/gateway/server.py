@@ -16,13 +16,22 @@
 # - uvicorn's WebSocket upgrade is off (`ws="none"`): an upgrade request is served as plain HTTP by the app,
 #   so no server-made 403 or 426 answer exists.
 # - `server_config` is the one place the server's options are set (the CLI and the tests use it).
+# - A graceful shutdown (SIGTERM, Ctrl-C: `DrainingServer`) drains the gateway with the listener still open:
+#   every new call, and `GET /health` (so a load balancer moves on), is answered 503 `shutting_down` with
+#   Retry-After while the calls in flight run to their end, for up to `drain_timeout_s`. Calls still in flight
+#   then are cut by the gateway itself (`Gateway.cut_calls`): one whose answer has not begun gets the JSON 503,
+#   a streamed one the gateway's error event and `data: [DONE]`. Only then does uvicorn's own shutdown close the
+#   listener and the connections (its grace, CUT_GRACE_S, is for the cut calls to write their last bytes), and
+#   the app's lifespan ends what is still held. uvicorn closed the listener first: new connections were refused
+#   at TCP, and the calls it cancelled at its deadline got its plain-text 500.
 """uvicorn with the gateway's protocol: JSON answers for malformed requests and oversized heads."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import math
-from typing import Any
+import socket
+from typing import Any, Protocol
 
 import httptools
 import uvicorn
@@ -33,6 +42,8 @@ from basin_runtime.gateway.errors import BadRequestError, GatewayError, HeadersT
 from basin_runtime.gateway.limits import DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_HEADERS
 
 logger = logging.getLogger(__name__)
+CUT_GRACE_S = 2  # after the cut, how long uvicorn waits for the requests to end before it cancels them
+DRAIN_POLL_S = 0.05
 
 
 class _HeadRefused(Exception):
@@ -132,11 +143,48 @@ def protocol_class(max_header_bytes: int, max_headers: int) -> type[GatewayHttpP
                 {"max_header_bytes": max_header_bytes, "max_headers": max_headers})
 
 
-def server_config(app: ASGIApp, *, host: str, port: int, keep_alive_s: float, drain_timeout_s: float,
+def server_config(app: ASGIApp, *, host: str, port: int, keep_alive_s: float,
                   max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
                   max_headers: int = DEFAULT_MAX_HEADERS) -> uvicorn.Config:
     """The uvicorn configuration the gateway serves with (see the rules)."""
     return uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, lifespan="on",
                           proxy_headers=False, http=protocol_class(max_header_bytes, max_headers), ws="none",
                           timeout_keep_alive=keep_alive_s,  # type: ignore[arg-type]  # (typed int; a float works)
-                          timeout_graceful_shutdown=max(1, math.ceil(drain_timeout_s)))
+                          timeout_graceful_shutdown=CUT_GRACE_S)
+
+
+class Drainable(Protocol):
+    """What the server drains at shutdown (`gateway.Gateway`)."""
+
+    async def drain(self) -> None: ...
+
+    @property
+    def num_active_calls(self) -> int: ...
+
+    def cut_calls(self) -> int: ...
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, draining the gateway with its listener open before its own shutdown (see the rules)."""
+
+    def __init__(self, config: uvicorn.Config, gateway: Drainable, *, drain_timeout_s: float) -> None:
+        super().__init__(config)
+        self._gateway = gateway
+        self._drain_timeout_s = drain_timeout_s
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._drain_timeout_s
+        try:
+            await self._gateway.drain()
+        except Exception:  # the shutdown itself must go on
+            logger.exception("draining the gateway failed")
+        while self._gateway.num_active_calls and loop.time() < deadline and not self.force_exit:
+            await asyncio.sleep(DRAIN_POLL_S)
+        if self._gateway.num_active_calls:
+            logger.warning("drain_timeout_s (%g s) passed: cutting %d calls still in flight", self._drain_timeout_s,
+                           self._gateway.cut_calls())
+            cut_by = loop.time() + CUT_GRACE_S / 2
+            while self._gateway.num_active_calls and loop.time() < cut_by:
+                await asyncio.sleep(DRAIN_POLL_S)
+        await super().shutdown(sockets)

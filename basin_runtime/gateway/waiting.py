@@ -93,6 +93,7 @@ class WaitingRoom:
         self.clock = clock
         self.registry = SessionRegistry(levels)
         self._retry_after_s = retry_after_s
+        self.retry_after_s = retry_after_s  # what a shed or shutting-down answer's Retry-After says
         self.hit_rate = hit_rate
         self.ttft = ttft
         self.on_session_end = on_session_end

@@ -17,8 +17,7 @@ from typing import Any
 import httptools
 from aiohttp import web
 
-from basin_runtime.gateway.cli import DrainingServer
-from basin_runtime.gateway.server import server_config
+from basin_runtime.gateway.server import DrainingServer, server_config
 from basin_runtime.gateway.upstream import make_client
 from basin_stack.stack import free_port
 from tests.runtime.test_gateway_app import ANSWER, Rig, rig_for
@@ -42,9 +41,16 @@ class Served:
     received: list[tuple[str, str, dict[str, str]]] = field(default_factory=list)  # method, path_qs, headers
     handler: Handler = answer_json
 
+    stopped: asyncio.Task[None] | None = None  # the server's task
+
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    async def wait_stopped(self) -> None:
+        """Until the server has shut down (after `server.should_exit`, as SIGTERM sets it)."""
+        assert self.stopped is not None
+        await asyncio.shield(self.stopped)
 
     async def upstream(self, request: web.Request) -> web.StreamResponse:
         self.received.append((request.method, request.raw_path, dict(request.headers)))
@@ -61,16 +67,17 @@ async def serving(*, max_header_bytes: int | None = None, max_headers: int | Non
     client = make_client("httptools", f"http://127.0.0.1:{upstream_port}", connect_s=5, read_s=10,
                          max_head_bytes=limits.get("max_header_bytes"))
     async with rig_for(upstream_client=client, **rig_options) as rig:
-        server = DrainingServer(server_config(rig.app, host="127.0.0.1", port=port, keep_alive_s=5,
-                                              drain_timeout_s=drain_timeout_s, **limits), drain=rig.gateway.drain)
+        server = DrainingServer(server_config(rig.app, host="127.0.0.1", port=port, keep_alive_s=5, **limits),
+                                rig.gateway, drain_timeout_s=drain_timeout_s)
         server.config.log_level = "warning"
         served = Served(rig, port, server)
-        app = web.Application(client_max_size=1 << 30)  # aiohttp refuses bodies over 1 MiB by default
+        # aiohttp refuses bodies over 1 MiB by default, and lets a handler run on when its client has gone
+        app = web.Application(client_max_size=1 << 30, handler_args={"handler_cancellation": True})
         app.router.add_route("*", "/{tail:.*}", served.upstream)
         runner = web.AppRunner(app, handle_signals=False)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", upstream_port).start()
-        task = asyncio.create_task(server.serve())
+        task = served.stopped = asyncio.create_task(server.serve())
         try:
             async with asyncio.timeout(10):
                 while not server.started:

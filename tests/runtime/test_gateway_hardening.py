@@ -19,13 +19,14 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 
 import httpx
 import pytest
 from aiohttp import web
 
 from basin_runtime.gateway.limits import Limits
-from tests.runtime.served import RawAnswer, raw_exchange, serving
+from tests.runtime.served import RawAnswer, Served, raw_exchange, serving
 from tests.runtime.test_gateway_app import ANSWER, CHAT, TOKENIZER, conversation, eventually, rig_for
 
 pytestmark = pytest.mark.asyncio
@@ -367,3 +368,76 @@ async def test_a_made_up_history_reserves_what_the_engine_holds_on_its_first_cal
         assert view["reserved_peak_tokens"] < view["last_prompt_tokens"]  # the revision was small: the context holds
         assert rig.policy.snapshot().reserved_tokens == sum(v["reserved_tokens"] for v in (
             await rig.client.get("/basin/sessions")).json()["sessions"])
+
+
+# --- item 2: a graceful shutdown (SIGTERM) ---------------------------------------------------------------------
+
+
+def chat_body(content: str, *, stream: bool = False) -> bytes:
+    return json.dumps({"model": "m", "stream": stream, "messages": [{"role": "user", "content": content}]}).encode()
+
+
+async def sigterm(served: Served) -> None:
+    """What uvicorn does on SIGTERM (`Server.handle_exit`), then wait for the drain to begin."""
+    served.server.should_exit = True
+    await eventually(lambda: served.rig.gateway.room.is_draining, timeout_s=5)
+
+
+async def test_while_draining_the_listener_stays_open_new_calls_get_503_and_calls_in_flight_finish() -> None:
+    release = asyncio.Event()
+
+    async def slow(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        await release.wait()
+        return web.json_response(ANSWER)
+
+    async with serving(drain_timeout_s=10) as served:
+        served.handler = slow
+        in_flight = asyncio.create_task(raw_exchange(served.port, post(chat_body("task a"), b"a")))
+        await eventually(lambda: len(served.received) == 1)
+        await sigterm(served)
+        for name, request in (("a new session", post(chat_body("task b"), b"b")),
+                              ("a live session's next call", post(chat_body("task a, again"), b"a")),
+                              ("a health check", get(b"/health"))):
+            answer = await raw_exchange(served.port, request)  # connected: the listener is still open
+            error = error_of(answer)
+            assert answer is not None and (answer.status, error["type"]) == (503, "shutting_down"), name
+            assert answer.headers["retry-after"] == "30", name
+        assert len(served.received) == 1 and not in_flight.done()
+        release.set()
+        answer = await asyncio.wait_for(in_flight, 5)
+        assert answer is not None and answer.status == 200 and json.loads(answer.body) == ANSWER
+        await asyncio.wait_for(served.wait_stopped(), 5)  # nothing left in flight: the shutdown goes on at once
+
+
+async def test_calls_in_flight_past_the_drain_get_a_json_503_or_a_stream_an_error_event_then_done() -> None:
+    first_event = b'data: {"choices": [{"index": 0, "delta": {"content": "he"}}]}\n\n'
+
+    async def hung(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        if not body.get("stream"):
+            await asyncio.sleep(60)  # never answers within the drain
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(first_event)
+        await asyncio.sleep(60)  # the rest never comes within the drain
+        return response
+
+    async with serving(drain_timeout_s=0.5) as served:
+        served.handler = hung
+        waiting = asyncio.create_task(raw_exchange(served.port, post(chat_body("task w"), b"w")))
+        streaming = asyncio.create_task(raw_exchange(served.port, post(chat_body("task s", stream=True), b"s")))
+        await eventually(lambda: len(served.received) == 2)
+        await asyncio.sleep(0.1)  # the stream's first event is passed on
+        started = time.monotonic()
+        await sigterm(served)
+        waited, streamed = await asyncio.wait_for(asyncio.gather(waiting, streaming), 10)
+        error = error_of(waited)
+        assert waited is not None and (waited.status, error["type"]) == (503, "shutting_down")
+        assert "drain_timeout_s" in str(error["message"])
+        assert streamed is not None and streamed.status == 200 and streamed.body.startswith(first_event)
+        events = [e for e in streamed.body.decode().split("\n\n") if e]
+        assert events[-1] == "data: [DONE]"
+        assert json.loads(events[-2][len("data: "):])["error"]["type"] == "shutting_down"
+        await asyncio.wait_for(served.wait_stopped(), 5)
+        assert time.monotonic() - started < 0.5 + 3  # the drain, then the cut calls' grace at most

@@ -2,8 +2,8 @@
 
 - The adoption rule: only a session the previous run listed as live, resuming with its history within
   the adoption window, skips the queue; everything else arrives like a new session.
-- A graceful shutdown: draining withdraws queued sessions at once (503 `shutting_down`), refuses new
-  ones, serves live ones; `shut_down` lists the live sessions for the next run and logs each as
+- A graceful shutdown: draining withdraws queued sessions at once (503 `shutting_down`) and refuses every new
+  call; `shut_down` lists the live sessions for the next run and logs each as
   `shutdown`; the next run adopts them and logs them marked `adopted`; ingest joins the two parts.
 - A session whose calls all failed is released as `failed`: it holds no budget.
 """
@@ -159,7 +159,9 @@ async def test_the_live_sessions_file_is_owner_only_and_rewritten_only_on_change
 # --- a graceful shutdown -------------------------------------------------------------------------
 
 
-async def test_draining_withdraws_queued_sessions_refuses_new_ones_and_serves_live_ones(tmp_path: Path) -> None:
+async def test_draining_withdraws_queued_sessions_and_refuses_every_new_call(tmp_path: Path) -> None:
+    # Issue 36 item 2: a live session's next call is refused too (503, it resumes on the replacement, adopted), so a
+    # drain ends once the calls in flight have; they run on (tests/runtime/test_gateway_hardening.py, over TCP).
     async with restart_rig(tmp_path) as rig:
         await rig.chat("live", "task")
         queued = asyncio.create_task(rig.chat("waiting", "task two"))
@@ -171,7 +173,8 @@ async def test_draining_withdraws_queued_sessions_refuses_new_ones_and_serves_li
         assert withdrawn.headers["retry-after"] == "30"
         new = await rig.chat("new", "task three")
         assert new.status_code == 503 and new.json()["error"]["type"] == "shutting_down"
-        assert (await rig.chat("live", "task", "more")).status_code == 200  # live work goes on
+        again = await rig.chat("live", "task", "more")
+        assert again.status_code == 503 and again.json()["error"]["type"] == "shutting_down"
         snapshot = rig.policy.snapshot()
         assert snapshot.live == ("live",) and snapshot.queued == ()
         assert [e.session_id for e in rig.room.registry] == ["live"]
