@@ -183,7 +183,7 @@ class Upstream:
             raise UpstreamStatusError(response.status_code, text)
         if not _is_ok(response.status_code):
             return await _refusal(response, on_end)
-        length = _whole_length(response)
+        length = 0 if method == "HEAD" else _whole_length(response)  # a HEAD answer has no body, whatever it says
         first_byte = on_first_byte if _is_ok(response.status_code) else None
         if length is None:
             watch.is_taken = True
@@ -192,10 +192,10 @@ class Upstream:
                                     on_first_byte=None if first_byte is None else _since(sent_s, first_byte),
                                     watch=watch)
         try:
-            answer = await response.read(length)
+            answer = await response.read(length) if length else b""
             if first_byte is not None:
                 first_byte(time.perf_counter() - sent_s)
-            usage = _usage_of_json(response, answer)
+            usage = _usage_of_json(response, answer) if method != "HEAD" else None
         except (UpstreamBrokenError, UpstreamBadAnswerError) as exc:
             await on_end(CallEnd("upstream_error", response.status_code, response.headers))
             if isinstance(exc, UpstreamBadAnswerError):

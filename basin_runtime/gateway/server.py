@@ -12,7 +12,11 @@
 #     arrive while a head is open (after the read it began in) are counted too, as they come: the gateway
 #     holds at most the limit plus one read (256 KiB) of any head.
 #   A response already under way on the connection (a pipelined request) is not interleaved: the
-#   connection is closed without an answer to the bad request.
+#   connection is closed without an answer to the bad request; a request llhttp refuses after its head
+#   (an unknown Transfer-Encoding, a bad chunk) is answered by the protocol, and whatever the app would
+#   have answered it is dropped. Otherwise the close lingers: the answer
+#   and the end of the gateway's side are sent, and what the client still sends is read and dropped for
+#   LINGER_S (at most LINGER_BYTES), so the client reads the answer instead of a connection reset.
 # - uvicorn's WebSocket upgrade is off (`ws="none"`): an upgrade request is served as plain HTTP by the app,
 #   so no server-made 403 or 426 answer exists.
 # - `server_config` is the one place the server's options are set (the CLI and the tests use it).
@@ -42,6 +46,8 @@ from basin_runtime.gateway.errors import BadRequestError, GatewayError, HeadersT
 from basin_runtime.gateway.limits import DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_HEADERS
 
 logger = logging.getLogger(__name__)
+LINGER_S = 1.0  # a refused connection is read and dropped this long (or LINGER_BYTES) before it is closed
+LINGER_BYTES = 1 << 20
 CUT_GRACE_S = 2  # after the cut, how long uvicorn waits for the requests to end before it cancels them
 DRAIN_POLL_S = 0.05
 
@@ -64,8 +70,15 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._head_bytes = 0  # the head's URL and headers (`name: value\r\n`), counted as the parser reads them
         self._num_headers = 0
         self._refusal: GatewayError | None = None
+        self._is_refused = False  # answered and lingering before the close
+        self._lingered_bytes = 0
 
     def data_received(self, data: bytes) -> None:
+        if self._is_refused:  # read and dropped while the connection lingers
+            self._lingered_bytes += len(data)
+            if self._lingered_bytes > LINGER_BYTES:
+                self.transport.close()
+            return
         self._unset_keepalive_if_required()
         was_open, self._has_begun = self._is_head_open, False
         try:
@@ -120,12 +133,23 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         return HeadersTooLargeError(message, "max_header_bytes", self.max_header_bytes)
 
     def _refuse(self, error: GatewayError) -> None:
-        """Answer `error` in JSON and close the connection (just close it if a response is under way)."""
-        if self.transport.is_closing():
+        """Answer `error` in JSON and close the connection after a lingering close (just close it if a response is
+        under way): closing with the client's bytes unread would reset the connection, and a reset can discard the
+        answer before the client reads it."""
+        if self.transport.is_closing() or self._is_refused:
             return
-        if self.cycle is None or self.cycle.response_complete:
-            self.transport.write(_raw_answer(error))
-        self.transport.close()
+        self._is_refused = True
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            if cycle.response_started:  # an answer is under way: it cannot be followed by another
+                self.transport.close()
+                return
+            cycle.disconnected = True  # the parser failed after the head: the app's answer to it is dropped
+            cycle.message_event.set()
+        self.transport.write(_raw_answer(error))
+        if self.transport.can_write_eof():
+            self.transport.write_eof()  # the answer, then our end: the client reads both and closes
+        self.loop.call_later(LINGER_S, self.transport.close)
 
 
 def _raw_answer(error: GatewayError) -> bytes:

@@ -16,7 +16,17 @@ header bytes and body chunking can be sent:
   long), the workload header, content-type, a Content-Length that lies or is not a number, chunked
   bodies;
 - multi-call sessions: a first call, then continuations that grow the same conversation (sometimes
-  mutated), sessions ended midway and called again, ended twice.
+  mutated), sessions ended midway and called again, ended twice;
+- item counts (issue 36): chat bodies with numbers of messages, content parts, tools and other values drawn
+  around lowered limits: served within them, 413 `too_many_items` naming the first one passed otherwise, whole
+  or resent by a known session.
+
+Paths and heads (issue 36) go over TCP to one gateway served as the CLI serves it (its own HTTP protocol,
+8 KiB heads, 40 headers: `served.py`): any method, route with any path bytes appended (escapes, dots, controls,
+non-ASCII), any header names and values (hostile bytes, CRLF injection, Transfer-Encoding, Expect, Upgrade,
+values up to 4 KiB, 30-60 headers, one of 6-20 KB), sent in up to four pieces. Every request gets an answer
+(even a refused one: the close lingers), never a 5xx; every answer from 300 up is JSON with a string `type` and
+its status as `code`; then `/health` still answers 200.
 
 After EVERY request: the answer is the upstream's (forwarded) or a JSON 4xx the gateway made (the body
 parses and has `error.type`), never a 5xx; a session id echoed in the answer is printable ASCII; what
@@ -35,14 +45,17 @@ runs ten times as many examples (locally, to look harder).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import copy
 import json
 import math
 import os
+import socket
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
 
+import httptools
 import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -50,8 +63,11 @@ from hypothesis import strategies as st
 from starlette.responses import JSONResponse
 
 from basin_runtime.gateway.admin import sessions_view
+from basin_runtime.gateway.limits import Limits
 from basin_runtime.gateway.session_log import SessionLogWriter
 from basin_runtime.session_log import SessionLogRecord
+from tests.runtime.redis_policy import LoopThread
+from tests.runtime.served import Served, serving
 from tests.runtime.test_gateway_app import ANSWER, Rig, rig_for
 from tests.runtime.test_gateway_limits import Driven
 
@@ -417,9 +433,10 @@ def session_log(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SessionLog
         SessionLogRecord.from_json(line).check()
 
 
-def run_example(log: SessionLogWriter, scenario: Any) -> None:
+def run_example(log: SessionLogWriter, scenario: Any, limits: Limits | None = None) -> None:
     async def main() -> None:
-        async with rig_for(gateway_options={"session_log": log}) as rig:
+        options: dict[str, Any] = {"session_log": log} | ({} if limits is None else {"limits": limits})
+        async with rig_for(gateway_options=options) as rig:
             checked = Checked(rig, log)
             await scenario(checked)
             await checked.end_everything()
@@ -505,6 +522,193 @@ def test_multi_call_sessions(session_log: SessionLogWriter, data: st.DataObject)
                                      "content": data.draw(texts, label="next turn")}]
 
     run_example(session_log, scenario)
+
+
+# --- issue 36: item counts in-process; paths and heads over TCP through the gateway's own protocol --------------
+
+COUNT_LIMITS = Limits(max_messages=12, max_tools=4, max_content_parts=9, max_json_items=400)
+
+
+def counted_body(data: st.DataObject) -> tuple[dict[str, Any], str | None]:
+    """A chat body with drawn numbers of messages, content parts and tools around `COUNT_LIMITS`, and the limit it
+    passes first (the gateway checks values before parsing, then messages, tools, parts), or None."""
+    num_messages = data.draw(st.integers(1, 16), label="messages")
+    parts = [data.draw(st.integers(0, 4), label="parts") for _ in range(num_messages)]
+    num_tools = data.draw(st.integers(0, 6), label="tools")
+    messages: list[dict[str, Any]] = [
+        {"role": "user" if k % 2 == 0 else "assistant",
+         "content": f"turn {k}" if not n else [{"type": "text", "text": f"part {j}"} for j in range(n)]}
+        for k, n in enumerate(parts)]
+    tools = [{"type": "function", "function": {"name": f"t{k}", "parameters": {"type": "object"}}}
+             for k in range(num_tools)]
+    filler = data.draw(st.integers(0, 60), label="filler values")  # extra values elsewhere: `max_json_items` first
+    body = {"model": "m", "messages": messages, **({"tools": tools} if tools else {}), "stop": ["x"] * filler}
+    values = sum(1 for _ in _walk(body))
+    for passed, limit in ((values > COUNT_LIMITS.max_json_items, "max_json_items"),
+                          (num_messages > COUNT_LIMITS.max_messages, "max_messages"),
+                          (num_tools > COUNT_LIMITS.max_tools, "max_tools"),
+                          (sum(parts) > COUNT_LIMITS.max_content_parts, "max_content_parts")):
+        if passed:
+            return body, limit
+    return body, None
+
+
+def _walk(value: Any) -> Iterator[Any]:
+    yield value
+    children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    for child in children:
+        yield from _walk(child)
+
+
+@settings(FUZZ, max_examples=300 * SCALE)
+@given(data=st.data())
+def test_item_counts_around_their_limits(session_log: SessionLogWriter, data: st.DataObject) -> None:
+    """Every body within the item limits is served, every one past one gets 413 `too_many_items` naming the first
+    it passes, whole or resent by a known session (read from its new messages on)."""
+    async def scenario(checked: Checked) -> None:
+        body, limit = counted_body(data)
+        for _ in range(data.draw(st.integers(1, 2), label="sends")):  # the second: resent by a known session
+            raw = json.dumps(body).encode()
+            call = await checked.send(PATHS["chat"], {"content-type": b"application/json", "x-session-id": b"s"},
+                                      [raw])
+            if limit is None:
+                assert call.status == 200, (call.status, call.sent[-1])
+            else:
+                assert (call.status, call.error["type"], call.error["limit"]) == (413, "too_many_items", limit)
+
+    run_example(session_log, scenario, limits=COUNT_LIMITS)
+
+
+ROUTES = [b"/health", b"/metrics", b"/v1/models", b"/v1/models/", b"/server_info", b"/v1/chat/completions",
+          b"/generate", b"/basin/state", b"/basin/sessions/s/end", b"/get_model_info", b"/"]
+printable = st.text(alphabet=st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=8)
+token = st.text(alphabet="abcdefghijklmnopqrstuvwxyz-ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789", min_size=1, max_size=12)
+# Half of the requests are what a client may send (they reach the app: paths, limits, routes); the other half may
+# hold hostile bytes anywhere (they are refused: llhttp, the head limits, the path check).
+PATH_PIECES = {
+    False: st.one_of(st.sampled_from([b"/", b"/m", b"/qwen%2Fqwen3", b"/a%20b", b"/%c3%a9", b"?x=1", b"?x=%20&y", b"//",
+                                      b"/.", b"/..", b"%2e%2e", b"%5c", b"%ff", b"%e2%82", b"%00", b"%25"]),
+                     printable.filter(lambda t: "%" not in t and "#" not in t).map(str.encode)),
+    True: st.one_of(st.sampled_from([b"%", b"%zz", b"#", b"\\", b" ", b"\t", b"?x=%ff"]), st.binary(min_size=1,
+                                                                                                max_size=6)),
+}
+HEADER_NAMES = {
+    False: st.one_of(st.sampled_from([b"X-Session-ID", b"Content-Type", b"X-Basin-Workload", b"Authorization",
+                                      b"Accept", b"X-Basin-Session-Key", b"Expect", b"Upgrade"]),
+                     token.map(str.encode)),
+    True: st.one_of(st.sampled_from([b"Transfer-Encoding", b"Connection", b"Host", b"Content-Length"]),
+                    st.binary(min_size=1, max_size=12)),
+}
+HEADER_VALUES = {
+    False: st.one_of(printable.map(str.encode), st.sampled_from([b"100-continue", b"websocket", b"close", b" padded "]),
+                     st.integers(1, 12).map(lambda k: b"v" * (1 << k))),  # up to 4 KiB a value
+    True: st.one_of(st.text(max_size=20).map(lambda t: t.encode("utf-8", "surrogatepass")), st.binary(max_size=20),
+                    st.sampled_from([b"chunked", b"s1\r\nX-Evil: 1", b"\x00", b"12", b"-1"])),
+}
+
+
+@pytest.fixture(scope="module")
+def live_server() -> Iterator[Served]:
+    """One gateway served as the CLI serves it (its HTTP protocol, 8 KiB heads, 40 headers) for the module."""
+    loop = LoopThread()
+    ready: concurrent.futures.Future[Served] = concurrent.futures.Future()
+    stop = asyncio.Event()
+
+    async def hold() -> None:
+        async with serving(max_header_bytes=8192, max_headers=40) as served:
+            ready.set_result(served)
+            await stop.wait()
+
+    held = asyncio.run_coroutine_threadsafe(hold(), loop.loop)
+    try:
+        yield ready.result(30)
+    finally:
+        loop.loop.call_soon_threadsafe(stop.set)
+        held.result(60)
+        loop.close()
+
+
+def exchange(port: int, pieces: list[bytes]) -> tuple[int | None, dict[str, str], bytes]:
+    """Send `pieces` on a new connection, read one answer (None: the connection closed without one)."""
+    parser_target = _Answer()
+    parser = httptools.HttpResponseParser(parser_target)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        try:
+            for piece in pieces:
+                sock.sendall(piece)
+        except OSError:
+            pass  # refused mid-way: the answer may already be there
+        while not parser_target.is_complete:
+            try:
+                data = sock.recv(1 << 16)
+            except OSError:
+                break
+            if not data:
+                break
+            parser.feed_data(data)
+    status = parser.get_status_code() if parser_target.has_head else None
+    return status, parser_target.headers, bytes(parser_target.body)
+
+
+class _Answer:
+    def __init__(self) -> None:
+        self.headers: dict[str, str] = {}
+        self.body = bytearray()
+        self.has_head = self.is_complete = False
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        self.has_head = True
+
+    def on_body(self, body: bytes) -> None:
+        self.body += body
+
+    def on_message_complete(self) -> None:
+        self.is_complete = True
+
+
+@settings(FUZZ, max_examples=400 * SCALE)
+@given(data=st.data())
+def test_hostile_paths_and_heads_over_tcp(live_server: Served, data: st.DataObject) -> None:
+    """Any method, path bytes and headers, sent in any pieces, to the real server: every answer is the app's or a
+    JSON error with a stable `type` and its status as `code` (400 for what llhttp refuses, 431 past the head limits,
+    4xx for a path), never a 5xx or plain text, and the server goes on serving."""
+    hostile = {part: data.draw(st.integers(0, 5), label=f"hostile {part}?") == 0 for part in ("method", "path",
+                                                                                            "names", "values")}
+    methods = [b"G\x00T", b"GET /x", b""] if hostile["method"] else [b"GET"] * 4 + [b"POST"] * 3 + [
+        b"PUT", b"HEAD", b"OPTIONS", b"DELETE"]
+    method = data.draw(st.sampled_from(methods), label="method")
+    pieces_of_path = st.one_of(PATH_PIECES[False], PATH_PIECES[hostile["path"]])
+    path = data.draw(st.sampled_from(ROUTES), label="route") + b"".join(data.draw(st.lists(pieces_of_path, max_size=4),
+                                                                                label="path"))
+    header = st.tuples(st.one_of(HEADER_NAMES[False], HEADER_NAMES[hostile["names"]]),
+                       st.one_of(HEADER_VALUES[False], HEADER_VALUES[hostile["values"]]))
+    headers = data.draw(st.lists(header, max_size=6), label="headers")
+    if data.draw(st.integers(0, 9), label="many headers?") == 0:
+        headers += [(b"X-H%d" % k, b"v") for k in range(data.draw(st.integers(30, 60), label="how many"))]
+    if data.draw(st.integers(0, 9), label="huge header?") == 0:
+        headers.append((b"X-Big", b"b" * data.draw(st.integers(6000, 20000), label="size")))
+    body = data.draw(st.sampled_from([b"", b'{"messages": [{"role": "user", "content": "task"}]}', b"{nope"]),
+                     label="body")
+    head = method + b" " + path + b" HTTP/1.1\r\nHost: gateway\r\n"
+    head += b"".join(name + b": " + value + b"\r\n" for name, value in headers)
+    if not any(name.lower() in (b"transfer-encoding", b"content-length") for name, _ in headers):
+        head += b"Content-Length: " + str(len(body)).encode() + b"\r\n"
+    head += b"Connection: close\r\n\r\n"
+    request = head + body
+    cuts = sorted(data.draw(st.lists(st.integers(1, max(1, len(request) - 1)), max_size=3), label="cuts"))
+    pieces = [request[a:b] for a, b in zip([0, *cuts], [*cuts, len(request)], strict=True) if a < b]
+
+    status, answer_headers, answer = exchange(live_server.port, pieces)
+    assert status is not None and status < 500, (status, answer[:300])  # an answer, even to a refused request
+    if method != b"HEAD" and status >= 300:  # (a HEAD answer has no body)
+        assert answer_headers.get("content-type") == "application/json", (status, answer_headers, answer[:300])
+        error = json.loads(answer)["error"]
+        assert isinstance(error["type"], str) and error["code"] == status, error
+    health_status, _, _ = exchange(live_server.port, [b"GET /health HTTP/1.1\r\nHost: g\r\nConnection: close\r\n\r\n"])
+    assert health_status == 200
 
 
 # Regressions the suite found, kept by name.
