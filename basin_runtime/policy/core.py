@@ -10,9 +10,10 @@
 #   are slow: the windowed median time to first token given to the last `tick` is >= the gate (no
 #   report yet: not slow). Past the knee the hit rate falls, but as long as the engines keep up the
 #   cache's misses cost less than holding sessions at the door would.
-#   Engagement is judged on the state before an arrival. A session arriving while admission is not
-#   engaged is admitted at once; otherwise it queues and the queue is drained by the rule in
-#   `admission.py` (strict priority order, lone head goes in over budget).
+#   An arrival is judged on the working set it would make: its own context counts (a first call
+#   carrying a long history is held like the same tokens already live). A session arriving while
+#   that does not engage admission is admitted at once; otherwise it queues and the queue is drained
+#   by the rule in `admission.py` (strict priority order, lone head goes in over budget).
 # - An adopted session (already running, e.g. across a gateway restart) is live at once and does not
 #   count as an arrival for the shedding rate.
 # - Admitted sessions run to completion: no budget change ever evicts a live session. Only
@@ -118,7 +119,7 @@ class Policy:
         peak = require_finite(f"predicted_peak_tokens of session {session_id!r}", predicted_peak_tokens, minimum=0)
         context = require_tokens(f"context_tokens of session {session_id!r}", context_tokens)
         multiplier = _check_multiplier(f"reservation_multiplier of session {session_id!r}", reservation_multiplier)
-        was_engaged = self.is_engaged
+        was_engaged = self._engages_with(context)
         self._advance(now)
         priority = priority_s(self.config.mode, now, peak, self.config.tokens_per_s)
         record = SessionRecord(session_id, self._next_seq, now, peak, priority, context, multiplier)
@@ -226,12 +227,16 @@ class Policy:
 
     @property
     def is_engaged(self) -> bool:
-        """True while arrivals go through the admission queue."""
+        """True while arrivals go through the admission queue (an arrival's own context may engage it too)."""
+        return self._engages_with(0)
+
+    def _engages_with(self, arriving_context_tokens: int) -> bool:
+        """Would an arrival with this context go through the admission queue?"""
+        working_set = self._working_set_tokens + arriving_context_tokens
         return (
             self.config.always_engaged
             or len(self._queue) > 0
-            or (self._working_set_tokens * self.config.reservation_ratio > self._budget.budget_tokens
-                and self.is_pressed)
+            or (working_set * self.config.reservation_ratio > self._budget.budget_tokens and self.is_pressed)
         )
 
     @property
@@ -291,7 +296,7 @@ class Policy:
         peak = require_finite("predicted_peak_tokens", predicted_peak_tokens, minimum=0)
         context = require_tokens("context_tokens", context_tokens)
         multiplier = _check_multiplier("reservation_multiplier", reservation_multiplier)
-        if not self.is_engaged:
+        if not self._engages_with(context):
             return True
         now = 0.0 if self._now_s is None else self._now_s
         priority = priority_s(self.config.mode, now, peak, self.config.tokens_per_s)

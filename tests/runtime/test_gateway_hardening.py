@@ -370,6 +370,33 @@ async def test_a_made_up_history_reserves_what_the_engine_holds_on_its_first_cal
             await rig.client.get("/basin/sessions")).json()["sessions"])
 
 
+async def test_first_calls_with_long_made_up_histories_never_take_the_working_set_past_the_budget() -> None:
+    # The attack scaled down: ~30k-token made-up histories against a 45k budget, each predicted small.
+    filler = "word " * 3000
+    made_up = [{"role": "user", "content": "task"}]
+    for _ in range(5):
+        made_up += [{"role": "assistant", "content": filler}, {"role": "user", "content": filler}]
+    context = TOKENIZER.count_prompt(made_up)
+    budget = context * 3 // 2
+    async with rig_for(model=ClampingModel(), budget_tokens=budget) as rig:  # type: ignore[arg-type]
+        assert (await rig.client.post(CHAT, json={"messages": made_up},
+                                      headers={"X-Session-ID": "h0"})).status_code == 200
+        waiting = [asyncio.create_task(rig.client.post(CHAT, json={"messages": made_up},
+                                                       headers={"X-Session-ID": f"h{k}"})) for k in range(1, 8)]
+        await eventually(lambda: len(rig.policy.snapshot().queued) == 7)
+        snapshot = rig.policy.snapshot()
+        assert snapshot.live == ("h0",) and snapshot.working_set_tokens == context <= budget
+        assert len(rig.upstream.bodies()) == 1  # the queued calls were not forwarded
+        assert (await rig.client.post("/basin/sessions/h0/end")).status_code == 200
+        done, pending = await asyncio.wait(waiting, timeout=5, return_when=asyncio.FIRST_COMPLETED)
+        assert len(done) == 1 and next(iter(done)).result().status_code == 200  # the head goes in alone
+        snapshot = rig.policy.snapshot()
+        assert len(snapshot.live) == 1 and len(snapshot.queued) == 6 and snapshot.working_set_tokens <= budget
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
+
 # --- item 2: a graceful shutdown (SIGTERM) ---------------------------------------------------------------------
 
 

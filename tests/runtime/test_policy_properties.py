@@ -6,7 +6,8 @@ model (two dicts), and checks:
 - while engaged, an admission never takes the reservations over the budget, except a lone head;
 - admissions follow priority order (the model's queue minimum, every time);
 - every arrival ends admitted-then-finished, withdrawn, or shed with a reason: never lost;
-- working set, reservations, queue order and engagement match the model after every step;
+- working set, reservations, queue order and engagement (an arrival's own context counted) match the model
+  after every step;
 - budget moves are single bounded steps, at most one per interval; sheds happen exactly when due;
 - the state survives `to_state` / `from_state` after every step, and a policy restored from it (a rule)
   goes on exactly as the model expects.
@@ -115,12 +116,13 @@ class PolicyMachine(RuleBasedStateMachine):
 
     # --- model arithmetic ----------------------------------------------------------------------
 
-    def is_engaged(self, budget: int) -> bool:
-        """The working set (contexts) held against the budget over r (reservation units to contexts), while the
-        engines are slow when there is a latency gate."""
+    def is_engaged(self, budget: int, arriving_context: int = 0) -> bool:
+        """The working set (contexts, an arrival's own included) held against the budget over r (reservation units
+        to contexts), while the engines are slow when there is a latency gate."""
         ratio, gate = self.config.reservation_ratio, self.config.latency_gate_s
         is_slow = gate is None or (self.ttft_s is not None and self.ttft_s >= gate)
-        return self.config.always_engaged or bool(self.queued) or (self.working_set() * ratio > budget and is_slow)
+        working_set = self.working_set() + arriving_context
+        return self.config.always_engaged or bool(self.queued) or (working_set * ratio > budget and is_slow)
 
     def reservation(self, session: ModelSession) -> int:
         if self.config.mode == "prototype":
@@ -178,7 +180,7 @@ class PolicyMachine(RuleBasedStateMachine):
         assert self.policy is not None
         session_id = f"s{self.num_arrived}"
         budget = self.budget()
-        was_engaged = self.is_engaged(budget)
+        was_engaged = self.is_engaged(budget, context)
         now = self.step_time(dt)
         events = self.policy.arrive(session_id, now, peak, context, multiplier)
         priority = now if self.config.mode == "prototype" else now + peak / self.config.tokens_per_s

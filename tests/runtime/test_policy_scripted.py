@@ -182,7 +182,7 @@ def test_not_engaged_admits_at_once_until_the_working_set_exceeds_the_budget() -
     policy, t = make(1000)
     assert arrives(policy, "a", 0.0, 5000, 100) is True  # peak far over budget: not engaged yet
     t.check(now_s=0.0, live=["a"], reserved_tokens=5000, working_set_tokens=100)
-    assert arrives(policy, "b", 1.0, 5000, 900) is True  # engagement is judged before the arrival
+    assert arrives(policy, "b", 1.0, 5000, 900) is True  # its own context counts: 100 + 900 is not over
     t.check(now_s=1.0, live=["a", "b"], reserved_tokens=10_000, working_set_tokens=1000)
     assert admits(policy.observe("a", 2.0, 101)) == []
     t.check(now_s=2.0, working_set_tokens=1001, is_engaged=True)
@@ -193,6 +193,19 @@ def test_not_engaged_admits_at_once_until_the_working_set_exceeds_the_budget() -
     t.check(now_s=4.0, live=["b"], reserved_tokens=5000, working_set_tokens=900, is_engaged=True)
     assert admits(policy.finish("b", 5.0)) == ["c"]  # nobody live: the head goes in
     t.check(now_s=5.0, live=["c"], queued=[], reserved_tokens=10, working_set_tokens=10, is_engaged=False)
+
+
+def test_an_arrivals_own_context_engages_admission_so_long_histories_never_pile_past_the_budget() -> None:
+    # Issue 36 item 1: first calls carrying ~150k tokens of made-up turns against a 216k budget, each predicted
+    # small. Judged on the state before the arrival, the second one went in (working set 300k, 39% over).
+    policy, t = make(216_000)
+    assert arrives(policy, "a", 0.0, 2_541, 150_000) is True  # 150k <= 216k: not engaged
+    t.check(now_s=0.0, live=["a"], reserved_tokens=150_000, working_set_tokens=150_000)
+    for k, now in enumerate((1.0, 2.0, 3.0), start=1):  # each would make 300k: admission engages, none fits
+        assert arrives(policy, f"h{k}", now, 2_541, 150_000) is False
+    t.check(now_s=3.0, queued=["h1", "h2", "h3"], is_engaged=True)
+    assert admits(policy.finish("a", 4.0)) == ["h1"]  # nobody live: the head goes in alone
+    t.check(now_s=4.0, live=["h1"], queued=["h2", "h3"], reserved_tokens=150_000, working_set_tokens=150_000)
 
 
 def test_with_a_reservation_ratio_the_working_set_engages_at_the_budget_over_r() -> None:
