@@ -4,12 +4,13 @@
 #   make test-quick  the unit tier only (no integration or e2e test), for the edit loop
 #   make check   the same install, then ruff and mypy (CI runs it before `make test`)
 #   make demo    emulated 1P3D SGLang + the real router + the gateway, agents replayed through a surge
+#   make docs    the documentation site (mkdocs build --strict into site/; `.venv/bin/mkdocs serve` to browse)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: repro test test-quick demo install check lint typecheck bench mlflow-ui clean-venv
+.PHONY: repro test test-quick demo install check lint typecheck docs bench mlflow-ui clean-venv
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,14 +45,18 @@ demo: $(STAMP)
 
 # `make check` is what CI runs before the tests (.ci/run): ruff, then mypy --strict on the files
 # [tool.mypy] lists in pyproject.toml. `make -k check` reports both even when the first fails.
-LINT_PATHS := basin_runtime basin_sim basin_emulate basin_loadgen basin_stack pipeline tests benchmarks deploy
-check: lint typecheck
+LINT_PATHS := basin_runtime basin_sim basin_emulate basin_loadgen basin_stack pipeline tests benchmarks deploy scripts
+check: lint typecheck docs
 
 lint: $(STAMP)
 	$(BIN)/ruff check $(LINT_PATHS)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
+
+# The site: every page under docs/, strict (a broken link or a page missing from the nav fails it).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 mlflow-ui: $(STAMP)
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow.db

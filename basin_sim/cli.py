@@ -182,6 +182,8 @@ def _table(summary: dict[str, Any]) -> str:
     lines = []
     for key, value in summary.items():
         shown = f"{value:.4g}" if isinstance(value, float) else str(value)
+        if isinstance(value, list) and len(value) > 8:  # the per-minute timeline: its plot shows it, --json holds it
+            shown = f"[{len(value)} entries: --json prints them, --plot-dir draws them]"
         lines.append(f"{key:28s} {shown}")
     return "\n".join(lines)
 

@@ -58,6 +58,16 @@ def test_run_prints_one_json_summary_line_and_writes_the_timeline_plot(
     assert (Path(files["dir"]) / "tiny-surge_tiny_gpu_sglang_seed3.png").stat().st_size > 10_000
 
 
+def test_run_without_json_prints_one_line_per_key_and_the_timeline_only_as_its_length(
+        files: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["run", "--scenario", files["scenario"], "--deployment", files["deployment"], "--policy", "sglang",
+            "--quiet", "--sessions", files["sessions"], *RATE]
+    assert main(argv) == 0
+    shown = dict(line.split(maxsplit=1) for line in capsys.readouterr().out.strip().splitlines())
+    assert shown["policy"] == "sglang" and float(shown["goodput_per_hour"]) >= 0
+    assert shown["timeline"].startswith("[") and "entries: --json prints them" in shown["timeline"]
+
+
 def test_without_a_session_table_it_stops_naming_where_it_looked_and_the_command_that_builds_it(
         files: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
         tmp_path: Path) -> None:

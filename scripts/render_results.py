@@ -1,0 +1,262 @@
+"""Write the result tables in README.md and docs/ from the JSON the commands wrote; `--check` only compares.
+
+A generated block sits between `<!-- generated: NAME -->` and `<!-- /generated -->` in any Markdown file;
+NAME picks a renderer below, each reading one JSON file the project's commands write:
+- `metrics/spearman.json`, `metrics/simulate.json` (`make repro`, DVC stages `evaluate` and `simulate`);
+- `docs/results/compare-paper.json` (`basin-sim compare --preset paper --out docs/results/compare-paper.json`).
+Nothing in a block is typed by hand: edit the renderer, re-run this script, commit both. `--check` (run by the
+test suite) exits 1 naming every block that differs from what its JSON gives, and 2 on a block it cannot render.
+
+    python scripts/render_results.py           # rewrite every block
+    python scripts/render_results.py --check   # what CI runs (tests/test_docs.py)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+BLOCK = re.compile(r"(<!-- generated: (?P<name>[a-z0-9-]+) -->\n)(?P<body>.*?)(<!-- /generated -->)", re.DOTALL)
+PAPER_JSON = "docs/results/compare-paper.json"
+PAPER_COMMAND = "`basin-sim compare --preset paper --plot-dir docs/paper-eval --out docs/results/compare-paper.json`"
+
+Runs = dict[tuple[str, str, str, int], float]  # (scenario, lending, label, seed) -> goodput /h
+
+
+class RenderError(Exception):
+    """A block names no renderer, or its JSON is missing or lacks a key."""
+
+
+def _load(path: str) -> Any:
+    file = ROOT / path
+    if not file.is_file():
+        raise RenderError(f"{path} is missing (the command that writes it is named in scripts/render_results.py)")
+    return json.loads(file.read_text())
+
+
+def _mean_sd(values: Sequence[float]) -> tuple[float, float]:
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def _pm(values: Sequence[float], spec: str = ",.0f") -> str:
+    mean, sd = _mean_sd(values)
+    return f"{mean:{spec}} ± {sd:{spec}}"
+
+
+def _table(head: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+# --- the paper's evaluation (basin-sim compare --preset paper) -------------------------------------------
+
+
+class PaperRuns:
+    """The preset's runs, keyed for paired ratios (same scenario and seed: the same arrivals)."""
+
+    def __init__(self, doc: dict[str, Any]) -> None:
+        self.rows: list[dict[str, Any]] = doc["runs"]
+        self.summary: dict[str, dict[str, Any]] = doc["summary"]
+        self.goodput: Runs = {(r["scenario"], r["lending"], r["policy"], r["seed"]): float(r["goodput_per_hour"])
+                              for r in self.rows}
+
+    def values(self, scenario: str, lending: str, label: str, key: str = "goodput_per_hour") -> list[float]:
+        return [float(r[key]) for r in self.rows
+                if (r["scenario"], r["lending"], r["policy"]) == (scenario, lending, label) and r[key] is not None]
+
+    def stuck(self, scenario: str, lending: str, label: str) -> int:
+        return sum(bool(r["is_stuck"]) for r in self.rows
+                   if (r["scenario"], r["lending"], r["policy"]) == (scenario, lending, label))
+
+    def ratios(self, scenario: str, lending: str, label: str) -> list[float]:
+        """`label` over Continuum without lending, seed by seed (a seed whose Continuum made 0 is left out)."""
+        seeds = sorted(s for (sc, le, la, s) in self.goodput if (sc, le, la) == (scenario, lending, label))
+        return [self.goodput[(scenario, lending, label, s)] / self.goodput[(scenario, "none", "continuum", s)]
+                for s in seeds if self.goodput.get((scenario, "none", "continuum", s))]
+
+    def goodput_text(self, scenario: str, lending: str, label: str) -> str:
+        text = _pm(self.values(scenario, lending, label))
+        cell = next(v for k, v in self.summary.items() if k.startswith(f"{scenario}/") and k.endswith(
+            f"/{lending}/{label}"))
+        wait = cell["first_call_wait_p50_s"] or 0.0  # over every first call of every seed
+        stuck = self.stuck(scenario, lending, label)
+        if stuck:
+            text += f" ({stuck}/{len(self.values(scenario, lending, label))} stuck)"
+        return text + (f", wait {wait:.0f} s" if wait >= 1 else "")
+
+    def ratio_text(self, scenario: str, lending: str, label: str) -> str:
+        ratios = self.ratios(scenario, lending, label)
+        if not ratios:
+            return "-"
+        if all(r == 1 for r in ratios):
+            return f"1.000 (equal in all {len(ratios)} seeds)"
+        ahead = sum(r > 1 for r in ratios)
+        return f"{_pm(ratios, '.3f')} ({ahead}/{len(ratios)} seeds ahead)"
+
+
+PAPER_SCENARIOS = (("Terminal-Bench steady", "paper-timed-steady"),
+                   ("Terminal-Bench surge +100%", "paper-timed-surge-100"),
+                   ("Terminal-Bench burst killed", "paper-timed-kill-burst"),
+                   ("Terminal-Bench burst kept", "paper-timed-kill-burst-keep"),
+                   ("SWE-bench-Pro-like steady", "paper-swebench-pro-steady"),
+                   ("SWE-bench-Pro-like surge +100%", "paper-swebench-pro-surge-100"))
+
+
+def paper_table() -> str:
+    runs = PaperRuns(_load(PAPER_JSON))
+    head = ("scenario", "sglang", "continuum", "continuum (lending)", "basin-proto (lending)", "basin (lending)",
+            "basin / continuum", "proto / continuum")
+    rows = [(name, runs.goodput_text(s, "none", "sglang"), runs.goodput_text(s, "none", "continuum"),
+             runs.goodput_text(s, "decode-memory", "continuum"), runs.goodput_text(s, "decode-memory", "basin-proto"),
+             runs.goodput_text(s, "decode-memory", "basin"), runs.ratio_text(s, "decode-memory", "basin"),
+             runs.ratio_text(s, "decode-memory", "basin-proto")) for name, s in PAPER_SCENARIOS]
+    return (f"Goodput /h, mean ± sd over seeds (the first-call wait p50 over all seeds' first calls where it is 1 s "
+            f"or more); ratios paired by seed "
+            f"over Continuum without lending. From `{PAPER_JSON}`, written by {PAPER_COMMAND}.\n\n"
+            + _table(head, rows))
+
+
+ABLATIONS = (("as the paper has it", "basin"),
+             ("reservation and priority by the true peak (`oracle-peak`)", "basin:oracle-peak"),
+             ("a per-benchmark constant (`benchmark-constant`)", "basin:benchmark-constant"),
+             ("the current context (`current-context`)", "basin:current-context"),
+             ("priority by arrival (`arrival-order`)", "basin:arrival-order"),
+             ("fixed budget (`fixed-budget`)", "basin:fixed-budget"),
+             ("no shedding (`no-shedding`)", "basin:no-shedding"),
+             ("no admission (`no-admission`)", "basin:no-admission"),
+             ("the latency gate, beyond the paper (`latency-gate`)", "basin:latency-gate"),
+             ("m(q) x prediction, q = 0.5 (`q0.5`)", "basin:q0.5"),
+             ("q = 0.75 (`q0.75`)", "basin:q0.75"),
+             ("q = 0.95 (`q0.95`)", "basin:q0.95"),
+             ("q = 0.99 (`q0.99`)", "basin:q0.99"))
+
+
+def paper_ablations() -> str:
+    runs = PaperRuns(_load(PAPER_JSON))
+    scenario = "paper-timed-kill-burst-keep"
+    rows = [(name, runs.goodput_text(scenario, "none", label), runs.ratio_text(scenario, "none", label))
+            for name, label in ABLATIONS if runs.values(scenario, "none", label)]
+    return (f"`basin` with one part changed, the burst kept, lending none (from `{PAPER_JSON}`):\n\n"
+            + _table(("`basin` with one part changed", "goodput /h", "/ continuum (paired)"), rows))
+
+
+# --- the pipeline and the DVC simulate stage --------------------------------------------------------------
+
+
+def spearman() -> str:
+    doc = _load("metrics/spearman.json")
+    rows = []
+    for benchmark, unseen in sorted(doc["unseen_task"].items()):
+        seen = doc["seen_task"].get(benchmark)
+        base = doc["baselines"][benchmark]
+        rows.append((f"{benchmark} ({unseen['sessions']} sessions)", f"{unseen['pooled']:.3f}",
+                     f"{unseen['per_benchmark']:.3f}", "n/a" if seen is None else f"{seen['pooled']:.3f}",
+                     "n/a" if seen is None else f"{seen['per_benchmark']:.3f}",
+                     f"{base['first_prompt_only_spearman']:.3f}", f"{base['task_chars_only_spearman']:.3f}"))
+    head = ("benchmark", "unseen task: pooled", "unseen task: own model", "seen task: pooled", "seen task: own",
+            "first prompt only", "task length only")
+    return "From `metrics/spearman.json` (`make repro`, stage `evaluate`).\n\n" + _table(head, rows)
+
+
+def simulate_stage() -> str:
+    doc = _load("metrics/simulate.json")
+    rows = []
+    for label, cell in doc["goodput"].items():
+        wait = cell.get("first_call_wait_p50_s")
+        rows.append((label, f"{cell['mean']:,.0f} ± {cell['sd']:,.0f}", f"{cell['share_stuck']:.0%}",
+                     "-" if wait is None else f"{wait:.1f} s", f"{cell['shed_share']:.0%}"))
+    ratios = [(name, doc[key]) for name, key in (("basin / continuum", "basin_over_continuum"),
+                                                  ("basin-proto / continuum", "proto_over_continuum"),
+                                                  ("basin / its steady", "basin_over_own_steady"))]
+    lines = [f"{name}: {r['mean']:.3f} ± {r['sd']:.3f} ({r['seeds_ahead']} of {r['seeds']} seeds ahead)"
+             for name, r in ratios]
+    return (f"`{doc['scenario']}` on `{doc['deployment']}`, lending {doc['lending']}, {len(doc['seeds'])} seeds, "
+            f"overload rate {doc['overload_rate_per_s']}/s (from `metrics/simulate.json`, `make repro`):\n\n"
+            + _table(("policy", "goodput /h", "stuck", "first-call wait p50", "shed"), rows)
+            + "\n\nPaired by seed: " + "; ".join(lines) + ".")
+
+
+def readme_headline() -> str:
+    spear = _load("metrics/spearman.json")["unseen_task"]
+    sim = _load("metrics/simulate.json")
+    runs = PaperRuns(_load(PAPER_JSON))
+    keep = "paper-timed-kill-burst-keep"
+    spear_text = ", ".join(f"{b} {v['per_benchmark']:.2f}" for b, v in sorted(spear.items()))
+    sglang = runs.values(keep, "none", "sglang")
+    continuum = runs.values(keep, "none", "continuum")
+    rows = [
+        ("Spearman of the predicted peak on tasks never seen in training (each benchmark's own model)", spear_text,
+         "`make repro` (`metrics/spearman.json`)"),
+        ("the paper's burst kept on 1P3D H200: plain SGLang / Continuum goodput",
+         f"{_pm(sglang)} /h ({runs.stuck(keep, 'none', 'sglang')} of {len(sglang)} seeds stuck) / {_pm(continuum)} /h",
+         PAPER_COMMAND),
+        ("Basin / Continuum there (Basin lends decode memory; paired by seed)",
+         runs.ratio_text(keep, "decode-memory", "basin"), "same"),
+        ("the paper's prototype (`basin-proto`) / Continuum", runs.ratio_text(keep, "decode-memory", "basin-proto"),
+         "same"),
+        ("Basin with true peaks (`basin:oracle-peak`) / Continuum", runs.ratio_text(keep, "none", "basin:oracle-peak"),
+         "same"),
+        ("Basin / Continuum in the DVC headline row (freshly trained model)",
+         f"{sim['basin_over_continuum']['mean']:.3f} ± {sim['basin_over_continuum']['sd']:.3f}",
+         "`make repro` (`metrics/simulate.json`)"),
+    ]
+    return _table(("what", "measured (10 seeds: mean ± sd)", "command"), rows)
+
+
+RENDERERS: dict[str, Callable[[], str]] = {
+    "paper-table": paper_table, "paper-ablations": paper_ablations, "spearman": spearman,
+    "simulate-stage": simulate_stage, "readme-headline": readme_headline,
+}
+
+
+def markdown_files() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def render(text: str, where: Path) -> str:
+    """`text` with every generated block rewritten from its JSON."""
+    def one(match: re.Match[str]) -> str:
+        name = match.group("name")
+        renderer = RENDERERS.get(name)
+        if renderer is None:
+            raise RenderError(f"{where.relative_to(ROOT)}: block {name!r} names no renderer "
+                              f"(known: {', '.join(sorted(RENDERERS))})")
+        return match.group(1) + renderer().rstrip("\n") + "\n" + match.group(4)
+    return BLOCK.sub(one, text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a block is stale")
+    args = parser.parse_args(argv)
+    stale = []
+    try:
+        for path in markdown_files():
+            text = path.read_text()
+            fresh = render(text, path)
+            if fresh != text:
+                stale.append(str(path.relative_to(ROOT)))
+                if not args.check:
+                    path.write_text(fresh)
+    except RenderError as error:
+        print(f"render_results: {error}", file=sys.stderr)
+        return 2
+    if args.check and stale:
+        print("stale generated blocks in: " + ", ".join(stale)
+              + " (run `python scripts/render_results.py` and commit)", file=sys.stderr)
+        return 1
+    for name in stale:
+        print(f"rewrote {name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
