@@ -1,22 +1,24 @@
-# The knee ramp against a live deployment over HTTP (basin_sim/ramp.py is the simulated one).
-#
-# Rules:
-# - Steps k = 0..n-1 cover model time [k x step_s, (k+1) x step_s) with Poisson arrivals at rate r_k;
-#   sessions stay open across steps (one replay, as ramp.py keeps one engine). The run stops at the
-#   end of the last step and cancels whatever is still running.
-# - Each step is measured over its second half [half, end): the engines' `/metrics` (every URL given,
-#   counters summed) are scraped at `half` and at `end`; hit rate = window_hit_rate of the two scrapes
-#   (0 when nothing was prefilled). Load = mean over the replayer's state samples in the half of the
-#   live sessions' summed latest prompts (the working set, as the simulator's engine counts it) /
-#   cache capacity. Live sessions = mean of the samples; calls/s = calls whose first token came in the
-#   half / its length; sessions finished/s likewise; decode busy share = mean calls in flight / mean
-#   live sessions (the client's view: in flight includes queued prefill).
-# - Cache capacity = `--cache-capacity-tokens`, else the sum of `sglang:max_total_num_tokens` over the
-#   metrics URLs (give the prefill engines' URLs: that is where the prefix cache that hits lives).
-# - The calibration file has the keys basin_runtime/gateway/calibration.py accepts: knee_tokens,
-#   cache_capacity_tokens, hit_rate_plateau, peak_completion_rate_per_s (the highest finished rate on
-#   the plateau, when > 0), notes. No reservation_ratio: the live ramp does not run the predictor.
-"""Stepped load ramp on a live deployment: hit rate vs working set per step, the knee, the calibration file."""
+"""Stepped load ramp on a live deployment: hit rate vs working set per step, the knee, the calibration file.
+
+The knee ramp against a live deployment over HTTP (basin_sim/ramp.py is the simulated one).
+
+Rules:
+- Steps k = 0..n-1 cover model time [k x step_s, (k+1) x step_s) with Poisson arrivals at rate r_k;
+  sessions stay open across steps (one replay, as ramp.py keeps one engine). The run stops at the
+  end of the last step and cancels whatever is still running.
+- Each step is measured over its second half [half, end): the engines' `/metrics` (every URL given,
+  counters summed) are scraped at `half` and at `end`; hit rate = window_hit_rate of the two scrapes
+  (0 when nothing was prefilled). Load = mean over the replayer's state samples in the half of the
+  live sessions' summed latest prompts (the working set, as the simulator's engine counts it) /
+  cache capacity. Live sessions = mean of the samples; calls/s = calls whose first token came in the
+  half / its length; sessions finished/s likewise; decode busy share = mean calls in flight / mean
+  live sessions (the client's view: in flight includes queued prefill).
+- Cache capacity = `--cache-capacity-tokens`, else the sum of `sglang:max_total_num_tokens` over the
+  metrics URLs (give the prefill engines' URLs: that is where the prefix cache that hits lives).
+- The calibration file has the keys basin_runtime/gateway/calibration.py accepts: knee_tokens,
+  cache_capacity_tokens, hit_rate_plateau, peak_completion_rate_per_s (the highest finished rate on
+  the plateau, when > 0), notes. No reservation_ratio: the live ramp does not run the predictor.
+"""
 
 from __future__ import annotations
 

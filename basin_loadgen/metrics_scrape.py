@@ -1,10 +1,12 @@
-# Hit rate from SGLang's Prometheus text (`/metrics`), for the live knee ramp.
-#
-# Rules: cached tokens = `sglang:prefill_effective_tokens_total` with mode device_hit|host_hit|
-# storage_hit, over all modes; if that family is absent, `sglang:cached_tokens_total` (all sources)
-# over `sglang:prompt_tokens_total`. Counters are summed over every engine's sample lines. The hit
-# rate of a window is the ratio of counter differences between two scrapes.
-"""Parse cached/total prompt-token counters from Prometheus text; hit rate between two scrapes."""
+"""Parse cached/total prompt-token counters from Prometheus text; hit rate between two scrapes.
+
+Hit rate from SGLang's Prometheus text (`/metrics`), for the live knee ramp.
+
+Rules: cached tokens = `sglang:prefill_effective_tokens_total` with mode device_hit|host_hit|
+storage_hit, over all modes; if that family is absent, `sglang:cached_tokens_total` (all sources)
+over `sglang:prompt_tokens_total`. Counters are summed over every engine's sample lines. The hit
+rate of a window is the ratio of counter differences between two scrapes.
+"""
 
 from __future__ import annotations
 

@@ -1,29 +1,31 @@
-# Replaying recorded agent sessions against a live OpenAI-compatible server: the conversations and
-# the arrival plan. No I/O (basin_sim/replay_client.py sends the requests).
-#
-# Rules:
-# - Text is deterministic: filler is made of common English words that are one token each in the
-#   serving tokenizer (with or without a leading space), cut from one seeded word sequence at an offset
-#   derived from a key (run id, call index), so the same planned session always sends the same text
-#   and every call's conversation is a true prefix extension of the previous one (prefix caching can
-#   hit). The answer in the history is the server's own text, so the next call's tool message is sized
-#   only once that answer is known.
-# - Call 1 = [system, user(task_text + "(ref <run id>)"), optional user(filler)]. The system message is
-#   shared by every session of a benchmark (a real agent's system prompt); its size is the smallest
-#   first prompt of that benchmark in the pool minus that session's task message, at least
-#   MIN_SYSTEM_TOKENS. The reference line keeps two replays of one pool session from sharing more
-#   than the system prompt and task text. A task text too long for the recorded first prompt is cut;
-#   the rest of the recorded first prompt is the filler user message (left out under
-#   MIN_FILLER_TOKENS, so a prompt may fall short by a few tokens).
-# - After call k the server's answer (its text) and a tool message are appended; the tool message is
-#   sized so that call k+1's prompt counts the recorded prompt_tokens of call k+1 (at least one
-#   filler word: when the answer alone overshoots, the prompt overshoots). Prompts are counted with
-#   `ChatTokenizer.count_prompt` (Qwen ChatML, generation prompt included). max_tokens = recorded
-#   completion tokens (at least 1).
-# - Arrivals: Poisson on a piecewise-constant rate schedule, segment by segment, in model seconds;
-#   sessions drawn uniformly with replacement from the pool by one seeded stream. Run ids are
-#   "<tag>-<index>", unique per planned session. A gap the trace did not record is `default_gap_s`.
-"""Deterministic conversations sized to recorded token counts, and seeded arrival plans."""
+"""Deterministic conversations sized to recorded token counts, and seeded arrival plans.
+
+Replaying recorded agent sessions against a live OpenAI-compatible server: the conversations and
+the arrival plan. No I/O (basin_sim/replay_client.py sends the requests).
+
+Rules:
+- Text is deterministic: filler is made of common English words that are one token each in the
+  serving tokenizer (with or without a leading space), cut from one seeded word sequence at an offset
+  derived from a key (run id, call index), so the same planned session always sends the same text
+  and every call's conversation is a true prefix extension of the previous one (prefix caching can
+  hit). The answer in the history is the server's own text, so the next call's tool message is sized
+  only once that answer is known.
+- Call 1 = [system, user(task_text + "(ref <run id>)"), optional user(filler)]. The system message is
+  shared by every session of a benchmark (a real agent's system prompt); its size is the smallest
+  first prompt of that benchmark in the pool minus that session's task message, at least
+  MIN_SYSTEM_TOKENS. The reference line keeps two replays of one pool session from sharing more
+  than the system prompt and task text. A task text too long for the recorded first prompt is cut;
+  the rest of the recorded first prompt is the filler user message (left out under
+  MIN_FILLER_TOKENS, so a prompt may fall short by a few tokens).
+- After call k the server's answer (its text) and a tool message are appended; the tool message is
+  sized so that call k+1's prompt counts the recorded prompt_tokens of call k+1 (at least one
+  filler word: when the answer alone overshoots, the prompt overshoots). Prompts are counted with
+  `ChatTokenizer.count_prompt` (Qwen ChatML, generation prompt included). max_tokens = recorded
+  completion tokens (at least 1).
+- Arrivals: Poisson on a piecewise-constant rate schedule, segment by segment, in model seconds;
+  sessions drawn uniformly with replacement from the pool by one seeded stream. Run ids are
+  "<tag>-<index>", unique per planned session. A gap the trace did not record is `default_gap_s`.
+"""
 
 from __future__ import annotations
 

@@ -1,28 +1,30 @@
-# Replay planned agent sessions against a live OpenAI-compatible server (the Basin gateway, the `smg`
-# router, an SGLang engine or the emulator) with the official `openai` client, as agents would.
-#
-# Rules:
-# - One asyncio task per live session, started at its planned arrival (model time / time scale on the
-#   wall). Calls are streamed chat completions with usage (`stream_options.include_usage`), max_tokens
-#   = the recorded completion, headers X-Session-ID (the run id, also sent as `user`) and
-#   X-Basin-Workload (the benchmark). After an answer the session waits its tool gap / time scale.
-#   The messages travel in `extra_body` (same JSON; skips the SDK's per-message transform, see _call).
-# - The client never retries (`max_retries=0`): a retry would hide a shed or an error. A call that
-#   gets no first token within `max_wait_s` WALL seconds is given up (session "aborted": the socket
-#   closes, which a gateway reads as the session withdrawing). HTTP 503 with Retry-After, or a body
-#   of type `session_shed`, ends the session as "shed" with the body's reason. Any other failure ends
-#   it as "error" with the message.
-# - A session that ends other than shed is ended at the gateway (POST /basin/sessions/{id}/end,
-#   best effort: other servers answer 404) so it stops holding budget; `end_sessions=False` skips it.
-#   It is ended with the session's own end key, kept from the answer that carried it
-#   (X-Basin-Session-Key, the gateway's first answer of the session), as an agent would: no admin
-#   token needed. `admin_token` is only a fallback, for a session whose key never arrived.
-# - Stopping: with `stop_s`, everything still running at that model time is cancelled (the knee
-#   ramp). Without, the run drains after the last arrival until every session is over or past its
-#   goodput deadline (arrival + SLOWDOWN_LIMIT x unloaded time), at most `max_drain_s` model seconds.
-#   Cancelled sessions stay "unfinished". Ctrl-C cancels every task; the records so far are kept.
-# - The server is probed first (GET /v1/models): an unreachable URL is a `ReplayError` naming it.
-"""Drive a live OpenAI-compatible endpoint with replayed sessions; `python -m basin_loadgen.replay_client`."""
+"""Drive a live OpenAI-compatible endpoint with replayed sessions; `python -m basin_loadgen.replay_client`.
+
+Replay planned agent sessions against a live OpenAI-compatible server (the Basin gateway, the `smg`
+router, an SGLang engine or the emulator) with the official `openai` client, as agents would.
+
+Rules:
+- One asyncio task per live session, started at its planned arrival (model time / time scale on the
+  wall). Calls are streamed chat completions with usage (`stream_options.include_usage`), max_tokens
+  = the recorded completion, headers X-Session-ID (the run id, also sent as `user`) and
+  X-Basin-Workload (the benchmark). After an answer the session waits its tool gap / time scale.
+  The messages travel in `extra_body` (same JSON; skips the SDK's per-message transform, see _call).
+- The client never retries (`max_retries=0`): a retry would hide a shed or an error. A call that
+  gets no first token within `max_wait_s` WALL seconds is given up (session "aborted": the socket
+  closes, which a gateway reads as the session withdrawing). HTTP 503 with Retry-After, or a body
+  of type `session_shed`, ends the session as "shed" with the body's reason. Any other failure ends
+  it as "error" with the message.
+- A session that ends other than shed is ended at the gateway (POST /basin/sessions/{id}/end,
+  best effort: other servers answer 404) so it stops holding budget; `end_sessions=False` skips it.
+  It is ended with the session's own end key, kept from the answer that carried it
+  (X-Basin-Session-Key, the gateway's first answer of the session), as an agent would: no admin
+  token needed. `admin_token` is only a fallback, for a session whose key never arrived.
+- Stopping: with `stop_s`, everything still running at that model time is cancelled (the knee
+  ramp). Without, the run drains after the last arrival until every session is over or past its
+  goodput deadline (arrival + SLOWDOWN_LIMIT x unloaded time), at most `max_drain_s` model seconds.
+  Cancelled sessions stay "unfinished". Ctrl-C cancels every task; the records so far are kept.
+- The server is probed first (GET /v1/models): an unreachable URL is a `ReplayError` naming it.
+"""
 
 from __future__ import annotations
 

@@ -1,24 +1,26 @@
-# What a replay against a live server recorded, and its summary. No I/O.
-#
-# Rules:
-# - Times are model seconds from the start of the run (wall seconds x time scale); with a real
-#   engine (time scale 1) they are wall seconds. A call records when it was sent, when its response
-#   started (headers: a gateway holding the session answers only once admitted), its first token and
-#   its end, with the server's usage (prompt and cached tokens) or its error.
-# - Status of a session: finished (every call answered), shed (HTTP 503 carrying Retry-After or a
-#   `session_shed` body), aborted (a call waited longer than the client's max wait for its first
-#   token), error (any other failure, with its message), unfinished (still running when the run
-#   stopped or was cancelled). "Admission wait" = time to call 1's response headers.
-# - Goodput is basin_sim.goodput's: a session is good when it finished within SLOWDOWN_LIMIT x its
-#   unloaded time (the simulator's, same tool gaps); decode-step timing is not observed, so the step
-#   rule holds trivially. Goodput of a window = good sessions among those that ARRIVED in it, per
-#   model hour of window.
-# - Hit rate of a window = sum cached / sum prompt tokens of the calls that ENDED in it (calls without
-#   usage are left out). TTFT percentiles are over calls whose first token came in the window.
-# - The timeline has one row per `bin_s` from 0 to the last event: hit rate, calls ended per second,
-#   TTFT p50, sessions arrived, and the mean of the client's state samples (live sessions, sessions
-#   waiting for their first call's response, calls in flight, working set tokens).
-"""Per-call and per-session records of a replay, goodput, hit rates and the timeline."""
+"""Per-call and per-session records of a replay, goodput, hit rates and the timeline.
+
+What a replay against a live server recorded, and its summary. No I/O.
+
+Rules:
+- Times are model seconds from the start of the run (wall seconds x time scale); with a real
+  engine (time scale 1) they are wall seconds. A call records when it was sent, when its response
+  started (headers: a gateway holding the session answers only once admitted), its first token and
+  its end, with the server's usage (prompt and cached tokens) or its error.
+- Status of a session: finished (every call answered), shed (HTTP 503 carrying Retry-After or a
+  `session_shed` body), aborted (a call waited longer than the client's max wait for its first
+  token), error (any other failure, with its message), unfinished (still running when the run
+  stopped or was cancelled). "Admission wait" = time to call 1's response headers.
+- Goodput is basin_sim.goodput's: a session is good when it finished within SLOWDOWN_LIMIT x its
+  unloaded time (the simulator's, same tool gaps); decode-step timing is not observed, so the step
+  rule holds trivially. Goodput of a window = good sessions among those that ARRIVED in it, per
+  model hour of window.
+- Hit rate of a window = sum cached / sum prompt tokens of the calls that ENDED in it (calls without
+  usage are left out). TTFT percentiles are over calls whose first token came in the window.
+- The timeline has one row per `bin_s` from 0 to the last event: hit rate, calls ended per second,
+  TTFT p50, sessions arrived, and the mean of the client's state samples (live sessions, sessions
+  waiting for their first call's response, calls in flight, working set tokens).
+"""
 
 from __future__ import annotations
 

@@ -1,31 +1,33 @@
-# `make demo`: Basin as a system on this CPU: emulated SGLang engines (1P3D), the real router (smg),
-# the gateway, and replayed agent sessions through a surge, once without the gateway and once with it.
-#
-# Rules:
-# - The deployment is the shipped profile with a smaller KV pool (`--cache-tokens`, every engine's
-#   --max-total-tokens) so that a few dozen live sessions fill the prefix cache; the load is the paper's:
-#   half the overload rate of THAT deployment (the simulator's, as `basin-sim calibrate` measures it),
-#   doubled during the surge. The gateway's calibration (knee, reservation ratio, peak completion rate)
-#   is the simulator's knee ramp on the same deployment and model. Both come from the simulator's caches
-#   (--rates-file, --calibrations-file: keyed by deployment shape, pool, predictor file, quantile and
-#   lending switch), measured on first use (minutes) and reused by every later demo and `basin-sim` run.
-# - Both runs replay the same planned sessions (same seed and tag: the same text); each run gets a
-#   fresh stack (empty caches). The runs are judged with the simulator's goodput (basin_sim.goodput).
-# - Validity: the emulators report how late their timed events fire (wall seconds). A run whose p99
-#   lag x time scale exceeds `--max-lag-model-s` is INVALID (the emulator, not the model, slowed it):
-#   the table says so and the exit status is 3. Lower --time-scale then.
-# - `--lending storage-offload`: the two runs are both with the gateway, on engines started with the
-#   lending recipe (basin_stack/lending.py: HiCache storage on prefill, a fresh shared storage folder per
-#   run, smg's sticky sessions), and differ by decode's offload flag alone: "lending-off" and
-#   "lending-on". Each run's gateway reads a calibration measured by the simulator's knee ramp on the
-#   deployment with its own lending switch (none, storage-offload), never a nominal storage size; the
-#   arrivals are the same in both (the overload rate of the shape without lending, as in the simulator).
-# - Everything started is stopped at the end, on Ctrl-C and on SIGTERM (basin_stack.stack).
-# - Output in --out-dir: calibration.json, run-<mode>.json, timeline-<mode>.png, comparison.png,
-#   summary.md, logs/<mode>/*.log, and the gateway's session log (gateway-log/, for the closed loop).
-#   A new demo first removes the previous one's logs/ and gateway-log/ (the same session ids again
-#   would otherwise be logged twice).
-"""Replay agent sessions through a surge on emulated PD SGLang, without and with the Basin gateway."""
+"""Replay agent sessions through a surge on emulated PD SGLang, without and with the Basin gateway.
+
+`make demo`: Basin as a system on this CPU: emulated SGLang engines (1P3D), the real router (smg),
+the gateway, and replayed agent sessions through a surge, once without the gateway and once with it.
+
+Rules:
+- The deployment is the shipped profile with a smaller KV pool (`--cache-tokens`, every engine's
+  --max-total-tokens) so that a few dozen live sessions fill the prefix cache; the load is the paper's:
+  half the overload rate of THAT deployment (the simulator's, as `basin-sim calibrate` measures it),
+  doubled during the surge. The gateway's calibration (knee, reservation ratio, peak completion rate)
+  is the simulator's knee ramp on the same deployment and model. Both come from the simulator's caches
+  (--rates-file, --calibrations-file: keyed by deployment shape, pool, predictor file, quantile and
+  lending switch), measured on first use (minutes) and reused by every later demo and `basin-sim` run.
+- Both runs replay the same planned sessions (same seed and tag: the same text); each run gets a
+  fresh stack (empty caches). The runs are judged with the simulator's goodput (basin_sim.goodput).
+- Validity: the emulators report how late their timed events fire (wall seconds). A run whose p99
+  lag x time scale exceeds `--max-lag-model-s` is INVALID (the emulator, not the model, slowed it):
+  the table says so and the exit status is 3. Lower --time-scale then.
+- `--lending storage-offload`: the two runs are both with the gateway, on engines started with the
+  lending recipe (basin_stack/lending.py: HiCache storage on prefill, a fresh shared storage folder per
+  run, smg's sticky sessions), and differ by decode's offload flag alone: "lending-off" and
+  "lending-on". Each run's gateway reads a calibration measured by the simulator's knee ramp on the
+  deployment with its own lending switch (none, storage-offload), never a nominal storage size; the
+  arrivals are the same in both (the overload rate of the shape without lending, as in the simulator).
+- Everything started is stopped at the end, on Ctrl-C and on SIGTERM (basin_stack.stack).
+- Output in --out-dir: calibration.json, run-<mode>.json, timeline-<mode>.png, comparison.png,
+  summary.md, logs/<mode>/*.log, and the gateway's session log (gateway-log/, for the closed loop).
+  A new demo first removes the previous one's logs/ and gateway-log/ (the same session ids again
+  would otherwise be logged twice).
+"""
 
 from __future__ import annotations
 

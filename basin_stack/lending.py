@@ -1,16 +1,18 @@
-# The lending recipe's flags in one place: what SGLang prefill and decode, smg and the gateway run with
-# so that stock SGLang lends decode KV through the HiCache storage tier (deploy/sglang-pd-lending.md
-# gives each flag's reason). The loopback stack, `make demo --lending storage-offload`, the GPU check
-# (deploy/gpu_lending_check.py) and the tests use these, so the recipe that is tested is the one that
-# is written down.
-#
-# Rules:
-# - Engine flags are SGLang's own names; basin-emulate accepts every one of them.
-# - The storage folder reaches the engines through SGLang's environment variable
-#   (SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR), never a flag.
-# - `with_offload=False` keeps everything but decode's offload flag: the "lending off" arm of a
-#   comparison differs from the "on" arm by that one flag.
-"""The flags of the storage-offload lending recipe, for SGLang (or basin-emulate), smg and the gateway."""
+"""The flags of the storage-offload lending recipe, for SGLang (or basin-emulate), smg and the gateway.
+
+The lending recipe's flags in one place: what SGLang prefill and decode, smg and the gateway run with
+so that stock SGLang lends decode KV through the HiCache storage tier (deploy/sglang-pd-lending.md
+gives each flag's reason). The loopback stack, `make demo --lending storage-offload`, the GPU check
+(deploy/gpu_lending_check.py) and the tests use these, so the recipe that is tested is the one that
+is written down.
+
+Rules:
+- Engine flags are SGLang's own names; basin-emulate accepts every one of them.
+- The storage folder reaches the engines through SGLang's environment variable
+  (SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR), never a flag.
+- `with_offload=False` keeps everything but decode's offload flag: the "lending off" arm of a
+  comparison differs from the "on" arm by that one flag.
+"""
 
 from __future__ import annotations
 

@@ -1,27 +1,29 @@
-# A local PD deployment on loopback: emulated SGLang engines (basin-emulate), the real SGLang router
-# (smg, PD mode) and optionally the Basin gateway, each a subprocess in its own process group.
-#
-# Rules:
-# - Every port is a free loopback port; every process logs to `<logs>/<name>.log`; nothing binds
-#   beyond 127.0.0.1 (smg's Prometheus listener included).
-# - Start-up order: engines (ready on /health), the router (ready on /readiness: every worker
-#   registered and healthy), then the gateway (ready on /health). A process that exits or is not ready
-#   within `startup_timeout_s` stops the start with `StackError` naming it, its URL and its log's tail.
-# - The gateway runs on the wall clock while the engines run `time_scale` times faster, so every time
-#   constant of the gateway (tick, windows, timeouts, the priority's tokens per second, shedding's waits
-#   and rates) is scaled by the time scale in the config file the stack writes (`gateway_config`).
-# - `stop()` kills every process group (SIGKILL: smg takes seconds to stop on SIGTERM) and waits for
-#   it; it runs on context exit, at interpreter exit and on SIGTERM, so no process outlives the stack.
-# - `kill(name)` / `restart(name)` stop and start one process on the same ports (fault tests). smg
-#   drops a dead worker and re-admits a restarted one only on its health checks (default every 60 s)
-#   and its circuit breaker (60 s): pass `router_args` to shorten them.
-# - Emulator lag: `lag()` reads each engine's /server_info `basin_emulate.lag` (wall seconds).
-# - Role-specific engine flags (`prefill_args`, `decode_args`: the lending recipe, basin_stack/lending.py)
-#   follow the common ones; `engine_env` adds environment variables to the engines only (SGLang's
-#   storage folder).
-# - The gateway's admin token, when its config sets one, is the operator's (`admin_headers`); agents
-#   end their own sessions with the end keys the gateway hands them.
-"""Start and stop a loopback PD stack: basin-emulate engines, smg, and the Basin gateway."""
+"""Start and stop a loopback PD stack: basin-emulate engines, smg, and the Basin gateway.
+
+A local PD deployment on loopback: emulated SGLang engines (basin-emulate), the real SGLang router
+(smg, PD mode) and optionally the Basin gateway, each a subprocess in its own process group.
+
+Rules:
+- Every port is a free loopback port; every process logs to `<logs>/<name>.log`; nothing binds
+  beyond 127.0.0.1 (smg's Prometheus listener included).
+- Start-up order: engines (ready on /health), the router (ready on /readiness: every worker
+  registered and healthy), then the gateway (ready on /health). A process that exits or is not ready
+  within `startup_timeout_s` stops the start with `StackError` naming it, its URL and its log's tail.
+- The gateway runs on the wall clock while the engines run `time_scale` times faster, so every time
+  constant of the gateway (tick, windows, timeouts, the priority's tokens per second, shedding's waits
+  and rates) is scaled by the time scale in the config file the stack writes (`gateway_config`).
+- `stop()` kills every process group (SIGKILL: smg takes seconds to stop on SIGTERM) and waits for
+  it; it runs on context exit, at interpreter exit and on SIGTERM, so no process outlives the stack.
+- `kill(name)` / `restart(name)` stop and start one process on the same ports (fault tests). smg
+  drops a dead worker and re-admits a restarted one only on its health checks (default every 60 s)
+  and its circuit breaker (60 s): pass `router_args` to shorten them.
+- Emulator lag: `lag()` reads each engine's /server_info `basin_emulate.lag` (wall seconds).
+- Role-specific engine flags (`prefill_args`, `decode_args`: the lending recipe, basin_stack/lending.py)
+  follow the common ones; `engine_env` adds environment variables to the engines only (SGLang's
+  storage folder).
+- The gateway's admin token, when its config sets one, is the operator's (`admin_headers`); agents
+  end their own sessions with the end keys the gateway hands them.
+"""
 
 from __future__ import annotations
 

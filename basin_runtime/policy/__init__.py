@@ -1,18 +1,20 @@
-# The Basin policy core: one pure implementation (no I/O, no clock, stdlib only) that the HTTP
-# gateway drives with a real clock and the simulator with a simulated one.
-#
-# Modules, one job each:
-#   config.py     PolicyConfig, the PolicyError tree, value checks
-#   priority.py   p = arrival_s + predicted_peak_tokens / tokens_per_s (prototype: arrival_s)
-#   admission.py  the queue (strict priority order, no backfilling) and the admission rule
-#   budget.py     the reference budget B and its small hit-rate moves
-#   shedding.py   long-run arrival rate; shed one lowest-priority session when capacity is short
-#   lending.py    the ledger of decode memory lent to the prefix cache
-#   events.py     decisions out (Admitted, BudgetMoved, Shed) and the state snapshot
-#   core.py       Policy, wiring the above around one state
-#   hit_rate.py   HitRateWindow: the windowed prefix hit rate that moves the budget
-#   calibrated.py Calibration and policy_config: the one construction from measured numbers
-"""The Basin policy core: admission, priority, budget, shedding and the lending ledger."""
+"""The Basin policy core: admission, priority, budget, shedding and the lending ledger.
+
+The Basin policy core: one pure implementation (no I/O, no clock, stdlib only) that the HTTP
+gateway drives with a real clock and the simulator with a simulated one.
+
+Modules, one job each:
+  config.py     PolicyConfig, the PolicyError tree, value checks
+  priority.py   p = arrival_s + predicted_peak_tokens / tokens_per_s (prototype: arrival_s)
+  admission.py  the queue (strict priority order, no backfilling) and the admission rule
+  budget.py     the reference budget B and its small hit-rate moves
+  shedding.py   long-run arrival rate; shed one lowest-priority session when capacity is short
+  lending.py    the ledger of decode memory lent to the prefix cache
+  events.py     decisions out (Admitted, BudgetMoved, Shed) and the state snapshot
+  core.py       Policy, wiring the above around one state
+  hit_rate.py   HitRateWindow: the windowed prefix hit rate that moves the budget
+  calibrated.py Calibration and policy_config: the one construction from measured numbers
+"""
 
 from __future__ import annotations
 

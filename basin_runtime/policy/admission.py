@@ -1,21 +1,23 @@
-# Admission queue and admission rule.
-#
-# Rules:
-# - The queue serves strictly in (priority, seq) order. The head blocks everyone behind it: there is
-#   no backfilling, so a big session is never starved by a stream of smaller ones that would fit.
-# - While admission is engaged, the head is admitted only if
-#       reserved_tokens(live) + reservation(head) <= budget_tokens,
-#   or if no session is live at all (the lone head goes in even over budget: service progresses).
-# - A reservation is max(peak_reservation_tokens, context_tokens) in basin mode (the predicted peak
-#   times the session's reservation multiplier m(q), or the current context once the session has grown
-#   past it) and context_tokens in prototype mode. Reservations are whole tokens (m x predicted peak
-#   rounded up), so their sums stay exact. Priority uses the bare predicted peak, not the reservation.
-# Invariants:
-# - Every queued session has exactly one current entry in each heap; an entry is current when its
-#   id maps to a record with the same seq. Admitted, withdrawn and shed sessions leave stale
-#   entries that are skipped lazily; a heap is rebuilt when stale entries outnumber current ones,
-#   so memory stays O(queued) and every operation is O(log n) amortized.
-"""The admission queue (a heap in priority order) and the admission rule."""
+"""The admission queue (a heap in priority order) and the admission rule.
+
+Admission queue and admission rule.
+
+Rules:
+- The queue serves strictly in (priority, seq) order. The head blocks everyone behind it: there is
+  no backfilling, so a big session is never starved by a stream of smaller ones that would fit.
+- While admission is engaged, the head is admitted only if
+      reserved_tokens(live) + reservation(head) <= budget_tokens,
+  or if no session is live at all (the lone head goes in even over budget: service progresses).
+- A reservation is max(peak_reservation_tokens, context_tokens) in basin mode (the predicted peak
+  times the session's reservation multiplier m(q), or the current context once the session has grown
+  past it) and context_tokens in prototype mode. Reservations are whole tokens (m x predicted peak
+  rounded up), so their sums stay exact. Priority uses the bare predicted peak, not the reservation.
+Invariants:
+- Every queued session has exactly one current entry in each heap; an entry is current when its
+  id maps to a record with the same seq. Admitted, withdrawn and shed sessions leave stale
+  entries that are skipped lazily; a heap is rebuilt when stale entries outnumber current ones,
+  so memory stays O(queued) and every operation is O(log n) amortized.
+"""
 
 from __future__ import annotations
 

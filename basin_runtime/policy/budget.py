@@ -1,22 +1,24 @@
-# The cache budget and its small hit-rate-driven moves.
-#
-# Rules:
-# - The reference budget B = r * min(knee_factor * measured cache knee, cache capacity) is computed
-#   by the caller (`reference_budget_tokens`) and can be changed by an operator at runtime. The knee
-#   and the capacity are working-set tokens (contexts now); admission sums reservations (predicted
-#   peaks), which exceed the live sessions' contexts by the reservation ratio r = sum of reservations /
-#   sum of contexts of the live sessions, measured on the knee ramp for the served predictor. r = 1
-#   (the default) when reservations are contexts (prototype mode) or r was not measured.
-# - The budget stays within [round(B * min_fraction), round(B * max_fraction)]; one step is
-#   max(1, round(B * step_fraction)) tokens.
-# - On a tick with a hit rate: if the hit rate is still on the high plateau
-#   (hit_rate >= plateau - tolerance) and sessions are queued, loosen by one step; if the hit rate
-#   has fallen below that, tighten by one step. With no hit rate the budget does not move.
-# - At most one move per `move_interval_s` (the first move may come at any time). A move that a
-#   bound clips to nothing is not a move: it neither emits an event nor restarts the interval.
-# - An operator change of B re-clamps the current budget into the new bounds and does not restart
-#   the interval. Changing the budget never evicts a live session (admission only looks forward).
-"""The cache budget: a reference B moved a little by the observed prefix-cache hit rate."""
+"""The cache budget: a reference B moved a little by the observed prefix-cache hit rate.
+
+The cache budget and its small hit-rate-driven moves.
+
+Rules:
+- The reference budget B = r * min(knee_factor * measured cache knee, cache capacity) is computed
+  by the caller (`reference_budget_tokens`) and can be changed by an operator at runtime. The knee
+  and the capacity are working-set tokens (contexts now); admission sums reservations (predicted
+  peaks), which exceed the live sessions' contexts by the reservation ratio r = sum of reservations /
+  sum of contexts of the live sessions, measured on the knee ramp for the served predictor. r = 1
+  (the default) when reservations are contexts (prototype mode) or r was not measured.
+- The budget stays within [round(B * min_fraction), round(B * max_fraction)]; one step is
+  max(1, round(B * step_fraction)) tokens.
+- On a tick with a hit rate: if the hit rate is still on the high plateau
+  (hit_rate >= plateau - tolerance) and sessions are queued, loosen by one step; if the hit rate
+  has fallen below that, tighten by one step. With no hit rate the budget does not move.
+- At most one move per `move_interval_s` (the first move may come at any time). A move that a
+  bound clips to nothing is not a move: it neither emits an event nor restarts the interval.
+- An operator change of B re-clamps the current budget into the new bounds and does not restart
+  the interval. Changing the budget never evicts a live session (admission only looks forward).
+"""
 
 from __future__ import annotations
 

@@ -1,25 +1,27 @@
-# The one way to build the policy's configuration from what was measured of a deployment.
-#
-# Rules:
-# - A `Calibration` holds the measured numbers: the cache knee and capacity (working-set tokens),
-#   optionally the plateau hit rate, the peak completion rate and the reservation ratio r (sum of
-#   predicted-peak reservations / sum of contexts of the live sessions on the knee ramp, >= 1), and
-#   what r was measured for (predictor SHA-256, reservation quantile, lending), checked by
-#   `check_serves` wherever a calibration meets the predictor that is served.
-# - The budget B = r x min(0.9 x knee, capacity), in the unit admission sums. Reservations are
-#   contexts in prototype mode, so r does not apply there (r = 1). This is the only place that
-#   turns a calibration into a budget; the gateway and the simulator both call it.
-# - `policy_config(calibration, overrides)`: the measured plateau, peak completion rate and (basin
-#   mode) reservation ratio, so admission engages on the working set against B / r (the paper's rule);
-#   then the overrides (any `PolicyConfig` field, e.g. a config file's `policy:` section), then an
-#   explicit budget if one is given. Neither calibration nor budget is an error. A bad value raises
-#   `PolicyError` naming the field.
-# - The latency gate is beyond the paper and off unless asked for (`latency_gate=True`): then, when the
-#   ramp measured the plateau's first-token latency and call cycle, the working set engages admission
-#   only while the engines are as slow as the first-token latency at which the median session would
-#   miss goodput's deadline (`Calibration.latency_gate_s`). An override `latency_gate_s` sets it by hand.
-# - Pure: no I/O (reading the file is `basin_runtime.calibration`).
-"""`Calibration`, the budget it implies, and `policy_config`: one construction for every driver."""
+"""`Calibration`, the budget it implies, and `policy_config`: one construction for every driver.
+
+The one way to build the policy's configuration from what was measured of a deployment.
+
+Rules:
+- A `Calibration` holds the measured numbers: the cache knee and capacity (working-set tokens),
+  optionally the plateau hit rate, the peak completion rate and the reservation ratio r (sum of
+  predicted-peak reservations / sum of contexts of the live sessions on the knee ramp, >= 1), and
+  what r was measured for (predictor SHA-256, reservation quantile, lending), checked by
+  `check_serves` wherever a calibration meets the predictor that is served.
+- The budget B = r x min(0.9 x knee, capacity), in the unit admission sums. Reservations are
+  contexts in prototype mode, so r does not apply there (r = 1). This is the only place that
+  turns a calibration into a budget; the gateway and the simulator both call it.
+- `policy_config(calibration, overrides)`: the measured plateau, peak completion rate and (basin
+  mode) reservation ratio, so admission engages on the working set against B / r (the paper's rule);
+  then the overrides (any `PolicyConfig` field, e.g. a config file's `policy:` section), then an
+  explicit budget if one is given. Neither calibration nor budget is an error. A bad value raises
+  `PolicyError` naming the field.
+- The latency gate is beyond the paper and off unless asked for (`latency_gate=True`): then, when the
+  ramp measured the plateau's first-token latency and call cycle, the working set engages admission
+  only while the engines are as slow as the first-token latency at which the median session would
+  miss goodput's deadline (`Calibration.latency_gate_s`). An override `latency_gate_s` sets it by hand.
+- Pure: no I/O (reading the file is `basin_runtime.calibration`).
+"""
 
 from __future__ import annotations
 

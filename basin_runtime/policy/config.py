@@ -1,12 +1,14 @@
-# Policy configuration, the exception tree, and the value checks every policy module shares.
-#
-# Rules:
-# - `PolicyConfig` is frozen and checks every field in `__post_init__`; a bad value raises
-#   `PolicyError` naming the field and the value.
-# - Every error the policy raises is a `PolicyError` (a `ValueError`); the subclasses let the HTTP
-#   layer map them to status codes in one place (unknown session, duplicate session, clock).
-# - Token counts are whole, non-negative numbers; times and rates are finite.
-"""Policy configuration and errors."""
+"""Policy configuration and errors.
+
+Policy configuration, the exception tree, and the value checks every policy module shares.
+
+Rules:
+- `PolicyConfig` is frozen and checks every field in `__post_init__`; a bad value raises
+  `PolicyError` naming the field and the value.
+- Every error the policy raises is a `PolicyError` (a `ValueError`); the subclasses let the HTTP
+  layer map them to status codes in one place (unknown session, duplicate session, clock).
+- Token counts are whole, non-negative numbers; times and rates are finite.
+"""
 
 from __future__ import annotations
 

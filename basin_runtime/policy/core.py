@@ -1,44 +1,46 @@
-# The policy core: sessions in, decisions out, time passed in as `now` (seconds). No I/O.
-#
-# Rules:
-# - Working set = sum of the current contexts of all live sessions (tool-running ones included);
-#   a session's context is the latest prompt size observed for it, its context at arrival before.
-# - Admission is engaged while working set x r > budget, while anyone is queued, or always if
-#   `always_engaged` (r = `reservation_ratio`: the budget is in reservation units, r times the live
-#   contexts on the knee ramp, so the working set is held against B / r, the knee side of B).
-#   With a latency gate (`latency_gate_s`), the working set engages admission only while the engines
-#   are slow: the windowed median time to first token given to the last `tick` is >= the gate (no
-#   report yet: not slow). Past the knee the hit rate falls, but as long as the engines keep up the
-#   cache's misses cost less than holding sessions at the door would.
-#   An arrival is judged on the working set it would make: its own context counts (a first call
-#   carrying a long history is held like the same tokens already live). A session arriving while
-#   that does not engage admission is admitted at once; otherwise it queues and the queue is drained
-#   by the rule in `admission.py` (strict priority order, lone head goes in over budget).
-# - An adopted session (already running, e.g. across a gateway restart) is live at once and does not
-#   count as an arrival for the shedding rate.
-# - Admitted sessions run to completion: no budget change ever evicts a live session. Only
-#   shedding (`shedding.py`, on `tick`) drops a queued session; `finish` of a queued session is the
-#   client withdrawing it.
-# - Revision (`revise`): a live or queued session's predicted peak and multiplier may be replaced
-#   while it runs (an online re-estimate), up or down. Its fixed priority stays fixed (it came from
-#   the arrival's prediction). Its reservation becomes max(ceil(m x new peak), context) and the
-#   reserved sum moves by the difference at once. A revision down may let queue heads in (it returns
-#   their admissions, in order, like `observe`); a revision up never evicts anyone, even past the
-#   budget: the budget then holds the queue until enough finishes. Prototype mode reserves contexts,
-#   so a revision there changes nothing but the stored prediction.
-# - Every step (`arrive`, `adopt`, `observe`, `revise`, `finish`, `tick`, `set_reference_budget`) returns its
-#   list of events, in order: each admission is an `Admitted` with its wait and reservation (the
-#   arriving session's own admission too, with a wait of 0), so a driver has one translation path.
-# - Every public method validates everything before it changes anything: an illegal step raises
-#   `PolicyError` and leaves the state exactly as it was. `now` never runs backwards.
-# - `to_state()` is everything that affects a decision (configuration, clock, sessions in admission
-#   and service order, budget, arrival window, last first-token latency) as versioned JSON-ready
-#   data; `Policy.from_state` rebuilds a policy that takes every later step exactly as the original
-#   would (replicas restart from it, `basin_runtime/state/`). A state that does not add up is refused.
-# Invariants (after every public call):
-# - working_set_tokens == sum(context of live); reserved_tokens == sum(reservation of live).
-# - The queue is settled: if it is not empty, some session is live and the head does not fit.
-"""`Policy`: admission, priority, budget and shedding wired together around one state."""
+"""`Policy`: admission, priority, budget and shedding wired together around one state.
+
+The policy core: sessions in, decisions out, time passed in as `now` (seconds). No I/O.
+
+Rules:
+- Working set = sum of the current contexts of all live sessions (tool-running ones included);
+  a session's context is the latest prompt size observed for it, its context at arrival before.
+- Admission is engaged while working set x r > budget, while anyone is queued, or always if
+  `always_engaged` (r = `reservation_ratio`: the budget is in reservation units, r times the live
+  contexts on the knee ramp, so the working set is held against B / r, the knee side of B).
+  With a latency gate (`latency_gate_s`), the working set engages admission only while the engines
+  are slow: the windowed median time to first token given to the last `tick` is >= the gate (no
+  report yet: not slow). Past the knee the hit rate falls, but as long as the engines keep up the
+  cache's misses cost less than holding sessions at the door would.
+  An arrival is judged on the working set it would make: its own context counts (a first call
+  carrying a long history is held like the same tokens already live). A session arriving while
+  that does not engage admission is admitted at once; otherwise it queues and the queue is drained
+  by the rule in `admission.py` (strict priority order, lone head goes in over budget).
+- An adopted session (already running, e.g. across a gateway restart) is live at once and does not
+  count as an arrival for the shedding rate.
+- Admitted sessions run to completion: no budget change ever evicts a live session. Only
+  shedding (`shedding.py`, on `tick`) drops a queued session; `finish` of a queued session is the
+  client withdrawing it.
+- Revision (`revise`): a live or queued session's predicted peak and multiplier may be replaced
+  while it runs (an online re-estimate), up or down. Its fixed priority stays fixed (it came from
+  the arrival's prediction). Its reservation becomes max(ceil(m x new peak), context) and the
+  reserved sum moves by the difference at once. A revision down may let queue heads in (it returns
+  their admissions, in order, like `observe`); a revision up never evicts anyone, even past the
+  budget: the budget then holds the queue until enough finishes. Prototype mode reserves contexts,
+  so a revision there changes nothing but the stored prediction.
+- Every step (`arrive`, `adopt`, `observe`, `revise`, `finish`, `tick`, `set_reference_budget`) returns its
+  list of events, in order: each admission is an `Admitted` with its wait and reservation (the
+  arriving session's own admission too, with a wait of 0), so a driver has one translation path.
+- Every public method validates everything before it changes anything: an illegal step raises
+  `PolicyError` and leaves the state exactly as it was. `now` never runs backwards.
+- `to_state()` is everything that affects a decision (configuration, clock, sessions in admission
+  and service order, budget, arrival window, last first-token latency) as versioned JSON-ready
+  data; `Policy.from_state` rebuilds a policy that takes every later step exactly as the original
+  would (replicas restart from it, `basin_runtime/state/`). A state that does not add up is refused.
+Invariants (after every public call):
+- working_set_tokens == sum(context of live); reserved_tokens == sum(reservation of live).
+- The queue is settled: if it is not empty, some session is live and the head does not fit.
+"""
 
 from __future__ import annotations
 

@@ -1,12 +1,14 @@
-# Decisions out of the policy core, as data.
-#
-# Rules:
-# - Every decision the policy makes is one frozen event: `Admitted` (a session may start: at its
-#   arrival with a wait of 0, or from the queue), `BudgetMoved` (the budget changed), `Shed` (a
-#   queued session is dropped, with a reason a person can read). Every step returns its events.
-# - `PolicySnapshot` is the whole observable state; tests compare it field by field, and
-#   `to_dict()` gives the same content as plain JSON types.
-"""Events the policy core emits and the snapshot of its state."""
+"""Events the policy core emits and the snapshot of its state.
+
+Decisions out of the policy core, as data.
+
+Rules:
+- Every decision the policy makes is one frozen event: `Admitted` (a session may start: at its
+  arrival with a wait of 0, or from the queue), `BudgetMoved` (the budget changed), `Shed` (a
+  queued session is dropped, with a reason a person can read). Every step returns its events.
+- `PolicySnapshot` is the whole observable state; tests compare it field by field, and
+  `to_dict()` gives the same content as plain JSON types.
+"""
 
 from __future__ import annotations
 

@@ -1,14 +1,16 @@
-# The prefix hit rate over a sliding window of ended calls: the one signal the budget moves by,
-# read the same way by the gateway (each call's usage) and the simulator (each call's answer).
-#
-# Rules:
-# - The hit rate is sum(cached tokens) / sum(prompt tokens) over the calls that ended in the last
-#   `window_s` seconds of the driver's clock; None while the window holds fewer than
-#   `min_prompt_tokens` prompt tokens (too little evidence to move the budget).
-# - A call with no prompt tokens is not evidence; cached tokens are clipped to [0, prompt].
-# - The window keeps at most `max_samples` calls (the oldest drop first): memory stays bounded.
-# - Pure: time comes in as `now`; calls must be recorded in time order.
-"""`HitRateWindow`: cached / prompt tokens over the calls that ended in the last `window_s` seconds."""
+"""`HitRateWindow`: cached / prompt tokens over the calls that ended in the last `window_s` seconds.
+
+The prefix hit rate over a sliding window of ended calls: the one signal the budget moves by,
+read the same way by the gateway (each call's usage) and the simulator (each call's answer).
+
+Rules:
+- The hit rate is sum(cached tokens) / sum(prompt tokens) over the calls that ended in the last
+  `window_s` seconds of the driver's clock; None while the window holds fewer than
+  `min_prompt_tokens` prompt tokens (too little evidence to move the budget).
+- A call with no prompt tokens is not evidence; cached tokens are clipped to [0, prompt].
+- The window keeps at most `max_samples` calls (the oldest drop first): memory stays bounded.
+- Pure: time comes in as `now`; calls must be recorded in time order.
+"""
 
 from __future__ import annotations
 

@@ -1,16 +1,18 @@
-# The engines' first-token latency over a sliding window of calls: the pressure signal that gates
-# admission (`PolicyConfig.latency_gate_s`), read the same way by the gateway (each forwarded call's
-# first answer event) and the simulator (each call's first token).
-#
-# Rules:
-# - The windowed latency is the median over the calls whose first token came in the last `window_s`
-#   seconds of the driver's clock (their time to first token) and the calls still waiting for theirs
-#   (how long they have waited so far, given by the driver), so engines that stop answering read as
-#   slow, not as silent; None while fewer than `min_calls` calls count (too little evidence).
-# - A latency must be finite and >= 0; anything else is refused (`ValueError`) and changes nothing.
-# - The window keeps at most `max_samples` calls (the oldest drop first): memory stays bounded.
-# - Pure: time comes in as `now`; calls must be recorded in time order.
-"""`LatencyWindow`: the median time to first token of the calls in the last `window_s` seconds."""
+"""`LatencyWindow`: the median time to first token of the calls in the last `window_s` seconds.
+
+The engines' first-token latency over a sliding window of calls: the pressure signal that gates
+admission (`PolicyConfig.latency_gate_s`), read the same way by the gateway (each forwarded call's
+first answer event) and the simulator (each call's first token).
+
+Rules:
+- The windowed latency is the median over the calls whose first token came in the last `window_s`
+  seconds of the driver's clock (their time to first token) and the calls still waiting for theirs
+  (how long they have waited so far, given by the driver), so engines that stop answering read as
+  slow, not as silent; None while fewer than `min_calls` calls count (too little evidence).
+- A latency must be finite and >= 0; anything else is refused (`ValueError`) and changes nothing.
+- The window keeps at most `max_samples` calls (the oldest drop first): memory stays bounded.
+- Pure: time comes in as `now`; calls must be recorded in time order.
+"""
 
 from __future__ import annotations
 

@@ -1,22 +1,24 @@
-# The lending ledger: decode memory lent to the prefix cache.
-#
-# Rules:
-# - Each decode instance (a string id) has a memory capacity in tokens; what it may lend is capped
-#   at cap_tokens = floor(capacity_tokens * lend_cap_fraction); the default `LEND_CAP_FRACTION`
-#   (half of its memory, the paper's cap) is the one definition the gateway and simulator share.
-# - An entry is the KV a decode instance kept of a session's finished call: session_id -> tokens.
-#   A session has at most one lent copy: lending again replaces the older copy, possibly on another
-#   instance. A zero-token copy is not kept.
-# - Lending beyond the cap evicts that instance's oldest entries first (least recently lent). A copy
-#   larger than the whole cap is not kept at all (and evicts nothing).
-# - `reclaim` gives memory back to decode: lent entries go first, oldest first, until the request is
-#   covered or nothing is lent. Decode always wins over the cache.
-# - `write_back_plan`: when a decode instance holds a longer prefix of a session than prefill's
-#   cache, move the difference back to prefill.
-# - Every method that drops entries returns them, so the caller frees exactly that KV.
-# Invariants: 0 <= lent_tokens(i) <= cap_tokens(i) and lent_tokens(i) == sum of i's entries for
-# every instance i; each session is held by at most one instance.
-"""`LendingLedger`: which decode instance lends how much KV to the prefix cache, and for whom."""
+"""`LendingLedger`: which decode instance lends how much KV to the prefix cache, and for whom.
+
+The lending ledger: decode memory lent to the prefix cache.
+
+Rules:
+- Each decode instance (a string id) has a memory capacity in tokens; what it may lend is capped
+  at cap_tokens = floor(capacity_tokens * lend_cap_fraction); the default `LEND_CAP_FRACTION`
+  (half of its memory, the paper's cap) is the one definition the gateway and simulator share.
+- An entry is the KV a decode instance kept of a session's finished call: session_id -> tokens.
+  A session has at most one lent copy: lending again replaces the older copy, possibly on another
+  instance. A zero-token copy is not kept.
+- Lending beyond the cap evicts that instance's oldest entries first (least recently lent). A copy
+  larger than the whole cap is not kept at all (and evicts nothing).
+- `reclaim` gives memory back to decode: lent entries go first, oldest first, until the request is
+  covered or nothing is lent. Decode always wins over the cache.
+- `write_back_plan`: when a decode instance holds a longer prefix of a session than prefill's
+  cache, move the difference back to prefill.
+- Every method that drops entries returns them, so the caller frees exactly that KV.
+Invariants: 0 <= lent_tokens(i) <= cap_tokens(i) and lent_tokens(i) == sum of i's entries for
+every instance i; each session is held by at most one instance.
+"""
 
 from __future__ import annotations
 

@@ -1,14 +1,16 @@
-# Fixed session priority.
-#
-# Rules:
-# - basin mode:     p = arrival_s + predicted_peak_tokens / tokens_per_s
-#   (a session is "due" once it could have produced its predicted peak at r tokens/s);
-# - prototype mode: p = arrival_s (arrival order).
-# - Smaller p is served first; equal p is broken by arrival order (a sequence number), so the key
-#   (p, seq) is a total order.
-# - p is computed once at arrival and never changes until the session ends; the same value orders
-#   the admission queue and is handed to SGLang as the request priority.
-"""Session priority: computed once at arrival, fixed until completion."""
+"""Session priority: computed once at arrival, fixed until completion.
+
+Fixed session priority.
+
+Rules:
+- basin mode:     p = arrival_s + predicted_peak_tokens / tokens_per_s
+  (a session is "due" once it could have produced its predicted peak at r tokens/s);
+- prototype mode: p = arrival_s (arrival order).
+- Smaller p is served first; equal p is broken by arrival order (a sequence number), so the key
+  (p, seq) is a total order.
+- p is computed once at arrival and never changes until the session ends; the same value orders
+  the admission queue and is handed to SGLang as the request priority.
+"""
 
 from __future__ import annotations
 

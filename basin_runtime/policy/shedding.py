@@ -1,16 +1,18 @@
-# Shedding: dropping load only when capacity is truly short.
-#
-# Rules:
-# - The long-run arrival rate is the number of arrivals in the sliding window (now - window_s, now]
-#   divided by the window, or by the time since the policy first saw a `now` if that is shorter.
-#   It is undefined (no shedding) before any time has passed.
-# - Shed only when shedding is configured (peak completion rate measured), the arrival rate
-#   exceeds the peak completion rate, and the queue head has waited at least shed_wait_s.
-# - What is shed is the lowest-priority queued session (largest p, latest arrival on ties); at
-#   most one session per tick, so a short burst of ticks cannot empty the queue at once.
-# - Nothing else ever drops a session; a shed session is forgotten by the policy.
-# Invariant: the arrival deque holds only arrivals inside the window, oldest first.
-"""The long-run arrival rate and the decision to shed one queued session."""
+"""The long-run arrival rate and the decision to shed one queued session.
+
+Shedding: dropping load only when capacity is truly short.
+
+Rules:
+- The long-run arrival rate is the number of arrivals in the sliding window (now - window_s, now]
+  divided by the window, or by the time since the policy first saw a `now` if that is shorter.
+  It is undefined (no shedding) before any time has passed.
+- Shed only when shedding is configured (peak completion rate measured), the arrival rate
+  exceeds the peak completion rate, and the queue head has waited at least shed_wait_s.
+- What is shed is the lowest-priority queued session (largest p, latest arrival on ties); at
+  most one session per tick, so a short burst of ticks cannot empty the queue at once.
+- Nothing else ever drops a session; a shed session is forgotten by the policy.
+Invariant: the arrival deque holds only arrivals inside the window, oldest first.
+"""
 
 from __future__ import annotations
 
