@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from basin_runtime.session_table import Session
-from basin_sim.calibrate.commands import RAMP_FRACTIONS, RAMP_STEP_S, knee_record
+from basin_sim.calibrate.knee_ramp import RAMP_FRACTIONS, RAMP_STEP_S, knee_record
 from basin_sim.calibrate.rates import JsonCache, RatesError, rate_key
 from basin_sim.profile import Deployment
 from basin_sim.workload.scenarios import Scenario
