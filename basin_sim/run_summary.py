@@ -34,14 +34,12 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from basin_sim.engine import Engine
 from basin_sim.goodput import SessionOutcome, goodput
+from basin_sim.run_spec import RunSpec
 from basin_sim.timeline import Timeline
-
-if TYPE_CHECKING:
-    from basin_sim.simulate import RunSpec
 
 RECOVERY_TOLERANCE = 0.05
 STUCK_MINUTES = 10

@@ -30,18 +30,17 @@ from __future__ import annotations
 import contextlib
 import gc
 import random
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from basin_runtime.policy.calibrated import Calibration
 from basin_runtime.session_table import Session
 from basin_sim.clients import ClosedPopulation
 from basin_sim.engine import Engine
 from basin_sim.goodput import SLOWDOWN_LIMIT, SessionOutcome
 from basin_sim.lifecycle import SessionRun, SessionSpec
 from basin_sim.policies import PolicyContext, make_policy
-from basin_sim.profile import Deployment
+from basin_sim.run_spec import RunSpec
 from basin_sim.run_summary import summarize
 from basin_sim.timeline import Timeline
 from basin_sim.unloaded import UnloadedTimes
@@ -57,37 +56,6 @@ ProgressCallback = Callable[[float], None]
 
 
 GC_THRESHOLDS = (200_000, 1_000, 1_000)  # gen0, gen1, gen2 (CPython's defaults: 700, 10, 10)
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """Everything one run depends on (besides the session pool)."""
-
-    scenario: Scenario
-    deployment: Deployment
-    policy_name: str
-    seed: int
-    overload_rate_per_s: float  # of the deployment's shape (GPU cache) for this workload; 0 if nothing needs it
-    tick_s: float = 10.0
-    bin_s: float = 60.0
-    step_s: float = 60.0  # how often the progress callback is called (simulated seconds)
-    max_drain_s: float = 3 * 3600.0
-    predicted_peak_tokens: Mapping[str, float] = field(default_factory=dict)  # pool session id -> peak (basin)
-    reservation_scale: float = 1.0  # basin: an extra factor on each reservation (ablations)
-    # basin: pool session id -> m(q) of the predictor file for its benchmark (`predictions.reservation_multipliers`)
-    reservation_multipliers: Mapping[str, float] = field(default_factory=dict)
-    reservation_quantile: float | None = None  # the q those multipliers are for (reported only)
-    # basin: pool session id -> call k -> (re-estimated peak, m_k(q)) (`predictions.online_revisions`)
-    revisions: Mapping[str, Mapping[int, tuple[float, float]]] = field(default_factory=dict)
-    calibration: Calibration | None = None  # basin: what the operator measured; None: knee = capacity
-    pin_ttl_s: float | None = None  # continuum: a fixed TTL for every pin; None: its online rule (continuum_ttl.py)
-    policy_overrides: Mapping[str, Any] = field(default_factory=dict)  # basin: PolicyConfig fields (ablations)
-    latency_gate: bool = False  # basin: the calibration's latency gate (beyond the paper)
-
-    @property
-    def base_rate_per_s(self) -> float:
-        """Arrival rate of the first segment (warm-up and the `pre` window)."""
-        return self.scenario.base_rate_per_s(self.overload_rate_per_s)
 
 
 @dataclass(frozen=True)

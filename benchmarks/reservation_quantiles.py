@@ -42,7 +42,8 @@ from basin_sim.predictions import (
     reservation_multipliers,
     reserved_peaks,
 )
-from basin_sim.simulate import RunSpec, run_scenario
+from basin_sim.run_spec import RunSpec
+from basin_sim.simulate import run_scenario
 from basin_sim.workload.pool import load_pool, workload_pool
 
 SERVED_Q = 0.9

@@ -37,8 +37,13 @@ import numpy as np
 import yaml
 
 from basin_runtime.session_table import Session
-from basin_sim.catalog import PROFILES_DIR, CatalogError, load_profile
+from basin_sim.calibrate.overload import find_overload_rate
+from basin_sim.catalog import PROFILES_DIR, CatalogError, load_profile, load_scenario
 from basin_sim.profile import Deployment, Profile
+from basin_sim.run_spec import RunSpec
+from basin_sim.simulate import run_scenario
+from basin_sim.workload.pool import PoolError, load_pool, workload_pool
+from basin_sim.workload.scenarios import RateStep, WorkloadSpec
 
 log = logging.getLogger(__name__)
 
@@ -315,10 +320,6 @@ def fit_public(measurements: Measurements, base: Profile) -> Hardware:
 def simulate_anchors(profile: Profile, pool: Sequence[Session], rate_per_min: float,
                      seeds: Sequence[int] = (1,)) -> dict[str, float]:
     """The steady scenario on 1p1d at `rate_per_min`: mean over seeds of TTFT p50, hit rate, busy share."""
-    from basin_sim.catalog import load_scenario
-    from basin_sim.simulate import RunSpec, run_scenario
-    from basin_sim.workload.scenarios import RateStep
-
     scenario = dataclasses.replace(load_scenario("steady"), rate=(RateStep(0.0, per_min=rate_per_min),))
     deployment = Deployment.of("1p1d", profile, 1, 1, "gpu")
     runs = [run_scenario(RunSpec(scenario, deployment, "sglang", seed, 0.0), pool).summary for seed in seeds]
@@ -346,8 +347,6 @@ def fit_pd_overhead(profile: Profile, pool: Sequence[Session], point: Point, see
 
 def simulate_overload_per_min(profile: Profile, pool: Sequence[Session]) -> float:
     """The 1p1d overload rate (sessions/min) by calibrate/overload.py's steady trials (about a minute)."""
-    from basin_sim.calibrate.overload import find_overload_rate
-
     return 60 * find_overload_rate(Deployment.of("1p1d", profile, 1, 1, "gpu"), "sglang", pool).overload_rate_per_s
 
 
@@ -431,9 +430,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _paper(profile: Profile, measurements: Measurements, sessions: Path, seeds: tuple[int, ...],
            with_overload: bool) -> tuple[Profile, dict[str, float]]:
-    from basin_sim.workload.pool import PoolError, load_pool, workload_pool
-    from basin_sim.workload.scenarios import WorkloadSpec
-
     ttft = next(p for p in measurements.points if p.kind == "paper_ttft_p50")
     if not sessions.exists():
         raise MeasurementError(f"the paper's anchors need the real session table, not found at {sessions}")

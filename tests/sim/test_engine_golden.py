@@ -26,7 +26,8 @@ from basin_runtime.policy.lending import LendingKind
 from basin_sim.catalog import load_profile
 from basin_sim.clients import ClientPolicy
 from basin_sim.profile import Deployment
-from basin_sim.simulate import RunSpec, run_scenario
+from basin_sim.run_spec import RunSpec
+from basin_sim.simulate import run_scenario
 from basin_sim.workload.scenarios import BurstSpec, PopulationSpec, RateStep, Scenario
 from basin_sim.workload.synthetic import generate_corpus
 
