@@ -223,6 +223,17 @@ class DecodeInstance:
             self._new_epoch(now)  # pre-allocated prompts moved the point where memory runs out
         return granted
 
+    def grant(self, now: float, on_granted: Callable[[DecodeSlot], None]) -> None:
+        """Hand out memory: resume retracted requests, pre-allocate queue heads (each told to `on_granted` at
+        once); while the next one lacks room and memory is lent, reclaim the shortfall (`reclaim`) and go on."""
+        while True:
+            for slot in self.pop_reserved(now):
+                on_granted(slot)
+            shortfall = self.head_shortfall_tokens(now)
+            if shortfall == 0 or self.reclaim is None or self.lent_tokens == 0:
+                return
+            self.reclaim(shortfall)  # decode wins: lent KV goes first
+
     def head_shortfall_tokens(self, now: float) -> int:
         """Tokens the next request to get memory (a retracted one first) lacks now (0: none waits, or it fits)."""
         self._advance(now)
@@ -239,6 +250,15 @@ class DecodeInstance:
         self.num_allocated_waiting -= 1
         self.version += 1
         self._full_step = self._compute_full_step()
+
+    def withdraw(self, slot: DecodeSlot, now: float) -> None:
+        """Take out a request that will not finish, wherever it is: queued, pre-allocated, running or retracted."""
+        if slot.is_running or slot.is_retracted:
+            self.leave(slot, now)
+        elif slot.is_allocated:
+            self.free(slot)
+        else:
+            self.cancel_queued(slot)
 
     def _head(self) -> DecodeSlot | None:
         while self._queue and self._queue[0][2].is_cancelled:

@@ -32,7 +32,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 PrefetchPolicy = Literal["best_effort", "wait_complete", "timeout"]
 PREFETCH_POLICIES: tuple[PrefetchPolicy, ...] = ("best_effort", "wait_complete", "timeout")
@@ -84,6 +84,48 @@ def prefetch_wait_s(policy: PrefetchPolicy, fetch_s: float, tokens: int) -> floa
     if policy == "wait_complete":
         return fetch_s
     return min(fetch_s, PREFETCH_TIMEOUT_BASE_S + PREFETCH_TIMEOUT_PER_KI_TOKEN_S * tokens / 1024)
+
+
+@dataclass(frozen=True)
+class Prefetch:
+    """A storage hit's prefetch: how long the request waits for it, and how much of it has arrived by then."""
+
+    wait_s: float
+    arrived_tokens: int
+
+
+def plan_prefetch(policy: PrefetchPolicy, fetch_s: float, tokens: int) -> Prefetch:
+    """The prefetch of a `tokens` storage hit that takes `fetch_s` in full: the wait the policy allows, and the
+    tokens arrived by its end (all of them if the wait covers the fetch, else the share fetched by then)."""
+    wait_s = prefetch_wait_s(policy, fetch_s, tokens)
+    return Prefetch(wait_s, tokens if wait_s >= fetch_s else int(tokens * wait_s / fetch_s))
+
+
+class PrefetchedJob(Protocol):
+    """What `Prefetches.hit` reads of a prefill job (`prefill.PrefillJob`)."""
+
+    request_id: int
+    device_hit_tokens: int
+    host_hit_tokens: int
+
+
+class Prefetches:
+    """Where each request's storage prefetch reached (a prompt position), until its prefill hit is decided."""
+
+    def __init__(self) -> None:
+        self._ends: dict[int, int] = {}
+
+    def reached(self, request_id: int, end: int) -> None:
+        """The request's prefetch brought its prompt up to `end` (from the start) to the host."""
+        self._ends[request_id] = end
+
+    def forget(self, request_id: int) -> None:
+        """The request left before its hit was decided."""
+        self._ends.pop(request_id, None)
+
+    def hit(self, job: PrefetchedJob, now: float) -> int:
+        """Tokens of a job its prefetch brought past its device + host hit (`PrefillInstance.storage_hit`)."""
+        return max(0, self._ends.pop(job.request_id, 0) - job.device_hit_tokens - job.host_hit_tokens)
 
 
 @dataclass
