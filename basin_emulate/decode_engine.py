@@ -138,31 +138,24 @@ class DecodeEngine:
             return
         ticket.stage = DecodeStage.DONE
         del self._tickets[slot.request_id]
-        if stage == DecodeStage.PREALLOC:
-            self.instance.cancel_queued(slot)
-            return
-        if stage == DecodeStage.TRANSFER:
-            self.instance.free(slot)
-        else:
-            now = self.clock.catch_up()
-            self.instance.leave(slot, now)
+        is_decoding = stage == DecodeStage.DECODING
+        self.instance.withdraw(slot, self.clock.catch_up() if is_decoding else self.clock.now_s)
+        if is_decoding:
             self._reschedule()
-        self._grant()
+        if stage != DecodeStage.PREALLOC:  # a reservation or a seat came free
+            self._grant()
 
     # --- the batch -------------------------------------------------------------------------------------
 
     def _grant(self) -> None:
-        """Hand out memory; kept KV (the decode radix cache, `instance.reclaim`) goes first when the head lacks room."""
-        instance, now = self.instance, self.clock.now_s
-        while True:
-            for slot in instance.pop_reserved(now):
-                ticket = self._tickets[slot.request_id]
-                ticket.stage = DecodeStage.TRANSFER
-                ticket.granted.set_result(now)
-            shortfall = instance.head_shortfall_tokens(now)
-            if shortfall == 0 or instance.lent_tokens == 0 or instance.reclaim is None:
-                return
-            instance.reclaim(shortfall)
+        """Hand out memory as the simulator does (`DecodeInstance.grant`): kept KV (the decode radix cache,
+        `instance.reclaim`) goes first when the head lacks room."""
+        self.instance.grant(self.clock.now_s, self._granted)
+
+    def _granted(self, slot: DecodeSlot) -> None:
+        ticket = self._tickets[slot.request_id]
+        ticket.stage = DecodeStage.TRANSFER
+        ticket.granted.set_result(self.clock.now_s)
 
     def _reschedule(self) -> None:
         if self._timer is not None:

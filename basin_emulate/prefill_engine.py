@@ -37,6 +37,7 @@ from basin_emulate.errors import RequestTooLargeError
 from basin_sim.prefill import PrefillInstance, PrefillJob
 from basin_sim.profile import Profile
 from basin_sim.radix_cache import RadixCache
+from basin_sim.storage import Prefetches
 
 
 class PrefillStage(enum.Enum):
@@ -101,9 +102,9 @@ class PrefillEngine:
         self.capacity_tokens = capacity_tokens
         self.host_capacity_tokens = host_capacity_tokens
         self.instance = PrefillInstance(0, profile, RadixCache(capacity_tokens, host_capacity_tokens))
-        self._storage_end: dict[int, int] = {}
+        self._prefetches = Prefetches()  # request -> where its storage prefetch reached (the caller waited for it)
         self._decode_prefix: dict[int, int] = {}  # request -> tokens decode already holds (only the rest moves)
-        self.instance.storage_hit = self._storage_hit
+        self.instance.storage_hit = self._prefetches.hit
         self.totals = PrefillTotals()
         self._tickets: dict[int, PrefillTicket] = {}
         self._parked: dict[str, deque[PrefillTicket]] = {}
@@ -145,7 +146,7 @@ class PrefillEngine:
         self._next_id += 1
         job = PrefillJob(priority_key, self._next_id, chain_key, group_key, group_tokens, prompt_tokens)
         if storage_end > 0:
-            self._storage_end[job.request_id] = storage_end
+            self._prefetches.reached(job.request_id, storage_end)
         if decode_prefix_tokens > 0:
             self._decode_prefix[job.request_id] = decode_prefix_tokens
         ticket = PrefillTicket(job, arrival_s, asyncio.get_running_loop().create_future())
@@ -160,15 +161,12 @@ class PrefillEngine:
             self._withdraw(ticket)
             raise
         finally:
-            self._storage_end.pop(job.request_id, None)
+            self._prefetches.forget(job.request_id)
             self._decode_prefix.pop(job.request_id, None)
 
     def cached_tokens(self, chain_key: str, group_key: str) -> int:
         """Tokens of a chain the device and host hold now (what a storage lookup starts after)."""
         return self.cache.lookup(chain_key, group_key).tokens
-
-    def _storage_hit(self, job: PrefillJob, now_s: float) -> int:
-        return max(0, self._storage_end.pop(job.request_id, 0) - job.device_hit_tokens - job.host_hit_tokens)
 
     def flush(self) -> bool:
         """Empty the prefix cache if no request is inside; True if it was flushed."""

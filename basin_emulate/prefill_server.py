@@ -36,7 +36,7 @@ from basin_emulate.prefill_engine import PrefillEngine, PrefillOutcome
 from basin_emulate.responses import Answer, StreamWriter, new_rid, response_body
 from basin_emulate.storage import FileStore
 from basin_runtime.disconnect import race_client
-from basin_sim.storage import prefetch_wait_s, prompt_backup_end, storage_hit_tokens
+from basin_sim.storage import plan_prefetch, prompt_backup_end, storage_hit_tokens
 
 
 class PrefillServer:
@@ -122,15 +122,13 @@ class PrefillServer:
         tokens = storage_hit_tokens(stored_end, cached, prompt.cache_tokens, config.page_size)
         if tokens <= 0:
             return 0
-        fetch_s = config.profile.storage_fetch_s(tokens)
-        wait_s = prefetch_wait_s(config.prefetch_policy, fetch_s, tokens)
-        arrived = tokens if wait_s >= fetch_s else int(tokens * wait_s / fetch_s)
-        if wait_s > 0:
+        prefetch = plan_prefetch(config.prefetch_policy, config.profile.storage_fetch_s(tokens), tokens)
+        if prefetch.wait_s > 0:
             done = asyncio.Event()
-            clock.call_at(clock.now_s + wait_s, done.set)
+            clock.call_at(clock.now_s + prefetch.wait_s, done.set)
             await done.wait()
-        self.prefetched_tokens += arrived
-        return cached + arrived
+        self.prefetched_tokens += prefetch.arrived_tokens
+        return cached + prefetch.arrived_tokens
 
     def details(self, outcome: PrefillOutcome) -> dict[str, int | str]:
         """SGLang's cached_tokens_details: device and host, with storage when a storage backend is on."""
