@@ -1,28 +1,30 @@
-# The prefill half in real time: basin_sim's PrefillInstance and its RadixCache, driven by the model
-# clock instead of an event heap (the same steps engine.py takes: enqueue, start_batch, finish_batch,
-# transfer, release).
-#
-# Rules:
-# - A request is a PrefillJob on its cache chain. RadixCache pins a chain for one request at a time,
-#   so at most one job per chain is inside the instance; a second request on a busy chain waits in
-#   arrival order ("parked") until the first's KV has left, and is then queued with its own priority.
-# - Whenever the instance is idle, `start_batch(now)` forms a batch (chunked prefill, cache admission);
-#   a timer at its `ends_s` finishes it; each completed job moves its KV to decode for
-#   `profile.transfer_s(prompt)`, then its chain is released (unpinned) and its outcome delivered.
-# - A request larger than the whole cache can never be admitted: `RequestTooLargeError` up front.
-# - Withdrawal (client gone, bootstrap failed): a parked or queued job leaves at once; a started one
-#   is cancelled in the instance and its chain released when its batch or transfer ends (engine.py's
-#   `_drop`). Either way its chain's next parked request gets its turn.
-# - Storage (HiCache's L3 tier): a request may come with `storage_end`, the prompt position its storage
-#   prefetch reached (the caller waited for it); when its hit is decided, what lies past its device +
-#   host hit up to there is loaded with the batch and not computed (basin_sim/prefill.py).
-# - Decode radix cache: a request may come with `decode_prefix_tokens` (SGLang's decode_prefix_len: what
-#   the decode instance already holds of it); only the rest of its KV is transferred. Prefill computes the
-#   same either way.
-# - `flush` empties the cache (SGLang's /flush_cache), only while no request is inside.
-# Invariants: `_tickets` holds exactly the jobs inside the instance (queued, batched, in transfer);
-# `_busy` is the set of their chains.
-"""The emulated prefill instance: queue, chunked-prefill batches, prefix cache, KV transfer."""
+"""The prefill half in real time: basin_sim's PrefillInstance and its RadixCache, driven by the model clock.
+
+The same instance steps as the simulator's request path (request_flow.py): enqueue, start_batch,
+finish_batch, the transfer, release; timed by the model clock instead of the event loop.
+
+Rules:
+- A request is a PrefillJob on its cache chain. RadixCache pins a chain for one request at a time,
+  so at most one job per chain is inside the instance; a second request on a busy chain waits in
+  arrival order ("parked") until the first's KV has left, and is then queued with its own priority.
+- Whenever the instance is idle, `start_batch(now)` forms a batch (chunked prefill, cache admission);
+  a timer at its `ends_s` finishes it; each completed job moves its KV to decode for
+  `profile.transfer_s(tokens moved)`, then its chain is released (unpinned) and its outcome delivered.
+- A request larger than the whole cache can never be admitted: `RequestTooLargeError` up front.
+- Withdrawal (client gone, bootstrap failed): a parked or queued job leaves at once; a started one
+  is cancelled in the instance and its chain released when its batch or transfer ends (as the
+  simulator drops it). Either way its chain's next parked request gets its turn.
+- Storage (HiCache's L3 tier): a request may come with `storage_end`, the prompt position its storage
+  prefetch reached (the caller waited for it); when its hit is decided, what lies past its device +
+  host hit up to there is loaded with the batch and not computed (`basin_sim.storage.Prefetches`).
+- Decode radix cache: a request may come with `decode_prefix_tokens` (SGLang's decode_prefix_len: what
+  the decode instance already holds of it); only the rest of its KV is transferred. Prefill computes the
+  same either way.
+- `flush` empties the cache (SGLang's /flush_cache), only while no request is inside.
+
+Invariants: `_tickets` holds exactly the jobs inside the instance (queued, batched, in transfer);
+`_busy` is the set of their chains.
+"""
 
 from __future__ import annotations
 

@@ -1,29 +1,29 @@
-# One run of a scenario on a deployment under a policy.
-#
-# Rules:
-# - Arrival rates: each `rate` segment is `x_overload` x `overload_rate_per_s` or an absolute
-#   `per_min`; a scenario with no `x_overload` segment (`Scenario.needs_overload_rate` False) runs
-#   with `overload_rate_per_s` = 0, and callers must not calibrate for it.
-# - The engine's clock starts at the start of warm-up; the scenario's times count from its end
-#   (workload/scenarios.py). Warm-up is excluded from every metric (run_summary.py).
-# - Open arrivals are added to the engine one progress step (`step_s`) ahead of its clock, in arrival
-#   order (`ArrivalFeed`), not all at the start: the same events in the same order, except that an
-#   event at exactly the same instant as an arrival now comes first (arrival times are continuous:
-#   never seen in practice), and a burst's kill lists only the sessions arrived by then.
-# - Arrivals stop at `duration_s`. The run then drains (no new arrivals) until every session that
-#   arrived in the goodput window has ended or passed its deadline (arrival + 4 x unloaded time), so
-#   late arrivals are judged fairly; `max_drain_s` caps that tail.
-# - Unloaded times are computed for every goodput-window session and, for bursts, every pool
-#   session (memoized per pool session): tool time included, alone on the same deployment.
-# - Bursts with `kill_at_s` abort their live or queued sessions then (`Engine.kill_at`).
-# - Clients: the scenario's `clients` (a basin_sim.clients.ClientPolicy; the sourced defaults unless
-#   the file sets fields) time out, retry and give up; their jitter, the routers' tie-breaks and a closed
-#   population's draws all come from the run's seed.
-# - A closed population starts its agents at the start of warm-up; each agent's next session
-#   starts when its last one is over, until arrivals stop (`duration_s`).
-# - The summary is plain JSON types and depends only on the inputs: same inputs, same summary.
-# No I/O: progress is reported through a callback with the simulated time.
-"""Run a scenario end to end: sessions, engine, drain, outcomes and the run's summary."""
+"""One run of a scenario on a deployment under a policy: sessions, engine, drain, outcomes, the summary.
+
+Rules:
+- Arrival rates: each `rate` segment is `x_overload` x `overload_rate_per_s` or an absolute
+  `per_min`; a scenario with no `x_overload` segment (`Scenario.needs_overload_rate` False) runs
+  with `overload_rate_per_s` = 0, and callers must not calibrate for it.
+- The engine's clock starts at the start of warm-up; the scenario's times count from its end
+  (workload/scenarios.py). Warm-up is excluded from every metric (run_summary.py).
+- Open arrivals are added to the engine one progress step (`step_s`) ahead of its clock, in arrival
+  order (`ArrivalFeed`), so its heap holds only the sessions due soon; an event scheduled before an
+  arrival was added runs first when both fall at the same instant (arrival times are continuous:
+  never seen in practice), and a burst's kill lists only the sessions arrived by then.
+- Arrivals stop at `duration_s`. The run then drains (no new arrivals) until every session that
+  arrived in the goodput window has ended or passed its deadline (arrival + 4 x unloaded time), so
+  late arrivals are judged fairly; `max_drain_s` caps that tail.
+- Unloaded times are computed for every goodput-window session and, for bursts, every pool
+  session (memoized per pool session): tool time included, alone on the same deployment.
+- Bursts with `kill_at_s` abort their live or queued sessions then (`Engine.kill_at`).
+- Clients: the scenario's `clients` (a basin_sim.clients.ClientPolicy; the sourced defaults unless
+  the file sets fields) time out, retry and give up; their jitter, the routers' tie-breaks and a closed
+  population's draws all come from the run's seed.
+- A closed population starts its agents at the start of warm-up; each agent's next session
+  starts when its last one is over, until arrivals stop (`duration_s`).
+- The summary is plain JSON types and depends only on the inputs: same inputs, same summary.
+- No I/O: progress is reported through a callback with the simulated time.
+"""
 
 from __future__ import annotations
 

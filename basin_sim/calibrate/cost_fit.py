@@ -1,23 +1,25 @@
-# Fitting the cost model's constants to public measurements and the paper's anchors.
-#
-# Rules:
-# - The measurements file (profiles/<profile>.measurements.yaml) is checked whole before anything is
-#   fitted: a missing or unknown field, a wrong kind of value, an unknown model or GPU raises
-#   `MeasurementError` naming the file, the point's id and the field.
-# - The formulas are the profile's own (basin_sim/profile.py): a point of another model or GPU is
-#   evaluated by a Profile carrying that model's architecture (bytes, experts, FLOPs) and that GPU's
-#   peaks, with the shared hardware constants (`Hardware`). Each prediction is linear in
-#   x = (prefill_batch_fixed_s, 1/linear_eff, 1/attention_eff, decode_step_fixed_s, 1/hbm_eff), so the
-#   public fit is a closed-form linear least squares on relative errors; linearity is asserted.
-# - The paper's anchors need the engine: `simulate_anchors` runs the steady scenario on 1p1d at the
-#   paper's rate on its benchmark's sessions (one seed unless told). TTFT moves one for one with the
-#   per-request PD overhead (`Profile.pd_request_overhead_s`, in every request's transfer), so that one
-#   constant is solved by a few simulated runs (secant steps, exact when the shift is uniform); the
-#   hit rate and busy share are printed as checks, and with --overload the overload rate (the paper's
-#   ~6.6 sessions/min; a minute of trials).
-# - `--write` rewrites only the fitted numbers' lines of the profile yaml (its header is kept; the
-#   header's per-point table is the fit's printout, to be pasted by hand when the points change).
-"""Fit the profile's hardware constants to measured points (`python -m basin_sim.calibrate.cost_fit`)."""
+"""Fit the cost model's constants to public measurements and the paper's anchors.
+
+`python -m basin_sim.calibrate.cost_fit`.
+
+Rules:
+- The measurements file (profiles/<profile>.measurements.yaml) is checked whole before anything is
+  fitted: a missing or unknown field, a wrong kind of value, an unknown model or GPU raises
+  `MeasurementError` naming the file, the point's id and the field.
+- The formulas are the profile's own (basin_sim/profile.py): a point of another model or GPU is
+  evaluated by a Profile carrying that model's architecture (bytes, experts, FLOPs) and that GPU's
+  peaks, with the shared hardware constants (`Hardware`). Each prediction is linear in
+  x = (prefill_batch_fixed_s, 1/linear_eff, 1/attention_eff, decode_step_fixed_s, 1/hbm_eff), so the
+  public fit is a closed-form linear least squares on relative errors; linearity is asserted.
+- The paper's anchors need the engine: `simulate_anchors` runs the steady scenario on 1p1d at the
+  paper's rate on its benchmark's sessions (one seed unless told). TTFT moves one for one with the
+  per-request PD overhead (`Profile.pd_request_overhead_s`, in every request's transfer), so that one
+  constant is solved by a few simulated runs (secant steps, exact when the shift is uniform); the
+  hit rate and busy share are printed as checks, and with --overload the overload rate (the paper's
+  ~6.6 sessions/min; a minute of trials).
+- `--write` rewrites only the fitted numbers' lines of the profile yaml (its header is kept; the
+  header's per-point table is the fit's printout, to be pasted by hand when the points change).
+"""
 
 from __future__ import annotations
 
@@ -395,7 +397,8 @@ def write_profile(path: Path, profile: Profile) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Fit, print every point, and with --write update the profile's numbers."""
-    parser = argparse.ArgumentParser(prog="python -m basin_sim.calibrate.cost_fit", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m basin_sim.calibrate.cost_fit",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default=DEFAULT_PROFILE, help="profile name (its .measurements.yaml beside it)")
     parser.add_argument("--sessions", type=Path, default=Path("data/sessions.parquet"))
     parser.add_argument("--seeds", type=int, default=1, help="seeds per simulated run of the paper's anchors")
