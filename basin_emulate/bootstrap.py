@@ -1,25 +1,26 @@
-# Where a request's prefill and decode halves meet: the prefill server's bootstrap port, plain HTTP.
-#
-# Protocol (one room per request; the router puts the same `bootstrap_room` in both halves):
-#   POST http://{bootstrap_host}:{bootstrap_port}/kv/{room}   body {"ready_unix_s": t[, "decode_prefix_len": n]}
-#     The decode side sends it once the request's memory is reserved: the room is then ready for the
-#     KV, which is what the prefill half waits for before it may queue (SGLang's prefill holds a
-#     request in its bootstrap queue until decode has pre-allocated; `decode_prefix_len`: what a decode
-#     radix cache holds of it, so only the rest moves). The answer comes when the KV has arrived: 200
-#     {"room", "prompt_tokens", "cached_tokens", "device_hit_tokens", "host_hit_tokens",
-#     "storage_hit_tokens", "computed_tokens", "cached_tokens_details", "transfer_done_unix_s"};
-#     409 {"error"} if the prefill half failed; 504 {"error"} if nothing was published within the timeout.
-#   POST /kv/{room}/abort   body {"reason": text}
-#     The decode side refused the request before reserving (bad or too large): the prefill half stops
-#     waiting and fails at once instead of at its timeout. Answered 200 at once.
-#   GET /health: 200. Any bare TCP connect is accepted (smg probes the port).
-# Rules:
-# - Either half may arrive first: a room is created by whichever comes first. The decode's POST
-#   removes it once answered; any room is removed `2 x timeout_s` after its creation at the latest,
-#   so a failure published by the prefill half still reaches a decode half that comes late.
-# - The prefill half waits for "ready" at most `timeout_s` (then `BootstrapError`); the decode half's
-#   POST waits for the result at most `timeout_s` (wall seconds).
-"""The bootstrap rendezvous between the prefill and decode emulators."""
+"""Where a request's prefill and decode halves meet: the prefill server's bootstrap port, plain HTTP.
+
+Protocol (one room per request; the router puts the same `bootstrap_room` in both halves):
+  POST http://{bootstrap_host}:{bootstrap_port}/kv/{room}   body {"ready_unix_s": t[, "decode_prefix_len": n]}
+    The decode side sends it once the request's memory is reserved: the room is then ready for the
+    KV, which is what the prefill half waits for before it may queue (SGLang's prefill holds a
+    request in its bootstrap queue until decode has pre-allocated; `decode_prefix_len`: what a decode
+    radix cache holds of it, so only the rest moves). The answer comes when the KV has arrived: 200
+    {"room", "prompt_tokens", "cached_tokens", "device_hit_tokens", "host_hit_tokens",
+    "storage_hit_tokens", "computed_tokens", "cached_tokens_details", "transfer_done_unix_s"};
+    409 {"error"} if the prefill half failed; 504 {"error"} if nothing was published within the timeout.
+  POST /kv/{room}/abort   body {"reason": text}
+    The decode side refused the request before reserving (bad or too large): the prefill half stops
+    waiting and fails at once instead of at its timeout. Answered 200 at once.
+  GET /health: 200. Any bare TCP connect is accepted (smg probes the port).
+
+Rules:
+- Either half may arrive first: a room is created by whichever comes first. The decode's POST
+  removes it once answered; any room is removed `2 x timeout_s` after its creation at the latest,
+  so a failure published by the prefill half still reaches a decode half that comes late.
+- The prefill half waits for "ready" at most `timeout_s` (then `BootstrapError`); the decode half's
+  POST waits for the result at most `timeout_s` (wall seconds).
+"""
 
 from __future__ import annotations
 

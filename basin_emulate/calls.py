@@ -1,18 +1,18 @@
-# Reading an inference request the way SGLang's HTTP server reads it.
-#
-# Rules:
-# - Three endpoints: `/v1/chat/completions` (messages, optional tools), `/v1/completions` (prompt: a
-#   string or token ids) and `/generate` (text or input_ids; options in `sampling_params`).
-# - Completion length: `max_completion_tokens`, else `max_tokens` (OpenAI routes), or
-#   `sampling_params.max_new_tokens` (/generate); a whole number >= 1. None asked: the emulator
-#   answers DEFAULT_COMPLETION_TOKENS tokens and ends with "stop" (as if the model emitted EOS);
-#   asked: exactly that many, ending with "length" (synthetic text never stops early).
-# - `priority` (an integer) and `rid` (a string) as SGLang takes them; `stream`,
-#   `stream_options.include_usage`; the router's `bootstrap_host`, `bootstrap_port`, `bootstrap_room`;
-#   `return_cached_tokens_details` (OpenAI routes: the answer's `sglext.cached_tokens_details`).
-# - One sequence per request: `n` > 1, prompt lists and batched /generate are refused (400).
-# - Anything malformed is a `BadRequestError` naming the field.
-"""Parsing and validating an inference request."""
+"""Reading an inference request the way SGLang's HTTP server reads it.
+
+Rules:
+- Three endpoints: `/v1/chat/completions` (messages, optional tools), `/v1/completions` (prompt: a
+  string or token ids) and `/generate` (text or input_ids; options in `sampling_params`).
+- Completion length: `max_completion_tokens`, else `max_tokens` (OpenAI routes), or
+  `sampling_params.max_new_tokens` (/generate); a whole number >= 1. None asked: the emulator
+  answers DEFAULT_COMPLETION_TOKENS tokens and ends with "stop" (as if the model emitted EOS);
+  asked: exactly that many, ending with "length" (synthetic text never stops early).
+- `priority` (an integer) and `rid` (a string) as SGLang takes them; `stream`,
+  `stream_options.include_usage`; the router's `bootstrap_host`, `bootstrap_port`, `bootstrap_room`;
+  `return_cached_tokens_details` (OpenAI routes: the answer's `sglext.cached_tokens_details`).
+- One sequence per request: `n` > 1, prompt lists and batched /generate are refused (400).
+- Anything malformed is a `BadRequestError` naming the field.
+"""
 
 from __future__ import annotations
 

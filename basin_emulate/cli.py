@@ -1,13 +1,13 @@
-# `basin-emulate`: parse the options, build the server, serve it with uvicorn.
-#
-# Rules:
-# - A bad option or value ends start-up with one line on stderr naming it, and exit status 2; never a
-#   traceback (argparse's usage text included: the line says what was wrong).
-# - Logging is configured here and only here.
-# - The event loop is asyncio's own, not uvloop (which uvicorn would pick): uvloop's `loop.time()` is
-#   cached per loop iteration at millisecond resolution, which at --time-scale 20 blurs model time by
-#   20 ms; asyncio's is `time.monotonic()`. (HTTP parsing still uses httptools when installed.)
-"""Command-line entry point of the SGLang-compatible emulator."""
+"""`basin-emulate`: parse the options, build the server, serve it with uvicorn.
+
+Rules:
+- A bad option or value ends start-up with one line on stderr naming it, and exit status 2; never a
+  traceback (argparse's usage text included: the line says what was wrong).
+- Logging is configured here and only here.
+- The event loop is asyncio's own, not uvloop (which uvicorn would pick): uvloop's `loop.time()` is
+  cached per loop iteration at millisecond resolution, which at --time-scale 20 blurs model time by
+  20 ms; asyncio's is `time.monotonic()`. (HTTP parsing still uses httptools when installed.)
+"""
 
 from __future__ import annotations
 

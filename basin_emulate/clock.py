@@ -1,22 +1,22 @@
-# Model time against the wall clock, the timed events of the model, and how late they fire.
-#
-# Rules:
-# - Model time runs `time_scale` times faster than the event loop's monotonic clock, from the moment
-#   `start` is called: model_s = (loop.time() - origin) * time_scale. A modeled duration d takes
-#   d / time_scale wall seconds.
-# - The engines read one model time, `now_s`, that never goes back. A timed event advances it to the
-#   event's own model time (so a late timer does not stretch the model: the late part is lag, not
-#   work); an outside event (an HTTP request arriving) advances it to the wall's model time now.
-# - An event stamped by another process (`at_unix`: the prefill's KV transfer finishing, seen by the
-#   decode over HTTP) is placed at its own model time when that is between `now_s` and the wall's
-#   model time, so the HTTP hop between the two emulators does not count as model time.
-# - Lag: every timed event records wall lateness = max(0, when it ran - its wall deadline). The
-#   window keeps the last `window_s` seconds (and at most `max_samples`) for p50/p99/max.
-# - asyncio's epoll wait rounds its timeout up to the next millisecond, so a timer set at its deadline
-#   runs up to 1 ms late even on an idle loop. Timers are set TIMER_ADVANCE_S early instead: an event
-#   then runs within a millisecond before its deadline (harmless: it carries its own model time), and
-#   any lateness measured is the loop's, not the selector's rounding.
-"""The real-time clock of the emulator: model time, timed events, scheduler lag."""
+"""The emulator's real-time clock: model time against the wall clock, timed events, and how late they fire.
+
+Rules:
+- Model time runs `time_scale` times faster than the event loop's monotonic clock, from the moment
+  `start` is called: model_s = (loop.time() - origin) * time_scale. A modeled duration d takes
+  d / time_scale wall seconds.
+- The engines read one model time, `now_s`, that never goes back. A timed event advances it to the
+  event's own model time (so a late timer does not stretch the model: the late part is lag, not
+  work); an outside event (an HTTP request arriving) advances it to the wall's model time now.
+- An event stamped by another process (`at_unix`: the prefill's KV transfer finishing, seen by the
+  decode over HTTP) is placed at its own model time when that is between `now_s` and the wall's
+  model time, so the HTTP hop between the two emulators does not count as model time.
+- Lag: every timed event records wall lateness = max(0, when it ran - its wall deadline). The
+  window keeps the last `window_s` seconds (and at most `max_samples`) for p50/p99/max.
+- asyncio's epoll wait rounds its timeout up to the next millisecond, so a timer set at its deadline
+  runs up to 1 ms late even on an idle loop. Timers are set TIMER_ADVANCE_S early instead: an event
+  then runs within a millisecond before its deadline (harmless: it carries its own model time), and
+  any lateness measured is the loop's, not the selector's rounding.
+"""
 
 from __future__ import annotations
 

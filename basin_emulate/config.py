@@ -1,23 +1,23 @@
-# The emulator's options: SGLang's flag names and defaults where SGLang has the flag.
-#
-# Rules:
-# - `--role` is SGLang's `--disaggregation-mode` (prefill or decode), required here.
-# - `--max-total-tokens` replaces the profile's `kv_pool_tokens` (the KV pool: the prefix cache on
-#   prefill, decode memory on decode); `--enable-hierarchical-cache` adds the host tier of
-#   `--hicache-ratio` x the pool (the profile's ratio by default) to the prefix cache.
-# - `--time-scale X`: the model runs X times faster than the wall clock.
-# - `--bootstrap-timeout` (wall seconds; SGLang's SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT and
-#   WAITING_TIMEOUT play this part): how long either half waits for the other.
-# - HiCache storage and lending (sglang 0.5.23's flags; basin_sim/storage.py has the rules):
-#   `--hicache-storage-backend file` (the only backend emulated; any other is refused) stores in the
-#   folder SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR names (SGLang's default /tmp/hicache), shared by
-#   every process that names it; on prefill it needs --enable-hierarchical-cache (the storage tier sits
-#   under the host tier). `--hicache-storage-prefetch-policy` best_effort | wait_complete | timeout.
-#   `--disaggregation-decode-enable-offload-kvcache` is decode-only and needs a storage backend (SGLang
-#   refuses both the same way); its stride is SGLANG_HICACHE_DECODE_OFFLOAD_STRIDE. `--page-size`
-#   (default 1) aligns what is stored. `--disaggregation-decode-enable-radix-cache` is decode-only.
-# - Any bad option or value raises `ConfigError` with one line naming it (the CLI exits 2).
-"""Command-line options of basin-emulate, validated into an `EmulatorConfig`."""
+"""The emulator's options, validated into an `EmulatorConfig`: SGLang's flag names and defaults where it has them.
+
+Rules:
+- `--role` is SGLang's `--disaggregation-mode` (prefill or decode), required here.
+- `--max-total-tokens` replaces the profile's `kv_pool_tokens` (the KV pool: the prefix cache on
+  prefill, decode memory on decode); `--enable-hierarchical-cache` adds the host tier of
+  `--hicache-ratio` x the pool (the profile's ratio by default) to the prefix cache.
+- `--time-scale X`: the model runs X times faster than the wall clock.
+- `--bootstrap-timeout` (wall seconds; SGLang's SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT and
+  WAITING_TIMEOUT play this part): how long either half waits for the other.
+- HiCache storage and lending (sglang 0.5.23's flags; basin_sim/storage.py has the rules):
+  `--hicache-storage-backend file` (the only backend emulated; any other is refused) stores in the
+  folder SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR names (SGLang's default /tmp/hicache), shared by
+  every process that names it; on prefill it needs --enable-hierarchical-cache (the storage tier sits
+  under the host tier). `--hicache-storage-prefetch-policy` best_effort | wait_complete | timeout.
+  `--disaggregation-decode-enable-offload-kvcache` is decode-only and needs a storage backend (SGLang
+  refuses both the same way); its stride is SGLANG_HICACHE_DECODE_OFFLOAD_STRIDE. `--page-size`
+  (default 1) aligns what is stored. `--disaggregation-decode-enable-radix-cache` is decode-only.
+- Any bad option or value raises `ConfigError` with one line naming it (the CLI exits 2).
+"""
 
 from __future__ import annotations
 

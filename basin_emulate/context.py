@@ -1,13 +1,13 @@
-# What both roles share: the configuration, the model clock with its lag window, the prompt counter,
-# the queue order, the metrics, and waiting on work while watching the client.
-#
-# Rules:
-# - Waiting on work while watching the client is `basin_runtime.disconnect.race_client` (shared with
-#   the gateway), raising `ClientGoneError`; the work's own cancellation handlers give back what the
-#   request held.
-# - `prompt_of` turns a call into the cache's view of its prompt (identity.py); a message the chat
-#   template cannot render is a bad request.
-"""The per-server context shared by the prefill and decode roles."""
+"""What both roles share: the configuration, the model clock with its lag window, the prompt counter,
+the queue order, the metrics, and waiting on work while watching the client.
+
+Rules:
+- Waiting on work while watching the client is `basin_runtime.disconnect.race_client` (shared with
+  the gateway), raising `ClientGoneError`; the work's own cancellation handlers give back what the
+  request held.
+- `prompt_of` turns a call into the cache's view of its prompt (identity.py); a message the chat
+  template cannot render is a bad request.
+"""
 
 from __future__ import annotations
 

@@ -1,26 +1,30 @@
-# The decode half in real time: basin_sim's DecodeInstance (pre-allocation queue, running batch with
-# aggregated steps) driven by the model clock, with the tokens each request has emitted so far.
-#
-# Rules:
-# - A request queues for its pre-allocation in the instance's queue, ordered like the prefill queue
-#   (ordering.py), and is admitted by SGLang's rule (basin_sim/decode.py: prompt + 512 of headroom per
-#   active request, prompt + min(max_new_tokens, 4096) when the batch is small); decode memory then
-#   grows with every token and the instance retracts requests when it runs out (a retracted request's
-#   tokens stop until it resumes). A request that cannot fit even an empty instance is refused
-#   (`RequestTooLargeError`): it would block the queue head forever.
-# - Granted, it waits for its KV (the caller fetches it from the prefill side), then `join`s the batch.
-#   Its first token came with the KV (prefill computed it); the other n - 1 are decode steps, so its
-#   slot runs n - 1 steps and leaves (freeing its reservation) after the last one.
-# - Tokens out at model time t: 1 + floor(tokens the instance decoded for it by t)
-#   (`DecodeInstance.emitted_tokens`, which knows its stints between retractions).
-# - One timer drives the batch: at the next completion (`next_completion_s`), or earlier at the next
-#   flush while a streaming request decodes. A flush wakes every streaming request whose token count
-#   grew; flushes are at least `flush_wall_s` of wall time apart (tokens due in between go out in one
-#   chunk, as with SGLang's --stream-interval > 1).
-# - Withdrawal (client gone, KV never came) gives back what the request holds at its stage: its queue
-#   place, its reservation, or its batch seat (leaving at the wall's model time now).
-# Invariant: `_tickets` holds exactly the requests that are queued, granted or decoding.
-"""The emulated decode instance: pre-allocation, the running batch, tokens as they are emitted."""
+"""The decode half in real time: basin_sim's DecodeInstance (pre-allocation queue, running batch with
+aggregated steps) driven by the model clock, with the tokens each request has emitted so far.
+
+Rules:
+- A request queues for its pre-allocation in the instance's queue, ordered like the prefill queue
+  (ordering.py), and is admitted by SGLang's rule (basin_sim/decode.py: prompt + 512 of headroom per
+  active request, prompt + min(max_new_tokens, 4096) when the batch is small); decode memory then
+  grows with every token and the instance retracts requests when it runs out (a retracted request's
+  tokens stop until it resumes). A request that cannot fit even an empty instance is refused
+  (`RequestTooLargeError`): it would block the queue head forever.
+- Memory is handed out as the simulator hands it out (`DecodeInstance.grant`: kept KV, the instance's
+  `reclaim`, goes first when the head lacks room). Granted, a request waits for its KV (the caller
+  fetches it from the prefill side), then `join`s the batch. Its first token came with the KV
+  (prefill computed it); the other n - 1 are decode steps, so its slot runs n - 1 steps and leaves
+  (freeing its reservation) after the last one.
+- Tokens out at model time t: 1 + floor(tokens the instance decoded for it by t)
+  (`DecodeInstance.emitted_tokens`, which knows its stints between retractions).
+- One timer drives the batch: at the instance's next event (`DecodeInstance.next_event_s`: a
+  completion, or memory running out), or earlier at the next flush while a streaming request decodes.
+  A flush wakes every streaming request whose token count grew; flushes are at least `flush_wall_s`
+  of wall time apart (tokens due in between go out in one chunk, as with SGLang's --stream-interval > 1).
+- Withdrawal (client gone, KV never came) gives back what the request holds wherever it is
+  (`DecodeInstance.withdraw`): its queue place, its reservation, or its batch seat (leaving at the
+  wall's model time now).
+
+Invariant: `_tickets` holds exactly the requests that are queued, granted or decoding.
+"""
 
 from __future__ import annotations
 
@@ -138,31 +142,24 @@ class DecodeEngine:
             return
         ticket.stage = DecodeStage.DONE
         del self._tickets[slot.request_id]
-        if stage == DecodeStage.PREALLOC:
-            self.instance.cancel_queued(slot)
-            return
-        if stage == DecodeStage.TRANSFER:
-            self.instance.free(slot)
-        else:
-            now = self.clock.catch_up()
-            self.instance.leave(slot, now)
+        is_decoding = stage == DecodeStage.DECODING
+        self.instance.withdraw(slot, self.clock.catch_up() if is_decoding else self.clock.now_s)
+        if is_decoding:
             self._reschedule()
-        self._grant()
+        if stage != DecodeStage.PREALLOC:  # a reservation or a seat came free
+            self._grant()
 
     # --- the batch -------------------------------------------------------------------------------------
 
     def _grant(self) -> None:
-        """Hand out memory; kept KV (the decode radix cache, `instance.reclaim`) goes first when the head lacks room."""
-        instance, now = self.instance, self.clock.now_s
-        while True:
-            for slot in instance.pop_reserved(now):
-                ticket = self._tickets[slot.request_id]
-                ticket.stage = DecodeStage.TRANSFER
-                ticket.granted.set_result(now)
-            shortfall = instance.head_shortfall_tokens(now)
-            if shortfall == 0 or instance.lent_tokens == 0 or instance.reclaim is None:
-                return
-            instance.reclaim(shortfall)
+        """Hand out memory as the simulator does (`DecodeInstance.grant`): kept KV (the decode radix cache,
+        `instance.reclaim`) goes first when the head lacks room."""
+        self.instance.grant(self.clock.now_s, self._granted)
+
+    def _granted(self, slot: DecodeSlot) -> None:
+        ticket = self._tickets[slot.request_id]
+        ticket.stage = DecodeStage.TRANSFER
+        ticket.granted.set_result(self.clock.now_s)
 
     def _reschedule(self) -> None:
         if self._timer is not None:

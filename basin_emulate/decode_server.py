@@ -1,27 +1,27 @@
-# The decode server's request path: SGLang PD's decode half.
-#
-# Rules:
-# - A request must carry the router's bootstrap fields (host, port, room): without them it is a bad
-#   request (400), as a decode-only server cannot prefill.
-# - Order: reserve memory (the pre-allocation queue), tell the prefill half over its bootstrap port
-#   and wait for the KV, join the running batch, answer. The KV's arrival time is the prefill's
-#   transfer end (clock.at_unix), not the HTTP hop's.
-# - The answer reports the prefill side's cached tokens. A non-streamed answer comes when the last
-#   token is out; a streamed one starts with the first token (response headers included, so a
-#   bootstrap failure is still a clean 500) and sends tokens as the engine's flushes make them due.
-# - Whatever ends the request early (client gone, bootstrap failure) gives its memory back at once; a
-#   request refused before it reserved anything (malformed, too large) tells the prefill half so.
-# - --disaggregation-decode-enable-offload-kvcache: a finished chat request's KV past its prompt's whole
-#   pages (prompt tail + answer but its last token, whole strides; basin_sim/storage.py) is written to the
-#   storage folder under the key its next call's prompt will have (the conversation with this answer
-#   appended as an assistant message, storage.py), so prefill can read it back. Text and token-id
-#   prompts are not offloaded (their continuation is not keyed here).
-# - --disaggregation-decode-enable-radix-cache: decode keeps a finished request's KV (prompt + answer)
-#   in idle memory, evicted oldest first whenever a request or a step needs the room (the instance's
-#   lent memory); a request continuing it tells prefill `decode_prefix_len`, so only the rest is
-#   transferred. With offload on as well, SGLang 0.5.23 frees finished requests through the offload
-#   manager instead of inserting them in decode's tree (`_release_finished_req`), so nothing is kept.
-"""The decode role: pre-allocation, KV rendezvous, running batch, streamed tokens."""
+"""The decode role's request path: SGLang PD's decode half (pre-allocation, KV rendezvous, running batch, tokens).
+
+Rules:
+- A request must carry the router's bootstrap fields (host, port, room): without them it is a bad
+  request (400), as a decode-only server cannot prefill.
+- Order: reserve memory (the pre-allocation queue), tell the prefill half over its bootstrap port
+  and wait for the KV, join the running batch, answer. The KV's arrival time is the prefill's
+  transfer end (clock.at_unix), not the HTTP hop's.
+- The answer reports the prefill side's cached tokens. A non-streamed answer comes when the last
+  token is out; a streamed one starts with the first token (response headers included, so a
+  bootstrap failure is still a clean 500) and sends tokens as the engine's flushes make them due.
+- Whatever ends the request early (client gone, bootstrap failure) gives its memory back at once; a
+  request refused before it reserved anything (malformed, too large) tells the prefill half so.
+- --disaggregation-decode-enable-offload-kvcache: a finished chat request's KV past its prompt's whole
+  pages (prompt tail + answer but its last token, whole strides; basin_sim/storage.py) is written to the
+  storage folder under the key its next call's prompt will have (the conversation with this answer
+  appended as an assistant message, storage.py), so prefill can read it back. Text and token-id
+  prompts are not offloaded (their continuation is not keyed here).
+- --disaggregation-decode-enable-radix-cache: decode keeps a finished request's KV (prompt + answer)
+  in idle memory, evicted oldest first whenever a request or a step needs the room (the instance's
+  lent memory); a request continuing it tells prefill `decode_prefix_len`, so only the rest is
+  transferred. With offload on as well, SGLang 0.5.23 frees finished requests through the offload
+  manager instead of inserting them in decode's tree (`_release_finished_req`), so nothing is kept.
+"""
 
 from __future__ import annotations
 

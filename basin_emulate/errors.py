@@ -1,14 +1,14 @@
-# The errors the emulator answers with, and the one function that turns them into HTTP responses.
-#
-# Rules:
-# - Every failure a client can see is an `EmulatorError` raised where it is found, carrying its HTTP
-#   status; nothing else picks a status code.
-#     400 bad request (malformed JSON, no prompt, a decode request without bootstrap fields)
-#     400 request too large (its KV needs more than the pool holds)
-#     500 bootstrap failure (the peer never showed, or was unreachable, or the prefill side failed)
-# - Bodies are SGLang's: OpenAI routes get {"object": "error", "message", "type", "param", "code"};
-#   `/generate` gets {"error": {"message", "type", "code"}}.
-"""Emulator errors and their HTTP responses."""
+"""The errors the emulator answers with, and the one function that turns them into HTTP responses.
+
+Rules:
+- Every failure a client can see is an `EmulatorError` raised where it is found, carrying its HTTP
+  status; nothing else picks a status code.
+    400 bad request (malformed JSON, no prompt, a decode request without bootstrap fields)
+    400 request too large (its KV needs more than the pool holds)
+    500 bootstrap failure (the peer never showed, or was unreachable, or the prefill side failed)
+- Bodies are SGLang's: OpenAI routes get {"object": "error", "message", "type", "param", "code"};
+  `/generate` gets {"error": {"message", "type", "code"}}.
+"""
 
 from __future__ import annotations
 

@@ -1,27 +1,28 @@
-# What the prefix cache sees of a request: its token counts and which conversation (cache chain) it
-# continues. The cache counts tokens and never sees text (basin_sim/radix_cache.py), so identity
-# comes from hashing the prompt.
-#
-# Rules:
-# - Chat (`messages`, optional `tools`): each message is rendered with the pipeline's ChatML template
-#   (`ChatTokenizer.render_message`) and hashed; its token count is memoized by that hash, so a growing
-#   conversation only tokenizes its new messages. prompt_tokens = sum of message counts + tool schemas
-#   + generation prompt, which is `ChatTokenizer.count_prompt` term by term.
-#   conversation key = hash of the tools and the messages up to and including the first user message
-#   (all messages if there is none); group = hash of the tools and the first message (the system
-#   prompt when there is one), whose tokens are the group's shared prefix.
-# - Text (`text`, `prompt`): key = hash of the first KEY_CHARS characters, group = hash of the first
-#   GROUP_CHARS characters (tokens: that prefix counted alone). Token ids (`input_ids`): the same with
-#   KEY_IDS and GROUP_IDS ids. BPE can count a cut prefix a token or two above the whole text; the
-#   cache then sees max(prompt, group) tokens (`cache_tokens`), the response the true count.
-# - A prompt is a sequence of units (messages, characters or ids) with a digest of each prefix. The
-#   chain book remembers, per conversation key, the chain the cache holds for it and the digest of the
-#   units last sent on it. A prompt that repeats or extends them stays on that chain; any other one
-#   (rewritten, or shorter) starts a new chain `key~N`, the old one being left to eviction, so the
-#   cache never counts a changed conversation as a hit. A shorter resend that is a true prefix would
-#   hit in SGLang; here it recomputes past the group, as RadixCache does for a shorter prompt anyway.
-# - Memo and book are LRU-bounded (MAX_MEMO_ENTRIES, MAX_BOOK_ENTRIES).
-"""Token counts and conversation identity of a request's prompt."""
+"""What the prefix cache sees of a request: its token counts and which conversation (cache chain) it continues.
+
+The cache counts tokens and never sees text (basin_sim/radix_cache.py), so identity comes from
+hashing the prompt.
+
+Rules:
+- Chat (`messages`, optional `tools`): each message is rendered with the pipeline's ChatML template
+  (`ChatTokenizer.render_message`) and hashed; its token count is memoized by that hash, so a growing
+  conversation only tokenizes its new messages. prompt_tokens = sum of message counts + tool schemas
+  + generation prompt, which is `ChatTokenizer.count_prompt` term by term.
+  conversation key = hash of the tools and the messages up to and including the first user message
+  (all messages if there is none); group = hash of the tools and the first message (the system
+  prompt when there is one), whose tokens are the group's shared prefix.
+- Text (`text`, `prompt`): key = hash of the first KEY_CHARS characters, group = hash of the first
+  GROUP_CHARS characters (tokens: that prefix counted alone). Token ids (`input_ids`): the same with
+  KEY_IDS and GROUP_IDS ids. BPE can count a cut prefix a token or two above the whole text; the
+  cache then sees max(prompt, group) tokens (`cache_tokens`), the response the true count.
+- A prompt is a sequence of units (messages, characters or ids) with a digest of each prefix. The
+  chain book remembers, per conversation key, the chain the cache holds for it and the digest of the
+  units last sent on it. A prompt that repeats or extends them stays on that chain; any other one
+  (rewritten, or shorter) starts a new chain `key~N`, the old one being left to eviction, so the
+  cache never counts a changed conversation as a hit. A shorter resend that is a true prefix would
+  hit in SGLang; here it recomputes past the group, as RadixCache does for a shorter prompt anyway.
+- Memo and book are LRU-bounded (MAX_MEMO_ENTRIES, MAX_BOOK_ENTRIES).
+"""
 
 from __future__ import annotations
 

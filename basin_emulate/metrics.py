@@ -1,22 +1,22 @@
-# The emulator's Prometheus metrics, under SGLang's names, in a registry of its own (one per app).
-#
-# Rules:
-# - State (load, memory, PD queues, cache counters) is read from an `EngineState` at each scrape by a
-#   collector, so it is never stale; request latencies and token counts are histograms and counters fed
-#   as requests finish. Every SGLang family carries the `model_name` label, as SGLang's do.
-# - Token modes as SGLang's `sglang:prefill_effective_tokens_total{mode}`: input (computed),
-#   device_hit, host_hit, storage_hit. `sglang:cached_tokens_total{cache_source}` counts each finished
-#   request's cached tokens by source (device, host, storage; a source with 0 tokens is not counted), on
-#   prefill and on decode alike, as SGLang's tokenizer metrics do (observe_one_finished_request).
-#   `sglang:prefetched_tokens_total` (storage -> host) and `sglang:backuped_tokens_total` (to storage).
-# - `sglang:num_requests_total` carries SGLang's `priority` label (the request's priority with priority
-#   scheduling on, else empty): the label set grows with every distinct value clients send.
-# - Latencies are wall seconds. Inter-token latency is observed once per generated token after the
-#   first, at the request's mean (as SGLang spreads a chunk's interval over its tokens), in one step per
-#   request (`WeightedHistogram`), so a 4k-token answer costs one bisect, not 4k observations.
-# - `basin_emulate_lag_seconds` is the lateness of every timed event; `basin_emulate_lag_window_seconds
-#   {quantile}` its p50/p99/max over the lag window.
-"""Prometheus metrics of the emulator."""
+"""The emulator's Prometheus metrics, under SGLang's names, in a registry of its own (one per app).
+
+Rules:
+- State (load, memory, PD queues, cache counters) is read from an `EngineState` at each scrape by a
+  collector, so it is never stale; request latencies and token counts are histograms and counters fed
+  as requests finish. Every SGLang family carries the `model_name` label, as SGLang's do.
+- Token modes as SGLang's `sglang:prefill_effective_tokens_total{mode}`: input (computed),
+  device_hit, host_hit, storage_hit. `sglang:cached_tokens_total{cache_source}` counts each finished
+  request's cached tokens by source (device, host, storage; a source with 0 tokens is not counted), on
+  prefill and on decode alike, as SGLang's tokenizer metrics do (observe_one_finished_request).
+  `sglang:prefetched_tokens_total` (storage -> host) and `sglang:backuped_tokens_total` (to storage).
+- `sglang:num_requests_total` carries SGLang's `priority` label (the request's priority with priority
+  scheduling on, else empty): the label set grows with every distinct value clients send.
+- Latencies are wall seconds. Inter-token latency is observed once per generated token after the
+  first, at the request's mean (as SGLang spreads a chunk's interval over its tokens), in one step per
+  request (`WeightedHistogram`), so a 4k-token answer costs one bisect, not 4k observations.
+- `basin_emulate_lag_seconds` is the lateness of every timed event;
+  `basin_emulate_lag_window_seconds{quantile}` its p50/p99/max over the lag window.
+"""
 
 from __future__ import annotations
 

@@ -1,13 +1,13 @@
-# Queue order of the emulated engines, as SGLang's scheduler orders its waiting queue.
-#
-# Rules (SGLang `--enable-priority-scheduling`, `--schedule-low-priority-values-first`):
-# - Off (the default): first come, first served; a request's `priority` is ignored.
-# - On: higher values first, or lower first with `low_values_first`; a request without a priority
-#   gets the lowest one (it runs after every request that has one); ties are first come, first served.
-# - Metrics label requests by priority only with priority scheduling on (`label`), as SGLang does.
-# - basin_sim's queues pop the smallest key first and break ties by arrival, so the key is 0 (FCFS),
-#   -priority (higher first) or priority (lower first).
-"""The queue key of a request's priority."""
+"""The queue key of a request's priority, as SGLang's scheduler orders its waiting queue.
+
+Rules (SGLang `--enable-priority-scheduling`, `--schedule-low-priority-values-first`):
+- Off (the default): first come, first served; a request's `priority` is ignored.
+- On: higher values first, or lower first with `low_values_first`; a request without a priority
+  gets the lowest one (it runs after every request that has one); ties are first come, first served.
+- Metrics label requests by priority only with priority scheduling on (`label`), as SGLang does.
+- basin_sim's queues pop the smallest key first and break ties by arrival, so the key is 0 (FCFS),
+  -priority (higher first) or priority (lower first).
+"""
 
 from __future__ import annotations
 

@@ -1,28 +1,30 @@
-# The prefill half in real time: basin_sim's PrefillInstance and its RadixCache, driven by the model
-# clock instead of an event heap (the same steps engine.py takes: enqueue, start_batch, finish_batch,
-# transfer, release).
-#
-# Rules:
-# - A request is a PrefillJob on its cache chain. RadixCache pins a chain for one request at a time,
-#   so at most one job per chain is inside the instance; a second request on a busy chain waits in
-#   arrival order ("parked") until the first's KV has left, and is then queued with its own priority.
-# - Whenever the instance is idle, `start_batch(now)` forms a batch (chunked prefill, cache admission);
-#   a timer at its `ends_s` finishes it; each completed job moves its KV to decode for
-#   `profile.transfer_s(prompt)`, then its chain is released (unpinned) and its outcome delivered.
-# - A request larger than the whole cache can never be admitted: `RequestTooLargeError` up front.
-# - Withdrawal (client gone, bootstrap failed): a parked or queued job leaves at once; a started one
-#   is cancelled in the instance and its chain released when its batch or transfer ends (engine.py's
-#   `_drop`). Either way its chain's next parked request gets its turn.
-# - Storage (HiCache's L3 tier): a request may come with `storage_end`, the prompt position its storage
-#   prefetch reached (the caller waited for it); when its hit is decided, what lies past its device +
-#   host hit up to there is loaded with the batch and not computed (basin_sim/prefill.py).
-# - Decode radix cache: a request may come with `decode_prefix_tokens` (SGLang's decode_prefix_len: what
-#   the decode instance already holds of it); only the rest of its KV is transferred. Prefill computes the
-#   same either way.
-# - `flush` empties the cache (SGLang's /flush_cache), only while no request is inside.
-# Invariants: `_tickets` holds exactly the jobs inside the instance (queued, batched, in transfer);
-# `_busy` is the set of their chains.
-"""The emulated prefill instance: queue, chunked-prefill batches, prefix cache, KV transfer."""
+"""The prefill half in real time: basin_sim's PrefillInstance and its RadixCache, driven by the model clock.
+
+The same instance steps as the simulator's request path (request_flow.py): enqueue, start_batch,
+finish_batch, the transfer, release; timed by the model clock instead of the event loop.
+
+Rules:
+- A request is a PrefillJob on its cache chain. RadixCache pins a chain for one request at a time,
+  so at most one job per chain is inside the instance; a second request on a busy chain waits in
+  arrival order ("parked") until the first's KV has left, and is then queued with its own priority.
+- Whenever the instance is idle, `start_batch(now)` forms a batch (chunked prefill, cache admission);
+  a timer at its `ends_s` finishes it; each completed job moves its KV to decode for
+  `profile.transfer_s(tokens moved)`, then its chain is released (unpinned) and its outcome delivered.
+- A request larger than the whole cache can never be admitted: `RequestTooLargeError` up front.
+- Withdrawal (client gone, bootstrap failed): a parked or queued job leaves at once; a started one
+  is cancelled in the instance and its chain released when its batch or transfer ends (as the
+  simulator drops it). Either way its chain's next parked request gets its turn.
+- Storage (HiCache's L3 tier): a request may come with `storage_end`, the prompt position its storage
+  prefetch reached (the caller waited for it); when its hit is decided, what lies past its device +
+  host hit up to there is loaded with the batch and not computed (`basin_sim.storage.Prefetches`).
+- Decode radix cache: a request may come with `decode_prefix_tokens` (SGLang's decode_prefix_len: what
+  the decode instance already holds of it); only the rest of its KV is transferred. Prefill computes the
+  same either way.
+- `flush` empties the cache (SGLang's /flush_cache), only while no request is inside.
+
+Invariants: `_tickets` holds exactly the jobs inside the instance (queued, batched, in transfer);
+`_busy` is the set of their chains.
+"""
 
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ from basin_emulate.errors import RequestTooLargeError
 from basin_sim.prefill import PrefillInstance, PrefillJob
 from basin_sim.profile import Profile
 from basin_sim.radix_cache import RadixCache
+from basin_sim.storage import Prefetches
 
 
 class PrefillStage(enum.Enum):
@@ -101,9 +104,9 @@ class PrefillEngine:
         self.capacity_tokens = capacity_tokens
         self.host_capacity_tokens = host_capacity_tokens
         self.instance = PrefillInstance(0, profile, RadixCache(capacity_tokens, host_capacity_tokens))
-        self._storage_end: dict[int, int] = {}
+        self._prefetches = Prefetches()  # request -> where its storage prefetch reached (the caller waited for it)
         self._decode_prefix: dict[int, int] = {}  # request -> tokens decode already holds (only the rest moves)
-        self.instance.storage_hit = self._storage_hit
+        self.instance.storage_hit = self._prefetches.hit
         self.totals = PrefillTotals()
         self._tickets: dict[int, PrefillTicket] = {}
         self._parked: dict[str, deque[PrefillTicket]] = {}
@@ -145,7 +148,7 @@ class PrefillEngine:
         self._next_id += 1
         job = PrefillJob(priority_key, self._next_id, chain_key, group_key, group_tokens, prompt_tokens)
         if storage_end > 0:
-            self._storage_end[job.request_id] = storage_end
+            self._prefetches.reached(job.request_id, storage_end)
         if decode_prefix_tokens > 0:
             self._decode_prefix[job.request_id] = decode_prefix_tokens
         ticket = PrefillTicket(job, arrival_s, asyncio.get_running_loop().create_future())
@@ -160,15 +163,12 @@ class PrefillEngine:
             self._withdraw(ticket)
             raise
         finally:
-            self._storage_end.pop(job.request_id, None)
+            self._prefetches.forget(job.request_id)
             self._decode_prefix.pop(job.request_id, None)
 
     def cached_tokens(self, chain_key: str, group_key: str) -> int:
         """Tokens of a chain the device and host hold now (what a storage lookup starts after)."""
         return self.cache.lookup(chain_key, group_key).tokens
-
-    def _storage_hit(self, job: PrefillJob, now_s: float) -> int:
-        return max(0, self._storage_end.pop(job.request_id, 0) - job.device_hit_tokens - job.host_hit_tokens)
 
     def flush(self) -> bool:
         """Empty the prefix cache if no request is inside; True if it was flushed."""

@@ -1,23 +1,26 @@
-# The prefill server's request path: SGLang PD's prefill half, or a prefill-only server.
-#
-# Rules:
-# - A request with a `bootstrap_room` is half of a PD request: it waits in the bootstrap queue until
-#   the decode half has reserved its memory (bootstrap.py), enters the prefill queue at that moment,
-#   is prefilled, and its outcome (with the cached tokens) is published on the room once its KV has
-#   reached decode. Without a room it is prefilled alone (prefill-only serving).
-# - The cache chain comes from the chain book (identity.py); the prefill engine serializes requests on
-#   one chain (prefill_engine.py).
-# - The answer is the usual JSON (or SSE) with the first token: SGLang's prefill server answers its
-#   half of the request after the transfer; the router reads it only to check it succeeded.
-# - With a storage tier (`--hicache-storage-backend file`, storage.py): before queueing, the prompt is
-#   looked up in storage past what the device and host hold; a hit of at least the prefetch threshold
-#   is prefetched (waited for in model time per --hicache-storage-prefetch-policy, at the profile's
-#   storage_load_bytes_per_s) and is not computed. Once prefilled, the prompt's whole pages are backed
-#   up to storage (write-through). The answer reports cached tokens by source
-#   (`meta_info.cached_tokens_details`, `sglang:cached_tokens_total{cache_source}`), as SGLang does.
-# - Any failure (or the client leaving) is published on the room too, so the decode half fails at once
-#   instead of waiting for its timeout; what the request held is given back either way.
-"""The prefill role: bootstrap rendezvous, prefix cache, prefill batches, KV transfer."""
+"""The prefill role's request path: SGLang PD's prefill half, or a prefill-only server.
+
+The bootstrap rendezvous, the prefix cache, prefill batches and the KV transfer.
+
+Rules:
+- A request with a `bootstrap_room` is half of a PD request: it waits in the bootstrap queue until
+  the decode half has reserved its memory (bootstrap.py), enters the prefill queue at that moment,
+  is prefilled, and its outcome (with the cached tokens) is published on the room once its KV has
+  reached decode. Without a room it is prefilled alone (prefill-only serving).
+- The cache chain comes from the chain book (identity.py); the prefill engine serializes requests on
+  one chain (prefill_engine.py).
+- The answer is the usual JSON (or SSE) with the first token: SGLang's prefill server answers its
+  half of the request after the transfer; the router reads it only to check it succeeded.
+- With a storage tier (`--hicache-storage-backend file`, storage.py): before queueing, the prompt is
+  looked up in storage past what the device and host hold; a hit of at least the prefetch threshold
+  is prefetched (`basin_sim.storage.plan_prefetch`: waited for in model time per
+  --hicache-storage-prefetch-policy, at the profile's storage_load_bytes_per_s) and is not computed.
+  Once prefilled, the prompt's whole pages are backed up to storage (write-through). The answer
+  reports cached tokens by source (`meta_info.cached_tokens_details`,
+  `sglang:cached_tokens_total{cache_source}`), as SGLang does.
+- Any failure (or the client leaving) is published on the room too, so the decode half fails at once
+  instead of waiting for its timeout; what the request held is given back either way.
+"""
 
 from __future__ import annotations
 
@@ -36,7 +39,7 @@ from basin_emulate.prefill_engine import PrefillEngine, PrefillOutcome
 from basin_emulate.responses import Answer, StreamWriter, new_rid, response_body
 from basin_emulate.storage import FileStore
 from basin_runtime.disconnect import race_client
-from basin_sim.storage import prefetch_wait_s, prompt_backup_end, storage_hit_tokens
+from basin_sim.storage import plan_prefetch, prompt_backup_end, storage_hit_tokens
 
 
 class PrefillServer:
@@ -122,15 +125,13 @@ class PrefillServer:
         tokens = storage_hit_tokens(stored_end, cached, prompt.cache_tokens, config.page_size)
         if tokens <= 0:
             return 0
-        fetch_s = config.profile.storage_fetch_s(tokens)
-        wait_s = prefetch_wait_s(config.prefetch_policy, fetch_s, tokens)
-        arrived = tokens if wait_s >= fetch_s else int(tokens * wait_s / fetch_s)
-        if wait_s > 0:
+        prefetch = plan_prefetch(config.prefetch_policy, config.profile.storage_fetch_s(tokens), tokens)
+        if prefetch.wait_s > 0:
             done = asyncio.Event()
-            clock.call_at(clock.now_s + wait_s, done.set)
+            clock.call_at(clock.now_s + prefetch.wait_s, done.set)
             await done.wait()
-        self.prefetched_tokens += arrived
-        return cached + arrived
+        self.prefetched_tokens += prefetch.arrived_tokens
+        return cached + prefetch.arrived_tokens
 
     def details(self, outcome: PrefillOutcome) -> dict[str, int | str]:
         """SGLang's cached_tokens_details: device and host, with storage when a storage backend is on."""

@@ -1,18 +1,18 @@
-# The answers, in SGLang's shapes, with synthetic text.
-#
-# Rules:
-# - Token k of every answer is WORDS[k % len(WORDS)] followed by a space (cheap, and the same on every
-#   server); its id is FIRST_WORD_ID + k % len(WORDS).
-# - The response id is the request's `rid` when given (SGLang answers with it), else a fresh one.
-# - usage.prompt_tokens_details.cached_tokens only with --enable-cache-report (else null), as SGLang;
-#   /generate's meta_info.cached_tokens always, and meta_info.cached_tokens_details (by source: device,
-#   host[, storage, storage_backend]) when anything was cached; OpenAI answers carry the same details as
-#   the response-level `sglext.cached_tokens_details` only when the request asked
-#   (`return_cached_tokens_details`), as SGLang's serving_chat does.
-# - Streams are SSE: `data: {json}\n\n` ... `data: [DONE]\n\n`. Chat opens with a role chunk, then
-#   content deltas, a finish chunk, and with stream_options.include_usage a usage chunk (no choices).
-#   /generate chunks carry the whole text so far and meta_info, as SGLang's non-incremental stream.
-"""Response bodies and stream chunks for chat, completions and /generate."""
+r"""The answers, in SGLang's shapes, with synthetic text: bodies and stream chunks for chat, completions, /generate.
+
+Rules:
+- Token k of every answer is WORDS[k % len(WORDS)] followed by a space (cheap, and the same on every
+  server); its id is FIRST_WORD_ID + k % len(WORDS).
+- The response id is the request's `rid` when given (SGLang answers with it), else a fresh one.
+- usage.prompt_tokens_details.cached_tokens only with --enable-cache-report (else null), as SGLang;
+  /generate's meta_info.cached_tokens always, and meta_info.cached_tokens_details (by source: device,
+  host[, storage, storage_backend]) when anything was cached; OpenAI answers carry the same details as
+  the response-level `sglext.cached_tokens_details` only when the request asked
+  (`return_cached_tokens_details`), as SGLang's serving_chat does.
+- Streams are SSE: `data: {json}\n\n` ... `data: [DONE]\n\n`. Chat opens with a role chunk, then
+  content deltas, a finish chunk, and with stream_options.include_usage a usage chunk (no choices).
+  /generate chunks carry the whole text so far and meta_info, as SGLang's non-incremental stream.
+"""
 
 from __future__ import annotations
 

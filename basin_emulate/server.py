@@ -1,20 +1,21 @@
-# The HTTP surface of one emulated SGLang server (either role), and building it from a config.
-#
-# Rules:
-# - Inference: POST /generate, /v1/chat/completions, /v1/completions go to the role's `answer`.
-# - Info, as SGLang answers them: /health, /health_generate, /server_info and /get_server_info,
-#   /model_info and /get_model_info, /v1/models (owned_by "sglang"), /v1/loads and /loads,
-#   POST /flush_cache (device and host tiers; never storage), POST /hicache/storage-backend/clear (the
-#   storage tier; 400 without one), and /metrics with --enable-metrics. /version is NOT served (404): smg takes a
-#   worker that answers both /version and /server_info for vLLM and then speaks vLLM's PD protocol.
-# - /server_info adds what the emulator is: time_scale, profile, model time, and the scheduler lag
-#   (p50/p99/max over the lag window) under "basin_emulate", so a run can be judged after the fact.
-# - `max_running_requests` is reported with SGLang's default formula; the emulator never enforces it
-#   (requests are limited by KV memory only, as in basin_sim).
-# - Errors become responses only through `errors.error_response`.
-# - The lifespan starts the model clock, then the role (prefill: its bootstrap port; decode: its HTTP
-#   client), and closes the role on shutdown.
-"""The Starlette application of basin-emulate."""
+"""The HTTP surface of one emulated SGLang server (either role), and building the Starlette app from a config.
+
+Rules:
+- Inference: POST /generate, /v1/chat/completions, /v1/completions go to the role's `answer`.
+- Info, as SGLang answers them: /health, /health_generate, /server_info and /get_server_info,
+  /model_info and /get_model_info, /v1/models (owned_by "sglang"), /v1/loads and /loads,
+  POST /flush_cache (device and host tiers; never storage), POST /hicache/storage-backend/clear (the
+  storage tier; 400 without one), and /metrics with --enable-metrics. /version is NOT served (404):
+  smg takes a worker that answers both /version and /server_info for vLLM and then speaks vLLM's PD
+  protocol.
+- /server_info adds what the emulator is: time_scale, profile, model time, and the scheduler lag
+  (p50/p99/max over the lag window) under "basin_emulate", so a run can be judged after the fact.
+- `max_running_requests` is reported with SGLang's default formula; the emulator never enforces it
+  (requests are limited by KV memory only, as in basin_sim).
+- Errors become responses only through `errors.error_response`.
+- The lifespan starts the model clock, then the role (prefill: its bootstrap port; decode: its HTTP
+  client), and closes the role on shutdown.
+"""
 
 from __future__ import annotations
 

@@ -1,20 +1,22 @@
-# The HiCache storage tier on the filesystem, as SGLang's file backend (`--hicache-storage-backend
-# file`): a folder any number of emulator processes share, so what one decode offloads a prefill reads.
-#
-# Rules:
-# - SGLang's HiCacheFile writes one file per KV page, named by the page's hash chained from the
-#   conversation's start over its token ids (mem_cache/hicache_storage.py). The emulator has no token
-#   ids, so it keys *runs* of pages by what identifies them here (identity.py): an extent is the token
-#   range [start, end) of a conversation whose first `units` units (messages) have the prefix digest
-#   `digest`. One empty file per extent, named `<units>-<digest>-<start>-<end>`, under a folder per
-#   conversation key: creating a file is atomic, so concurrent writers never clobber each other.
-# - A prompt is stored up to the end of the longest run from token 0 over the extents whose prefix it
-#   repeats (its own digest of that many units matches): a changed conversation reaches nothing past
-#   what it shares, as changed token ids break SGLang's hash chain.
-# - `clear` removes everything (SGLang's POST /hicache/storage-backend/clear); /flush_cache does not.
-# - I/O errors are not swallowed: a lookup or a write that fails raises `OSError` to the caller, which
-#   turns it into a 500 naming the folder.
-"""The shared storage folder: extents of conversations' KV, keyed by prefix digests."""
+"""The HiCache storage tier on the filesystem, as SGLang's file backend (`--hicache-storage-backend file`).
+
+A folder any number of emulator processes share, so what one decode offloads a prefill reads: extents
+of conversations' KV, keyed by prefix digests.
+
+Rules:
+- SGLang's HiCacheFile writes one file per KV page, named by the page's hash chained from the
+  conversation's start over its token ids (mem_cache/hicache_storage.py). The emulator has no token
+  ids, so it keys *runs* of pages by what identifies them here (identity.py): an extent is the token
+  range [start, end) of a conversation whose first `units` units (messages) have the prefix digest
+  `digest`. One empty file per extent, named `<units>-<digest>-<start>-<end>`, under a folder per
+  conversation key: creating a file is atomic, so concurrent writers never clobber each other.
+- A prompt is stored up to the end of the longest run from token 0 over the extents whose prefix it
+  repeats (its own digest of that many units matches): a changed conversation reaches nothing past
+  what it shares, as changed token ids break SGLang's hash chain.
+- `clear` removes everything (SGLang's POST /hicache/storage-backend/clear); /flush_cache does not.
+- I/O errors are not swallowed: a lookup or a write that fails raises `OSError` to the caller, which
+  turns it into a 500 naming the folder.
+"""
 
 from __future__ import annotations
 

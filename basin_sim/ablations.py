@@ -1,34 +1,32 @@
-# Basin's ablations: one part of the policy changed at a time, everything else as `basin` runs it.
-#
-# Rules:
-# - An ablation is a row label ("basin:<part>") for the registered `basin` policy with one change:
-#   what a session reserves (`reservation`), whether the online re-estimates apply (`revisions`),
-#   whether the latency gate is on (`latency_gate`), or `PolicyConfig` fields set by hand (`overrides`,
-#   as the gateway config's `policy:` section). `basin` itself is the paper's Basin (no latency gate).
-# - Reservations: "predicted" (m(q) x the ONNX prediction, as served), "oracle-peak" (each session's
-#   true peak: an oracle, never servable), "benchmark-constant" (every session of a benchmark
-#   reserves that benchmark's q-quantile of the pool's peaks: no predictor; in-sample, so its cover
-#   is q by construction), "current-context" (a session reserves only its context now, the
-#   prototype's reservation, while its priority still comes from the prediction: the multiplier is
-#   CONTEXT_ONLY_MULTIPLIER, so ceil(m x peak) is 1 token and max(1, context) is the context).
-#   Priority follows the same peak (arrival + peak / tokens_per_s).
-# - Each reservation kind is calibrated on its own knee ramp (its r), keyed by `calibration_tag`, so
-#   the budget is in the unit that kind sums.
-# - Latency gate on ("basin:latency-gate", beyond the paper; the gateway's --latency-gate): the working
-#   set engages admission only while the engines' windowed first-token latency reaches the
-#   calibration's gate (plateau latency + 3 call cycles).
-# - The quantile sweep ("basin:q<q>"): reserve m(q) x the prediction for another q than the served
-#   one while the budget stays the served calibration's (r measured at the served q). B in tokens is
-#   then the same for every q, so what varies is how much of it each session takes: a larger q
-#   reserves more per session and admits fewer into the same budget. (Re-measuring r at each q would
-#   scale B with m(q) and hold the admitted working set at the knee whatever q is: no sweep at all.)
-#   The sweep runs without the latency gate, as `basin` does (its q = 0.9 row is `basin`).
-# - Size-aware priority off: tokens_per_s so large that the priority is the arrival time.
-#   Adaptive budget off: the budget's bounds are both 1 (it never moves). Shedding off: no peak
-#   completion rate. Admission off: a budget no working set reaches (NO_ADMISSION_BUDGET_TOKENS), so
-#   every session is admitted on arrival and nothing queues or is shed; the order stays Basin's.
-# No I/O.
-"""Named ablations of `basin` (reservation source, revisions, priority, budget adaptation, shedding)."""
+"""Basin's ablations: one part of the policy changed at a time, everything else as `basin` runs it.
+
+Rules:
+- An ablation is a row label ("basin:<part>") for the registered `basin` policy with one change:
+  what a session reserves (`reservation`), whether the online re-estimates apply (`revisions`),
+  whether the latency gate is on (`latency_gate`), or `PolicyConfig` fields set by hand (`overrides`,
+  as the gateway config's `policy:` section). `basin` itself is the paper's Basin (no latency gate).
+- Reservations: "predicted" (m(q) x the ONNX prediction, as served), "oracle-peak" (each session's
+  true peak: an oracle, never servable), "benchmark-constant" (every session of a benchmark
+  reserves that benchmark's q-quantile of the pool's peaks: no predictor; in-sample, so its cover
+  is q by construction), "current-context" (a session reserves only its context now, the
+  prototype's reservation, while its priority still comes from the prediction: the multiplier is
+  CONTEXT_ONLY_MULTIPLIER, so ceil(m x peak) is 1 token and max(1, context) is the context).
+  Priority follows the same peak (arrival + peak / tokens_per_s).
+- Each reservation kind is calibrated on its own knee ramp (its r), keyed by `calibration_tag`, so
+  the budget is in the unit that kind sums.
+- Latency gate on ("basin:latency-gate", beyond the paper; the gateway's --latency-gate): the working
+  set engages admission only while the engines' windowed first-token latency reaches the
+  calibration's gate (plateau latency + 3 call cycles).
+- The quantile sweep ("basin:q<q>"): reserve m(q) x the prediction for another q than the served
+  one while the budget stays the served calibration's (r measured at the served q), so B in tokens
+  is the same for every q and a larger q admits fewer into it (design.md: why not re-measure r).
+  The sweep runs without the latency gate, as `basin` does (its q = 0.9 row is `basin`).
+- Size-aware priority off: tokens_per_s so large that the priority is the arrival time.
+  Adaptive budget off: the budget's bounds are both 1 (it never moves). Shedding off: no peak
+  completion rate. Admission off: a budget no working set reaches (NO_ADMISSION_BUDGET_TOKENS), so
+  every session is admitted on arrival and nothing queues or is shed; the order stays Basin's.
+- No I/O.
+"""
 
 from __future__ import annotations
 

@@ -47,7 +47,8 @@ from basin_sim.predictions import (
     revision_calls,
 )
 from basin_sim.profile import CacheKind, Deployment
-from basin_sim.simulate import RunSpec, run_scenario
+from basin_sim.run_spec import RunSpec
+from basin_sim.simulate import run_scenario
 from basin_sim.workload.pool import DEFAULT_SESSIONS, PoolError, load_pool, token_scale, workload_pool
 from basin_sim.workload.scenarios import Scenario, ScenarioError
 

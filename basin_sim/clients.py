@@ -1,35 +1,37 @@
-# What the agents in front of the gateway do when the deployment is slow (they time out a call,
-# retry it, give a session up), and a closed population of agents that start a new session when
-# their last one is over.
-#
-# Rules:
-# - An attempt of a call times out `call_timeout_s` after it was sent if its answer is not back (a
-#   non-streaming call: the answer is the whole completion). The attempt is aborted and the same call
-#   is sent again as a new attempt after a wait, until the attempts run out; then the session is
-#   abandoned. A session also gives up `session_time_limit_s` after its arrival (None: never).
-# - Attempts of one call, numbered from 0: the API client makes 1 + `max_retries` attempts per harness
-#   attempt; the harness makes `harness_attempts` of those. `attempts_per_call` = their product.
-#   Before attempt k (k >= 1): within a harness attempt, the client's backoff after n = (k mod
-#   (1 + max_retries)) - 1 retries; at the start of a harness attempt h = k div (1 + max_retries),
-#   the harness's wait after h failures.
-# - Client backoff after n retries: min(initial * 2**n, max) * (1 - jitter * u), u ~ U[0, 1) drawn by
-#   the caller (the function is pure). Harness wait after h failures: clamp(multiplier * 2**(h-1),
-#   min, max), no jitter.
-# - A closed population of N agents: each agent has one session at a time; when it is over (finished,
-#   abandoned, shed, killed, aborted) the agent thinks for an exponential time of mean `think_time_s`
-#   (0: none) and starts the next, drawn uniformly from the pool with the population's RNG, until
-#   `stop_s`.
-# Sources of the defaults:
-# - openai-python 1.x (`openai/_constants.py`, `_base_client.py`): DEFAULT_TIMEOUT read 600 s,
-#   DEFAULT_MAX_RETRIES 2, INITIAL_RETRY_DELAY 0.5 s, MAX_RETRY_DELAY 8 s, jitter 1 - 0.25 * random()
-#   (`_calculate_retry_timeout`); timeouts are among the retried errors.
-# - mini-swe-agent v2.4.6 (`models/utils/retry.py`): tenacity `stop_after_attempt(10)`,
-#   `wait_exponential(multiplier=1, min=4, max=60)`: waits 4, 4, 4, 8, 16, 32, 60, 60, 60 s.
-# - Session time limit: off, as mini-swe-agent's `AgentConfig.wall_time_limit_seconds = 0`, the
-#   harness that recorded the SWE-bench and Terminal-Bench sessions of the pool.
-# - Think time: exponential, as the closed-system model of Schroeder, Wierman and Harchol-Balter,
-#   "Open versus closed: a cautionary tale" (NSDI 2006); its mean has no default source (0: none).
-"""Client timeouts, retries and give-ups; a closed population of agents."""
+"""What the agents in front of the gateway do when the deployment is slow, as numbers and pure rules.
+
+They time out a call, retry it, give a session up (agents.py runs these rules in the engine); and a
+closed population of agents starts a new session when its last one is over.
+
+Rules:
+- An attempt of a call times out `call_timeout_s` after it was sent if its answer is not back (a
+  non-streaming call: the answer is the whole completion). The attempt is aborted and the same call
+  is sent again as a new attempt after a wait, until the attempts run out; then the session is
+  abandoned. A session also gives up `session_time_limit_s` after its arrival (None: never).
+- Attempts of one call, numbered from 0: the API client makes 1 + `max_retries` attempts per harness
+  attempt; the harness makes `harness_attempts` of those. `attempts_per_call` = their product.
+  Before attempt k (k >= 1): within a harness attempt, the client's backoff after n = (k mod
+  (1 + max_retries)) - 1 retries; at the start of a harness attempt h = k div (1 + max_retries),
+  the harness's wait after h failures.
+- Client backoff after n retries: min(initial * 2**n, max) * (1 - jitter * u), u ~ U[0, 1) drawn by
+  the caller (the function is pure). Harness wait after h failures: clamp(multiplier * 2**(h-1),
+  min, max), no jitter.
+- A closed population of N agents: each agent has one session at a time; when it is over (finished,
+  abandoned, shed, killed, aborted) the agent thinks for an exponential time of mean `think_time_s`
+  (0: none) and starts the next, drawn uniformly from the pool with the population's RNG, until
+  `stop_s`.
+
+Sources of the defaults:
+- openai-python 1.x (`openai/_constants.py`, `_base_client.py`): DEFAULT_TIMEOUT read 600 s,
+  DEFAULT_MAX_RETRIES 2, INITIAL_RETRY_DELAY 0.5 s, MAX_RETRY_DELAY 8 s, jitter 1 - 0.25 * random()
+  (`_calculate_retry_timeout`); timeouts are among the retried errors.
+- mini-swe-agent v2.4.6 (`models/utils/retry.py`): tenacity `stop_after_attempt(10)`,
+  `wait_exponential(multiplier=1, min=4, max=60)`: waits 4, 4, 4, 8, 16, 32, 60, 60, 60 s.
+- Session time limit: off, as mini-swe-agent's `AgentConfig.wall_time_limit_seconds = 0`, the
+  harness that recorded the SWE-bench and Terminal-Bench sessions of the pool.
+- Think time: exponential, as the closed-system model of Schroeder, Wierman and Harchol-Balter,
+  "Open versus closed: a cautionary tale" (NSDI 2006); its mean has no default source (0: none).
+"""
 
 from __future__ import annotations
 

@@ -41,8 +41,8 @@ from basin_runtime.predictor import PredictorError
 from basin_runtime.session_table import Session, SessionTableError
 from basin_sim import catalog
 from basin_sim.ablations import ABLATIONS, Reservation, calibration_tag, reservations
-from basin_sim.calibrate.commands import RAMP_STEP_S
 from basin_sim.calibrate.knee_cache import DEFAULT_CALIBRATIONS_FILE, KneeCache, knee_key, measure_knee
+from basin_sim.calibrate.knee_ramp import RAMP_STEP_S
 from basin_sim.calibrate.rates import DEFAULT_RATES_FILE, RateCache, RatesError, overload_rate_for
 from basin_sim.predictions import (
     PredictionsError,
@@ -58,7 +58,8 @@ from basin_sim.predictions import (
     revision_calls,
 )
 from basin_sim.profile import Deployment
-from basin_sim.simulate import RunSpec, run_scenario
+from basin_sim.run_spec import RunSpec
+from basin_sim.simulate import run_scenario
 from basin_sim.workload.pool import PoolError, load_pool, token_scale, workload_pool
 from basin_sim.workload.scenarios import Scenario, ScenarioError
 

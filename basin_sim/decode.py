@@ -1,63 +1,62 @@
-# One decode instance of SGLang's PD disaggregation: the pre-allocation queue, KV memory that grows
-# with every decoded token, retraction when it runs out, and a running batch whose steps are
-# aggregated between events. Read from sglang 0.5.23 (paths under python/sglang/srt/):
-#
-# Rules (pre-allocation: disaggregation/decode.py, DecodePreallocQueue.pop_preallocated and
-# _allocatable_token_budgets, _required_admission_tokens, _need_space_for_single_req):
-# - A request is pre-allocated BEFORE its prefill may start. Pre-allocation takes its prompt's KV
-#   (`prompt_tokens`); it then holds them while prefill runs and the KV is transferred, and while it
-#   decodes it grows by one token per step. Nothing else is reserved per request.
-# - Admission of the queue head: with running batch R, active requests A (pre-allocated or running),
-#   retractable = sum over R of (prompt + emitted) and est(r) = min(max_new_tokens, CLIP) (agents rarely
-#   set max_tokens: then est = CLIP = SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION, 4096):
-#     allocatable = free - max(RESERVED x |A|, max over R of (prompt + est) - retractable)
-#                   - sum over retracted requests of (prompt + emitted + RESERVED)
-#     required    = max(prompt + RESERVED, prompt + est - retractable)
-#   RESERVED = --num-reserved-decode-tokens (512); free = capacity - lent - allocated. The head fits
-#   when required <= allocatable. So a lone request needs prompt + 4096; in a busy batch, prompt + 512
-#   plus 512 of headroom for every active request.
-# - Order: the queue is sorted by priority (SGLang sorts it with --enable-priority-scheduling; without
-#   it, it is FIFO, which is the order the engine's default priority, the call's send time, gives);
-#   ties in arrival order. The first head that does not fit stops the pass (`break`: no backfilling).
-#   While any retracted request waits, nothing new is pre-allocated (the scheduler returns early,
-#   disaggregation/decode.py `process_decode_queue`).
-# Rules (retraction: managers/scheduler.py update_running_batch, managers/schedule_batch.py
-# check_decode_mem / retract_decode / _get_decode_retraction_order, disaggregation/decode.py
-# resume_retracted_reqs):
-# - Before each step the batch needs one new token of KV per running request (page size 1). When free
-#   memory is short of that, lent memory is reclaimed first (`reclaim`, Basin's ledger: decode wins),
-#   then SGLang retracts running requests, at least one, until the step fits, keeping at least one.
-#   Order (--retraction-policy length, the default): fewest emitted tokens first, ties the longest
-#   prompt first; `priority`: the least urgent (largest priority value here) first, then by length.
-# - A retracted request's KV is backed up to host and freed on the device; it waits in the retracted
-#   queue (FIFO) and resumes, before any new pre-allocation, once prompt + emitted + RESERVED fits in
-#   free - RESERVED x |A| (no single-request term, retracted ones not counted); it then rejoins the
-#   batch where it stopped. The host-to-device restore (~1 ms per 1,000 tokens of this profile) is not
-#   timed. The token after a resume comes late: it counts as one extra step, above the step SLO.
-#   (RESERVED is what keeps a resumed request from being retracted again at once; with 0 the two
-#   could alternate without time passing, in SGLang as here.)
-# - If one request alone is left and the step still does not fit, SGLang aborts it; here it runs on
-#   over capacity instead (admission's single-request term makes this need a completion > 4096 and
-#   every other token of the instance pre-allocated) and `overruns` counts it.
-# Rules (steps):
-# - The running batch runs steps back to back while it is not empty. A request leaves after
-#   `completion_tokens` steps. The step time depends on the batch size and the KV read (prompts plus
-#   tokens emitted so far); it is recomputed at every join, leave or retraction and held constant in
-#   between (an "epoch"; the KV grows by B tokens per step inside one, which the step time ignores
-#   but memory does not).
-# - Time advances in epochs, not steps: the instance keeps a continuous step counter S(t) and a counter
-#   G(t) of steps shorter than the step SLO. A request's steps and good steps are the differences of
-#   those counters over its stints in the batch, so per-token latency is recorded for every step
-#   without storing any step. A request may join mid-step (error < 1 step per call).
-# - `next_event_s` is the earlier of the next completion and the step at which memory runs out.
-# - Lending: `lent_tokens` of idle memory may hold finished calls' KV for the prefix cache (the engine
-#   keeps the ledger and syncs `lent_tokens`). Lent memory counts against free memory; the engine
-#   reclaims it first whenever the queue head does not fit (`head_shortfall_tokens`) and, through
-#   `reclaim`, when a step does not fit.
-# Invariants (`check`): allocated_waiting_tokens == sum of prompts of pre-allocated, not running
-# slots; queued_tokens == sum of prompts of queued, not cancelled, slots; the running sums cover
-# exactly the running slots; a slot is in at most one of queue / pre-allocated / running / retracted.
-"""A decode instance: SGLang PD's pre-allocation, growing KV, retraction, an aggregated batch."""
+"""One decode instance of SGLang's PD disaggregation: the pre-allocation queue, KV memory that grows
+with every decoded token, retraction when it runs out, and a running batch whose steps are
+aggregated between events. Read from sglang 0.5.23 (design.md names the functions).
+
+Rules (pre-allocation):
+- A request is pre-allocated BEFORE its prefill may start. Pre-allocation takes its prompt's KV
+  (`prompt_tokens`); it then holds them while prefill runs and the KV is transferred, and while it
+  decodes it grows by one token per step. Nothing else is reserved per request.
+- Admission of the queue head: with running batch R, active requests A (pre-allocated or running),
+  retractable = sum over R of (prompt + emitted) and est(r) = min(max_new_tokens, CLIP) (agents rarely
+  set max_tokens: then est = CLIP = SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION, 4096):
+    allocatable = free - max(RESERVED x |A|, max over R of (prompt + est) - retractable)
+                  - sum over retracted requests of (prompt + emitted + RESERVED)
+    required    = max(prompt + RESERVED, prompt + est - retractable)
+  RESERVED = --num-reserved-decode-tokens (512); free = capacity - lent - allocated. The head fits
+  when required <= allocatable. So a lone request needs prompt + 4096; in a busy batch, prompt + 512
+  plus 512 of headroom for every active request.
+- Order: the queue is sorted by priority (SGLang sorts it with --enable-priority-scheduling; without
+  it, it is FIFO, which is the order the engine's default priority, the call's send time, gives);
+  ties in arrival order. The first head that does not fit stops the pass (no backfilling). While any
+  retracted request waits, nothing new is pre-allocated.
+- `grant` hands memory out: retracted requests resume, then queue heads are pre-allocated; while the
+  next one lacks room and memory is lent, the shortfall is reclaimed (`reclaim`) and the pass goes on.
+  `withdraw` takes a request out wherever it is (queued, pre-allocated, running or retracted). The
+  simulator's request path and the emulator both use these two.
+
+Rules (retraction):
+- Before each step the batch needs one new token of KV per running request (page size 1). When free
+  memory is short of that, lent memory is reclaimed first (`reclaim`: decode wins), then SGLang
+  retracts running requests, at least one, until the step fits, keeping at least one.
+  Order (--retraction-policy length, the default): fewest emitted tokens first, ties the longest
+  prompt first; `priority`: the least urgent (largest priority value here) first, then by length.
+- A retracted request's KV is backed up to host and freed on the device; it waits in the retracted
+  queue (FIFO) and resumes, before any new pre-allocation, once prompt + emitted + RESERVED fits in
+  free - RESERVED x |A| (no single-request term, retracted ones not counted); it then rejoins the
+  batch where it stopped. The host-to-device restore is not timed. The token after a resume comes
+  late: it counts as one extra step, above the step SLO.
+- If one request alone is left and the step still does not fit, SGLang aborts it; here it runs on
+  over capacity instead (admission's single-request term makes this need a completion > 4096 and
+  every other token of the instance pre-allocated) and `overruns` counts it.
+
+Rules (steps):
+- The running batch runs steps back to back while it is not empty. A request leaves after
+  `completion_tokens` steps. The step time depends on the batch size and the KV read (prompts plus
+  tokens emitted so far); it is recomputed at every join, leave or retraction and held constant in
+  between (an "epoch"; the KV grows by B tokens per step inside one, which the step time ignores
+  but memory does not).
+- Time advances in epochs, not steps: the instance keeps a continuous step counter S(t) and a counter
+  G(t) of steps shorter than the step SLO. A request's steps and good steps are the differences of
+  those counters over its stints in the batch, so per-token latency is recorded for every step
+  without storing any step. A request may join mid-step (error < 1 step per call).
+- `next_event_s` is the earlier of the next completion and the step at which memory runs out.
+- Lending: `lent_tokens` of idle memory may hold finished calls' KV (kv_tiers.py keeps the ledger and
+  sets `lent_tokens`); lent memory counts against free memory.
+
+Invariants (`check`): allocated_waiting_tokens == sum of prompts of pre-allocated, not running
+slots; queued_tokens == sum of prompts of queued, not cancelled, slots; the running sums cover
+exactly the running slots; a slot is in at most one of queue / pre-allocated / running / retracted.
+"""
 
 from __future__ import annotations
 
@@ -223,6 +222,17 @@ class DecodeInstance:
             self._new_epoch(now)  # pre-allocated prompts moved the point where memory runs out
         return granted
 
+    def grant(self, now: float, on_granted: Callable[[DecodeSlot], None]) -> None:
+        """Hand out memory: resume retracted requests, pre-allocate queue heads (each told to `on_granted` at
+        once); while the next one lacks room and memory is lent, reclaim the shortfall (`reclaim`) and go on."""
+        while True:
+            for slot in self.pop_reserved(now):
+                on_granted(slot)
+            shortfall = self.head_shortfall_tokens(now)
+            if shortfall == 0 or self.reclaim is None or self.lent_tokens == 0:
+                return
+            self.reclaim(shortfall)  # decode wins: lent KV goes first
+
     def head_shortfall_tokens(self, now: float) -> int:
         """Tokens the next request to get memory (a retracted one first) lacks now (0: none waits, or it fits)."""
         self._advance(now)
@@ -239,6 +249,15 @@ class DecodeInstance:
         self.num_allocated_waiting -= 1
         self.version += 1
         self._full_step = self._compute_full_step()
+
+    def withdraw(self, slot: DecodeSlot, now: float) -> None:
+        """Take out a request that will not finish, wherever it is: queued, pre-allocated, running or retracted."""
+        if slot.is_running or slot.is_retracted:
+            self.leave(slot, now)
+        elif slot.is_allocated:
+            self.free(slot)
+        else:
+            self.cancel_queued(slot)
 
     def _head(self) -> DecodeSlot | None:
         while self._queue and self._queue[0][2].is_cancelled:

@@ -1,16 +1,16 @@
-# Goodput as the paper defines it.
-#
-# Rules:
-# - A session is good when it finished (not killed, shed, rejected, aborted, or abandoned by its client
-#   after its attempts timed out or its time limit passed), its end-to-end time (from its arrival at
-#   the door, so time held in an admission queue and waits between retried attempts count) is at most
-#   SLOWDOWN_LIMIT x its unloaded time (the same session simulated alone on an empty deployment),
-#   and at least STEP_SHARE of its decode steps took less than STEP_SLO_S. A session with no decode
-#   step meets the step rule.
-# - Goodput over a window = good sessions among those that ARRIVED in [start, end), per hour of
-#   window. Sessions that arrived in the window but had not finished when the run stopped count as
-#   failures (the runner only stops once each of them has finished or passed its deadline).
-"""Per-session outcomes and the goodput arithmetic."""
+"""Goodput as the paper defines it: per-session outcomes and the arithmetic.
+
+Rules:
+- A session is good when it finished (not killed, shed, aborted, or abandoned by its client after its
+  attempts timed out or its time limit passed), its end-to-end time (from its arrival at the door, so
+  time held in an admission queue and waits between retried attempts count) is at most
+  SLOWDOWN_LIMIT x its unloaded time (the same session simulated alone on an empty deployment),
+  and at least STEP_SHARE of its decode steps took less than STEP_SLO_S. A session with no decode
+  step meets the step rule.
+- Goodput over a window = good sessions among those that ARRIVED in [start, end), per hour of
+  window. Sessions that arrived in the window but had not finished when the run stopped count as
+  failures (the runner only stops once each of them has finished or passed its deadline).
+"""
 
 from __future__ import annotations
 

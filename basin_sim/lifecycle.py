@@ -1,15 +1,16 @@
-# The records the engine keeps of each session and each in-flight request.
-#
-# A session: arrives at the door -> held (policy said wait) or live -> each call in turn -> ends as
-# finished, killed (by the scenario), shed (by the policy while held), aborted (a request larger than
-# an instance's memory) or abandoned (its client gave up: a call's attempts all timed out, or its
-# session time limit passed; clients.py). A request (one attempt of one call): PREALLOC (waits for
-# decode memory) -> PREFILL_WAIT -> PREFILLING -> TRANSFER (KV to decode) -> DECODING -> done; then the
-# tool gap, then the next call. A timed-out attempt is aborted (`is_aborted`) and the call is sent
-# again later as a new request (`attempt` + 1).
-# Rules: a session has at most one request in flight (an aborted one still finishing its prefill
-# batch is not its request any more); once ended it never changes again.
-"""Session and request records of the engine."""
+"""The records the engine keeps of each session and each request in flight.
+
+A session: arrives at the door -> held (the policy said wait) or live -> each call in turn -> ends as
+finished, killed (by the scenario), shed (by the policy while held), aborted (a request larger than
+an instance's memory) or abandoned (its client gave up: a call's attempts all timed out, or its
+session time limit passed; agents.py). A request (one attempt of one call): PREALLOC (waits for
+decode memory) -> PREFILL_WAIT -> PREFILLING -> TRANSFER (KV to decode) -> DECODING -> done; then the
+tool gap, then the next call. A timed-out attempt is aborted (`is_aborted`) and the call is sent
+again later as a new request (`attempt` + 1).
+
+Rules: a session has at most one request in flight (an aborted one still finishing its prefill
+batch is not its request any more); once ended it never changes again.
+"""
 
 from __future__ import annotations
 

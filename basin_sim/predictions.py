@@ -1,17 +1,21 @@
-# Predicted peaks for a session pool, made once per run set.
-#
-# Rules: the predictor sees only what the gateway sees at a session's first call (`task_text`, the
-# first prompt's size); the whole pool goes through `predict_batch` in one call.
-# Sources (`--predictions`): `out-of-fold` (the default) takes each session's prediction from the
-# nested stage's table (data/nested/oof_predictions.parquet, pooled model: a model whose tuning and fit
-# never saw any run of that session's task); a pool session the table does not hold (a preset's or a
-# gateway log's, never in the training table) is predicted by the shipped model, and the run counts
-# both. The online re-estimates have no out-of-fold counterpart, so out-of-fold runs make none.
-# `in-sample` predicts every session with the shipped model, trained on these very sessions: a
-# near-oracle, kept as a named ablation. The reservation
-# quantile q: each session reserves m(q) x its prediction, m read from the predictor file for the
-# session's benchmark (`PeakPredictor.multiplier`), exactly as the gateway reads it; q None: m = 1.
-"""Batch-predict a pool's peaks; their reservation multipliers from the predictor file."""
+"""Predicted peaks for a session pool, made once per run set, and their reservation multipliers.
+
+Rules:
+- The predictor sees only what the gateway sees at a session's first call (`task_text`, the first
+  prompt's size); the whole pool goes through `predict_batch` in one call.
+- Sources (`--predictions`): `out-of-fold` (the default) takes each session's prediction from the
+  nested stage's table (data/nested/oof_predictions.parquet, pooled model: a model whose tuning and
+  fit never saw any run of that session's task); a pool session the table does not hold (a preset's
+  or a gateway log's, never in the training table) is predicted by the shipped model, and the run
+  counts both. The online re-estimates have no out-of-fold counterpart, so out-of-fold runs make
+  none. `in-sample` predicts every session with the shipped model, trained on these very sessions: a
+  near-oracle, kept as a named ablation.
+- The reservation quantile q: each session reserves m(q) x its prediction, m read from the predictor
+  file for the session's benchmark (`PeakPredictor.multiplier`), exactly as the gateway reads it;
+  q None: m = 1.
+- onnxruntime is imported only inside the functions that load a predictor or hash its file: the
+  event model takes predictions as numbers.
+"""
 
 from __future__ import annotations
 

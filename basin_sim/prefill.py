@@ -1,36 +1,34 @@
-# One prefill instance: a waiting queue, chunked-prefill batches, and its prefix cache.
-#
-# Rules:
-# - Jobs wait in (priority, seq) order (FCFS when the priority is the call's arrival time).
-# - Priority preemption never fires on a PD prefill instance, as in SGLang: with
-#   --enable-priority-scheduling, `PrefillAdder.preempt_to_schedule` (managers/schedule_policy.py,
-#   called from Scheduler.get_new_batch_prefill in managers/scheduler.py only once the running batch
-#   is full) takes its victims from the running *decode* batch, priority gap >
-#   --priority-scheduling-preemption-threshold (10); a disaggregated prefill server keeps no running
-#   batch (finished prefills go to its inflight queue, disaggregation/prefill.py), so there is nothing
-#   to preempt and the chunked request in progress always continues first. An urgent job waits for the
-#   running batch and goes at the head of the next one.
-# - One batch runs at a time. A batch takes the job left chunked by the previous batch first, then
-#   queue heads while the token budget (`chunked_prefill_tokens`) lasts; a job that does not fit in
-#   the rest of the budget is chunked: it computes what fits now and continues next batch (at most one
-#   chunked job, as SGLang's chunked prefill).
-# - A job's cache hit is decided when it first enters a batch (`RadixCache.admit`): its chain is
-#   pinned and the device memory for its whole uncached part is taken then. If the cache cannot make
-#   room (everything else pinned), the job stays at the head and the batch goes without it.
-# - Batch time comes from the profile's cost model: computed tokens, attention pairs
-#   computed * (context before the chunk + computed / 2), and host-tier load-backs.
-# - Write-back (Basin's lending): when a job's hit is decided, `write_back(job)` (if set) says how many
-#   of its uncached tokens a decode instance writes back instead; they are not computed. The copy goes
-#   layer by layer, overlapped with the batch's compute: the batch takes max(compute, transfer).
-# - Storage (stock SGLang's lending: decode offloads, prefill reads back; basin_sim/storage.py): when a
-#   job's hit is decided, `storage_hit(job, now)` (if set) says how many of its uncached tokens come
-#   from the storage tier instead; they were prefetched to the host before the job was queued, so they
-#   are loaded host -> device with the batch like host hits, and not computed.
-# - A cancelled job (its session was killed) is skipped in the queue; in a batch it is returned by
-#   `finish_batch` at once, so the caller releases its chain.
-# - Every batch's (start, end) is kept in `busy_intervals` (in time order), for the busy fraction.
-# Invariant: waiting_tokens == sum of prompt tokens of queued, not cancelled, jobs.
-"""A prefill instance: FCFS/priority queue, chunked-prefill batches, prefix cache hits."""
+"""One prefill instance: a waiting queue, chunked-prefill batches, and its prefix cache's hits.
+
+Rules:
+- Jobs wait in (priority, seq) order (FCFS when the priority is the call's send time).
+- Priority never preempts on a PD prefill instance, as in SGLang (design.md: SGLang's preemption
+  takes its victims from a running decode batch, which a PD prefill server does not keep): the
+  chunked job in progress always continues first, and an urgent job waits for the running batch and
+  goes at the head of the next one.
+- One batch runs at a time. A batch takes the job left chunked by the previous batch first, then
+  queue heads while the token budget (`chunked_prefill_tokens`) lasts; a job that does not fit in
+  the rest of the budget is chunked: it computes what fits now and continues next batch (at most one
+  chunked job, as SGLang's chunked prefill).
+- A job's cache hit is decided when it first enters a batch (`RadixCache.admit`): its chain is
+  pinned and the device memory for its whole uncached part is taken then. If the cache cannot make
+  room (everything else pinned), the job stays at the head and the batch goes without it.
+- Batch time comes from the profile's cost model: computed tokens, attention pairs
+  computed * (context before the chunk + computed / 2), and host (and storage) load-backs.
+- Write-back (lending decode-memory, kv_tiers.py): when a job's hit is decided, `write_back(job)` (if
+  set) says how many of its uncached tokens a decode instance writes back instead; they are not
+  computed. The copy goes layer by layer, overlapped with the batch's compute: the batch takes
+  max(compute, transfer).
+- Storage (lending storage-offload, storage.py): when a job's hit is decided, `storage_hit(job, now)`
+  (if set) says how many of its uncached tokens come from the storage tier instead; they were
+  prefetched to the host before the job was queued, so they are loaded host -> device with the batch
+  like host hits, and not computed.
+- A cancelled job (withdrawn: killed, timed out, given up) is skipped in the queue; in a batch it is
+  returned by `finish_batch` at once, so the caller releases its chain.
+- Every batch's (start, end) is kept in `busy_intervals` (in time order), for the busy fraction.
+
+Invariant: waiting_tokens == sum of prompt tokens of queued, not cancelled, jobs.
+"""
 
 from __future__ import annotations
 

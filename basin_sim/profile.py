@@ -1,32 +1,28 @@
-# The hardware side of the model: a named profile (one GPU instance serving one model) with its cost
-# model, and a deployment (how many prefill and decode instances, with which caches).
-#
-# Cost model (every number comes from the profile; the shipped profile's numbers are fitted to public
-# measurements and the paper's anchors by calibrate/cost_fit.py, its header says which and how well):
-# - Prefill batch:  t = max(compute, load_back_bytes / host_load_bytes_per_s), where
-#                   compute = batch_fixed_s + token_s * computed_tokens
-#                       + attention_pair_s * sum_i computed_i * (context_before_i + computed_i / 2)
-#   (linear layers cost per computed token; causal attention costs per (query, key) pair). Host-tier
-#   load-back overlaps the forward: SGLang's HiCache loads a batch's host hits layer by layer on a
-#   side stream and the forward of layer i waits only for layer i's load
-#   (sglang/srt/managers/cache_controller.py: LayerDoneCounter; its `wait_until(layer)` is called from
-#   the KV pool's per-layer getters, sglang/srt/mem_cache/memory_pool.py), so a batch takes the
-#   longer of the two, not their sum.
-# - Decode step:    t = step_fixed_s + (dense_weight_bytes + expert_weight_bytes * touched(B)) / hbm
-#                       + kv_tokens * kv_read_bytes_per_token / hbm + B * 2 * state_bytes_per_request / hbm
-#   where touched(B) = 1 - (1 - experts_per_token / experts_total) ** B is the share of routed experts a
-#   batch of B requests reads (a MoE decode step reads every expert some token was routed to), and each
-#   request's fixed state (linear attention) is read and written once per step.
-# - KV transfer prefill -> decode: t = pd_request_overhead_s + transfer_fixed_s
-#                       + (tokens * kv_bytes + state_bytes) / bandwidth.
-#   pd_request_overhead_s is what a request waits in SGLang PD besides compute and bytes: decode's
-#   pre-allocation and the bootstrap handshake before prefill may run (disaggregation/decode.py
-#   DecodePreallocQueue, disaggregation/prefill.py PrefillBootstrapQueue), and decode noticing the
-#   finished transfer, polled once per scheduler iteration (disaggregation/decode.py
-#   DecodeTransferQueue.pop_transferred). It holds no GPU, so it delays the first token only; the model
-#   puts it after the batch (same TTFT). A write-back of lent KV (decode -> prefill) does not pay it.
-# Invariants: every cost is finite and > 0 for a non-empty batch; all counts are whole tokens.
-"""Hardware profiles, their cost model, and deployments (P prefill and D decode instances)."""
+"""The hardware side of the model: a named profile (one GPU instance serving one model) with its cost
+model, and a deployment (how many prefill and decode instances, with which caches and lending switch).
+
+Cost model (every number comes from the profile; the shipped profile's numbers are fitted to public
+measurements and the paper's anchors by calibrate/cost_fit.py, its header says which and how well):
+- Prefill batch:  t = max(compute, load_back_bytes / host_load_bytes_per_s), where
+                  compute = batch_fixed_s + token_s * computed_tokens
+                      + attention_pair_s * sum_i computed_i * (context_before_i + computed_i / 2)
+  (linear layers cost per computed token; causal attention costs per (query, key) pair). Host-tier
+  (and storage) load-back overlaps the forward layer by layer, so a batch takes the longer of the
+  two, not their sum (docs/simulator/design.md says where SGLang does it).
+- Decode step:    t = step_fixed_s + (dense_weight_bytes + expert_weight_bytes * touched(B)) / hbm
+                      + kv_tokens * kv_read_bytes_per_token / hbm + B * 2 * state_bytes_per_request / hbm
+  where touched(B) = 1 - (1 - experts_per_token / experts_total) ** B is the share of routed experts a
+  batch of B requests reads (a MoE decode step reads every expert some token was routed to), and each
+  request's fixed state (linear attention) is read and written once per step.
+- KV transfer prefill -> decode: t = pd_request_overhead_s + transfer_fixed_s
+                      + (tokens * kv_bytes + state_bytes) / bandwidth.
+  pd_request_overhead_s is what a request waits in SGLang PD besides compute and bytes (pre-allocation
+  and bootstrap handshakes, decode polling for the finished transfer; design.md). It holds no GPU, so
+  it delays the first token only; the model puts it after the batch (same TTFT). A write-back of lent
+  KV (decode -> prefill) does not pay it.
+
+Invariants: every cost is finite and > 0 for a non-empty batch; all counts are whole tokens.
+"""
 
 from __future__ import annotations
 

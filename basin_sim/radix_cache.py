@@ -1,51 +1,45 @@
-# A prefill instance's prefix cache: SGLang's RadixCache (LRU eviction of unreferenced leaves), with an
-# optional host tier (HiCache), over token counts rather than token ids.
-#
-# The tree: root -> one *group* node per shared system prompt (one per benchmark) -> one *chain* per
-# session, whose nodes ("segments") are the per-call increments of its conversation. Call k+1's prompt
-# extends call k's prompt (plus the answer and the tool output), so it matches the whole chain and adds
-# one segment. A group node is stored as a one-segment chain with the session chains as children.
-#
-# Rules:
-# - Every segment is in exactly one tier: device, host or none. Along any root-to-leaf path the tiers
-#   run device* host* none* (a prefix property: only a cached prefix can hit).
-# - `admit` (a request is scheduled): pin the chain and its group, hit = device part + host part,
-#   load the host part back, recompute the rest, append the call's new segment: afterwards the whole
-#   chain is on the device and pinned. If the pinned tokens leave no room, nothing changes (None).
-#   At least one token is always computed (the last prompt token, for the logits), as in SGLang.
-# - `release` (the KV reached decode): unpin. Touching a chain sets the last-access time of all its
-#   nodes, so the device nodes of a chain always share one last-access time.
-# - Holds (Continuum's pin with a TTL): `release(..., hold_until_s=t)` keeps the request's pin as a
-#   hold instead of unpinning; `hold(key, t)` moves its expiry; `expire_holds(now)` unpins every hold
-#   whose time has come (it becomes evictable as usual); the session's next `admit` turns its hold back
-#   into a request pin; `drop_hold` ends it at once (the session ended). A hold is one lock reference.
-# - Device eviction removes an unpinned leaf in LRU order (whole nodes, as SGLang does): the deepest
-#   device segment of the least recently used unpinned chain; a group node is a leaf once none of its
-#   chains has device segments. With a host tier the node moves to the host (evicting the host's LRU
-#   leaves for room); without one, or if it cannot fit, it is dropped, with the unreachable host nodes
-#   below it. Host eviction is LRU over host leaves, never pinned ones.
-#   SGLang's HiCache (mem_cache/unified_radix_cache.py, managers/cache_controller.py) writes through:
-#   --hicache-write-policy write_through (the default) backs a node up to host when it is inserted
-#   (write_through_threshold 1), so evicting a device node only drops its device copy, and the host
-#   pool (--hicache-ratio x the device pool) holds copies of device nodes as well as host-only ones.
-#   Keeping tiers exclusive with a host tier of (ratio - 1) x the device pool (profile.py) gives the
-#   same host-only capacity once the device is full; the write-through copies cost no prefill time
-#   (they run on their own stream). Load-back: a host hit is copied back before its batch runs,
-#   layer by layer overlapped with the forward (profile.py); SGLang skips load-backs under
-#   load_back_threshold = 10 tokens, which conversation-sized hits never are.
-# - Records: the cache keeps a chain's record while some segment of it is on the device or the host,
-#   or it is pinned (a request or a hold); a group's while it is cached or has a chain record. Once
-#   neither holds, the record goes (an ended session's KV stays until LRU eviction takes it, as in
-#   SGLang, which never learns that a session ended). A session whose chain went comes back as a new
-#   chain: its next prompt past the group is one new segment, as SGLang inserts it as one new node.
-# Invariants (`check`): tier order on every path; device_used == sum of device segments <= capacity;
-# host_used == sum of host segments <= host capacity; pinned_tokens == device tokens of pinned chains
-# and of groups with a pinned chain; every record is cached or pinned (groups: or has chains).
-# Heaps use lazy invalidation (a version per chain; an entry (last_access_s, seq) ranks leaves, ties
-# by push order). A heap is rebuilt from the current leaves, in record order, once its entries
-# outnumber twice the records (+ MIN_HEAP_SLACK), so match is O(1), eviction O(log n) amortized, and
-# memory is bounded by what the cache holds.
-"""The prefix cache of one prefill instance: LRU radix tree of conversations with a host tier."""
+"""A prefill instance's prefix cache: SGLang's RadixCache (LRU eviction of unreferenced leaves), with an
+optional host tier (HiCache), over token counts rather than token ids.
+
+The tree: root -> one *group* node per shared system prompt (one per benchmark) -> one *chain* per
+session, whose nodes ("segments") are the per-call increments of its conversation. Call k+1's prompt
+extends call k's prompt (plus the answer and the tool output), so it matches the whole chain and adds
+one segment. A group node is stored as a one-segment chain with the session chains as children.
+
+Rules:
+- Every segment is in exactly one tier: device, host or none. Along any root-to-leaf path the tiers
+  run device* host* none* (a prefix property: only a cached prefix can hit).
+- `admit` (a request is scheduled): pin the chain and its group, hit = device part + host part,
+  load the host part back, recompute the rest, append the call's new segment: afterwards the whole
+  chain is on the device and pinned. If the pinned tokens leave no room, nothing changes (None).
+  At least one token is always computed (the last prompt token, for the logits), as in SGLang.
+- `release` (the KV reached decode): unpin. Touching a chain sets the last-access time of all its
+  nodes, so the device nodes of a chain always share one last-access time.
+- Holds (pins between calls, pins.py): `release(..., hold_until_s=t)` keeps the request's pin as a
+  hold instead of unpinning; `hold(key, t)` moves its expiry; `expire_holds(now)` unpins every hold
+  whose time has come (it becomes evictable as usual); the session's next `admit` turns its hold back
+  into a request pin; `drop_hold` ends it at once (the session ended). A hold is one lock reference.
+- Device eviction removes an unpinned leaf in LRU order (whole nodes, as SGLang does): the deepest
+  device segment of the least recently used unpinned chain; a group node is a leaf once none of its
+  chains has device segments. With a host tier the node moves to the host (evicting the host's LRU
+  leaves for room); without one, or if it cannot fit, it is dropped, with the unreachable host nodes
+  below it. Host eviction is LRU over host leaves, never pinned ones. Tiers are exclusive, with a host
+  tier of (ratio - 1) x the device pool: the same host-only capacity as SGLang's write-through HiCache
+  once the device is full (design.md).
+- Records: the cache keeps a chain's record while some segment of it is on the device or the host,
+  or it is pinned (a request or a hold); a group's while it is cached or has a chain record. Once
+  neither holds, the record goes (an ended session's KV stays until LRU eviction takes it, as in
+  SGLang, which never learns that a session ended). A session whose chain went comes back as a new
+  chain: its next prompt past the group is one new segment, as SGLang inserts it as one new node.
+- Heaps use lazy invalidation (a version per chain; an entry (last_access_s, seq) ranks leaves, ties
+  by push order). A heap is rebuilt from the current leaves, in record order, once its entries
+  outnumber twice the records (+ MIN_HEAP_SLACK): match is O(1), eviction O(log n) amortized, and
+  memory is bounded by what the cache holds.
+
+Invariants (`check`): tier order on every path; device_used == sum of device segments <= capacity;
+host_used == sum of host segments <= host capacity; pinned_tokens == device tokens of pinned chains
+and of groups with a pinned chain; every record is cached or pinned (groups: or has chains).
+"""
 
 from __future__ import annotations
 

@@ -1,52 +1,45 @@
-# Routing of requests to one pool of workers (the prefill pool, or the decode pool), as SGLang's router
-# smg 1.13.0 does with its default policy `cache_aware` (model_gateway/src/policies/cache_aware.rs).
-# In PD mode smg runs one such policy for prefill and another for decode, each with its own tree, on
-# the same text; the engine does the same (every decode is a partner of every prefill).
-#
-# Rules (smg's, defaults in brackets):
-# - A radix tree of request texts is shared by the pool; a worker is a *tenant* of what was inserted
-#   for it (every worker starts with the empty string). matched = the longest prefix of the request
-#   held by any tenant; a hit if matched / request length > cache_threshold [0.3] (strict). A hit's
-#   candidates are the tenants of the deepest matched node (at most MAX_CANDIDATES, lowest index first).
-# - load = the worker's in-flight requests: +1 at dispatch (`route`, right after selection), -1 when
-#   the request's response ends (`finish`: answered, or the client went away). With no load reports
-#   the expected wait is the load: join-shortest-queue, ties uniformly at random (a seeded RNG).
-# - Balance gate: a worker is over if load > avg * balance_rel_threshold [1.5] and load > avg + margin,
-#   margin = min(balance_abs_threshold [64], max(ceil(2 sqrt(avg)), 4)), avg = mean load of the pool.
-# - Hit: the least loaded candidate under the gate. Spill (every candidate over): the least loaded
-#   worker under the gate (smg falls back to the whole pool if none is; with rel >= 1 the least
-#   loaded worker, at or below the mean, is always under). Miss: the least loaded worker of the pool.
-# - The chosen worker becomes a tenant of the request's whole text at routing time, spill targets
-#   too (a hot prefix is copied); nothing is inserted when the request completes.
-# - Left out: smg's overload protection (a worker whose load report, every 10 s, shows >= 8 waiting
-#   requests or KV usage >= 0.8 is skipped): the simulator sends no load reports, so every worker is
-#   always eligible.
-#
-# The tree in tokens (a proxy for characters: the simulator has token counts, not text):
-# - Sessions of one group (benchmark) share a prefix of group_tokens (the system prompt) and nothing
-#   past it; a session's prompts are prefixes of each other (call k+1 extends call k), as
-#   radix_cache.py assumes. A prompt shorter than what a tenant holds of its session is a rewritten
-#   conversation (radix_cache.py forgets the chain then): that entry does not match, and it is dropped
-#   when the prompt is inserted. Session keys name distinct conversations (a replayed pool session
-#   under a new key shares only the group prefix), as in radix_cache.py. Match rates are token shares.
-# - So the index is flat: per session, each tenant and the prompt length inserted for it; per group,
-#   its tenants (every worker that got any of its sessions). matched = the longest held session prompt
-#   no longer than this one, else group_tokens if a tenant holds the group, else 0. The deepest node's
-#   tenants: those holding that length (the group's tenants when only the group prefix matches).
-# - Eviction: smg prunes the tree every 120 s to 2^26 (~67M) characters per tenant, LRU leaves first.
-#   Here a session's entries go when it ends (`forget`): past the group prefix only its own requests
-#   match them, and it sends no more, so no live session's routing changes. Nothing else is evicted:
-#   a group is touched by every request of its tenant, and what live sessions hold per tenant (at most
-#   1.24M tokens, ~5M characters, in the steady runs on 3p1d and 1p3d-h100) is far below 2^26, so when smg
-#   does prune (1p3d-h100's one tenant receives ~28M distinct tokens over a run) its LRU takes long-ended
-#   sessions' text, never matched again, before any live session's.
-# Cost: a step does no scan over the pool (a 300-worker pool routes as fast as a 3-worker one): the
-# total load is kept (so the mean), the workers of each load in index order (so the least loaded and
-# its ties: a spill's target is the pool's least loaded worker too, since that one is never over the
-# gate), and per group its MAX_CANDIDATES lowest tenants. Decisions and random draws are those of the
-# scanning version (tests/sim/router_v1.py, checked by tests/sim/test_router_differential.py).
-# Every step is validated before anything changes: a bad step raises RouterError and changes nothing.
-"""smg's cache-aware routing (radix-tree affinity under a balance gate) for one pool of workers."""
+"""Routing of requests to one pool of workers (prefill, or decode), as SGLang's router smg 1.13.0 does
+with its default policy `cache_aware`: radix-tree affinity under a balance gate.
+
+In PD mode smg runs one such policy for prefill and another for decode, each with its own tree, on
+the same text; the engine does the same (every decode is a partner of every prefill).
+
+Rules (smg's, defaults in brackets):
+- A radix tree of request texts is shared by the pool; a worker is a *tenant* of what was inserted
+  for it (every worker starts with the empty string). matched = the longest prefix of the request
+  held by any tenant; a hit if matched / request length > cache_threshold [0.3] (strict). A hit's
+  candidates are the tenants of the deepest matched node (at most MAX_CANDIDATES, lowest index first).
+- load = the worker's in-flight requests: +1 at dispatch (`route`, right after selection), -1 when
+  the request's response ends (`finish`: answered, or the client went away). With no load reports
+  the expected wait is the load: join-shortest-queue, ties uniformly at random (a seeded RNG).
+- Balance gate: a worker is over if load > avg * balance_rel_threshold [1.5] and load > avg + margin,
+  margin = min(balance_abs_threshold [64], max(ceil(2 sqrt(avg)), 4)), avg = mean load of the pool.
+- Hit: the least loaded candidate under the gate. Spill (every candidate over): the least loaded
+  worker under the gate (smg falls back to the whole pool if none is; with rel >= 1 the least
+  loaded worker, at or below the mean, is always under). Miss: the least loaded worker of the pool.
+- The chosen worker becomes a tenant of the request's whole text at routing time, spill targets
+  too (a hot prefix is copied); nothing is inserted when the request completes.
+- Left out: smg's overload protection (it acts on load reports, which the simulator does not send)
+  and its periodic pruning (a session's entries go when it ends instead; design.md says why that
+  changes no live session's routing).
+
+The tree in tokens (a proxy for characters: the simulator has token counts, not text):
+- Sessions of one group (benchmark) share a prefix of group_tokens (the system prompt) and nothing
+  past it; a session's prompts are prefixes of each other (call k+1 extends call k), as
+  radix_cache.py assumes. A prompt shorter than what a tenant holds of its session is a rewritten
+  conversation (radix_cache.py forgets the chain then): that entry does not match, and it is dropped
+  when the prompt is inserted. Session keys name distinct conversations (a replayed pool session
+  under a new key shares only the group prefix), as in radix_cache.py. Match rates are token shares.
+- So the index is flat: per session, each tenant and the prompt length inserted for it; per group,
+  its tenants (every worker that got any of its sessions). matched = the longest held session prompt
+  no longer than this one, else group_tokens if a tenant holds the group, else 0. The deepest node's
+  tenants: those holding that length (the group's tenants when only the group prefix matches).
+- A step does no scan over the pool (a 300-worker pool routes as fast as a 3-worker one): the total
+  load is kept, the workers of each load in index order, and per group its MAX_CANDIDATES lowest
+  tenants. Decisions and random draws are those of the scanning version (tests/sim/router_v1.py,
+  checked by tests/sim/test_router_differential.py).
+- Every step is validated before anything changes: a bad step raises RouterError and changes nothing.
+"""
 
 from __future__ import annotations
 

@@ -1,47 +1,45 @@
-# The run's one-line JSON: what a user compares across policies, seeds and deployments.
-#
-# Rules:
-# - Times in the summary are scenario times (0 = end of warm-up); warm-up is in no metric and no
-#   timeline entry. Hit rates are (device + host hit tokens) / prompt tokens over whole minutes, as
-#   SGLang counts prefill hits (the model has no storage tier, so "storage" adds nothing).
-# - `hit_rate_pre` over [0, first rate change or burst); `hit_rate_post` over the goodput window.
-# - Window sessions: non-burst sessions arriving in the goodput window. `sessions_arrived`,
-#   `sessions_good`, `sessions_shed`, `sessions_abandoned` count them; goodput per hour of window;
-#   `shed_share` = shed / window sessions (0 with none), reported beside every goodput.
-# - `first_call_wait_p50_s`: the median over window sessions of arrival -> first token of call 1; a
-#   session shed or abandoned before that counts until it was shed or gave up; one still waiting
-#   when the run stopped counts until then.
-# - `prefill_busy_fraction`: the prefill instances' batch time over the goodput window, per instance.
-# - `recovered_after_s`: seconds from the last rate change or burst end to the start of the first
-#   minute from which every later minute's hit rate (up to the end of arrivals) is within
-#   RECOVERY_TOLERANCE of `hit_rate_pre`; null if none. `is_stuck`: the hit rate over the window's last
-#   STUCK_MINUTES minutes (token-weighted, as one window) is below `hit_rate_pre` - STUCK_DROP. One
-#   minute alone is too noisy at a few sessions a minute: a new session's cold first prompt can take
-#   a healthy minute below that line.
-# - `timeline`: one entry per simulated minute after warm-up (t_s its start), states read at the
-#   minute's end, counts over the minute (`retries`: attempts after a call's first); `ttft_p50_s` is
-#   from a call's first send, so a call retried after a timeout counts its whole wait.
-# - `prefill_share`: by prefill index, its share of the requests the prefill router sent (attempts).
-# - Pins between calls (Continuum): `held_tokens_mean`, the device tokens held for a TTL after an answer
-#   (not those held while the call decodes) averaged over the goodput window's ticks, and
-#   `held_cache_share`, that over the prefill caches' capacity;
-#   the policy's `pin_report` (`PIN_KEYS`: answers, the share pinned, the mean TTL, the share of tool
-#   time pinned, the mean T the choices read, eta at the end, evicted re-entries measured), None for a
-#   policy that never pins.
-"""The summary of one run: goodput, hit rates, waits, recovery, per-minute timeline, prefill shares."""
+"""The run's one-line JSON: what a user compares across policies, seeds and deployments.
+
+Goodput, hit rates, waits, recovery, the per-minute timeline, prefill shares.
+
+Rules:
+- Times in the summary are scenario times (0 = end of warm-up); warm-up is in no metric and no
+  timeline entry. Hit rates are (device + host + storage hit tokens) / prompt tokens over whole
+  minutes, as SGLang counts prefill hits (timeline.py).
+- `hit_rate_pre` over [0, first rate change or burst); `hit_rate_post` over the goodput window.
+- Window sessions: non-burst sessions arriving in the goodput window. `sessions_arrived`,
+  `sessions_good`, `sessions_shed`, `sessions_abandoned` count them; goodput per hour of window;
+  `shed_share` = shed / window sessions (0 with none), reported beside every goodput.
+- `first_call_wait_p50_s`: the median over window sessions of arrival -> first token of call 1; a
+  session shed or abandoned before that counts until it was shed or gave up; one still waiting
+  when the run stopped counts until then.
+- `prefill_busy_fraction`: the prefill instances' batch time over the goodput window, per instance.
+- `recovered_after_s`: seconds from the last rate change or burst end to the start of the first
+  minute from which every later minute's hit rate (up to the end of arrivals) is within
+  RECOVERY_TOLERANCE of `hit_rate_pre`; null if none. `is_stuck`: the hit rate over the window's last
+  STUCK_MINUTES minutes (token-weighted, as one window) is below `hit_rate_pre` - STUCK_DROP (one
+  minute alone is too noisy at a few sessions a minute).
+- `timeline`: one entry per simulated minute after warm-up (t_s its start), states read at the
+  minute's end, counts over the minute (`retries`: attempts after a call's first); `ttft_p50_s` is
+  from a call's first send, so a call retried after a timeout counts its whole wait.
+- `prefill_share`: by prefill index, its share of the requests the prefill router sent (attempts).
+- Pins between calls (Continuum): `held_tokens_mean`, the device tokens held for a TTL after an answer
+  (not those held while the call decodes) averaged over the goodput window's ticks, and
+  `held_cache_share`, that over the prefill caches' capacity; the policy's `pin_report` (`PIN_KEYS`:
+  answers, the share pinned, the mean TTL, the share of tool time pinned, the mean T the choices
+  read, eta at the end, evicted re-entries measured), None for a policy that never pins.
+"""
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from basin_sim.engine import Engine
 from basin_sim.goodput import SessionOutcome, goodput
+from basin_sim.run_spec import RunSpec
 from basin_sim.timeline import Timeline
-
-if TYPE_CHECKING:
-    from basin_sim.simulate import RunSpec
 
 RECOVERY_TOLERANCE = 0.05
 STUCK_MINUTES = 10

@@ -1,47 +1,46 @@
-# One run of a scenario on a deployment under a policy.
-#
-# Rules:
-# - Arrival rates: each `rate` segment is `x_overload` x `overload_rate_per_s` or an absolute
-#   `per_min`; a scenario with no `x_overload` segment (`Scenario.needs_overload_rate` False) runs
-#   with `overload_rate_per_s` = 0, and callers must not calibrate for it.
-# - The engine's clock starts at the start of warm-up; the scenario's times count from its end
-#   (workload/scenarios.py). Warm-up is excluded from every metric (run_summary.py).
-# - Open arrivals are added to the engine one progress step (`step_s`) ahead of its clock, in arrival
-#   order (`ArrivalFeed`), not all at the start: the same events in the same order, except that an
-#   event at exactly the same instant as an arrival now comes first (arrival times are continuous:
-#   never seen in practice), and a burst's kill lists only the sessions arrived by then.
-# - Arrivals stop at `duration_s`. The run then drains (no new arrivals) until every session that
-#   arrived in the goodput window has ended or passed its deadline (arrival + 4 x unloaded time), so
-#   late arrivals are judged fairly; `max_drain_s` caps that tail.
-# - Unloaded times are computed for every goodput-window session and, for bursts, every pool
-#   session (memoized per pool session): tool time included, alone on the same deployment.
-# - Bursts with `kill_at_s` abort their live or queued sessions then (`Engine.kill_at`).
-# - Clients: the scenario's `clients` (a basin_sim.clients.ClientPolicy; the sourced defaults unless
-#   the file sets fields) time out, retry and give up; their jitter, the routers' tie-breaks and a closed
-#   population's draws all come from the run's seed.
-# - A closed population starts its agents at the start of warm-up; each agent's next session
-#   starts when its last one is over, until arrivals stop (`duration_s`).
-# - The summary is plain JSON types and depends only on the inputs: same inputs, same summary.
-# No I/O: progress is reported through a callback with the simulated time.
-"""Run a scenario end to end: sessions, engine, drain, outcomes and the run's summary."""
+"""One run of a scenario on a deployment under a policy: sessions, engine, drain, outcomes, the summary.
+
+Rules:
+- Arrival rates: each `rate` segment is `x_overload` x `overload_rate_per_s` or an absolute
+  `per_min`; a scenario with no `x_overload` segment (`Scenario.needs_overload_rate` False) runs
+  with `overload_rate_per_s` = 0, and callers must not calibrate for it.
+- The engine's clock starts at the start of warm-up; the scenario's times count from its end
+  (workload/scenarios.py). Warm-up is excluded from every metric (run_summary.py).
+- Open arrivals are added to the engine one progress step (`step_s`) ahead of its clock, in arrival
+  order (`ArrivalFeed`), so its heap holds only the sessions due soon; an event scheduled before an
+  arrival was added runs first when both fall at the same instant (arrival times are continuous:
+  never seen in practice), and a burst's kill lists only the sessions arrived by then.
+- Arrivals stop at `duration_s`. The run then drains (no new arrivals) until every session that
+  arrived in the goodput window has ended or passed its deadline (arrival + 4 x unloaded time), so
+  late arrivals are judged fairly; `max_drain_s` caps that tail.
+- Unloaded times are computed for every goodput-window session and, for bursts, every pool
+  session (memoized per pool session): tool time included, alone on the same deployment.
+- Bursts with `kill_at_s` abort their live or queued sessions then (`Engine.kill_at`).
+- Clients: the scenario's `clients` (a basin_sim.clients.ClientPolicy; the sourced defaults unless
+  the file sets fields) time out, retry and give up; their jitter, the routers' tie-breaks and a closed
+  population's draws all come from the run's seed.
+- A closed population starts its agents at the start of warm-up; each agent's next session
+  starts when its last one is over, until arrivals stop (`duration_s`).
+- The summary is plain JSON types and depends only on the inputs: same inputs, same summary.
+- No I/O: progress is reported through a callback with the simulated time.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import gc
 import random
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from basin_runtime.policy.calibrated import Calibration
 from basin_runtime.session_table import Session
 from basin_sim.clients import ClosedPopulation
 from basin_sim.engine import Engine
 from basin_sim.goodput import SLOWDOWN_LIMIT, SessionOutcome
 from basin_sim.lifecycle import SessionRun, SessionSpec
 from basin_sim.policies import PolicyContext, make_policy
-from basin_sim.profile import Deployment
+from basin_sim.run_spec import RunSpec
 from basin_sim.run_summary import summarize
 from basin_sim.timeline import Timeline
 from basin_sim.unloaded import UnloadedTimes
@@ -57,37 +56,6 @@ ProgressCallback = Callable[[float], None]
 
 
 GC_THRESHOLDS = (200_000, 1_000, 1_000)  # gen0, gen1, gen2 (CPython's defaults: 700, 10, 10)
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """Everything one run depends on (besides the session pool)."""
-
-    scenario: Scenario
-    deployment: Deployment
-    policy_name: str
-    seed: int
-    overload_rate_per_s: float  # of the deployment's shape (GPU cache) for this workload; 0 if nothing needs it
-    tick_s: float = 10.0
-    bin_s: float = 60.0
-    step_s: float = 60.0  # how often the progress callback is called (simulated seconds)
-    max_drain_s: float = 3 * 3600.0
-    predicted_peak_tokens: Mapping[str, float] = field(default_factory=dict)  # pool session id -> peak (basin)
-    reservation_scale: float = 1.0  # basin: an extra factor on each reservation (ablations)
-    # basin: pool session id -> m(q) of the predictor file for its benchmark (`predictions.reservation_multipliers`)
-    reservation_multipliers: Mapping[str, float] = field(default_factory=dict)
-    reservation_quantile: float | None = None  # the q those multipliers are for (reported only)
-    # basin: pool session id -> call k -> (re-estimated peak, m_k(q)) (`predictions.online_revisions`)
-    revisions: Mapping[str, Mapping[int, tuple[float, float]]] = field(default_factory=dict)
-    calibration: Calibration | None = None  # basin: what the operator measured; None: knee = capacity
-    pin_ttl_s: float | None = None  # continuum: a fixed TTL for every pin; None: its online rule (continuum_ttl.py)
-    policy_overrides: Mapping[str, Any] = field(default_factory=dict)  # basin: PolicyConfig fields (ablations)
-    latency_gate: bool = False  # basin: the calibration's latency gate (beyond the paper)
-
-    @property
-    def base_rate_per_s(self) -> float:
-        """Arrival rate of the first segment (warm-up and the `pre` window)."""
-        return self.scenario.base_rate_per_s(self.overload_rate_per_s)
 
 
 @dataclass(frozen=True)

@@ -1,21 +1,25 @@
-# What a run looks like over time, recorded as it happens (no I/O; the plotting module draws it).
-#
-# Rules:
-# - Prefill hits are binned by the time a request's hit is decided (when it enters a prefill batch):
-#   per bin, prompt tokens, device-hit tokens and host-hit tokens. A window's hit rate is
-#   (device + host hit tokens) / prompt tokens over the bins inside it, as SGLang's
-#   `prefill_effective_tokens_total` counts it; None when nothing was prefilled.
-# - TTFT is kept per call (time the first token reached decode, and its value): calls, not steps.
-# - State (live and held sessions, working set, cache and queue sizes) is sampled at every engine
-#   tick into parallel lists.
-# - Per bin, counts of what happened in it (`COUNTS`): attempts that timed out, attempts sent after a
-#   timeout (retries), sessions abandoned by their clients, sessions arrived at the door, sessions
-#   finished. Binned like the hits, in the same lists' length.
-# - Per bin, the state at its end (`BinState`): the engine records it once every event before the
-#   bin's end has been handled and none after it, so bin k's state is exact at (k + 1) x bin_s.
-# Invariants: every per-bin list (hits and counts) has the same length; every sample list has the
-# same length; bin_states[k].end_s == (k + 1) x bin_s.
-"""The run's timeline: binned prefill hits and counts, per-call TTFT, periodic and per-bin state."""
+"""The run's timeline, recorded as it happens: binned prefill hits and counts, per-call TTFT, sampled state.
+
+No I/O; plots.py draws it.
+
+Rules:
+- Prefill hits are binned by the time a request's hit is decided (when it enters a prefill batch):
+  per bin, prompt tokens, device-hit tokens and host-hit tokens (storage hits counted with the host's:
+  both are loaded to the device with the batch). A window's hit rate is (device + host hit tokens) /
+  prompt tokens over the bins inside it, as SGLang's `prefill_effective_tokens_total` counts it; None
+  when nothing was prefilled.
+- TTFT is kept per call (time the first token reached decode, and its value): calls, not steps.
+- State (live and held sessions, working set, cache and queue sizes) is sampled at every engine
+  tick into parallel lists.
+- Per bin, counts of what happened in it (`COUNTS`): attempts that timed out, attempts sent after a
+  timeout (retries), sessions abandoned by their clients, sessions arrived at the door, sessions
+  finished. Binned like the hits, in the same lists' length.
+- Per bin, the state at its end (`BinState`): the engine records it once every event before the
+  bin's end has been handled and none after it, so bin k's state is exact at (k + 1) x bin_s.
+
+Invariants: every per-bin list (hits and counts) has the same length; every sample list has the
+same length; bin_states[k].end_s == (k + 1) x bin_s.
+"""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
-# Unloaded time: a session's end-to-end time alone on an empty deployment, the reference of goodput's
-# "within 4x" rule. Computed by the engine itself (same cost model), with no other session, no policy
-# hold, no ticks and no lending (the same reference whatever the deployment's lending switch); memoized
-# per (session id, number of calls) for one deployment.
-"""Each session's end-to-end time alone on an empty deployment (memoized)."""
+"""Each session's unloaded time: its end-to-end time alone on an empty deployment (memoized).
+
+The reference of goodput's "within 4x" rule. Computed by the engine itself (same cost model), with no
+other session, no policy hold, no ticks, no clients and no lending (the same reference whatever the
+deployment's lending switch); memoized per (session id, number of calls) for one deployment.
+"""
 
 from __future__ import annotations
 

@@ -22,7 +22,8 @@ from basin_sim.engine import Engine
 from basin_sim.policies import PolicyContext, make_policy
 from basin_sim.profile import CacheKind, Deployment
 from basin_sim.radix_cache import RadixCache
-from basin_sim.simulate import RunSpec, run_scenario
+from basin_sim.run_spec import RunSpec
+from basin_sim.simulate import run_scenario
 from basin_sim.workload.pool import DEFAULT_SESSIONS, load_pool, workload_pool
 from basin_sim.workload.scenarios import RateStep, Scenario, generate_sessions
 

@@ -38,7 +38,8 @@ from basin_sim import catalog
 from basin_sim.calibrate.overload import find_overload_rate
 from basin_sim.calibrate.ramp import run_ramp
 from basin_sim.calibrate.rates import TIMED_SETTINGS
-from basin_sim.simulate import RunSpec, run_scenario
+from basin_sim.run_spec import RunSpec
+from basin_sim.simulate import run_scenario
 from basin_sim.workload.pool import load_pool, workload_pool
 from basin_sim.workload.scenarios import RateStep, Scenario, WorkloadSpec
 from basin_sim.workload.serving import load_timing

@@ -33,7 +33,7 @@ from basin_runtime.calibration import calibration_from_mapping
 from basin_runtime.model_files import file_sha256
 from basin_runtime.session_table import Session
 from basin_sim import catalog
-from basin_sim.calibrate.commands import knee_record
+from basin_sim.calibrate.knee_ramp import knee_record
 from basin_sim.calibrate.rates import RateCache, overload_rate_for
 from basin_sim.predictions import (
     load_predictor,
@@ -42,7 +42,8 @@ from basin_sim.predictions import (
     reservation_multipliers,
     reserved_peaks,
 )
-from basin_sim.simulate import RunSpec, run_scenario
+from basin_sim.run_spec import RunSpec
+from basin_sim.simulate import run_scenario
 from basin_sim.workload.pool import load_pool, workload_pool
 
 SERVED_Q = 0.9

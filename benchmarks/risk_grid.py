@@ -29,15 +29,9 @@ from tqdm import tqdm
 
 from basin_runtime.session_table import Session
 from basin_sim import catalog
-from basin_sim.calibrate.commands import (
-    LIMIT_RAMP_FRACTIONS,
-    RAMP_FRACTIONS,
-    RAMP_STEP_S,
-    ramp_record,
-    risk_record,
-    simulated_ramp,
-)
+from basin_sim.calibrate.commands import LIMIT_RAMP_FRACTIONS, ramp_record, risk_record, simulated_ramp
 from basin_sim.calibrate.fluid import VERDICTS
+from basin_sim.calibrate.knee_ramp import RAMP_FRACTIONS, RAMP_STEP_S
 from basin_sim.calibrate.overload import CalibrationSettings, find_overload_rate
 from basin_sim.calibrate.ramp import LIMITS
 from basin_sim.calibrate.rates import DEFAULT_RATES_FILE, RateCache, rate_key

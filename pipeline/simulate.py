@@ -42,8 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from basin_sim import compare
-from basin_sim.calibrate.commands import RAMP_STEP_S
 from basin_sim.calibrate.knee_cache import DEFAULT_CALIBRATIONS_FILE
+from basin_sim.calibrate.knee_ramp import RAMP_STEP_S
 from basin_sim.calibrate.rates import DEFAULT_RATES_FILE
 from basin_sim.predictions import DEFAULT_RESERVATION_QUANTILE, add_predictions_source
 from pipeline import tracking

@@ -22,7 +22,8 @@ from basin_runtime.policy.hit_rate import HitRateWindow
 from basin_sim import catalog
 from basin_sim.engine import Engine
 from basin_sim.policies import BasinPolicy, make_policy
-from basin_sim.simulate import RunSpec, policy_context
+from basin_sim.run_spec import RunSpec
+from basin_sim.simulate import policy_context
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "models" / "peak_predictor.onnx"

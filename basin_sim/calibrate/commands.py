@@ -17,7 +17,6 @@ import dataclasses
 import json
 import logging
 import statistics
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from basin_runtime.model_files import file_sha256
 from basin_runtime.session_table import Session
 from basin_sim import catalog
 from basin_sim.calibrate.fluid import fixed_points, risk_test
+from basin_sim.calibrate.knee_ramp import RAMP_FRACTIONS, RAMP_STEP_S, knee_calibration_record
 from basin_sim.calibrate.ramp import (
     DECODE_FULL_SHARE,
     QUEUED_PER_DECODE,
@@ -34,7 +34,6 @@ from basin_sim.calibrate.ramp import (
     ramp_limits,
     run_ramp,
 )
-from basin_sim.calibrate.ramp import calibration_record as ramp_calibration_record
 from basin_sim.calibrate.rates import (
     DEFAULT_RATES_FILE,
     RateCache,
@@ -57,34 +56,12 @@ from basin_sim.workload.scenarios import Scenario
 
 log = logging.getLogger(__name__)
 
-RAMP_FRACTIONS = (0.2, 0.4, 0.6, 0.7, 0.8, 0.9, 1.0, 1.2)  # of the overload rate: the knee (and risk) ramp
 # The limits ramp (`ramp`) goes on past the overload rate, where some limit must bind: at 1x most
 # 30-minute trials already overload (calibrate/overload.py), so 1.5x and 2x leave no deployment whose
 # limits all hold unless neither memory is what overloads it (then `none` is the answer). Steps of
 # 0.05x from 0.8x to 1x: the shipped deployments go from plateau to collapse within 0.2x there, and
 # which limit comes first is decided inside that span.
 LIMIT_RAMP_FRACTIONS = (0.2, 0.4, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0, 1.1, 1.2, 1.5, 2.0)
-RAMP_STEP_S = 1200.0
-
-
-def calibration_record(deployment: Deployment, steps: list[RampStep], command: str, step_s: float = RAMP_STEP_S,
-                       predictor_sha256: str = "none", reservation_quantile: float | None = None) -> dict[str, Any]:
-    """The gateway's calibration file from a simulated ramp on `deployment`, saying what its reservation
-    ratio was measured for: the predictor file ("none": contexts), the quantile and the lending switch."""
-    capacity = deployment.prefill_cache_tokens * deployment.num_prefill
-    record = ramp_calibration_record(steps, capacity,
-                                     f"{command}: simulated stepped ramp ({len(steps)} steps of {step_s:.0f} s)")
-    return {**record, "predictor_sha256": predictor_sha256, "reservation_quantile": reservation_quantile,
-            "lending": deployment.lending}
-
-
-def knee_record(deployment: Deployment, pool: Sequence[Session], rate_per_s: float, seed: int,
-                reservations: Mapping[str, float] | None, command: str, step_s: float = RAMP_STEP_S,
-                predictor_sha256: str = "none", reservation_quantile: float | None = None) -> dict[str, Any]:
-    """The calibration record of the knee ramp (RAMP_FRACTIONS of the overload rate) on `deployment`, with these
-    reservations (pool session id -> reserved at arrival; None: contexts) of this predictor file and quantile."""
-    steps = run_ramp(deployment, pool, [f * rate_per_s for f in RAMP_FRACTIONS], step_s, seed, reservations)
-    return calibration_record(deployment, steps, command, step_s, predictor_sha256, reservation_quantile)
 
 
 def _workload(args: argparse.Namespace) -> tuple[Deployment, list[Session], Scenario, float]:
@@ -179,10 +156,10 @@ def knee_main(args: argparse.Namespace) -> int:
     model = "" if args.model is None else (f" --model {args.model} --reservation-quantile {args.reservation_quantile}"
                                            f" --reservation-scale {args.reservation_scale:g}")
     has_model = args.model is not None
-    record = calibration_record(deployment, steps, f"python -m basin_sim knee --deployment {args.deployment} "
-                                f"--scenario {args.scenario}{model}", args.step_s,
-                                file_sha256(args.model) if has_model else "none",
-                                args.reservation_quantile if has_model else None)
+    record = knee_calibration_record(deployment, steps, f"python -m basin_sim knee --deployment {args.deployment} "
+                                     f"--scenario {args.scenario}{model}", args.step_s,
+                                     file_sha256(args.model) if has_model else "none",
+                                     args.reservation_quantile if has_model else None)
     print(json.dumps(record, indent=2))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,23 +1,25 @@
-# Fitting the cost model's constants to public measurements and the paper's anchors.
-#
-# Rules:
-# - The measurements file (profiles/<profile>.measurements.yaml) is checked whole before anything is
-#   fitted: a missing or unknown field, a wrong kind of value, an unknown model or GPU raises
-#   `MeasurementError` naming the file, the point's id and the field.
-# - The formulas are the profile's own (basin_sim/profile.py): a point of another model or GPU is
-#   evaluated by a Profile carrying that model's architecture (bytes, experts, FLOPs) and that GPU's
-#   peaks, with the shared hardware constants (`Hardware`). Each prediction is linear in
-#   x = (prefill_batch_fixed_s, 1/linear_eff, 1/attention_eff, decode_step_fixed_s, 1/hbm_eff), so the
-#   public fit is a closed-form linear least squares on relative errors; linearity is asserted.
-# - The paper's anchors need the engine: `simulate_anchors` runs the steady scenario on 1p1d at the
-#   paper's rate on its benchmark's sessions (one seed unless told). TTFT moves one for one with the
-#   per-request PD overhead (`Profile.pd_request_overhead_s`, in every request's transfer), so that one
-#   constant is solved by a few simulated runs (secant steps, exact when the shift is uniform); the
-#   hit rate and busy share are printed as checks, and with --overload the overload rate (the paper's
-#   ~6.6 sessions/min; a minute of trials).
-# - `--write` rewrites only the fitted numbers' lines of the profile yaml (its header is kept; the
-#   header's per-point table is the fit's printout, to be pasted by hand when the points change).
-"""Fit the profile's hardware constants to measured points (`python -m basin_sim.calibrate.cost_fit`)."""
+"""Fit the cost model's constants to public measurements and the paper's anchors.
+
+`python -m basin_sim.calibrate.cost_fit`.
+
+Rules:
+- The measurements file (profiles/<profile>.measurements.yaml) is checked whole before anything is
+  fitted: a missing or unknown field, a wrong kind of value, an unknown model or GPU raises
+  `MeasurementError` naming the file, the point's id and the field.
+- The formulas are the profile's own (basin_sim/profile.py): a point of another model or GPU is
+  evaluated by a Profile carrying that model's architecture (bytes, experts, FLOPs) and that GPU's
+  peaks, with the shared hardware constants (`Hardware`). Each prediction is linear in
+  x = (prefill_batch_fixed_s, 1/linear_eff, 1/attention_eff, decode_step_fixed_s, 1/hbm_eff), so the
+  public fit is a closed-form linear least squares on relative errors; linearity is asserted.
+- The paper's anchors need the engine: `simulate_anchors` runs the steady scenario on 1p1d at the
+  paper's rate on its benchmark's sessions (one seed unless told). TTFT moves one for one with the
+  per-request PD overhead (`Profile.pd_request_overhead_s`, in every request's transfer), so that one
+  constant is solved by a few simulated runs (secant steps, exact when the shift is uniform); the
+  hit rate and busy share are printed as checks, and with --overload the overload rate (the paper's
+  ~6.6 sessions/min; a minute of trials).
+- `--write` rewrites only the fitted numbers' lines of the profile yaml (its header is kept; the
+  header's per-point table is the fit's printout, to be pasted by hand when the points change).
+"""
 
 from __future__ import annotations
 
@@ -37,8 +39,13 @@ import numpy as np
 import yaml
 
 from basin_runtime.session_table import Session
-from basin_sim.catalog import PROFILES_DIR, CatalogError, load_profile
+from basin_sim.calibrate.overload import find_overload_rate
+from basin_sim.catalog import PROFILES_DIR, CatalogError, load_profile, load_scenario
 from basin_sim.profile import Deployment, Profile
+from basin_sim.run_spec import RunSpec
+from basin_sim.simulate import run_scenario
+from basin_sim.workload.pool import PoolError, load_pool, workload_pool
+from basin_sim.workload.scenarios import RateStep, WorkloadSpec
 
 log = logging.getLogger(__name__)
 
@@ -315,10 +322,6 @@ def fit_public(measurements: Measurements, base: Profile) -> Hardware:
 def simulate_anchors(profile: Profile, pool: Sequence[Session], rate_per_min: float,
                      seeds: Sequence[int] = (1,)) -> dict[str, float]:
     """The steady scenario on 1p1d at `rate_per_min`: mean over seeds of TTFT p50, hit rate, busy share."""
-    from basin_sim.catalog import load_scenario
-    from basin_sim.simulate import RunSpec, run_scenario
-    from basin_sim.workload.scenarios import RateStep
-
     scenario = dataclasses.replace(load_scenario("steady"), rate=(RateStep(0.0, per_min=rate_per_min),))
     deployment = Deployment.of("1p1d", profile, 1, 1, "gpu")
     runs = [run_scenario(RunSpec(scenario, deployment, "sglang", seed, 0.0), pool).summary for seed in seeds]
@@ -346,8 +349,6 @@ def fit_pd_overhead(profile: Profile, pool: Sequence[Session], point: Point, see
 
 def simulate_overload_per_min(profile: Profile, pool: Sequence[Session]) -> float:
     """The 1p1d overload rate (sessions/min) by calibrate/overload.py's steady trials (about a minute)."""
-    from basin_sim.calibrate.overload import find_overload_rate
-
     return 60 * find_overload_rate(Deployment.of("1p1d", profile, 1, 1, "gpu"), "sglang", pool).overload_rate_per_s
 
 
@@ -396,7 +397,8 @@ def write_profile(path: Path, profile: Profile) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Fit, print every point, and with --write update the profile's numbers."""
-    parser = argparse.ArgumentParser(prog="python -m basin_sim.calibrate.cost_fit", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m basin_sim.calibrate.cost_fit",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default=DEFAULT_PROFILE, help="profile name (its .measurements.yaml beside it)")
     parser.add_argument("--sessions", type=Path, default=Path("data/sessions.parquet"))
     parser.add_argument("--seeds", type=int, default=1, help="seeds per simulated run of the paper's anchors")
@@ -431,9 +433,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _paper(profile: Profile, measurements: Measurements, sessions: Path, seeds: tuple[int, ...],
            with_overload: bool) -> tuple[Profile, dict[str, float]]:
-    from basin_sim.workload.pool import PoolError, load_pool, workload_pool
-    from basin_sim.workload.scenarios import WorkloadSpec
-
     ttft = next(p for p in measurements.points if p.kind == "paper_ttft_p50")
     if not sessions.exists():
         raise MeasurementError(f"the paper's anchors need the real session table, not found at {sessions}")

@@ -1,24 +1,24 @@
-# The fluid model of a deployment and the paper's risk test.
-#
-# Rules:
-# - N = live sessions; X(N) = completed calls per second at N live sessions, measured (simulator or
-#   live ramp) at a few N and interpolated linearly; K = calls per session. Sessions leave at X(N)/K,
-#   so dN/dt = lambda - X(N)/K.
-# - Fixed points are where X(N)/K = lambda. One where X/K crosses lambda upwards (X rising in N) is
-#   stable: a small excess of sessions drains. One where it crosses downwards (X falling in N, past
-#   the cache knee, as misses slow prefill) is unstable: past it N grows on its own. A surge that
-#   carries N past the unstable point leaves the deployment collapsed at the old lambda: the
-#   metastable failure.
-# - Risk test: both limits as a number of live sessions. Cache: knee tokens / mean context of a live
-#   session. Decode: decode KV tokens of all decode instances / what one live session holds on decode
-#   on average: (mean context + SGLang's `--num-reserved-decode-tokens` headroom, 512) x the share of
-#   its life it has a request holding decode memory (pre-allocated and waiting for or under prefill,
-#   transferring, or decoding; not while its tool runs or while it waits in the pre-allocation
-#   queue). SGLang PD's decode (sglang/srt/disaggregation/decode.py) keeps 512 tokens free per active
-#   request (`_active_reserved_tokens`) beyond the KV it holds, so memory is spent at that rate.
-#   Whichever limit is smaller binds first: "cache-first" deployments are the ones Basin protects;
-#   equal limits count as "decode-first" (cache-first must be shown, not assumed).
-"""dN/dt = lambda - X(N)/K: fixed points, stability, and the cache-first / decode-first test."""
+"""The fluid model dN/dt = lambda - X(N)/K of a deployment: fixed points, stability, and the paper's risk test.
+
+Rules:
+- N = live sessions; X(N) = completed calls per second at N live sessions, measured (simulator or
+  live ramp) at a few N and interpolated linearly; K = calls per session. Sessions leave at X(N)/K,
+  so dN/dt = lambda - X(N)/K.
+- Fixed points are where X(N)/K = lambda. One where X/K crosses lambda upwards (X rising in N) is
+  stable: a small excess of sessions drains. One where it crosses downwards (X falling in N, past
+  the cache knee, as misses slow prefill) is unstable: past it N grows on its own. A surge that
+  carries N past the unstable point leaves the deployment collapsed at the old lambda: the
+  metastable failure.
+- Risk test: both limits as a number of live sessions. Cache: knee tokens / mean context of a live
+  session. Decode: decode KV tokens of all decode instances / what one live session holds on decode
+  on average: (mean context + SGLang's `--num-reserved-decode-tokens` headroom, 512) x the share of
+  its life it has a request holding decode memory (pre-allocated and waiting for or under prefill,
+  transferring, or decoding; not while its tool runs or while it waits in the pre-allocation
+  queue). SGLang PD's decode (sglang/srt/disaggregation/decode.py) keeps 512 tokens free per active
+  request (`_active_reserved_tokens`) beyond the KV it holds, so memory is spent at that rate.
+  Whichever limit is smaller binds first: "cache-first" deployments are the ones Basin protects;
+  equal limits count as "decode-first" (cache-first must be shown, not assumed).
+"""
 
 from __future__ import annotations
 

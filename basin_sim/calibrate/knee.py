@@ -1,18 +1,18 @@
-# Finding the cache knee on a stepped load ramp.
-#
-# Rules:
-# - Input: points (load, hit rate) from a ramp, load = working set / cache capacity (or tokens), in
-#   any order; they are sorted by load.
-# - The high plateau is the median hit rate of the leading points up to the first one that falls
-#   below (running max - tolerance); it is the level the deployment holds while the cache fits.
-# - The knee is where the curve first falls below (plateau - tolerance) and stays below for
-#   `confirm` points (one noisy dip is not a knee), placed by linear interpolation between the last
-#   point on the plateau and the first point off it.
-# - A ramp that never leaves the plateau gives the last load with `is_censored=True`: the knee lies
-#   beyond what was measured, so the measured maximum is a safe (low) estimate.
-# - `first_off_index` is the position, in the caller's order, of the first point off the plateau
-#   (None when censored): the ramp step at which the cache limit was hit.
-"""Knee detection: where the hit rate leaves its high plateau as the working set grows."""
+"""Knee detection: where the hit rate leaves its high plateau as the working set grows on a load ramp.
+
+Rules:
+- Input: points (load, hit rate) from a ramp, load = working set / cache capacity (or tokens), in
+  any order; they are sorted by load.
+- The high plateau is the median hit rate of the leading points up to the first one that falls
+  below (running max - tolerance); it is the level the deployment holds while the cache fits.
+- The knee is where the curve first falls below (plateau - tolerance) and stays below for
+  `confirm` points (one noisy dip is not a knee), placed by linear interpolation between the last
+  point on the plateau and the first point off it.
+- A ramp that never leaves the plateau gives the last load with `is_censored=True`: the knee lies
+  beyond what was measured, so the measured maximum is a safe (low) estimate.
+- `first_off_index` is the position, in the caller's order, of the first point off the plateau
+  (None when censored): the ramp step at which the cache limit was hit.
+"""
 
 from __future__ import annotations
 

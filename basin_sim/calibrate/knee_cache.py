@@ -1,19 +1,20 @@
-# Basin's calibration, measured once per deployment shape, workload, predictor and quantile, cached under data/.
-#
-# Rules:
-# - `basin` and `basin-proto` are run calibrated: their budget is the knee (and reservation ratio)
-#   measured on the knee ramp of `basin-sim knee`, for the deployment's shape with a GPU cache and
-#   its lending switch (the ramp runs with it: lending moves the knee), the scenario's workload, the
-#   predictor file in use (its SHA-256; "none" for `basin-proto`, whose
-#   reservations are contexts), where the peaks come from when not the file itself (`peaks`: e.g. the
-#   out-of-fold table's digest, basin_sim/predictions.py) and the reservation quantile. That is the
-#   cache key (canonical JSON, with the overload-rate key, the ramp's fractions, step and seed, and
-#   the record's format). The record itself names only the predictor file, as the gateway checks it.
-# - The cache is one JSON file (default data/sim/calibrations.json), one entry per key: the
-#   calibration record, in the gateway's calibration-file format, and the command that measured it.
-#   A missing entry is measured now (the knee ramp, a minute or so) and written before it is used, and
-#   the caller is told; an unreadable file is an error naming it.
-"""The knee-calibration cache: a Basin run's measured calibration, measured on first use."""
+"""The knee-calibration cache: a Basin run's calibration, measured once per key on first use, kept under data/.
+
+Rules:
+- `basin` and `basin-proto` are run calibrated: their budget is the knee (and reservation ratio)
+  measured on the knee ramp (knee_ramp.py, as `basin-sim knee` runs it), for the deployment's shape
+  with a GPU cache and its lending switch (the ramp runs with it: lending moves the knee), the
+  scenario's workload, the predictor file in use (its SHA-256; "none" for `basin-proto`, whose
+  reservations are contexts), where the peaks come from when not the file itself (`peaks`: e.g. the
+  out-of-fold table's digest, predictions.py) and the reservation quantile. That is the cache key
+  (canonical JSON, with the overload-rate key, the ramp's fractions, step and seed, and the record's
+  format). The record itself names only the predictor file, as the gateway checks it.
+- The cache is one JSON file (default data/sim/calibrations.json), one entry per key: the
+  calibration record, in the gateway's calibration-file format, and the command that measured it.
+  A missing entry is measured now (the knee ramp, a minute or so) and written before it is used, and
+  the caller is told; an unreadable file is an error naming it.
+- Reservations come in as numbers: no predictor is loaded here (no onnxruntime).
+"""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from basin_runtime.session_table import Session
-from basin_sim.calibrate.commands import RAMP_FRACTIONS, RAMP_STEP_S, knee_record
+from basin_sim.calibrate.knee_ramp import RAMP_FRACTIONS, RAMP_STEP_S, knee_record
 from basin_sim.calibrate.rates import JsonCache, RatesError, rate_key
 from basin_sim.profile import Deployment
 from basin_sim.workload.scenarios import Scenario

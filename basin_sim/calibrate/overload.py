@@ -1,20 +1,21 @@
-# Measuring the rate at which a deployment overloads without a surge (the scenarios' load is half of
-# it, as the paper chooses its load).
-#
-# Rules:
-# - A trial: steady Poisson arrivals at one rate on an empty deployment for `horizon_s` (30 min, the
-#   surges' length), under the FCFS baseline. A minute is overloaded when its median TTFT exceeds
-#   `ttft_limit_s`, or requests wait and none gets its first token; the trial overloads when
-#   `sustained_minutes` minutes in a row are (one huge prompt can stall prefill for a minute or two
-#   without the deployment being overloaded).
-# - A rate overloads when at least `min_overloaded` of the seeds' trials overload. Near the cache knee
-#   the healthy state survives for a random time (a noise-driven escape), so the rate is the one at
-#   which most trials fall over within the horizon, not the first at which any ever could.
-# - The search doubles the rate from `start_rate_per_s` until it overloads, then bisects down to
-#   `resolution_per_s`; it assumes overloading is monotone in the rate (true of the majority rule in
-#   practice, not guaranteed).
-# No I/O: calibrate/rates.py caches the result under data/.
-"""Find a deployment's overload rate by steady-load trials (doubling, then bisection)."""
+"""The overload rate: the rate at which a deployment overloads without a surge, by steady-load trials.
+
+The scenarios' load is half of it, as the paper chooses its load.
+
+Rules:
+- A trial: steady Poisson arrivals at one rate on an empty deployment for `horizon_s` (30 min by
+  default, the surges' length; rates.py sets the timed workloads' own), under the FCFS baseline. A
+  minute is overloaded when its median TTFT exceeds `ttft_limit_s`, or requests wait and none gets
+  its first token; the trial overloads when `sustained_minutes` minutes in a row are (one huge prompt
+  can stall prefill for a minute or two without the deployment being overloaded).
+- A rate overloads when at least `min_overloaded` of the seeds' trials overload. Near the cache knee
+  the healthy state survives for a random time (a noise-driven escape), so the rate is the one at
+  which most trials fall over within the horizon, not the first at which any ever could.
+- The search doubles the rate from `start_rate_per_s` until it overloads, then bisects down to
+  `resolution_per_s`; it assumes overloading is monotone in the rate (true of the majority rule in
+  practice, not guaranteed).
+- No I/O: rates.py caches the result under data/.
+"""
 
 from __future__ import annotations
 

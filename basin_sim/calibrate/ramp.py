@@ -1,28 +1,26 @@
-# A stepped load ramp: steady arrivals at rising rates, each step long enough to settle, under plain
-# SGLang (no admission control). Per step, over its second half: mean working set / cache capacity,
-# token-weighted hit rate, mean live sessions, calls completed per second (first tokens seen), decode
-# memory in use / all decode memory (`decode_reserved_tokens`), requests waiting for decode memory
-# (`decode_queued`: the pre-allocation queue, retracted requests too), and the decode holding share:
-# requests holding decode memory (stage past the pre-allocation queue: waiting for or under prefill,
-# transferring, decoding) / live sessions, counted every `sample_s`.
-# The knee (knee.py) and X(N) for the fluid model (fluid.py) are read off these points.
-# With reservations (pool session id -> the tokens Basin would reserve for it: scale x predicted
-# peak), each step also records the reservation ratio: sum over live sessions of max(reservation,
-# context) / sum of their contexts, sampled every `sample_s` of the step's second half. It converts
-# the knee (a working set) into the unit Basin's admission sums (reservations).
-# Which limit a ramp hits first (`ramp_limits`):
-# - cache: the first step off the hit-rate plateau (knee.py's detection, `first_off_index`);
-# - decode: the first step whose decode memory is >= DECODE_FULL_SHARE in use, or whose
-#   pre-allocation queue holds >= QUEUED_PER_DECODE requests per decode instance on average. SGLang
-#   admits a request only while free memory covers 512 tokens per active request plus its own prompt
-#   + 4096, so memory in use saturates a few percent below 100%: 95% is reached only when admission
-#   is blocked. A queue of one request per instance on average over 10 minutes means requests wait
-#   for memory most of the time (a transient one from one large prompt averages far below it);
-# - the earlier step wins; in the same step, the earlier minute in which the condition holds for two
-#   minutes in a row (the knee's `confirm`); still tied: `decode` (cache-first must be shown);
-#   neither: `none`.
-# No I/O.
-"""Stepped load ramp on the simulator: (load, hit rate, live sessions, calls/s) per step."""
+"""A stepped load ramp on the simulator: steady arrivals at rising rates under plain SGLang, one point per step.
+
+Rules:
+- Each step is long enough to settle; no admission control. Per step, over its second half: mean
+  working set / cache capacity, token-weighted hit rate, mean live sessions, calls completed per
+  second (first tokens seen), decode memory in use / all decode memory, requests waiting for decode
+  memory (the pre-allocation queue, retracted requests too), and the decode holding share: requests
+  holding decode memory (stage past the pre-allocation queue: waiting for or under prefill,
+  transferring, decoding) / live sessions, counted every `sample_s`.
+- The knee (knee.py) and X(N) for the fluid model (fluid.py) are read off these points.
+- With reservations (pool session id -> the tokens Basin would reserve for it: scale x predicted
+  peak), each step also records the reservation ratio: sum over live sessions of max(reservation,
+  context) / sum of their contexts, sampled every `sample_s` of the step's second half. It converts
+  the knee (a working set) into the unit Basin's admission sums (reservations).
+- Which limit a ramp hits first (`ramp_limits`): cache, the first step off the hit-rate plateau
+  (knee.py's detection, `first_off_index`); decode, the first step whose decode memory is >=
+  DECODE_FULL_SHARE in use, or whose pre-allocation queue holds >= QUEUED_PER_DECODE requests per
+  decode instance on average (SGLang's admission keeps memory in use a few percent below 100%, so
+  95% is reached only when admission is blocked). The earlier step wins; in the same step, the
+  earlier minute in which the condition holds for two minutes in a row (the knee's `confirm`);
+  still tied: `decode` (cache-first must be shown); neither: `none`.
+- No I/O.
+"""
 
 from __future__ import annotations
 

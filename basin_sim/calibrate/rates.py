@@ -1,22 +1,22 @@
-# Overload rates, measured once per deployment shape and workload, cached under data/.
-#
-# Rules:
-# - A scenario's `x_overload` multiplies the overload rate of the deployment's shape with a GPU-only
-#   cache and no lending, measured for the scenario's workload, so every policy, cache tier and
-#   lending switch of that shape sees the same absolute arrivals.
-# - The key is everything the rate depends on: the shape (the profile's numbers, instance counts,
-#   per-instance memories; cache kind forced to gpu, lending left out), the workload (benchmarks or preset,
-#   tool_time_scale), the client knobs, and a fingerprint of the pool (session ids, per-call tokens
-#   and tool gaps). Canonical JSON, so equal inputs give equal keys.
-# - How a rate is searched for depends on how long sessions live (`settings_for`): recorded sessions
-#   (2-3 minutes) with the default 30-minute horizon; sessions timed as a serving model runs them
-#   (workload.timing, ~5-10 minutes) with an hour at a finer resolution, as issue 34 measured the
-#   paper's regime: 30 minutes from an empty cache would read a rate the steady state cannot hold.
-# - The cache is one JSON file (default data/sim/overload_rates.json; never the package folder),
-#   one entry per key with the rate, the calibration settings and the command that measured it. A
-#   missing entry is measured (calibrate/overload.py, minutes) and written before it is used; the
-#   caller is told it was measured. A file that cannot be read is an error naming it, never ignored.
-"""The overload-rate cache: key from deployment shape + workload, measured on first use."""
+"""The overload-rate cache: a rate measured once per deployment shape and workload, on first use, kept under data/.
+
+Rules:
+- A scenario's `x_overload` multiplies the overload rate of the deployment's shape with a GPU-only
+  cache and no lending, measured for the scenario's workload, so every policy, cache tier and
+  lending switch of that shape sees the same absolute arrivals.
+- The key is everything the rate depends on: the shape (the profile's numbers, instance counts,
+  per-instance memories; cache kind forced to gpu, lending left out), the whole `WorkloadSpec`, the
+  client knobs, and a fingerprint of the pool (session ids, per-call tokens and tool gaps). Canonical
+  JSON, so equal inputs give equal keys.
+- How a rate is searched for depends on how long sessions live (`settings_for`): recorded sessions
+  (2-3 minutes) with the default 30-minute horizon; sessions timed as a serving model runs them
+  (workload.timing, ~5-10 minutes) with an hour at a finer resolution: 30 minutes from an empty
+  cache would read a rate the steady state cannot hold.
+- The cache is one JSON file (default data/sim/overload_rates.json; never the package folder),
+  one entry per key with the rate, the calibration settings and the command that measured it. A
+  missing entry is measured (overload.py, minutes) and written before it is used; the caller is told
+  it was measured. A file that cannot be read is an error naming it, never ignored.
+"""
 
 from __future__ import annotations
 

@@ -43,7 +43,8 @@ import yaml
 
 from basin_runtime.session_table import Session
 from basin_sim import catalog
-from basin_sim.simulate import RunSpec, run_scenario
+from basin_sim.run_spec import RunSpec
+from basin_sim.simulate import run_scenario
 from basin_sim.workload import serving
 from basin_sim.workload.pool import DEFAULT_SESSIONS, load_pool, workload_pool
 

@@ -1,5 +1,4 @@
-# The policy registry: names -> `PolicySpec`.
-"""Session policies by name: `make_policy('sglang', context)`; `policy_names()` lists them."""
+"""The policy registry: session policies by name (`make_policy('sglang', context)`; `policy_names()` lists them)."""
 
 from __future__ import annotations
 

@@ -1,25 +1,26 @@
-# The seam between the engine and a session policy (what a gateway in front of SGLang decides).
-#
-# Rules:
-# - The engine calls the policy on every session arrival (admit now, or hold the session at the door),
-#   on every call's prompt size, on every session end (finished, killed, or withdrawn while held), and
-#   on a periodic tick with the recent prefix-cache hit rate. It asks the priority of every request it
-#   queues for decode memory and for prefill: smaller is served first.
-# - Every call is answered with `Decisions`: held sessions to admit now (they start their first call
-#   at once; the arriving session itself is held until its own arrival admits it), and held sessions
-#   to shed (they fail); live sessions to suspend (their next call, or the call being sent now, waits
-#   at the door: it is not sent until they are resumed; their context stays in the working set), and
-#   suspended sessions to resume (a waiting call is sent then; its wait counts in its TTFT). Admitting
-#   or shedding a session that is not held, suspending one that is not live, or resuming one that is
-#   not suspended is an error the engine reports.
-# - `on_arrival` is handed the whole recorded session (the simulator has it); a policy that stands for
-#   a real gateway reads only what the gateway sees at the first call: `task_text` and the first
-#   prompt's size. Anything else (the real peak, later calls) is an oracle and must say so in its name.
-# - A policy that pins a session's KV between calls (Continuum) offers a `PinRule` as `pins` (None for
-#   every other policy): the engine asks it, at every answer, how long to hold that call's KV on prefill,
-#   and tells it when each call is scheduled (its prefill starts).
-# - A policy does no I/O and reads time only from `now`.
-"""The session-policy protocol, its decisions, and what a policy is built from."""
+"""The seam between the engine and a session policy (what a gateway in front of SGLang decides).
+
+Rules:
+- The engine calls the policy on every session arrival (admit now, or hold the session at the door),
+  on every call's prompt size (every attempt), on every session end (finished, killed, aborted or
+  abandoned, live or held; not a shed: that is the policy's own decision), and on a periodic tick with
+  the recent prefix-cache hit rate and first-token latency. It asks the priority of every request it
+  queues for decode memory and for prefill: smaller is served first.
+- Every call is answered with `Decisions`: held sessions to admit now (they start their first call
+  at once; the arriving session itself is held until its own arrival admits it), and held sessions
+  to shed (they fail); live sessions to suspend (their next call, or the call being sent now, waits
+  at the door: it is not sent until they are resumed; their context stays in the working set), and
+  suspended sessions to resume (a waiting call is sent then; its wait counts in its TTFT). Admitting
+  or shedding a session that is not held, suspending one that is not live, or resuming one that is
+  not suspended is an error the engine reports.
+- `on_arrival` is handed the whole recorded session (the simulator has it); a policy that stands for
+  a real gateway reads only what the gateway sees at the first call: `task_text` and the first
+  prompt's size. Anything else (the real peak, later calls) is an oracle and must say so in its name.
+- A policy that pins a session's KV between calls (Continuum) offers a `PinRule` as `pins` (None for
+  every other policy): the engine asks it, at every answer, how long to hold that call's KV on prefill,
+  and tells it when each call is scheduled (its prefill starts).
+- A policy does no I/O and reads time only from `now`.
+"""
 
 from __future__ import annotations
 

@@ -1,32 +1,32 @@
-# The Basin gateway in the simulator: `basin_runtime.policy.Policy` itself, driven by the engine.
-#
-# Rules:
-# - Every engine event goes to the policy core unchanged: arrival -> `arrive`, each call's prompt
-#   -> `observe`, end (finished, killed, aborted, withdrawn while held) -> `finish`, tick -> `tick`
-#   with the windowed hit rate. Every step's events become `Decisions` through one translation
-#   (`decisions_of`), in the core's order.
-# - `basin`: the predicted peak of a session is looked up from `PolicyContext.predicted_peak_tokens`
-#   (the pool batch-predicted once from task text and first prompt size); it reserves m(q) x that
-#   (`PolicyContext.reservation_multipliers`, the predictor file's multiplier for the session's
-#   benchmark, as the gateway reserves) x `reservation_scale`; its priority is the bare prediction's.
-#   A session with no prediction (or, with multipliers, none for it) is an error, never a default.
-# - Revisions: at call k of a session with a re-estimate for k (`PolicyContext.revisions`, made from
-#   the pool once, as the gateway's online model makes them), `Policy.revise` with that peak and
-#   `reservation_scale` x m_k(q), right after the call's `observe`. The call index is found from the
-#   session's own call list (the first call at or after the last one seen with this prompt size), so
-#   a retried call is not counted twice.
-# - Reservation report: sessions admitted, and of those how many outgrew their first reservation
-#   (a call's prompt above ceil(m x peak)), for `run_summary`.
-# - `basin-proto` (mode "prototype"): arrival order, admission by current context; no predictor.
-# - The policy core's configuration is built exactly as the gateway builds it:
-#   `basin_runtime.policy.calibrated.policy_config` over the operator's calibration (the gateway's
-#   calibration file) and overrides, so budget, plateau hit rate and shedding rate are the served
-#   ones. With no calibration, the knee is taken as the cache capacity (B = 0.9 x capacity). Shedding
-#   only with a measured peak completion rate. The latency gate (beyond the paper) only with
-#   `PolicyContext.latency_gate`, as the gateway's `--latency-gate`.
-# - Request priority = the core's fixed session priority (smaller first), for prefill and decode.
-# - Lending is the deployment's switch (`Deployment.lending`), not the policy's: the engine lends or not.
-"""`basin` and `basin-proto`: the Basin policy core as a simulator policy."""
+"""`basin` and `basin-proto`: the Basin gateway's policy core (`basin_runtime.policy.Policy`) driven by the engine.
+
+Rules:
+- Every engine event goes to the policy core unchanged: arrival -> `arrive`, each call's prompt
+  -> `observe`, any end but a shed (finished, killed, aborted, abandoned, withdrawn while held) ->
+  `finish`, tick -> `tick` with the windowed hit rate and first-token latency. Every step's events
+  become `Decisions` through one translation (`decisions_of`), in the core's order.
+- `basin`: the predicted peak of a session is looked up from `PolicyContext.predicted_peak_tokens`
+  (the pool batch-predicted once from task text and first prompt size); it reserves m(q) x that
+  (`PolicyContext.reservation_multipliers`, the predictor file's multiplier for the session's
+  benchmark, as the gateway reserves) x `reservation_scale`; its priority is the bare prediction's.
+  A session with no prediction (or, with multipliers, none for it) is an error, never a default.
+- Revisions: at call k of a session with a re-estimate for k (`PolicyContext.revisions`, made from
+  the pool once, as the gateway's online model makes them), `Policy.revise` with that peak and
+  `reservation_scale` x m_k(q), right after the call's `observe`. The call index is found from the
+  session's own call list (the first call at or after the last one seen with this prompt size), so
+  a retried call is not counted twice.
+- Reservation report: sessions admitted, and of those how many outgrew their first reservation
+  (a call's prompt above ceil(m x peak)), for `run_summary`.
+- `basin-proto` (mode "prototype"): arrival order, admission by current context; no predictor.
+- The policy core's configuration is built exactly as the gateway builds it:
+  `basin_runtime.policy.calibrated.policy_config` over the operator's calibration (the gateway's
+  calibration file) and overrides, so budget, plateau hit rate and shedding rate are the served
+  ones. With no calibration, the knee is taken as the cache capacity (B = 0.9 x capacity). Shedding
+  only with a measured peak completion rate. The latency gate (beyond the paper) only with
+  `PolicyContext.latency_gate`, as the gateway's `--latency-gate`.
+- Request priority = the core's fixed session priority (smaller first), for prefill and decode.
+- Lending is the deployment's switch (`Deployment.lending`, kv_tiers.py), not the policy's.
+"""
 
 from __future__ import annotations
 

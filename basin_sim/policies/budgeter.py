@@ -1,24 +1,24 @@
-# The vLLM study's budgeter, as we read its summary: admission and suspension against the KV pool.
-#
-# Rules (P = the KV pool: the deployment's prefill cache capacity, all prefill instances):
-# - Demand = the sum of the current contexts (latest prompt) of the active sessions: admitted and
-#   not suspended, tool-idle ones included. A suspended session's context leaves the demand when it
-#   is suspended and comes back when it is resumed.
-# - Admission: new sessions wait at the door in arrival order; the head is admitted while demand +
-#   its first prompt <= P, and only while no session is suspended (suspended sessions were admitted
-#   earlier: they come back first). Strict order: a head that does not fit blocks those behind it.
-# - Suspension: when a call's prompt pushes demand above P, the most recently admitted active
-#   sessions are suspended (newest first) until demand <= P; each is parked at its next call
-#   boundary, the call then held (the engine parks it; a session calling now is parked now). The
-#   oldest active session is never suspended, so one session alone over P still runs.
-# - Resumption: in admission order, while demand is below RESUME_FRACTION x P and stays <= P with the
-#   resumed session's last known context (its parked call's prompt when the engine told it). The gap
-#   between the two thresholds keeps a session suspended at P from resuming at once.
-# - Thresholds are fractions of the pool, never per workload. Requests are served first come, first
-#   served (priority = send time), as plain SGLang; no pins.
-# Where the summary is silent (how many to suspend, the resume order against new arrivals), the
-# choice above is ours: suspend just enough, resume before admitting.
-"""`budgeter`: sessions admitted, suspended and resumed against the KV pool (the vLLM study's summary)."""
+"""`budgeter`: the vLLM study's budgeter as we read its summary: admission and suspension against the KV pool.
+
+Rules (P = the KV pool: the deployment's prefill cache capacity, all prefill instances):
+- Demand = the sum of the current contexts (latest prompt) of the active sessions: admitted and
+  not suspended, tool-idle ones included. A suspended session's context leaves the demand when it
+  is suspended and comes back when it is resumed.
+- Admission: new sessions wait at the door in arrival order; the head is admitted while demand +
+  its first prompt <= P, and only while no session is suspended (suspended sessions were admitted
+  earlier: they come back first). Strict order: a head that does not fit blocks those behind it.
+- Suspension: when a call's prompt pushes demand above P, the most recently admitted active
+  sessions are suspended (newest first) until demand <= P; each is parked at its next call
+  boundary, the call then held (the engine parks it; a session calling now is parked now). The
+  oldest active session is never suspended, so one session alone over P still runs.
+- Resumption: in admission order, while demand is below RESUME_FRACTION x P and stays <= P with the
+  resumed session's last known context (its parked call's prompt when the engine told it). The gap
+  between the two thresholds keeps a session suspended at P from resuming at once.
+- Thresholds are fractions of the pool, never per workload. Requests are served first come, first
+  served (priority = send time), as plain SGLang; no pins.
+- Where the summary is silent (how many to suspend, the resume order against new arrivals), the
+  choice above is ours: suspend just enough, resume before admitting.
+"""
 
 from __future__ import annotations
 

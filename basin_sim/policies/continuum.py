@@ -1,27 +1,30 @@
-# Continuum (as published): no admission control; every request of a session carries the session's
-# arrival time as its priority (program-level FCFS); after each answer the prefill cache keeps the
-# session's chain pinned for a TTL chosen for that call, so the next call finds it; a pin that outlives
-# its TTL becomes evictable. The engine keeps the pins (radix_cache.py: holds) and asks this policy, as
-# its `PinRule`, for each answer's TTL.
-# Rules:
-# - The TTL is the paper's tau* for the answered call (continuum_ttl.py: the argmax of its Eq. 2 utility),
-#   every term measured online by this policy from what the engine has shown it so far:
-#   - a tool duration is the time from a session's answer to its next call (the first attempt; a retry
-#     after a timeout adds none);
-#   - a session whose pin had expired (or whose TTL was 0) when its next call came is evicted; that
-#     call's wait from then until it is scheduled (`on_scheduled`) is one sample of T;
-#   - a session that ends with every call answered is a completed program (eta).
-#   An explicit `PolicyContext.pin_ttl_s` pins every answer for that long instead (nothing measured).
-# - The last call of a session is not pinned (its program is over); neither is an aborted call (the
-#   engine does not ask: Continuum pins only answered calls).
-# - Report (`pin_report`): answers, the share of them pinned, the mean TTL over answers, the share of
-#   tool time spent pinned (sum of min(TTL, duration) / sum of durations), the mean over answers of the T
-#   their choice read, eta now, the evicted re-entries measured.
-# Substitution: in the paper's vLLM a preempted running request also marks its program evicted; in
-# this PD model prefill holds no running request (decode's retractions do not touch the prefill cache),
-# so only expired pins evict. (The paper's v6 also puts a pinned request ahead of unpinned ones; here
-# both keep their session's arrival as priority.)
-"""`continuum`: per-call KV pins with Continuum's online TTL rule across tool calls, program-level FCFS."""
+"""`continuum`: per-call KV pins with Continuum's online TTL rule across tool calls, program-level FCFS.
+
+Continuum (as published): no admission control; every request of a session carries the session's
+arrival time as its priority (program-level FCFS); after each answer the prefill cache keeps the
+session's chain pinned for a TTL chosen for that call, so the next call finds it; a pin that outlives
+its TTL becomes evictable. The engine keeps the pins (pins.py, radix_cache.py: holds) and asks this
+policy, as its `PinRule`, for each answer's TTL.
+
+Rules:
+- The TTL is the paper's tau* for the answered call (continuum_ttl.py: the argmax of its Eq. 2 utility),
+  every term measured online by this policy from what the engine has shown it so far:
+  - a tool duration is the time from a session's answer to its next call (the first attempt; a retry
+    after a timeout adds none);
+  - a session whose pin had expired (or whose TTL was 0) when its next call came is evicted; that
+    call's wait from then until it is scheduled (`on_scheduled`) is one sample of T;
+  - a session that ends with every call answered is a completed program (eta).
+  An explicit `PolicyContext.pin_ttl_s` pins every answer for that long instead (nothing measured).
+- The last call of a session is not pinned (its program is over); neither is an aborted call (the
+  engine does not ask: Continuum pins only answered calls).
+- Report (`pin_report`): answers, the share of them pinned, the mean TTL over answers, the share of
+  tool time spent pinned (sum of min(TTL, duration) / sum of durations), the mean over answers of the T
+  their choice read, eta now, the evicted re-entries measured.
+- Substitution: in the paper's vLLM a preempted running request also marks its program evicted; in
+  this PD model prefill holds no running request (decode's retractions do not touch the prefill
+  cache), so only expired pins evict. (The paper's v6 also puts a pinned request ahead of unpinned
+  ones; here both keep their session's arrival as priority.)
+"""
 
 from __future__ import annotations
 

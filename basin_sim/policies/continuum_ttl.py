@@ -1,41 +1,31 @@
-# Continuum's TTL as published: Li et al., "Continuum" (later "CacheTTL"), arXiv 2511.02230 v2+, §4.1-4.2.
-# The paper's Eq. (1) scales benefit and cost by the pin's memory share MemUsage(r)/M; for one request
-# that factor is common to both and drops out, leaving Eq. (2), the utility of pinning r for tau seconds
-# after its answer:
-#     U(tau) = P(tool duration <= tau | f) * (T * eta + PrefillReload(r)) - tau,   tau* = argmax U,
-# over tau in {0} and the observed durations (the empirical CDF jumps only there; a tie takes the shorter).
-# Every term is measured online, from what the serving engine has seen so far, and tau* is chosen per
-# answered call (the request r whose KV would be pinned):
-# - P: the empirical CDF of every tool duration observed so far (answer -> the program's next call).
-#   Sessions carry no tool names, so there is no per-tool CDF: the whole sample is the paper's global stage.
-# - T: the sliding mean (last QUEUE_WINDOW) of the queueing delay evicted requests paid to re-enter: a
-#   program whose pin had expired (or was never set) when its next call came is "evicted"; that call's
-#   wait from its arrival until it is scheduled (its prefill starts) is one sample. Requests of new
-#   programs, and of programs still pinned, train nothing. 0 before any sample.
-# - eta = -Corr(k, N - k) over the call boundaries k = 1..N-1 of the last PROGRAM_WINDOW programs that
-#   completed (all N calls answered); 0 when undefined.
-# - PrefillReload(r): r's context (prompt + answer) prefilled alone on the profile, chunk by chunk
-#   (`Profile.prefill_batch_s`); with a host tier, its load-back (`Profile.load_back_s`).
-# - Cold start (v6 §4.2, K = 100): with at most K durations seen, T_default.
-# Sources: the abstract names these terms; the equations and the online bookkeeping are as three
-# independent reconstructions of the paper's estimator quote and implement them, all agreeing on
-# Eq. (2): burninglhw/vllm-continuum vllm/v1/core/continuum_policy.py `choose_ttl` and
-# estimate_with_func.py `ToolCallEstimator` (T from `observe_evicted_wait`: a program marked evicted when
-# its protection is revoked, the wait from its next request's arrival to its scheduling; windows of
-# 256 for queue delays and completed programs; eta from completed programs only), YEYVHAIOU/
-# vllm-continuum vllm/v1/core/dynamic_ttl_estimator.py and michiLXY03/vllm-continuum-plugin
-# src/continuum_vllm/policy.py `PaperTTLPolicy`. The authors' preview code (Hanchenli/vllm-continuum,
-# read in its forks Whrlicht/ and Weili-0234/vllm-continuum: vllm/v1/core/estimate_with_func.py
-# `ToolCallEstimator.set_up_pin`) ships no estimator: it pins 2 s (FIXED_THRESHOLD_CONTINUUM) when the
-# tool's mean duration is <= 2 s, else 0; that 2 s is the T_default used here (one reconstruction
-# reads §4.2 as an Exp(1 s) prior instead).
-#
-# Cost: the argmax over the CDF is a query on the upper convex hull of its points (U is linear in the
-# point (tau, P(tau)), so the best point is a hull vertex: the first whose next hull slope is <= 1 /
-# benefit), O(log n) per call; the hull is rebuilt whenever the sample has grown by HULL_GROWTH since
-# the last build, so a choice reads the CDF of at least 1 / HULL_GROWTH of the durations seen.
-# `best_ttl` is the plain scan the hull must agree with (tests compare them). No I/O.
-"""Continuum's TTL rule (argmax of its Eq. 2 utility), every term measured online, one choice per call."""
+"""Continuum's TTL rule (the argmax of its Eq. 2 utility), every term measured online, one choice per call.
+
+As published: Li et al., "Continuum" (later "CacheTTL"), arXiv 2511.02230 v2+, §4.1-4.2. The utility
+of pinning the answered request r for tau seconds after its answer (Eq. 1's memory share drops out
+for one request):
+    U(tau) = P(tool duration <= tau | f) * (T * eta + PrefillReload(r)) - tau,   tau* = argmax U,
+over tau in {0} and the observed durations (the empirical CDF jumps only there; a tie takes the shorter).
+
+Rules (every term measured from what the serving engine has seen so far):
+- P: the empirical CDF of every tool duration observed so far (answer -> the program's next call).
+  Sessions carry no tool names, so there is no per-tool CDF: the whole sample is the paper's global stage.
+- T: the sliding mean (last QUEUE_WINDOW) of the queueing delay evicted requests paid to re-enter: a
+  program whose pin had expired (or was never set) when its next call came is "evicted"; that call's
+  wait from its arrival until it is scheduled (its prefill starts) is one sample. Requests of new
+  programs, and of programs still pinned, train nothing. 0 before any sample.
+- eta = -Corr(k, N - k) over the call boundaries k = 1..N-1 of the last PROGRAM_WINDOW programs that
+  completed (all N calls answered); 0 when undefined.
+- PrefillReload(r): r's context (prompt + answer) prefilled alone on the profile, chunk by chunk
+  (`Profile.prefill_batch_s`); with a host tier, its load-back (`Profile.load_back_s`).
+- Cold start (v6 §4.2, K = 100): with at most K durations seen, T_default (2 s: the authors' preview
+  code's fixed pin; design.md lists the reconstructions this module follows).
+- Cost: U is linear in the point (tau, P(tau)), so the best point is a vertex of the CDF's upper
+  convex hull (the first whose next hull slope is <= 1 / benefit), O(log n) per call; the hull is
+  rebuilt whenever the sample has grown by HULL_GROWTH since the last build, so a choice reads the CDF
+  of at least 1 / HULL_GROWTH of the durations seen. `best_ttl` is the plain scan the hull must agree
+  with (tests compare them).
+- No I/O.
+"""
 
 from __future__ import annotations
 

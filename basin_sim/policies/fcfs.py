@@ -1,6 +1,8 @@
-# SGLang without a gateway: every session is admitted at once and requests are served first come,
-# first served (priority = the time the request was sent). Nothing is ever held or shed.
-"""The baselines: plain SGLang (`sglang`) and SGLang with its host-memory tier (`hicache`)."""
+"""The baselines: plain SGLang (`sglang`) and SGLang with its host-memory tier (`hicache`).
+
+SGLang without a gateway: every session is admitted at once and requests are served first come,
+first served (priority = the time the request was sent). Nothing is ever held, shed or suspended.
+"""
 
 from __future__ import annotations
 

@@ -1,21 +1,21 @@
-# Named synthetic session pools that match published trajectory statistics.
-#
-# Rules:
-# - A preset is a synthetic family (synthetic.py) derived from one of FAMILIES, whose session shape it
-#   keeps: calls per session, completion sizes, task texts, the spread and tail of the growth per call
-#   (all fitted there on our real sessions). Two scales move the family's first prompt and its tool
-#   output per call; `calibrate` fits them so that the pool meets the preset's two targets.
-# - Statistics (`pool_statistics`): median prompt = the median over every call of `prompt_tokens`;
-#   reuse of call k >= 1 = prompt_{k-1} / prompt_k, the share of its prompt already sent in the previous
-#   call (each prompt is the previous prompt + the previous completion + new tool output); median reuse
-#   = the median over those calls.
-# - Tool gaps are drawn from the preset's tool-time model (tool_time.TOOL_TIME[gap_model]), measured gaps
-#   of a real corpus, rather than from the base family's log-normal.
-# - Deterministic: the same name, seed and size give the same sessions; sessions come one after another
-#   from one stream, so a pool of n is the first n sessions of any larger pool of that seed.
-# - The scales below are printed by `python -m basin_sim.workload.presets --calibrate NAME`
-#   (CALIBRATION_SEED, CALIBRATION_SESSIONS); a test checks fresh seeds still meet the targets.
-"""Named synthetic pools (`paper-terminal-bench`, ...) calibrated to published prompt statistics."""
+"""Named synthetic pools (`paper-terminal-bench`, ...) calibrated to published trajectory statistics.
+
+Rules:
+- A preset is a synthetic family (synthetic.py) derived from one of FAMILIES, whose session shape it
+  keeps: calls per session, completion sizes, task texts, the spread and tail of the growth per call
+  (all fitted there on our real sessions). Two scales move the family's first prompt and its tool
+  output per call; `calibrate` fits them so that the pool meets the preset's two targets.
+- Statistics (`pool_statistics`): median prompt = the median over every call of `prompt_tokens`;
+  reuse of call k >= 1 = prompt_{k-1} / prompt_k, the share of its prompt already sent in the previous
+  call (each prompt is the previous prompt + the previous completion + new tool output); median reuse
+  = the median over those calls.
+- Tool gaps are drawn from the preset's tool-time model (tool_time.TOOL_TIME[gap_model]), measured gaps
+  of a real corpus, rather than from the base family's log-normal.
+- Deterministic: the same name, seed and size give the same sessions; sessions come one after another
+  from one stream, so a pool of n is the first n sessions of any larger pool of that seed.
+- The scales below are printed by `python -m basin_sim.workload.presets --calibrate NAME`
+  (CALIBRATION_SEED, CALIBRATION_SESSIONS); a test checks fresh seeds still meet the targets.
+"""
 
 from __future__ import annotations
 
@@ -129,7 +129,8 @@ def calibrate(preset: Preset, seed: int = CALIBRATION_SEED, num_sessions: int = 
 
 def main(argv: list[str] | None = None) -> int:
     """Print a preset's calibrated scales and the statistics of its calibration pool."""
-    parser = argparse.ArgumentParser(prog="python -m basin_sim.workload.presets", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m basin_sim.workload.presets",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--calibrate", required=True, metavar="NAME", help=f"one of: {', '.join(sorted(PRESETS))}")
     args = parser.parse_args(argv)
     try:

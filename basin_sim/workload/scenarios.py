@@ -1,36 +1,39 @@
-# Scenarios: which sessions arrive when, as a user writes them (`scenarios/*.yaml`, or any file).
-#
-# Rules (time):
-# - Times count from the end of warm-up: t = 0 there. Warm-up, [-warmup_s, 0), runs at the first
-#   rate segment and is excluded from every metric and from the timeline. The engine's clock starts
-#   at the start of warm-up, so engine time = t + warmup_s (`engine_s`).
-# - Arrivals stop at `duration_s`; the run then drains (simulate.py).
-# Rules (arrivals):
-# - Open population (`rate`): piecewise-constant Poisson arrivals, segment k from `from_s` to the
-#   next segment (or `duration_s`) at exactly one of: `x_overload` x the overload rate of the
-#   deployment's shape with a GPU-only cache, measured for this workload (calibrate/rates.py), so
-#   every policy and cache tier sees the same absolute arrivals; or `per_min` sessions per minute,
-#   absolute (no overload rate needed: a scenario whose segments are all `per_min` never
-#   calibrates, `needs_overload_rate` is False). The first segment starts at 0. Interarrival times
-#   are drawn segment by segment (exact for a piecewise-constant rate).
-# - Closed population (`population`): N agents, each starting its next session `think_s` after its
-#   previous one is over (finished, abandoned, shed, killed); exactly one of `rate` and
-#   `population` is given.
-# - Sessions are drawn uniformly with replacement from the pool (workload/pool.py: benchmarks or a
-#   preset, tool time resolved, optionally scaled to a median peak) and replayed call by call.
-# - Bursts: extra Poisson arrivals at `x_base` x the first segment's rate (however it is given)
-#   inside [from_s, to_s), each burst on its own random stream, so regular arrivals depend only on
-#   the seed. Burst sessions are drawn uniformly, with replacement, from the pool sessions whose
-#   unloaded time (tool time included) is <= `max_unloaded_s`, never truncated; fewer than
-#   MIN_BURST_CANDIDATES candidates is an error. `kill_at_s` (optional) aborts every live or queued
-#   session of that burst then.
-# - Sessions of one benchmark share a system-prompt prefix: the smallest first prompt of that
-#   benchmark in the pool (so it is a prefix of every session's first prompt).
-# Rules (windows):
-# - `pre` = [0, first rate change or burst) (the whole run if there is none); the goodput window is
-#   [goodput_window.from_s, goodput_window.to_s) with to_s <= duration_s; goodput counts non-burst
-#   sessions arriving in it. `last_change_s` = the last rate change or burst end (0 if none).
-"""Scenarios (rate segments, bursts, closed populations) and the session arrivals they generate."""
+"""Scenarios: which sessions arrive when, as a user writes them (`scenarios/*.yaml`, or any file).
+
+Rate segments, bursts, closed populations, and the session arrivals they generate.
+
+Rules (time):
+- Times count from the end of warm-up: t = 0 there. Warm-up, [-warmup_s, 0), runs at the first
+  rate segment and is excluded from every metric and from the timeline. The engine's clock starts
+  at the start of warm-up, so engine time = t + warmup_s (`engine_s`).
+- Arrivals stop at `duration_s`; the run then drains (simulate.py).
+
+Rules (arrivals):
+- Open population (`rate`): piecewise-constant Poisson arrivals, segment k from `from_s` to the
+  next segment (or `duration_s`) at exactly one of: `x_overload` x the overload rate of the
+  deployment's shape with a GPU-only cache, measured for this workload (calibrate/rates.py), so
+  every policy and cache tier sees the same absolute arrivals; or `per_min` sessions per minute,
+  absolute (no overload rate needed: a scenario whose segments are all `per_min` never
+  calibrates, `needs_overload_rate` is False). The first segment starts at 0. Interarrival times
+  are drawn segment by segment (exact for a piecewise-constant rate).
+- Closed population (`population`): N agents, each starting its next session `think_s` after its
+  previous one is over (clients.py); exactly one of `rate` and `population` is given.
+- Sessions are drawn uniformly with replacement from the pool (workload/pool.py: benchmarks or a
+  preset, tool time resolved, optionally scaled to a median peak) and replayed call by call.
+- Bursts: extra Poisson arrivals at `x_base` x the first segment's rate (however it is given)
+  inside [from_s, to_s), each burst on its own random stream, so regular arrivals depend only on
+  the seed. Burst sessions are drawn uniformly, with replacement, from the pool sessions whose
+  unloaded time (tool time included) is <= `max_unloaded_s`, never truncated; fewer than
+  MIN_BURST_CANDIDATES candidates is an error. `kill_at_s` (optional) aborts every live or queued
+  session of that burst then.
+- Sessions of one benchmark share a system-prompt prefix: the smallest first prompt of that
+  benchmark in the pool (so it is a prefix of every session's first prompt).
+
+Rules (windows):
+- `pre` = [0, first rate change or burst) (the whole run if there is none); the goodput window is
+  [goodput_window.from_s, goodput_window.to_s) with to_s <= duration_s; goodput counts non-burst
+  sessions arriving in it. `last_change_s` = the last rate change or burst end (0 if none).
+"""
 
 from __future__ import annotations
 

@@ -1,32 +1,27 @@
-# Tool time: how long a session sits idle, holding its cache, between a call's answer and its next call.
-#
-# Rules:
-# - A session has one gap per call but the last: seconds from call k's answer to call k+1's request
-#   (tool execution plus the agent's own harness). `resolve_gaps` returns them, every one (recorded or
-#   modelled) multiplied by `tool_time_scale` (finite, >= 0; 1.0 = as recorded / modelled).
-# - GAP_SOURCES states per benchmark whether its recorded `gap_s` are real tool time and which fitted
-#   model fills the gaps it lacks. Decided from the data (the evidence `--fit` prints), not by a threshold:
-#   * terminal-bench: real. `t` is when the terminal recording printed a message, so a gap runs from the
-#     answer's print to the observation's print: the command itself (median 0.04 s: ls/cat take ~20 ms,
-#     pip ~29 s; 212 of 2300 gaps are the 30 s command timeout). The model's latency comes after the
-#     observation and is not in the gap (Spearman of gap with the call's own completion tokens -0.01).
-#   * swebench-verified: real, biased up. `created` (integer seconds) is stamped when OpenRouter starts
-#     the generation, so a gap also holds call k's own latency at the agent's provider: Spearman 0.60 with
-#     call k's completion tokens, -0.12 with call k+1's; the one 600 s gap follows a 69,557-token answer.
-#     That part is removed with the latency line, the 5%-quantile regression of gap on the call's
-#     completion tokens (1.568 s + 8.28 ms/token): a floor, so what is left (mean 3.2 s of the recorded
-#     6.8 s) is still an upper bound on tool + harness time, at 1 s resolution.
-#   * tau-bench-airline: nothing recorded (gap_s null): drawn from the swebench-verified model.
-#   * synthetic-* and presets: their gaps come from log-normals (synthetic.py), not from a measurement:
-#     drawn from the model of the benchmark they mirror.
-#   * any other benchmark (e.g. a gateway log): recorded gaps are real; missing ones from DEFAULT_MODEL.
-# - A recorded gap of a real benchmark is kept, minus its model's latency line, floored at 0. Every gap
-#   of a benchmark without real gaps, and every missing gap, is drawn from the model: the inverse CDF of
-#   its quantile table (piecewise linear), one `rng.random()` per drawn gap, in call order.
-#   Same session, rng state and scale -> the same gaps.
-# - The constants in TOOL_TIME are printed by
-#   `python -m basin_sim.workload.tool_time --fit data/sessions.parquet` (fit_models); a test refits them.
-"""Per-benchmark tool-time models fitted on the real gaps, and the gaps a replayed session waits."""
+"""Tool time: how long a session sits idle, holding its cache, between a call's answer and its next call.
+
+Per-benchmark tool-time models fitted on the real gaps, and the gaps a replayed session waits.
+
+Rules:
+- A session has one gap per call but the last: seconds from call k's answer to call k+1's request
+  (tool execution plus the agent's own harness). `resolve_gaps` returns them, every one (recorded or
+  modelled) multiplied by `tool_time_scale` (finite, >= 0; 1.0 = as recorded / modelled).
+- GAP_SOURCES states per benchmark whether its recorded `gap_s` are real tool time and which fitted
+  model fills the gaps it lacks, decided from the data (the evidence `--fit` prints; design.md sums it
+  up), not by a threshold:
+  * terminal-bench: real (the command itself, from the terminal recording's print times);
+  * swebench-verified: real, biased up by call k's own latency at the agent's provider, which the
+    model's latency line (a 5%-quantile regression of gap on the call's completion tokens) removes;
+  * tau-bench-airline: nothing recorded: drawn from the swebench-verified model;
+  * synthetic-* and presets: drawn from the model of the benchmark they mirror;
+  * any other benchmark (e.g. a gateway log): recorded gaps are real; missing ones from DEFAULT_MODEL.
+- A recorded gap of a real benchmark is kept, minus its model's latency line, floored at 0. Every gap
+  of a benchmark without real gaps, and every missing gap, is drawn from the model: the inverse CDF of
+  its quantile table (piecewise linear), one `rng.random()` per drawn gap, in call order.
+  Same session, rng state and scale -> the same gaps.
+- The constants in TOOL_TIME are printed by
+  `python -m basin_sim.workload.tool_time --fit data/sessions.parquet` (fit_models); a test refits them.
+"""
 
 from __future__ import annotations
 
@@ -240,7 +235,8 @@ def evidence(sessions: Sequence[Session], benchmark: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Print the evidence per benchmark and the fitted TOOL_TIME constants."""
-    parser = argparse.ArgumentParser(prog="python -m basin_sim.workload.tool_time", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m basin_sim.workload.tool_time",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--fit", type=Path, required=True, metavar="SESSIONS", help="session table (.parquet)")
     args = parser.parse_args(argv)
     try:

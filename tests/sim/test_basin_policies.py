@@ -13,6 +13,7 @@ from basin_runtime.policy.calibrated import Calibration
 from basin_runtime.policy.lending import LENDING_KINDS
 from basin_sim import catalog
 from basin_sim.engine import Engine
+from basin_sim.kv_tiers import DecodeMemoryLending
 from basin_sim.lifecycle import Status
 from basin_sim.policies import (
     BasinPolicy,
@@ -194,6 +195,12 @@ def _lending_engine(decode_tokens: int) -> Engine:
     return Engine(d, make_policy("basin-proto", PolicyContext(d)), tick_s=None)
 
 
+def sync_lent(engine: Engine) -> None:
+    """Tell the decode instances what the ledger lends (after lending by hand)."""
+    assert isinstance(engine.kv_tier, DecodeMemoryLending)
+    engine.kv_tier.sync()
+
+
 def test_decode_lends_a_finished_calls_kv_and_writes_it_back_on_the_next_call() -> None:
     engine = _lending_engine(100_000)
     engine.add(spec(session("a", [2_000, 3_000], completion=100, gap_s=5.0), 0.0))
@@ -208,7 +215,7 @@ def test_write_back_replaces_recompute_and_costs_max_of_compute_and_transfer() -
     prefill = engine.prefill[0]
     assert engine.ledger is not None
     engine.ledger.lend("a", "0", 2_100)
-    engine._sync_lent()
+    sync_lent(engine)
     engine.add(spec(session("a", [3_000], completion=10), 0.0))
     engine.run_until(math.inf)
     compute_s = 0.01 + (3_000 - 2_100) * 1e-4  # nothing cached on prefill: 2_100 written back, 900 computed
@@ -235,7 +242,7 @@ def test_decode_reclaims_lent_memory_oldest_first_before_a_reservation_waits() -
     assert engine.ledger is not None
     engine.ledger.lend("old", "0", 2_000)
     engine.ledger.lend("new", "0", 2_000)
-    engine._sync_lent()
+    sync_lent(engine)
     engine.add(spec(session("x", [5_500], completion=100), 0.0))  # alone it needs 5500 + 1000: 500 must come back
     engine.run_until(0.0)
     assert [e.session_id for e in engine.ledger.entries("0")] == ["new"]
@@ -305,7 +312,7 @@ def test_the_engine_ticks_the_policy_with_the_first_token_latency_and_basin_enga
 
     policy.on_tick = recording  # type: ignore[method-assign]
     engine.run_until(3.0)
-    waits = [3.0 - r.sent_s for r in engine._requests.values() if r.stage.value != "decoding"]
+    waits = [3.0 - r.sent_s for r in engine.requests.values() if r.stage.value != "decoding"]
     assert len(waits) == 6 and engine.ttft_s() == pytest.approx(statistics.median(waits))
     # the working set is far past B / r (the knee is 1,000 tokens); once the engines read slow, it engages
     assert seen == [1.0, 2.0, 3.0]  # nobody has a first token yet: the median wait grows tick by tick

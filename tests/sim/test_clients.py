@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import random
 from collections import Counter
+from collections.abc import Callable
 
 import pytest
 
@@ -370,11 +371,10 @@ def test_a_closed_agent_whose_session_is_abandoned_starts_another() -> None:
 # --- overload: timeouts bound the live sessions ------------------------------------------------------
 
 
-def overloaded(clients: ClientPolicy | None, engine_type: type[Engine] = Engine, seed: int = 3) -> Engine:
+def overloaded(clients: ClientPolicy | None, seed: int = 3) -> Engine:
     """Poisson arrivals of 10-call sessions at ~5x what a 1P1D tiny deployment with 12k of decode serves."""
     rng = random.Random(seed)
-    engine = engine_type(deployment(decode_tokens=12_000), Recording(), tick_s=10.0, clients=clients,
-                         client_seed=seed)
+    engine = Engine(deployment(decode_tokens=12_000), Recording(), tick_s=10.0, clients=clients, client_seed=seed)
     t, prompts = 0.0, [2_000 + 300 * k for k in range(10)]
     while (t := t + rng.expovariate(1.0)) < 600.0:
         engine.add(spec(session(f"s{len(engine.runs):04d}", prompts, completion=200, gap_s=2.0), arrival_s=t))
@@ -383,16 +383,17 @@ def overloaded(clients: ClientPolicy | None, engine_type: type[Engine] = Engine,
 
 def test_under_overload_timeouts_bound_the_live_sessions_while_timeouts_and_retries_rise() -> None:
     stages: Counter[Stage] = Counter()
-
-    class Watched(Engine):
-        def _cancel(self, request: Request) -> None:
-            stages[request.stage] += 1
-            super()._cancel(request)
-
     results = {}
     for name, clients in (("none", None), ("clients", ClientPolicy(call_timeout_s=30.0, max_retries=1,
                                                                    harness_attempts=2))):
-        engine = overloaded(clients, Watched)
+        engine = overloaded(clients)
+        withdraw = engine.flow.withdraw
+
+        def watched(request: Request, withdraw: Callable[[Request], None] = withdraw) -> None:
+            stages[request.stage] += 1
+            withdraw(request)
+
+        engine.flow.withdraw = watched  # type: ignore[method-assign]
         for minute in range(1, 11):
             engine.run_until(60.0 * minute)
             engine.check()

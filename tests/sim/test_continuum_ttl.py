@@ -25,7 +25,8 @@ from basin_sim.policies.continuum_ttl import (
     memoryfulness,
     reload_s,
 )
-from basin_sim.simulate import RunSpec, policy_context
+from basin_sim.run_spec import RunSpec
+from basin_sim.simulate import policy_context
 from tests.sim.builders import TINY, deployment, session, spec, with_profile
 
 # TINY: a prefill batch costs 10 ms + 0.1 ms per computed token, 4,096 tokens a batch; load-back 1 us a token.

@@ -213,3 +213,45 @@ def test_lent_memory_is_reclaimed_before_a_request_is_retracted() -> None:
 def test_a_request_that_cannot_fit_an_empty_instance_is_recognised() -> None:
     decode = instance(6_000)
     assert decode.can_ever_fit(slot(1, prompt=1_904)) and not decode.can_ever_fit(slot(2, prompt=1_905))
+
+
+def test_grant_reclaims_lent_memory_for_the_head_and_tells_each_grant_at_once() -> None:
+    decode = instance(6_096)
+    decode.lent_tokens = 1_000
+    reclaimed: list[int] = []
+
+    def reclaim(tokens: int) -> None:
+        reclaimed.append(tokens)
+        decode.lent_tokens -= tokens
+
+    decode.reclaim = reclaim
+    decode.enqueue(a := slot(1))
+    granted: list[DecodeSlot] = []
+    decode.grant(0.0, granted.append)
+    assert reclaimed == [1_000] and granted == [a] and decode.lent_tokens == 0
+    decode.reclaim = None  # nothing to reclaim from: the head waits
+    decode.lent_tokens = 500
+    decode.enqueue(slot(2, prompt=3_000))
+    decode.grant(0.0, granted.append)
+    assert granted == [a] and decode.head_shortfall_tokens(0.0) > 0
+
+
+@pytest.mark.parametrize("where", ["queued", "allocated", "running", "retracted"])
+def test_withdraw_gives_back_what_the_request_holds_wherever_it_is(where: str) -> None:
+    decode = instance(20_000, reserved_decode_tokens=0)
+    other, gone = slot(1, prompt=5_000, completion=10_000), slot(2, prompt=5_000, completion=10_000)
+    running(decode, other)
+    decode.enqueue(gone)
+    if where != "queued":
+        assert decode.pop_reserved(0.0) == [gone]
+    if where in ("running", "retracted"):
+        decode.join(gone, 0.0)
+    if where == "retracted":  # memory runs out: the request with fewer tokens emitted goes
+        decode.pop_finished(decode.next_event_s() or 0.0, lambda _: None)
+        assert gone.is_retracted
+    now = 1.0 if where == "retracted" else 0.0
+    decode.withdraw(gone, now)
+    decode.check()
+    assert not (gone.is_running or gone.is_allocated or gone.is_retracted)
+    assert decode.queued_tokens == 0 and decode.allocated_waiting_tokens == 0 and decode.num_retracted == 0
+    assert other.is_running and decode.batch_size == 1

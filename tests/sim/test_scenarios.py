@@ -16,7 +16,8 @@ from basin_sim.catalog import load_profile
 from basin_sim.engine import Engine
 from basin_sim.policies.fcfs import FcfsPolicy
 from basin_sim.profile import Deployment
-from basin_sim.simulate import ArrivalFeed, RunResult, RunSpec, run_scenario
+from basin_sim.run_spec import RunSpec
+from basin_sim.simulate import ArrivalFeed, RunResult, run_scenario
 from basin_sim.timeline import Timeline
 from basin_sim.workload.scenarios import (
     BurstSpec,
