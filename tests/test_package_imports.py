@@ -338,7 +338,7 @@ def test_every_module_imports_with_its_own_extra_alone(
     [
         ("basin_runtime.policy", ("numpy", "onnxruntime", "starlette")),
         ("basin_runtime", (*TRAINING_STACK, *HTTP_STACK, "matplotlib", "tqdm")),
-        ("basin_runtime.gateway", (*TRAINING_STACK, "openai", "matplotlib")),
+        ("basin_runtime.gateway", (*TRAINING_STACK, "openai", "matplotlib", "aiohttp")),  # one upstream client
         ("basin_sim", TRAINING_STACK + HTTP_STACK),
         ("basin_emulate", (*TRAINING_STACK, "openai", "httpx", "smg")),
         ("basin_loadgen", (*TRAINING_STACK, "starlette", "uvicorn", "smg")),

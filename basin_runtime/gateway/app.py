@@ -27,7 +27,7 @@
 #   gateway's `active_calls`, which a shutdown waits for and, at its drain's deadline, cuts: a request
 #   cancelled before its answer began gets a JSON 503 `shutting_down` (never the server's plain-text 500).
 # - While the gateway drains (a graceful shutdown), `GET /health` is 503 `shutting_down`.
-# - The lifespan starts the upstream client (the aiohttp session must be made on the running loop),
+# - The lifespan starts the upstream client (on the running loop),
 #   runs the waiting room's timers, the live-sessions file's writer (`restart.py`) and, when
 #   configured, the engines' /metrics scraper (`engine_metrics.py`). At its end (the server has
 #   stopped: `cli.py` drains first) it ends every session still held as `shutdown` (logged), then
@@ -50,7 +50,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import anyio
-import httpx
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -72,6 +71,7 @@ from basin_runtime.gateway.errors import (
     error_response,
 )
 from basin_runtime.gateway.gateway import Gateway
+from basin_runtime.gateway.http1 import Http1UpstreamClient
 from basin_runtime.gateway.lending import LendingTracker
 from basin_runtime.gateway.measure import Meter
 from basin_runtime.gateway.metrics import CONTENT_TYPE
@@ -80,7 +80,7 @@ from basin_runtime.gateway.priority import PriorityLevels
 from basin_runtime.gateway.proxy import Upstream
 from basin_runtime.gateway.restart import LiveSessionsFile
 from basin_runtime.gateway.session_log import SessionLogWriter
-from basin_runtime.gateway.upstream import UpstreamClient, make_client
+from basin_runtime.gateway.upstream import UpstreamClient
 from basin_runtime.gateway.waiting import WaitingRoom
 from basin_runtime.policy import Policy, PolicyConfig, PolicyError
 from basin_runtime.policy.hit_rate import HitRateWindow
@@ -332,7 +332,7 @@ def _has_admin_token(request: Request, admin_token: str) -> bool:
     return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), admin_token.encode())
 
 
-def build_gateway(config: GatewayConfig, client: UpstreamClient | httpx.AsyncClient | None = None,
+def build_gateway(config: GatewayConfig, client: UpstreamClient | None = None,
                   clock: Clock | None = None) -> Gateway:
     """Load the tokenizer, models and calibration named by `config`; `ConfigError` if one cannot be used.
 
@@ -381,9 +381,9 @@ def shared_state(config: GatewayConfig, policy_settings: PolicyConfig) -> Coordi
 
 
 def upstream_client(config: GatewayConfig) -> UpstreamClient:
-    """The HTTP client to the upstream (`config.upstream_client`), with the gateway's timeouts, no connection cap."""
-    return make_client(config.upstream_client, config.upstream, connect_s=config.upstream_connect_timeout_s,
-                       read_s=config.upstream_timeout_s, max_head_bytes=config.max_header_bytes)
+    """The HTTP client to the upstream (`http1.py`), with the gateway's timeouts, no connection cap."""
+    return Http1UpstreamClient(config.upstream, connect_s=config.upstream_connect_timeout_s,
+                               read_s=config.upstream_timeout_s, max_head_bytes=config.max_header_bytes)
 
 
 def build_app(config: GatewayConfig, clock: Clock | None = None) -> Starlette:

@@ -53,7 +53,6 @@ from basin_runtime.predictor import reservation_quantile_arg
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 DEFAULT_REVISE_AT_CALLS: tuple[int, ...] = ()  # the paper's Basin never revises (beyond it: --revise-at-calls 3 5)
-UPSTREAM_CLIENTS = ("httptools", "aiohttp", "httpx")
 MIN_HEADER_BYTES = 1024
 
 
@@ -89,7 +88,6 @@ class GatewayConfig:
     # httpx / openai pools, so a client reusing one at 5 s races the close and gets a reset): above every
     # common client pool (httpx and openai 5 s, aiohttp 15 s) and load balancer (60 s), as smg's own 90 s.
     keep_alive_s: float = 90.0
-    upstream_client: str = "httptools"  # the gateway's own HTTP/1.1 client (`http1.py`)
     retry_after_s: float = 60.0
     admin_token: str | None = None
     insecure_admin: bool = False  # serve /basin/ without a token beyond loopback (`cli.py` refuses otherwise)
@@ -171,12 +169,6 @@ def _upstream(key: str, value: object) -> str:
     if not re.match(r"^https?://[^/]+", url):
         raise ConfigError(f"{key}: expected an http(s):// URL, got {value!r}")
     return url
-
-
-def _upstream_client(key: str, value: object) -> str:
-    if value not in UPSTREAM_CLIENTS:
-        raise ConfigError(f"{key}: expected one of {', '.join(UPSTREAM_CLIENTS)}, got {value!r}")
-    return str(value)
 
 
 def _urls(key: str, value: object) -> list[str]:
@@ -282,7 +274,7 @@ _CHECKS: dict[str, Callable[[str, object], object]] = {
     "calibration": _str, "host": _str,
     "port": _int, "always_engaged": _bool, "latency_gate": _bool, "session_header": _str, "workload_header": _str,
     "idle_timeout_s": _seconds, "tick_interval_s": _seconds, "upstream_timeout_s": _seconds,
-    "upstream_connect_timeout_s": _seconds, "upstream_client": _upstream_client, "retry_after_s": _seconds,
+    "upstream_connect_timeout_s": _seconds, "retry_after_s": _seconds,
     "keep_alive_s": _seconds, "admin_token": _str, "insecure_admin": _bool,
     "tokenizer": _str, "task_text_pattern": _str, "log_level": _log_level, "policy": _policy,
     "shadow": _bool, "hit_rate_window_s": _seconds, "hit_rate_min_prompt_tokens": _int,
@@ -348,9 +340,6 @@ def build_parser() -> argparse.ArgumentParser:
     add("--keep-alive-s", type=float, metavar="S",
         help=f"how long an idle client connection is kept open (default {_default('keep_alive_s'):g}; keep it above "
              f"the idle time of the clients' pools and of any proxy in front)")
-    add("--upstream-client", choices=UPSTREAM_CLIENTS,
-        help=f"HTTP client to the upstream (default {_default('upstream_client')}, the gateway's own; aiohttp costs "
-             f"more CPU per call, httpx ~10x more at load)")
     add("--retry-after-s", type=float, metavar="S",
         help=f"Retry-After of a shed session's 503 (default {_default('retry_after_s'):g})")
     add("--admin-token", metavar="TOKEN", help="bearer token required on /basin/ endpoints, and the secret of "

@@ -1,13 +1,12 @@
 # Forwarding to the upstream (the SGLang router, or one server), streaming the answer through.
 #
 # Rules:
-# - The upstream client is an injected `UpstreamClient` (`upstream.py`: aiohttp by default, or httpx;
-#   an `httpx.AsyncClient` given here is wrapped) whose base URL is the upstream; its timeouts are the
-#   gateway's. Nothing else in the gateway talks to the upstream.
+# - The upstream client is an injected `UpstreamClient` (`upstream.py`; `http1.py` in production) whose
+#   base URL is the upstream; its timeouts are the gateway's. Nothing else in the gateway talks to the upstream.
 # - Request headers: the client's end-to-end headers go through, `Authorization` included; hop-by-hop
 #   headers, `Host` and `Content-Length` do not (the body may have been rewritten), and the gateway
 #   asks for `Accept-Encoding: identity`. A header whose name is not an HTTP token or whose value is
-#   not printable ASCII (non-ASCII bytes, control characters: neither upstream client can send them
+#   not printable ASCII (non-ASCII bytes, control characters: an HTTP client cannot send them
 #   as received) is not forwarded either (logged at debug level).
 # - An SSE answer, or one without a small `Content-Length`, streams through chunk by chunk as it
 #   arrives: never buffered whole. A non-SSE answer with `Content-Length` up to `WHOLE_BODY_BYTES` is
@@ -70,7 +69,6 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 import anyio
-import httpx
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -92,7 +90,6 @@ from basin_runtime.gateway.sessions import CallOutcome
 from basin_runtime.gateway.signals import Usage, parse_json, usage_of
 from basin_runtime.gateway.sse import SseEvents, SseFramer
 from basin_runtime.gateway.upstream import (
-    HttpxUpstreamClient,
     RequestBody,
     UpstreamAnswer,
     UpstreamBrokenError,
@@ -138,8 +135,8 @@ async def _no_end(end: CallEnd) -> None:
 class Upstream:
     """Sends requests to the upstream and streams its answers back."""
 
-    def __init__(self, client: UpstreamClient | httpx.AsyncClient) -> None:
-        self.client: UpstreamClient = HttpxUpstreamClient(client) if isinstance(client, httpx.AsyncClient) else client
+    def __init__(self, client: UpstreamClient) -> None:
+        self.client = client
 
     async def start(self) -> None:
         """Get the client ready (on the running loop: the app's lifespan)."""
