@@ -46,7 +46,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import orjson
 
@@ -67,10 +67,8 @@ from basin_runtime.gateway.limits import (
     check_depth,
     collector_paused,
 )
+from basin_runtime.gateway.memo import Resent
 from basin_runtime.messages import Message
-
-if TYPE_CHECKING:
-    from basin_runtime.gateway.resend import Resent
 
 CallKind = Literal["chat", "completion", "generate"]
 UPSTREAM_PATHS: dict[CallKind, str] = {

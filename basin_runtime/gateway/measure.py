@@ -31,23 +31,13 @@ import orjson
 
 from basin_runtime.gateway.calls import Call
 from basin_runtime.gateway.errors import BadRequestError
-from basin_runtime.gateway.resend import DEFAULT_MAX_PREFIX_BYTES, BodyPrefix, PrefixBudget, prefix_of
+from basin_runtime.gateway.memo import BodyPrefix, MemoCounts
+from basin_runtime.gateway.resend import DEFAULT_MAX_PREFIX_BYTES, PrefixBudget, prefix_of
 from basin_runtime.messages import Message
 from basin_runtime.task_text import TaskTextError, TaskTextRule, extract_task_text
 from basin_runtime.tokenizer import CallTokens, ChatTokenizer, TokenizerError
 
 _LONG_TEXT_CHARS = 1 << 16  # a message text past this is hashed as UTF-8 bytes: re-serialising it costs more
-
-
-@dataclass(frozen=True)
-class MemoCounts:
-    """One chat prompt's per-message token counts under the messages' digests, and its tools' count."""
-
-    keys: tuple[bytes, ...] = ()
-    tokens: tuple[int, ...] = ()
-    tools_key: bytes | None = None
-    tools_tokens: int = 0
-    prefix: BodyPrefix | None = None  # the prompt's body prefix, for reading its session's next call (`resend.py`)
 
 
 @dataclass

@@ -9,7 +9,7 @@
 #   hashes and counts a few kilobytes instead of the whole conversation (a 300k-token one is 1.5 MB).
 # - The `Call` this gives is the one the full parse gives (same fields, same top-level order, the same
 #   checks on every new message and field) except that `messages` and `body["messages"]` hold only the
-#   new messages: `Call.resent` carries the counts of the others (`measure.MemoCounts`) and this body's
+#   new messages: `Call.resent` carries the counts of the others (`memo.MemoCounts`) and this body's
 #   own prefix for the next call. Such a body is never re-serialised: a call whose forwarding would
 #   rewrite a field the client sent (its own `priority` or `rid`, or a streamed call's `stream_options`
 #   without `include_usage`) is read in full.
@@ -30,8 +30,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
@@ -62,40 +61,10 @@ from basin_runtime.gateway.json_scan import (
     value_end,
 )
 from basin_runtime.gateway.limits import Limits, check_depth
-
-if TYPE_CHECKING:
-    from basin_runtime.gateway.measure import MemoCounts
+from basin_runtime.gateway.memo import BodyPrefix, MemoCounts, Resent
 
 RESEND_MIN_BYTES = 64 << 10  # smaller bodies are read in full: cheaper than keeping their bytes
 DEFAULT_MAX_PREFIX_BYTES = 256 << 20
-
-
-
-@dataclass(frozen=True, eq=False)
-class BodyPrefix:
-    """What a session's next call may reuse of this body: its bytes up to `end` (just after its last message)."""
-
-    raw: bytes
-    end: int
-    head: Mapping[str, Any]  # the top-level fields before `messages`, parsed
-    num_messages: int
-    has_assistant: bool
-    has_system: bool
-    num_parts: int = 0  # content parts in its messages (`calls.content_parts`)
-
-
-@dataclass(frozen=True)
-class Resent:
-    """How a resent call was read: the memo counts its unchanged messages came from, and its own prefix."""
-
-    base: MemoCounts  # `base.prefix` is the prefix this body repeats; `base.keys`/`tokens` its messages' counts
-    prefix: BodyPrefix  # this body's prefix (for the next call)
-
-    @property
-    def num_known(self) -> int:
-        """How many leading messages were not read again."""
-        assert self.base.prefix is not None
-        return self.base.prefix.num_messages
 
 
 class PrefixBudget:

@@ -26,18 +26,16 @@ import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring  # the C escaper json.dumps uses
-from typing import TYPE_CHECKING, Literal, TypeAlias
+from typing import Literal, TypeAlias
 
 from basin_runtime.gateway.calls import Call
 from basin_runtime.gateway.limits import DEFAULT_MAX_SESSION_ID_CHARS, checked_session_id
 from basin_runtime.gateway.measure import PromptMemo
 from basin_runtime.gateway.priority import PriorityLevels
+from basin_runtime.gateway.restart import LiveSession
 from basin_runtime.messages import message_text
 from basin_runtime.policy import Shed
 from basin_runtime.session_log import LoggedCall
-
-if TYPE_CHECKING:
-    from basin_runtime.gateway.restart import LiveSession
 
 SessionState = Literal["queued", "live"]
 Verdict: TypeAlias = Literal["admitted", "ended", "shutdown"] | Shed
