@@ -252,6 +252,21 @@ class ListOf(Check):
 
 
 @dataclass(frozen=True)
+class Section(Check):
+    """A mapping holding the declared `keys` (`read_keys`), `required` ones among them; kept as a dict."""
+
+    keys: Mapping[str, Key]
+    required: tuple[str, ...] = ()
+    null_is_absent: bool = False
+
+    def describe(self) -> str:
+        return "a mapping"
+
+    def read(self, key: str, value: object) -> dict[str, Any]:
+        return read_keys(value, self.keys, self.required, key, null_is_absent=self.null_is_absent)
+
+
+@dataclass(frozen=True)
 class Record(Check):
     """A mapping holding the fields of the dataclass `cls` (`read_fields`), built into one."""
 
