@@ -1,29 +1,29 @@
-# Reading a resent conversation: only what follows the bytes the session's last body already had.
-#
-# Rules:
-# - An agent resends its whole conversation on every call, grown by a turn or two. When a chat call's
-#   body begins with the session's last body's bytes up to the end of that body's last message, those
-#   messages are the same messages in the same place: identical bytes put a JSON parser in the same
-#   state with the same values. So only the rest is read: the new message objects after the array's
-#   last one, the array's end and the top-level fields after it. The gateway then parses, validates,
-#   hashes and counts a few kilobytes instead of the whole conversation (a 300k-token one is 1.5 MB).
-# - The `Call` this gives is the one the full parse gives (same fields, same top-level order, the same
-#   checks on every new message and field) except that `messages` and `body["messages"]` hold only the
-#   new messages: `Call.resent` carries the counts of the others (`memo.MemoCounts`) and this body's
-#   own prefix for the next call. Such a body is never re-serialised: a call whose forwarding would
-#   rewrite a field the client sent (its own `priority` or `rid`, or a streamed call's `stream_options`
-#   without `include_usage`) is read in full.
-# - Anything out of the ordinary falls back to reading the whole body, which names any error exactly as
-#   before: not a message object after a comma, a tail orjson refuses, another `messages` key, nesting
-#   past the depth limit, a float orjson cannot keep exact, a shape error in a new message or field.
-# - The prefix of a body read in full is found by one forward scan of its top level (strings skipped
-#   with memchr, ~2.5 ms for 1.5 MB, in the worker thread the full read runs in): the top-level
-#   `messages` array's last element's end and the fields before the array. A body with a repeated
-#   top-level key (in any spelling) gets no prefix, so the array found is the one the parser kept.
-# - Only bodies of RESEND_MIN_BYTES or more get a prefix: below that the full read is cheap. A prefix
-#   holds its body (a reference, no copy); `PrefixBudget` bounds the bytes all sessions' prefixes hold
-#   (a body past it is read in full next time).
-"""Recognise the unchanged prefix of a resent conversation and read only the rest."""
+"""Recognise the unchanged prefix of a resent conversation and read only the rest.
+
+Rules:
+- An agent resends its whole conversation on every call, grown by a turn or two. When a chat call's
+  body begins with the session's last body's bytes up to the end of that body's last message, those
+  messages are the same messages in the same place: identical bytes put a JSON parser in the same
+  state with the same values. So only the rest is read: the new message objects after the array's
+  last one, the array's end and the top-level fields after it. The gateway then parses, validates,
+  hashes and counts a few kilobytes instead of the whole conversation (a 300k-token one is 1.5 MB).
+- The `Call` this gives is the one the full parse gives (same fields, same top-level order, the same
+  checks on every new message and field) except that `messages` and `body["messages"]` hold only the
+  new messages: `Call.resent` carries the counts of the others (`memo.MemoCounts`) and this body's
+  own prefix for the next call. Such a body is never re-serialised: a call whose forwarding would
+  rewrite a field the client sent (its own `priority` or `rid`, or a streamed call's `stream_options`
+  without `include_usage`) is read in full.
+- Anything out of the ordinary falls back to reading the whole body, which names any error exactly as
+  before: not a message object after a comma, a tail orjson refuses, another `messages` key, nesting
+  past the depth limit, a float orjson cannot keep exact, a shape error in a new message or field.
+- The prefix of a body read in full is found by one forward scan of its top level (strings skipped
+  with memchr, ~2.5 ms for 1.5 MB, in the worker thread the full read runs in): the top-level
+  `messages` array's last element's end and the fields before the array. A body with a repeated
+  top-level key (in any spelling) gets no prefix, so the array found is the one the parser kept.
+- Only bodies of RESEND_MIN_BYTES or more get a prefix: below that the full read is cheap. A prefix
+  holds its body (a reference, no copy); `PrefixBudget` bounds the bytes all sessions' prefixes hold
+  (a body past it is read in full next time).
+"""
 
 from __future__ import annotations
 

@@ -1,17 +1,17 @@
-# The seam under the waiting room: where policy steps are applied.
-#
-# Rules:
-# - The waiting room hands a backend `Step`s and hears of every step applied (its own and, with a shared
-#   backend, every other replica's) through one listener, called synchronously in the order the steps
-#   apply; `step` then returns the step's events (or raises its `PolicyError`).
-# - `submit` is for steps whose caller needs no answer (a call's observe, a revision): in process they
-#   apply at once (exactly as `step`); a shared backend sends them without waiting.
-# - `InProcessBackend` is the embedded default: the local `Policy`, the caller's clock, nothing shared;
-#   one gateway without `--state` behaves exactly as before the seam existed.
-# - A shared backend that cannot reach its store raises `StateUnavailableError` from `step`: the gateway
-#   answers 503 `state_unavailable` for what needs a decision (a new session), and keeps serving what
-#   was decided (admitted sessions).
-"""`StateBackend`: the seam under the waiting room; `InProcessBackend`, the embedded default."""
+"""`StateBackend`: the seam under the waiting room; `InProcessBackend`, the embedded default.
+
+Rules:
+- The waiting room hands a backend `Step`s and hears of every step applied (its own and, with a shared
+  backend, every other replica's) through one listener, called synchronously in the order the steps
+  apply; `step` then returns the step's events (or raises its `PolicyError`).
+- `submit` is for steps whose caller needs no answer (a call's observe, a revision): in process they
+  apply at once (exactly as `step`); a shared backend sends them without waiting.
+- `InProcessBackend` is the embedded default: the local `Policy`, the caller's clock, nothing shared;
+  a step applies to it at once, in the caller's own task.
+- A shared backend that cannot reach its store raises `StateUnavailableError` from `step`: the gateway
+  answers 503 `state_unavailable` for what needs a decision (a new session), and keeps serving what
+  was decided (admitted sessions).
+"""
 
 from __future__ import annotations
 

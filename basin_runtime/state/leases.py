@@ -1,28 +1,28 @@
-# Leases: which replicas are alive, and which one does the deployment's periodic work.
-#
-# Rules:
-# - Every replica beats every `interval_s` (at most an eighth of its lease): one script (`beat.lua`) stamps
-#   its heartbeat with Redis's clock in one hash, takes or renews the leader lease, and returns every
-#   heartbeat and the epoch; its signal report (`signals.py`) is written beside it. A replica whose last
-#   heartbeat is older than `lease_s` is dead. The replica also checks that the shared state's epoch is
-#   still its own (else it reloads: Redis restarted or was emptied).
-# - One replica at a time holds the leader lease (SET NX PX `lease_s`, renewed by its holder). Only the
-#   leader ticks the shared policy (budget moves, admissions on time, shedding; the waiting room asks
-#   `backend.is_leader`), with the deployment's hit rate and first-token latency combined from every live
-#   replica's report; and only the leader reaps and keeps snapshots.
-# - Reaping: the leader sends one `reap` step naming the dead (`replica.py`): their live sessions'
-#   reservations return to the budget at once and the sessions are kept as orphans for
-#   `orphan_window_s`, which any replica adopts on their next call; queued ones keep their place. A live
-#   session held by nobody (admitted after its replica died) is reaped the same way, and orphans past
-#   the window are forgotten. Heartbeats carry Redis's time, so any leader, even one that took over
-#   from a dead leader a moment ago, sees how long a replica has been silent: reservations are back
-#   within the lease plus two beats of a death. A replica holding sessions without any heartbeat (the
-#   hash was lost with an emptied Redis) is only reaped after the leader has led for a lease in that
-#   epoch (live replicas beat within it).
-# - Snapshots: every `snapshot_interval_s`, if the state moved, the leader keeps its copy of the state
-#   (`snapshot.lua`) and trims the stream before it; a replica (re)starting loads it and replays the rest.
-# - A graceful shutdown removes the replica's heartbeat and gives up the leader lease at once.
-"""`Coordinator`: heartbeats, the leader lease, and the leader's periodic work."""
+"""`Coordinator`: heartbeats, the leader lease, and the leader's periodic work.
+
+Rules:
+- Every replica beats every `interval_s` (at most an eighth of its lease): one script (`beat.lua`) stamps
+  its heartbeat with Redis's clock in one hash, takes or renews the leader lease, and returns every
+  heartbeat and the epoch; its signal report (`signals.py`) is written beside it. A replica whose last
+  heartbeat is older than `lease_s` is dead. The replica also checks that the shared state's epoch is
+  still its own (else it reloads: Redis restarted or was emptied).
+- One replica at a time holds the leader lease (SET NX PX `lease_s`, renewed by its holder). Only the
+  leader ticks the shared policy (budget moves, admissions on time, shedding; the waiting room asks
+  `backend.is_leader`), with the deployment's hit rate and first-token latency combined from every live
+  replica's report; and only the leader reaps and keeps snapshots.
+- Reaping: the leader sends one `reap` step naming the dead (`replica.py`): their live sessions'
+  reservations return to the budget at once and the sessions are kept as orphans for
+  `orphan_window_s`, which any replica adopts on their next call; queued ones keep their place. A live
+  session held by nobody (admitted after its replica died) is reaped the same way, and orphans past
+  the window are forgotten. Heartbeats carry Redis's time, so any leader, even one that took over
+  from a dead leader a moment ago, sees how long a replica has been silent: reservations are back
+  within the lease plus two beats of a death. A replica holding sessions without any heartbeat (the
+  hash was lost with an emptied Redis) is only reaped after the leader has led for a lease in that
+  epoch (live replicas beat within it).
+- Snapshots: every `snapshot_interval_s`, if the state moved, the leader keeps its copy of the state
+  (`snapshot.lua`) and trims the stream before it; a replica (re)starting loads it and replays the rest.
+- A graceful shutdown removes the replica's heartbeat and gives up the leader lease at once.
+"""
 
 from __future__ import annotations
 

@@ -1,33 +1,33 @@
-# The shared admission state on Redis/Valkey: state-machine replication with Redis as the sequencer.
-#
-# Rules:
-# - Every replica keeps its own copy of the replicated state (`replica.py`: the policy core and session
-#   ownership). A step is never applied where it is made: it is appended to one Redis stream by one Lua
-#   script (`append.lua`) that stamps it with Redis's clock (TIME, clamped never to run back) and returns
-#   every entry after the caller's last applied one, its own included; the replica applies them in order
-#   and answers the step with its own entry's events. The core is deterministic, so every replica holds
-#   the same state and N replicas admit exactly what one gateway would.
-# - Steps are sent in batches, one script call in flight per replica (group commit): a step waits at
-#   most for the batch before it. `step` waits for its answer; `submit` (a call's observe, a revision)
-#   does not, so a call is forwarded before its observe is in the shared state (it is there one round
-#   trip later, in the order it was made).
-# - A tail (XREAD BLOCK) applies the steps other replicas make, so a session queued here is woken as
-#   soon as another replica's step admits it. Entries are applied exactly once, in order (`replica.py`).
-# - Start-up and recovery (`resync`): join the epoch (`init.lua`; a new one when Redis holds none), load
-#   the latest snapshot of the epoch, replay the stream after it, then let the room `reconcile` its
-#   sessions. A replica whose policy configuration differs from the epoch's refuses to start
-#   (`StateConfigError`). A new epoch after a state was lost opens a registration window of one lease:
-#   replicas register their sessions again (adopt) before any `arrive` is sequenced, and the operator's
-#   reference budget, if one was set, is set again (the hit rate's moves start over from it).
-# - Redis out of reach: `step` raises `StateUnavailableError` at once (a new session gets 503); steps
-#   made with `submit` are kept, up to `max_buffered_steps` (then dropped and counted), and sent when
-#   Redis is back in the same epoch; if the epoch is gone (Redis restarted empty) they are dropped
-#   (counted): the room registers its sessions again with their current sizes instead. A batch whose
-#   answer was lost is sent again with the same step counters, so a step that did apply is skipped.
-# - A command that meets a closed connection is sent once more on a new one (`redis_client`): after
-#   Redis restarts, the pool still holds connections to the old server, and each would otherwise fail
-#   one command and mark the state down for a moment. Sending again is safe: steps carry counters.
-"""`RedisBackend`: the admission state shared by gateway replicas through a Redis stream."""
+"""`RedisBackend`: the admission state shared by gateway replicas through a Redis stream.
+
+Rules:
+- Every replica keeps its own copy of the replicated state (`replica.py`: the policy core and session
+  ownership). A step is never applied where it is made: it is appended to one Redis stream by one Lua
+  script (`append.lua`) that stamps it with Redis's clock (TIME, clamped never to run back) and returns
+  every entry after the caller's last applied one, its own included; the replica applies them in order
+  and answers the step with its own entry's events. The core is deterministic, so every replica holds
+  the same state and N replicas admit exactly what one gateway would.
+- Steps are sent in batches, one script call in flight per replica (group commit): a step waits at
+  most for the batch before it. `step` waits for its answer; `submit` (a call's observe, a revision)
+  does not, so a call is forwarded before its observe is in the shared state (it is there one round
+  trip later, in the order it was made).
+- A tail (XREAD BLOCK) applies the steps other replicas make, so a session queued here is woken as
+  soon as another replica's step admits it. Entries are applied exactly once, in order (`replica.py`).
+- Start-up and recovery (`resync`): join the epoch (`init.lua`; a new one when Redis holds none), load
+  the latest snapshot of the epoch, replay the stream after it, then let the room `reconcile` its
+  sessions. A replica whose policy configuration differs from the epoch's refuses to start
+  (`StateConfigError`). A new epoch after a state was lost opens a registration window of one lease:
+  replicas register their sessions again (adopt) before any `arrive` is sequenced, and the operator's
+  reference budget, if one was set, is set again (the hit rate's moves start over from it).
+- Redis out of reach: `step` raises `StateUnavailableError` at once (a new session gets 503); steps
+  made with `submit` are kept, up to `max_buffered_steps` (then dropped and counted), and sent when
+  Redis is back in the same epoch; if the epoch is gone (Redis restarted empty) they are dropped
+  (counted): the room registers its sessions again with their current sizes instead. A batch whose
+  answer was lost is sent again with the same step counters, so a step that did apply is skipped.
+- A command that meets a closed connection is sent once more on a new one (`redis_client`): after
+  Redis restarts, the pool still holds connections to the old server, and each would otherwise fail
+  one command and mark the state down for a moment. Sending again is safe: steps carry counters.
+"""
 
 from __future__ import annotations
 

@@ -1,27 +1,29 @@
-# The replicated state: the policy core plus what replicas share about sessions, moved only by
-# sequenced steps. Every replica holds one and applies the same entries in the same order, so every
-# replica holds the same state (the core is deterministic given its steps and their `now`). No I/O.
-#
-# Rules:
-# - An entry is (stream id, sequence number n, the sequencer's clock in microseconds, the replica that
-#   made it, its encoded step). Entries apply in stream order, each exactly once: n must follow the last
-#   one applied (a gap raises `StreamGapError`: reload a snapshot), and a replica's steps carry a
-#   counter, so a step sent twice (a reply lost, the batch resent) is skipped the second time.
-# - Time: a step without its own `now` runs at the sequencer's clock, never earlier than the last
-#   `now` the core saw (the clock is clamped, so a clock stepping back cannot make a step illegal).
-# - Core steps go through `steps.apply_step`. An illegal step (the core raises `PolicyError`) is kept in
-#   the stream and changes nothing on any replica; its maker gets the error back.
-# - Ownership: the replica that made a session's `arrive` or `adopt` holds it; `claim` moves a held
-#   (live or queued) session to the claiming replica (its client reconnected there). `finish` and a
-#   `Shed` forget it.
-# - `reap [dead replicas, orphan window]` (the leader's, or a replica's own at shutdown): every live
-#   session held by a dead replica, or by nobody, is finished (its reservation returns) and kept as an
-#   orphan (peak, multiplier, context, since when); a queued one keeps its place, held by nobody, until
-#   it is claimed or admitted (then reaped). Orphans older than the window are forgotten. An orphan's
-#   next call through any replica is adopted (never queued); an `arrive` or `adopt` of its id ends it.
-# - Priority order is the core's: `Applied.entered` / `left` tell a driver which sessions joined or
-#   left the held set, so it can rank every held session, not only its own (engine priority levels).
-"""`ReplicatedState`: the policy core and the shared session ownership, moved by sequenced entries."""
+"""`ReplicatedState`: the policy core and the shared session ownership, moved by sequenced entries.
+
+The replicated state: the policy core plus what replicas share about sessions, moved only by
+sequenced steps. Every replica holds one and applies the same entries in the same order, so every
+replica holds the same state (the core is deterministic given its steps and their `now`). No I/O.
+
+Rules:
+- An entry is (stream id, sequence number n, the sequencer's clock in microseconds, the replica that
+  made it, its encoded step). Entries apply in stream order, each exactly once: n must follow the last
+  one applied (a gap raises `StreamGapError`: reload a snapshot), and a replica's steps carry a
+  counter, so a step sent twice (a reply lost, the batch resent) is skipped the second time.
+- Time: a step without its own `now` runs at the sequencer's clock, never earlier than the last
+  `now` the core saw (the clock is clamped, so a clock stepping back cannot make a step illegal).
+- Core steps go through `steps.apply_step`. An illegal step (the core raises `PolicyError`) is kept in
+  the stream and changes nothing on any replica; its maker gets the error back.
+- Ownership: the replica that made a session's `arrive` or `adopt` holds it; `claim` moves a held
+  (live or queued) session to the claiming replica (its client reconnected there). `finish` and a
+  `Shed` forget it.
+- `reap [dead replicas, orphan window]` (the leader's, or a replica's own at shutdown): every live
+  session held by a dead replica, or by nobody, is finished (its reservation returns) and kept as an
+  orphan (peak, multiplier, context, since when); a queued one keeps its place, held by nobody, until
+  it is claimed or admitted (then reaped). Orphans older than the window are forgotten. An orphan's
+  next call through any replica is adopted (never queued); an `arrive` or `adopt` of its id ends it.
+- Priority order is the core's: `Applied.entered` / `left` tell a driver which sessions joined or
+  left the held set, so it can rank every held session, not only its own (engine priority levels).
+"""
 
 from __future__ import annotations
 

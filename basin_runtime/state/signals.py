@@ -1,17 +1,17 @@
-# The deployment's signals, from every replica's report: what the leader ticks the shared policy with.
-#
-# Rules:
-# - Each replica reports its own windows (`SignalReport`): the cached and prompt tokens of the calls it saw
-#   end in the hit-rate window, the engines' scraped hit rate when it scrapes them, and its first-token
-#   latencies (finished and still waiting) in the latency window, at most `MAX_LATENCIES` of them, evenly
-#   spaced in sorted order, with how many they stand for.
-# - The deployment's hit rate is the sum of cached over the sum of prompt tokens (None under
-#   `min_prompt_tokens`); engines scraped by any replica win (they see every replica's calls), their mean
-#   if several scrape. The first-token latency is the weighted median of every report's latencies
-#   (exact while no replica sees more than `MAX_LATENCIES` calls in the window), None with fewer than
-#   `min_calls` calls in all. One replica's report gives exactly what that replica alone would tick with.
-# - Pure: no I/O; reports travel as JSON.
-"""`SignalReport` and `combine`: the deployment's hit rate and first-token latency from every replica."""
+"""`SignalReport` and `combine`: the deployment's hit rate and first-token latency from every replica.
+
+Rules:
+- Each replica reports its own windows (`SignalReport`): the cached and prompt tokens of the calls it saw
+  end in the hit-rate window, the engines' scraped hit rate when it scrapes them, and its first-token
+  latencies (finished and still waiting) in the latency window, at most `MAX_LATENCIES` of them, evenly
+  spaced in sorted order, with how many they stand for.
+- The deployment's hit rate is the sum of cached over the sum of prompt tokens (None under
+  `min_prompt_tokens`); engines scraped by any replica win (they see every replica's calls), their mean
+  if several scrape. The first-token latency is the weighted median of every report's latencies
+  (exact while no replica sees more than `MAX_LATENCIES` calls in the window), None with fewer than
+  `min_calls` calls in all. One replica's report gives exactly what that replica alone would tick with.
+- Pure: no I/O; reports travel as JSON.
+"""
 
 from __future__ import annotations
 

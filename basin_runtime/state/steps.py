@@ -1,18 +1,18 @@
-# Policy steps as data: what a state backend is handed, what a Redis stream entry carries.
-#
-# Rules:
-# - A `Step` is one call of the policy core (`arrive`, `adopt`, `observe`, `revise`, `finish`, `tick`,
-#   `set_reference_budget`) or of the replicated state around it (`claim`: a replica takes over a held
-#   session; `reap`: sessions of dead replicas are let go, `replica.py`), with its session id, its
-#   arguments in the core method's order, and `now`. `apply_step` is the one translation of a step into
-#   a core call: the in-process backend and every Redis replica run the same function, so the rules
-#   live in the policy core alone.
-# - A step's arguments are passed to the core unchecked: the core validates them (an illegal step raises
-#   `PolicyError` and changes nothing, on every replica alike). Only the shape is checked here: a known
-#   kind, a session id where the kind takes one, and an argument count the core method accepts.
-# - Encoding is JSON (NaN and infinities kept, so an illegal value reaches the core as it was sent);
-#   `now` is left out of an encoded step that the sequencer stamps with its clock (`SEQUENCER_CLOCK`).
-"""`Step`: one policy step as serialisable data, and the one function that applies it to a `Policy`."""
+"""`Step`: one policy step as serialisable data, and the one function that applies it to a `Policy`.
+
+Rules:
+- A `Step` is one call of the policy core (`arrive`, `adopt`, `observe`, `revise`, `finish`, `tick`,
+  `set_reference_budget`) or of the replicated state around it (`claim`: a replica takes over a held
+  session; `reap`: sessions of dead replicas are let go, `replica.py`), with its session id, its
+  arguments in the core method's order, and `now`. `apply_step` is the one translation of a step into
+  a core call: the in-process backend and every Redis replica run the same function, so the rules
+  live in the policy core alone.
+- A step's arguments are passed to the core unchecked: the core validates them (an illegal step raises
+  `PolicyError` and changes nothing, on every replica alike). Only the shape is checked here: a known
+  kind, a session id where the kind takes one, and an argument count the core method accepts.
+- Encoding is JSON (NaN and infinities kept, so an illegal value reaches the core as it was sent);
+  `now` is left out of an encoded step that the sequencer stamps with its clock (`SEQUENCER_CLOCK`).
+"""
 
 from __future__ import annotations
 
