@@ -5,7 +5,8 @@ context, queues the rest at the door, and hands every call the session's priorit
 `basin_runtime.policy` (pure); this package is the asynchronous, I/O-doing shell around it.
 
 Modules, one job each (a test keeps this list complete):
-  config.py          the options, each declared once on `GatewayConfig` (`ConfigError`)
+  config.py          the options, each declared once on `GatewayConfig`, read and resolved (`ConfigError`)
+  options.py         how an option is declared, and the flags derived from the declarations
   options_doc.py     the option reference as Markdown, rendered from those declarations
   cli.py             `basin-gateway` / `python -m basin_runtime.gateway` (`__main__.py`)
   server.py          uvicorn with the gateway's protocol and drain on SIGTERM

@@ -1,11 +1,13 @@
-"""The gateway's options: each declared once, on its `GatewayConfig` field; the parser, the config file's
-checks and the option reference (`options_doc.py`) are derived from those declarations.
+"""The gateway's options, each declared once on its `GatewayConfig` field, read and resolved.
+
+The parser (`options.py`), the config file's checks and the option reference (`options_doc.py`) are derived
+from those declarations.
 
 Rules:
 - Every option can come from the command line or the config file (YAML or JSON, keys spelled as the long
   options with `_` or `-`); the command line wins, then the file, then the defaults. Policy tuning (any
   `PolicyConfig` field but the budget) lives in the file's `policy:` section, which has no flag.
-- An option is a field of `GatewayConfig` whose metadata holds an `Option` (`option(...)`): its check
+- An option is a field of `GatewayConfig` made by `options.option(...)`: its check
   (`basin_runtime.schema`), unit, help, and how the command line takes it. Values from either source pass
   the same check.
 - `model` is a list of `PATH` (the default model; exactly one) and `WORKLOAD=PATH` entries, kept as
@@ -19,11 +21,10 @@ Rules:
 from __future__ import annotations
 
 import argparse
-import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 
@@ -42,6 +43,20 @@ from basin_runtime.gateway.limits import (
     MAX_JSON_DEPTH_CEILING,
     Limits,
 )
+from basin_runtime.gateway.options import (
+    COUNT,
+    HEADER_NAME,
+    HTTP_URL,
+    PATH,
+    POSITIVE,
+    SECONDS,
+    STATE_URL,
+    CallNumbers,
+    PolicySection,
+    add_options,
+    declared_options,
+    option,
+)
 from basin_runtime.gateway.priority import (
     DEFAULT_NUM_LEVELS,
     DEFAULT_PREEMPTION_THRESHOLD,
@@ -54,98 +69,15 @@ from basin_runtime.policy import PolicyConfig, PolicyError
 from basin_runtime.policy.calibrated import check_serves, policy_config
 from basin_runtime.policy.hit_rate import DEFAULT_MIN_PROMPT_TOKENS, DEFAULT_WINDOW_S
 from basin_runtime.predictor import reservation_quantile_arg
-from basin_runtime.schema import (
-    KEY,
-    Anything,
-    BadKeys,
-    BadValue,
-    Check,
-    Flag,
-    Key,
-    ListOf,
-    Maybe,
-    Number,
-    OneOf,
-    Text,
-    Whole,
-    read_keys,
-)
+from basin_runtime.schema import BadKeys, BadValue, Flag, ListOf, Maybe, Number, OneOf, Text, Whole, read_keys
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 DEFAULT_REVISE_AT_CALLS: tuple[int, ...] = ()  # the paper's Basin never revises (beyond it: --revise-at-calls 3 5)
 MIN_HEADER_BYTES = 1024
-CliStyle = Literal["value", "switch", "yes-no", "append", "list"]
 
 
 class ConfigError(ValueError):
     """An option, config file, model or calibration file the gateway cannot start with."""
-
-
-# --- how an option is declared -------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Option(Key):
-    """A gateway option: a `Key` plus how the command line takes it and how the reference names it.
-
-    `name`: the config key when it is not the field's name; `flag`: the long option ("": `--` and the
-    name with dashes; None: the config file only); `cli`: a value, a switch (store_true), yes|no, a
-    repeated flag or a list of words; `default_text`: the default in words, where its value says too
-    little; `is_path`: relative to the config file when given there; `text`: reads a command-line word.
-    """
-
-    name: str = ""
-    flag: str | None = ""
-    cli: CliStyle = "value"
-    metavar: str | None = None
-    default_text: str | None = None
-    is_path: bool = False
-    text: Callable[[str], Any] | None = None
-
-
-def option(default: Any = dataclasses.MISSING, check: Check | None = None, help: str = "", *,
-           factory: Callable[[], Any] | None = None, **how: Any) -> Any:
-    """A `GatewayConfig` field declaring one option (`how`: the `Option` fields past check and help)."""
-    assert check is not None
-    metadata = {KEY: Option(check, help, **how)}
-    if factory is not None:
-        return field(default_factory=factory, metadata=metadata)
-    return field(default=default, metadata=metadata)
-
-
-def _policy_keys() -> dict[str, Key]:
-    tuned = sorted({f.name for f in dataclasses.fields(PolicyConfig)} - {"budget_tokens", "always_engaged"})
-    return {name: Key(Anything()) for name in tuned}  # the values are PolicyConfig's to check
-
-
-@dataclass(frozen=True)
-class PolicySection(Check):
-    """The `policy:` mapping: PolicyConfig fields (their values are checked when the policy is built)."""
-
-    def describe(self) -> str:
-        return "a mapping of PolicyConfig fields"
-
-    def read(self, key: str, value: object) -> dict[str, Any]:
-        if not isinstance(value, Mapping):
-            raise self.refused(key, value)
-        return read_keys(value, _policy_keys(), where=key)
-
-
-@dataclass(frozen=True)
-class CallNumbers(ListOf):
-    """Call numbers, kept sorted and once each."""
-
-    def read(self, key: str, value: object) -> tuple[int, ...]:
-        return tuple(sorted(set(super().read(key, value))))
-
-
-SECONDS = Number(gt=0, noun="a number of seconds")
-COUNT = Whole(min=0)
-POSITIVE = Whole(min=1)
-HTTP_URL = Text(r"https?://[^/]+.*", rstrip="/", says="an http(s):// URL")
-HEADER_NAME = Text(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", says="an HTTP header name")
-STATE_URL = Text(r"(redis|rediss|unix)://.*", says="redis://HOST:PORT/DB (or rediss://, unix://)")
-PATH = Maybe(Text())
 
 
 # --- the options ---------------------------------------------------------------------------------
@@ -292,51 +224,7 @@ class GatewayConfig:
                               f"max_body_bytes ({self.max_body_bytes}): the largest body accepted could never be read")
 
 
-@dataclass(frozen=True)
-class Declared:
-    """One option as the parser, the file reader and the reference see it."""
-
-    name: str  # the config key
-    field: dataclasses.Field[Any]
-    option: Option
-
-    @property
-    def flag(self) -> str | None:
-        """The long option, or None (the config file only)."""
-        if self.option.flag is None:
-            return None
-        return self.option.flag or "--" + self.name.replace("_", "-")
-
-    @property
-    def default(self) -> Any:
-        """The default value (dataclasses.MISSING for a required option)."""
-        if self.field.default_factory is not dataclasses.MISSING:
-            return self.field.default_factory()
-        return self.field.default
-
-    @property
-    def default_text(self) -> str | None:
-        """The default as the help and the reference say it, or None when there is nothing to say."""
-        if self.option.default_text is not None:
-            return self.option.default_text
-        default = self.default
-        if default is dataclasses.MISSING or default is None or default is False or default in ((), {}):
-            return None
-        return f"{default:g}" if isinstance(default, float) else str(default)
-
-
-def declared_options() -> dict[str, Declared]:
-    """Every option of `GatewayConfig`, by config key, in declaration order."""
-    found = {}
-    for f in dataclasses.fields(GatewayConfig):
-        declared = f.metadata.get(KEY)
-        if isinstance(declared, Option):
-            name = declared.name or f.name
-            found[name] = Declared(name, f, declared)
-    return found
-
-
-OPTIONS = declared_options()
+OPTIONS = declared_options(GatewayConfig)
 CONFIG_KEYS = frozenset(OPTIONS)
 
 
@@ -351,48 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--config", type=Path, metavar="FILE", help="YAML or JSON file with any of these options "
                         "(the command line wins); policy tuning goes in its `policy:` section")
-    for declared in OPTIONS.values():
-        if declared.flag is not None:
-            parser.add_argument(declared.flag, dest=declared.name, help=_help(declared), **_how(declared))
+    add_options(parser, OPTIONS.values())
     return parser
-
-
-def _help(declared: Declared) -> str:
-    """The option's help, with its range when bounded and its default when there is one to say."""
-    check, said = declared.option.check, []
-    if isinstance(check, Whole) and check.min is not None and check.max is not None:
-        said.append(f"{check.min}..{check.max}")
-    if declared.default_text is not None:
-        said.append(f"default {declared.default_text}")
-    text = declared.option.help
-    if not said:
-        return text
-    return f"{text[:-1]}; {', '.join(said)})" if text.endswith(")") else f"{text} ({', '.join(said)})"
-
-
-def _how(declared: Declared) -> dict[str, Any]:
-    """The argparse keywords of one option, from its declaration."""
-    opt = declared.option
-    if opt.cli == "switch" or (isinstance(opt.check, Flag) and opt.cli == "value"):
-        return {"action": "store_true"}
-    how: dict[str, Any] = {"type": _yes_no if opt.cli == "yes-no" else opt.text or opt.check.from_text}
-    if isinstance(opt.check, OneOf):
-        how["choices"] = opt.check.choices
-    else:
-        how["metavar"] = opt.metavar or ("S" if opt.unit == "s" else None)
-    if opt.cli == "append":
-        how["action"] = "append"
-    elif opt.cli == "list":
-        how["nargs"] = "*"
-    return how
-
-
-def _yes_no(value: str) -> bool:
-    if value.lower() in ("yes", "true", "1"):
-        return True
-    if value.lower() in ("no", "false", "0"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected yes or no, got {value!r}")
 
 
 # --- reading and resolving -----------------------------------------------------------------------

@@ -11,7 +11,8 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from basin_runtime.gateway.config import OPTIONS, Declared
+from basin_runtime.gateway.config import OPTIONS
+from basin_runtime.gateway.options import Declared
 from basin_runtime.schema import Flag, OneOf
 
 REGENERATE = "python -m basin_runtime.gateway.options_doc --output docs/gateway/options.md"
