@@ -300,8 +300,8 @@ def _resolve(values: dict[str, Any]) -> GatewayConfig:
     if "upstream" not in values:
         raise ConfigError("no upstream: give --upstream URL (the SGLang router) or `upstream:` in the config file")
     default_model, workload_models = _split_models(values.pop("model", ()))
-    for key in ("calibration", "session_log", "live_sessions_file"):
-        if values.get(key) is not None:
+    for key, declared in OPTIONS.items():
+        if declared.option.is_path and values.get(key) is not None:  # `model`'s entries were split above
             values[key] = Path(values[key])
     session_log = values.get("session_log")
     if values.get("live_sessions_file") is None and session_log is not None:
