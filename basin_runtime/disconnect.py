@@ -1,24 +1,26 @@
-# Waiting on something while watching an ASGI client for a disconnect: the gateway's and the
-# emulator's one implementation.
-#
-# Rules:
-# - Only after the request body has been read: the next ASGI message is then `http.disconnect`,
-#   sent when the client goes away (or, in-process, once the response is complete).
-# - What is awaited is cancelled (and waited for) when the client goes first or the caller is
-#   cancelled; its exception, if it raised one while being cancelled, is retrieved (nobody will read
-#   it), so asyncio never logs "exception was never retrieved": the client is gone, `gone()` is what
-#   the caller gets. The watcher never outlives the call. A result (or error) ready together with a
-#   disconnect wins.
-# - The client leaving raises `gone()`: each server names its own error (the gateway maps it to 499).
-# - `ClientWatch` is the same race for several awaits in turn (the gateway: the upstream's answer head,
-#   then streaming its body) with one watcher for all of them; its owner closes it when the call ends.
-# - The awaited work runs in the caller's own task (no task and no `asyncio.wait` per race: the hot path
-#   races twice per call): when the client leaves, the watcher cancels the future the caller's task is
-#   suspended on (CPython's `Task._fut_waiter`), so the cancellation reaches exactly the innermost await,
-#   and a result already delivered is not lost (the task resumes with it: the result wins). A cancel
-#   someone else asked for (`Task.cancelling()`) stays a cancel.
-# - Stdlib only: the ASGI `receive` callable is typed here, not imported from a web framework.
-"""`race_client`: await something unless the ASGI client disconnects first."""
+"""`race_client`: await something unless the ASGI client disconnects first.
+
+Waiting on something while watching an ASGI client for a disconnect: the gateway's and the
+emulator's one implementation.
+
+Rules:
+- Only after the request body has been read: the next ASGI message is then `http.disconnect`,
+  sent when the client goes away (or, in-process, once the response is complete).
+- What is awaited is cancelled (and waited for) when the client goes first or the caller is
+  cancelled; its exception, if it raised one while being cancelled, is retrieved (nobody will read
+  it), so asyncio never logs "exception was never retrieved": the client is gone, `gone()` is what
+  the caller gets. The watcher never outlives the call. A result (or error) ready together with a
+  disconnect wins.
+- The client leaving raises `gone()`: each server names its own error (the gateway maps it to 499).
+- `ClientWatch` is the same race for several awaits in turn (the gateway: the upstream's answer head,
+  then streaming its body) with one watcher for all of them; its owner closes it when the call ends.
+- The awaited work runs in the caller's own task (no task and no `asyncio.wait` per race: the hot path
+  races twice per call): when the client leaves, the watcher cancels the future the caller's task is
+  suspended on (CPython's `Task._fut_waiter`), so the cancellation reaches exactly the innermost await,
+  and a result already delivered is not lost (the task resumes with it: the result wins). A cancel
+  someone else asked for (`Task.cancelling()`) stays a cancel.
+- Stdlib only: the ASGI `receive` callable is typed here, not imported from a web framework.
+"""
 
 from __future__ import annotations
 

@@ -1,23 +1,25 @@
-# A session's end key: the narrow permission an agent ends its own session with, apart from the
-# operator's admin token. Shared by the gateway (which derives, hands out and checks keys) and its
-# clients (the replayer, the benchmarks: the header name), so it lives in basin_runtime, which clients
-# may import, not in the gateway package; stdlib only.
-#
-# Rules:
-# - A key belongs to one incarnation of a session, not to its id: key = the first 32 hex characters of
-#   HMAC-SHA256(secret, "basin-session-end:" + run + "/" + incarnation + ":" + id), where the incarnation is
-#   the policy's record of the session (its sequence number and arrival time, `incarnation`) and `run` a
-#   nonce drawn at each start of an in-process gateway. So the key of an ended session ends no later session
-#   with that id, and every key changes when the gateway restarts (a session adopted after it gets a new
-#   one on its first answer). Replicas sharing one state (`--state`) use no run nonce: the session's record
-#   is theirs in common, so they derive the same key for it, and a key lives as long as its session.
-# - The secret is the admin token when one is configured, else 32 random bytes drawn once per process.
-# - The gateway hands a session its key in SESSION_KEY_HEADER on the first answer it forwards for it
-#   (`gateway/gateway.py`), not on every answer: anyone who knows a session's id can send a call under it,
-#   and must not get the key that way while the session is held.
-# - A key opens `POST /basin/sessions/{id}/end` of its own session and nothing else (`gateway/app.py`);
-#   it is compared in constant time.
-"""Per-session end keys derived from the gateway's secret, bound to one incarnation of a session."""
+"""Per-session end keys derived from the gateway's secret, bound to one incarnation of a session.
+
+A session's end key: the narrow permission an agent ends its own session with, apart from the
+operator's admin token. Shared by the gateway (which derives, hands out and checks keys) and its
+clients (the replayer, the benchmarks: the header name), so it lives in basin_runtime, which clients
+may import, not in the gateway package; stdlib only.
+
+Rules:
+- A key belongs to one incarnation of a session, not to its id: key = the first 32 hex characters of
+  HMAC-SHA256(secret, "basin-session-end:" + run + "/" + incarnation + ":" + id), where the incarnation is
+  the policy's record of the session (its sequence number and arrival time, `incarnation`) and `run` a
+  nonce drawn at each start of an in-process gateway. So the key of an ended session ends no later session
+  with that id, and every key changes when the gateway restarts (a session adopted after it gets a new
+  one on its first answer). Replicas sharing one state (`--state`) use no run nonce: the session's record
+  is theirs in common, so they derive the same key for it, and a key lives as long as its session.
+- The secret is the admin token when one is configured, else 32 random bytes drawn once per process.
+- The gateway hands a session its key in SESSION_KEY_HEADER on the first answer it forwards for it
+  (`gateway/gateway.py`), not on every answer: anyone who knows a session's id can send a call under it,
+  and must not get the key that way while the session is held.
+- A key opens `POST /basin/sessions/{id}/end` of its own session and nothing else (`gateway/app.py`);
+  it is compared in constant time.
+"""
 
 from __future__ import annotations
 

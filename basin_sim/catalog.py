@@ -4,8 +4,10 @@
 # Rules:
 # - A name is a file stem in its folder (`scenarios/surge-100.yaml` -> 'surge-100'); a path to a
 #   .yaml file is accepted too. An unknown name raises `CatalogError` listing the known names.
-# - Every file is checked whole: a missing or unknown key, or a value of the wrong kind, raises
-#   `CatalogError` naming the file and the key (`bursts[1].kill_at_s`, not just "bad burst").
+# - Every file is checked whole, by `basin_runtime.schema` against its declared keys (`DEPLOYMENT_KEYS`,
+#   `SCENARIO_KEYS`; a profile's are `Profile`'s fields, their kinds its annotations): a missing or unknown
+#   key, or a value of the wrong kind, raises `CatalogError` naming the file and the key
+#   (`bursts[1].kill_at_s`, not just "bad burst"). A null optional key is absent.
 # - A deployment file: `profile` (name or file), `num_prefill`, `num_decode`, `cache` (gpu | host),
 #   optional per-instance `prefill_cache_tokens`, `decode_kv_tokens`, `host_cache_tokens` (default:
 #   the profile's whole KV pool, and its host tier when `cache` is host), optional SGLang decode
@@ -21,7 +23,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,20 @@ from typing import Any
 import yaml
 
 from basin_runtime.policy.lending import LENDING_KINDS, LendingKind
+from basin_runtime.schema import (
+    Anything,
+    Key,
+    ListOf,
+    Number,
+    OneOf,
+    Record,
+    SchemaError,
+    Section,
+    Text,
+    Whole,
+    declared,
+    read_keys,
+)
 from basin_sim.clients import ClientError, ClientPolicy
 from basin_sim.profile import CACHE_KINDS, CacheKind, Deployment, Profile, ProfileError
 from basin_sim.workload import serving
@@ -98,130 +114,103 @@ def _resolve(folder: Path, name: str, kind: str) -> Path:
     return path
 
 
-def _read(path: Path, required: set[str], optional: set[str] = frozenset()) -> dict[str, Any]:  # type: ignore[assignment]
+def _read(path: Path, keys: Mapping[str, Key], required: Collection[str]) -> dict[str, Any]:
+    """The file's mapping, every key declared in `keys` and checked (`basin_runtime.schema`); null optional
+    keys left out. `CatalogError` naming the file, the key and the value."""
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         raise CatalogError(f"{path}: not valid YAML: {exc}") from exc
     if not isinstance(data, dict):
         raise CatalogError(f"{path}: expected a mapping of keys to values")
-    missing, unknown = required - data.keys(), data.keys() - required - optional
-    if missing or unknown:
-        raise CatalogError(f"{path}: missing keys {sorted(missing)}, unknown keys {sorted(unknown)}")
-    return data
-
-
-def _number(path: Path, data: dict[str, Any], key: str) -> float:
-    value = data[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise CatalogError(f"{path}: {key} must be a number, got {value!r}")
-    return float(value)
-
-
-def _whole(path: Path, data: dict[str, Any], key: str) -> int:
-    value = data[key]
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise CatalogError(f"{path}: {key} must be a whole number, got {value!r}")
-    return value
+    try:
+        return read_keys(data, keys, required, null_is_absent=True)
+    except SchemaError as exc:
+        raise CatalogError(f"{path}: {exc}") from None
 
 
 def load_profile(name: str) -> Profile:
-    """A profile by name (or path)."""
+    """A profile by name (or path): every field of `Profile`, each of its annotated kind."""
     path = _resolve(PROFILES_DIR, name, "profile")
-    fields = {f.name: f.type for f in dataclasses.fields(Profile)}
-    data = _read(path, set(fields))
-    values: dict[str, Any] = {"name": str(data["name"])}
-    for key, kind in fields.items():
-        if key != "name":
-            values[key] = _whole(path, data, key) if kind == "int" else _number(path, data, key)
+    values = _read(path, declared(Profile), [f.name for f in dataclasses.fields(Profile)])
     try:
         return Profile(**values)
     except ProfileError as exc:
         raise CatalogError(f"{path}: {exc}") from exc
 
 
-_DEPLOYMENT_OPTIONAL = ("prefill_cache_tokens", "decode_kv_tokens", "host_cache_tokens")
+_TOKENS = Whole()
 _SERVER_KEYS = ("decode_reserved_tokens", "decode_clip_max_new_tokens", "retraction_policy")  # basin_sim/decode.py
+DEPLOYMENT_KEYS: dict[str, Key] = {
+    "name": Key(Text(), "the deployment's name (default: the file's stem)"),
+    "profile": Key(Text(), "a profile name, or a path to a .yaml file"),
+    "num_prefill": Key(Whole(), "prefill instances"),
+    "num_decode": Key(Whole(), "decode instances"),
+    "cache": Key(OneOf(CACHE_KINDS), "where the prefix cache lives"),
+    "lending": Key(OneOf(LENDING_KINDS), "the lending switch (default none, as stock SGLang)"),
+    "prefill_cache_tokens": Key(_TOKENS, "per prefill instance (default: the profile's KV pool)", "tokens"),
+    "decode_kv_tokens": Key(_TOKENS, "per decode instance (default: the profile's KV pool)", "tokens"),
+    "host_cache_tokens": Key(_TOKENS, "per instance, with cache: host (default: the profile's host tier)", "tokens"),
+    "decode_reserved_tokens": Key(_TOKENS, "SGLang's decode reservation (default: SGLang's)", "tokens"),
+    "decode_clip_max_new_tokens": Key(_TOKENS, "SGLang's clip of max_new_tokens (default: SGLang's)", "tokens"),
+    "retraction_policy": Key(Text(), "SGLang's retraction order (default: SGLang's)"),
+}
 
 
 def load_deployment(name: str) -> DeploymentSpec:
     """A deployment by name (or path), with its profile."""
     path = _resolve(DEPLOYMENTS_DIR, name, "deployment")
-    data = _read(path, {"profile", "num_prefill", "num_decode", "cache"},
-                 {"name", "lending", *_DEPLOYMENT_OPTIONAL, *_SERVER_KEYS})
-    cache = data["cache"]
-    if cache not in CACHE_KINDS:
-        raise CatalogError(f"{path}: cache must be one of {list(CACHE_KINDS)}, got {cache!r}")
-    lending = data.get("lending", "none")
-    if lending not in LENDING_KINDS:
-        raise CatalogError(f"{path}: lending must be one of {list(LENDING_KINDS)}, got {lending!r}")
-    memories = {key: _whole(path, data, key) for key in _DEPLOYMENT_OPTIONAL if data.get(key) is not None}
-    server: dict[str, Any] = {key: _whole(path, data, key) for key in _SERVER_KEYS[:2] if data.get(key) is not None}
-    if data.get("retraction_policy") is not None:
-        server["retraction_policy"] = str(data["retraction_policy"])
-    spec = DeploymentSpec(str(data.get("name", path.stem)), path, load_profile(str(data["profile"])),
-                          _whole(path, data, "num_prefill"), _whole(path, data, "num_decode"), cache, **memories,
-                          server=server, lending=lending)
+    data = _read(path, DEPLOYMENT_KEYS, ("profile", "num_prefill", "num_decode", "cache"))
+    memories = {key: data[key] for key in ("prefill_cache_tokens", "decode_kv_tokens", "host_cache_tokens")
+                if key in data}
+    server = {key: data[key] for key in _SERVER_KEYS if key in data}
+    spec = DeploymentSpec(data.get("name", path.stem), path, load_profile(data["profile"]), data["num_prefill"],
+                          data["num_decode"], data["cache"], **memories, server=server,
+                          lending=data.get("lending", "none"))
     spec.build()  # checks the counts and memories now, naming the file
     return spec
 
 
-_SCENARIO_KEYS = ({"name", "duration_s", "warmup_s", "goodput_window"},
-                  {"description", "rate", "population", "bursts", "workload", "clients"})
+_SECONDS = Number()
+SCENARIO_KEYS: dict[str, Key] = {
+    "name": Key(Text(), "the scenario's name"),
+    "description": Key(Anything(), "free text"),
+    "duration_s": Key(_SECONDS, "simulated time", "s"),
+    "warmup_s": Key(_SECONDS, "arrivals before time 0 that fill the system", "s"),
+    "goodput_window": Key(Section({"from_s": Key(_SECONDS, unit="s"), "to_s": Key(_SECONDS, unit="s")},
+                                  ("from_s", "to_s")), "where goodput is counted"),
+    "rate": Key(ListOf(Record(RateStep, null_is_absent=True)), "arrival rate segments (scenarios.py)"),
+    "population": Key(Record(PopulationSpec, null_is_absent=True), "a closed population instead of a rate"),
+    "bursts": Key(ListOf(Record(BurstSpec, null_is_absent=True)), "extra sessions over a window"),
+    "workload": Key(Record(WorkloadSpec, null_is_absent=True), "which sessions and timing are replayed"),
+    "clients": Key(Section({f.name: Key(Anything()) for f in dataclasses.fields(ClientPolicy)}),
+                   "ClientPolicy fields (checked by ClientPolicy)"),
+}
 
 
 def load_scenario(name: str) -> Scenario:
     """A scenario by name (or path)."""
     path = _resolve(SCENARIOS_DIR, name, "scenario")
-    data = _read(path, *_SCENARIO_KEYS)
-    window = _fields(path, "goodput_window", data["goodput_window"], {"from_s": float, "to_s": float})
-    rate = tuple(RateStep(**_fields(path, f"rate[{k}]", step, _RATE_FIELDS, optional={"x_overload", "per_min"}))
-                 for k, step in enumerate(_items(path, "rate", data.get("rate"))))
-    bursts = tuple(BurstSpec(**_fields(path, f"bursts[{k}]", b, _BURST_FIELDS, optional={"kill_at_s"}))
-                   for k, b in enumerate(_items(path, "bursts", data.get("bursts"))))
-    population = None
-    if data.get("population") is not None:
-        population = PopulationSpec(**_fields(path, "population", data["population"], {"agents": int,
-                                                                                       "think_s": float},
-                                              optional={"think_s"}))
-    clients = data.get("clients") or {}
-    if not isinstance(clients, Mapping):
-        raise CatalogError(f"{path}: clients must be a mapping, got {clients!r}")
+    data = _read(path, SCENARIO_KEYS, ("name", "duration_s", "warmup_s", "goodput_window"))
+    window = data["goodput_window"]
     try:
-        client_policy = ClientPolicy(**clients)
-    except TypeError as exc:
-        known = [f.name for f in dataclasses.fields(ClientPolicy)]
-        unknown = sorted(set(clients) - set(known))
-        raise CatalogError(f"{path}: clients: unknown key(s) {unknown}; known: {known}") from exc
+        client_policy = ClientPolicy(**data.get("clients", {}))
     except ClientError as exc:
         raise CatalogError(f"{path}: clients: {exc}") from exc
     try:
         return Scenario(
-            name=str(data["name"]), description=str(data.get("description", "")),
-            duration_s=_number(path, data, "duration_s"), warmup_s=_number(path, data, "warmup_s"),
-            goodput_from_s=window["from_s"], goodput_to_s=window["to_s"], rate=rate, population=population,
-            bursts=bursts, workload=_workload(path, data.get("workload")), clients=client_policy)
+            name=data["name"], description=str(data.get("description", "")), duration_s=data["duration_s"],
+            warmup_s=data["warmup_s"], goodput_from_s=window["from_s"], goodput_to_s=window["to_s"],
+            rate=data.get("rate", ()), population=data.get("population"), bursts=data.get("bursts", ()),
+            workload=_workload(path, data.get("workload", WorkloadSpec())), clients=client_policy)
     except ScenarioError as exc:
         raise CatalogError(f"{path}: {exc}") from exc
 
 
-_RATE_FIELDS: dict[str, type] = {"from_s": float, "x_overload": float, "per_min": float}  # one of the last two
-_BURST_FIELDS: dict[str, type] = {"from_s": float, "to_s": float, "x_base": float, "max_unloaded_s": float,
-                                  "kill_at_s": float}
-
-
-def _workload(path: Path, raw: object) -> WorkloadSpec:
-    if raw is None:
-        return WorkloadSpec()
-    kinds = {"benchmarks": list, "preset": str, "tool_time_scale": float, "timing": str, "reasoning_scale": float,
-             "harness_scale": float, "median_peak_tokens": float}
-    values = _fields(path, "workload", raw, kinds, optional=set(kinds))
-    benchmarks = values.get("benchmarks")
-    if benchmarks is not None:
-        if not benchmarks or not all(isinstance(b, str) for b in benchmarks):
-            raise CatalogError(f"{path}: workload.benchmarks must be a non-empty list of names, got {benchmarks!r}")
-        values["benchmarks"] = tuple(benchmarks)
-    workload = WorkloadSpec(**values)
+def _workload(path: Path, workload: WorkloadSpec) -> WorkloadSpec:
+    """The workload, its serving timing checked (`TimingError` named as the file's `workload.timing`)."""
+    if workload.benchmarks is not None and not workload.benchmarks:
+        raise CatalogError(f"{path}: workload.benchmarks must be a non-empty list of names, got []")
     if workload.timing != serving.RECORDED:
         try:
             serving.load_timing(workload.timing, workload.reasoning_scale, workload.harness_scale)
@@ -231,37 +220,3 @@ def _workload(path: Path, raw: object) -> WorkloadSpec:
         raise CatalogError(f"{path}: workload.reasoning_scale and harness_scale need a serving timing "
                            f"(workload.timing, one of {serving.known_timings()})")
     return workload
-
-
-def _items(path: Path, key: str, raw: object) -> list[object]:
-    if raw is None:
-        return []
-    if not isinstance(raw, list):
-        raise CatalogError(f"{path}: {key} must be a list, got {raw!r}")
-    return raw
-
-
-def _fields(path: Path, where: str, raw: object, kinds: Mapping[str, type],
-            optional: set[str] = frozenset()) -> dict[str, Any]:  # type: ignore[assignment]
-    """The keys of one mapping, each of its kind (float accepts whole numbers); unknown keys refused."""
-    if not isinstance(raw, Mapping):
-        raise CatalogError(f"{path}: {where} must be a mapping, got {raw!r}")
-    missing = set(kinds) - set(optional) - set(raw)
-    unknown = set(raw) - set(kinds)
-    if missing or unknown:
-        raise CatalogError(f"{path}: {where}: missing keys {sorted(missing)}, unknown keys {sorted(unknown)}; "
-                           f"known: {sorted(kinds)}")
-    values: dict[str, Any] = {}
-    for key, value in raw.items():
-        kind = kinds[key]
-        if value is None and key in optional:
-            continue
-        if kind is float:
-            is_ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-            value = float(value) if is_ok else value
-        else:
-            is_ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
-        if not is_ok:
-            raise CatalogError(f"{path}: {where}.{key} must be a {kind.__name__}, got {value!r}")
-        values[key] = value
-    return values

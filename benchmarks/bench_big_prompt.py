@@ -29,9 +29,11 @@ import json
 import random
 import socket
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -47,6 +49,9 @@ from basin_runtime.gateway.waiting import WaitingRoom
 from basin_runtime.policy import Policy, PolicyConfig
 from basin_runtime.task_text import TaskTextRule
 from basin_runtime.tokenizer import get_tokenizer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.runtime.httpx_upstream import HttpxUpstreamClient
 
 ANSWER = {"id": "c", "object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant",
           "content": "ok"}, "finish_reason": "stop"}], "usage": {"prompt_tokens": 1, "completion_tokens": 1}}
@@ -106,7 +111,8 @@ def build_app() -> Any:
 
     room = WaitingRoom(Policy(PolicyConfig(budget_tokens=10**9)), ManualClock(), retry_after_s=30)
     client = httpx.AsyncClient(transport=httpx.MockTransport(upstream), base_url="http://upstream")
-    gateway = Gateway(room, Meter(get_tokenizer(), TaskTextRule()), Predictors(FixedPeak()), Upstream(client))
+    gateway = Gateway(room, Meter(get_tokenizer(), TaskTextRule()), Predictors(FixedPeak()),
+                      Upstream(HttpxUpstreamClient(client)))
     return create_app(gateway)
 
 

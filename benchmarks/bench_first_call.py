@@ -131,7 +131,7 @@ async def bench(args: argparse.Namespace) -> None:
             return start(command)
 
         setattr(bg, "process", probed)  # noqa: B010
-        options = argparse.Namespace(via_smg=True, state="memory", gateway="basin", upstream_client="httptools")
+        options = argparse.Namespace(via_smg=True, state="memory", gateway="basin")
         async with bg.servers(log_dir, options, "probe-token") as deployment:
             await bg.run_sessions(deployment.gateway, 10**6, 50, 2, 50, True, [], True)  # warm-up
             direct: list[float] = []

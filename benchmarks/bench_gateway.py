@@ -33,7 +33,7 @@ no sessions, parsing, counting, policy, metrics or log) takes the gateway's plac
 asyncio protocol: the same phases then measure the floor under the gateway's numbers on this stack.
 
     .venv/bin/python benchmarks/bench_gateway.py [--sessions 10000] [--concurrency 200] [--calls 5]
-        [--upstream-client httptools|aiohttp|httpx] [--via-smg] [--stream] [--state memory|redis] [--rounds 1]
+        [--via-smg] [--stream] [--state memory|redis] [--rounds 1]
         [--big-tokens 300000] [--big-calls 20] [--gateway basin|bare-asgi|bare-protocol]
 
 Loopback only; every process started is stopped at the end. The machine's load average is printed
@@ -348,7 +348,7 @@ async def servers(log_dir: str, args: argparse.Namespace, admin_token: str) -> A
         if args.gateway == "basin":
             command = ["-m", "basin_runtime.gateway", "--upstream", upstream, "--port", str(gw_port),
                        "--model", str(MODEL_FILE), "--budget-tokens", str(10**12), "--log-level", "warning",
-                       "--upstream-client", args.upstream_client, "--config", str(config_path),
+                       "--config", str(config_path),
                        "--session-log", str(Path(log_dir) / "sessions.jsonl")]
         else:  # the floor: forwarding alone (`bare_relay.py`)
             command = [str(ROOT / "benchmarks" / "bare_relay.py"), "--mode", args.gateway.removeprefix("bare-"),
@@ -460,7 +460,7 @@ async def bench(args: argparse.Namespace) -> None:
     names = [name for name in names if name]
     print(f"machine: {os.cpu_count()} cpus; upstream: {deployment.upstream_name}"
           f"{' (PD mode) in front of a prefill and a decode stand-in' if args.via_smg else ': raw ASGI on uvicorn'}; "
-          + (f"gateway: basin_runtime.gateway ({args.upstream_client} upstream client, state {args.state}), "
+          + (f"gateway: basin_runtime.gateway (state {args.state}), "
              f"session log on"
              if is_basin else f"in the gateway's place: bare_relay.py --mode {args.gateway.removeprefix('bare-')} "
                               f"(forwarding alone)")
@@ -512,7 +512,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=200)
     parser.add_argument("--calls", type=int, default=5, help="calls per session in the latency phase")
     parser.add_argument("--unloaded-calls", type=int, default=300)
-    parser.add_argument("--upstream-client", choices=("httptools", "aiohttp", "httpx"), default="httptools")
     parser.add_argument("--gateway", choices=("basin", "bare-asgi", "bare-protocol"), default="basin",
                         help="what runs in the gateway's place: basin's gateway, or a bare relay (`bare_relay.py`: "
                              "forwarding alone, on uvicorn or on a raw asyncio protocol) to measure the floor")

@@ -1,14 +1,20 @@
-"""Each stage's section of params.yaml as a frozen dataclass; only stage `main()`s read the file."""
+"""Each stage's section of params.yaml as a frozen dataclass; only stage `main()`s read the file.
+
+A section's keys are its dataclass's fields and their kinds its annotations, checked by `basin_runtime.schema`
+(as the gateway's options and the simulator's files are): a missing, unknown or wrongly typed key is a
+`ParamsError` naming the file, the key path (`ingest.corpora[1].path`) and the value.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
+
+from basin_runtime.schema import SchemaError, read_fields
 
 
 class ParamsError(ValueError):
@@ -40,14 +46,12 @@ class IngestParams:
 T = TypeVar("T")
 
 
-def _build(cls: type[T], raw: Any, where: str) -> T:
-    if not isinstance(raw, dict):
-        raise ParamsError(f"params.yaml: `{where}` must be a mapping, got {raw!r}")
-    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    missing, unknown = names - raw.keys(), raw.keys() - names
-    if missing or unknown:
-        raise ParamsError(f"params.yaml: `{where}`: missing keys {sorted(missing)}, unknown keys {sorted(unknown)}")
-    return cls(**raw)
+def _build(cls: type[T], raw: Any, where: str, path: str | Path) -> T:
+    """`raw` checked against `cls`'s fields (their annotations say each kind) and built."""
+    try:
+        return cls(**read_fields(cls, raw, where))
+    except SchemaError as exc:
+        raise ParamsError(f"{path}: {exc}") from None
 
 
 def load_section(path: str | Path, section: str) -> dict[str, Any]:
@@ -75,10 +79,7 @@ def corpus_path(corpus: CorpusParams, params_file: str | Path) -> Path:
 
 
 def ingest_params(path: str | Path = "params.yaml") -> IngestParams:
-    raw = dict(load_section(path, "ingest"))
-    corpora = tuple(_build(CorpusParams, c, f"ingest.corpora[{i}]") for i, c in enumerate(raw.pop("corpora", [])))
-    synthetic = _build(SyntheticParams, raw.pop("synthetic", None), "ingest.synthetic")
-    return _build(IngestParams, {**raw, "corpora": corpora, "synthetic": synthetic}, "ingest")
+    return _build(IngestParams, {"corpora": [], **load_section(path, "ingest")}, "ingest", path)  # corpora: optional
 
 
 @dataclass(frozen=True)
@@ -128,34 +129,23 @@ class ExportParams:
 
 
 def featurize_params(path: str | Path = "params.yaml") -> FeaturizeParams:
-    return _build(FeaturizeParams, load_section(path, "featurize"), "featurize")
+    return _build(FeaturizeParams, load_section(path, "featurize"), "featurize", path)
 
 
 def train_params(path: str | Path = "params.yaml") -> TrainParams:
-    raw = dict(load_section(path, "train"))
-    search = raw.pop("search", None)
-    if isinstance(search, dict):
-        search = {k: tuple(v) if isinstance(v, list) else v for k, v in search.items()}
-    return _build(TrainParams, {**raw, "search": _build(SearchSpace, search, "train.search")}, "train")
+    return _build(TrainParams, load_section(path, "train"), "train", path)
 
 
 def nested_params(path: str | Path = "params.yaml") -> NestedParams:
-    raw = dict(load_section(path, "nested"))
-    if isinstance(raw.get("seeds"), list):
-        raw["seeds"] = tuple(int(s) for s in raw["seeds"])
-    return _build(NestedParams, raw, "nested")
+    return _build(NestedParams, load_section(path, "nested"), "nested", path)
 
 
 def online_params(path: str | Path = "params.yaml") -> OnlineParams:
-    raw = dict(load_section(path, "online"))
-    for key in ("seeds", "eval_calls"):
-        if isinstance(raw.get(key), list):
-            raw[key] = tuple(int(v) for v in raw[key])
-    return _build(OnlineParams, raw, "online")
+    return _build(OnlineParams, load_section(path, "online"), "online", path)
 
 
 def export_params(path: str | Path = "params.yaml") -> ExportParams:
-    return _build(ExportParams, load_section(path, "export"), "export")
+    return _build(ExportParams, load_section(path, "export"), "export", path)
 
 
 @dataclass(frozen=True)
@@ -169,8 +159,4 @@ class SimulateParams:
 
 
 def simulate_params(path: str | Path = "params.yaml") -> SimulateParams:
-    raw = dict(load_section(path, "simulate"))
-    for key, kind in (("policies", str), ("seeds", int)):
-        if isinstance(raw.get(key), list):
-            raw[key] = tuple(kind(v) for v in raw[key])
-    return _build(SimulateParams, raw, "simulate")
+    return _build(SimulateParams, load_section(path, "simulate"), "simulate", path)

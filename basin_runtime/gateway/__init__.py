@@ -1,30 +1,41 @@
-# The Basin gateway: an OpenAI-compatible HTTP front for the SGLang router that admits agent
-# sessions by predicted peak context, queues the rest at the door, and hands every call the
-# session's fixed priority. The policy itself is `basin_runtime.policy` (pure); this package is
-# the asynchronous, I/O-doing shell around it.
-#
-# Modules, one job each:
-#   config.py       options: command line, config file, defaults (`GatewayConfig`, `ConfigError`)
-#   predictors.py   peak predictors per workload
-#   clock.py        the injectable clock (real or scripted)
-#   calls.py        parsing and validating an inference call
-#   measure.py      prompt tokens and task text, as ingest counts them
-#   sessions.py     session identity, per-session records, the registry
-#   waiting.py      the waiting room: the policy under a lock, waiting, withdrawal, timers
-#   priority.py     bounded engine priority levels, the routing key, request ids
-#   upstream.py     the upstream HTTP client protocol: aiohttp (default) and httpx implementations
-#   proxy.py        forwarding upstream and streaming the answer back (and reading its usage)
-#   signals.py      per-call usage from the upstream's answers, and the windowed prefix hit rate
-#   engine_metrics.py  the windowed hit rate scraped from the engines' /metrics counters (when configured)
-#   metrics.py      the Prometheus metrics, in a registry per app
-#   lending.py      what engines report per session: the decode instance that served, cached tiers
-#   session_log.py  the durable, rotating session-log writer (a thread fed by a queue)
-#   admin.py        /basin/ state, sessions, budget, reloads, shadow mode
-#   errors.py       the error tree and the one mapping to HTTP status codes
-#   gateway.py      the request path tying the above together
-#   app.py          Starlette routes, lifespan, building the app from the configuration
-#   cli.py          `basin-gateway` / `python -m basin_runtime.gateway`
 """The Basin session gateway in front of SGLang's router.
+
+An OpenAI-compatible HTTP front for the SGLang router that admits agent sessions by predicted peak
+context, queues the rest at the door, and hands every call the session's priority. The policy itself is
+`basin_runtime.policy` (pure); this package is the asynchronous, I/O-doing shell around it.
+
+Modules, one job each (a test keeps this list complete):
+  config.py          the options, each declared once on `GatewayConfig`, read and resolved (`ConfigError`)
+  options.py         how an option is declared, and the flags derived from the declarations
+  options_doc.py     the option reference as Markdown, rendered from those declarations
+  cli.py             `basin-gateway` / `python -m basin_runtime.gateway` (`__main__.py`)
+  server.py          uvicorn with the gateway's protocol and drain on SIGTERM
+  app.py             Starlette routes, lifespan, building the app from the configuration
+  admin.py           /basin/ state, sessions, budget, reloads, shadow mode
+  gateway.py         the request path: identify, admit or queue, stamp, forward, record
+  paths.py           the request targets passed through
+  limits.py          input limits: body size, bodies in flight, JSON depth and values, session ids
+  json_scan.py       scanning JSON bytes without parsing them
+  calls.py           parsing and validating an inference call
+  resend.py          reading a resent conversation from its new part on
+  memo.py            what a session keeps of its last prompt (prefix, counts)
+  measure.py         prompt tokens and task text, as ingest counts them
+  predictors.py      peak predictors per workload
+  sessions.py        session identity, per-session records, the registry
+  restart.py         the live-sessions file and adoption after a restart
+  waiting.py         the waiting room: the policy under a lock, waiting, withdrawal, timers
+  priority.py        bounded engine priority levels, the routing key, request ids
+  clock.py           the injectable clock (real or scripted)
+  upstream.py        the `UpstreamClient` protocol (the seam tests put a double behind)
+  http1.py           the one upstream client: HTTP/1.1 on asyncio protocols and httptools
+  proxy.py           forwarding upstream and streaming the answer back (and reading its usage)
+  sse.py             framing server-sent events and what the relay learns from them
+  signals.py         per-call usage from the upstream's answers
+  engine_metrics.py  the windowed hit rate scraped from the engines' /metrics counters (when configured)
+  lending.py         what engines report per session: the decode instance that served, cached tiers
+  metrics.py         the Prometheus metrics, in a registry per app
+  session_log.py     the durable, rotating session-log writer (a thread fed by a queue)
+  errors.py          the error tree and the one mapping to HTTP status codes
 
 Nothing is imported here eagerly: importing one module (say `basin_runtime.gateway.config`) must
 not start the whole app's import graph. Import from the modules themselves.

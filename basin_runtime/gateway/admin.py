@@ -1,18 +1,18 @@
-# The operator's endpoints under `/basin/` (each guarded by the admin token, `app._require_admin`).
-#
-# Rules:
-# - `GET /basin/state`: the policy snapshot, the hit rate, shadow mode and the lending reports.
-#   `GET /basin/sessions`: every live and queued session, without task text; `reserved_tokens` is what it holds
-#   against the budget now (max of m x its prediction, `reserved_peak_tokens`, and its context).
-# - `PUT /basin/budget {"budget_tokens": N}` sets the operator's reference budget at once (never
-#   evicts; may admit). `POST /basin/reload {"models": bool, "calibration": bool}` reloads the model
-#   files (swapped in only if every one loads) and/or the calibration file (its reference budget
-#   is applied; other calibration fields need a restart), from the paths the gateway started with.
-# - `PUT /basin/shadow {"enabled": bool}` turns shadow mode on or off.
-# - Bodies are read within the gateway's limits, as inference bodies are (`limits.py`), and a large one
-#   is parsed off the event loop, as theirs are; a bad body is 400 naming the field; a file that cannot
-#   be loaded is 400 naming it, and nothing changes.
-"""Admin endpoints: state, sessions, budget, reloads, shadow mode."""
+"""Admin endpoints: state, sessions, budget, reloads, shadow mode.
+
+Rules:
+- `GET /basin/state`: the policy snapshot, the hit rate, shadow mode and the lending reports.
+  `GET /basin/sessions`: every live and queued session, without task text; `reserved_tokens` is what it holds
+  against the budget now (max of m x its prediction, `reserved_peak_tokens`, and its context).
+- `PUT /basin/budget {"budget_tokens": N}` sets the operator's reference budget at once (never
+  evicts; may admit). `POST /basin/reload {"models": bool, "calibration": bool}` reloads the model
+  files (swapped in only if every one loads) and/or the calibration file (its reference budget
+  is applied; other calibration fields need a restart), from the paths the gateway started with.
+- `PUT /basin/shadow {"enabled": bool}` turns shadow mode on or off.
+- Bodies are read within the gateway's limits, as inference bodies are (`limits.py`), and a large one
+  is parsed off the event loop, as theirs are; a bad body is 400 naming the field; a file that cannot
+  be loaded is 400 naming it, and nothing changes.
+"""
 
 from __future__ import annotations
 

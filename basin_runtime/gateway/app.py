@@ -1,43 +1,30 @@
-# The HTTP surface: Starlette routes around one `Gateway`, and building it from a `GatewayConfig`.
-#
-# Rules:
-# - Inference (`/v1/chat/completions`, `/v1/completions`, `/generate`) goes through the session
-#   path; read-only SGLang/OpenAI info endpoints pass through untouched; `GET /health` is answered
-#   here and says nothing of the upstream.
-# - `GET /metrics` is the gateway's own Prometheus exposition (open, like SGLang's); the state
-#   gauges are refreshed from the policy on each scrape.
-# - `/basin/...` are admin endpoints (`admin.py`): with an admin token configured, they need
-#   `Authorization: Bearer <token>`; without one they are open (bind to loopback then; `cli.py`
-#   refuses any other address unless told `--insecure-admin`). The one exception is
-#   `POST /basin/sessions/{id}/end`, which also takes that session's end key in
-#   `X-Basin-Session-Key` (`basin_runtime/session_keys.py`, derived from the admin token, bound to the
-#   session's incarnation): an agent ends its own session without the operator's token. A key opens nothing else; a 401
-#   names what each route takes.
-# - Errors become responses only through `errors.error_response`, and every answer the gateway makes
-#   itself is JSON: Starlette's own 404 (no route) and 405 (wrong method, with Allow) become
-#   `not_found` / `method_not_allowed`; any other exception that reaches the app's edge before the
-#   answer started is logged with its traceback and answered 500 `internal_error` (`_LastResort`).
-# - The hot path: a POST to exactly one of the inference paths, or to a session's end (one per agent
-#   session; an agent ends its own), is served by `_InferencePath` ahead of
-#   Starlette's router and middleware stack (a route match over every route, two exception layers and
-#   a send wrapper per layer cost more CPU than the gateway's own work on a small call). It answers
-#   exactly as that stack would: the same handler, the gateway's errors through `error_response`, any
-#   other exception before the answer started as 500 `internal_error`, logged. Anything else (another
-#   method or path, a trailing slash, a `root_path`) takes the stack. The requests it serves are the
-#   gateway's `active_calls`, which a shutdown waits for and, at its drain's deadline, cuts: a request
-#   cancelled before its answer began gets a JSON 503 `shutting_down` (never the server's plain-text 500).
-# - While the gateway drains (a graceful shutdown), `GET /health` is 503 `shutting_down`.
-# - The lifespan starts the upstream client (the aiohttp session must be made on the running loop),
-#   runs the waiting room's timers, the live-sessions file's writer (`restart.py`) and, when
-#   configured, the engines' /metrics scraper (`engine_metrics.py`). At its end (the server has
-#   stopped: `cli.py` drains first) it ends every session still held as `shutdown` (logged), then
-#   closes the upstream client when the app built it itself, then the session log.
-# - Start-up loads the tokenizer, every model and the calibration before the app exists, so a bad
-#   file stops start-up with `ConfigError` naming it.
-# - With `--state` (replicas), the lifespan also connects the shared state (`RedisBackend`, imported only
-#   then) and runs its `Coordinator` (leases, leader work); at its end, after the sessions are handed
-#   over, it gives up its leases and closes the connections.
-"""Starlette application and its construction from the configuration."""
+"""The HTTP surface: Starlette routes around one `Gateway`, and building it from a `GatewayConfig`.
+
+Rules:
+- Inference (`/v1/chat/completions`, `/v1/completions`, `/generate`) goes through the session path;
+  read-only SGLang/OpenAI info endpoints pass through untouched; `GET /health` is answered here (503
+  `shutting_down` while the gateway drains) and says nothing of the upstream. `GET /metrics` is the
+  gateway's own Prometheus exposition (open, like SGLang's).
+- `/basin/...` are admin endpoints (`admin.py`): with an admin token configured they need
+  `Authorization: Bearer <token>`; without one they are open (`cli.py` refuses to bind beyond loopback
+  then, unless told `--insecure-admin`). `POST /basin/sessions/{id}/end` also takes that session's end
+  key (`X-Basin-Session-Key`, `basin_runtime/session_keys.py`); a key opens nothing else, and a 401 names
+  what each route takes.
+- Errors become responses only through `errors.error_response`, and every answer the gateway makes itself
+  is JSON: Starlette's 404 and 405 become `not_found` / `method_not_allowed`; any other exception before
+  the answer started is logged and answered 500 `internal_error` (`_LastResort`).
+- A POST to exactly one of the inference paths, or to a session's end, is served by `_InferencePath`
+  ahead of Starlette's router and middleware (cheaper per call), answering exactly as that stack would;
+  anything else takes the stack. The requests it serves are the gateway's `active_calls`, which a
+  shutdown waits for and, at its drain's deadline, cuts with a JSON 503 `shutting_down`.
+- Start-up loads the tokenizer, every model and the calibration before the app exists, so a bad file
+  stops start-up with `ConfigError` naming it.
+- The lifespan starts the upstream client (on the running loop), the waiting room's timers, the
+  live-sessions file's writer (`restart.py`), the engines' /metrics scraper when configured and, with
+  `--state`, the shared state's `Coordinator` (`basin_runtime/state/`, imported only then). At its end it
+  ends every session still held as `shutdown` (or hands them over, with `--state`), then closes what it
+  opened: the upstream client when the app built it, the shared state, the session log.
+"""
 
 from __future__ import annotations
 
@@ -50,7 +37,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import anyio
-import httpx
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -72,6 +58,7 @@ from basin_runtime.gateway.errors import (
     error_response,
 )
 from basin_runtime.gateway.gateway import Gateway
+from basin_runtime.gateway.http1 import Http1UpstreamClient
 from basin_runtime.gateway.lending import LendingTracker
 from basin_runtime.gateway.measure import Meter
 from basin_runtime.gateway.metrics import CONTENT_TYPE
@@ -80,7 +67,7 @@ from basin_runtime.gateway.priority import PriorityLevels
 from basin_runtime.gateway.proxy import Upstream
 from basin_runtime.gateway.restart import LiveSessionsFile
 from basin_runtime.gateway.session_log import SessionLogWriter
-from basin_runtime.gateway.upstream import UpstreamClient, make_client
+from basin_runtime.gateway.upstream import UpstreamClient
 from basin_runtime.gateway.waiting import WaitingRoom
 from basin_runtime.policy import Policy, PolicyConfig, PolicyError
 from basin_runtime.policy.hit_rate import HitRateWindow
@@ -332,7 +319,7 @@ def _has_admin_token(request: Request, admin_token: str) -> bool:
     return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), admin_token.encode())
 
 
-def build_gateway(config: GatewayConfig, client: UpstreamClient | httpx.AsyncClient | None = None,
+def build_gateway(config: GatewayConfig, client: UpstreamClient | None = None,
                   clock: Clock | None = None) -> Gateway:
     """Load the tokenizer, models and calibration named by `config`; `ConfigError` if one cannot be used.
 
@@ -381,9 +368,9 @@ def shared_state(config: GatewayConfig, policy_settings: PolicyConfig) -> Coordi
 
 
 def upstream_client(config: GatewayConfig) -> UpstreamClient:
-    """The HTTP client to the upstream (`config.upstream_client`), with the gateway's timeouts, no connection cap."""
-    return make_client(config.upstream_client, config.upstream, connect_s=config.upstream_connect_timeout_s,
-                       read_s=config.upstream_timeout_s, max_head_bytes=config.max_header_bytes)
+    """The HTTP client to the upstream (`http1.py`), with the gateway's timeouts, no connection cap."""
+    return Http1UpstreamClient(config.upstream, connect_s=config.upstream_connect_timeout_s,
+                               read_s=config.upstream_timeout_s, max_head_bytes=config.max_header_bytes)
 
 
 def build_app(config: GatewayConfig, clock: Clock | None = None) -> Starlette:

@@ -1,43 +1,43 @@
-# One inference call as the gateway reads it: which endpoint, the parsed body, what it asks about.
-#
-# Rules:
-# - The body must be UTF-8 JSON text (RFC 8259: no NaN or Infinity, no number too large for a
-#   float or past Python's 4300-digit integers, no lone UTF-16 surrogate) holding an object nested
-#   at most `max_json_depth` levels (`limits.py`). Anything else is a 400 naming what is wrong.
-# - Before it is parsed, a body is refused (413 `too_many_items`) if it holds more than `max_json_items`
-#   values (`json_scan`: a bound from its commas and brackets first, counted exactly only past it), so
-#   no parse builds millions of objects: parsing holds the GIL, a worker thread does not help.
-# - orjson reads a body under STDLIB_PARSE_BYTES (several times faster than the standard library on
-#   the hot path, and it refuses invalid UTF-8, NaN, infinities and lone surrogates itself); a body it
-#   refuses, or one holding a float of magnitude 2**63 or more (orjson reads an integer past 64 bits as
-#   a float), is read again by the standard library's parser, which names the error or keeps the
-#   integer exact. A larger body is read by the standard library alone, with the cyclic collector
-#   paused (`limits.collector_paused`): as fast on large text, and at most twice the body's size in
-#   memory while it parses, where orjson reserves ~13 times it (its reader sizes a value pool by the
-#   input's length: 780 MB for one 60 MB message).
-# - A chat call holds at most `max_messages` messages, `max_tools` tools and `max_content_parts` content
-#   parts in all its messages (413 `too_many_items`, naming the limit).
-# - The shape of what the gateway itself reads is checked here, once, so later code can trust it
-#   (SGLang validates the rest); a wrong one is a 400 naming the field:
-#     chat: a non-empty `messages` list of objects with a string `role`; a message's `content` is
-#       absent, null, a string or a list of content parts (objects with a string `type`; a `text`
-#       part has a string `text`); its `tool_calls` absent, null or a list of objects whose
-#       `function`, if given, is an object; `tools` absent, null or a list of objects.
-#     `/v1/completions` needs `prompt`; `/generate` needs `text` or `input_ids`: a string, a list of
-#       strings, a list of token ids or a list of such lists.
-#     every endpoint: `stream` absent, null or true/false; `stream_options` absent, null or an
-#       object whose `include_usage` is absent, null or true/false; `user` absent, null or a string.
-# - A chat call whose messages already hold an assistant turn is a continuation: plainly not the
-#   first call of its session. Raw-prompt calls (`/v1/completions`, `/generate`) never are.
-# - A list of prompts is a batch; the task text of a raw-prompt call is its (first) text prompt.
-# - A chat call of a known session that resends its last body's conversation (a byte prefix) may be
-#   read by `resend.py` instead: only the new messages and fields, with the same checks.
-# - The forwarded body (`Call.encode`) is the client's own bytes with the top-level fields the
-#   gateway set spliced in before the closing brace; a field the client sent itself and the gateway
-#   changed (its own `priority` or `rid`, `stream_options` without `include_usage`) is cut out of
-#   the bytes first (`json_scan.without_members`), never by re-serialising the body: a large body
-#   costs one copy and no encoder holding the GIL. The gateway sets no body field but `GATEWAY_FIELDS`.
-"""Parse and validate the body of an inference call."""
+"""Parse and validate the body of an inference call.
+
+Rules:
+- The body must be UTF-8 JSON text (RFC 8259: no NaN or Infinity, no number too large for a
+  float or past Python's 4300-digit integers, no lone UTF-16 surrogate) holding an object nested
+  at most `max_json_depth` levels (`limits.py`). Anything else is a 400 naming what is wrong.
+- Before it is parsed, a body is refused (413 `too_many_items`) if it holds more than `max_json_items`
+  values (`json_scan`: a bound from its commas and brackets first, counted exactly only past it), so
+  no parse builds millions of objects: parsing holds the GIL, a worker thread does not help.
+- orjson reads a body under STDLIB_PARSE_BYTES (several times faster than the standard library on
+  the hot path, and it refuses invalid UTF-8, NaN, infinities and lone surrogates itself); a body it
+  refuses, or one holding a float of magnitude 2**63 or more (orjson reads an integer past 64 bits as
+  a float), is read again by the standard library's parser, which names the error or keeps the
+  integer exact. A larger body is read by the standard library alone, with the cyclic collector
+  paused (`limits.collector_paused`): as fast on large text, and at most twice the body's size in
+  memory while it parses, where orjson reserves ~13 times it (its reader sizes a value pool by the
+  input's length: 780 MB for one 60 MB message).
+- A chat call holds at most `max_messages` messages, `max_tools` tools and `max_content_parts` content
+  parts in all its messages (413 `too_many_items`, naming the limit).
+- The shape of what the gateway itself reads is checked here, once, so later code can trust it
+  (SGLang validates the rest); a wrong one is a 400 naming the field:
+    chat: a non-empty `messages` list of objects with a string `role`; a message's `content` is
+      absent, null, a string or a list of content parts (objects with a string `type`; a `text`
+      part has a string `text`); its `tool_calls` absent, null or a list of objects whose
+      `function`, if given, is an object; `tools` absent, null or a list of objects.
+    `/v1/completions` needs `prompt`; `/generate` needs `text` or `input_ids`: a string, a list of
+      strings, a list of token ids or a list of such lists.
+    every endpoint: `stream` absent, null or true/false; `stream_options` absent, null or an
+      object whose `include_usage` is absent, null or true/false; `user` absent, null or a string.
+- A chat call whose messages already hold an assistant turn is a continuation: plainly not the
+  first call of its session. Raw-prompt calls (`/v1/completions`, `/generate`) never are.
+- A list of prompts is a batch; the task text of a raw-prompt call is its (first) text prompt.
+- A chat call of a known session that resends its last body's conversation (a byte prefix) may be
+  read by `resend.py` instead: only the new messages and fields, with the same checks.
+- The forwarded body (`Call.encode`) is the client's own bytes with the top-level fields the
+  gateway set spliced in before the closing brace; a field the client sent itself and the gateway
+  changed (its own `priority` or `rid`, `stream_options` without `include_usage`) is cut out of
+  the bytes first (`json_scan.without_members`), never by re-serialising the body: a large body
+  costs one copy and no encoder holding the GIL. The gateway sets no body field but `GATEWAY_FIELDS`.
+"""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import orjson
 
@@ -67,10 +67,8 @@ from basin_runtime.gateway.limits import (
     check_depth,
     collector_paused,
 )
+from basin_runtime.gateway.memo import Resent
 from basin_runtime.messages import Message
-
-if TYPE_CHECKING:
-    from basin_runtime.gateway.resend import Resent
 
 CallKind = Literal["chat", "completion", "generate"]
 UPSTREAM_PATHS: dict[CallKind, str] = {

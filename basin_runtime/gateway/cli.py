@@ -1,26 +1,26 @@
-# `basin-gateway`: parse the options, load everything, serve with uvicorn.
-#
-# Rules:
-# - A bad option, config, model or calibration file ends start-up with one line on stderr naming
-#   the file or option, and exit status 2; never a traceback.
-# - Logging is configured here and only here.
-# - With `--state`, a replica whose policy configuration differs from the shared state's is refused like
-#   a bad option (one line naming the fields); an unreachable Redis is not (it starts, answering new
-#   sessions 503 `state_unavailable` until Redis can be reached).
-# - Binding beyond loopback (127.0.0.0/8, ::1, localhost; `0.0.0.0` and `::` are every address)
-#   without an admin token ends start-up like a bad option: every /basin/ endpoint would be open to
-#   whoever reaches the port. `--insecure-admin` (`insecure_admin: true`) starts anyway, with a
-#   warning naming them.
-# - SIGTERM (or Ctrl-C) drains (`server.DrainingServer`): the gateway keeps listening and answers every new
-#   call 503 `shutting_down` (queued ones at once), lets the calls in flight finish for up to `drain_timeout_s`
-#   (then cuts them with a JSON answer or error event), then uvicorn's own shutdown closes the listener and the
-#   app's lifespan logs every session still held as `shutdown` and lists it for the next run to adopt. A second
-#   Ctrl-C forces the exit.
-# - uvicorn keeps an idle client connection `keep_alive_s` (its own default, 5 s, is what the httpx and
-#   openai pools wait before reusing one, so the two race and the client gets a reset).
-# - uvicorn's proxy-headers middleware is off: the gateway reads no client address (a layer per request).
-# - uvicorn runs with the gateway's own HTTP protocol and options (`server.server_config`).
-"""Command-line entry point of the gateway."""
+"""Command-line entry point of the gateway.
+
+Rules:
+- A bad option, config, model or calibration file ends start-up with one line on stderr naming
+  the file or option, and exit status 2; never a traceback.
+- Logging is configured here and only here.
+- With `--state`, a replica whose policy configuration differs from the shared state's is refused like
+  a bad option (one line naming the fields); an unreachable Redis is not (it starts, answering new
+  sessions 503 `state_unavailable` until Redis can be reached).
+- Binding beyond loopback (127.0.0.0/8, ::1, localhost; `0.0.0.0` and `::` are every address)
+  without an admin token ends start-up like a bad option: every /basin/ endpoint would be open to
+  whoever reaches the port. `--insecure-admin` (`insecure_admin: true`) starts anyway, with a
+  warning naming them.
+- SIGTERM (or Ctrl-C) drains (`server.DrainingServer`): the gateway keeps listening and answers every new
+  call 503 `shutting_down` (queued ones at once), lets the calls in flight finish for up to `drain_timeout_s`
+  (then cuts them with a JSON answer or error event), then uvicorn's own shutdown closes the listener and the
+  app's lifespan logs every session still held as `shutdown` and lists it for the next run to adopt. A second
+  Ctrl-C forces the exit.
+- uvicorn keeps an idle client connection `keep_alive_s` (its own default, 5 s, is what the httpx and
+  openai pools wait before reusing one, so the two race and the client gets a reset).
+- uvicorn's proxy-headers middleware is off: the gateway reads no client address (a layer per request).
+- uvicorn runs with the gateway's own HTTP protocol and options (`server.server_config`).
+"""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
-# The gateway's clock: the only place the gateway reads time.
-#
-# Rules:
-# - `now()` is monotonic seconds and is what the policy sees as `now`: it never runs backwards.
-# - `wall()` is unix seconds, for records a person or the session log reads.
-# - `sleep()` paces the background timers; a `ManualClock` moves only when told, so tests script time.
-"""The injectable clock: real (`MonotonicClock`) or scripted (`ManualClock`)."""
+"""The injectable clock: real (`MonotonicClock`) or scripted (`ManualClock`).
+
+Rules:
+- `now()` is monotonic seconds and is what the policy sees as `now`: it never runs backwards.
+- `wall()` is unix seconds, for records a person or the session log reads.
+- `sleep()` paces the background timers; a `ManualClock` moves only when told, so tests script time.
+"""
 
 from __future__ import annotations
 

@@ -1,21 +1,21 @@
-# The prefix hit rate from the engines' own Prometheus counters (`/metrics` of each SGLang engine).
-#
-# Rules:
-# - Each configured URL is scraped every `interval_s`; its text is parsed with prometheus_client's
-#   parser. Hit and total tokens are the sums of `sglang:prefill_effective_tokens_total` over
-#   `mode=device_hit|host_hit|storage_hit` and over all modes; an engine without that counter falls
-#   back to `sglang:cached_tokens_total` (all sources) vs `sglang:prompt_tokens_total`. An engine
-#   with neither gives nothing.
-# - The hit rate is (sum over engines of hit-counter increase) / (sum of total-counter increase) over
-#   the last `window_s` seconds: each engine's increase is its newest sample minus its sample at
-#   the window's start (the newest one at or before it, else its oldest). A counter that went down
-#   (engine restarted) restarts that engine's history. None while the window's total increase is
-#   under `min_prompt_tokens`.
-# - When engines are configured, this is the hit rate fed to `Policy.tick`; while it is None (no
-#   scrape yet, too little traffic) the gateway falls back to the upstream usage window (`signals.py`).
-# - A failed scrape (unreachable, non-200, unparsable) counts in `basin_engine_scrape_errors_total`
-#   and is logged at most once per URL per minute.
-"""The windowed prefix hit rate scraped from the engines' /metrics counters."""
+"""The windowed prefix hit rate scraped from the engines' /metrics counters.
+
+Rules:
+- Each configured URL is scraped every `interval_s`; its text is parsed with prometheus_client's
+  parser. Hit and total tokens are the sums of `sglang:prefill_effective_tokens_total` over
+  `mode=device_hit|host_hit|storage_hit` and over all modes; an engine without that counter falls
+  back to `sglang:cached_tokens_total` (all sources) vs `sglang:prompt_tokens_total`. An engine
+  with neither gives nothing.
+- The hit rate is (sum over engines of hit-counter increase) / (sum of total-counter increase) over
+  the last `window_s` seconds: each engine's increase is its newest sample minus its sample at
+  the window's start (the newest one at or before it, else its oldest). A counter that went down
+  (engine restarted) restarts that engine's history. None while the window's total increase is
+  under `min_prompt_tokens`.
+- When engines are configured, this is the hit rate fed to `Policy.tick`; while it is None (no
+  scrape yet, too little traffic) the gateway falls back to the upstream usage window (`signals.py`).
+- A failed scrape (unreachable, non-200, unparsable) counts in `basin_engine_scrape_errors_total`
+  and is logged at most once per URL per minute.
+"""
 
 from __future__ import annotations
 

@@ -1,33 +1,33 @@
-# Errors the gateway answers with, and the one function that turns them into HTTP responses.
-#
-# Rules:
-# - Every failure a client can see is a `GatewayError` subclass raised where it is found; nothing
-#   else in the gateway picks a status code. `error_response` is the only mapping:
-#     400 bad request (malformed JSON, wrong shape, no messages/prompt; `invalid_request_error`)
-#     400/413/431 a limit passed (`LimitError`: `json_too_deep`, `session_id_too_long`, 413 `request_too_large`,
-#         413 `too_many_items`, 431 `headers_too_large`)
-#     503 too many large bodies at once (`too_many_large_bodies`, a `LimitError` with Retry-After: 1 s)
-#     401 admin token (or end key) missing or wrong             404 unknown session, path or route
-#     405 method not allowed on a route (with Allow)            409 session ended while it waited
-#     499 client went away (nobody reads it; for the logs)      502 upstream refused or answered 5xx
-#     503 session shed (with Retry-After and the reason)        504 upstream timed out
-#     503 shutting down (draining: no new session is admitted; with Retry-After)
-#     503 state unavailable (`--state`: the shared admission state is out of reach or being rebuilt, so
-#         no new session can be decided; with the reason and Retry-After; admitted sessions are served)
-#     502 upstream broke off mid-answer, answered 2xx with a body that is not the JSON it claims, a redirect
-#         (never followed nor passed on), or an answer head past `max_header_bytes`
-#     4xx the upstream's refusal, its status kept: passed on as written when its body is JSON with a string
-#         `type` (SGLang's and OpenAI's error shapes), else `upstream_rejected` quoting the body's start
-#     500 a policy error (a bug: the policy refused a step the gateway thought legal), or any
-#         unexpected exception (`internal_error`, turned into a `GatewayInternalError` by the app's
-#         last-resort handler): never a plain-text answer.
-# - Bodies are OpenAI-style: {"error": {"message", "type", "code", ...details}}; upstream failures
-#   carry the upstream's own words; a limit names itself, its value and the option that sets it
-#   (`limit`, `limit_value`, `option`).
-# - A failure after a streamed (SSE) answer has begun cannot change its status: `error_event` writes
-#   the same body as one SSE event (`data: {"error": {...}}`, as SGLang and smg do), whose `code` is
-#   the status the failure would have had.
-"""Gateway errors and their HTTP responses."""
+"""Gateway errors and their HTTP responses.
+
+Rules:
+- Every failure a client can see is a `GatewayError` subclass raised where it is found; nothing
+  else in the gateway picks a status code. `error_response` is the only mapping:
+    400 bad request (malformed JSON, wrong shape, no messages/prompt; `invalid_request_error`)
+    400/413/431 a limit passed (`LimitError`: `json_too_deep`, `session_id_too_long`, 413 `request_too_large`,
+        413 `too_many_items`, 431 `headers_too_large`)
+    503 too many large bodies at once (`too_many_large_bodies`, a `LimitError` with Retry-After: 1 s)
+    401 admin token (or end key) missing or wrong             404 unknown session, path or route
+    405 method not allowed on a route (with Allow)            409 session ended while it waited
+    499 client went away (nobody reads it; for the logs)      502 upstream refused or answered 5xx
+    503 session shed (with Retry-After and the reason)        504 upstream timed out
+    503 shutting down (draining: no new session is admitted; with Retry-After)
+    503 state unavailable (`--state`: the shared admission state is out of reach or being rebuilt, so
+        no new session can be decided; with the reason and Retry-After; admitted sessions are served)
+    502 upstream broke off mid-answer, answered 2xx with a body that is not the JSON it claims, a redirect
+        (never followed nor passed on), or an answer head past `max_header_bytes`
+    4xx the upstream's refusal, its status kept: passed on as written when its body is JSON with a string
+        `type` (SGLang's and OpenAI's error shapes), else `upstream_rejected` quoting the body's start
+    500 a policy error (a bug: the policy refused a step the gateway thought legal), or any
+        unexpected exception (`internal_error`, turned into a `GatewayInternalError` by the app's
+        last-resort handler): never a plain-text answer.
+- Bodies are OpenAI-style: {"error": {"message", "type", "code", ...details}}; upstream failures
+  carry the upstream's own words; a limit names itself, its value and the option that sets it
+  (`limit`, `limit_value`, `option`).
+- A failure after a streamed (SSE) answer has begun cannot change its status: `error_event` writes
+  the same body as one SSE event (`data: {"error": {...}}`, as SGLang and smg do), whose `code` is
+  the status the failure would have had.
+"""
 
 from __future__ import annotations
 

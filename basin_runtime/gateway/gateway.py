@@ -1,65 +1,35 @@
-# The request path: one inference call from the client to the upstream and back.
-#
-# Rules:
-# - A call's body is read within the limits (`limits.py`) and parsed (400 if malformed), its
-#   session identified, then:
-#   unknown session -> measured (task text, first prompt, prediction; in a worker thread, off the
-#     event loop) and arrives at the policy, history or not (few-shot turns, a fabricated history:
-#     all wait their turn); only a session the previous run of this gateway held live, resuming
-#     within the adoption window, is adopted instead and never waits (`restart.py`). The predictor
-#     reads the whole prompt of the call, history included, as the engine will hold it; an adopted
-#     session's prompt before its first assistant turn (its prediction is the one its real first
-#     call had). Either way the policy reserves max(m x prediction, context) from the first call on;
-#   known session -> the prompt size is observed (counting only the new messages).
-#   A queued (not adopted) session's call then waits in the waiting room.
-# - A session none of whose calls was ever served (its calls failed: upstream down, 5xx, a 4xx, a
-#   gateway error) is released as `failed` when its last call in flight ends: a failed first call
-#   holds no budget. A failed call is logged (warning) with its session, rid and status.
-# - Shutdown: `drain` stops admitting: queued calls get 503 at once, and so does every new call
-#   (`handle`), while the calls in flight run on; at the drain's deadline `cut_calls` cancels those left
-#   (`server.DrainingServer`);
-#   `shut_down`, once the server has stopped, writes the live-sessions file for the next run and
-#   ends every session still held as `shutdown`, so each is in the session log.
-# - The forwarded body carries the session's engine priority (its bucketed rank now) and a rid, and
-#   the request the session's routing key in the routing-key header, so smg sends every call of a
-#   session to one decode instance (`priority.py`); the answer carries the session id in the session
-#   header, so a client identified by hash can end it, and the first answer of a session carries its
-#   end key (`basin_runtime/session_keys.py`: bound to the session's incarnation, the policy's record of
-#   it), so the agent can end it itself.
-# - A call is in flight from forwarding until its answer ends (`proxy.py` reports the end);
-#   idle time counts from the end of the last call. A single-call session ends with its call.
-# - A call's record keeps the worker that served it when the router names it (smg does), and the
-#   upstream's usage (completion and cached tokens, with their tier split when reported). A streamed
-#   OpenAI call without `stream_options.include_usage` gets it added, and the extra usage-only chunk
-#   is not passed on.
-# - Signals: every call whose answer reports cached tokens feeds the hit-rate window, and every 2xx
-#   answer's first bytes (`proxy.py`) the first-token latency window (calls still waiting for theirs
-#   counted by how long they have waited), which each policy tick reads; metrics, the lending reports
-#   and the session log hear of every call's end, admission and session end (`metrics.py`,
-#   `lending.py`, `session_log.py`).
-# - Shadow mode: the policy decides as usual, but a queued session's calls are not held (counted in
-#   `basin_shadow_would_hold_total`); `_admit` is the one place a call is held.
-# - A body of OFF_LOOP_BODY_BYTES or more is parsed, identified (a conversation's hash) and counted in
-#   a worker thread, so one huge prompt never stalls the event loop; smaller ones stay inline, where
-#   that work is cheaper than the hop. A new session's first call is counted and predicted the same
-#   way: inline the prediction (~0.3 ms) costs less than a thread hop, which under load also waits for
-#   the thread to be scheduled (that wait was most of the first call's added latency). A body of
-#   HUGE_BODY_BYTES or more is worked on in one thread kept for such bodies, so however many arrive at
-#   once, the event loop competes for the GIL with one of them only. The forwarded body is the client's
-#   bytes in views with the gateway's fields beside them (`Call.encode_pieces`): no copy, on the loop,
-#   unless a field the client sent must be cut out of it (a scan of its top level: off the loop if large).
-# - A known session's chat call that resends its last body's conversation is read from its new
-#   part on (`resend.py`): on the loop when that part is under OFF_LOOP_BODY_BYTES and the body under
-#   OFF_LOOP_COPY_BYTES (the prefix comparison is a memcmp), else in a worker thread; one whose session
-#   ended before it was admitted is read again in full.
-# - Added latency is the wall time from the call's arrival to its forwarding, minus any queue wait.
-# - Replicas (`--state`, `basin_runtime/state/`): a call of a session this replica does not hold, but
-#   the shared state does (another replica's, live or queued) or let go (an orphan: its replica died),
-#   is taken over here without a new queue turn and without a new prediction; only a session the shared
-#   state does not know arrives. The deployment's hit rate and first-token latency tick the policy (the
-#   leader's), from every replica's report (`signal_report`). At shutdown the sessions held here are
-#   handed over (live ones become orphans any replica adopts) instead of ended.
-"""The gateway's request path: identify, admit or queue, stamp, forward, record."""
+"""The gateway's request path: one inference call from the client to the upstream and back.
+
+Rules:
+- A call's body is read within the limits (`limits.py`) and parsed (400 if malformed), its session
+  identified, then: an unknown session is measured (task text, first prompt with any history it
+  carries, prediction) and arrives at the policy, which reserves max(m x prediction, context) from its
+  first call on; a session the previous run held live, resuming within the adoption window, is
+  adopted instead and never waits (`restart.py`); a known session's prompt size is observed. A
+  queued session's call then waits in the waiting room (`_admit`, the one place a call is held; in
+  shadow mode it is counted, not held).
+- A session none of whose calls was ever served is released as `failed` when its last call in flight
+  ends: a failed first call holds no budget.
+- The forwarded body carries the session's engine priority and a rid, and the request its routing
+  key (`priority.py`); the answer carries the session id, and a session's first answer its end key
+  (`basin_runtime/session_keys.py`).
+- A call is in flight from forwarding until its answer ends (`proxy.py` reports the end); idle time
+  counts from the end of the last call. A single-call session ends with its call.
+- Every call's end, admission and session end reach the signals (hit rate, first-token latency), the
+  metrics, the lending reports and the session log.
+- Large bodies (OFF_LOOP_BODY_BYTES and up) are parsed, identified and counted in a worker thread,
+  HUGE_BODY_BYTES and up in one thread kept for them; the forwarded body is the client's bytes with
+  the gateway's fields beside them, uncopied. A resent conversation is read from its new part on
+  (`resend.py`).
+- Added latency is the wall time from the call's arrival to its forwarding, minus any queue wait.
+- Shutdown: `drain` answers queued and new calls 503 while calls in flight run on; `cut_calls` cancels
+  those left at the deadline; `shut_down` lists the live sessions for the next run and ends the rest as
+  `shutdown` (with `--state`, hands them over to the other replicas instead).
+- Replicas (`--state`): a session the shared state knows (another replica's, or an orphan) is taken
+  over without a new queue turn or prediction; the leader ticks the policy with every replica's signals.
+
+Why the thresholds and threads are where they are: docs/gateway/design.md.
+"""
 
 from __future__ import annotations
 

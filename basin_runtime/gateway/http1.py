@@ -1,32 +1,28 @@
-# The gateway's own HTTP/1.1 client to the upstream: asyncio protocols and httptools' response parser.
-#
-# Rules:
-# - It implements `upstream.UpstreamClient` exactly as the aiohttp client does (same errors, same
-#   timeouts, same answers), for a fraction of the CPU per call: a request is one write of a head built
-#   from a string and the body (two buffers, no copy of a large body); an answer is parsed by
-#   httptools (llhttp, C) straight into a status, a dict of lower-case header names and a queue of body
-#   chunks. aiohttp's request machinery (URL objects, multidicts, tracing, cookie jars, timers per
-#   call) was a sixth of the gateway's CPU under load.
-# - A request is one write of its head and body, or of its head and the body's pieces (`RequestBody`),
-#   none of them copied when the body is large.
-# - Connections: keep-alive, reused last-in first-out, closed once idle KEEPALIVE_S (before the
-#   upstream's own keep-alive closes them: checked whenever a connection is taken or given back), when
-#   the answer says `Connection: close` or was not read to its end, or when a send is cancelled. A
-#   request that finds its reused connection closed before any byte of the answer came back (the
-#   upstream closed it as it was taken) is sent once more on a new connection; nothing else is retried.
-# - Timeouts: `connect_s` to connect; `read_s` the longest wait for the next bytes, from sending the
-#   request on (the head too), as aiohttp's `sock_read`. Cancelling `send` (the client left) drops
-#   the connection, so the upstream sees the request go.
-# - Bodies: Content-Length, chunked, or up to the connection's close; a `HEAD` answer has none. A
-#   `Content-Encoding` of gzip or deflate the upstream applied although asked for identity is undone
-#   as the chunks pass (the proxy drops the header); any other encoding is an `UpstreamBrokenError`.
-#   Reading pauses while 1 MiB of body waits unread (flow control), and resumes as it is read.
-#   `chunks()` gives everything received so far in one piece (SSE events read at once go on together).
-# - `http` and `https` base URLs (a path prefix is kept); the Host header is the base URL's.
-# - An answer head (status line and headers) past `max_head_bytes` is refused as it arrives, an
-#   `UpstreamBadAnswerError` (502 `upstream_bad_answer`) naming the limit: httptools holds a header's bytes
-#   until it ends, so an upstream could otherwise make the gateway hold, and pass on, a head of any size.
-"""An HTTP/1.1 upstream client over asyncio protocols and httptools."""
+"""The gateway's HTTP/1.1 client to the upstream: asyncio protocols and httptools' (llhttp's) response parser.
+
+Rules:
+- It implements `upstream.UpstreamClient`. A request is one write of a head built from a string and
+  the body, or of the head and the body's pieces (`RequestBody`), none of them copied when the body is
+  large; an answer is parsed straight into a status, a dict of lower-case header names and a queue of
+  body chunks.
+- Connections: keep-alive, reused last-in first-out, closed once idle KEEPALIVE_S (before the
+  upstream's own keep-alive closes them: checked whenever a connection is taken or given back), when
+  the answer says `Connection: close` or was not read to its end, or when a send is cancelled. A
+  request that finds its reused connection closed before any byte of the answer came back (the
+  upstream closed it as it was taken) is sent once more on a new connection; nothing else is retried.
+- Timeouts: `connect_s` to connect; `read_s` the longest wait for the next bytes, from sending the
+  request on (the head too). Cancelling `send` (the client left) drops the connection, so the upstream
+  sees the request go.
+- Bodies: Content-Length, chunked, or up to the connection's close; a `HEAD` answer has none. A
+  `Content-Encoding` of gzip or deflate the upstream applied although asked for identity is undone
+  as the chunks pass (the proxy drops the header); any other encoding is an `UpstreamBrokenError`.
+  Reading pauses while HIGH_WATER_BYTES of body wait unread (flow control), and resumes as it is read.
+  `chunks()` gives everything received so far in one piece (SSE events read at once go on together).
+- `http` and `https` base URLs (a path prefix is kept); the Host header is the base URL's.
+- An answer head (status line and headers) past `max_head_bytes` is refused as it arrives, an
+  `UpstreamBadAnswerError` (502 `upstream_bad_answer`) naming the limit: httptools holds a header's bytes
+  until it ends, so an upstream could otherwise make the gateway hold, and pass on, a head of any size.
+"""
 
 from __future__ import annotations
 
@@ -43,8 +39,6 @@ import httptools
 from basin_runtime.gateway.errors import UpstreamBadAnswerError, UpstreamRefusedError, UpstreamTimeoutError
 from basin_runtime.gateway.limits import DEFAULT_MAX_HEADER_BYTES
 from basin_runtime.gateway.upstream import (
-    KEEPALIVE_S,
-    ClientState,
     RequestBody,
     UpstreamBrokenError,
     body_size,
@@ -52,6 +46,7 @@ from basin_runtime.gateway.upstream import (
     read_upto,
 )
 
+KEEPALIVE_S = 2.0  # idle connections dropped before uvicorn's (SGLang's server's) 5 s keep-alive closes them
 HIGH_WATER_BYTES = 1 << 20  # unread body bytes at which reading pauses
 LOW_WATER_BYTES = 256 << 10  # ... and resumes
 _COPY_BODY_BYTES = 64 << 10  # a smaller body is joined to the head (one buffer); a larger one is written beside it
@@ -321,7 +316,7 @@ def _decoder(encoding: str) -> zlib._Decompress | UpstreamBrokenError:
     return UpstreamBrokenError(f"the upstream answered in a Content-Encoding the gateway cannot undo: {encoding!r}")
 
 
-class Http1UpstreamClient(ClientState):
+class Http1UpstreamClient:
     """`UpstreamClient` over the gateway's own HTTP/1.1 connections (see the rules)."""
 
     def __init__(self, base_url: str, *, connect_s: float, read_s: float,
@@ -341,6 +336,14 @@ class Http1UpstreamClient(ClientState):
         self._idle: collections.deque[_Connection] = collections.deque()  # oldest on the left, newest on the right
         self._is_closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def base_url(self) -> str:
+        return self._base_url
+
+    @property
+    def is_closed(self) -> bool:
+        return self._is_closed
 
     @property
     def read_timeout_s(self) -> float | None:

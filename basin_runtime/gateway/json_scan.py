@@ -1,16 +1,18 @@
-# Reading JSON bytes without parsing them: where a value ends, the members of the top-level object, and how many
-# values a body holds.
-#
-# Rules:
-# - Strings are skipped with memchr (`bytes.find` of the next quote, an even run of backslashes before it
-#   escaping itself), so a long string costs one C call, not a Python step per byte; everything else is found
-#   with one regex search per structural character.
-# - Functions take the bytes of a document the caller has parsed (or is about to refuse): they never raise on
-#   malformed input but answer -1 / None, and the caller falls back to the parser's own verdict.
-# - `count_values` counts JSON values (objects, arrays, strings, numbers, literals; not the keys of members)
-#   exactly, stopping as soon as the count passes its limit; `values_bound` is a cheaper upper bound (every
-#   comma and opening bracket, inside strings too) read in slices, so neither holds the GIL for long.
-"""Scanning JSON bytes: value ends, top-level members, and value counts."""
+"""Scanning JSON bytes: value ends, top-level members, and value counts.
+
+Reading JSON bytes without parsing them: where a value ends, the members of the top-level object, and how many
+values a body holds.
+
+Rules:
+- Strings are skipped with memchr (`bytes.find` of the next quote, an even run of backslashes before it
+  escaping itself), so a long string costs one C call, not a Python step per byte; everything else is found
+  with one regex search per structural character.
+- Functions take the bytes of a document the caller has parsed (or is about to refuse): they never raise on
+  malformed input but answer -1 / None, and the caller falls back to the parser's own verdict.
+- `count_values` counts JSON values (objects, arrays, strings, numbers, literals; not the keys of members)
+  exactly, stopping as soon as the count passes its limit; `values_bound` is a cheaper upper bound (every
+  comma and opening bracket, inside strings too) read in slices, so neither holds the GIL for long.
+"""
 
 from __future__ import annotations
 

@@ -1,19 +1,21 @@
-# Lending, the gateway's side: what the engines report about where each session's KV is, kept per
-# session, so an operator (and the metrics) see whether lending works instead of the gateway assuming it.
-#
-# Rules:
-# - On stock SGLang, lending is decode offloading a finished request's KV to the HiCache storage tier,
-#   which prefill reads back (deploy/sglang-pd-lending.md); the gateway only pins each session to one
-#   decode instance (the routing key, `priority.py`) and records what comes back. It never sends a plan
-#   or a hint: no engine would read one.
-# - Per session: the decode instance that served its last call (smg's `x-smg-routed-worker-id`, the
-#   decode worker's URL in PD), how many of its calls moved to another instance (a sticky miss: a
-#   worker died, or smg's in-flight cap respilled it), and its last call's cached tokens with their
-#   tier split when the engine reported one (`signals.Usage.cached_tiers`).
-# - Totals: cached tokens per tier over every reported call, and the calls moved; a session's end
-#   forgets it. Nothing here changes the budget: storage only raises the budget through a calibration
-#   measured with storage on (the knee ramp), never by its nominal size.
-"""Per-session reports of which decode instance served and where cached tokens came from."""
+"""Per-session reports of which decode instance served and where cached tokens came from.
+
+Lending, the gateway's side: what the engines report about where each session's KV is, kept per
+session, so an operator (and the metrics) see whether lending works instead of the gateway assuming it.
+
+Rules:
+- On stock SGLang, lending is decode offloading a finished request's KV to the HiCache storage tier,
+  which prefill reads back (deploy/sglang-pd-lending.md); the gateway only pins each session to one
+  decode instance (the routing key, `priority.py`) and records what comes back. It never sends a plan
+  or a hint: no engine would read one.
+- Per session: the decode instance that served its last call (smg's `x-smg-routed-worker-id`, the
+  decode worker's URL in PD), how many of its calls moved to another instance (a sticky miss: a
+  worker died, or smg's in-flight cap respilled it), and its last call's cached tokens with their
+  tier split when the engine reported one (`signals.Usage.cached_tiers`).
+- Totals: cached tokens per tier over every reported call, and the calls moved; a session's end
+  forgets it. Nothing here changes the budget: storage only raises the budget through a calibration
+  measured with storage on (the knee ramp), never by its nominal size.
+"""
 
 from __future__ import annotations
 

@@ -1,34 +1,36 @@
-# The gateway's input limits: how large a request body (alone, and all large ones at once), how many JSON
-# values, messages, tools and content parts it may hold, how deeply nested its JSON, how long and of which
-# characters a session id may be; the request head's limits are the server's (`server.py`).
-#
-# Rules:
-# - Each limit is a `GatewayConfig` option (`max_body_bytes`, `max_json_depth`,
-#   `max_session_id_chars`); a request over one is refused with a `LimitError` (4xx JSON naming the
-#   limit, its value and the option that sets it) before anything is counted or forwarded.
-# - Body size (413 `request_too_large`): a declared Content-Length over the limit is refused before
-#   a byte is read; otherwise the body is counted as it arrives and refused the moment it would pass
-#   the limit, so the gateway never holds more than the limit. A body whose size is not the one its
-#   Content-Length declared, or a Content-Length that is not a number, is a 400; a client that
-#   leaves while sending is `ClientGoneError`.
-# - Bodies in flight (503 `too_many_large_bodies`, Retry-After 1 s): every inference body of
-#   LARGE_BODY_BYTES or more holds its size (declared, else as read) in one `BodyBudget` from its first
-#   byte until its call has been forwarded (a call waiting for admission keeps holding it: its body is
-#   in memory); one that would take the budget past `max_body_bytes_in_flight` is refused before, or
-#   as soon as, it passes. With each body's handling bounded at ~4x its size, the bodies' memory is
-#   bounded at ~4x the limit. Smaller bodies are not counted (the hot path pays no bookkeeping).
-# - Item counts (413 `too_many_items`): `max_json_items` values in a body, counted before it is parsed,
-#   and `max_messages`, `max_tools`, `max_content_parts` in a chat call (`calls.py`).
-# - JSON depth (400 `json_too_deep`): the parsed body is measured level by level, without recursion;
-#   the top-level object is depth 1. The limit stays far below Python's recursion limit (at most
-#   `MAX_JSON_DEPTH_CEILING`), so everything later that recurses over the body (re-serialising,
-#   token counting) is safe.
-# - Session ids (400): at most `max_session_id_chars` characters (`session_id_too_long`). An id from
-#   the session header must be printable ASCII, since it is echoed in the answer's header; an id
-#   from the `user` field may hold any Unicode text (OpenAI allows it) but no control characters;
-#   a `user` id that is not printable ASCII is kept but not echoed. No id is or holds a `.` or `..`
-#   segment between slashes: clients drop those from the URL that ends the session.
-"""Input limits: body size while reading, bodies in flight, JSON nesting depth and values, session ids."""
+"""Input limits: body size while reading, bodies in flight, JSON nesting depth and values, session ids.
+
+The gateway's input limits: how large a request body (alone, and all large ones at once), how many JSON
+values, messages, tools and content parts it may hold, how deeply nested its JSON, how long and of which
+characters a session id may be; the request head's limits are the server's (`server.py`).
+
+Rules:
+- Each limit is a `GatewayConfig` option (`max_body_bytes`, `max_json_depth`,
+  `max_session_id_chars`); a request over one is refused with a `LimitError` (4xx JSON naming the
+  limit, its value and the option that sets it) before anything is counted or forwarded.
+- Body size (413 `request_too_large`): a declared Content-Length over the limit is refused before
+  a byte is read; otherwise the body is counted as it arrives and refused the moment it would pass
+  the limit, so the gateway never holds more than the limit. A body whose size is not the one its
+  Content-Length declared, or a Content-Length that is not a number, is a 400; a client that
+  leaves while sending is `ClientGoneError`.
+- Bodies in flight (503 `too_many_large_bodies`, Retry-After 1 s): every inference body of
+  LARGE_BODY_BYTES or more holds its size (declared, else as read) in one `BodyBudget` from its first
+  byte until its call has been forwarded (a call waiting for admission keeps holding it: its body is
+  in memory); one that would take the budget past `max_body_bytes_in_flight` is refused before, or
+  as soon as, it passes. With each body's handling bounded at ~4x its size, the bodies' memory is
+  bounded at ~4x the limit. Smaller bodies are not counted (the hot path pays no bookkeeping).
+- Item counts (413 `too_many_items`): `max_json_items` values in a body, counted before it is parsed,
+  and `max_messages`, `max_tools`, `max_content_parts` in a chat call (`calls.py`).
+- JSON depth (400 `json_too_deep`): the parsed body is measured level by level, without recursion;
+  the top-level object is depth 1. The limit stays far below Python's recursion limit (at most
+  `MAX_JSON_DEPTH_CEILING`), so everything later that recurses over the body (re-serialising,
+  token counting) is safe.
+- Session ids (400): at most `max_session_id_chars` characters (`session_id_too_long`). An id from
+  the session header must be printable ASCII, since it is echoed in the answer's header; an id
+  from the `user` field may hold any Unicode text (OpenAI allows it) but no control characters;
+  a `user` id that is not printable ASCII is kept but not echoed. No id is or holds a `.` or `..`
+  segment between slashes: clients drop those from the URL that ends the session.
+"""
 
 from __future__ import annotations
 

@@ -1,24 +1,24 @@
-# Measuring a call: its prompt size in the serving model's tokens, and its session's task text.
-#
-# Rules:
-# - Counts are `basin_runtime.tokenizer`'s, the ones ingest trains on: a chat prompt as the chat
-#   template renders it (messages, tool schemas, generation prompt; equal to `count_prompt`), raw
-#   text with `count_text`, token ids as they are.
-# - A session keeps a `PromptMemo`: each message's count under a digest of the message. Agents
-#   resend a growing history, so a later call counts only the messages after the longest unchanged
-#   prefix; a rewritten history is recounted from the first change. The result stays exact.
-#   A call `resend.py` read after its last body's prefix counts its new messages on the memo it was
-#   read against (`Call.resent.base`), which its prefix came with; the memo then keeps the new prefix
-#   (within the Meter's `PrefixBudget`).
-# - A large call is counted in a worker thread (`gateway.py`), possibly beside another call of the
-#   same session on the event loop: a count reads the memo's counts once and swaps in new ones
-#   whole, so neither sees half of the other's update (the last one to finish is kept).
-# - Task text: `extract_task_text` with the configured rule (the function ingest uses); a
-#   conversation without a user message has an empty task text. A raw prompt is read as the first
-#   user message.
-# - The first prompt of a continuation (a session adopted after a restart) is everything before its
-#   first assistant turn, so its prediction equals the one its real first call would have had.
-"""Prompt sizes and task text of calls, as ingest counts them."""
+"""Prompt sizes and task text of calls, as ingest counts them.
+
+Rules:
+- Counts are `basin_runtime.tokenizer`'s, the ones ingest trains on: a chat prompt as the chat
+  template renders it (messages, tool schemas, generation prompt; equal to `count_prompt`), raw
+  text with `count_text`, token ids as they are.
+- A session keeps a `PromptMemo`: each message's count under a digest of the message. Agents
+  resend a growing history, so a later call counts only the messages after the longest unchanged
+  prefix; a rewritten history is recounted from the first change. The result stays exact.
+  A call `resend.py` read after its last body's prefix counts its new messages on the memo it was
+  read against (`Call.resent.base`), which its prefix came with; the memo then keeps the new prefix
+  (within the Meter's `PrefixBudget`).
+- A large call is counted in a worker thread (`gateway.py`), possibly beside another call of the
+  same session on the event loop: a count reads the memo's counts once and swaps in new ones
+  whole, so neither sees half of the other's update (the last one to finish is kept).
+- Task text: `extract_task_text` with the configured rule (the function ingest uses); a
+  conversation without a user message has an empty task text. A raw prompt is read as the first
+  user message.
+- The first prompt of a continuation (a session adopted after a restart) is everything before its
+  first assistant turn, so its prediction equals the one its real first call would have had.
+"""
 
 from __future__ import annotations
 
@@ -31,23 +31,13 @@ import orjson
 
 from basin_runtime.gateway.calls import Call
 from basin_runtime.gateway.errors import BadRequestError
-from basin_runtime.gateway.resend import DEFAULT_MAX_PREFIX_BYTES, BodyPrefix, PrefixBudget, prefix_of
+from basin_runtime.gateway.memo import BodyPrefix, MemoCounts
+from basin_runtime.gateway.resend import DEFAULT_MAX_PREFIX_BYTES, PrefixBudget, prefix_of
 from basin_runtime.messages import Message
 from basin_runtime.task_text import TaskTextError, TaskTextRule, extract_task_text
 from basin_runtime.tokenizer import CallTokens, ChatTokenizer, TokenizerError
 
 _LONG_TEXT_CHARS = 1 << 16  # a message text past this is hashed as UTF-8 bytes: re-serialising it costs more
-
-
-@dataclass(frozen=True)
-class MemoCounts:
-    """One chat prompt's per-message token counts under the messages' digests, and its tools' count."""
-
-    keys: tuple[bytes, ...] = ()
-    tokens: tuple[int, ...] = ()
-    tools_key: bytes | None = None
-    tools_tokens: int = 0
-    prefix: BodyPrefix | None = None  # the prompt's body prefix, for reading its session's next call (`resend.py`)
 
 
 @dataclass

@@ -1,17 +1,19 @@
-# The gateway's Prometheus metrics, in a registry of its own (one per app, so tests and several
-# gateways in one process never collide).
-#
-# Rules:
-# - Gauges of the policy's state (working set, budget, reserved, queued, live, hit rate) are set
-#   from one `PolicySnapshot` by `refresh`, which runs after every tick and on every scrape.
-# - Counters and histograms are fed by the gateway as things happen: admissions (with the queue
-#   wait), session ends (with the reason, and the predictor's error), call ends (with usage).
-# - The predictor's error is judged on sessions that ran to their end (`ended`, `idle`), made a
-#   call and were not adopted after a restart (their first calls are in the previous run): true
-#   peak = the largest prompt of any call (what the predictor predicts), ratio = true peak /
-#   predicted peak (the bare prediction); an overflow is a true peak above the reservation
-#   (m(q) x the prediction), so at q = 0.9 about a tenth of judged sessions overflow.
-"""Prometheus metrics of the gateway."""
+"""Prometheus metrics of the gateway.
+
+The gateway's Prometheus metrics, in a registry of its own (one per app, so tests and several
+gateways in one process never collide).
+
+Rules:
+- Gauges of the policy's state (working set, budget, reserved, queued, live, hit rate) are set
+  from one `PolicySnapshot` by `refresh`, which runs after every tick and on every scrape.
+- Counters and histograms are fed by the gateway as things happen: admissions (with the queue
+  wait), session ends (with the reason, and the predictor's error), call ends (with usage).
+- The predictor's error is judged on sessions that ran to their end (`ended`, `idle`), made a
+  call and were not adopted after a restart (their first calls are in the previous run): true
+  peak = the largest prompt of any call (what the predictor predicts), ratio = true peak /
+  predicted peak (the bare prediction); an overflow is a true peak above the reservation
+  (m(q) x the prediction), so at q = 0.9 about a tenth of judged sessions overflow.
+"""
 
 from __future__ import annotations
 

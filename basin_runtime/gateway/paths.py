@@ -1,16 +1,16 @@
-# Which request targets of the read-only pass-through routes (`/v1/models/...`, `/server_info`, ...) go upstream.
-#
-# Rules:
-# - The target is judged on the bytes the client sent (`raw_path`, `query_string`), not on the server's decoded
-#   path (uvicorn decodes percent escapes with replacement characters, so `%ff` and a real U+FFFD look alike).
-# - It must be printable ASCII without spaces (RFC 3986 characters), every `%` must start an escape of two hex
-#   digits, and the path percent-decoded must be UTF-8 text without control characters: else a 400 naming the
-#   path (quoted, cut short).
-# - Decoded, no segment may be empty, `.` or `..`, and it may hold no backslash; no encoded slash (`%2f`) either:
-#   so `/v1/models/../../workers` and its encodings cannot reach the router's internals (404 `not_found`).
-# - What goes upstream is the target as the client encoded it (its escapes kept), so the upstream decodes the
-#   same text the gateway checked.
-"""The request targets the gateway passes through, checked on the client's bytes."""
+"""The request targets the gateway passes through, checked on the client's bytes.
+
+Rules:
+- The target is judged on the bytes the client sent (`raw_path`, `query_string`), not on the server's decoded
+  path (uvicorn decodes percent escapes with replacement characters, so `%ff` and a real U+FFFD look alike).
+- It must be printable ASCII without spaces (RFC 3986 characters), every `%` must start an escape of two hex
+  digits, and the path percent-decoded must be UTF-8 text without control characters: else a 400 naming the
+  path (quoted, cut short).
+- Decoded, no segment may be empty, `.` or `..`, and it may hold no backslash; no encoded slash (`%2f`) either:
+  so `/v1/models/../../workers` and its encodings cannot reach the router's internals (404 `not_found`).
+- What goes upstream is the target as the client encoded it (its escapes kept), so the upstream decodes the
+  same text the gateway checked.
+"""
 
 from __future__ import annotations
 

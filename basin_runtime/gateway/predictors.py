@@ -1,25 +1,25 @@
-# The peak predictors the gateway serves with, one per workload plus the default.
-#
-# Rules:
-# - All models are loaded and checked at start-up (`PeakPredictor.load`, with the gateway's
-#   tokenizer as the expected one); a file that cannot be loaded stops start-up naming the file.
-# - A call's workload header picks the model; no header, or a workload without a model of its own,
-#   gets the default model. The workload name is kept either way (it goes to the session log).
-# - Reservations: with a reservation quantile q, a session reserves m(q) x its predicted peak, m read
-#   from the file that predicted it (`PeakPredictor.multiplier`): a workload's own file answers for its
-#   benchmark; the default file answers with the workload's row when the workload is one of its
-#   benchmarks, else with its all-rows row. Every file's m(q) is read once at start-up, so a file
-#   without multipliers, or a q off their grid, stops start-up naming the file. Without q (None), and
-#   for models without a `multiplier` (test doubles that only predict), m = 1.
-# - The task text a model reads is at most its first PREDICTED_TEXT_CHARS characters (`predict_peak`): the
-#   longest task text in the training corpora is 29,525 characters, and the model's text featurizer takes ~23
-#   times a text's size in memory and ~0.1 s per MB (a 60 MB first message took 1.4 GB and 6 s). A session's
-#   reservation never falls below its context anyway (the policy's max(m x peak, context)).
-# - Revisions: a model file with an online model beside it (`basin_runtime/online.py`) re-estimates
-#   a session's peak at the configured calls (`revise_at_calls`; none by default: beyond the paper) from its
-#   first-call prediction and its calls so far, reserving m_k(q) x the re-estimate; a file without one never
-#   revises (a warning at start-up names it).
-"""Predictor selection by workload."""
+"""Predictor selection by workload.
+
+Rules:
+- All models are loaded and checked at start-up (`PeakPredictor.load`, with the gateway's
+  tokenizer as the expected one); a file that cannot be loaded stops start-up naming the file.
+- A call's workload header picks the model; no header, or a workload without a model of its own,
+  gets the default model. The workload name is kept either way (it goes to the session log).
+- Reservations: with a reservation quantile q, a session reserves m(q) x its predicted peak, m read
+  from the file that predicted it (`PeakPredictor.multiplier`): a workload's own file answers for its
+  benchmark; the default file answers with the workload's row when the workload is one of its
+  benchmarks, else with its all-rows row. Every file's m(q) is read once at start-up, so a file
+  without multipliers, or a q off their grid, stops start-up naming the file. Without q (None), and
+  for models without a `multiplier` (test doubles that only predict), m = 1.
+- The task text a model reads is at most its first PREDICTED_TEXT_CHARS characters (`predict_peak`): the
+  longest task text in the training corpora is 29,525 characters, and the model's text featurizer takes ~23
+  times a text's size in memory and ~0.1 s per MB (a 60 MB first message took 1.4 GB and 6 s). A session's
+  reservation never falls below its context anyway (the policy's max(m x peak, context)).
+- Revisions: a model file with an online model beside it (`basin_runtime/online.py`) re-estimates
+  a session's peak at the configured calls (`revise_at_calls`; none by default: beyond the paper) from its
+  first-call prediction and its calls so far, reserving m_k(q) x the re-estimate; a file without one never
+  revises (a warning at start-up names it).
+"""
 
 from __future__ import annotations
 

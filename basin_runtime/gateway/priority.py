@@ -1,32 +1,34 @@
-# What the gateway stamps on every forwarded call: the session's engine priority (a bounded level), its
-# routing key, and the request id.
-#
-# Rules:
-# - Basin's priority p is in seconds, fixed per session, smaller served first
-#   (`basin_runtime.policy.priority`). Engines get a *level*, not p: a session's level is its rank among
-#   the sessions the gateway holds (live and queued) in (p, arrival) order, bucketed into `num_levels`:
-#   level = floor(rank x num_levels / n), so level 0 holds the most urgent 1/num_levels of them. The
-#   order is kept (a more urgent session never gets a larger level) while engines see at most
-#   `num_levels` distinct values: SGLang labels its metrics by `priority` when priority scheduling is
-#   on, so a value per second (or per session) would grow their label sets without bound.
-# - Value sent = level x (preemption_threshold + 1). SGLang preempts a running request only when the
-#   newcomer's priority differs by MORE than `--priority-scheduling-preemption-threshold` (default 10;
-#   `priority_diff > threshold` in managers/schedule_policy.py, sglang 0.5.23), so adjacent levels are
-#   exactly one step past it: a more urgent level may preempt, a same-level request never does.
-#   Smaller = earlier, so engines run `--enable-priority-scheduling --schedule-low-priority-values-first`.
-# - A session's level is read at each call (it moves as sessions ahead of it leave or arrive behind
-#   it). Cost: a call reads its rank with one bisect, O(log n); an arrival or an end inserts or removes
-#   one key of a sorted list (bisect, then a C memmove of n pointers), never a sort.
-# - Routing key: `basin-` + 24 hex characters of BLAKE2b(session id): stable across gateway replicas and
-#   restarts, safe ASCII, and never ending in `_t<n>`/`_r<n>` (which smg strips). Sent in the routing-key
-#   header (`x-smg-routing-key` by default), replacing a client's own.
-# - `rid` = `<routing key>_t<call index>`: stable too, and smg (sticky sessions on) derives the same
-#   key from it, since it strips one `_r<n>` then one `_t<n>` suffix and prefers a rid-derived key to the
-#   header. The gateway owns `rid` as it owns `priority`: a client's own rid is replaced (SGLang keys a
-#   request's state and its abort on the rid, and smg its routing, so a rid chosen by a client could
-#   collide with another session's calls). Batch requests (a list of prompts) carry no rid: SGLang
-#   makes one per item, and a client's own rid is removed.
-"""Bounded engine priority levels, the session routing key, and request ids."""
+"""Bounded engine priority levels, the session routing key, and request ids.
+
+What the gateway stamps on every forwarded call: the session's engine priority (a bounded level), its
+routing key, and the request id.
+
+Rules:
+- Basin's priority p is in seconds, fixed per session, smaller served first
+  (`basin_runtime.policy.priority`). Engines get a *level*, not p: a session's level is its rank among
+  the sessions the gateway holds (live and queued) in (p, arrival) order, bucketed into `num_levels`:
+  level = floor(rank x num_levels / n), so level 0 holds the most urgent 1/num_levels of them. The
+  order is kept (a more urgent session never gets a larger level) while engines see at most
+  `num_levels` distinct values: SGLang labels its metrics by `priority` when priority scheduling is
+  on, so a value per second (or per session) would grow their label sets without bound.
+- Value sent = level x (preemption_threshold + 1). SGLang preempts a running request only when the
+  newcomer's priority differs by MORE than `--priority-scheduling-preemption-threshold` (default 10;
+  `priority_diff > threshold` in managers/schedule_policy.py, sglang 0.5.23), so adjacent levels are
+  exactly one step past it: a more urgent level may preempt, a same-level request never does.
+  Smaller = earlier, so engines run `--enable-priority-scheduling --schedule-low-priority-values-first`.
+- A session's level is read at each call (it moves as sessions ahead of it leave or arrive behind
+  it). Cost: a call reads its rank with one bisect, O(log n); an arrival or an end inserts or removes
+  one key of a sorted list (bisect, then a C memmove of n pointers), never a sort.
+- Routing key: `basin-` + 24 hex characters of BLAKE2b(session id): stable across gateway replicas and
+  restarts, safe ASCII, and never ending in `_t<n>`/`_r<n>` (which smg strips). Sent in the routing-key
+  header (`x-smg-routing-key` by default), replacing a client's own.
+- `rid` = `<routing key>_t<call index>`: stable too, and smg (sticky sessions on) derives the same
+  key from it, since it strips one `_r<n>` then one `_t<n>` suffix and prefers a rid-derived key to the
+  header. The gateway owns `rid` as it owns `priority`: a client's own rid is replaced (SGLang keys a
+  request's state and its abort on the rid, and smg its routing, so a rid chosen by a client could
+  collide with another session's calls). Batch requests (a list of prompts) carry no rid: SGLang
+  makes one per item, and a client's own rid is removed.
+"""
 
 from __future__ import annotations
 

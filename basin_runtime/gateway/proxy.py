@@ -1,64 +1,36 @@
-# Forwarding to the upstream (the SGLang router, or one server), streaming the answer through.
-#
-# Rules:
-# - The upstream client is an injected `UpstreamClient` (`upstream.py`: aiohttp by default, or httpx;
-#   an `httpx.AsyncClient` given here is wrapped) whose base URL is the upstream; its timeouts are the
-#   gateway's. Nothing else in the gateway talks to the upstream.
-# - Request headers: the client's end-to-end headers go through, `Authorization` included; hop-by-hop
-#   headers, `Host` and `Content-Length` do not (the body may have been rewritten), and the gateway
-#   asks for `Accept-Encoding: identity`. A header whose name is not an HTTP token or whose value is
-#   not printable ASCII (non-ASCII bytes, control characters: neither upstream client can send them
-#   as received) is not forwarded either (logged at debug level).
-# - An SSE answer, or one without a small `Content-Length`, streams through chunk by chunk as it
-#   arrives: never buffered whole. A non-SSE answer with `Content-Length` up to `WHOLE_BODY_BYTES` is
-#   read whole and sent in one piece (`WholeUpstreamResponse`: no streaming machinery per call; a
-#   failure while reading it is then a 502 instead of a cut stream). A streamed SSE answer cut at a
-#   shutdown's drain deadline (its task cancelled: `Gateway.cut_calls`) ends with the gateway's error
-#   event (`shutting_down`) and `data: [DONE]`. Answers are passed on decoded
-#   (a `Content-Encoding` the upstream applied anyway is undone and dropped).
-# - Until the answer has been passed on, the client is watched (one `ClientWatch` per call: while waiting
-#   for the answer's head, then while streaming its body): if it leaves, the upstream request is cancelled.
-#   Failures before the head: cannot connect -> `UpstreamRefusedError`; timeout ->
-#   `UpstreamTimeoutError`; a 5xx -> `UpstreamStatusError` with the start of the upstream's body.
-#   A 4xx (the client's own mistake, in the upstream's words) is read whole, up to `REFUSAL_BODY_BYTES`,
-#   and passed on with its status: as written when it is a JSON object with a string `type` (SGLang's
-#   `{"object": "error", "type", ...}`, OpenAI's `{"error": {"type", ...}}`), else as the gateway's
-#   JSON (`UpstreamRejectedError`, `upstream_rejected`, quoting its start: a plain-text, HTML or empty
-#   refusal, FastAPI's `{"detail": ...}`). A 1xx or 3xx -> `UpstreamBadAnswerError` (502: a redirect
-#   would send the client to an address behind the gateway). A 2xx read whole that says it is JSON and
-#   does not parse -> `UpstreamBadAnswerError` (502, its start quoted).
-# - `on_end(CallEnd)` is called exactly once per forwarded call: when the body has been sent, when
-#   the client disconnects, or when the upstream fails (before or during the body). It carries the
-#   upstream's status and headers (smg names the worker that answered there), and the call's usage.
-# - `on_first_byte(seconds)` (optional) is called at most once, for a 2xx answer: when its first bytes
-#   are passed on (a streamed answer's first event: its first token) or its body is read whole (an
-#   upper bound of its first token), with the time since the request was sent. The gateway's
-#   first-token latency window reads it (`basin_runtime.policy.latency`).
-# - Usage (`signals.py`): a JSON answer is copied aside as it streams (up to `USAGE_BODY_BYTES`) and
-#   parsed at its end; an SSE answer is framed into events as it streams (`sse.py`: any of the SSE
-#   line endings, linear in its length) and the last event carrying `usage` or `meta_info` is kept
-#   aside and parsed at the end. An event over `EVENT_BYTES` is passed on as it arrives, unparsed.
-#   When the gateway itself added `stream_options.include_usage` (`drop_usage_chunk`), the final
-#   usage-only chunk (empty `choices`) is not passed on: the client did not ask for it, and SGLang
-#   would not have sent it.
-# - Once the upstream's whole body has arrived (`is_received`, where the client can tell), a streamed
-#   answer's last piece goes out with its end in one write (nothing waits: no upstream bytes are awaited).
-# - An SSE answer is passed on event by event (an unfinished event is held until its blank line), so
-#   the gateway can always end it cleanly. A failure the upstream reports inside it (an event
-#   `data: {"error": {...}}`: smg writes one, then `[DONE]`, when the engine it streams from dies
-#   mid-answer; SGLang does the same for an aborted request) is passed on as written, and a 2xx call
-#   ends as `upstream_error`, not `completed`, although the stream itself ended cleanly.
-# - A 2xx SSE answer the upstream does not finish gets the gateway's own error event
-#   (`errors.error_event`) then `data: [DONE]`, the call ends `upstream_error` and the reason is
-#   logged: the connection breaks (`upstream_stream_error`), the body ends without `[DONE]` (its
-#   unfinished last event is dropped, as an SSE client would), no bytes come within the read timeout
-#   (`upstream_timeout`), or only SSE comments come for that long (`upstream_timeout`: smg writes a
-#   keep-alive comment every 15 s while a worker is silent, which would otherwise hold a hung call
-#   for ever; SGLang itself writes none, so a healthy call waiting in its queue is bounded exactly as
-#   before, by `upstream_timeout_s`). A break after `[DONE]` loses nothing and is not a failure.
-# - A non-SSE body cut mid-way cannot carry an event: the client gets a cut body; the call still
-#   ends `upstream_error` and the reason is logged.
-"""Upstream forwarding, streaming the answer back chunk by chunk."""
+"""Forwarding to the upstream (the SGLang router, or one server), streaming the answer back.
+
+Rules:
+- The upstream client is an injected `UpstreamClient` (`upstream.py`; `http1.py` in production) whose
+  base URL is the upstream; its timeouts are the gateway's. Nothing else in the gateway talks to the
+  upstream.
+- Request headers: the client's end-to-end headers go through, `Authorization` included; hop-by-hop
+  headers, `Host` and `Content-Length` do not, nor a header whose name is not an HTTP token or whose
+  value is not printable ASCII (logged at debug level); the gateway asks for `Accept-Encoding: identity`
+  and passes answers on decoded.
+- An SSE answer, or one without a small `Content-Length`, streams through as it arrives, event by event
+  (an unfinished event is held until its blank line), never buffered whole; a non-SSE answer with a
+  `Content-Length` up to `WHOLE_BODY_BYTES` is read whole and sent in one piece (a failure while reading
+  it is then a 502).
+- Until the answer has been passed on, the client is watched (`ClientWatch`): if it leaves, the upstream
+  request is cancelled.
+- Before the head: cannot connect -> `UpstreamRefusedError`; timeout -> `UpstreamTimeoutError`; 5xx ->
+  `UpstreamStatusError` quoting the upstream's body; 1xx or 3xx -> `UpstreamBadAnswerError` (502); a 4xx
+  is read whole (up to `REFUSAL_BODY_BYTES`) and passed on with its status, as written when it is a JSON
+  error object with a string `type`, else as the gateway's `upstream_rejected`. A 2xx read whole that
+  says it is JSON and does not parse -> `UpstreamBadAnswerError`.
+- `on_end(CallEnd)` is called exactly once per forwarded call (body sent, client gone, or upstream
+  failed), with the upstream's status, headers and the call's usage. `on_first_byte(seconds)` is called
+  at most once, for a 2xx answer, when its first bytes are passed on (or its body read whole).
+- Usage (`signals.py`): read from a JSON answer (up to `USAGE_BODY_BYTES`) or from the last SSE event
+  carrying `usage` or `meta_info` (`sse.py`; an event over `EVENT_BYTES` passes unparsed). When the
+  gateway itself asked for usage (`drop_usage_chunk`), the usage-only chunk is not passed on.
+- An error event the upstream writes inside a 2xx SSE answer is passed on as written, and the call ends
+  `upstream_error`. A 2xx SSE answer the upstream does not finish (the connection breaks, the body ends
+  without `[DONE]`, no bytes or only SSE comments within the read timeout) gets the gateway's own error
+  event and `data: [DONE]`, and ends `upstream_error`; so does one cut at a shutdown's drain deadline
+  (`shutting_down`). A non-SSE body cut mid-way reaches the client cut; the call ends `upstream_error`.
+"""
 
 from __future__ import annotations
 
@@ -70,7 +42,6 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 import anyio
-import httpx
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -92,7 +63,6 @@ from basin_runtime.gateway.sessions import CallOutcome
 from basin_runtime.gateway.signals import Usage, parse_json, usage_of
 from basin_runtime.gateway.sse import SseEvents, SseFramer
 from basin_runtime.gateway.upstream import (
-    HttpxUpstreamClient,
     RequestBody,
     UpstreamAnswer,
     UpstreamBrokenError,
@@ -138,8 +108,8 @@ async def _no_end(end: CallEnd) -> None:
 class Upstream:
     """Sends requests to the upstream and streams its answers back."""
 
-    def __init__(self, client: UpstreamClient | httpx.AsyncClient) -> None:
-        self.client: UpstreamClient = HttpxUpstreamClient(client) if isinstance(client, httpx.AsyncClient) else client
+    def __init__(self, client: UpstreamClient) -> None:
+        self.client = client
 
     async def start(self) -> None:
         """Get the client ready (on the running loop: the app's lifespan)."""

@@ -1,37 +1,36 @@
-# Reading a resent conversation: only what follows the bytes the session's last body already had.
-#
-# Rules:
-# - An agent resends its whole conversation on every call, grown by a turn or two. When a chat call's
-#   body begins with the session's last body's bytes up to the end of that body's last message, those
-#   messages are the same messages in the same place: identical bytes put a JSON parser in the same
-#   state with the same values. So only the rest is read: the new message objects after the array's
-#   last one, the array's end and the top-level fields after it. The gateway then parses, validates,
-#   hashes and counts a few kilobytes instead of the whole conversation (a 300k-token one is 1.5 MB).
-# - The `Call` this gives is the one the full parse gives (same fields, same top-level order, the same
-#   checks on every new message and field) except that `messages` and `body["messages"]` hold only the
-#   new messages: `Call.resent` carries the counts of the others (`measure.MemoCounts`) and this body's
-#   own prefix for the next call. Such a body is never re-serialised: a call whose forwarding would
-#   rewrite a field the client sent (its own `priority` or `rid`, or a streamed call's `stream_options`
-#   without `include_usage`) is read in full.
-# - Anything out of the ordinary falls back to reading the whole body, which names any error exactly as
-#   before: not a message object after a comma, a tail orjson refuses, another `messages` key, nesting
-#   past the depth limit, a float orjson cannot keep exact, a shape error in a new message or field.
-# - The prefix of a body read in full is found by one forward scan of its top level (strings skipped
-#   with memchr, ~2.5 ms for 1.5 MB, in the worker thread the full read runs in): the top-level
-#   `messages` array's last element's end and the fields before the array. A body with a repeated
-#   top-level key (in any spelling) gets no prefix, so the array found is the one the parser kept.
-# - Only bodies of RESEND_MIN_BYTES or more get a prefix: below that the full read is cheap. A prefix
-#   holds its body (a reference, no copy); `PrefixBudget` bounds the bytes all sessions' prefixes hold
-#   (a body past it is read in full next time).
-"""Recognise the unchanged prefix of a resent conversation and read only the rest."""
+"""Recognise the unchanged prefix of a resent conversation and read only the rest.
+
+Rules:
+- An agent resends its whole conversation on every call, grown by a turn or two. When a chat call's
+  body begins with the session's last body's bytes up to the end of that body's last message, those
+  messages are the same messages in the same place: identical bytes put a JSON parser in the same
+  state with the same values. So only the rest is read: the new message objects after the array's
+  last one, the array's end and the top-level fields after it. The gateway then parses, validates,
+  hashes and counts a few kilobytes instead of the whole conversation (a 300k-token one is 1.5 MB).
+- The `Call` this gives is the one the full parse gives (same fields, same top-level order, the same
+  checks on every new message and field) except that `messages` and `body["messages"]` hold only the
+  new messages: `Call.resent` carries the counts of the others (`memo.MemoCounts`) and this body's
+  own prefix for the next call. Such a body is never re-serialised: a call whose forwarding would
+  rewrite a field the client sent (its own `priority` or `rid`, or a streamed call's `stream_options`
+  without `include_usage`) is read in full.
+- Anything out of the ordinary falls back to reading the whole body, which names any error exactly as
+  before: not a message object after a comma, a tail orjson refuses, another `messages` key, nesting
+  past the depth limit, a float orjson cannot keep exact, a shape error in a new message or field.
+- The prefix of a body read in full is found by one forward scan of its top level (strings skipped
+  with memchr, ~2.5 ms for 1.5 MB, in the worker thread the full read runs in): the top-level
+  `messages` array's last element's end and the fields before the array. A body with a repeated
+  top-level key (in any spelling) gets no prefix, so the array found is the one the parser kept.
+- Only bodies of RESEND_MIN_BYTES or more get a prefix: below that the full read is cheap. A prefix
+  holds its body (a reference, no copy); `PrefixBudget` bounds the bytes all sessions' prefixes hold
+  (a body past it is read in full next time).
+"""
 
 from __future__ import annotations
 
 import threading
 import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
@@ -62,40 +61,10 @@ from basin_runtime.gateway.json_scan import (
     value_end,
 )
 from basin_runtime.gateway.limits import Limits, check_depth
-
-if TYPE_CHECKING:
-    from basin_runtime.gateway.measure import MemoCounts
+from basin_runtime.gateway.memo import BodyPrefix, MemoCounts, Resent
 
 RESEND_MIN_BYTES = 64 << 10  # smaller bodies are read in full: cheaper than keeping their bytes
 DEFAULT_MAX_PREFIX_BYTES = 256 << 20
-
-
-
-@dataclass(frozen=True, eq=False)
-class BodyPrefix:
-    """What a session's next call may reuse of this body: its bytes up to `end` (just after its last message)."""
-
-    raw: bytes
-    end: int
-    head: Mapping[str, Any]  # the top-level fields before `messages`, parsed
-    num_messages: int
-    has_assistant: bool
-    has_system: bool
-    num_parts: int = 0  # content parts in its messages (`calls.content_parts`)
-
-
-@dataclass(frozen=True)
-class Resent:
-    """How a resent call was read: the memo counts its unchanged messages came from, and its own prefix."""
-
-    base: MemoCounts  # `base.prefix` is the prefix this body repeats; `base.keys`/`tokens` its messages' counts
-    prefix: BodyPrefix  # this body's prefix (for the next call)
-
-    @property
-    def num_known(self) -> int:
-        """How many leading messages were not read again."""
-        assert self.base.prefix is not None
-        return self.base.prefix.num_messages
 
 
 class PrefixBudget:

@@ -1,32 +1,34 @@
-# Surviving a restart: which sessions may skip the queue because they were live before it, and what the next run
-# needs to log them whole.
-#
-# Rules (the adoption rule, stated in the README):
-# - A conversation that arrives with history (an assistant turn in its first call seen by this
-#   gateway run) is admitted like any other new session: it is predicted, and it waits in the
-#   queue when the policy says so. Harness few-shot turns in a first call are therefore harmless,
-#   and a fabricated history opens no door around admission.
-# - The one exception is proof of a prior session: the previous run of this gateway listed it as live, with the
-#   digest of the conversation it last saw (`prefix_digest`: its messages' digests, `measure.py`), and it comes
-#   back within `adoption_window_s` of this run's start with history whose first messages are that conversation,
-#   unchanged (its id alone proves nothing: ids are often guessable). Such a session is adopted (it never waits: it
-#   was admitted before the restart and its context is in the cache). Each listed id is adopted at most once; a
-#   call under a listed id that does not continue its conversation is a new session, and takes the id off the list.
-# - The file lists, for each live session, what its session-log record holds so far (start, prediction, model,
-#   workload, task length, the calls that ended), and says whether those records were logged (`is_logged`): a
-#   graceful shutdown logs every live session as `shutdown` and then writes the file marked logged; the periodic
-#   writes are not. After a restart that was not graceful (a kill), an adopted session's record starts from the
-#   previous run's part (`LiveSession.calls`), and calls whose answers its conversation holds but the file had
-#   not seen yet are added from the conversation (`measure.Meter.unrecorded_calls`), so the session log holds the
-#   whole session in one record and ingest reads it like any other.
-# - The file is written atomically (temporary file, fsync, rename; 0600 in a 0700 folder) when the
-#   live sessions or their calls changed, at most every `interval_s`, and at shutdown after the drain, from a
-#   worker thread. A run killed with -9 leaves the last periodic write: sessions admitted in its last interval are
-#   not on it, and are admitted again like any other.
-# - A missing file is an empty list; an unreadable or malformed one, or one of version 1 (ids only: no
-#   conversation to tie an id to), is logged and treated as empty (a bad file must not stop the gateway from
-#   starting, and adopting nobody is the safe side).
-"""The live-sessions file and the restart-adoption rule."""
+"""The live-sessions file and the restart-adoption rule.
+
+Surviving a restart: which sessions may skip the queue because they were live before it, and what the next run
+needs to log them whole.
+
+Rules (the adoption rule, stated in the README):
+- A conversation that arrives with history (an assistant turn in its first call seen by this
+  gateway run) is admitted like any other new session: it is predicted, and it waits in the
+  queue when the policy says so. Harness few-shot turns in a first call are therefore harmless,
+  and a fabricated history opens no door around admission.
+- The one exception is proof of a prior session: the previous run of this gateway listed it as live, with the
+  digest of the conversation it last saw (`prefix_digest`: its messages' digests, `measure.py`), and it comes
+  back within `adoption_window_s` of this run's start with history whose first messages are that conversation,
+  unchanged (its id alone proves nothing: ids are often guessable). Such a session is adopted (it never waits: it
+  was admitted before the restart and its context is in the cache). Each listed id is adopted at most once; a
+  call under a listed id that does not continue its conversation is a new session, and takes the id off the list.
+- The file lists, for each live session, what its session-log record holds so far (start, prediction, model,
+  workload, task length, the calls that ended), and says whether those records were logged (`is_logged`): a
+  graceful shutdown logs every live session as `shutdown` and then writes the file marked logged; the periodic
+  writes are not. After a restart that was not graceful (a kill), an adopted session's record starts from the
+  previous run's part (`LiveSession.calls`), and calls whose answers its conversation holds but the file had
+  not seen yet are added from the conversation (`measure.Meter.unrecorded_calls`), so the session log holds the
+  whole session in one record and ingest reads it like any other.
+- The file is written atomically (temporary file, fsync, rename; 0600 in a 0700 folder) when the
+  live sessions or their calls changed, at most every `interval_s`, and at shutdown after the drain, from a
+  worker thread. A run killed with -9 leaves the last periodic write: sessions admitted in its last interval are
+  not on it, and are admitted again like any other.
+- A missing file is an empty list; an unreadable or malformed one, or one of version 1 (ids only: no
+  conversation to tie an id to), is logged and treated as empty (a bad file must not stop the gateway from
+  starting, and adopting nobody is the safe side).
+"""
 
 from __future__ import annotations
 

@@ -1,34 +1,34 @@
-# The HTTP server around the app: uvicorn, with the gateway's own HTTP/1.1 protocol and graceful drain.
-#
-# Rules:
-# - What never reaches the app is answered by the protocol (`GatewayHttpProtocol`, uvicorn's httptools protocol
-#   with three changes), in the same JSON as every other answer (`errors.error_response`), then the
-#   connection is closed:
-#   - a request llhttp cannot parse (uvicorn's own answer is a plain-text 400): 400 `invalid_request_error`
-#     naming the parser's complaint;
-#   - a request head past `max_header_bytes` (its request line, header names and values) or with more than
-#     `max_headers` headers: 431 `headers_too_large`, naming the limit. The parser's callbacks count the
-#     URL and each header as it ends; httptools holds a header's bytes until it ends, so the reads that
-#     arrive while a head is open (after the read it began in) are counted too, as they come: the gateway
-#     holds at most the limit plus one read (256 KiB) of any head.
-#   A response already under way on the connection (a pipelined request) is not interleaved: the
-#   connection is closed without an answer to the bad request; a request llhttp refuses after its head
-#   (an unknown Transfer-Encoding, a bad chunk) is answered by the protocol, and whatever the app would
-#   have answered it is dropped. Otherwise the close lingers: the answer
-#   and the end of the gateway's side are sent, and what the client still sends is read and dropped for
-#   LINGER_S (at most LINGER_BYTES), so the client reads the answer instead of a connection reset.
-# - uvicorn's WebSocket upgrade is off (`ws="none"`): an upgrade request is served as plain HTTP by the app,
-#   so no server-made 403 or 426 answer exists.
-# - `server_config` is the one place the server's options are set (the CLI and the tests use it).
-# - A graceful shutdown (SIGTERM, Ctrl-C: `DrainingServer`) drains the gateway with the listener still open:
-#   every new call, and `GET /health` (so a load balancer moves on), is answered 503 `shutting_down` with
-#   Retry-After while the calls in flight run to their end, for up to `drain_timeout_s`. Calls still in flight
-#   then are cut by the gateway itself (`Gateway.cut_calls`): one whose answer has not begun gets the JSON 503,
-#   a streamed one the gateway's error event and `data: [DONE]`. Only then does uvicorn's own shutdown close the
-#   listener and the connections (its grace, CUT_GRACE_S, is for the cut calls to write their last bytes), and
-#   the app's lifespan ends what is still held. uvicorn closed the listener first: new connections were refused
-#   at TCP, and the calls it cancelled at its deadline got its plain-text 500.
-"""uvicorn with the gateway's protocol: JSON answers for malformed requests and oversized heads."""
+"""uvicorn with the gateway's protocol: JSON answers for malformed requests and oversized heads.
+
+Rules:
+- What never reaches the app is answered by the protocol (`GatewayHttpProtocol`, uvicorn's httptools protocol
+  with three changes), in the same JSON as every other answer (`errors.error_response`), then the
+  connection is closed:
+  - a request llhttp cannot parse (uvicorn's own answer is a plain-text 400): 400 `invalid_request_error`
+    naming the parser's complaint;
+  - a request head past `max_header_bytes` (its request line, header names and values) or with more than
+    `max_headers` headers: 431 `headers_too_large`, naming the limit. The parser's callbacks count the
+    URL and each header as it ends; httptools holds a header's bytes until it ends, so the reads that
+    arrive while a head is open (after the read it began in) are counted too, as they come: the gateway
+    holds at most the limit plus one read (256 KiB) of any head.
+  A response already under way on the connection (a pipelined request) is not interleaved: the
+  connection is closed without an answer to the bad request; a request llhttp refuses after its head
+  (an unknown Transfer-Encoding, a bad chunk) is answered by the protocol, and whatever the app would
+  have answered it is dropped. Otherwise the close lingers: the answer
+  and the end of the gateway's side are sent, and what the client still sends is read and dropped for
+  LINGER_S (at most LINGER_BYTES), so the client reads the answer instead of a connection reset.
+- uvicorn's WebSocket upgrade is off (`ws="none"`): an upgrade request is served as plain HTTP by the app,
+  so no server-made 403 or 426 answer exists.
+- `server_config` is the one place the server's options are set (the CLI and the tests use it).
+- A graceful shutdown (SIGTERM, Ctrl-C: `DrainingServer`) drains the gateway with the listener still open:
+  every new call, and `GET /health` (so a load balancer moves on), is answered 503 `shutting_down` with
+  Retry-After while the calls in flight run to their end, for up to `drain_timeout_s`. Calls still in flight
+  then are cut by the gateway itself (`Gateway.cut_calls`): one whose answer has not begun gets the JSON 503,
+  a streamed one the gateway's error event and `data: [DONE]`. Only then does uvicorn's own shutdown close the
+  listener and the connections (its grace, CUT_GRACE_S, is for the cut calls to write their last bytes), and
+  the app's lifespan ends what is still held. uvicorn closed the listener first: new connections were refused
+  at TCP, and the calls it cancelled at its deadline got its plain-text 500.
+"""
 
 from __future__ import annotations
 

@@ -1,26 +1,26 @@
-# Writing the session log (format: `basin_runtime.session_log`) as sessions finish.
-#
-# Rules:
-# - `append` never blocks the event loop: it only puts the record on an in-memory queue (bounded;
-#   when full the record is dropped with a warning and counted in `num_dropped`). One writer thread
-#   turns records into lines, appends them, flushes and `fsync`s after each batch it drains. A batch
-#   is what arrived within `BATCH_WAIT_S` of its first record (a stop request ends the wait at once),
-#   so under load the file is opened, checked and synced a few times a second, not once per session.
-# - Rotation: when the live file (`path`) would pass `max_bytes`, it is renamed to
-#   `<stem>-<UTC time>-<seq><suffix>` beside it and a new one is started. Retention: at most
-#   `keep_files` rotated files are kept; the oldest are deleted. Every file ends in `.jsonl`, so
-#   `python -m pipeline.ingest --format gateway-log DIR` reads the whole folder.
-# - Text-free (`keep_text=False`): the task text is not written (`task_text: null`); its length
-#   (`task_chars`) and every token count are. Ingest rejects such records for text models, by name.
-# - `close()` writes what is queued, then stops the thread; appends after it raise.
-# - Lines are encoded by orjson (the line `SessionLogRecord.to_json` writes, read back the same).
-# - A record that cannot be written (it does not encode as JSON/UTF-8) is skipped with an error log
-#   line naming the session and counted in `num_failed`; the thread goes on with the next one. No
-#   exception ends the writer thread: it logs, counts the batch as failed and keeps serving.
-# - Files hold users' task texts: the folder is created 0700 and every file 0600 (owner only).
-# - A live file whose last line is torn (a crash mid-append) gets a newline before the next record,
-#   so the torn line stays one bad line and never swallows the next record.
-"""The durable, rotating session-log writer (a thread fed by a queue)."""
+"""The durable, rotating session-log writer (a thread fed by a queue).
+
+Rules:
+- `append` never blocks the event loop: it only puts the record on an in-memory queue (bounded;
+  when full the record is dropped with a warning and counted in `num_dropped`). One writer thread
+  turns records into lines, appends them, flushes and `fsync`s after each batch it drains. A batch
+  is what arrived within `BATCH_WAIT_S` of its first record (a stop request ends the wait at once),
+  so under load the file is opened, checked and synced a few times a second, not once per session.
+- Rotation: when the live file (`path`) would pass `max_bytes`, it is renamed to
+  `<stem>-<UTC time>-<seq><suffix>` beside it and a new one is started. Retention: at most
+  `keep_files` rotated files are kept; the oldest are deleted. Every file ends in `.jsonl`, so
+  `python -m pipeline.ingest --format gateway-log DIR` reads the whole folder.
+- Text-free (`keep_text=False`): the task text is not written (`task_text: null`); its length
+  (`task_chars`) and every token count are. Ingest rejects such records for text models, by name.
+- `close()` writes what is queued, then stops the thread; appends after it raise.
+- Lines are encoded by orjson (the line `SessionLogRecord.to_json` writes, read back the same).
+- A record that cannot be written (it does not encode as JSON/UTF-8) is skipped with an error log
+  line naming the session and counted in `num_failed`; the thread goes on with the next one. No
+  exception ends the writer thread: it logs, counts the batch as failed and keeps serving.
+- Files hold users' task texts: the folder is created 0700 and every file 0600 (owner only).
+- A live file whose last line is torn (a crash mid-append) gets a newline before the next record,
+  so the torn line stays one bad line and never swallows the next record.
+"""
 
 from __future__ import annotations
 

@@ -1,21 +1,21 @@
-# Session identity, what the gateway keeps per session, and the registry of sessions it holds.
-#
-# Rules:
-# - Identity, first match wins: the session header (`X-Session-ID` by default); the body's `user`
-#   field; a stable hash of the conversation's first messages (its first system message, if any,
-#   and its first user message). A raw-prompt call (`/v1/completions`, `/generate`) with neither
-#   header nor `user` has nothing stable to hash: it is a session of its own, ended with its call.
-#   Two runs of the same task at once hash alike and share a session: give such clients a header.
-#   A header or `user` id is bounded in length and characters (`limits.checked_session_id`).
-# - The registry holds exactly the sessions the policy holds (live or queued), under the same ids;
-#   an ended, withdrawn or shed session is removed, and its id is then unknown again.
-# - A session is idle when it is live, has no call in flight, and its last call ended (or started)
-#   at least the idle timeout ago.
-# - Each session keeps its calls (`CallRecord`), what the session log (issue 6) is written from.
-# - The registry keeps the ranking of every session the policy holds by its fixed Basin priority
-#   (`priority.PriorityLevels`, fed by the waiting room as policy steps apply): the engine priority a
-#   call carries is the session's bucketed rank at that moment.
-"""Session identity, per-session records, and the session registry."""
+"""Session identity, per-session records, and the session registry.
+
+Rules:
+- Identity, first match wins: the session header (`X-Session-ID` by default); the body's `user`
+  field; a stable hash of the conversation's first messages (its first system message, if any,
+  and its first user message). A raw-prompt call (`/v1/completions`, `/generate`) with neither
+  header nor `user` has nothing stable to hash: it is a session of its own, ended with its call.
+  Two runs of the same task at once hash alike and share a session: give such clients a header.
+  A header or `user` id is bounded in length and characters (`limits.checked_session_id`).
+- The registry holds exactly the sessions the policy holds (live or queued), under the same ids;
+  an ended, withdrawn or shed session is removed, and its id is then unknown again.
+- A session is idle when it is live, has no call in flight, and its last call ended (or started)
+  at least the idle timeout ago.
+- Each session keeps its calls (`CallRecord`), what the session log (issue 6) is written from.
+- The registry keeps the ranking of every session the policy holds by its fixed Basin priority
+  (`priority.PriorityLevels`, fed by the waiting room as policy steps apply): the engine priority a
+  call carries is the session's bucketed rank at that moment.
+"""
 
 from __future__ import annotations
 
@@ -26,18 +26,16 @@ import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring  # the C escaper json.dumps uses
-from typing import TYPE_CHECKING, Literal, TypeAlias
+from typing import Literal, TypeAlias
 
 from basin_runtime.gateway.calls import Call
 from basin_runtime.gateway.limits import DEFAULT_MAX_SESSION_ID_CHARS, checked_session_id
 from basin_runtime.gateway.measure import PromptMemo
 from basin_runtime.gateway.priority import PriorityLevels
+from basin_runtime.gateway.restart import LiveSession
 from basin_runtime.messages import message_text
 from basin_runtime.policy import Shed
 from basin_runtime.session_log import LoggedCall
-
-if TYPE_CHECKING:
-    from basin_runtime.gateway.restart import LiveSession
 
 SessionState = Literal["queued", "live"]
 Verdict: TypeAlias = Literal["admitted", "ended", "shutdown"] | Shed

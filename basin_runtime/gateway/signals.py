@@ -1,20 +1,22 @@
-# The cache signals the policy and the operators read: the upstream's usage per call. The prefix
-# hit rate over a sliding window is `basin_runtime.policy.hit_rate.HitRateWindow` (shared with the
-# simulator), fed here with each call's usage.
-#
-# Rules:
-# - A call's usage comes from the upstream's answer: OpenAI `usage` (`prompt_tokens`,
-#   `completion_tokens`, `prompt_tokens_details.cached_tokens`, present with SGLang's
-#   `--enable-cache-report`), or `/generate`'s `meta_info` (`prompt_tokens`, `completion_tokens`,
-#   `cached_tokens`, always present). A missing or malformed field is None, never a guess.
-# - Where the cached tokens came from (`cached_tiers`: device, host, storage): SGLang's
-#   `meta_info.cached_tokens_details` on `/generate` (present whenever something was cached), or the
-#   response-level `sglext.cached_tokens_details` of an OpenAI answer whose request asked for it
-#   (`return_cached_tokens_details`); shape `{"device": n, "host": n[, "storage": n, "storage_backend":
-#   name]}` (sglang 0.5.23, managers/scheduler_components/output_streamer.py). None when not reported.
-# - Answers are read with orjson; what it refuses is read again by the standard library's parser, which
-#   takes what Python's own `json.dumps` writes (NaN, Infinity) and integers past 64 bits.
-"""Per-call usage from the upstream's answers."""
+"""Per-call usage from the upstream's answers.
+
+The cache signals the policy and the operators read: the upstream's usage per call. The prefix
+hit rate over a sliding window is `basin_runtime.policy.hit_rate.HitRateWindow` (shared with the
+simulator), fed here with each call's usage.
+
+Rules:
+- A call's usage comes from the upstream's answer: OpenAI `usage` (`prompt_tokens`,
+  `completion_tokens`, `prompt_tokens_details.cached_tokens`, present with SGLang's
+  `--enable-cache-report`), or `/generate`'s `meta_info` (`prompt_tokens`, `completion_tokens`,
+  `cached_tokens`, always present). A missing or malformed field is None, never a guess.
+- Where the cached tokens came from (`cached_tiers`: device, host, storage): SGLang's
+  `meta_info.cached_tokens_details` on `/generate` (present whenever something was cached), or the
+  response-level `sglext.cached_tokens_details` of an OpenAI answer whose request asked for it
+  (`return_cached_tokens_details`); shape `{"device": n, "host": n[, "storage": n, "storage_backend":
+  name]}` (sglang 0.5.23, managers/scheduler_components/output_streamer.py). None when not reported.
+- Answers are read with orjson; what it refuses is read again by the standard library's parser, which
+  takes what Python's own `json.dumps` writes (NaN, Infinity) and integers past 64 bits.
+"""
 
 from __future__ import annotations
 

@@ -1,27 +1,27 @@
-# Framing a server-sent-events byte stream into events, in one pass over its bytes (no I/O here).
-#
-# Rules:
-# - An event ends at a blank line; a line ends in CRLF, LF or CR (the SSE spec), so `\n\n`, `\r\n\r\n`,
-#   `\r\r` and their mixtures all end one. An event is given out with its line breaks, byte for byte
-#   as the upstream wrote it: what is passed on is exactly what arrived, only re-chunked by event.
-# - Each byte is scanned a bounded number of times: a new chunk is searched from at most 3 bytes
-#   before it (the longest separator, `\r\n\r\n`, is 4), so framing is linear in the stream's length
-#   whatever its chunking. A chunk that is exactly one whole LF event with nothing held (what SGLang
-#   and smg send) is recognised by two searches over it and given out as it came, uncopied.
-# - At most `max_event_bytes` of an unfinished event are held back. An event that grows past it is
-#   given out in pieces as its bytes arrive (`Frame.is_whole` False: to pass on, never to parse)
-#   until its blank line; then framing goes on as before.
-# - `rest()` at the end of the stream gives the unfinished event still held (the spec says a client
-#   drops it); `is_passing` says an unfinished event is being given out in pieces instead.
-# - `event_data` reads an event's `data` lines as the spec does (joined by LF, one leading space
-#   dropped); `is_comment` is true for an event of comment lines (`:`) only, like a keep-alive.
-# - `SseEvents` reads the whole events as they pass, for the relay (`proxy.py`): `data: [DONE]`, the
-#   first error event (`data: {"error": ...}`), the last event carrying usage (kept aside whole, so
-#   at most one event's bytes), whether anything but comments came, and which event not to pass on
-#   (the usage-only chunk, when the gateway itself asked for usage). Pieces of an oversized event
-#   pass unread.
-"""SSE framing and reading: whole events out of a byte stream, linear in its length, holding a bounded
-amount, and what the relay learns from them."""
+r"""SSE framing and reading: whole events out of a byte stream, linear in its length, holding a bounded
+amount, and what the relay learns from them.
+
+Rules:
+- An event ends at a blank line; a line ends in CRLF, LF or CR (the SSE spec), so `\n\n`, `\r\n\r\n`,
+  `\r\r` and their mixtures all end one. An event is given out with its line breaks, byte for byte
+  as the upstream wrote it: what is passed on is exactly what arrived, only re-chunked by event.
+- Each byte is scanned a bounded number of times: a new chunk is searched from at most 3 bytes
+  before it (the longest separator, `\r\n\r\n`, is 4), so framing is linear in the stream's length
+  whatever its chunking. A chunk that is exactly one whole LF event with nothing held (what SGLang
+  and smg send) is recognised by two searches over it and given out as it came, uncopied.
+- At most `max_event_bytes` of an unfinished event are held back. An event that grows past it is
+  given out in pieces as its bytes arrive (`Frame.is_whole` False: to pass on, never to parse)
+  until its blank line; then framing goes on as before.
+- `rest()` at the end of the stream gives the unfinished event still held (the spec says a client
+  drops it); `is_passing` says an unfinished event is being given out in pieces instead.
+- `event_data` reads an event's `data` lines as the spec does (joined by LF, one leading space
+  dropped); `is_comment` is true for an event of comment lines (`:`) only, like a keep-alive.
+- `SseEvents` reads the whole events as they pass, for the relay (`proxy.py`): `data: [DONE]`, the
+  first error event (`data: {"error": ...}`), the last event carrying usage (kept aside whole, so
+  at most one event's bytes), whether anything but comments came, and which event not to pass on
+  (the usage-only chunk, when the gateway itself asked for usage). Pieces of an oversized event
+  pass unread.
+"""
 
 from __future__ import annotations
 

@@ -1,36 +1,36 @@
-# The waiting room: the asynchronous shell around the pure policy core.
-#
-# Rules:
-# - Every policy step goes through the state backend (`basin_runtime/state/`), with `now` read from the
-#   injected clock when the step is made; the room hears of every step applied through one listener, in
-#   order, and that listener is the one translation of policy events into gateway state. In process
-#   (the default) a step applies at once, inside the room's own bookkeeping, as before the backend seam;
-#   no bookkeeping section awaits between reading and writing the registry.
-# - The registry holds the sessions this gateway serves: exactly the sessions the policy holds without
-#   a shared backend; with one (`--state`), the held sessions this replica owns (`replica.py`).
-# - A session's first call that the policy queues waits on the session's `decision` future, which
-#   is resolved once: "admitted" (by any event that admits it, whichever replica's step caused it), a
-#   `Shed`, or "ended" (ended by the admin endpoint while queued). Later calls wait on the same future.
-# - When the last waiter of a queued session leaves (client gone or task cancelled), the session is
-#   withdrawn (`finish`). Adopted sessions (`restart.py`: live before a restart) never wait, even if
-#   the policy queues them; if the policy sheds one, it is forgotten and its next call arrives anew.
-# - Draining (a graceful shutdown has begun): nothing new is admitted. Every queued session's waiting
-#   calls get "shutdown" (503) at once, and a session arriving while draining is refused the same way.
-#   In process the queued sessions are withdrawn; with a shared backend they keep their place (their
-#   clients reconnect to another replica), and at shutdown `hand_over` lets every session go (`reap`).
-# - Timers: `tick` every `tick_interval_s` (hit rate from `hit_rate`, first-token latency from `ttft`;
-#   with a shared backend only the leader ticks, with the deployment's signals), and an idle sweep of
-#   this room's sessions (their calls in flight are known here only).
-# - Engine priority levels rank every session the policy holds (`registry.levels`), fed by the listener:
-#   with a shared backend, two replicas give a session the same level.
-# - Shared backend only: a step another replica made may end (`finish`) or take over (`claim`) a session
-#   held here, which then leaves this room (`ended` / `moved`); after the shared state was rebuilt or
-#   this replica's sessions were let go (`reap`: its lease had lapsed), `reconcile` puts each session
-#   held here back (adopt, claim, or arrive anew if the store lost it).
-# - `on_session_end(entry, reason)` is told of every session that leaves, and `on_admitted(entry,
-#   waited_s)` of every session admitted here (at arrival with 0 s): the seams for the session log,
-#   metrics and lending.
-"""The asynchronous waiting room around the policy core (through a `StateBackend`)."""
+"""The asynchronous waiting room around the policy core (through a `StateBackend`).
+
+Rules:
+- Every policy step goes through the state backend (`basin_runtime/state/`), with `now` read from the
+  injected clock when the step is made; the room hears of every step applied through one listener, in
+  order, and that listener is the one translation of policy events into gateway state. In process
+  (the default) a step applies at once, inside the room's own bookkeeping;
+  no bookkeeping section awaits between reading and writing the registry.
+- The registry holds the sessions this gateway serves: exactly the sessions the policy holds without
+  a shared backend; with one (`--state`), the held sessions this replica owns (`replica.py`).
+- A session's first call that the policy queues waits on the session's `decision` future, which
+  is resolved once: "admitted" (by any event that admits it, whichever replica's step caused it), a
+  `Shed`, or "ended" (ended by the admin endpoint while queued). Later calls wait on the same future.
+- When the last waiter of a queued session leaves (client gone or task cancelled), the session is
+  withdrawn (`finish`). Adopted sessions (`restart.py`: live before a restart) never wait, even if
+  the policy queues them; if the policy sheds one, it is forgotten and its next call arrives anew.
+- Draining (a graceful shutdown has begun): nothing new is admitted. Every queued session's waiting
+  calls get "shutdown" (503) at once, and a session arriving while draining is refused the same way.
+  In process the queued sessions are withdrawn; with a shared backend they keep their place (their
+  clients reconnect to another replica), and at shutdown `hand_over` lets every session go (`reap`).
+- Timers: `tick` every `tick_interval_s` (hit rate from `hit_rate`, first-token latency from `ttft`;
+  with a shared backend only the leader ticks, with the deployment's signals), and an idle sweep of
+  this room's sessions (their calls in flight are known here only).
+- Engine priority levels rank every session the policy holds (`registry.levels`), fed by the listener:
+  with a shared backend, two replicas give a session the same level.
+- Shared backend only: a step another replica made may end (`finish`) or take over (`claim`) a session
+  held here, which then leaves this room (`ended` / `moved`); after the shared state was rebuilt or
+  this replica's sessions were let go (`reap`: its lease had lapsed), `reconcile` puts each session
+  held here back (adopt, claim, or arrive anew if the store lost it).
+- `on_session_end(entry, reason)` is told of every session that leaves, and `on_admitted(entry,
+  waited_s)` of every session admitted here (at arrival with 0 s): the seams for the session log,
+  metrics and lending.
+"""
 
 from __future__ import annotations
 

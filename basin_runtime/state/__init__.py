@@ -12,4 +12,3 @@ Modules, one job each:
                     the deployment's signals)
   signals.py        the deployment's hit rate and first-token latency from every replica's report
 """
-

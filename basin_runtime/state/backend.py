@@ -1,7 +1,5 @@
 """`StateBackend`: the seam under the waiting room; `InProcessBackend`, the embedded default.
 
-The seam under the waiting room: where policy steps are applied.
-
 Rules:
 - The waiting room hands a backend `Step`s and hears of every step applied (its own and, with a shared
   backend, every other replica's) through one listener, called synchronously in the order the steps
@@ -9,7 +7,7 @@ Rules:
 - `submit` is for steps whose caller needs no answer (a call's observe, a revision): in process they
   apply at once (exactly as `step`); a shared backend sends them without waiting.
 - `InProcessBackend` is the embedded default: the local `Policy`, the caller's clock, nothing shared;
-  one gateway without `--state` behaves exactly as before the seam existed.
+  a step applies to it at once, in the caller's own task.
 - A shared backend that cannot reach its store raises `StateUnavailableError` from `step`: the gateway
   answers 503 `state_unavailable` for what needs a decision (a new session), and keeps serving what
   was decided (admitted sessions).

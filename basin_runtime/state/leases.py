@@ -1,7 +1,5 @@
 """`Coordinator`: heartbeats, the leader lease, and the leader's periodic work.
 
-Leases: which replicas are alive, and which one does the deployment's periodic work.
-
 Rules:
 - Every replica beats every `interval_s` (at most an eighth of its lease): one script (`beat.lua`) stamps
   its heartbeat with Redis's clock in one hash, takes or renews the leader lease, and returns every

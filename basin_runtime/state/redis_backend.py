@@ -1,7 +1,5 @@
 """`RedisBackend`: the admission state shared by gateway replicas through a Redis stream.
 
-The shared admission state on Redis/Valkey: state-machine replication with Redis as the sequencer.
-
 Rules:
 - Every replica keeps its own copy of the replicated state (`replica.py`: the policy core and session
   ownership). A step is never applied where it is made: it is appended to one Redis stream by one Lua

@@ -1,7 +1,5 @@
 """`SignalReport` and `combine`: the deployment's hit rate and first-token latency from every replica.
 
-The deployment's signals, from every replica's report: what the leader ticks the shared policy with.
-
 Rules:
 - Each replica reports its own windows (`SignalReport`): the cached and prompt tokens of the calls it saw
   end in the hit-rate window, the engines' scraped hit rate when it scrapes them, and its first-token

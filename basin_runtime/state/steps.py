@@ -1,7 +1,5 @@
 """`Step`: one policy step as serialisable data, and the one function that applies it to a `Policy`.
 
-Policy steps as data: what a state backend is handed, what a Redis stream entry carries.
-
 Rules:
 - A `Step` is one call of the policy core (`arrive`, `adopt`, `observe`, `revise`, `finish`, `tick`,
   `set_reference_budget`) or of the replicated state around it (`claim`: a replica takes over a held

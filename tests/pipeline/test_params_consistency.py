@@ -6,6 +6,7 @@ import dataclasses
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 
 from pipeline.params import (
@@ -13,6 +14,7 @@ from pipeline.params import (
     FeaturizeParams,
     IngestParams,
     NestedParams,
+    ParamsError,
     SimulateParams,
     TrainParams,
     export_params,
@@ -67,3 +69,22 @@ def test_every_data_path_in_a_command_is_a_declared_dep_or_output() -> None:
 def test_paths_are_named_once_as_outputs() -> None:
     outs = [p for stage in DVC.values() for key in ("outs", "metrics", "plots") for p in _paths(stage.get(key, []))]
     assert len(outs) == len(set(outs))
+
+
+@pytest.mark.parametrize(("section", "change", "message"), [
+    ("train", {"search": {**PARAMS["train"]["search"], "alpha": [0.01]}},
+     r"train\.search\.alpha must be a 2 list \(a float each\), got \[0\.01\]"),
+    ("ingest", {"corpora": [{"benchmark": "b", "format": "f"}]},
+     r"ingest\.corpora\[0\]: missing keys \['path'\], unknown keys \[\]"),
+    ("nested", {"seeds": [1, "two"]}, r"nested\.seeds\[1\] must be a whole number, got 'two'"),
+    ("export", {"publish": "yes"}, r"export\.publish must be true or false, got 'yes'"),
+    ("simulate", {"reservation_quantile": None}, r"simulate\.reservation_quantile must be a float, got None"),
+])
+def test_a_bad_section_names_the_file_the_key_path_and_the_value(
+        tmp_path: Path, section: str, change: dict[str, object], message: str) -> None:
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump({**PARAMS, section: {**PARAMS[section], **change}}))
+    reader = {"train": train_params, "ingest": ingest_params, "nested": nested_params, "export": export_params,
+              "simulate": simulate_params}[section]
+    with pytest.raises(ParamsError, match=rf"^{re.escape(str(path))}: {message}"):
+        reader(path)

@@ -17,8 +17,9 @@ from typing import Any
 import httptools
 from aiohttp import web
 
+from basin_runtime.gateway.http1 import Http1UpstreamClient
+from basin_runtime.gateway.limits import DEFAULT_MAX_HEADER_BYTES
 from basin_runtime.gateway.server import DrainingServer, server_config
-from basin_runtime.gateway.upstream import make_client
 from basin_stack.stack import free_port
 from tests.runtime.test_gateway_app import ANSWER, Rig, rig_for
 
@@ -64,8 +65,8 @@ async def serving(*, max_header_bytes: int | None = None, max_headers: int | Non
     server reached with the gateway's own HTTP/1.1 client."""
     upstream_port, port = free_port(), free_port()
     limits = {k: v for k, v in (("max_header_bytes", max_header_bytes), ("max_headers", max_headers)) if v is not None}
-    client = make_client("httptools", f"http://127.0.0.1:{upstream_port}", connect_s=5, read_s=10,
-                         max_head_bytes=limits.get("max_header_bytes"))
+    client = Http1UpstreamClient(f"http://127.0.0.1:{upstream_port}", connect_s=5, read_s=10,
+                                 max_head_bytes=limits.get("max_header_bytes", DEFAULT_MAX_HEADER_BYTES))
     async with rig_for(upstream_client=client, **rig_options) as rig:
         server = DrainingServer(server_config(rig.app, host="127.0.0.1", port=port, keep_alive_s=5, **limits),
                                 rig.gateway, drain_timeout_s=drain_timeout_s)

@@ -34,6 +34,7 @@ from basin_runtime.gateway.waiting import WaitingRoom
 from basin_runtime.policy import Policy, PolicyConfig
 from basin_runtime.task_text import TaskTextRule
 from basin_runtime.tokenizer import get_tokenizer
+from tests.runtime.httpx_upstream import HttpxUpstreamClient
 
 pytestmark = pytest.mark.asyncio
 
@@ -132,7 +133,7 @@ async def rig_for(*, budget_tokens: int = 1_000_000, model: StubModel | None = N
     mock_client = httpx.AsyncClient(transport=httpx.MockTransport(upstream), base_url="http://router")
     gateway = Gateway(room, Meter(TOKENIZER, TaskTextRule()), Predictors(model, workload_models, reservation_quantile,
                                                                           revise_at_calls),
-                      Upstream(upstream_client or mock_client), **(gateway_options or {}))
+                      Upstream(upstream_client or HttpxUpstreamClient(mock_client)), **(gateway_options or {}))
     app = create_app(gateway, admin_token=admin_token, **(app_options or {}))
     client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway")
     try:

@@ -44,6 +44,7 @@ from basin_runtime.state.redis_backend import RedisBackend, StateConfigError
 from basin_runtime.state.signals import SignalReport
 from basin_runtime.task_text import TaskTextRule
 from tests.redis_server import RedisServer, running_redis
+from tests.runtime.httpx_upstream import HttpxUpstreamClient
 from tests.runtime.redis_policy import LoopThread
 from tests.runtime.test_gateway_app import CHAT, TOKENIZER, FakeUpstream, StubModel, conversation
 
@@ -69,7 +70,7 @@ class Replica:
         room = WaitingRoom(None, MonotonicClock(), retry_after_s=30, backend=self.backend)
         self.upstream_client = httpx.AsyncClient(transport=httpx.MockTransport(upstream), base_url="http://router")
         self.gateway = Gateway(room, Meter(TOKENIZER, TaskTextRule()), Predictors(StubModel(default=peak)),
-                               Upstream(self.upstream_client), coordinator=self.coordinator,
+                               Upstream(HttpxUpstreamClient(self.upstream_client)), coordinator=self.coordinator,
                                hit_window=HitRateWindow(min_prompt_tokens=10))
         app = create_app(self.gateway, admin_token=admin_token)
         self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app),

@@ -1,6 +1,7 @@
-"""The upstream clients (`upstream.py`) against a small aiohttp server on loopback: bodies whole and
-streamed chunk by chunk, refused / timed-out / 5xx mapped to the gateway's errors, cancellation, and
-streams that fail after their head (hang, keep-alive comments only, reset, cut short) with each client."""
+"""The gateway's upstream client (`http1.py`, behind `upstream.UpstreamClient`) against a small aiohttp server
+on loopback: bodies whole and streamed chunk by chunk, refused / timed-out / 5xx mapped to the gateway's
+errors, cancellation, and streams that fail after their head (hang, keep-alive comments only, reset, cut
+short)."""
 
 from __future__ import annotations
 
@@ -15,12 +16,12 @@ import pytest
 from aiohttp import web
 
 from basin_runtime.gateway.errors import UpstreamRefusedError, UpstreamStatusError, UpstreamTimeoutError
+from basin_runtime.gateway.http1 import Http1UpstreamClient
 from basin_runtime.gateway.proxy import CallEnd, Upstream
-from basin_runtime.gateway.upstream import UpstreamClient, make_client
+from basin_runtime.gateway.upstream import UpstreamClient
 from basin_stack.stack import free_port
 
 pytestmark = pytest.mark.asyncio
-KINDS = ["httptools", "aiohttp", "httpx"]
 
 
 class Server:
@@ -82,7 +83,7 @@ FIRST_EVENT = b'data: {"choices":[{"delta":{"content":"he"}}]}\n\n'
 
 
 @asynccontextmanager
-async def serving(kind: str, read_s: float = 5.0) -> AsyncIterator[tuple[Server, UpstreamClient]]:
+async def serving(read_s: float = 5.0) -> AsyncIterator[tuple[Server, UpstreamClient]]:
     server = Server()
     app = web.Application(handler_args={"handler_cancellation": True})
     app.add_routes([web.post("/echo", server.echo), web.get("/echo", server.echo), web.get("/sse", server.sse),
@@ -93,7 +94,7 @@ async def serving(kind: str, read_s: float = 5.0) -> AsyncIterator[tuple[Server,
     port = free_port()
     site = web.TCPSite(runner, "127.0.0.1", port)
     await site.start()
-    client = make_client(kind, f"http://127.0.0.1:{port}", connect_s=2.0, read_s=read_s)
+    client = Http1UpstreamClient(f"http://127.0.0.1:{port}", connect_s=2.0, read_s=read_s)
     await client.start()
     try:
         yield server, client
@@ -107,9 +108,8 @@ async def never() -> dict[str, str]:
     raise AssertionError("unreachable")
 
 
-@pytest.mark.parametrize("kind", KINDS)
-async def test_a_body_and_query_go_through_and_the_answer_comes_back(kind: str) -> None:
-    async with serving(kind) as (server, client):
+async def test_a_body_and_query_go_through_and_the_answer_comes_back() -> None:
+    async with serving() as (server, client):
         answer = await client.send("POST", "/echo", {"x-session-id": "s1"}, b"hello", "a=1&b=2")
         try:
             assert answer.status_code == 200 and answer.headers["x-smg-routed-worker-id"] == "w1"
@@ -121,9 +121,8 @@ async def test_a_body_and_query_go_through_and_the_answer_comes_back(kind: str) 
         assert (method, path_qs, body, headers["x-session-id"]) == ("POST", "/echo?a=1&b=2", b"hello", "s1")
 
 
-@pytest.mark.parametrize("kind", KINDS)
-async def test_sse_arrives_chunk_by_chunk(kind: str) -> None:
-    async with serving(kind) as (server, client):
+async def test_sse_arrives_chunk_by_chunk() -> None:
+    async with serving() as (server, client):
         answer = await client.send("GET", "/sse", {}, None)
         chunks = answer.chunks()
         try:
@@ -136,15 +135,14 @@ async def test_sse_arrives_chunk_by_chunk(kind: str) -> None:
             await answer.aclose()
 
 
-@pytest.mark.parametrize("kind", KINDS)
-async def test_refused_timeout_and_5xx_map_to_the_gateway_errors(kind: str) -> None:
-    async with serving(kind, read_s=0.2) as (_server, client):
+async def test_refused_timeout_and_5xx_map_to_the_gateway_errors() -> None:
+    async with serving(read_s=0.2) as (_server, client):
         upstream = Upstream(client)
         with pytest.raises(UpstreamTimeoutError, match="did not answer in time"):
             await upstream.forward("POST", "/slow", {}, b"{}", never)
         with pytest.raises(UpstreamStatusError, match="scheduler crashed"):
             await upstream.forward("POST", "/broken", {}, b"{}", never)
-    refused = make_client(kind, f"http://127.0.0.1:{free_port()}", connect_s=1.0, read_s=1.0)
+    refused = Http1UpstreamClient(f"http://127.0.0.1:{free_port()}", connect_s=1.0, read_s=1.0)
     await refused.start()
     try:
         with pytest.raises(UpstreamRefusedError, match="cannot reach upstream"):
@@ -154,9 +152,8 @@ async def test_refused_timeout_and_5xx_map_to_the_gateway_errors(kind: str) -> N
     assert refused.is_closed
 
 
-@pytest.mark.parametrize("kind", ["httptools", "aiohttp"])
-async def test_cancelling_a_send_releases_the_connection(kind: str) -> None:
-    async with serving(kind) as (server, client):
+async def test_cancelling_a_send_releases_the_connection() -> None:
+    async with serving() as (server, client):
         task = asyncio.ensure_future(client.send("POST", "/slow", {}, b"{}"))
         await asyncio.sleep(0.2)
         task.cancel()
@@ -168,13 +165,6 @@ async def test_cancelling_a_send_releases_the_connection(kind: str) -> None:
             assert answer.status_code == 200
         finally:
             await answer.aclose()
-
-
-async def test_the_aiohttp_client_needs_start() -> None:
-    client = make_client("aiohttp", "http://127.0.0.1:9", connect_s=1.0, read_s=1.0)
-    with pytest.raises(RuntimeError, match="before start"):
-        await client.send("GET", "/", {}, None)
-    await client.aclose()
 
 
 async def relay(upstream: Upstream, path: str) -> tuple[int, bytes, CallEnd, float]:
@@ -202,7 +192,6 @@ def error_events(body: bytes) -> list[dict[str, Any]]:
     return [e["error"] for e in events if "error" in e]
 
 
-@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize(("fault", "error_type", "code", "words"), [
     ("hang", "upstream_timeout", 504, "sent nothing for 0.3 s mid-answer"),
     ("pings", "upstream_timeout", 504, "sent nothing but SSE comments for 0.3 s mid-answer"),
@@ -210,8 +199,8 @@ def error_events(body: bytes) -> list[dict[str, Any]]:
     ("cut", "upstream_stream_error", 502, "ended its stream without `data: [DONE]`"),
 ])
 async def test_a_stream_that_fails_after_its_head_ends_with_an_error_event_and_done(
-        kind: str, fault: str, error_type: str, code: int, words: str) -> None:
-    async with serving(kind, read_s=0.3) as (server, client):
+        fault: str, error_type: str, code: int, words: str) -> None:
+    async with serving(read_s=0.3) as (server, client):
         status, body, end, took_s = await relay(Upstream(client), f"/sse/{fault}")
         if fault in ("hang", "pings"):
             await asyncio.wait_for(server.gone.wait(), 5)  # the upstream request was dropped, not left hanging

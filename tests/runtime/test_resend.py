@@ -21,9 +21,10 @@ from basin_runtime.gateway.calls import Call, parse_call
 from basin_runtime.gateway.errors import BadRequestError, NestingTooDeepError
 from basin_runtime.gateway.gateway import _ask_for_usage
 from basin_runtime.gateway.limits import Limits
-from basin_runtime.gateway.measure import MemoCounts, Meter, PromptMemo
+from basin_runtime.gateway.measure import Meter, PromptMemo
+from basin_runtime.gateway.memo import BodyPrefix, MemoCounts
 from basin_runtime.gateway.priority import stamp
-from basin_runtime.gateway.resend import BodyPrefix, PrefixBudget, prefix_of, read_resent
+from basin_runtime.gateway.resend import PrefixBudget, prefix_of, read_resent
 from basin_runtime.task_text import TaskTextRule
 from basin_runtime.tokenizer import get_tokenizer
 from pipeline.adapters.messages_jsonl import read_messages_jsonl
