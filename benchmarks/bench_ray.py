@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
 
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
-    ray.init(num_cpus=args.workers, include_dashboard=False)
+    ray.init(address="local", num_cpus=args.workers, include_dashboard=False)  # a new instance, never a cluster here
     startup_s = time.perf_counter() - started
     walls: dict[str, list[float]] = {"local": [], "ray": []}
     results: set[str] = set()

@@ -116,10 +116,10 @@ def swept_records(sweep: Sweep, rates: RateCache, record: RecordFn, executor: Ex
             record_overload_rate(rates, deployment, scenario.workload, scenario.clients, pool, calibration,
                                  settings_for(scenario.workload), f"basin-sim {sweep.kind} (a missing rate)")
             sources[key] = "measured now"
-        jobs = [Job(f"{sweep.kind} ramp of {d.name} seed {sweep.seed}", _ramp_job,
+        jobs = [Job(f"ramp of {d.name} ({sweep.kind}, seed {sweep.seed})", _ramp_job,
                     (d, _rate(rates, key), sources[key], sweep.fractions, sweep.step_s, sweep.seed, record))
                 for key, d in zip(keys, sweep.deployments, strict=True)]
-        return pooled.run(jobs, f"{sweep.kind} ramps")
+        return pooled.run(jobs, "ramps")
 
 
 def _rate(rates: RateCache, key: str) -> float:

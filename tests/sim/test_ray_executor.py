@@ -50,8 +50,9 @@ def break_the_broken_scenario() -> None:
 
 @pytest.fixture(scope="module", autouse=True)
 def cluster() -> Iterator[None]:
-    """A local Ray instance with 2 CPUs for the module; the workers import this checkout's tests package."""
-    ray.init(num_cpus=2, include_dashboard=False, runtime_env={
+    """A new local Ray instance with 2 CPUs for the module (never a cluster `ray start` left on this machine);
+    the workers import this checkout's tests package."""
+    ray.init(address="local", num_cpus=2, include_dashboard=False, runtime_env={
         "env_vars": {"PYTHONPATH": str(ROOT)},
         "worker_process_setup_hook": f"{__name__}.break_the_broken_scenario"})
     yield
