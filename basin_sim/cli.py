@@ -29,9 +29,11 @@ from basin_runtime.policy.lending import LENDING_KINDS
 from basin_runtime.predictor import PredictorError
 from basin_runtime.session_table import Session
 from basin_sim import catalog, compare
-from basin_sim.calibrate.commands import RampError, add_commands, calibrate_main, knee_main, ramp_main, risk_main
+from basin_sim.calibrate.commands import add_commands, calibrate_main, knee_main, ramp_main, risk_main
 from basin_sim.calibrate.knee_cache import DEFAULT_CALIBRATIONS_FILE, KneeCache, calibration_for
 from basin_sim.calibrate.rates import DEFAULT_RATES_FILE, RateCache, RatesError, overload_rate_for
+from basin_sim.calibrate.sweep import RampError
+from basin_sim.executors import ExecutorError, exit_status
 from basin_sim.policies import UnknownPolicyError, policy_names, policy_spec
 from basin_sim.predictions import (
     PredictionsError,
@@ -249,3 +251,6 @@ def main(argv: list[str] | None = None) -> int:
     except (catalog.CatalogError, UnknownPolicyError, UsageError, PoolError, PredictorError, CalibrationError,
             RatesError, ScenarioError, RampError, PredictionsError) as exc:
         parser.exit(2, f"{parser.prog}: error: {exc}\n")
+    except ExecutorError as exc:  # no Ray; a ramp that failed twice (named); Ctrl-C (the outstanding cancelled)
+        print(f"{parser.prog} {args.command}: {exc}", file=sys.stderr)
+        return exit_status(exc)

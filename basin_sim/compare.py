@@ -15,8 +15,11 @@
 #   (calibrate/knee_cache.py, `--calibrations-file`); a missing one is measured on the knee ramp
 #   before the runs, said on stderr and cached. `basin-proto` gets the same knee (r does not apply to
 #   it). `hicache` runs `sglang` on the deployment with its host tier.
-# - Runs fan out over `--jobs` worker processes; per-seed values are kept in the JSON output;
-#   `--plot-dir` draws one PNG per scenario (goodput by policy and ablation, mean ± sd).
+# - Runs (and missing knee ramps) fan out over `--executor` (executors.py): this machine's `--jobs` worker
+#   processes, or Ray tasks; the cells are the shared input, sent once. A run that fails twice stops the
+#   grid naming it (exit 1); Ctrl-C cancels what is outstanding (exit 130). Per-seed values are kept in the
+#   JSON output, the same whichever executor ran them; `--plot-dir` draws one PNG per scenario (goodput by
+#   policy and ablation, mean ± sd).
 """`basin-sim compare` (`python -m basin_sim.compare`): goodput per scenario x deployment x policy over seeds."""
 
 from __future__ import annotations
@@ -24,12 +27,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import statistics
 import sys
-import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,14 @@ from basin_sim.ablations import ABLATIONS, Reservation, calibration_tag, reserva
 from basin_sim.calibrate.knee_cache import DEFAULT_CALIBRATIONS_FILE, KneeCache, knee_key, measure_knee
 from basin_sim.calibrate.knee_ramp import RAMP_STEP_S
 from basin_sim.calibrate.rates import DEFAULT_RATES_FILE, RateCache, RatesError, overload_rate_for
+from basin_sim.executors import (
+    Executor,
+    ExecutorError,
+    Job,
+    add_executor_options,
+    exit_status,
+    open_executor,
+)
 from basin_sim.predictions import (
     PredictionsError,
     Revisions,
@@ -100,29 +108,28 @@ class Cell:
         multipliers, revisions = self.swept[quantile]
         return quantile, multipliers, revisions
 
+    def name(self) -> str:
+        """scenario/deployment/lending, as the runs' rows name them."""
+        return f"{self.scenario.name}/{self.deployment.name}/{self.lending}"
+
     def gpu_deployment(self) -> Deployment:
         """The cell's deployment with a GPU cache (its knee's shape) and its lending switch."""
         return self.deployment.build("gpu", self.lending)
 
 
-_CELLS: dict[CellKey, Cell] = {}
-
-
-def _init(cells: dict[CellKey, Cell]) -> None:
-    _CELLS.update(cells)
-
-
-def _knee(key: CellKey, kind: Reservation) -> dict[str, Any]:
-    cell = _CELLS[key]
+def _knee(cells: Mapping[CellKey, Cell], key: CellKey, kind: Reservation) -> dict[str, Any]:
+    """A job: the knee ramp of one cell and reservation kind."""
+    cell = cells[key]
     peaks, multipliers = reservations(kind, cell.pool, cell.peaks, cell.multipliers, cell.reservation_quantile)
     return measure_knee(cell.gpu_deployment(), cell.pool, cell.scenario, cell.overload_rate_per_s,
                         cell.predictor_sha256 if kind == "predicted" else "none",  # no model file: none
                         cell.reservation_quantile, reserved_peaks(peaks, multipliers), cell.ramp_step_s)
 
 
-def _run(key: CellKey, label: str, seed: int, knee: dict[str, Any] | None) -> dict[str, Any]:
-    """One run of a policy, or of an ablation of `basin` (`label` "basin:<part>"), reported under `label`."""
-    cell = _CELLS[key]
+def _run(cells: Mapping[CellKey, Cell], key: CellKey, label: str, seed: int,
+         knee: dict[str, Any] | None) -> dict[str, Any]:
+    """A job: one run of a policy, or of an ablation of `basin` (`label` "basin:<part>"), reported under `label`."""
+    cell = cells[key]
     variant = ABLATIONS.get(label)
     policy = "basin" if variant is not None else label
     calibration = None
@@ -356,7 +363,7 @@ def _cells(args: argparse.Namespace, grids: Sequence[Grid]) -> tuple[dict[CellKe
 
 
 def _calibrated(cells: dict[CellKey, Cell], kinds: Mapping[CellKey, Sequence[Reservation]], cache: KneeCache,
-                executor: ProcessPoolExecutor) -> dict[tuple[CellKey, Reservation], dict[str, Any]]:
+                executor: Executor) -> dict[tuple[CellKey, Reservation], dict[str, Any]]:
     """Per cell and reservation kind its cached knee calibration; missing ones measured now (in parallel), said and
     cached. Cells of one shape (a host tier's and its GPU deployment) share a knee."""
     keys = {(key, kind): knee_key(cell.gpu_deployment(), cell.pool, cell.scenario,
@@ -366,11 +373,13 @@ def _calibrated(cells: dict[CellKey, Cell], kinds: Mapping[CellKey, Sequence[Res
             for key, cell in cells.items() for kind in kinds[key]}
     records = {knee: cache.record(knee) for knee in set(keys.values())}
     first = {knee: job for job, knee in reversed(keys.items())}
-    missing = {knee: executor.submit(_knee, *first[knee]) for knee, record in records.items() if record is None}
-    for knee, future in missing.items():
+    missing = [knee for knee, record in records.items() if record is None]
+    measured = executor.run([Job(f"knee ramp of {cells[first[knee][0]].name()} ({first[knee][1]} reservations)",
+                                 _knee, first[knee]) for knee in missing], "knee ramps")
+    for knee, record in zip(missing, measured, strict=True):
         (key, kind) = first[knee]
         cell = cells[key]
-        record = records[knee] = future.result()
+        records[knee] = record
         cache.put_record(knee, record, cell.gpu_deployment(), cell.scenario)
         print(f"{cell.scenario.name} on {cell.deployment.name} (lending {cell.lending}, reservation {kind}): Basin "
               f"calibration measured now on the knee ramp, cached in {cache.path}", file=sys.stderr)
@@ -411,7 +420,7 @@ def _parser() -> argparse.ArgumentParser:
                         help=f"simulated seconds per knee-ramp step (default {RAMP_STEP_S:.0f}; part of the cache key)")
     parser.add_argument("--calibrations-file", type=Path, default=DEFAULT_CALIBRATIONS_FILE,
                         help="the cache of measured Basin calibrations (shared with `basin-sim run`)")
-    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: cores)")
+    add_executor_options(parser)
     parser.add_argument("--out", type=Path, help="JSON with every run, the cells' rates and calibrations")
     parser.add_argument("--plot-dir", type=Path, help="write one PNG per scenario here (goodput by policy, ± sd)")
     return parser
@@ -431,26 +440,23 @@ class GridResult:
 
 
 def run_grids(args: argparse.Namespace, grids: Sequence[Grid]) -> GridResult:
-    """Calibrate each cell (cached), then run every label of each cell over `args.seeds` on `args.jobs` processes.
+    """Calibrate each cell (cached), then run every label of each cell over `args.seeds` on `args.executor`
+    (local: `args.jobs` processes); the cells go to the workers once.
 
-    Raises the loaders' errors (catalog, predictor, session table, pool, rates, scenario, OSError)."""
+    Raises the loaders' errors (catalog, predictor, session table, pool, rates, scenario, OSError) and
+    `ExecutorError` (a run that failed twice, or Ctrl-C)."""
     cells, cell_labels = _cells(args, grids)
-    started = time.perf_counter()
     labels = list(dict.fromkeys(label for grid in grids for label in grid.labels))
-    with ProcessPoolExecutor(args.jobs, initializer=_init, initargs=(cells,)) as executor:
+    with open_executor(args.executor, cells, args.jobs) as executor:
         kinds = {key: sorted({_kind(label) for label in cell_labels[key]
                               if label in ("basin", "basin-proto") or label in ABLATIONS}) for key in cells}
         knees = _calibrated(cells, kinds, KneeCache(args.calibrations_file), executor)
         cells = {key: dataclasses.replace(cell, calibration=knees.get((key, "predicted")))
                  for key, cell in cells.items()}
-        futures: list[Future[dict[str, Any]]] = [
-            executor.submit(_run, key, label, seed, knees.get((key, _kind(label))))
-            for key in cells for label in cell_labels[key] for seed in args.seeds]
-        rows = []
-        for done, future in enumerate(as_completed(futures), 1):
-            rows.append(future.result())
-            print(f"\r{done}/{len(futures)} runs, {time.perf_counter() - started:.0f} s", end="", file=sys.stderr)
-    print(file=sys.stderr)
+        rows = executor.run([Job(f"{cell.name()}/{label} seed {seed}", _run,
+                                 (key, label, seed, knees.get((key, _kind(label)))))
+                             for key, cell in cells.items() for label in cell_labels[key] for seed in args.seeds],
+                            "runs")
     names = [(cell.scenario.name, cell.deployment.name, cell.lending) for cell in cells.values()]
     order = {name: k for k, name in enumerate(names)}
     rows.sort(key=lambda r: (order[(r["scenario"], r["deployment"], r["lending"])], r["policy"], r["seed"]))
@@ -466,6 +472,9 @@ def main(argv: list[str] | None = None) -> int:
             PredictionsError, OSError) as exc:  # one line, no traceback
         print(f"basin-sim compare: error: {exc}", file=sys.stderr)
         return 2
+    except ExecutorError as exc:  # no Ray; a run that failed twice (named); Ctrl-C (the outstanding cancelled)
+        print(f"basin-sim compare: {exc}", file=sys.stderr)
+        return exit_status(exc)
     print(markdown(result.rows, result.labels))
     if "continuum" in result.labels:
         print("\nPaired by seed (same arrivals), goodput over Continuum's:\n")
@@ -477,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {path}", file=sys.stderr)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        meta = {f"{c.scenario.name}/{c.deployment.name}/{c.lending}": {
+        meta = {c.name(): {
             "overload_rate_per_s": c.overload_rate_per_s, "calibration": c.calibration} for c in result.cells.values()}
         summary = {"/".join(k): v for k, v in result.summary().items()}
         args.out.write_text(json.dumps({"seeds": args.seeds, "predictions": args.predictions, "cells": meta,

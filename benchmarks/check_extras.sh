@@ -3,7 +3,7 @@
 # pyproject.toml's extras are enough for their packages as pip really installs them;
 # tests/test_package_imports.py proves the same about imports, inside the development venv.
 #
-# Usage: benchmarks/check_extras.sh [EXTRA ...]     (default: sim serve emulate loadgen)
+# Usage: benchmarks/check_extras.sh [EXTRA ...]     (default: sim serve emulate loadgen ray)
 # Env:   PYTHON (default python3) builds the venvs; KEEP_VENVS=1 keeps them (their path is printed).
 # Exit status: the number of failed steps (0 = all passed). Logs of failed steps are tailed inline.
 set -uo pipefail
@@ -24,8 +24,10 @@ CHECKS=(
     "serve|basin-gateway --help"
     "emulate|basin-emulate --help"
     "loadgen|python -m basin_loadgen.replay_client --help"
+    # a local Ray instance started by the command itself; the rate given, so nothing is calibrated first
+    "ray|basin-sim compare --scenarios surge-100 --deployments 1p3d-h100 --policies sglang --seeds 1 2 --synthetic --overload-rate 0.3 --executor ray"
 )
-if [[ $# -gt 0 ]]; then EXTRAS=("$@"); else EXTRAS=(sim serve emulate loadgen); fi
+if [[ $# -gt 0 ]]; then EXTRAS=("$@"); else EXTRAS=(sim serve emulate loadgen ray); fi
 
 failures=0
 SUMMARY=()

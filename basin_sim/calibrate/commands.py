@@ -8,6 +8,8 @@
 `risk` predicts from the knee ramp's plateau which limit live sessions meet first (fluid.py);
 `ramp` runs a ramp that goes past the overload rate and reports which limit it actually hit first
 (ramp.py `ramp_limits`): the ground truth the risk test is checked against (benchmarks/risk_grid.py).
+Both take one deployment or several (`--deployment A B ...`: one ramp each, on `--executor`, sweep.py;
+with --json one line per deployment, in the order given).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import dataclasses
 import json
 import logging
 import statistics
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +31,8 @@ from basin_sim.calibrate.knee_ramp import RAMP_FRACTIONS, RAMP_STEP_S, knee_cali
 from basin_sim.calibrate.ramp import (
     DECODE_FULL_SHARE,
     QUEUED_PER_DECODE,
-    RampStep,
     ramp_knee,
     ramp_limits,
-    run_ramp,
 )
 from basin_sim.calibrate.rates import (
     DEFAULT_RATES_FILE,
@@ -41,6 +41,16 @@ from basin_sim.calibrate.rates import (
     overload_rate_for,
     settings_for,
 )
+from basin_sim.calibrate.sweep import (
+    RampRun,
+    RecordFn,
+    Sweep,
+    check_ramp,
+    ramp_at,
+    swept_records,
+    with_tool_time_scale,
+)
+from basin_sim.executors import add_executor_options
 from basin_sim.predictions import (
     add_predictions_source,
     add_reservation_quantile,
@@ -50,7 +60,6 @@ from basin_sim.predictions import (
     reserved_peaks,
 )
 from basin_sim.profile import Deployment
-from basin_sim.timeline import Timeline
 from basin_sim.workload.pool import load_pool, token_scale, workload_pool
 from basin_sim.workload.scenarios import Scenario
 
@@ -64,52 +73,37 @@ log = logging.getLogger(__name__)
 LIMIT_RAMP_FRACTIONS = (0.2, 0.4, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0, 1.1, 1.2, 1.5, 2.0)
 
 
+def _scenario_pool(args: argparse.Namespace) -> tuple[Scenario, list[Session], float]:
+    """The scenario (--tool-time-scale), its workload pool, the pool's token scale (workload.median_peak_tokens)."""
+    scenario = with_tool_time_scale(catalog.load_scenario(args.scenario), getattr(args, "tool_time_scale", None))
+    base, _ = load_pool(args.sessions, args.synthetic)
+    return scenario, workload_pool(base, scenario.workload), token_scale(base, scenario.workload)
+
+
 def _workload(args: argparse.Namespace) -> tuple[Deployment, list[Session], Scenario, float]:
     """The deployment (with --cache if given), the scenario's workload pool (--tool-time-scale), the scenario, the
     pool's token scale (workload.median_peak_tokens)."""
     spec = catalog.load_deployment(args.deployment)
-    scenario = catalog.load_scenario(args.scenario)
-    scale = getattr(args, "tool_time_scale", None)
-    if scale is not None:
-        if not scale >= 0:
-            raise RampError(f"--tool-time-scale must be >= 0, got {scale}")
-        scenario = dataclasses.replace(scenario, workload=dataclasses.replace(scenario.workload, tool_time_scale=scale))
-    base, _ = load_pool(args.sessions, args.synthetic)
-    return (spec.build(getattr(args, "cache", None)), workload_pool(base, scenario.workload), scenario,
-            token_scale(base, scenario.workload))
-
-
-@dataclass(frozen=True)
-class RampRun:
-    """A ramp as the commands ran it: the deployment, the rates, the steps and the timeline."""
-
-    deployment: Deployment
-    overload_rate_per_s: float
-    overload_rate_source: str
-    fractions: tuple[float, ...]
-    step_s: float
-    steps: list[RampStep]
-    timeline: Timeline
-    calls_per_session: float
-
-
-class RampError(ValueError):
-    """Ramp settings that cannot be run (rates, step length); the message names the option."""
+    scenario, pool, scale = _scenario_pool(args)
+    return spec.build(getattr(args, "cache", None)), pool, scenario, scale
 
 
 def simulated_ramp(deployment: Deployment, pool: list[Session], scenario: Scenario, rates: RateCache,
                    fractions: tuple[float, ...], step_s: float, seed: int,
                    reservations: dict[str, float] | None = None) -> RampRun:
     """A ramp at `fractions` x the overload rate of this shape and workload (cached, else measured now)."""
-    if len(fractions) < 2 or any(not f > 0 for f in fractions):
-        raise RampError(f"--fractions needs at least 2 rates > 0 (of the overload rate), got {list(fractions)}")
-    if not step_s >= 120:
-        raise RampError(f"--step-s must be >= 120 (two whole minutes in each step's second half), got {step_s}")
+    check_ramp(fractions, step_s)
     rate, source = overload_rate_for(deployment, pool, scenario.workload, scenario.clients, rates)
-    timeline = Timeline(60.0)
-    steps = run_ramp(deployment, pool, [f * rate for f in fractions], step_s, seed, reservations, timeline=timeline)
-    calls = statistics.fmean(s.n_calls for s in pool)
-    return RampRun(deployment, rate, source, fractions, step_s, steps, timeline, calls)
+    return ramp_at(deployment, pool, rate, source, fractions, step_s, seed, reservations)
+
+
+def _swept(args: argparse.Namespace, default_fractions: tuple[float, ...], record: RecordFn) -> list[dict[str, Any]]:
+    """`record` of each --deployment's ramp (risk, ramp), run on --executor."""
+    deployments = tuple(catalog.load_deployment(name).build(args.cache) for name in args.deployment)
+    scenario, pool, _ = _scenario_pool(args)
+    fractions = default_fractions if args.fractions is None else tuple(args.fractions)
+    sweep = Sweep(deployments, scenario, tuple(pool), fractions, args.step_s, args.seed, args.command)
+    return swept_records(sweep, RateCache(args.rates_file), record, args.executor, args.jobs, not args.quiet)
 
 
 def _ramp(args: argparse.Namespace, default_fractions: tuple[float, ...] = RAMP_FRACTIONS) -> RampRun:
@@ -207,10 +201,15 @@ def risk_record(ramp: RampRun) -> dict[str, Any]:
 
 def risk_main(args: argparse.Namespace) -> int:
     """X(N) from the knee ramp, fixed points at the pre-surge rate, and the cache-first / decode-first verdict."""
-    record = risk_record(_ramp(args))
-    if args.json:
-        print(json.dumps(record, sort_keys=True))
-        return 0
+    for record in _swept(args, RAMP_FRACTIONS, risk_record):
+        if args.json:
+            print(json.dumps(record, sort_keys=True))
+        else:
+            _print_risk(record)
+    return 0
+
+
+def _print_risk(record: Mapping[str, Any]) -> None:
     print("X(N): " + ", ".join(f"N={p['live_sessions']:.0f} X={p['calls_per_s']:.2f}/s" for p in record["x_of_n"]))
     for point in record["fixed_points"]:
         kind = "stable" if point["is_stable"] else "UNSTABLE"
@@ -222,7 +221,6 @@ def risk_main(args: argparse.Namespace) -> int:
     censored = " (knee beyond the ramp: a low estimate)" if record["knee_is_censored"] else ""
     print(f"{record['deployment']}: cache knee reached at {record['cache_limit_sessions']:.0f} live sessions"
           f"{censored}, decode memory at {record['decode_limit_sessions']:.0f}: {record['verdict']}")
-    return 0
 
 
 def ramp_record(ramp: RampRun) -> dict[str, Any]:
@@ -248,17 +246,21 @@ def ramp_record(ramp: RampRun) -> dict[str, Any]:
 
 def ramp_main(args: argparse.Namespace) -> int:
     """Run the limits ramp and say which limit (cache knee or decode memory) it hit first."""
-    record = ramp_record(_ramp(args, LIMIT_RAMP_FRACTIONS))
-    if args.json:
-        print(json.dumps(record, sort_keys=True))
-        return 0
+    for record in _swept(args, LIMIT_RAMP_FRACTIONS, ramp_record):
+        if args.json:
+            print(json.dumps(record, sort_keys=True))
+        else:
+            _print_ramp(record)
+    return 0
+
+
+def _print_ramp(record: Mapping[str, Any]) -> None:
     for step in record["steps"]:
         print(f"step {step['index']}  {step['x_overload']:.2f}x = {step['rate_per_s']:.4f}/s  hit "
               f"{step['hit_rate']:.3f}  load {step['load']:.3f}  live {step['live_sessions']:.0f}  decode memory "
               f"{step['decode_memory_share']:.3f}  queued {step['prealloc_queued']:.1f}")
     print(f"{record['deployment']}: first limit {record['first_limit']} (cache at step {record['cache_limit_step']}, "
           f"decode at step {record['decode_limit_step']})")
-    return 0
 
 
 def add_commands(sub: Any) -> None:
@@ -283,8 +285,14 @@ def add_commands(sub: Any) -> None:
                       help="a further factor on each reservation (ablations; default 1)")
     risk = sub.add_parser("risk", help="fluid model fixed points and the cache-first / decode-first verdict")
     ramp = sub.add_parser("ramp", help="a ramp past the overload rate: which limit (cache, decode) it hits first")
-    for command in (calibrate, knee, risk, ramp):
+    for command in (calibrate, knee):
         command.add_argument("--deployment", required=True, help="a deployment name or .yaml file")
+    for command in (risk, ramp):
+        command.add_argument("--deployment", required=True, nargs="+", metavar="DEPLOYMENT",
+                             help="deployment names or .yaml files: one ramp each, run on --executor (--json: "
+                                  "one line each, in this order)")
+        add_executor_options(command)
+    for command in (calibrate, knee, risk, ramp):
         command.add_argument("--scenario", default="steady",
                              help="whose workload and clients (name or .yaml; default steady)")
         command.add_argument("--rates-file", type=Path, default=DEFAULT_RATES_FILE, help="the overload-rate cache")

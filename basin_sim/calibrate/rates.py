@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from basin_runtime.session_table import Session
-from basin_sim.calibrate.overload import CalibrationSettings, find_overload_rate
+from basin_sim.calibrate.overload import Calibration, CalibrationSettings, find_overload_rate
 from basin_sim.clients import ClientPolicy
 from basin_sim.profile import Deployment
 from basin_sim.workload.scenarios import WorkloadSpec
@@ -134,12 +134,18 @@ def measure_overload_rate(deployment: Deployment, pool: Sequence[Session], workl
                           clients: ClientPolicy, cache: RateCache, settings: CalibrationSettings, command: str,
                           report: Callable[[float, int], None] | None = None) -> float:
     """Measure the overload rate of `deployment`'s shape with a GPU cache on this workload; record it in `cache`."""
-    shape = overload_shape(deployment)
-    found = find_overload_rate(shape, "sglang", pool, settings, report)
-    cache.put(rate_key(shape, workload, clients, pool), found.overload_rate_per_s, {
+    found = find_overload_rate(overload_shape(deployment), "sglang", pool, settings, report)
+    record_overload_rate(cache, deployment, workload, clients, pool, found, settings, command)
+    return found.overload_rate_per_s
+
+
+def record_overload_rate(cache: RateCache, deployment: Deployment, workload: WorkloadSpec, clients: ClientPolicy,
+                         pool: Sequence[Session], found: Calibration, settings: CalibrationSettings,
+                         command: str) -> None:
+    """Record in `cache` the overload rate `found` for `deployment`'s shape on this workload, with how."""
+    cache.put(rate_key(overload_shape(deployment), workload, clients, pool), found.overload_rate_per_s, {
         "deployment": deployment.name, "workload": dataclasses.asdict(workload),
         "settings": dataclasses.asdict(settings), "tried": [list(t) for t in found.tried], "command": command})
-    return found.overload_rate_per_s
 
 
 def overload_rate_for(deployment: Deployment, pool: Sequence[Session], workload: WorkloadSpec,
