@@ -1,24 +1,26 @@
-# The named files the simulator ships, and the files users write: profiles, deployments, scenarios.
-# This module does file I/O; the model modules never call it.
-#
-# Rules:
-# - A name is a file stem in its folder (`scenarios/surge-100.yaml` -> 'surge-100'); a path to a
-#   .yaml file is accepted too. An unknown name raises `CatalogError` listing the known names.
-# - Every file is checked whole, by `basin_runtime.schema` against its declared keys (`DEPLOYMENT_KEYS`,
-#   `SCENARIO_KEYS`; a profile's are `Profile`'s fields, their kinds its annotations): a missing or unknown
-#   key, or a value of the wrong kind, raises `CatalogError` naming the file and the key
-#   (`bursts[1].kill_at_s`, not just "bad burst"). A null optional key is absent.
-# - A deployment file: `profile` (name or file), `num_prefill`, `num_decode`, `cache` (gpu | host),
-#   optional per-instance `prefill_cache_tokens`, `decode_kv_tokens`, `host_cache_tokens` (default:
-#   the profile's whole KV pool, and its host tier when `cache` is host), optional SGLang decode
-#   settings `decode_reserved_tokens`, `decode_clip_max_new_tokens`, `retraction_policy` (default:
-#   SGLang's, see basin_sim/decode.py), optional `lending` (none | decode-memory; default none, what
-#   stock SGLang does). Overload rates are not kept
-#   here: they depend on the workload, and are measured on first use (calibrate/rates.py).
-# - A scenario file: see basin_sim/workload/scenarios.py and the README's schema; each `rate`
-#   segment gives `from_s` and exactly one of `x_overload` and `per_min` (the scenario names the
-#   segment otherwise); `clients` holds `basin_sim.clients.ClientPolicy` fields.
-"""Load profiles, deployments and scenarios by name or path, checking every key."""
+"""Load profiles, deployments and scenarios by name or path, checking every key.
+
+The named files the simulator ships, and the files users write: profiles, deployments, scenarios.
+This module does file I/O; the model modules never call it.
+
+Rules:
+- A name is a file stem in its folder (`scenarios/surge-100.yaml` -> 'surge-100'); a path to a
+  .yaml file is accepted too. An unknown name raises `CatalogError` listing the known names.
+- Every file is checked whole, by `basin_runtime.schema` against its declared keys (`DEPLOYMENT_KEYS`,
+  `SCENARIO_KEYS`; a profile's are `Profile`'s fields, their kinds its annotations): a missing or unknown
+  key, or a value of the wrong kind, raises `CatalogError` naming the file and the key
+  (`bursts[1].kill_at_s`, not just "bad burst"). A null optional key is absent.
+- A deployment file: `profile` (name or file), `num_prefill`, `num_decode`, `cache` (gpu | host),
+  optional per-instance `prefill_cache_tokens`, `decode_kv_tokens`, `host_cache_tokens` (default:
+  the profile's whole KV pool, and its host tier when `cache` is host), optional SGLang decode
+  settings `decode_reserved_tokens`, `decode_clip_max_new_tokens`, `retraction_policy` (default:
+  SGLang's, see basin_sim/decode.py), optional `lending` (none | decode-memory | storage-offload; default none, what
+  stock SGLang does). Overload rates are not kept
+  here: they depend on the workload, and are measured on first use (calibrate/rates.py).
+- A scenario file: see basin_sim/workload/scenarios.py and the README's schema; each `rate`
+  segment gives `from_s` and exactly one of `x_overload` and `per_min` (the scenario names the
+  segment otherwise); `clients` holds `basin_sim.clients.ClientPolicy` fields.
+"""
 
 from __future__ import annotations
 

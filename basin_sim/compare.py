@@ -1,26 +1,28 @@
-# The comparison grid: scenarios x deployments x lending x policies x seeds, each run in the simulator.
-#
-# Rules:
-# - Every claim is over seeds (>= 10 by default): a cell reports the mean goodput per hour and its
-#   standard deviation over seeds, beside the hit-rate drop (pre-surge minus goodput window, points),
-#   the first-call wait p50 (mean over seeds of each run's median over window sessions, a shed one
-#   counted until it was shed), the shed share and the share of seeds whose run is stuck (`is_stuck`).
-# - Each scenario brings its workload (benchmarks or preset, tool time, clients): its pool, its
-#   predictions and, per deployment shape, its overload rate (calibrate/rates.py; measured first if
-#   not cached, before any run), so every policy and lending switch of a cell sees the same arrivals.
-# - Lending is a deployment switch (`--lending`, default: each deployment file's own): every policy
-#   runs under each value asked for, so admission and priority are judged with and without it.
-# - Basin runs are calibrated as `basin-sim run` calibrates them: the knee calibration cached for the
-#   deployment's shape (GPU cache), its lending, the workload, the predictor file and the quantile
-#   (calibrate/knee_cache.py, `--calibrations-file`); a missing one is measured on the knee ramp
-#   before the runs, said on stderr and cached. `basin-proto` gets the same knee (r does not apply to
-#   it). `hicache` runs `sglang` on the deployment with its host tier.
-# - Runs (and missing knee ramps) fan out over `--executor` (executors.py): this machine's `--jobs` worker
-#   processes, or Ray tasks; the cells are the shared input, sent once. A run that fails twice stops the
-#   grid naming it (exit 1); Ctrl-C cancels what is outstanding (exit 130). Per-seed values are kept in the
-#   JSON output, the same whichever executor ran them; `--plot-dir` draws one PNG per scenario (goodput by
-#   policy and ablation, mean ± sd).
-"""`basin-sim compare` (`python -m basin_sim.compare`): goodput per scenario x deployment x policy over seeds."""
+"""`basin-sim compare` (`python -m basin_sim.compare`): goodput per scenario x deployment x policy over seeds.
+
+The comparison grid: scenarios x deployments x lending x policies x seeds, each run in the simulator.
+
+Rules:
+- Every claim is over seeds (>= 10 by default): a cell reports the mean goodput per hour and its
+  standard deviation over seeds, beside the hit-rate drop (pre-surge minus goodput window, points),
+  the first-call wait p50 (mean over seeds of each run's median over window sessions, a shed one
+  counted until it was shed), the shed share and the share of seeds whose run is stuck (`is_stuck`).
+- Each scenario brings its workload (benchmarks or preset, tool time, clients): its pool, its
+  predictions and, per deployment shape, its overload rate (calibrate/rates.py; measured first if
+  not cached, before any run), so every policy and lending switch of a cell sees the same arrivals.
+- Lending is a deployment switch (`--lending`, default: each deployment file's own): every policy
+  runs under each value asked for, so admission and priority are judged with and without it.
+- Basin runs are calibrated as `basin-sim run` calibrates them: the knee calibration cached for the
+  deployment's shape (GPU cache), its lending, the workload, the predictor file and the quantile
+  (calibrate/knee_cache.py, `--calibrations-file`); a missing one is measured on the knee ramp
+  before the runs, said on stderr and cached. `basin-proto` gets the same knee (r does not apply to
+  it). `hicache` runs `sglang` on the deployment with its host tier.
+- Runs (and missing knee ramps) fan out over `--executor` (executors.py): this machine's `--jobs` worker
+  processes, or Ray tasks; the cells are the shared input, sent once. A run that fails twice stops the
+  grid naming it (exit 1); Ctrl-C cancels what is outstanding (exit 130). Per-seed values are kept in the
+  JSON output, the same whichever executor ran them; `--plot-dir` draws one PNG per scenario (goodput by
+  policy and ablation, mean ± sd).
+"""
 
 from __future__ import annotations
 

@@ -1,19 +1,21 @@
-# The Ray executor (executors.py's rules): every job is a Ray task on the cluster ray.init() reaches.
-#
-# Rules:
-# - Connecting: the address given (ray://HOST:PORT, Ray Client) or ray.init()'s own search (RAY_ADDRESS,
-#   a cluster started on this machine by `ray start`, else a new local instance, stopped at the end).
-#   Ray already initialised in this process (a caller's own ray.init()): used as it is and left running.
-# - The shared input goes into the object store once (`ray.put`). Each task gets its reference inside a
-#   list, so Ray does not fetch and deserialise it per task; a worker process reads it once and keeps
-#   the latest one (`_HELD`), as the local pool's initializer does.
-# - One CPU per task. Ray's own retries are off (max_retries=0): executors.drive retries once itself,
-#   so a job that raises and a worker that dies count the same way.
-# - Cancelling: ray.cancel on every outstanding task; a queued one never starts, a running one gets
-#   KeyboardInterrupt at its next Python bytecode (the simulator is pure Python: promptly).
-# - The workers import the jobs' functions and the shared input's classes by name: they need the same
-#   basin installed (`pip install basin[ray]`), not this checkout's data/ (the cells carry their data).
-"""`--executor ray[://ADDRESS]`: a sweep's runs as Ray tasks, the shared input put once in the object store."""
+"""`--executor ray[://ADDRESS]`: a sweep's runs as Ray tasks, the shared input put once in the object store.
+
+The Ray executor (executors.py's rules): every job is a Ray task on the cluster ray.init() reaches.
+
+Rules:
+- Connecting: the address given (ray://HOST:PORT, Ray Client) or ray.init()'s own search (RAY_ADDRESS,
+  a cluster started on this machine by `ray start`, else a new local instance, stopped at the end).
+  Ray already initialised in this process (a caller's own ray.init()): used as it is and left running.
+- The shared input goes into the object store once (`ray.put`). Each task gets its reference inside a
+  list, so Ray does not fetch and deserialise it per task; a worker process reads it once and keeps
+  the latest one (`_HELD`), as the local pool's initializer does.
+- One CPU per task. Ray's own retries are off (max_retries=0): executors.drive retries once itself,
+  so a job that raises and a worker that dies count the same way.
+- Cancelling: ray.cancel on every outstanding task; a queued one never starts, a running one gets
+  KeyboardInterrupt at its next Python bytecode (the simulator is pure Python: promptly).
+- The workers import the jobs' functions and the shared input's classes by name: they need the same
+  basin installed (`pip install basin[ray]`), not this checkout's data/ (the cells carry their data).
+"""
 
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ import ray
 from ray import ObjectRef
 from ray.exceptions import RayTaskError
 
-from basin_sim.executors import Executor, ExecutorError, Job, drive
+from basin_sim.jobs import Executor, ExecutorError, Job, drive
 
 R = TypeVar("R")
 

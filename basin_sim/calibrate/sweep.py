@@ -1,17 +1,19 @@
-# Ramps as `basin-sim risk|ramp` run them: one deployment or several, each ramp a job of an executor.
-#
-# Rules:
-# - A ramp steps through `fractions` x the overload rate of its deployment's shape and workload; at least
-#   2 fractions, all > 0, and steps of >= 120 s (two whole minutes in each step's second half), checked
-#   before anything runs.
-# - One workload pool for every deployment of a sweep: the executor's shared input, sent to the workers
-#   once (executors.py).
-# - Rates come from the rates file. The missing ones are measured first, one job per shape (deployments
-#   of one shape share it), and written by this process alone: workers never touch the file (on a
-#   cluster they cannot see it, and two writers would race).
-# - Then one job per deployment: its ramp and its record (risk or ramp: the `record` function given),
-#   made in the worker, so the ramp's timeline stays there. Records come back in the deployments' order.
-"""A ramp at a known overload rate, and sweeps of ramps over deployments on an executor."""
+"""A ramp at a known overload rate, and sweeps of ramps over deployments on an executor.
+
+Ramps as `basin-sim risk|ramp` run them: one deployment or several, each ramp a job of an executor.
+
+Rules:
+- A ramp steps through `fractions` x the overload rate of its deployment's shape and workload; at least
+  2 fractions, all > 0, and steps of >= 120 s (two whole minutes in each step's second half), checked
+  before anything runs.
+- One workload pool for every deployment of a sweep: the executor's shared input, sent to the workers
+  once (executors.py).
+- Rates come from the rates file. The missing ones are measured first, one job per shape (deployments
+  of one shape share it), and written by this process alone: workers never touch the file (on a
+  cluster they cannot see it, and two writers would race).
+- Then one job per deployment: its ramp and its record (risk or ramp: the `record` function given),
+  made in the worker, so the ramp's timeline stays there. Records come back in the deployments' order.
+"""
 
 from __future__ import annotations
 

@@ -14,6 +14,7 @@ PACKAGES = ("basin_sim", "basin_emulate")
 DEFERRED = {
     ("basin_sim.cli", "basin_sim.plots"): "matplotlib, only for --plot-dir",
     ("basin_sim.compare", "basin_sim.plots"): "matplotlib, only for --plot-dir",
+    ("basin_sim.executors", "basin_sim.ray_executor"): "Ray, only for --executor ray (basin[ray])",
     ("basin_sim.predictions", "basin_runtime"): "the package of the two below",
     ("basin_sim.predictions", "basin_runtime.predictor"): "onnxruntime, only where a predictor is loaded",
     ("basin_sim.predictions", "basin_runtime.model_files"): "onnxruntime, only where a predictor file is hashed",
