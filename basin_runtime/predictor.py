@@ -8,7 +8,7 @@ reservation), so callers never see a non-positive or non-finite number.
 
 Reservation multipliers: a file exported by this version carries `basin.reservation_multipliers`,
 m(q) = the q-quantile of true/predicted peak over the model's task-grouped out-of-fold predictions
-(`pipeline.reservations`), per benchmark and over all its rows, on a grid of q. `multiplier(q,
+(`basin_pipeline.reservations`), per benchmark and over all its rows, on a grid of q. `multiplier(q,
 benchmark)` reads it: the benchmark's row when the file has one, else the all-rows row (a
 single-benchmark file answers for its benchmark either way); between grid points m is interpolated
 linearly; a q outside the grid, or a file without the table, is a `PredictorError`. Reserving

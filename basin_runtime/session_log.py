@@ -1,4 +1,4 @@
-"""The gateway's session log: one JSON line per finished session, read back by `pipeline.ingest`.
+"""The gateway's session log: one JSON line per finished session, read back by `basin_pipeline.ingest`.
 
 Format `basin-session-log`, version 2 (version 1 lines are still read). Each line is an object:
 

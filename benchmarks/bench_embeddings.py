@@ -24,10 +24,10 @@ import numpy as np
 import pandas as pd
 from sklearn.linear_model import Ridge
 
-from pipeline.fast_cv import FoldFeaturizer
-from pipeline.features import ModelParams
-from pipeline.nested import assign
-from pipeline.scoring import spearman
+from basin_pipeline.fast_cv import FoldFeaturizer
+from basin_pipeline.features import ModelParams
+from basin_pipeline.nested import assign
+from basin_pipeline.scoring import spearman
 
 CACHE = Path("data/embeddings")
 MAX_CHARS = 4_000

@@ -11,10 +11,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from basin_pipeline.params import corpus_path, ingest_params
+from basin_pipeline.sessionize import Corpus, ingest
 from basin_runtime.task_text import TaskTextRule
 from basin_runtime.tokenizer import get_tokenizer
-from pipeline.params import corpus_path, ingest_params
-from pipeline.sessionize import Corpus, ingest
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -114,8 +114,8 @@ def real_session_table(shared_trajectories: Path, tmp_path_factory: pytest.TempP
     """The session table of the real corpora, ingested once per test run for every worker (about 15 s),
     keyed by the params and the corpora's fingerprint; its folder also holds the sources manifest,
     rejects and report."""
-    from pipeline.ingest import main as ingest_main
-    from pipeline.sources import main as sources_main
+    from basin_pipeline.ingest import main as ingest_main
+    from basin_pipeline.sources import main as sources_main
 
     manifest = tmp_path_factory.mktemp("sources") / "sources.json"
     assert sources_main(["--params", str(ROOT / "params.yaml"), "--out", str(manifest)]) == 0

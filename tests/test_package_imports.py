@@ -40,7 +40,7 @@ from packaging.utils import canonicalize_name
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 PROJECT_NAME = canonicalize_name(PROJECT["name"])
-OWN_PACKAGES = ("basin_runtime", "basin_sim", "basin_emulate", "basin_loadgen", "basin_stack", "pipeline")
+OWN_PACKAGES = ("basin_runtime", "basin_sim", "basin_emulate", "basin_loadgen", "basin_stack", "basin_pipeline")
 TRAINING_STACK = ("sklearn", "pandas", "optuna", "mlflow", "skl2onnx", "dvc", "scipy")
 HTTP_STACK = ("starlette", "uvicorn", "httpx", "aiohttp", "openai")
 
@@ -69,7 +69,7 @@ CASES = (
     Case("basin_emulate", ("basin[emulate]",)),
     Case("basin_loadgen", ("basin[loadgen]",)),
     Case("basin_stack", ("basin[stack]",)),
-    Case("pipeline", ("basin[train]",)),
+    Case("basin_pipeline", ("basin[train]",)),
 )
 
 
@@ -362,7 +362,7 @@ def test_every_module_imports_with_its_own_extra_alone(
         ("basin_sim.ray_executor", TRAINING_STACK + HTTP_STACK),
         ("basin_emulate", (*TRAINING_STACK, "openai", "httpx", "smg")),
         ("basin_loadgen", (*TRAINING_STACK, "starlette", "uvicorn", "smg")),
-        ("pipeline", ("httpx", "openai", "smg", "pytest")),  # mlflow and dvc bring starlette, uvicorn, aiohttp
+        ("basin_pipeline", ("httpx", "openai", "smg", "pytest")),  # mlflow and dvc bring starlette, uvicorn, aiohttp
     ],
 )
 def test_the_blocked_names_cover_what_the_house_style_forbids(package: str, names: tuple[str, ...]) -> None:
@@ -419,7 +419,7 @@ MAY_IMPORT = {
     "basin_sim": RUNTIME | {"basin_sim"},
     "basin_emulate": RUNTIME | {"basin_sim", "basin_emulate"},
     "basin_loadgen": RUNTIME | {"basin_sim", "basin_loadgen"},
-    "pipeline": RUNTIME | {"basin_sim", "pipeline"},
+    "basin_pipeline": RUNTIME | {"basin_sim", "basin_pipeline"},
 }
 MAY_IMPORT["basin_stack"] = set(MAY_IMPORT) | {"basin_stack"}
 

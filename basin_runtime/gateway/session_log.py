@@ -9,7 +9,7 @@ Rules:
 - Rotation: when the live file (`path`) would pass `max_bytes`, it is renamed to
   `<stem>-<UTC time>-<seq><suffix>` beside it and a new one is started. Retention: at most
   `keep_files` rotated files are kept; the oldest are deleted. Every file ends in `.jsonl`, so
-  `python -m pipeline.ingest --format gateway-log DIR` reads the whole folder.
+  `python -m basin_pipeline.ingest --format gateway-log DIR` reads the whole folder.
 - Text-free (`keep_text=False`): the task text is not written (`task_text: null`); its length
   (`task_chars`) and every token count are. Ingest rejects such records for text models, by name.
 - `close()` writes what is queued, then stops the thread; appends after it raise.

@@ -289,8 +289,8 @@ def stop_with_sigterm(process: Process) -> None:
 
 async def test_sigterm_logs_live_sessions_and_the_restarted_gateway_adopts_them(deployment: Deployment,
                                                                                 tmp_path: Path) -> None:
+    from basin_pipeline.adapters.gateway_log import read_gateway_log
     from basin_runtime.session_log import SessionLogRecord
-    from pipeline.adapters.gateway_log import read_gateway_log
 
     port = free_port()
     gateway = f"http://127.0.0.1:{port}"
@@ -338,9 +338,9 @@ async def test_after_sigkill_the_adopted_sessions_are_logged_whole_and_ingest_re
                                                                                          tmp_path: Path) -> None:
     """Issue 36 item 11: kill -9 leaves the last periodic live-sessions file; the next run adopts each session that
     continues its conversation and logs it whole (the killed run's calls, one the file never saw, its own)."""
+    from basin_pipeline.adapters.gateway_log import read_gateway_log
+    from basin_pipeline.records import Reject
     from basin_runtime.session_log import SessionLogRecord
-    from pipeline.adapters.gateway_log import read_gateway_log
-    from pipeline.records import Reject
 
     port = free_port()
     gateway = f"http://127.0.0.1:{port}"

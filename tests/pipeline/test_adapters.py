@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
+from basin_pipeline.ingest import main as ingest_main
 from basin_runtime.session_log import LoggedCall, SessionLogError, SessionLogRecord
 from basin_runtime.session_table import read_sessions
 from basin_runtime.tokenizer import get_tokenizer
-from pipeline.ingest import main as ingest_main
 from tests.pipeline.fixtures import TASK, messages_session, write_jsonl, write_mini_swe
 
 

@@ -34,14 +34,14 @@ import pandas as pd
 import pytest
 import yaml
 
+from basin_pipeline import export, featurize, ingest, sources, train
+from basin_pipeline.adapters.gateway_log import task_id_of
+from basin_pipeline.params import CORPORA_ROOT_ENV
 from basin_runtime.gateway.session_log import SessionLogWriter
 from basin_runtime.predictor import PeakPredictor, model_file_name
 from basin_runtime.session_log import LoggedCall, SessionLogRecord
 from basin_runtime.session_table import Session, read_sessions
 from basin_sim.workload.synthetic import generate_corpus
-from pipeline import export, featurize, ingest, sources, train
-from pipeline.adapters.gateway_log import task_id_of
-from pipeline.params import CORPORA_ROOT_ENV
 from tests.runtime.test_gateway_app import TOKENIZER, rig_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -286,7 +286,7 @@ def copy_project(project: Path, names: list[str]) -> None:
             shutil.copy(source, project / name)
 
 
-COPIED = ["dvc.yaml", "pipeline", "basin_runtime", "basin_sim", "models", ".dvcignore"]
+COPIED = ["dvc.yaml", "basin_pipeline", "basin_runtime", "basin_sim", "models", ".dvcignore"]
 
 
 def _dvc(project: Path, *args: str) -> subprocess.CompletedProcess[str]:

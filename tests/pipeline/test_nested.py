@@ -1,4 +1,4 @@
-"""Nested, repeated cross-validation (`pipeline.nested`): folds, what the inner studies see, and bias."""
+"""Nested, repeated cross-validation (`basin_pipeline.nested`): folds, what the inner studies see, and bias."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import pandas as pd
 import pytest
 import scipy.sparse as sp
 
-from pipeline import nested, tuning
-from pipeline.fast_cv import FoldFeaturizer
-from pipeline.features import ModelParams, build_model
-from pipeline.featurize import assign_folds
-from pipeline.params import NestedParams, SearchSpace
-from pipeline.scoring import spearman
+from basin_pipeline import nested, tuning
+from basin_pipeline.fast_cv import FoldFeaturizer
+from basin_pipeline.features import ModelParams, build_model
+from basin_pipeline.featurize import assign_folds
+from basin_pipeline.params import NestedParams, SearchSpace
+from basin_pipeline.scoring import spearman
 
 SPACE = SearchSpace(alpha=(0.01, 30.0), ngram_max=(1, 1), min_df=(1, 4), max_df=(0.3, 1.0), max_features=(50, 5000))
 SETTINGS = nested.Settings(outer_folds=5, inner_folds=3, trials=6, search=SPACE)

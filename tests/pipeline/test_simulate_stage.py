@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from basin_pipeline import simulate as stage
 from basin_runtime.calibration import load_calibration
-from pipeline import simulate as stage
 
 MODEL = Path("models/peak_predictor.onnx")
 
@@ -63,7 +63,7 @@ def test_the_stage_runs_the_headline_row_over_seeds_with_paired_ratios(
 def _assert_logged_as_a_run(uri: str, metrics: dict[str, Any]) -> None:
     from mlflow.tracking import MlflowClient
 
-    from pipeline.tracking import EXPERIMENT
+    from basin_pipeline.tracking import EXPERIMENT
 
     client = MlflowClient(tracking_uri=uri)
     experiment = client.get_experiment_by_name(EXPERIMENT)

@@ -16,13 +16,9 @@ import pytest
 import yaml
 from sklearn.pipeline import Pipeline
 
-from basin_runtime import predictor as runtime_predictor
-from basin_runtime.predictor import SCHEMA_VERSION, PeakPredictor
-from basin_runtime.session_table import write_sessions
-from basin_sim.workload.synthetic import generate_corpus
-from pipeline import evaluate, export, featurize, online, train
-from pipeline.evaluate import seen_mask
-from pipeline.export import (
+from basin_pipeline import evaluate, export, featurize, online, train
+from basin_pipeline.evaluate import seen_mask
+from basin_pipeline.export import (
     AWKWARD_TEXTS,
     KNOWN_DIFFERENCE_TEXTS,
     ParityError,
@@ -31,11 +27,15 @@ from pipeline.export import (
     load_served,
     sklearn_served,
 )
-from pipeline.fast_cv import FoldFeaturizer
-from pipeline.features import ModelParams, build_model
-from pipeline.featurize import assign_folds
-from pipeline.onnx_export import to_onnx
-from pipeline.scoring import out_of_fold
+from basin_pipeline.fast_cv import FoldFeaturizer
+from basin_pipeline.features import ModelParams, build_model
+from basin_pipeline.featurize import assign_folds
+from basin_pipeline.onnx_export import to_onnx
+from basin_pipeline.scoring import out_of_fold
+from basin_runtime import predictor as runtime_predictor
+from basin_runtime.predictor import SCHEMA_VERSION, PeakPredictor
+from basin_runtime.session_table import write_sessions
+from basin_sim.workload.synthetic import generate_corpus
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -229,7 +229,7 @@ def test_whole_chain_is_deterministic_publishes_nothing_from_synthetic_data_and_
 
 
 def test_a_benchmark_with_fewer_tasks_than_folds_gets_no_model_of_its_own(caplog: pytest.LogCaptureFixture) -> None:
-    from pipeline.train import POOLED, model_subsets
+    from basin_pipeline.train import POOLED, model_subsets
 
     frame = pd.DataFrame({"benchmark": ["big"] * 10 + ["rare"] * 3,
                           "task_id": [f"t{k}" for k in range(10)] + ["r0", "r0", "r1"],
@@ -247,7 +247,7 @@ def _assert_mlflow_holds_the_numbers(uri: str, train_dir: Path, summary: Path, s
     data hash, and evaluate's run the numbers of its two files."""
     from mlflow.tracking import MlflowClient
 
-    from pipeline.tracking import EXPERIMENT, registered_name
+    from basin_pipeline.tracking import EXPERIMENT, registered_name
 
     best = json.loads((train_dir / "best.json").read_text())
     data_hash = json.loads(summary.read_text())["training_data_sha256"]

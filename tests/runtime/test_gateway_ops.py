@@ -15,6 +15,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from basin_pipeline.ingest import main as ingest_main
 from basin_runtime.gateway.admin import Reloader
 from basin_runtime.gateway.app import create_app
 from basin_runtime.gateway.config import GatewayConfig
@@ -24,7 +25,6 @@ from basin_runtime.gateway.session_log import SessionLogWriter
 from basin_runtime.policy.hit_rate import HitRateWindow
 from basin_runtime.session_log import SessionLogRecord
 from basin_runtime.session_table import read_sessions
-from pipeline.ingest import main as ingest_main
 from tests.runtime.test_gateway_app import TOKENIZER, Handler, Rig, StubModel, conversation, eventually, rig_for
 
 pytestmark = pytest.mark.asyncio

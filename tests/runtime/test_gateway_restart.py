@@ -19,14 +19,14 @@ from typing import Any
 import httpx
 import pytest
 
+from basin_pipeline.adapters.gateway_log import read_gateway_log
+from basin_pipeline.records import Reject
 from basin_runtime.gateway.calls import parse_call
 from basin_runtime.gateway.measure import Meter, PromptMemo
 from basin_runtime.gateway.restart import LiveSession, LiveSessions, LiveSessionsFile, prefix_digest
 from basin_runtime.gateway.session_log import SessionLogWriter
 from basin_runtime.session_log import LoggedCall, SessionLogRecord
 from basin_runtime.task_text import TaskTextRule
-from pipeline.adapters.gateway_log import read_gateway_log
-from pipeline.records import Reject
 from tests.runtime.test_gateway_app import TOKENIZER, Rig, conversation, eventually, rig_for
 
 pytestmark = pytest.mark.asyncio

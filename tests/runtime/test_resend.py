@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from basin_pipeline.adapters.messages_jsonl import read_messages_jsonl
+from basin_pipeline.records import RawSession
 from basin_runtime.gateway import resend
 from basin_runtime.gateway.calls import Call, parse_call
 from basin_runtime.gateway.errors import BadRequestError, NestingTooDeepError
@@ -27,8 +29,6 @@ from basin_runtime.gateway.priority import stamp
 from basin_runtime.gateway.resend import PrefixBudget, prefix_of, read_resent
 from basin_runtime.task_text import TaskTextRule
 from basin_runtime.tokenizer import get_tokenizer
-from pipeline.adapters.messages_jsonl import read_messages_jsonl
-from pipeline.records import RawSession
 
 TOKENIZER = get_tokenizer("qwen3.6")
 LIMITS = Limits(max_json_depth=64)

@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from basin_pipeline.synth import main as synth_main
 from basin_runtime.session_table import Session, read_sessions, to_table
 from basin_sim.workload.synthetic import _LOADINGS, FAMILIES, fit_family, generate_corpus
-from pipeline.synth import main as synth_main
 
 
 def test_same_seed_same_corpus_other_seed_other_corpus(tmp_path: Path) -> None:
@@ -43,7 +43,7 @@ def test_task_words_carry_signal_about_the_peak() -> None:
 @pytest.mark.integration
 @pytest.mark.real_data
 def test_synthetic_statistics_fit_the_real_table(shared_trajectories: Path, tmp_path: Path) -> None:
-    from pipeline.ingest import main as ingest_main
+    from basin_pipeline.ingest import main as ingest_main
 
     real = {"synthetic-swebench": "swebench-verified_mini-swe-agent-1.15_gemini-3-pro",
             "synthetic-terminal": "terminal-bench-core-0.1.1_mini-swe-agent-1.7_claude-sonnet-4"}

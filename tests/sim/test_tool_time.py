@@ -203,7 +203,7 @@ def real_sessions(shared_trajectories: Path, tmp_path_factory: pytest.TempPathFa
     table = ROOT / "data" / "sessions.parquet"
     if table.exists():
         return read_sessions(table)
-    from pipeline.ingest import main as ingest_main
+    from basin_pipeline.ingest import main as ingest_main
 
     out = tmp_path_factory.mktemp("tool_time")
     corpora = {"swebench-verified": ("mini-swe-agent", "swebench-verified_mini-swe-agent-1.15_gemini-3-pro"),

@@ -19,7 +19,7 @@ Rules:
 - Reservations at call k (q = 0.9): m_k fitted on inner out-of-fold ratios of the outer-train rows,
   reservation = max(m_k x re-estimate, context at k); against the first-call reservation grown with
   the context, max(m_1 x first-call prediction, context at k), m_1 fitted the same way; coverage and
-  reserved/used on the outer-test rows (`pipeline.reservations.cover`).
+  reserved/used on the outer-test rows (`basin_pipeline.reservations.cover`).
 - Shipped multipliers per slot: quantiles of true/predicted over the shipped choice's out-of-fold
   predictions (train's folds), on the first-call grid.
 """
@@ -42,6 +42,14 @@ import pandas as pd
 from onnx import TensorProto, helper
 from sklearn.linear_model import Ridge
 
+from basin_pipeline import reservations
+from basin_pipeline.fast_cv import FoldFeaturizer
+from basin_pipeline.features import ModelParams
+from basin_pipeline.metrics_files import numbers_only, short_name, write_metrics
+from basin_pipeline.nested import assign
+from basin_pipeline.params import online_params
+from basin_pipeline.scoring import spearman
+from basin_pipeline.train import POOLED
 from basin_runtime.online import (
     FEATURES,
     INPUTS,
@@ -54,14 +62,6 @@ from basin_runtime.online import (
 )
 from basin_runtime.predictor import model_file_name
 from basin_runtime.session_table import read_table
-from pipeline import reservations
-from pipeline.fast_cv import FoldFeaturizer
-from pipeline.features import ModelParams
-from pipeline.metrics_files import numbers_only, short_name, write_metrics
-from pipeline.nested import assign
-from pipeline.params import online_params
-from pipeline.scoring import spearman
-from pipeline.train import POOLED
 
 log = logging.getLogger(__name__)
 SUBSETS: tuple[tuple[int, ...], ...] = ((1,), (1, 2), (0, 1), (0, 1, 2, 4), tuple(range(len(FEATURES))))
@@ -305,7 +305,7 @@ def _check_parity(path: Path, rows: pd.DataFrame, calls: dict[str, tuple[list[in
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.online", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m basin_pipeline.online", description=__doc__.splitlines()[0])
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     parser.add_argument("--frame", type=Path, required=True)
     parser.add_argument("--sessions", type=Path, required=True, help="the session table (calls)")

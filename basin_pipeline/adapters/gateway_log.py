@@ -28,10 +28,10 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
+from basin_pipeline.adapters.files import open_text
+from basin_pipeline.records import Reject, non_negative_gap
 from basin_runtime.session_log import CUT_REASONS, SessionLogError, SessionLogRecord
 from basin_runtime.session_table import Call, Session
-from pipeline.adapters.files import open_text
-from pipeline.records import Reject, non_negative_gap
 
 WORKLOAD_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,99}")
 

@@ -28,10 +28,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipeline import tracking
-from pipeline.features import ModelParams, build_model
-from pipeline.metrics_files import write_metrics
-from pipeline.scoring import out_of_fold, overflow_share, spearman
+from basin_pipeline import tracking
+from basin_pipeline.features import ModelParams, build_model
+from basin_pipeline.metrics_files import write_metrics
+from basin_pipeline.scoring import out_of_fold, overflow_share, spearman
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ def plot(frame: pd.DataFrame, preds: dict[str, np.ndarray], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.evaluate", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m basin_pipeline.evaluate", description=__doc__.splitlines()[0])
     parser.add_argument("--frame", type=Path, required=True)
     parser.add_argument("--best", type=Path, required=True, help="train's best.json")
     parser.add_argument("--metrics", type=Path, required=True)

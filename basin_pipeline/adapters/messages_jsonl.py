@@ -14,8 +14,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.adapters.files import open_text
-from pipeline.records import RawSession, Reject, non_negative_gap
+from basin_pipeline.adapters.files import open_text
+from basin_pipeline.records import RawSession, Reject, non_negative_gap
 
 
 def _resolved(value: object) -> bool | None:

@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from basin_pipeline.metrics_files import write_metrics
 from basin_runtime.session_table import Session
-from pipeline.metrics_files import write_metrics
 
 
 def _pct(values: Sequence[float], q: float) -> float:

@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipeline.fast_cv import FoldFeaturizer
-from pipeline.features import ModelParams
+from basin_pipeline.fast_cv import FoldFeaturizer
+from basin_pipeline.features import ModelParams
 
 QUANTILES = (0.8, 0.9, 0.95)
 # the grid each shipped model carries; the runtime interpolates between its points

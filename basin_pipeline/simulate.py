@@ -19,7 +19,7 @@ steady goodput; the metrics give
 each ratio's mean and standard deviation over seeds, beside each run's goodput mean ± sd, hit-rate
 drop, first-call wait, shed share and share of seeds stuck.
 
-    python -m pipeline.simulate --params params.yaml --model data/models/peak_predictor.onnx \\
+    python -m basin_pipeline.simulate --params params.yaml --model data/models/peak_predictor.onnx \\
         --sessions data/sessions.parquet --out-metrics metrics/simulate.json \\
         --headline metrics/goodput.json --out-calibration data/simulate/calibration.json \\
         --plot-dir data/simulate/plots
@@ -41,14 +41,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from basin_pipeline import tracking
+from basin_pipeline.metrics_files import numbers_only, write_metrics
+from basin_pipeline.params import simulate_params
 from basin_sim import compare
 from basin_sim.calibrate.knee_cache import DEFAULT_CALIBRATIONS_FILE
 from basin_sim.calibrate.knee_ramp import RAMP_STEP_S
 from basin_sim.calibrate.rates import DEFAULT_RATES_FILE
 from basin_sim.predictions import DEFAULT_RESERVATION_QUANTILE, add_predictions_source
-from pipeline import tracking
-from pipeline.metrics_files import numbers_only, write_metrics
-from pipeline.params import simulate_params
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ SEEDS = tuple(range(1, 11))
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.simulate", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m basin_pipeline.simulate", description=__doc__.splitlines()[0])
     parser.add_argument("--params", type=Path, help="read the stage's settings from this params.yaml (simulate:)")
     parser.add_argument("--model", type=Path, default=Path("models/peak_predictor.onnx"))
     parser.add_argument("--sessions", type=Path, default=Path("data/sessions.parquet"))
@@ -97,8 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         args.reservation_quantile = params.reservation_quantile
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if "basin" not in args.policies or "continuum" not in args.policies or args.scenario == args.steady_scenario:
-        raise SystemExit("python -m pipeline.simulate: error: --policies must include basin and continuum, and the "
-                         "steady scenario must differ from the surge")
+        raise SystemExit("python -m basin_pipeline.simulate: error: --policies must include basin and continuum, "
+                         "and the steady scenario must differ from the surge")
     started = time.perf_counter()
     options = ["--model", str(args.model), "--sessions", str(args.sessions), "--reservation-quantile",
                str(args.reservation_quantile), "--seeds", *map(str, args.seeds), "--jobs", str(args.jobs),

@@ -19,7 +19,7 @@ from sklearn.feature_extraction.text import CountVectorizer
 from sklearn.linear_model import Ridge
 from sklearn.preprocessing import normalize
 
-from pipeline.features import LENGTH_INPUTS, TEXT_INPUT, CachedAnalyzer, ModelParams, analysis_cache
+from basin_pipeline.features import LENGTH_INPUTS, TEXT_INPUT, CachedAnalyzer, ModelParams, analysis_cache
 
 
 class EmptyVocabularyError(ValueError):

@@ -2,7 +2,7 @@
 
 Objective: mean Spearman over the benchmarks a model serves, each measured on out-of-fold
 predictions of the unseen-task folds (all runs of a task in one fold). Bigram trials search no
-vocabulary cap (see `pipeline.features`), so every trial's model converts to ONNX exactly.
+vocabulary cap (see `basin_pipeline.features`), so every trial's model converts to ONNX exactly.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import Any
 import optuna
 import pandas as pd
 
-from pipeline.fast_cv import EmptyVocabularyError, FoldFeaturizer
-from pipeline.features import ModelParams
-from pipeline.params import SearchSpace
-from pipeline.scoring import mean_defined, spearman_by_benchmark
+from basin_pipeline.fast_cv import EmptyVocabularyError, FoldFeaturizer
+from basin_pipeline.features import ModelParams
+from basin_pipeline.params import SearchSpace
+from basin_pipeline.scoring import mean_defined, spearman_by_benchmark
 
 
 @dataclass(frozen=True)

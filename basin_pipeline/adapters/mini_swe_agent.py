@@ -19,8 +19,8 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from pipeline.adapters.files import open_text
-from pipeline.records import RawSession, RecordedUsage, Reject, non_negative_gap
+from basin_pipeline.adapters.files import open_text
+from basin_pipeline.records import RawSession, RecordedUsage, Reject, non_negative_gap
 
 _PR_DESCRIPTION = re.compile(r"<pr_description>\s*(?:Consider the following PR description:\s*)?(.*?)</pr_description>",
                              re.DOTALL)

@@ -6,7 +6,7 @@ Rules:
   rows (benchmarks without repeated tasks are not scored seen-task). A benchmark's outer folds depend
   only on (seed, benchmark, its rows), so the pooled model, its own model and the baselines are
   scored on the same folds.
-- For each outer fold, one fresh Optuna study (the search space and objective of `pipeline.tuning`)
+- For each outer fold, one fresh Optuna study (the search space and objective of `basin_pipeline.tuning`)
   sees ONLY the outer-train rows, split into inner folds by the same protocol; its best knobs are
   refitted on the outer-train rows and predict the outer-test rows, which no study has seen.
 - The reported number is the per-fold Spearman (within one benchmark's rows of one outer fold),
@@ -18,7 +18,7 @@ Rules:
   pooled one.
 - Baselines are fitted per outer fold on the outer-train rows of their benchmark: constant (their
   median), and a log-log line of one number (first-prompt tokens, task characters).
-- Reservations (unseen_task only, `pipeline.reservations`): in each outer fold, the chosen knobs
+- Reservations (unseen_task only, `basin_pipeline.reservations`): in each outer fold, the chosen knobs
   predict every outer-train row from inner folds (the inner study's folds, task-grouped) without its
   own fold; m(q) per benchmark is fitted on those ratios alone, then scored on the outer-test rows
   (coverage, reserved/used) beside an oracle and a per-benchmark constant; mean, sd and min over
@@ -50,14 +50,14 @@ import pandas as pd
 import scipy.sparse as sp
 from tqdm import tqdm
 
-from pipeline import reservations
-from pipeline.fast_cv import EmptyVocabularyError, FoldFeaturizer
-from pipeline.features import ModelParams
-from pipeline.metrics_files import numbers_only, short_name, write_metrics
-from pipeline.params import NestedParams, SearchSpace, nested_params, train_params
-from pipeline.scoring import mean_defined, spearman, spearman_by_benchmark
-from pipeline.train import model_subsets
-from pipeline.tuning import suggest
+from basin_pipeline import reservations
+from basin_pipeline.fast_cv import EmptyVocabularyError, FoldFeaturizer
+from basin_pipeline.features import ModelParams
+from basin_pipeline.metrics_files import numbers_only, short_name, write_metrics
+from basin_pipeline.params import NestedParams, SearchSpace, nested_params, train_params
+from basin_pipeline.scoring import mean_defined, spearman, spearman_by_benchmark
+from basin_pipeline.train import model_subsets
+from basin_pipeline.tuning import suggest
 
 log = logging.getLogger(__name__)
 PROTOCOLS = ("unseen_task", "seen_task")
@@ -348,7 +348,7 @@ NOTES = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.nested", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m basin_pipeline.nested", description=__doc__.splitlines()[0])
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     parser.add_argument("--frame", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True, help="nested.json to write")

@@ -10,12 +10,12 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from basin_pipeline.adapters import FORMATS
+from basin_pipeline.adapters.files import find_files
+from basin_pipeline.records import RawSession, Reject
 from basin_runtime.session_table import Call, Session
 from basin_runtime.task_text import TaskTextError, TaskTextRule, extract_task_text
 from basin_runtime.tokenizer import ChatTokenizer, TokenizerError
-from pipeline.adapters import FORMATS
-from pipeline.adapters.files import find_files
-from pipeline.records import RawSession, Reject
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Basin's offline pipeline: trajectories -> session table -> features -> ridge -> ONNX -> evaluation.
 
-Every stage runs BLAS and OpenMP on one thread (set here, before a stage's `python -m pipeline.<stage>`
+Every stage runs BLAS and OpenMP on one thread (set here, before a stage's `python -m basin_pipeline.<stage>`
 imports numpy): a sum split across a machine's cores is added in another order, and the metrics and
 ONNX bytes of a re-run must not depend on how many cores it had. A variable already set by the caller
 is left alone.

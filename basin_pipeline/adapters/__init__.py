@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from basin_pipeline.adapters.gateway_log import read_gateway_log
+from basin_pipeline.adapters.messages_jsonl import read_messages_jsonl
+from basin_pipeline.adapters.mini_swe_agent import read_mini_swe_agent
+from basin_pipeline.records import RawSession, Reject
 from basin_runtime.session_table import Session
-from pipeline.adapters.gateway_log import read_gateway_log
-from pipeline.adapters.messages_jsonl import read_messages_jsonl
-from pipeline.adapters.mini_swe_agent import read_mini_swe_agent
-from pipeline.records import RawSession, Reject
 
 Reader = Callable[[Path, str], Iterator[RawSession | Session | Reject]]
 

@@ -21,7 +21,7 @@ from skl2onnx.common.shape_calculator import calculate_linear_regressor_output_s
 from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.pipeline import Pipeline
 
-from pipeline.features import LENGTH_INPUTS, RE2_TOKEN_PATTERN, TEXT_INPUT, Log1p, LogRidge
+from basin_pipeline.features import LENGTH_INPUTS, RE2_TOKEN_PATTERN, TEXT_INPUT, Log1p, LogRidge
 
 OUTPUT_NAME = "peak_tokens"
 GRAPH_NAME = "basin_peak_predictor"

@@ -1,6 +1,6 @@
 """Stage `featurize`: the model's input frame and the cross-validation splits.
 
-The featurizer itself lives inside the model pipeline (`pipeline.features`), so serving computes the
+The featurizer itself lives inside the model pipeline (`basin_pipeline.features`), so serving computes the
 same features; this stage fixes what every later stage agrees on: the rows (inputs and target), and
 two fold assignments. `fold_unseen` keeps all runs of a task in one fold (the unseen-task protocol);
 `fold_seen` spreads runs at random, so other runs of a task sit in training (the seen-task protocol,
@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from basin_pipeline.params import featurize_params
 from basin_runtime.session_table import read_table
-from pipeline.params import featurize_params
 
 log = logging.getLogger(__name__)
 COLUMNS = ["session_id", "benchmark", "task_id", "source", "task_text", "task_chars", "first_prompt_tokens",
@@ -49,7 +49,7 @@ def data_hash(frame: pd.DataFrame) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.featurize", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m basin_pipeline.featurize", description=__doc__.splitlines()[0])
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     parser.add_argument("--sessions", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True, help="frame to write (.parquet)")

@@ -55,7 +55,7 @@ class ModelParams:
 
 
 class Log1p(TransformerMixin, BaseEstimator):  # type: ignore[misc]
-    """log(1 + x), elementwise (has an ONNX converter in `pipeline.onnx_export`)."""
+    """log(1 + x), elementwise (has an ONNX converter in `basin_pipeline.onnx_export`)."""
 
     def fit(self, X: Any, y: Any = None) -> Log1p:
         return self
@@ -89,7 +89,7 @@ class LogRidge(RegressorMixin, BaseEstimator):  # type: ignore[misc]
 class CachedAnalyzer:
     """Looks up a text's already-analysed n-grams: the same output as the vectorizer's own analyzer.
 
-    Tuning (`pipeline.fast_cv`) counts each text once through it; final models never use it.
+    Tuning (`basin_pipeline.fast_cv`) counts each text once through it; final models never use it.
     """
 
     def __init__(self, cache: Mapping[str, list[str]]) -> None:

@@ -24,11 +24,11 @@ import optuna
 import pandas as pd
 from tqdm import tqdm
 
-from pipeline import tracking
-from pipeline.features import build_model
-from pipeline.metrics_files import SIGNIFICANT_DIGITS, write_metrics
-from pipeline.params import TrainParams, train_params
-from pipeline.tuning import TrialResult, best_params, run_study
+from basin_pipeline import tracking
+from basin_pipeline.features import build_model
+from basin_pipeline.metrics_files import SIGNIFICANT_DIGITS, write_metrics
+from basin_pipeline.params import TrainParams, train_params
+from basin_pipeline.tuning import TrialResult, best_params, run_study
 
 log = logging.getLogger(__name__)
 POOLED = "pooled"
@@ -76,7 +76,7 @@ def train_one(name: str, frame: pd.DataFrame, params: TrainParams, storage: str,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.train", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m basin_pipeline.train", description=__doc__.splitlines()[0])
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     parser.add_argument("--frame", type=Path, required=True)
     parser.add_argument("--summary", type=Path, required=True, help="featurize's summary.json")

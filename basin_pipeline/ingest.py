@@ -1,7 +1,7 @@
 """Ingest agent trajectories into the session table.
 
-Any folder:   python -m pipeline.ingest --format FORMAT --benchmark NAME --out OUT.parquet SRC...
-DVC stage:    python -m pipeline.ingest --params params.yaml --manifest data/sources.json --out ...
+Any folder:   python -m basin_pipeline.ingest --format FORMAT --benchmark NAME --out OUT.parquet SRC...
+DVC stage:    python -m basin_pipeline.ingest --params params.yaml --manifest data/sources.json --out ...
 
 Every input ends as a session or a reject (file, line, reason); the run fails when rejects exceed
 the allowed fraction. With no real corpus present the stage falls back to the synthetic corpus and
@@ -16,20 +16,20 @@ import logging
 import sys
 from pathlib import Path
 
+from basin_pipeline.adapters import format_names
+from basin_pipeline.params import IngestParams, corpus_path, ingest_params
+from basin_pipeline.records import Reject
+from basin_pipeline.report import build_report, write_report
+from basin_pipeline.sessionize import Corpus, IngestResult, ingest
 from basin_runtime.session_table import write_sessions
 from basin_runtime.task_text import TaskTextRule
 from basin_runtime.tokenizer import DEFAULT_TOKENIZER, get_tokenizer
-from pipeline.adapters import format_names
-from pipeline.params import IngestParams, corpus_path, ingest_params
-from pipeline.records import Reject
-from pipeline.report import build_report, write_report
-from pipeline.sessionize import Corpus, IngestResult, ingest
 
 log = logging.getLogger(__name__)
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.ingest", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m basin_pipeline.ingest", description=__doc__.splitlines()[0])
     parser.add_argument("sources", nargs="*", type=Path, metavar="SRC", help="files or folders (gzipped or not)")
     parser.add_argument("--format", choices=format_names(), help="trajectory format of SRC")
     parser.add_argument("--benchmark", help="benchmark name given to every session read from SRC "

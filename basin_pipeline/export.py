@@ -1,8 +1,8 @@
 """Stage `export`: fitted pipelines -> ONNX files the gateway loads, checked against scikit-learn.
 
-Each model is converted (`pipeline.onnx_export`), stamped with metadata (schema version, tokenizer,
+Each model is converted (`basin_pipeline.onnx_export`), stamped with metadata (schema version, tokenizer,
 inputs, training-data hash, params, metrics, and the reservation multipliers m(q) of
-`pipeline.reservations.shipping_multipliers`: quantiles of true/predicted peak over the model's
+`basin_pipeline.reservations.shipping_multipliers`: quantiles of true/predicted peak over the model's
 task-grouped out-of-fold predictions, per benchmark, on a grid of q), loaded through the served code path
 (`basin_runtime.predictor.PeakPredictor`, which builds the ONNX inputs as the gateway does) and must
 match scikit-learn to `parity_rtol` on a parity set of sessions (task text and first prompt size):
@@ -36,13 +36,13 @@ import pandas as pd
 from onnx import ModelProto
 from sklearn.pipeline import Pipeline
 
+from basin_pipeline import tracking
+from basin_pipeline.features import LENGTH_INPUTS, MODEL_INPUTS, model_frame
+from basin_pipeline.onnx_export import serialize, set_metadata, to_onnx
+from basin_pipeline.params import export_params
+from basin_pipeline.reservations import shipping_multipliers
 from basin_runtime.online import OnlineModel, online_file_name
 from basin_runtime.predictor import MAX_PEAK_TOKENS, SCHEMA_VERSION, PeakPredictor, PredictorError, model_file_name
-from pipeline import tracking
-from pipeline.features import LENGTH_INPUTS, MODEL_INPUTS, model_frame
-from pipeline.onnx_export import serialize, set_metadata, to_onnx
-from pipeline.params import export_params
-from pipeline.reservations import shipping_multipliers
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ def export_one(name: str, record: dict[str, Any], model: Pipeline, frame: pd.Dat
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.export", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m basin_pipeline.export", description=__doc__.splitlines()[0])
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     parser.add_argument("--train-dir", type=Path, required=True)
     parser.add_argument("--frame", type=Path, required=True)

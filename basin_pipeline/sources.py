@@ -14,9 +14,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from pipeline.adapters import FORMATS
-from pipeline.adapters.files import find_files
-from pipeline.params import CorpusParams, corpus_path, ingest_params
+from basin_pipeline.adapters import FORMATS
+from basin_pipeline.adapters.files import find_files
+from basin_pipeline.params import CorpusParams, corpus_path, ingest_params
 
 log = logging.getLogger(__name__)
 

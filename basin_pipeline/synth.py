@@ -1,4 +1,4 @@
-"""Write the synthetic session corpus: python -m pipeline.synth --seed N --sessions-per-benchmark N --out F."""
+"""Write the synthetic session corpus: python -m basin_pipeline.synth --seed N --sessions-per-benchmark N --out F."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ log = logging.getLogger(__name__)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.synth", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m basin_pipeline.synth", description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--sessions-per-benchmark", type=int, default=300)
     parser.add_argument("--out", type=Path, required=True, help="session table to write (.parquet)")
