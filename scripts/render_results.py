@@ -14,6 +14,7 @@ test suite) exits 1 naming every block that differs from what its JSON gives, an
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 import statistics
@@ -34,6 +35,7 @@ class RenderError(Exception):
     """A block names no renderer, or its JSON is missing or lacks a key."""
 
 
+@functools.cache  # one read per file and run: several blocks render from the same JSON
 def _load(path: str) -> Any:
     file = ROOT / path
     if not file.is_file():

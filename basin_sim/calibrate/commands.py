@@ -19,7 +19,7 @@ import dataclasses
 import json
 import logging
 import statistics
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -199,14 +199,19 @@ def risk_record(ramp: RampRun) -> dict[str, Any]:
             "fractions_of_overload_rate": list(ramp.fractions), "step_s": ramp.step_s}
 
 
-def risk_main(args: argparse.Namespace) -> int:
-    """X(N) from the knee ramp, fixed points at the pre-surge rate, and the cache-first / decode-first verdict."""
-    for record in _swept(args, RAMP_FRACTIONS, risk_record):
+def _report(args: argparse.Namespace, records: list[dict[str, Any]], show: Callable[[Mapping[str, Any]], None]) -> int:
+    """Each deployment's record, in the order given: one JSON line with --json, else `show`'s text."""
+    for record in records:
         if args.json:
             print(json.dumps(record, sort_keys=True))
         else:
-            _print_risk(record)
+            show(record)
     return 0
+
+
+def risk_main(args: argparse.Namespace) -> int:
+    """X(N) from the knee ramp, fixed points at the pre-surge rate, and the cache-first / decode-first verdict."""
+    return _report(args, _swept(args, RAMP_FRACTIONS, risk_record), _print_risk)
 
 
 def _print_risk(record: Mapping[str, Any]) -> None:
@@ -246,12 +251,7 @@ def ramp_record(ramp: RampRun) -> dict[str, Any]:
 
 def ramp_main(args: argparse.Namespace) -> int:
     """Run the limits ramp and say which limit (cache knee or decode memory) it hit first."""
-    for record in _swept(args, LIMIT_RAMP_FRACTIONS, ramp_record):
-        if args.json:
-            print(json.dumps(record, sort_keys=True))
-        else:
-            _print_ramp(record)
-    return 0
+    return _report(args, _swept(args, LIMIT_RAMP_FRACTIONS, ramp_record), _print_ramp)
 
 
 def _print_ramp(record: Mapping[str, Any]) -> None:
