@@ -215,10 +215,10 @@ def _workload(path: Path, workload: WorkloadSpec) -> WorkloadSpec:
         raise CatalogError(f"{path}: workload.benchmarks must be a non-empty list of names, got []")
     if workload.timing != serving.RECORDED:
         try:
-            serving.load_timing(workload.timing, workload.reasoning_scale, workload.harness_scale)
+            serving.load_timing(workload.timing, workload.reasoning_scale)
         except serving.TimingError as exc:
             raise CatalogError(f"{path}: workload.timing: {exc}") from exc
-    elif workload.reasoning_scale is not None or workload.harness_scale is not None:
-        raise CatalogError(f"{path}: workload.reasoning_scale and harness_scale need a serving timing "
+    elif workload.reasoning_scale is not None:
+        raise CatalogError(f"{path}: workload.reasoning_scale needs a serving timing "
                            f"(workload.timing, one of {serving.known_timings()})")
     return workload

@@ -181,8 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plots", type=Path)
     args = parser.parse_args(argv)
     timing = load_timing(args.timing)
-    result: dict[str, Any] = {"timing": args.timing, "scales": {"reasoning_scale": timing.reasoning_scale,
-                                                                "harness_scale": timing.harness_scale},
+    result: dict[str, Any] = {"timing": args.timing, "scales": {"reasoning_scale": timing.reasoning_scale},
                               "seeds": args.seeds, "paper": PAPER}
     if args.out.exists():  # keep the parts not rerun
         result = {**json.loads(args.out.read_text()), **result}

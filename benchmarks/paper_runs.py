@@ -138,8 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"recovered after {cell['recovered_after_s']} s  busy {cell['prefill_busy_fraction']}  "
                   f"live regular @50min {cell['live_regular_min50']}   | paper: {cell['paper']}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    scales = None if timing is None else {"reasoning_scale": timing.reasoning_scale,
-                                          "harness_scale": timing.harness_scale}
+    scales = None if timing is None else {"reasoning_scale": timing.reasoning_scale}
     args.out.write_text(json.dumps({"deployment": args.deployment, "seeds": args.seeds, "relative": args.relative,
                                     "timing": args.timing, "timing_scales": scales,
                                     "table": table, "runs": rows,

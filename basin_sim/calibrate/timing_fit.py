@@ -1,4 +1,4 @@
-"""Fit a serving timing's two free parameters to the paper's steady 1P1D facts, and nothing else.
+"""Fit a serving timing's free parameters to the paper's steady 1P1D facts, and nothing else.
 
     python -m basin_sim.calibrate.timing_fit     # qwen3.6-35b-a3b: two grids, seeds 1-4; writes the fit file
     python -m basin_sim.calibrate.timing_fit --check-seeds 1 2 3 4 5 6 7 8 9 10  # + the fitted point, 10 seeds
@@ -10,9 +10,10 @@ Rules:
   tokens, 98.2% reuse; plain SGLang, `1p1d`) with the timing applied; `--scenario paper-steady` fits on
   our Terminal-Bench sessions instead. No surge, burst or other rate is run here, so nothing the fit is
   later judged by is seen by it.
-- The free parameters and their ranges are the timing file's `free` block (the sourced range of each).
-  A coarse grid (GRID_POINTS log-spaced values of each inside its range), then a fine grid of as many
-  points between the best coarse point's neighbours; every point over `--seeds`.
+- The free parameters and their ranges are the timing file's `free` block (the sourced range of each;
+  since tool time came from published sources, that is `reasoning_scale` alone). A coarse grid
+  (GRID_POINTS log-spaced values of each inside its range), then a fine grid of as many points between
+  the best coarse point's neighbours; every point over `--seeds`.
 - Loss of a point = the sum over the facts of (log(model mean / paper))^2: every fact weighs the same
   whatever its unit. The fitted point is the grid point of least loss; the fit file records it, the
   targets, each fact's model value and error at it, and the whole grid, so the fit can be audited.
@@ -66,22 +67,23 @@ def _base(sessions: str) -> list[Session]:
     return load_pool(Path(sessions), False)[0]
 
 
-Job = tuple[str, str, str, float, float, int]  # sessions, scenario, timing, reasoning_scale, harness_scale, seed
+Point = tuple[float, ...]  # a value of each of serving.SCALES, in order
+Job = tuple[str, str, str, Point, int]  # sessions, scenario, timing, point, seed
 
 
 def run_point(job: Job) -> dict[str, Any]:
     """One steady run at one point of the grid: the facts the paper reports, and the live sessions."""
-    sessions, scenario_name, timing, reasoning_scale, harness_scale, seed = job
+    sessions, scenario_name, timing, point, seed = job
     scenario = catalog.load_scenario(scenario_name)
-    workload = dataclasses.replace(scenario.workload, timing=timing, reasoning_scale=reasoning_scale,
-                                   harness_scale=harness_scale)
+    scales: dict[str, Any] = dict(zip(serving.SCALES, point, strict=True))
+    workload = dataclasses.replace(scenario.workload, timing=timing, **scales)
     scenario = dataclasses.replace(scenario, workload=workload)
     pool = workload_pool(_base(sessions), workload)
     deployment = catalog.load_deployment(DEPLOYMENT).build(None)
     summary = run_scenario(RunSpec(scenario, deployment, POLICY, seed, 0.0), pool).summary
     timeline = summary["timeline"]
     live = statistics.fmean(m["live_sessions"] for m in timeline) if timeline else 0.0
-    return {"reasoning_scale": reasoning_scale, "harness_scale": harness_scale, "seed": seed,
+    return {**dict(zip(serving.SCALES, point, strict=True)), "seed": seed,
             **{key: float(summary[key]) for key in TARGETS}, "live_sessions_mean": live}
 
 
@@ -101,14 +103,18 @@ def axis(low: float, high: float, points: int) -> list[float]:
     return [float(f"{v:.3g}") for v in np.geomspace(low, high, points)]
 
 
-def grid(ranges: Mapping[str, tuple[float, float]], points: int) -> list[tuple[float, float]]:
-    """Log-spaced points over both ranges."""
+def grid(ranges: Mapping[str, tuple[float, float]], points: int) -> list[Point]:
+    """Log-spaced points over every range."""
     axes = [axis(*ranges[key], points) for key in serving.SCALES]
-    return [(r, h) for r, h in itertools.product(*axes)]
+    return list(itertools.product(*axes))
 
 
-def refined(ranges: Mapping[str, tuple[float, float]], points: int,
-            best: tuple[float, float]) -> dict[str, tuple[float, float]]:
+def point_of(row: Mapping[str, Any]) -> Point:
+    """The grid point a row or table entry was run at."""
+    return tuple(row[key] for key in serving.SCALES)
+
+
+def refined(ranges: Mapping[str, tuple[float, float]], points: int, best: Point) -> dict[str, tuple[float, float]]:
     """The ranges between the best point's neighbours on the coarse axes (clipped to the free ranges)."""
     out = {}
     for key, value in zip(serving.SCALES, best, strict=True):
@@ -121,15 +127,14 @@ def refined(ranges: Mapping[str, tuple[float, float]], points: int,
 def summarize(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Per grid point: the mean and sd of each fact over its seeds, and the loss of the means."""
     out = []
-    keys = sorted({(r["reasoning_scale"], r["harness_scale"]) for r in rows})
-    for point in keys:
-        runs = [r for r in rows if (r["reasoning_scale"], r["harness_scale"]) == point]
+    for point in sorted({point_of(r) for r in rows}):
+        runs = [r for r in rows if point_of(r) == point]
         means = {k: statistics.fmean(r[k] for r in runs) for k in (*TARGETS, "live_sessions_mean")}
         sds = {k: statistics.stdev(r[k] for r in runs) if len(runs) > 1 else 0.0 for k in TARGETS}
         per_seed = [loss(r) for r in runs]
         finite = [x for x in per_seed if math.isfinite(x)]
         noise = statistics.stdev(finite) / math.sqrt(len(finite)) if len(finite) == len(runs) > 1 else math.inf
-        out.append({"reasoning_scale": point[0], "harness_scale": point[1], "seeds": len(runs),
+        out.append({**dict(zip(serving.SCALES, point, strict=True)), "seeds": len(runs),
                     "mean": {k: round(v, 4) for k, v in means.items()},
                     "sd": {k: round(v, 4) for k, v in sds.items()}, "loss": round(loss(means), 5),
                     "loss_noise": round(noise, 5)})
@@ -148,7 +153,8 @@ def _run(jobs: list[Job], workers: int, label: str) -> list[dict[str, Any]]:
     with ProcessPoolExecutor(workers) as pool:
         for k, row in enumerate(pool.map(run_point, jobs), 1):
             rows.append(row)
-            print(f"[{label} {k}/{len(jobs)}] reasoning x{row['reasoning_scale']} harness x{row['harness_scale']} "
+            scales = " ".join(f"{key} x{row[key]}" for key in serving.SCALES)
+            print(f"[{label} {k}/{len(jobs)}] {scales} "
                   f"seed {row['seed']}: TTFT {row['ttft_p50_post_s']:.3f} s hit {row['hit_rate_post']:.3f} "
                   f"busy {row['prefill_busy_fraction']:.3f} good {row['goodput_per_hour']:.0f}/h "
                   f"live {row['live_sessions_mean']:.1f} ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
@@ -171,25 +177,24 @@ def main(argv: list[str] | None = None) -> int:
     ranges = serving.free_parameters(args.timing)
     started = time.perf_counter()
 
-    def jobs_of(points: list[tuple[float, float]]) -> list[Job]:
-        return [(args.sessions, args.scenario, args.timing, r, h, seed) for r, h in points for seed in args.seeds]
+    def jobs_of(points: list[Point], seeds: list[int]) -> list[Job]:
+        return [(args.sessions, args.scenario, args.timing, point, seed) for point in points for seed in seeds]
 
     coarse = grid(ranges, args.points)
     print(f"fitting {sorted(ranges)} of {path.name} on {args.scenario} ({DEPLOYMENT}, {POLICY}): two grids of "
           f"{len(coarse)} points x {len(args.seeds)} seeds", file=sys.stderr)
-    coarse_table = summarize(_run(jobs_of(coarse), args.jobs, "coarse"))
+    coarse_table = summarize(_run(jobs_of(coarse, args.seeds), args.jobs, "coarse"))
     coarse_best = min(coarse_table, key=lambda p: p["loss"])
-    fine_ranges = refined(ranges, args.points, (coarse_best["reasoning_scale"], coarse_best["harness_scale"]))
+    fine_ranges = refined(ranges, args.points, point_of(coarse_best))
     fine = [p for p in grid(fine_ranges, args.points) if p not in set(coarse)]
-    table = sorted(coarse_table + summarize(_run(jobs_of(fine), args.jobs, "fine")),
-                   key=lambda p: (p["reasoning_scale"], p["harness_scale"]))
+    table = sorted(coarse_table + summarize(_run(jobs_of(fine, args.seeds), args.jobs, "fine")), key=point_of)
     best = min(table, key=lambda p: p["loss"])
     alike = indistinguishable(table, best)
     fit: dict[str, Any] = {
         "timing": path.name, "scenario": args.scenario, "deployment": DEPLOYMENT, "policy": POLICY,
         "command": "python -m basin_sim.calibrate.timing_fit " + " ".join(argv if argv is not None else sys.argv[1:]),
         "targets": dict(TARGETS), "free": {k: list(v) for k, v in ranges.items()}, "seeds": args.seeds,
-        "fitted": {"reasoning_scale": best["reasoning_scale"], "harness_scale": best["harness_scale"]},
+        "fitted": {key: best[key] for key in serving.SCALES},
         "at_fit": {"mean": best["mean"], "sd": best["sd"], "loss": best["loss"],
                    "error": {k: round(best["mean"][k] / t - 1.0, 4) for k, t in TARGETS.items()}},
         "indistinguishable": {"points": len(alike), "within_loss": round(best["loss"] + 2 * best["loss_noise"], 5),
@@ -197,9 +202,7 @@ def main(argv: list[str] | None = None) -> int:
                                  for key in serving.SCALES}},
     }
     if args.check_seeds:
-        point = [(best["reasoning_scale"], best["harness_scale"])]
-        check = summarize(_run([(args.sessions, args.scenario, args.timing, r, h, s) for r, h in point
-                                for s in args.check_seeds], args.jobs, "check"))[0]
+        check = summarize(_run(jobs_of([point_of(best)], args.check_seeds), args.jobs, "check"))[0]
         fit["check"] = {"seeds": args.check_seeds, "mean": check["mean"], "sd": check["sd"],
                         "error": {k: round(check["mean"][k] / t - 1.0, 4) for k, t in TARGETS.items()}}
     fit["grid"] = table
@@ -210,10 +213,10 @@ def main(argv: list[str] | None = None) -> int:
     for key, target in TARGETS.items():
         print(f"{key:<24} paper {target:<8.4g} model {best['mean'][key]:<8.4g} ({best['mean'][key] / target - 1:+.1%})")
     span = fit["indistinguishable"]
-    print(f"fitted reasoning_scale {best['reasoning_scale']} harness_scale {best['harness_scale']} "
-          f"(loss {best['loss']} +- {best['loss_noise']}); {span['points']} points indistinguishable from it: "
-          f"reasoning_scale {span['reasoning_scale']}, harness_scale {span['harness_scale']}; wrote {out} "
-          f"({fit['wall_s']:.0f} s)")
+    fitted = ", ".join(f"{key} {best[key]}" for key in serving.SCALES)
+    spans = ", ".join(f"{key} {span[key]}" for key in serving.SCALES)
+    print(f"fitted {fitted} (loss {best['loss']} +- {best['loss_noise']}); {span['points']} points "
+          f"indistinguishable from it: {spans}; wrote {out} ({fit['wall_s']:.0f} s)")
     return 0
 
 

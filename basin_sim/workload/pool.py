@@ -14,7 +14,7 @@ from basin_sim.workload.presets import preset_pool
 from basin_sim.workload.scenarios import WorkloadSpec
 from basin_sim.workload.serving import RECORDED, load_timing
 from basin_sim.workload.synthetic import generate_corpus
-from basin_sim.workload.tool_time import resolve_gaps
+from basin_sim.workload.tool_time import SOURCED, resolve_gaps
 
 DEFAULT_SESSIONS = Path("data/sessions.parquet")
 SYNTHETIC_SEED = 7  # the pipeline's synthetic corpus (params.yaml: ingest.synthetic)
@@ -70,10 +70,10 @@ def workload_pool(base: Sequence[Session], workload: WorkloadSpec) -> list[Sessi
     """
     sessions = _chosen(base, workload)
     scale = _scale_of(sessions, workload)
-    resolved = [scaled(with_tool_time(s, workload.tool_time_scale), scale) for s in sessions]
+    resolved = [scaled(with_tool_time(s, workload.tool_time_scale, workload.tool_time), scale) for s in sessions]
     if workload.timing == RECORDED:
         return resolved
-    timing = load_timing(workload.timing, workload.reasoning_scale, workload.harness_scale)
+    timing = load_timing(workload.timing, workload.reasoning_scale)
     return [timing.apply(s) for s in resolved]
 
 
@@ -120,10 +120,10 @@ def scaled(session: Session, scale: float) -> Session:
     return dataclasses.replace(session, calls=calls)
 
 
-def with_tool_time(session: Session, tool_time_scale: float) -> Session:
+def with_tool_time(session: Session, tool_time_scale: float, mode: str = SOURCED) -> Session:
     """The session with its gaps resolved (workload/tool_time.py) on its own stream, seeded by its id."""
     seed = int.from_bytes(hashlib.sha256(session.session_id.encode()).digest()[:8], "big")
-    gaps = resolve_gaps(session, random.Random(seed), tool_time_scale)
+    gaps = resolve_gaps(session, random.Random(seed), tool_time_scale, mode)
     calls = tuple(dataclasses.replace(call, gap_s=gaps[k] if k < len(gaps) else None)
                   for k, call in enumerate(session.calls))
     return dataclasses.replace(session, calls=calls)

@@ -86,17 +86,19 @@ class BurstSpec:
 
 @dataclass(frozen=True)
 class WorkloadSpec:
-    """Which sessions: some benchmarks of the pool (None: all) or a synthetic preset; tool time scale; the
-    serving model's timing (workload/serving.py: `recorded`, or a named timing with its two scales, None =
-    the timing's fitted values); `median_peak_tokens`: every prompt of the pool's sessions scaled by one
-    factor so their median peak is this (workload/pool.py; not with a preset)."""
+    """Which sessions: some benchmarks of the pool (None: all) or a synthetic preset; tool time (`sourced`:
+    published distributions where a corpus does not measure it, `recorded`: the recorded gaps;
+    workload/tool_time.py) and its scale; the serving model's timing (workload/serving.py: `recorded`, or a
+    named timing with its reasoning scale, None = the timing's fitted value); `median_peak_tokens`: every
+    prompt of the pool's sessions scaled by one factor so their median peak is this (workload/pool.py; not
+    with a preset)."""
 
     benchmarks: tuple[str, ...] | None = None
     preset: str | None = None
+    tool_time: str = "sourced"
     tool_time_scale: float = 1.0
     timing: str = "recorded"
     reasoning_scale: float | None = None
-    harness_scale: float | None = None
     median_peak_tokens: float | None = None
 
 
@@ -142,6 +144,9 @@ class Scenario:
                                 f"{self.goodput_from_s}, {self.goodput_to_s} with duration_s {self.duration_s}")
         for k, burst in enumerate(self.bursts):
             _check_burst(f"{where}: bursts[{k}]", burst, self.duration_s)
+        if self.workload.tool_time not in ("sourced", "recorded"):
+            raise ScenarioError(f"{where}: workload.tool_time must be `sourced` or `recorded`, got "
+                                f"{self.workload.tool_time!r}")
         if self.workload.tool_time_scale < 0:
             raise ScenarioError(f"{where}: workload.tool_time_scale must be >= 0, got {self.workload.tool_time_scale}")
         if self.workload.preset is not None and self.workload.benchmarks is not None:

@@ -1,23 +1,21 @@
-"""Session timing of the serving model: what each call decodes and how long each tool step takes.
+"""Session timing of the serving model: what each call decodes on top of the recorded answer.
 
-The recorded sessions were run by other models and harnesses (Terminal-Bench: Claude Sonnet 4's
-visible answers, terminal print times). The paper's agents were served by Qwen3.6-35B-A3B, a
-reasoning model, on real containers. A *timing* describes that serving model's sessions on top of a
-recorded (or preset) session's prompt sizes:
+The recorded sessions were run by other models (Terminal-Bench: Claude Sonnet 4's visible answers).
+The paper's agents were served by Qwen3.6-35B-A3B, a reasoning model. A *timing* describes that
+serving model's calls on top of a recorded (or preset) session's prompt sizes:
 
-- ``timing: recorded`` (the default) replays the recorded completions and tool gaps (tool_time.py).
+- ``timing: recorded`` (the default) replays the recorded completions.
 - ``timing: NAME`` reads ``basin_sim/workload/serving/NAME.yaml``. Per call, the engine decodes the
   recorded visible completion plus ``reasoning`` tokens drawn from a log-normal (median x
   ``reasoning_scale``, the file's sigma, capped at the file's ``max``). The next prompt does not carry
   them (the model's chat template drops earlier turns' thinking), so the recorded prompt sizes stay.
-  Each tool step waits the recorded gap plus a ``harness`` step drawn from the benchmark's log-normal
-  (median x ``harness_scale``, capped at the file's per-benchmark ``max``): the container exec and the
-  agent's own wait that the recorded print times leave out.
-- The two scales are the timing's free parameters. Unless a scenario sets them, they are the values in
-  ``NAME.fit.yaml`` beside the file, written by ``python -m basin_sim.calibrate.timing_fit`` from the
-  paper's steady 1P1D facts only; a timing without a fit file needs both scales given.
+- Tool time is not the timing's: it comes from published measurements (workload/tool_time.py,
+  ``workload.tool_time``), so the timing has one free parameter, ``reasoning_scale``. Unless a scenario
+  sets it, it is the value in ``NAME.fit.yaml`` beside the file, written by
+  ``python -m basin_sim.calibrate.timing_fit`` from the paper's steady 1P1D facts only; a timing without
+  a fit file needs the scale given.
 - Draws are seeded by the session id (one stream per pool session), so a session's timing, and with
-  it its unloaded time, is the same in every run and seed; calls in order, reasoning then harness.
+  it its unloaded time, is the same in every run and seed; one draw per call, in call order.
 """
 
 from __future__ import annotations
@@ -37,8 +35,7 @@ from basin_runtime.session_table import Session
 
 SERVING_DIR = Path(__file__).resolve().parent / "serving"
 RECORDED = "recorded"
-DEFAULT_HARNESS = "default"  # the harness model of a benchmark the file does not list
-SCALES = ("reasoning_scale", "harness_scale")  # a timing's free parameters
+SCALES = ("reasoning_scale",)  # a timing's free parameters
 
 
 class TimingError(ValueError):
@@ -72,33 +69,21 @@ def _normal(rng: random.Random) -> float:
 
 @dataclass(frozen=True)
 class Timing:
-    """A serving model's per-call reasoning and per-step harness time, with its two scales resolved."""
+    """A serving model's per-call reasoning, with its scale resolved."""
 
     name: str
     model: str
     reasoning: CappedLogNormal
-    harness: Mapping[str, CappedLogNormal]  # by benchmark; DEFAULT_HARNESS for any other
     reasoning_scale: float
-    harness_scale: float
-
-    def harness_for(self, benchmark: str) -> CappedLogNormal:
-        """The harness-step model of one benchmark."""
-        return self.harness.get(benchmark, self.harness[DEFAULT_HARNESS])
 
     def apply(self, session: Session) -> Session:
         """The session as this serving model runs it (see the module rules)."""
         seed = int.from_bytes(hashlib.sha256(f"timing:{session.session_id}".encode()).digest()[:8], "big")
         rng = random.Random(seed)
-        harness = self.harness_for(session.benchmark)
         calls = []
-        last = len(session.calls) - 1
-        for k, call in enumerate(session.calls):
+        for call in session.calls:
             reasoning = round(self.reasoning.sample(rng, self.reasoning_scale))
-            step_s = harness.sample(rng, self.harness_scale)
-            gap = call.gap_s
-            if k < last and gap is not None:
-                gap = gap + step_s
-            calls.append(dataclasses.replace(call, completion_tokens=call.completion_tokens + reasoning, gap_s=gap))
+            calls.append(dataclasses.replace(call, completion_tokens=call.completion_tokens + reasoning))
         return dataclasses.replace(session, calls=tuple(calls))
 
 
@@ -154,38 +139,31 @@ def fitted_scales(path: Path) -> dict[str, float] | None:
     data = _read(fit)
     fitted = data.get("fitted")
     if not isinstance(fitted, Mapping) or set(fitted) != set(SCALES):
-        raise TimingError(f"fit file {fit}: needs fitted: {{reasoning_scale, harness_scale}}, got {fitted!r}")
+        raise TimingError(f"fit file {fit}: needs fitted: {{{', '.join(SCALES)}}}, got {fitted!r}")
     return {key: check_scale(fit, f"fitted.{key}", value) for key, value in fitted.items()}
 
 
-def load_timing(name: str, reasoning_scale: float | None = None, harness_scale: float | None = None) -> Timing:
-    """A named timing with its scales: the given ones, else the fit file's (TimingError without either)."""
+def load_timing(name: str, reasoning_scale: float | None = None) -> Timing:
+    """A named timing with its scale: the given one, else the fit file's (TimingError without either)."""
     if name == RECORDED:
         raise TimingError("`recorded` is the recorded timing itself: nothing to load")
     path = timing_path(name)
     if not path.exists():
         raise TimingError(f"no timing {name!r} (looked for {path}); known timings: {known_timings()}")
     data = _read(path)
-    known = {"name", "model", "reasoning_tokens", "harness_s", "free"}
-    if set(data) - known or not {"model", "reasoning_tokens", "harness_s"} <= set(data):
-        raise TimingError(f"timing file {path}: keys {sorted(data)}; needs model, reasoning_tokens, harness_s "
-                          f"(name and free optional)")
-    harness_raw = data["harness_s"]
-    if not isinstance(harness_raw, Mapping) or DEFAULT_HARNESS not in harness_raw:
-        raise TimingError(f"timing file {path}: harness_s must map benchmarks to log-normals, with a "
-                          f"{DEFAULT_HARNESS!r} entry; got {harness_raw!r}")
-    harness = {str(b): _lognormal(path, f"harness_s.{b}", raw) for b, raw in harness_raw.items()}
-    scales = {"reasoning_scale": reasoning_scale, "harness_scale": harness_scale}
-    if any(v is None for v in scales.values()):
+    known = {"name", "model", "reasoning_tokens", "free"}
+    if set(data) - known or not {"model", "reasoning_tokens"} <= set(data):
+        raise TimingError(f"timing file {path}: keys {sorted(data)}; needs model, reasoning_tokens "
+                          f"(name and free optional; tool time is workload.tool_time's, not the timing's)")
+    if reasoning_scale is None:
         fitted = fitted_scales(path)
         if fitted is None:
-            raise TimingError(f"timing {name!r} has no fit file ({fit_path(path)}): give reasoning_scale and "
-                              f"harness_scale, or fit them with `python -m basin_sim.calibrate.timing_fit`")
-        scales = {k: (fitted[k] if v is None else v) for k, v in scales.items()}
+            raise TimingError(f"timing {name!r} has no fit file ({fit_path(path)}): give reasoning_scale, or fit "
+                              f"it with `python -m basin_sim.calibrate.timing_fit`")
+        reasoning_scale = fitted["reasoning_scale"]
     return Timing(name=str(data.get("name", path.stem)), model=str(data["model"]),
-                  reasoning=_lognormal(path, "reasoning_tokens", data["reasoning_tokens"]), harness=harness,
-                  reasoning_scale=check_scale(path, "reasoning_scale", scales["reasoning_scale"]),
-                  harness_scale=check_scale(path, "harness_scale", scales["harness_scale"]))
+                  reasoning=_lognormal(path, "reasoning_tokens", data["reasoning_tokens"]),
+                  reasoning_scale=check_scale(path, "reasoning_scale", reasoning_scale))
 
 
 def free_parameters(name: str) -> dict[str, tuple[float, float]]:
@@ -193,7 +171,7 @@ def free_parameters(name: str) -> dict[str, tuple[float, float]]:
     path = timing_path(name)
     free = _read(path).get("free")
     if not isinstance(free, Mapping) or set(free) != set(SCALES):
-        raise TimingError(f"timing file {path}: free must list reasoning_scale and harness_scale, got {free!r}")
+        raise TimingError(f"timing file {path}: free must list {', '.join(SCALES)}, got {free!r}")
     ranges = {}
     for key, raw in free.items():
         if not isinstance(raw, Mapping) or not isinstance(raw.get("range"), list) or len(raw["range"]) != 2:

@@ -1,24 +1,30 @@
 """Tool time: how long a session sits idle, holding its cache, between a call's answer and its next call.
 
-Per-benchmark tool-time models fitted on the real gaps, and the gaps a replayed session waits.
+Per benchmark: whether its recorded gaps are tool time, and what fills the gaps it lacks.
 
 Rules:
-- A session has one gap per call but the last: seconds from call k's answer to call k+1's request
-  (tool execution plus the agent's own harness). `resolve_gaps` returns them, every one (recorded or
-  modelled) multiplied by `tool_time_scale` (finite, >= 0; 1.0 = as recorded / modelled).
-- GAP_SOURCES states per benchmark whether its recorded `gap_s` are real tool time and which fitted
-  model fills the gaps it lacks, decided from the data (the evidence `--fit` prints; design.md sums it
-  up), not by a threshold:
-  * terminal-bench: real (the command itself, from the terminal recording's print times);
+- A session has one gap per call but the last: seconds from call k's answer to call k+1's request (the
+  tool's execution and the agent's own step). `resolve_gaps` returns them, every one (recorded or
+  drawn) multiplied by `tool_time_scale` (finite, >= 0; 1.0 = as recorded / drawn).
+- Two modes (`WorkloadSpec.tool_time`):
+  * `sourced` (the default): a benchmark whose recorded gaps measure tool execution keeps them; every
+    other gap is drawn from a published distribution (SourcedToolTime, tool_time_sources.yaml, every
+    number cited there), named per benchmark by GAP_SOURCES;
+  * `recorded`: every recorded gap is kept as it was recorded, and the missing ones are drawn from the
+    quantile table fitted on our corpora (ToolTimeModel, TOOL_TIME): the project's earlier behaviour.
+- GAP_SOURCES states per benchmark what its recorded `gap_s` are, decided from the data (the evidence
+  `--fit` prints; docs/simulator/design.md sums it up), not by a threshold:
+  * terminal-bench: the terminal recording's print times (answer printed -> observation printed,
+    median 0.04 s), not the command run to completion: sourced mode draws Terminal-Bench's measured
+    shell-command latency instead;
   * swebench-verified: real, biased up by call k's own latency at the agent's provider, which the
     model's latency line (a 5%-quantile regression of gap on the call's completion tokens) removes;
-  * tau-bench-airline: nothing recorded: drawn from the swebench-verified model;
-  * synthetic-* and presets: drawn from the model of the benchmark they mirror;
-  * any other benchmark (e.g. a gateway log): recorded gaps are real; missing ones from DEFAULT_MODEL.
-- A recorded gap of a real benchmark is kept, minus its model's latency line, floored at 0. Every gap
-  of a benchmark without real gaps, and every missing gap, is drawn from the model: the inverse CDF of
-  its quantile table (piecewise linear), one `rng.random()` per drawn gap, in call order.
-  Same session, rng state and scale -> the same gaps.
+  * tau-bench-airline, synthetic-* and presets: nothing measured; drawn (presets and synthetic
+    families as the benchmark they mirror);
+  * any other benchmark (e.g. a gateway log): recorded gaps are real; missing ones drawn.
+- A kept gap of a benchmark with its own latency in it loses its model's latency line, floored at 0.
+  A drawn gap is the inverse CDF of its distribution at one `rng.random()`, in call order. Same
+  session, rng state, scale and mode -> the same gaps.
 - The constants in TOOL_TIME are printed by
   `python -m basin_sim.workload.tool_time --fit data/sessions.parquet` (fit_models); a test refits them.
 """
@@ -36,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 from basin_runtime.session_table import Session, SessionTableError, read_sessions
 
@@ -85,13 +92,96 @@ class ToolTimeModel:
 
 @dataclass(frozen=True)
 class GapSource:
-    """What a benchmark's recorded gaps are, and which model fills those it lacks."""
+    """What a benchmark's recorded gaps are, and what fills those it lacks in each mode."""
 
-    is_real: bool  # recorded gaps are measured tool time (kept, minus the model's latency line)
-    model: str  # the TOOL_TIME entry that draws the gaps it lacks
+    is_real: bool  # `recorded` mode keeps its recorded gaps (minus the model's latency line)
+    measures_tool_time: bool  # `sourced` mode keeps them: they measure tool execution
+    model: str  # the TOOL_TIME entry that draws the gaps it lacks in `recorded` mode
     has_own_latency: bool  # recorded gaps include the call's own model latency: `model` is the benchmark's own
     #                        fit, whose latency line is removed from them
+    sourced: str  # the SOURCED_TOOL_TIME entry that draws every gap `sourced` mode does not keep
     reason: str
+
+
+@dataclass(frozen=True)
+class SourcedToolTime:
+    """A published tool-time distribution: a quantile function through its source's points.
+
+    Between two points the quantile is log-linear (log-uniform tool time) when both are positive, linear
+    from a point at 0 s; the last point (p = 1) is the source's timeout or largest value.
+    """
+
+    name: str
+    knots: tuple[tuple[float, float], ...]  # (probability, seconds), p from 0 to 1
+    source: str
+    published_mean_s: float | None = None
+
+    def __post_init__(self) -> None:
+        probs = [p for p, _ in self.knots]
+        secs = [t for _, t in self.knots]
+        if (len(self.knots) < 2 or probs[0] != 0.0 or probs[-1] != 1.0
+                or any(b <= a for a, b in itertools.pairwise(probs))
+                or secs[0] < 0 or any(b < a for a, b in itertools.pairwise(secs))
+                or not all(math.isfinite(t) for t in secs)):
+            raise ToolTimeError(f"tool-time distribution {self.name!r}: knots need p rising from 0 to 1 and "
+                                f"finite, non-decreasing seconds >= 0, got {self.knots}")
+
+    def quantile_s(self, p: float) -> float:
+        """Tool time at probability p."""
+        probs = [k[0] for k in self.knots]
+        i = min(max(bisect.bisect_right(probs, p), 1), len(probs) - 1)
+        (p0, t0), (p1, t1) = self.knots[i - 1], self.knots[i]
+        f = (min(max(p, p0), p1) - p0) / (p1 - p0)
+        if t0 > 0 and t1 > t0:
+            return float(t0 * (t1 / t0) ** f)
+        return t0 + (t1 - t0) * f
+
+    def sample_s(self, rng: random.Random) -> float:
+        """One tool time drawn from the distribution."""
+        return self.quantile_s(rng.random())
+
+    def mean_s(self) -> float:
+        """The distribution's exact mean (each stretch's mean, weighted by its probability)."""
+        total = 0.0
+        for (p0, t0), (p1, t1) in itertools.pairwise(self.knots):
+            stretch = (t1 - t0) / math.log(t1 / t0) if t0 > 0 and t1 > t0 else (t0 + t1) / 2
+            total += (p1 - p0) * stretch
+        return total
+
+
+SOURCES_PATH = Path(__file__).with_name("tool_time_sources.yaml")
+SOURCED = "sourced"
+RECORDED = "recorded"
+TOOL_TIME_MODES = (SOURCED, RECORDED)
+
+
+def read_sources(path: Path = SOURCES_PATH) -> dict[str, SourcedToolTime]:
+    """The published distributions of a sources file, checked (ToolTimeError names the file and entry)."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ToolTimeError(f"tool-time sources {path}: cannot be read ({exc})") from exc
+    if not isinstance(data, Mapping):
+        raise ToolTimeError(f"tool-time sources {path}: must map names to distributions")
+    out = {}
+    for name, raw in data.items():
+        where = f"tool-time sources {path}: {name}"
+        if not isinstance(raw, Mapping) or not {"knots", "source"} <= set(raw):
+            raise ToolTimeError(f"{where}: needs knots and source (and description, published_mean_s)")
+        try:
+            knots = tuple((float(k["p"]), float(k["s"])) for k in raw["knots"])
+        except (TypeError, KeyError, ValueError) as exc:
+            raise ToolTimeError(f"{where}: every knot needs numbers p and s ({exc})") from exc
+        mean = raw.get("published_mean_s")
+        try:
+            out[str(name)] = SourcedToolTime(str(name), knots, str(raw["source"]).strip(),
+                                             None if mean is None else float(mean))
+        except ToolTimeError as exc:
+            raise ToolTimeError(f"tool-time sources {path}: {exc}") from exc
+    return out
+
+
+SOURCED_TOOL_TIME: Mapping[str, SourcedToolTime] = read_sources()
 
 
 # Fitted by `python -m basin_sim.workload.tool_time --fit data/sessions.parquet` on the session table of
@@ -110,22 +200,28 @@ TOOL_TIME: Mapping[str, ToolTimeModel] = {
 }
 DEFAULT_MODEL = "swebench-verified"
 
+TB = "terminal-bench-shell"  # Terminal-Bench's measured shell commands (agent-sched-bench)
+CODING = "tracelab-step"  # coding agents' tool time per step (TraceLab)
 GAP_SOURCES: Mapping[str, GapSource] = {
-    "swebench-verified": GapSource(True, "swebench-verified", True,
+    "swebench-verified": GapSource(True, True, "swebench-verified", True, CODING,
                                    "created stamps at generation start: gap = own latency + tool, 1 s resolution"),
-    "terminal-bench": GapSource(True, "terminal-bench", False,
-                                "terminal recording: answer printed -> observation printed = the command"),
-    "tau-bench-airline": GapSource(False, "swebench-verified", False, "no timestamps recorded"),
-    "synthetic-swebench": GapSource(False, "swebench-verified", False, "log-normal of raw created gaps"),
-    "synthetic-terminal": GapSource(False, "terminal-bench", False, "log-normal of gaps clamped to >= 1 s"),
-    "synthetic-tau": GapSource(False, "swebench-verified", False, "assumed log-normal"),
-    "paper-terminal-bench": GapSource(False, "terminal-bench", False, "preset: drawn from the model"),
+    "terminal-bench": GapSource(True, False, "terminal-bench", False, TB,
+                                "terminal recording's print times (answer printed -> observation printed), "
+                                "not the command run to completion"),
+    "tau-bench-airline": GapSource(False, False, "swebench-verified", False, CODING, "no timestamps recorded"),
+    "synthetic-swebench": GapSource(False, False, "swebench-verified", False, CODING,
+                                    "synthetic: as SWE-bench without its recorded gaps"),
+    "synthetic-terminal": GapSource(False, False, "terminal-bench", False, TB, "synthetic: as Terminal-Bench"),
+    "synthetic-tau": GapSource(False, False, "swebench-verified", False, CODING, "synthetic: no timestamps"),
+    "paper-terminal-bench": GapSource(False, False, "terminal-bench", False, TB,
+                                      "preset on synthetic-terminal: as Terminal-Bench"),
 }
 
 
 def gap_source(benchmark: str) -> GapSource:
     """The benchmark's gap source; an unlisted benchmark's recorded gaps count as real."""
-    return GAP_SOURCES.get(benchmark, GapSource(True, DEFAULT_MODEL, False, "unlisted: recorded gaps are real"))
+    return GAP_SOURCES.get(benchmark, GapSource(True, True, DEFAULT_MODEL, False, CODING,
+                                                "unlisted: recorded gaps are real"))
 
 
 def has_real_tool_time(benchmark: str) -> bool:
@@ -145,18 +241,28 @@ def check_scale(tool_time_scale: float) -> float:
     return tool_time_scale
 
 
-def resolve_gaps(session: Session, rng: random.Random, tool_time_scale: float = 1.0) -> tuple[float, ...]:
-    """Tool time after each call but the last: real gaps kept (latency removed), the rest drawn; all scaled."""
+def check_mode(mode: str) -> str:
+    """The mode itself, or ToolTimeError naming the known ones."""
+    if mode not in TOOL_TIME_MODES:
+        raise ToolTimeError(f"tool_time must be one of {list(TOOL_TIME_MODES)}, got {mode!r}")
+    return mode
+
+
+def resolve_gaps(session: Session, rng: random.Random, tool_time_scale: float = 1.0,
+                 mode: str = SOURCED) -> tuple[float, ...]:
+    """Tool time after each call but the last: gaps the mode keeps (latency removed), the rest drawn; all scaled."""
     scale = check_scale(tool_time_scale)
     source = gap_source(session.benchmark)
     model = TOOL_TIME[source.model]
+    keeps = source.measures_tool_time if check_mode(mode) == SOURCED else source.is_real
+    draw = SOURCED_TOOL_TIME[source.sourced].sample_s if mode == SOURCED else model.sample_s
     gaps: list[float] = []
     for call in session.calls[:-1]:
-        if source.is_real and call.gap_s is not None:
+        if keeps and call.gap_s is not None:
             own_latency_s = model.latency_s(call.completion_tokens) if source.has_own_latency else 0.0
             tool_s = max(0.0, call.gap_s - own_latency_s)
         else:
-            tool_s = model.sample_s(rng)
+            tool_s = draw(rng)
         gaps.append(tool_s * scale)
     return tuple(gaps)
 

@@ -78,7 +78,7 @@ def test_unknown_names_list_the_known_ones() -> None:
     ("per_min: 3.3}", "per_min: -3.3}", r"rate\[2\]\.per_min must be >= 0, got -3.3"),
     ("per_min: 3.3}", "per_min: '3.3'}", r"rate\[2\]\.per_min must be a float, got '3.3'"),
     ("per_min: 3.3}", "per_s: 3.3}", r"rate\[2\]: missing keys \[\], unknown keys \['per_s'\]"),
-    ("tool_time_scale: 1.0}", "tool_time: 1.0}", r"workload: .*unknown keys \['tool_time'\]"),
+    ("tool_time_scale: 1.0}", "tool_timing: 1.0}", r"workload: .*unknown keys \['tool_timing'\]"),
     ("to_s: 5100}", "to_s: 9999}", "goodput_window needs 0 <= from_s < to_s <= duration_s"),
     ("duration_s: 5400\n", "", r"missing keys \['duration_s'\]"),
 ])

@@ -25,17 +25,16 @@ def test_the_loss_weighs_every_fact_by_its_log_error_and_a_missing_fact_is_infin
 
 
 def test_the_fine_grid_lies_between_the_best_coarse_point_s_neighbours() -> None:
-    ranges = {"reasoning_scale": (0.36, 4.8), "harness_scale": (0.1, 10.0)}
+    ranges = {"reasoning_scale": (0.36, 4.8)}
     coarse = timing_fit.grid(ranges, 7)
-    assert len(coarse) == 49 and min(coarse) == (0.36, 0.1) and max(coarse) == (4.8, 10.0)
+    assert len(coarse) == 7 and min(coarse) == (0.36,) and max(coarse) == (4.8,)
     axis = timing_fit.axis(0.36, 4.8, 7)
-    fine = timing_fit.refined(ranges, 7, (axis[3], 0.1))
-    assert fine["reasoning_scale"] == (axis[2], axis[4])
-    assert fine["harness_scale"] == (0.1, timing_fit.axis(0.1, 10.0, 7)[1])  # clipped at the range's end
+    assert timing_fit.refined(ranges, 7, (axis[3],))["reasoning_scale"] == (axis[2], axis[4])
+    assert timing_fit.refined(ranges, 7, (axis[0],))["reasoning_scale"] == (axis[0], axis[1])  # clipped at the end
 
 
 def test_points_within_two_noise_units_of_the_best_loss_are_indistinguishable_from_it() -> None:
-    table = [{"reasoning_scale": r, "harness_scale": 1.0, "loss": loss, "loss_noise": 0.01}
+    table = [{"reasoning_scale": r, "loss": loss, "loss_noise": 0.01}
              for r, loss in ((0.5, 0.10), (0.6, 0.115), (0.7, 0.121), (0.8, 3.0))]
     alike = timing_fit.indistinguishable(table, table[0])
     assert [p["reasoning_scale"] for p in alike] == [0.5, 0.6]
@@ -51,17 +50,15 @@ def test_the_committed_fit_is_the_best_point_of_its_own_grid_inside_the_free_ran
         low, high = ranges[key]
         assert low <= value <= high, key
     best = min(fit["grid"], key=lambda p: p["loss"])
-    assert (best["reasoning_scale"], best["harness_scale"]) == (fit["fitted"]["reasoning_scale"],
-                                                                fit["fitted"]["harness_scale"])
+    assert set(fit["fitted"]) == set(serving.SCALES) == {"reasoning_scale"}  # tool time is sourced, not fitted
+    assert best["reasoning_scale"] == fit["fitted"]["reasoning_scale"]
     for point in fit["grid"]:  # each recorded loss is the loss of its recorded means
         assert point["loss"] == pytest.approx(timing_fit.loss(point["mean"]), abs=2e-3)  # means rounded to 4 digits
     alike = timing_fit.indistinguishable(fit["grid"], best)
     assert fit["indistinguishable"]["points"] == len(alike)
     assert fit["indistinguishable"]["reasoning_scale"] == [min(p["reasoning_scale"] for p in alike),
                                                            max(p["reasoning_scale"] for p in alike)]
-    timing = serving.load_timing(SHIPPED)
-    assert (timing.reasoning_scale, timing.harness_scale) == (fit["fitted"]["reasoning_scale"],
-                                                              fit["fitted"]["harness_scale"])
+    assert serving.load_timing(SHIPPED).reasoning_scale == fit["fitted"]["reasoning_scale"]
 
 
 @pytest.mark.integration
@@ -73,6 +70,6 @@ def test_the_fit_runs_end_to_end_on_a_tiny_grid_and_writes_a_file_the_timing_rea
     assert timing_fit.main(["--timing", str(mine), "--sessions", str(real_session_table), "--seeds", "1",
                             "--points", "2", "--jobs", "1"]) == 0
     fit = yaml.safe_load(serving.fit_path(mine).read_text())
-    assert len(fit["grid"]) >= 4 and set(fit["at_fit"]["error"]) == set(timing_fit.TARGETS)
+    assert len(fit["grid"]) >= 2 and set(fit["at_fit"]["error"]) == set(timing_fit.TARGETS)
     timing = serving.load_timing(str(mine))
     assert timing.reasoning_scale == fit["fitted"]["reasoning_scale"]

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -11,24 +12,33 @@ from scipy.stats import spearmanr
 
 from basin_runtime.session_table import Call, Session, read_sessions, write_sessions
 from basin_sim.workload.synthetic import generate_corpus
+from basin_sim.workload.presets import PRESETS
+from basin_sim.workload.synthetic import FAMILIES
 from basin_sim.workload.tool_time import (
     DEFAULT_MODEL,
     GAP_SOURCES,
     QUANTILE_PROBS,
+    RECORDED,
+    SOURCED,
+    SOURCED_TOOL_TIME,
     TOOL_TIME,
+    SourcedToolTime,
     ToolTimeError,
     ToolTimeModel,
     fit_latency_line,
     fit_models,
     fit_tool_time,
+    gap_source,
     has_real_tool_time,
     main,
     model_for,
+    read_sources,
     resolve_gaps,
     spearman,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
+SOURCES = ROOT / "basin_sim" / "workload" / "tool_time_sources.yaml"
 SWE = TOOL_TIME["swebench-verified"]
 TERMINAL = TOOL_TIME["terminal-bench"]
 
@@ -42,13 +52,95 @@ def _session(benchmark: str, gaps: Sequence[float | None], completions: Sequence
     return Session(session_id, benchmark, "test", "agent", "model", "task", "a task", "", "qwen3.6", calls)
 
 
-def test_real_gaps_are_kept_and_scaled_without_drawing() -> None:
+# ---- sourced mode: published distributions ------------------------------------------------------------
+
+SHELL = SOURCED_TOOL_TIME["terminal-bench-shell"]
+STEP = SOURCED_TOOL_TIME["tracelab-step"]
+
+
+@pytest.mark.parametrize(("dist", "points"), [
+    # agent-sched-bench latency_summary.csv, row `Terminal-Bench All,exec` (ms): min, p50, p90, p95, p99, max
+    (SHELL, {0.0: 0.000477, 0.5: 0.1472, 0.9: 15.409, 0.95: 55.995, 0.99: 227.54, 1.0: 600.108}),
+    # TraceLab session_timing_distribution.tex, per step, tool execution: P50 0.1 s, P90 10.0 s, P99 3.2 min
+    (STEP, {0.5: 0.1, 0.9: 10.0, 0.99: 192.0}),
+])
+def test_a_sourced_distribution_passes_through_its_sources_quantiles(dist: SourcedToolTime,
+                                                                     points: dict[float, float]) -> None:
+    for p, seconds in points.items():
+        assert dist.quantile_s(p) == pytest.approx(seconds, rel=1e-9), (dist.name, p)
+    rng = random.Random(5)
+    draws = np.array([dist.sample_s(rng) for _ in range(200_000)])
+    for p, seconds in points.items():
+        if 0 < p < 1:
+            assert np.quantile(draws, p) == pytest.approx(seconds, rel=0.05), (dist.name, p)
+    assert draws.min() >= 0 and draws.max() <= dist.knots[-1][1]  # never past the source's timeout / largest value
+
+
+def test_a_published_mean_is_met_and_log_linear_stretches_are_log_uniform() -> None:
+    assert STEP.published_mean_s == 16.8 and STEP.mean_s() == pytest.approx(16.8, rel=0.01)
+    assert SHELL.published_mean_s is None and 10 < SHELL.mean_s() < 13  # derived, reported: ~11.6 s
+    # between P90 (10 s) and P99 (192 s) the log of the time is uniform: the geometric midpoint at p = 0.945
+    assert STEP.quantile_s(0.945) == pytest.approx(math.sqrt(10.0 * 192.0))
+    assert STEP.quantile_s(0.25) == pytest.approx(0.05)  # linear from the 0 s point
+    draws = [STEP.sample_s(random.Random(k)) for k in range(100_000)]
+    assert statistics.fmean(draws) == pytest.approx(STEP.mean_s(), rel=0.1)  # heavy tail: a loose check
+
+
+def test_every_number_in_the_sources_file_is_cited() -> None:
+    text = SOURCES.read_text()
+    for name, dist in read_sources().items():
+        assert dist.source, name
+        block = text[text.index(f"{name}:"):]
+        block = block[:block.index("published_mean_s")]
+        for line in block.splitlines():
+            if "{p:" in line:
+                assert "#" in line and len(line.split("#", 1)[1].strip()) > 5, (name, line)
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    ("- {p: 0.5, s: 0.1472}", r"'terminal-bench-shell': knots need p rising"),
+    ("source: >-", r"needs knots and source"),
+])
+def test_a_broken_sources_file_is_refused_naming_the_entry(tmp_path: Path, edit: str, message: str) -> None:
+    text = SOURCES.read_text()
+    bad = tmp_path / "bad.yaml"
+    broken = {"- {p: 0.5, s: 0.1472}": "- {p: 0.5, s: 0.0001}",  # below the minimum: not non-decreasing
+              "source: >-": "citation: >-"}[edit]
+    bad.write_text(text.replace(edit, broken, 1))
+    with pytest.raises(ToolTimeError, match=message) as info:
+        read_sources(bad)
+    assert "bad.yaml" in str(info.value)
+
+
+def test_sourced_mode_replaces_terminal_bench_print_times_and_keeps_swebench_tool_time() -> None:
+    tb = _session("terminal-bench", [0.04, 0.03, None])  # print times, not the command run to completion
+    reference = random.Random(2)
+    assert resolve_gaps(tb, random.Random(2)) == tuple(SHELL.quantile_s(reference.random()) for _ in range(3))
+    swe = _session("swebench-verified", [10.0, None], completions=[100, 5, 5])
+    expected_kept = 10.0 - (SWE.latency_base_s + 100 * SWE.latency_s_per_token)
+    assert resolve_gaps(swe, random.Random(2)) == pytest.approx(
+        (expected_kept, STEP.quantile_s(random.Random(2).random())))
+
+
+def test_presets_and_synthetic_families_draw_as_the_benchmark_they_mirror() -> None:
+    mirrored = {"synthetic-swebench": "swebench-verified", "synthetic-terminal": "terminal-bench",
+                "synthetic-tau": "tau-bench-airline"}
+    for family in FAMILIES:
+        assert gap_source(family.benchmark).sourced == gap_source(mirrored[family.benchmark]).sourced
+    for preset in PRESETS.values():  # a preset's sessions carry its own name as their benchmark
+        assert preset.name in GAP_SOURCES, preset.name
+        assert gap_source(preset.name).sourced == gap_source(preset.base_family).sourced == "terminal-bench-shell"
+    with pytest.raises(ToolTimeError, match="tool_time must be one of"):
+        resolve_gaps(_session("terminal-bench", [1.0]), random.Random(0), 1.0, "measured")
+
+
+def test_recorded_mode_keeps_real_gaps_and_scales_them_without_drawing() -> None:
     session = _session("terminal-bench", [0.5, 2.0, 30.0])
     rng = random.Random(1)
     before = rng.getstate()
-    assert resolve_gaps(session, rng, 1.0) == (0.5, 2.0, 30.0)
-    assert resolve_gaps(session, rng, 2.0) == (1.0, 4.0, 60.0)
-    assert resolve_gaps(session, rng, 0.0) == (0.0, 0.0, 0.0)
+    assert resolve_gaps(session, rng, 1.0, RECORDED) == (0.5, 2.0, 30.0)
+    assert resolve_gaps(session, rng, 2.0, RECORDED) == (1.0, 4.0, 60.0)
+    assert resolve_gaps(session, rng, 0.0, RECORDED) == (0.0, 0.0, 0.0)
     assert rng.getstate() == before  # no gap was drawn
 
 
@@ -61,10 +153,10 @@ def test_swebench_gaps_lose_their_own_latency_floored_at_zero() -> None:
     assert resolve_gaps(session, random.Random(0), 3.0) == pytest.approx(tuple(3 * g for g in expected))
 
 
-def test_missing_gaps_are_drawn_in_call_order_one_draw_each() -> None:
+def test_recorded_mode_draws_missing_gaps_in_call_order_one_draw_each() -> None:
     session = _session("terminal-bench", [0.25, None, 4.0, None])
     rng, reference = random.Random(9), random.Random(9)
-    gaps = resolve_gaps(session, rng, 2.0)
+    gaps = resolve_gaps(session, rng, 2.0, RECORDED)
     assert gaps == (0.5, 2 * TERMINAL.quantile_s(reference.random()), 8.0, 2 * TERMINAL.quantile_s(reference.random()))
     assert rng.getstate() == reference.getstate()
 
@@ -75,14 +167,17 @@ def test_gaps_that_are_not_real_are_all_drawn_from_the_mirrored_model(benchmark:
     session = _session(benchmark, [7.0, 7.0, None, 7.0])  # recorded or not, every gap is drawn
     reference = random.Random(3)
     assert not has_real_tool_time(benchmark) and model_for(benchmark) is model
-    assert resolve_gaps(session, random.Random(3), 1.0) == tuple(model.quantile_s(reference.random()) for _ in range(4))
+    assert resolve_gaps(session, random.Random(3), 1.0, RECORDED) == tuple(model.quantile_s(reference.random())
+                                                                          for _ in range(4))
 
 
 def test_an_unlisted_benchmark_keeps_its_gaps_and_fills_missing_ones_from_the_default_model() -> None:
     session = _session("gateway-workload", [1.5, None])
     drawn = TOOL_TIME[DEFAULT_MODEL].quantile_s(random.Random(4).random())
     assert has_real_tool_time("gateway-workload")
-    assert resolve_gaps(session, random.Random(4), 1.0) == (1.5, drawn)
+    assert resolve_gaps(session, random.Random(4), 1.0, RECORDED) == (1.5, drawn)
+    sourced = SOURCED_TOOL_TIME["tracelab-step"].quantile_s(random.Random(4).random())
+    assert resolve_gaps(session, random.Random(4), 1.0) == (1.5, sourced)  # kept as tool time in both modes
 
 
 def test_only_a_benchmark_s_own_fit_carries_a_latency_line() -> None:
@@ -233,7 +328,7 @@ def test_the_constants_are_the_fit_of_the_real_table(real_sessions: list[Session
 @pytest.mark.parametrize("benchmark", ["swebench-verified", "terminal-bench"])
 def test_the_model_reproduces_the_real_median_and_p90(real_sessions: list[Session], benchmark: str) -> None:
     rng = random.Random(0)
-    real = [g for s in real_sessions if s.benchmark == benchmark for g in resolve_gaps(s, rng, 1.0)]
+    real = [g for s in real_sessions if s.benchmark == benchmark for g in resolve_gaps(s, rng, 1.0, RECORDED)]
     draws = [TOOL_TIME[benchmark].sample_s(rng) for _ in range(50_000)]
     for q in (0.5, 0.9):
         assert np.quantile(draws, q) == pytest.approx(np.quantile(real, q), rel=0.05, abs=0.005), (benchmark, q)
