@@ -215,7 +215,7 @@ def _workload(path: Path, workload: WorkloadSpec) -> WorkloadSpec:
         raise CatalogError(f"{path}: workload.benchmarks must be a non-empty list of names, got []")
     if workload.timing != serving.RECORDED:
         try:
-            serving.load_timing(workload.timing, workload.reasoning_scale)
+            serving.check_timing(workload.timing, workload.reasoning_scale)
         except serving.TimingError as exc:
             raise CatalogError(f"{path}: workload.timing: {exc}") from exc
     elif workload.reasoning_scale is not None:

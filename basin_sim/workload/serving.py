@@ -166,6 +166,15 @@ def load_timing(name: str, reasoning_scale: float | None = None) -> Timing:
                   reasoning_scale=check_scale(path, "reasoning_scale", reasoning_scale))
 
 
+def check_timing(name: str, reasoning_scale: float | None = None) -> None:
+    """Check a timing as a scenario names it: its file, and its fit file when one is there (a scenario is
+    loadable before its timing is fitted: `timing_fit` itself runs one, with the scale given)."""
+    if reasoning_scale is None and not fit_path(timing_path(name)).exists():
+        load_timing(name, reasoning_scale=1.0)
+        return
+    load_timing(name, reasoning_scale)
+
+
 def free_parameters(name: str) -> dict[str, tuple[float, float]]:
     """The free parameters of a timing file and the range each may be fitted in (its `free` block)."""
     path = timing_path(name)
