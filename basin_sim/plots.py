@@ -1,5 +1,6 @@
 """Timeline PNGs of a run: the collapse step by step (hit rate, queues, live sessions, working set,
-TTFT, goodput). Writes files; matplotlib is imported here only, with the Agg backend."""
+TTFT, goodput, first-call wait by arrival minute). Writes files; matplotlib is imported here only, with
+the Agg backend."""
 
 from __future__ import annotations
 
@@ -78,6 +79,11 @@ def _panels(result: RunResult, axes: Any) -> None:
     axes[5].bar([s / 60 for s in starts], good, width=width, align="edge", label="good")
     axes[5].set_ylabel("sessions/h\n(by arrival)")
     axes[5].legend(loc="upper left", fontsize=7)
+    warmup_min = result.spec.scenario.warmup_s / 60.0
+    waits = [(e["t_s"] / 60.0 + warmup_min, e["first_call_wait_p50_s"]) for e in result.summary["timeline"]
+             if e["first_call_wait_p50_s"] is not None]
+    axes[6].semilogy([m for m, _ in waits], [max(w, 1e-2) for _, w in waits], lw=1, marker=".", ms=3)
+    axes[6].set_ylabel("first-call wait\np50 (s, by\narrival minute)")
 
 
 def plot_run(result: RunResult, out_dir: Path) -> Path:
@@ -88,7 +94,7 @@ def plot_run(result: RunResult, out_dir: Path) -> Path:
     import matplotlib.pyplot as plt
 
     summary, scenario = result.summary, result.spec.scenario
-    fig, axes = plt.subplots(6, 1, figsize=(10, 13), sharex=True)
+    fig, axes = plt.subplots(7, 1, figsize=(10, 15), sharex=True)
     _panels(result, axes)
     for ax in axes:
         if scenario.pre_end_s < scenario.last_change_s:

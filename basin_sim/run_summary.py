@@ -16,12 +16,20 @@ Rules:
 - `prefill_busy_fraction`: the prefill instances' batch time over the goodput window, per instance.
 - `recovered_after_s`: seconds from the last rate change or burst end to the start of the first
   minute from which every later minute's hit rate (up to the end of arrivals) is within
-  RECOVERY_TOLERANCE of `hit_rate_pre`; null if none. `is_stuck`: the hit rate over the window's last
-  STUCK_MINUTES minutes (token-weighted, as one window) is below `hit_rate_pre` - STUCK_DROP (one
-  minute alone is too noisy at a few sessions a minute).
+  RECOVERY_TOLERANCE of `hit_rate_pre`; null if none. `is_stuck` (issue 44's definition): the hit rate
+  over the window's last STUCK_MINUTES minutes (token-weighted, as one window) is under STUCK_CEILING
+  and more than STUCK_DROP below `hit_rate_pre` (one minute alone is too noisy at a few sessions a
+  minute).
+- `backlog_drained_after_s`: the backlog of a minute is the sessions held at the door plus the calls
+  queued for prefill at its end; seconds from the last rate change or burst end to the start of the
+  first minute from which every later minute's backlog (up to the end of arrivals) is at most the
+  largest backlog of the `pre` window; null if none (0 when nothing ever piled up past it).
 - `timeline`: one entry per simulated minute after warm-up (t_s its start), states read at the
   minute's end, counts over the minute (`retries`: attempts after a call's first); `ttft_p50_s` is
-  from a call's first send, so a call retried after a timeout counts its whole wait.
+  from a call's first send, so a call retried after a timeout counts its whole wait;
+  `first_call_wait_p50_s` is the median first-call wait (as below) of the regular sessions that
+  arrived in that minute, by arrival minute (null when none arrived), so a wait paid minutes after a
+  surge shows at the minute its sessions came.
 - `prefill_share`: by prefill index, its share of the requests the prefill router sent (attempts).
 - Pins between calls (Continuum): `held_tokens_mean`, the device tokens held for a TTL after an answer
   (not those held while the call decodes) averaged over the goodput window's ticks, and
@@ -42,8 +50,9 @@ from basin_sim.run_spec import RunSpec
 from basin_sim.timeline import Timeline
 
 RECOVERY_TOLERANCE = 0.05
-STUCK_MINUTES = 10
-STUCK_DROP = 0.15
+STUCK_MINUTES = 20
+STUCK_DROP = 0.3
+STUCK_CEILING = 0.6
 PIN_KEYS = ("pin_answers", "pin_answer_share", "pin_ttl_mean_s", "pin_tool_time_share", "pin_queue_delay_s",
             "pin_eta", "pin_evicted_reentries")  # ContinuumPolicy.pin_report's; None for a policy that never pins
 
@@ -77,6 +86,7 @@ def summarize(spec: RunSpec, engine: Engine, outcomes: Sequence[SessionOutcome],
         / ((window[1] - window[0]) * len(engine.prefill)),
         "recovered_after_s": _recovered_after_s(timeline, spec, hit_pre),
         "is_stuck": _is_stuck(timeline, window, hit_pre),
+        "backlog_drained_after_s": None,
         "cache_tokens": spec.deployment.prefill_cache_tokens * spec.deployment.num_prefill,
         "simulated_s": engine.now - scenario.warmup_s,
         "written_back_tokens": sum(p.written_back_tokens for p in engine.prefill),
@@ -94,7 +104,8 @@ def summarize(spec: RunSpec, engine: Engine, outcomes: Sequence[SessionOutcome],
     summary["held_cache_share"] = None if held is None else held / summary["cache_tokens"]
     pins = getattr(engine.policy, "pin_report", None)
     summary.update(pins() if pins is not None else dict.fromkeys(PIN_KEYS))
-    summary["timeline"] = minute_timeline(spec, engine)
+    summary["timeline"] = minute_timeline(spec, engine, outcomes)
+    summary["backlog_drained_after_s"] = _backlog_drained_after_s(summary["timeline"], spec)
     return summary
 
 
@@ -119,12 +130,39 @@ def _is_stuck(timeline: Timeline, window: tuple[float, float], hit_pre: float | 
         return False
     start = max(window[0], window[1] - STUCK_MINUTES * 60.0)
     rate = timeline.hit_rate(start, window[1])
-    return rate is not None and rate < hit_pre - STUCK_DROP
+    return rate is not None and rate < min(STUCK_CEILING, hit_pre - STUCK_DROP)
 
 
-def minute_timeline(spec: RunSpec, engine: Engine) -> list[dict[str, Any]]:
+def _backlog_drained_after_s(entries: Sequence[dict[str, Any]], spec: RunSpec) -> float | None:
+    scenario = spec.scenario
+    backlog = [(e["t_s"], e["held_sessions"] + e["queued"]) for e in entries if e["t_s"] < scenario.duration_s]
+    pre = [b for t, b in backlog if t < scenario.pre_end_s]
+    if not pre:
+        return None
+    ceiling, drained = max(pre), None
+    for t, b in backlog:
+        if t < scenario.last_change_s:
+            continue
+        if b > ceiling:
+            drained = None
+        elif drained is None:
+            drained = t
+    return None if drained is None else drained - scenario.last_change_s
+
+
+def _waits_by_minute(outcomes: Sequence[SessionOutcome], end_s: float, bin_s: float) -> dict[int, float | None]:
+    """Median first-call wait of the regular sessions arriving in each minute (engine-time bin index)."""
+    by_bin: dict[int, list[SessionOutcome]] = {}
+    for o in outcomes:
+        if not o.is_burst:
+            by_bin.setdefault(int(o.arrival_s // bin_s), []).append(o)
+    return {k: _first_call_wait_p50_s(group, end_s) for k, group in by_bin.items()}
+
+
+def minute_timeline(spec: RunSpec, engine: Engine, outcomes: Sequence[SessionOutcome] = ()) -> list[dict[str, Any]]:
     """One entry per simulated minute after warm-up (see the rules above)."""
     timeline, warmup = engine.timeline, spec.scenario.warmup_s
+    waits = _waits_by_minute(outcomes, engine.now, timeline.bin_s)
     cache_tokens = spec.deployment.prefill_cache_tokens * spec.deployment.num_prefill
     first = round(warmup / timeline.bin_s)
     counts = {name: timeline.count_series(name) for name in ("arrivals", "completions", "timeouts", "retries")}
@@ -138,6 +176,7 @@ def minute_timeline(spec: RunSpec, engine: Engine) -> list[dict[str, Any]]:
         entry["queued"] = entry.pop("prefill_queued")
         entry["cache_tokens"] = cache_tokens
         entry["ttft_p50_s"] = _median(timeline.ttfts(start, start + timeline.bin_s))
+        entry["first_call_wait_p50_s"] = waits.get(k)
         entry.update({name: _at(series, k) for name, series in counts.items()})
         entries.append(entry)
     return entries
