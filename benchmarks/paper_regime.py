@@ -103,7 +103,8 @@ def knee(job: tuple[str, float, int, str]) -> list[dict[str, Any]]:
     deployment = catalog.load_deployment(deployment_name).build(None)
     steps = run_ramp(deployment, pool_of(timing), [f * rate_per_s for f in KNEE_FRACTIONS], KNEE_STEP_S, seed)
     return [{"seed": seed, "fraction": f, "rate_per_min": 60.0 * st.rate_per_s, "load": st.load,
-             "hit_rate": st.hit_rate, "live_sessions": st.live_sessions, "ttft_p50_s": st.ttft_p50_s}
+             "hit_rate": st.hit_rate, "live_sessions": st.live_sessions, "ttft_p50_s": st.ttft_p50_s,
+             "calls_per_s": st.calls_per_s, "sessions_per_min": 60.0 * st.sessions_finished_per_s}
             for f, st in zip(KNEE_FRACTIONS, steps, strict=True)]
 
 
@@ -129,6 +130,27 @@ def _map(fn: Any, jobs: list[Any], workers: int, label: str) -> list[Any]:
     return out
 
 
+def _plot_completions(plt: Any, points: Sequence[dict[str, Any]], out_dir: Path) -> Path:
+    """The fluid model's X(N): sessions completed per minute against live sessions (and working set), with the
+    paper's base and surge arrival rates: where completions cross an arrival rate is a fixed point."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    for ax, key, label in ((axes[0], "live_sessions", "live sessions N"),
+                           (axes[1], "load", "working set / prefix-cache capacity")):
+        ax.scatter([p[key] for p in points], [p["sessions_per_min"] for p in points], s=14,
+                   label="model (1p1d, per seed and step)")
+        for rate, style in ((PAPER_BASE_PER_MIN, "--"), (2 * PAPER_BASE_PER_MIN, ":")):
+            ax.axhline(rate, color="k", ls=style, lw=1, label=f"arrivals {rate:g}/min")
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("sessions completed per minute, X(N)/K")
+    axes[0].legend(fontsize=8)
+    fig.suptitle("Completion curve on steady ramp steps (stable where it crosses arrivals rising, unstable falling)")
+    path = out_dir / "completions.png"
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
 def plot(result: dict[str, Any], out_dir: Path) -> list[Path]:
     import matplotlib
 
@@ -150,6 +172,7 @@ def plot(result: dict[str, Any], out_dir: Path) -> list[Path]:
         paths.append(out_dir / "knee.png")
         fig.savefig(paths[-1], dpi=120, bbox_inches="tight")
         plt.close(fig)
+        paths.append(_plot_completions(plt, points, out_dir))
     if "hysteresis" in result:
         fig, ax = plt.subplots(figsize=(6.4, 4.2))
         for h in result["hysteresis"].values():

@@ -79,8 +79,21 @@ def _one(job: tuple[str, int, str, bool, bool, str, float | None]) -> tuple[dict
     row = {"scenario": scenario_name, "seed": seed, **{k: s[k] for k in (
         "goodput_per_hour", "is_stuck", "hit_rate_pre", "hit_rate_post", "ttft_p50_post_s", "recovered_after_s",
         "prefill_busy_fraction", "sessions_arrived", "sessions_good")},
-        "live_regular_min50": None if minute is None else minute["live_sessions"] - minute["live_burst_sessions"]}
+        "live_regular_min50": None if minute is None else minute["live_sessions"] - minute["live_burst_sessions"],
+        "backlog_drained_after_s": s["backlog_drained_after_s"], **_lifetimes(result)}
     return row, (result if keep else None)
+
+
+def _lifetimes(result: RunResult) -> dict[str, float | None]:
+    """Arrival to end of the regular sessions that arrived in the goodput window and finished."""
+    scenario = result.spec.scenario
+    start, end = scenario.engine_s(scenario.goodput_from_s), scenario.engine_s(scenario.goodput_to_s)
+    spans = sorted(o.ended_s - o.arrival_s for o in result.outcomes if not o.is_burst and o.ended_s is not None
+                   and o.status == "finished" and start <= o.arrival_s < end)
+    if not spans:
+        return {"lifetime_mean_s": None, "lifetime_p50_s": None, "lifetime_p95_s": None}
+    return {"lifetime_mean_s": statistics.fmean(spans), "lifetime_p50_s": statistics.median(spans),
+            "lifetime_p95_s": spans[min(len(spans) - 1, int(0.95 * len(spans)))]}
 
 
 def _stat(values: list[float | None]) -> str:
@@ -130,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
             cell = {"scenario": f"{w}-{name}", "seeds": len(runs),
                     "share_stuck": sum(bool(r["is_stuck"]) for r in runs) / len(runs), "paper": PAPER[name]}
             for key in ("goodput_per_hour", "hit_rate_pre", "hit_rate_post", "ttft_p50_post_s", "recovered_after_s",
-                        "prefill_busy_fraction", "live_regular_min50"):
+                        "prefill_busy_fraction", "live_regular_min50", "backlog_drained_after_s", "lifetime_mean_s",
+                        "lifetime_p50_s", "lifetime_p95_s"):
                 cell[key] = _stat([r[key] for r in runs])
             table.append(cell)
             print(f"{cell['scenario']:<26} stuck {cell['share_stuck']:.0%}  goodput {cell['goodput_per_hour']}/h  "
