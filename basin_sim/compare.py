@@ -77,8 +77,8 @@ POLICIES = ("sglang", "hicache", "continuum", "budgeter", "basin-proto", "basin"
 DEFAULT_SEEDS = tuple(range(1, 11))
 KEPT = ("scenario", "deployment", "lending", "policy", "seed", "goodput_per_hour", "hit_rate_pre", "hit_rate_post",
         "sessions_arrived", "sessions_shed", "shed_share", "sessions_abandoned", "first_call_wait_p50_s",
-        "ttft_p50_post_s", "recovered_after_s", "is_stuck", "suspensions", "held_cache_share", "pin_answer_share",
-        "pin_ttl_mean_s", "pin_tool_time_share", "pin_queue_delay_s")
+        "ttft_p50_post_s", "recovered_after_s", "backlog_drained_after_s", "is_stuck", "suspensions",
+        "held_cache_share", "pin_answer_share", "pin_ttl_mean_s", "pin_tool_time_share", "pin_queue_delay_s")
 CellKey = tuple[str, str, str]  # scenario, deployment, lending
 # what Continuum's pins did (None for a policy that never pins), averaged over seeds
 PIN_COLUMNS = ("held_cache_share", "pin_tool_time_share", "pin_ttl_mean_s", "pin_queue_delay_s")
@@ -150,7 +150,17 @@ def _run(cells: Mapping[CellKey, Cell], key: CellKey, label: str, seed: int,
                   policy_overrides=variant.overrides if variant is not None else {},
                   latency_gate=variant is not None and variant.latency_gate)
     summary = run_scenario(run, cell.pool).summary
-    return {**{k: summary[k] for k in KEPT}, "policy": label}
+    return {**{k: summary[k] for k in KEPT}, "policy": label, **minute_series(summary["timeline"])}
+
+
+def minute_series(timeline: list[dict[str, Any]]) -> dict[str, list[float | None]]:
+    """A run's time-resolved results, one value per minute after warm-up (3 significant digits): the hit rate,
+    and the first-call wait p50 of the regular sessions arriving in that minute."""
+    def compact(value: float | None) -> float | None:
+        return None if value is None else float(f"{value:.3g}")
+
+    return {"minute_hit_rate": [compact(e["hit_rate"]) for e in timeline],
+            "minute_first_call_wait_s": [compact(e["first_call_wait_p50_s"]) for e in timeline]}
 
 
 def _kind(label: str) -> Reservation:

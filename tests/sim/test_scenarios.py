@@ -131,12 +131,13 @@ def test_three_prefills_share_the_calls_and_the_json_has_every_field() -> None:
     assert len(shares) == 3 and sum(shares) == pytest.approx(1.0) and min(shares) > 0.15
     for key in ("goodput_per_hour", "sessions_arrived", "sessions_good", "sessions_shed", "sessions_abandoned",
                 "base_rate_per_s", "hit_rate_pre", "hit_rate_post", "first_call_wait_p50_s", "ttft_p50_post_s",
-                "prefill_busy_fraction", "recovered_after_s", "is_stuck", "timeline", "prefill_share"):
+                "prefill_busy_fraction", "recovered_after_s", "backlog_drained_after_s", "is_stuck", "timeline",
+                "prefill_share"):
         assert key in summary, key
     entry = summary["timeline"][0]
     assert set(entry) == {"t_s", "hit_rate", "live_sessions", "live_burst_sessions", "held_sessions",
                           "working_set_tokens", "cache_tokens", "ttft_p50_s", "arrivals", "completions", "queued",
-                          "timeouts", "retries"}
+                          "timeouts", "retries", "first_call_wait_p50_s"}
     assert entry["cache_tokens"] == 3 * 400_000 and summary["base_rate_per_s"] == pytest.approx(0.05)
 
 
