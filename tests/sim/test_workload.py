@@ -128,3 +128,15 @@ def test_a_workload_scaled_to_a_median_peak_keeps_each_sessions_shape_at_the_new
         assert [c.gap_s for c in big.calls] == [c.gap_s for c in small.calls]  # tool time of the recorded session
         assert [c.prompt_tokens for c in big.calls] == [round(c.prompt_tokens * scale) for c in small.calls]
     assert token_scale(base, WorkloadSpec()) == 1.0 and scaled(chosen[0], 1.0) is chosen[0]
+
+
+def test_the_pool_draws_sourced_tool_time_by_default_and_recorded_keeps_the_recorded_gaps() -> None:
+    base = [session(f"t{k}", [1000, 1500, 2100, 2800], gap_s=0.04, benchmark="terminal-bench") for k in range(50)]
+    recorded = workload_pool(base, WorkloadSpec(tool_time="recorded"))
+    sourced = workload_pool(base, WorkloadSpec())
+    assert all(c.gap_s == 0.04 for s in recorded for c in s.calls[:-1])  # print times, kept as recorded
+    gaps = [c.gap_s for s in sourced for c in s.calls[:-1]]
+    assert all(g is not None and g >= 0 for g in gaps) and len(set(gaps)) == len(gaps)  # drawn, one per step
+    assert workload_pool(base, WorkloadSpec()) == sourced  # seeded by session id: the same in every pool
+    with pytest.raises(ScenarioError, match="workload.tool_time must be `sourced` or `recorded`"):
+        Scenario("x", 600, 60, 0, 600, rate=(RateStep(0, per_min=1.0),), workload=WorkloadSpec(tool_time="timed"))
