@@ -23,8 +23,10 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 install: $(STAMP)
 
+# The headline last: DVC's own last lines (a `git add dvc.lock` hint) are not what a run measured.
 repro: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" DVC_NO_ANALYTICS=1 dvc repro
+	@$(BIN)/python -m basin_pipeline.headline
 
 # -n auto: one worker per core (tests/conftest.py gives each its own ports); whole files per worker, in the
 # order tests/conftest.py sorts them (integration and e2e first; xdist would reorder by test count);
