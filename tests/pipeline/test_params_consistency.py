@@ -75,7 +75,7 @@ def test_paths_are_named_once_as_outputs() -> None:
     ("train", {"search": {**PARAMS["train"]["search"], "alpha": [0.01]}},
      r"train\.search\.alpha must be a 2 list \(a float each\), got \[0\.01\]"),
     ("ingest", {"corpora": [{"benchmark": "b", "format": "f"}]},
-     r"ingest\.corpora\[0\]: missing keys \['path'\], unknown keys \[\]"),
+     r"ingest\.corpora\[0\]: missing key 'path'$"),
     ("nested", {"seeds": [1, "two"]}, r"nested\.seeds\[1\] must be a whole number, got 'two'"),
     ("export", {"publish": "yes"}, r"export\.publish must be true or false, got 'yes'"),
     ("simulate", {"reservation_quantile": None}, r"simulate\.reservation_quantile must be a float, got None"),
