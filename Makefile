@@ -23,8 +23,10 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 install: $(STAMP)
 
-# The headline last: DVC's own last lines (a `git add dvc.lock` hint) are not what a run measured.
+# params.yaml checked whole first (a bad value stops here, before DVC deletes any stage's outputs);
+# the headline last: DVC's own last lines (a `git add dvc.lock` hint) are not what a run measured.
 repro: $(STAMP)
+	$(BIN)/python -m basin_pipeline.params params.yaml
 	PATH="$(CURDIR)/$(BIN):$$PATH" DVC_NO_ANALYTICS=1 dvc repro
 	@$(BIN)/python -m basin_pipeline.headline
 

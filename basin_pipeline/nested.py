@@ -54,7 +54,7 @@ from basin_pipeline import reservations
 from basin_pipeline.fast_cv import EmptyVocabularyError, FoldFeaturizer
 from basin_pipeline.features import ModelParams
 from basin_pipeline.metrics_files import numbers_only, short_name, write_metrics
-from basin_pipeline.params import NestedParams, SearchSpace, nested_params, train_params
+from basin_pipeline.params import NestedParams, SearchSpace, nested_params, or_exit, train_params
 from basin_pipeline.scoring import mean_defined, spearman, spearman_by_benchmark
 from basin_pipeline.train import model_subsets
 from basin_pipeline.tuning import suggest
@@ -359,12 +359,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    params = nested_params(args.params)
+    params = or_exit(nested_params, args.params, parser.prog)
     frame = pd.read_parquet(args.frame)
     started = time.monotonic()
     out_of_fold: dict[str, pd.Series] = {}
     try:
-        result = report(frame, params, train_params(args.params).search, out_of_fold)
+        result = report(frame, params, or_exit(train_params, args.params, parser.prog).search, out_of_fold)
     except ValueError as exc:  # one line naming the fold and the knob, no traceback
         log.error("%s", exc)
         return 1
