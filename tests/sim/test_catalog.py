@@ -69,7 +69,8 @@ def test_unknown_names_list_the_known_ones() -> None:
 
 @pytest.mark.parametrize(("old", "new", "message"), [
     ("warmup_s: 1200\n", "warmup_s: 1200\nsurgee: 1\n", r"unknown key 'surgee' \(known: bursts, clients"),
-    ("warmup_s: 1200\n", "warmup: 1200\n", r"missing key 'warmup_s'; unknown key 'warmup' \(did you mean 'warmup_s'\?\)"),
+    ("warmup_s: 1200\n", "warmup: 1200\n",
+     r"missing key 'warmup_s'; unknown key 'warmup' \(did you mean 'warmup_s'\?\)"),
     ("x_base: 4.0,", "x_base: 4.0, kill: yes,", r"bursts\[0\]: unknown key 'kill' \(did you mean 'kill_at_s'\?\)"),
     ("max_unloaded_s: 300", "max_unloaded_s: '300'", r"bursts\[0\]\.max_unloaded_s must be a float, got '300'"),
     ("{from_s: 900, x_overload: 1.0}", "{from_s: 900}",
@@ -79,7 +80,8 @@ def test_unknown_names_list_the_known_ones() -> None:
     ("per_min: 3.3}", "per_min: -3.3}", r"rate\[2\]\.per_min must be >= 0, got -3.3"),
     ("per_min: 3.3}", "per_min: '3.3'}", r"rate\[2\]\.per_min must be a float, got '3.3'"),
     ("per_min: 3.3}", "per_s: 3.3}", r"rate\[2\]: unknown key 'per_s' \(did you mean 'per_min'\?\)"),
-    ("tool_time_scale: 1.0}", "tool_time: 1.0}", r"workload: unknown key 'tool_time' \(did you mean 'tool_time_scale'\?\)"),
+    ("tool_time_scale: 1.0}", "tool_time: 1.0}",
+     r"workload: unknown key 'tool_time' \(did you mean 'tool_time_scale'\?\)"),
     ("to_s: 5100}", "to_s: 9999}", "goodput_window needs 0 <= from_s < to_s <= duration_s"),
     ("duration_s: 5400\n", "", r"missing key 'duration_s'"),
 ])
