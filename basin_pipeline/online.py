@@ -45,7 +45,7 @@ from sklearn.linear_model import Ridge
 from basin_pipeline import reservations
 from basin_pipeline.fast_cv import FoldFeaturizer
 from basin_pipeline.features import ModelParams
-from basin_pipeline.metrics_files import numbers_only, short_name, write_metrics
+from basin_pipeline.metrics_files import numbers_only, write_metrics
 from basin_pipeline.nested import assign
 from basin_pipeline.params import online_params, or_exit
 from basin_pipeline.scoring import spearman
@@ -355,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.headline_dir is not None:
         for k in params.eval_calls:
             write_metrics(args.headline_dir / f"online_k{k}.json", numbers_only(
-                {short_name(b): e.get(f"k{k}", {}).get("online", {}).get("mean")
+                {str(b): e.get(f"k{k}", {}).get("online", {}).get("mean")
                  for b, e in report["by_benchmark"].items()}))
     return 0
 
