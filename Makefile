@@ -1,5 +1,6 @@
 # Two commands do all set-up on a fresh machine:
 #   make repro   create the virtual environment if missing, install, run the whole DVC pipeline
+#   make metrics the committed headline numbers (dvc metrics show, dvc exp show on a few columns)
 #   make test    the same install, then the whole test suite on every core (CI runs it)
 #   make test-quick  the unit tier only (no integration or e2e test), for the edit loop
 #   make check   the same install, then ruff and mypy (CI runs it before `make test`)
@@ -10,7 +11,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: repro test test-quick demo install check lint typecheck docs bench mlflow-ui clean-venv
+.PHONY: repro metrics test test-quick demo install check lint typecheck docs bench mlflow-ui clean-venv
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,8 +24,22 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 install: $(STAMP)
 
+# params.yaml checked whole first (a bad value stops here, before DVC deletes any stage's outputs);
+# the headline last: DVC's own last lines (a `git add dvc.lock` hint) are not what a run measured.
 repro: $(STAMP)
+	$(BIN)/python -m basin_pipeline.params params.yaml
 	PATH="$(CURDIR)/$(BIN):$$PATH" DVC_NO_ANALYTICS=1 dvc repro
+	@$(BIN)/python -m basin_pipeline.headline
+
+# The committed numbers at a glance: the headline metric files (a row each, a column per benchmark), the
+# experiments beside the workspace with only those columns (no params, no dependency hashes), the headline.
+EXP_COLUMNS := '^(Experiment|Created)$$|^metrics/(spearman_unseen|cover90|goodput)\.json:'
+metrics: $(STAMP)
+	@DVC_NO_ANALYTICS=1 $(BIN)/dvc metrics show
+	@echo
+	@DVC_NO_ANALYTICS=1 $(BIN)/dvc exp show --no-pager --md --precision 3 --drop '.*' --keep $(EXP_COLUMNS)
+	@echo
+	@$(BIN)/python -m basin_pipeline.headline
 
 # -n auto: one worker per core (tests/conftest.py gives each its own ports); whole files per worker, in the
 # order tests/conftest.py sorts them (integration and e2e first; xdist would reorder by test count);

@@ -13,7 +13,8 @@ Publishing replaces a file only when the model changed: a published model traine
 (training-data hash), with the same params, benchmarks and multipliers, whose predictions on the parity set of its
 training rows match the new model's within `parity_rtol`, is kept byte for byte (floating-point noise
 between machines, ~1e-5, would otherwise dirty git on every re-run; its metadata metrics are then the
-ones it was published with).
+ones it was published with), and the stage's own copy in its output folder is replaced by the published
+bytes, so the simulate stage runs, and its metrics name (`predictor_sha256`), the model that ships.
 The models are logged to MLflow with `mlflow.onnx`, registered (each version tagged with its CV
 metrics, params and training-data hash), and the best aliased `champion`.
 """
@@ -39,7 +40,7 @@ from sklearn.pipeline import Pipeline
 from basin_pipeline import tracking
 from basin_pipeline.features import LENGTH_INPUTS, MODEL_INPUTS, model_frame
 from basin_pipeline.onnx_export import serialize, set_metadata, to_onnx
-from basin_pipeline.params import export_params
+from basin_pipeline.params import export_params, or_exit
 from basin_pipeline.reservations import shipping_multipliers
 from basin_runtime.online import OnlineModel, online_file_name
 from basin_runtime.predictor import MAX_PEAK_TOKENS, SCHEMA_VERSION, PeakPredictor, PredictorError, model_file_name
@@ -174,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
                         "its first-call model and published with it")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    params = export_params(args.params)
+    params = or_exit(export_params, args.params, parser.prog)
     best = json.loads((args.train_dir / "best.json").read_text(encoding="utf-8"))
     summary = json.loads(args.summary.read_text(encoding="utf-8"))
     frame = pd.read_parquet(args.frame)
@@ -221,6 +222,8 @@ def publish_models(written: dict[str, Path], folder: Path, publish: bool, synthe
         if difference is not None and difference <= rtol:
             log.info("kept %s: the new model predicts within %.1e relative of it (tolerance %.0e)", target,
                      difference, rtol)
+            for fresh, published in pair:  # the stage's file becomes the shipped bytes: what simulate runs is
+                shutil.copyfile(published, fresh)  # what ships (its SHA-256 in metrics/simulate.json)
             continue
         for fresh, published in pair:  # a first-call model and its online model go together
             shutil.copyfile(fresh, published)

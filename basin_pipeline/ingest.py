@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from basin_pipeline.adapters import format_names
-from basin_pipeline.params import IngestParams, corpus_path, ingest_params
+from basin_pipeline.params import IngestParams, corpus_path, ingest_params, or_exit
 from basin_pipeline.records import Reject
 from basin_pipeline.report import build_report, write_report
 from basin_pipeline.sessionize import Corpus, IngestResult, ingest
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.params:
         if not args.manifest:
             _parser().error("--params needs --manifest (the `sources` stage's output)")
-        params = ingest_params(args.params)
+        params = or_exit(ingest_params, args.params, "python -m basin_pipeline.ingest")
         corpora = _stage_corpora(params, args.manifest, args.params)
         if not corpora:
             return _finish(_synthetic(params), args, params.max_reject_fraction, synthetic=True)

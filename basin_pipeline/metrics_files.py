@@ -11,8 +11,14 @@ Two kinds:
   or `dvc metrics show FILE`.
 
 Rules:
-- Floats are written with 6 significant digits: the last bits of a float differ between machines
-  (BLAS, onnxruntime builds), and a re-run on unchanged data must leave git clean.
+- Floats are written with 4 significant digits, the precision stable across x86 CPUs: every number
+  here is computed in float64, but ridge's iterative solver stops at a tolerance, and another CPU's
+  BLAS kernels (AVX2 or AVX-512, their own summation order) move its fit by ~1e-5 relative
+  (docs/pipeline/predictor.md, "Clean re-runs"); 4 significant digits round on a step of 1e-4 to
+  1e-3 relative, ten times that or more. 6 digits (before issue 45) showed the noise and dirtied git.
+  The generated docs blocks (scripts/render_results.py) print 2 or 3 decimals. What rounding cannot
+  absorb: a value within the noise of a rounding step, or a simulated admission decided by a
+  prediction within the noise of the budget, moves; commit the new file then.
 - NaN and infinities are written as null (JSON has neither; DVC shows `-`).
 - Keys sorted, two-space indent, one trailing newline.
 """
@@ -25,7 +31,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-SIGNIFICANT_DIGITS = 6
+SIGNIFICANT_DIGITS = 4
 
 
 def rounded(value: Any, digits: int = SIGNIFICANT_DIGITS) -> Any:
@@ -45,14 +51,6 @@ def write_metrics(path: Path, values: Mapping[str, Any]) -> None:
     """Write `values` to `path` as a versioned metric file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(rounded(values), indent=2, sort_keys=True) + "\n", encoding="utf-8")
-
-
-SHORT_NAMES = {"swebench-verified": "swe", "tau-bench-airline": "tau", "terminal-bench": "tb"}
-
-
-def short_name(benchmark: str) -> str:
-    """A benchmark's column name in the headline files."""
-    return SHORT_NAMES.get(benchmark, benchmark)
 
 
 def numbers_only(values: Mapping[str, Any]) -> dict[str, Any]:

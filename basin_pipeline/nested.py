@@ -25,6 +25,8 @@ Rules:
   every (seed, outer fold). No new study: the fold's chosen knobs are reused.
 - The shipped model is trained by `train` (tuned on all folds, fitted on all rows); this stage only
   reports how well that recipe does on rows it never tuned or fitted on.
+- The numbers are also logged as one MLflow run `nested` (`run_metrics`: each model's per-fold Spearman mean
+  and sd per protocol and benchmark, the headline files'), a side channel nothing reads back.
 - Out-of-fold predictions (`--predictions`): for the first fold seed of the unseen-task protocol, each
   session's prediction by the pooled model and by its benchmark's own model (null without one), each
   from the outer fold that held every run of its task out of tuning and fitting. The simulator
@@ -50,11 +52,11 @@ import pandas as pd
 import scipy.sparse as sp
 from tqdm import tqdm
 
-from basin_pipeline import reservations
+from basin_pipeline import reservations, tracking
 from basin_pipeline.fast_cv import EmptyVocabularyError, FoldFeaturizer
 from basin_pipeline.features import ModelParams
-from basin_pipeline.metrics_files import numbers_only, short_name, write_metrics
-from basin_pipeline.params import NestedParams, SearchSpace, nested_params, train_params
+from basin_pipeline.metrics_files import numbers_only, write_metrics
+from basin_pipeline.params import NestedParams, SearchSpace, nested_params, or_exit, train_params
 from basin_pipeline.scoring import mean_defined, spearman, spearman_by_benchmark
 from basin_pipeline.train import model_subsets
 from basin_pipeline.tuning import suggest
@@ -359,12 +361,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    params = nested_params(args.params)
+    params = or_exit(nested_params, args.params, parser.prog)
     frame = pd.read_parquet(args.frame)
     started = time.monotonic()
     out_of_fold: dict[str, pd.Series] = {}
     try:
-        result = report(frame, params, train_params(args.params).search, out_of_fold)
+        result = report(frame, params, or_exit(train_params, args.params, parser.prog).search, out_of_fold)
     except ValueError as exc:  # one line naming the fold and the knob, no traceback
         log.error("%s", exc)
         return 1
@@ -378,13 +380,34 @@ def main(argv: list[str] | None = None) -> int:
             if cover:
                 log.info("%-11s %-20s m(0.9) covers %s (constant %s)", protocol, bench,
                          _fmt(cover["model"]["0.9"]["coverage"]), _fmt(cover["constant"]["0.9"]["coverage"]))
-    write_metrics(args.out, result)  # 6 significant digits: a re-run elsewhere leaves git clean
+    write_metrics(args.out, result)  # 4 significant digits: a re-run elsewhere leaves git clean
     if args.predictions is not None:
         write_out_of_fold(args.predictions, frame, out_of_fold, params)
     if args.headline_dir is not None:
         for name, values in headline(result).items():
             write_metrics(args.headline_dir / f"{name}.json", values)
+    tracking.configure()
+    tracking.log_run("nested", {"seeds": list(params.seeds), "outer_folds": params.outer_folds,
+                                "inner_folds": params.inner_folds, "trials": params.trials}, run_metrics(result), {})
     return 0
+
+
+MODELS = ("own_model", "pooled_model", "first_prompt_only", "task_chars_only")
+
+
+def run_metrics(result: dict[str, Any]) -> dict[str, Any]:
+    """What the MLflow run `nested` holds: per protocol, benchmark and model (the shipped recipe and the
+    baselines), the per-fold Spearman's mean and sd over fold seeds (`unseen_task/terminal-bench/own_model/mean`),
+    and the headline files' numbers (`headline/spearman_unseen/terminal-bench`)."""
+    out: dict[str, Any] = {"headline": headline(result)}
+    for protocol in PROTOCOLS:
+        for bench, entry in result.get(protocol, {}).items():
+            for model in MODELS:
+                per_fold = entry.get(model, {}).get("per_fold", {})
+                values = {k: per_fold.get(k) for k in ("mean", "sd") if per_fold.get(k) is not None}
+                if values:
+                    out.setdefault(protocol, {}).setdefault(str(bench), {})[model] = values
+    return out
 
 
 def out_of_fold_table(frame: pd.DataFrame, out_of_fold: dict[str, pd.Series], params: NestedParams) -> pd.DataFrame:
@@ -407,14 +430,14 @@ def write_out_of_fold(path: Path, frame: pd.DataFrame, out_of_fold: dict[str, pd
 
 
 def headline(result: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """The headline files' contents, by benchmark short name, for the model that ships for each benchmark
+    """The headline files' contents, by benchmark name, for the model that ships for each benchmark
     (its own, else the pooled one): `spearman_unseen` and `spearman_seen` (per-fold mean Spearman under
     each protocol) and `cover90` (outer-fold coverage of its 0.9 multiplier). One file per number, so
     `dvc metrics show` is a row per number and a column per benchmark."""
     out: dict[str, dict[str, Any]] = {"spearman_unseen": {}, "spearman_seen": {}, "cover90": {}}
     for bench, entry in result.get("unseen_task", {}).items():
         model = "own_model" if "own_model" in entry else "pooled_model"
-        name = short_name(str(bench))
+        name = str(bench)
         seen = result.get("seen_task", {}).get(bench, {})
         cover = entry.get(f"{model}_reservations", {}).get("model", {}).get("0.9", {}).get("coverage", {})
         out["spearman_unseen"][name] = entry.get(model, {}).get("per_fold", {}).get("mean")

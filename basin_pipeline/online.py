@@ -45,9 +45,9 @@ from sklearn.linear_model import Ridge
 from basin_pipeline import reservations
 from basin_pipeline.fast_cv import FoldFeaturizer
 from basin_pipeline.features import ModelParams
-from basin_pipeline.metrics_files import numbers_only, short_name, write_metrics
+from basin_pipeline.metrics_files import numbers_only, write_metrics
 from basin_pipeline.nested import assign
-from basin_pipeline.params import online_params
+from basin_pipeline.params import online_params, or_exit
 from basin_pipeline.scoring import spearman
 from basin_pipeline.train import POOLED
 from basin_runtime.online import (
@@ -316,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--headline-dir", type=Path, help="folder for online_k<k>.json headline files")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    params = online_params(args.params)
+    params = or_exit(online_params, args.params, parser.prog)
     started = time.monotonic()
     frame = pd.read_parquet(args.frame)
     calls = history(read_table(args.sessions).select(["session_id", "calls"]).to_pandas())
@@ -355,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.headline_dir is not None:
         for k in params.eval_calls:
             write_metrics(args.headline_dir / f"online_k{k}.json", numbers_only(
-                {short_name(b): e.get(f"k{k}", {}).get("online", {}).get("mean")
+                {str(b): e.get(f"k{k}", {}).get("online", {}).get("mean")
                  for b, e in report["by_benchmark"].items()}))
     return 0
 

@@ -43,7 +43,7 @@ from typing import Any
 
 from basin_pipeline import tracking
 from basin_pipeline.metrics_files import numbers_only, write_metrics
-from basin_pipeline.params import simulate_params
+from basin_pipeline.params import or_exit, simulate_params
 from basin_sim import compare
 from basin_sim.calibrate.knee_cache import DEFAULT_CALIBRATIONS_FILE
 from basin_sim.calibrate.knee_ramp import RAMP_STEP_S
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the headline row over seeds; write metrics, the calibration and the plot."""
     args = _parser().parse_args(argv)
     if args.params is not None:
-        params = simulate_params(args.params)
+        params = or_exit(simulate_params, args.params, "python -m basin_pipeline.simulate")
         args.deployment, args.scenario = params.deployment, params.scenario
         args.steady_scenario = params.steady_scenario
         args.policies, args.seeds = list(params.policies), list(params.seeds)

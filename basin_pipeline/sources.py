@@ -16,7 +16,7 @@ from typing import Any
 
 from basin_pipeline.adapters import FORMATS
 from basin_pipeline.adapters.files import find_files
-from basin_pipeline.params import CorpusParams, corpus_path, ingest_params
+from basin_pipeline.params import CorpusParams, corpus_path, ingest_params, or_exit
 
 log = logging.getLogger(__name__)
 
@@ -37,12 +37,12 @@ def fingerprint(corpus: CorpusParams, path: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m basin_pipeline.sources", description=__doc__.splitlines()[0])
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--out", required=True, help="manifest to write (JSON)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    params = ingest_params(args.params)
+    params = or_exit(ingest_params, args.params, parser.prog)
     corpora = [fingerprint(c, corpus_path(c, args.params)) for c in params.corpora]
     for c in corpora:
         log.info("%s: %s", c["benchmark"], f"{c['files']} files" if c["present"] else f"MISSING at {c['path']}")

@@ -27,7 +27,7 @@ from tqdm import tqdm
 from basin_pipeline import tracking
 from basin_pipeline.features import build_model
 from basin_pipeline.metrics_files import SIGNIFICANT_DIGITS, write_metrics
-from basin_pipeline.params import TrainParams, train_params
+from basin_pipeline.params import TrainParams, or_exit, train_params
 from basin_pipeline.tuning import TrialResult, best_params, run_study
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    params = train_params(args.params)
+    params = or_exit(train_params, args.params, parser.prog)
     frame = pd.read_parquet(args.frame)
     summary = json.loads(args.summary.read_text(encoding="utf-8"))
     args.out.mkdir(parents=True, exist_ok=True)

@@ -7,14 +7,16 @@ Rules:
   `Literal[...]`, `X | None`, `tuple[X, ...]`, `tuple[X, X]`, a nested dataclass; anything else must
   declare one).
 - `read_keys(raw, keys, required, where)` checks a mapping whole: not a mapping, or a required key
-  missing, or a key not declared, is an error before any value is read; then each value passes its
+  missing, or a key not declared, is an error; every such mapping of one reading, at every nesting
+  level and list item, is named in one `BadKeys` (an unknown key with its closest known one: "did you
+  mean"); each value passes its
   check, which may convert it (a whole number given for a float is a float, a list is a tuple, a nested
   mapping is its dataclass). `read_fields(cls, raw, where)` is the same over a dataclass's fields, each
   field without a default required.
 - With `null_is_absent`, an optional key given as null is left out (its default applies).
 - Errors are `SchemaError`s naming the key's path from the top (`bursts[0].kill_at_s`, `workload.timing`)
-  and the value: `BadValue` ("KEY must be EXPECTED, got VALUE") and `BadKeys` (the missing, unknown and
-  known keys). Callers put the file in front.
+  and the value: `BadValue` ("KEY must be EXPECTED, got VALUE") and `BadKeys` (each mapping's missing
+  and unknown keys). Callers put the file in front.
 - The standard library only: the gateway's options, the calibration file, the simulator's catalog and the
   pipeline's params sections are all read through it.
 """
@@ -22,6 +24,7 @@ Rules:
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import re
 import types
@@ -47,16 +50,57 @@ class BadValue(SchemaError):
         self.value = value
 
 
-class BadKeys(SchemaError):
-    """A mapping with required keys missing or keys nobody declared."""
+@dataclass(frozen=True)
+class KeyProblem:
+    """One mapping's required keys missing and undeclared keys, at `where` (its key path; "" at the top)."""
 
-    def __init__(self, where: str, missing: Sequence[str], unknown: Sequence[str], known: Sequence[str]) -> None:
-        at = f"{where}: " if where else ""
-        super().__init__(f"{at}missing keys {list(missing)}, unknown keys {list(unknown)}; known: {list(known)}")
-        self.where = where
-        self.missing = list(missing)
-        self.unknown = list(unknown)
-        self.known = list(known)
+    where: str
+    missing: tuple[str, ...]
+    unknown: tuple[str, ...]
+    known: tuple[str, ...]
+
+    def __str__(self) -> str:
+        at = f"{self.where}: " if self.where else ""
+        parts = [f"missing key{'s' if len(self.missing) > 1 else ''} {', '.join(map(repr, self.missing))}"] \
+            if self.missing else []
+        for name in self.unknown:
+            close = difflib.get_close_matches(name, self.known, n=1, cutoff=0.6)
+            parts.append(f"unknown key {name!r} (did you mean {close[0]!r}?)" if close else
+                         f"unknown key {name!r} (known: {', '.join(self.known)})")
+        return at + "; ".join(parts)
+
+
+class BadKeys(SchemaError):
+    """Mappings with required keys missing or keys nobody declared: every such mapping of one reading, at
+    every nesting level, in one error (`problems`; `where`, `missing`, `unknown` and `known` are the first's)."""
+
+    def __init__(self, problems: Sequence[KeyProblem], also: Sequence[SchemaError] = ()) -> None:
+        super().__init__("; ".join([*map(str, problems), *map(str, also)]))
+        self.problems = list(problems)
+        first = problems[0]
+        self.where = first.where
+        self.missing = list(first.missing)
+        self.unknown = list(first.unknown)
+        self.known = list(first.known)
+
+
+def _read_all(items: Sequence[tuple[str, Check, str, object]], problems: list[KeyProblem]) -> dict[str, Any]:
+    """Each (name, check, key path, value) read; every `BadKeys` gathered with `problems` into one (a `BadValue`
+    is raised at once, unless there are key problems too: then it joins their message)."""
+    values: dict[str, Any] = {}
+    also: list[SchemaError] = []
+    for name, check, path, value in items:
+        try:
+            values[name] = check.read(path, value)
+        except BadKeys as exc:
+            problems.extend(exc.problems)
+        except SchemaError as exc:
+            if not problems:
+                raise
+            also.append(exc)
+    if problems:
+        raise BadKeys(problems, also)
+    return values
 
 
 # --- checks --------------------------------------------------------------------------------------
@@ -244,7 +288,8 @@ class ListOf(Check):
         if not isinstance(items, list | tuple) or len(items) < self.min_items or (
                 self.length is not None and len(items) != self.length):
             raise self.refused(key, value)
-        return tuple(self.item.read(f"{key}[{k}]", item) for k, item in enumerate(items))
+        values = _read_all([(str(k), self.item, f"{key}[{k}]", item) for k, item in enumerate(items)], [])
+        return tuple(values[str(k)] for k in range(len(items)))
 
     @property
     def from_text(self) -> Callable[[str], Any]:
@@ -345,16 +390,13 @@ def read_keys(raw: object, keys: Mapping[str, Key], required: Collection[str] = 
     """The checked values of the mapping `raw` (see the rules); `where` is its own key path ("" at the top)."""
     if not isinstance(raw, Mapping):
         raise BadValue(where or "the top level", "a mapping", raw)
-    missing = sorted(name for name in required if name not in raw)
-    unknown = sorted(str(name) for name in raw if name not in keys)
-    if missing or unknown:
-        raise BadKeys(where, missing, unknown, sorted(keys))
-    values: dict[str, Any] = {}
-    for name, value in raw.items():
-        if value is None and null_is_absent and name not in required:
-            continue
-        values[name] = keys[name].check.read(f"{where}.{name}" if where else name, value)
-    return values
+    missing = tuple(sorted(name for name in required if name not in raw))
+    unknown = tuple(sorted(str(name) for name in raw if name not in keys))
+    problems = [KeyProblem(where, missing, unknown, tuple(sorted(keys)))] if missing or unknown else []
+    items = [(str(name), keys[name].check, f"{where}.{name}" if where else str(name), value)
+             for name, value in raw.items()
+             if name in keys and not (value is None and null_is_absent and name not in required)]
+    return _read_all(items, problems)
 
 
 def read_fields(cls: type[Any], raw: object, where: str = "", *, required: Collection[str] | None = None,

@@ -1,10 +1,8 @@
-"""Command line: `basin-sim run|calibrate|knee|risk|ramp` (`python -m basin_sim`): one scenario, or a measurement.
+"""`basin-sim`: the discrete-event model of a PD-disaggregated SGLang deployment, from the command line.
 
-    python -m basin_sim run --scenario surge-100 --deployment 1p3d-h100 --policy sglang --seed 1 --json
-    python -m basin_sim run --scenario my-surge.yaml --deployment my-deployment.yaml --policy sglang --json
-    python -m basin_sim run --scenario steady --deployment 1p3d-h100-host --policy sglang --plot-dir plots/
-    python -m basin_sim run --scenario surge-100 --deployment 1p3d-h100 --lending decode-memory --policy basin
-    python -m basin_sim calibrate --deployment 1p3d-h100 --scenario surge-100
+`basin-sim --help` lists every subcommand with one example each; `basin-sim COMMAND --help` gives every option
+with its default. Subcommands: `run` (one scenario under one policy), `compare` (a grid over seeds,
+basin_sim/compare.py), `calibrate`, `knee`, `risk`, `ramp` (measurements, basin_sim/calibrate/commands.py).
 """
 
 from __future__ import annotations
@@ -34,12 +32,15 @@ from basin_sim.calibrate.knee_cache import DEFAULT_CALIBRATIONS_FILE, KneeCache,
 from basin_sim.calibrate.rates import DEFAULT_RATES_FILE, RateCache, RatesError, overload_rate_for
 from basin_sim.calibrate.sweep import RampError
 from basin_sim.executors import ExecutorError, exit_status
+from basin_sim.help_format import DefaultsFormatter
 from basin_sim.policies import UnknownPolicyError, policy_names, policy_spec
 from basin_sim.predictions import (
     PredictionsError,
+    ReservingPredictor,
     Revisions,
     add_predictions_source,
     add_reservation_quantile,
+    load_out_of_fold,
     load_predictor,
     online_revisions,
     peaks_tag,
@@ -50,6 +51,7 @@ from basin_sim.predictions import (
 )
 from basin_sim.profile import CacheKind, Deployment
 from basin_sim.run_spec import RunSpec
+from basin_sim.run_summary import PIN_KEYS
 from basin_sim.simulate import run_scenario
 from basin_sim.workload.pool import DEFAULT_SESSIONS, PoolError, load_pool, token_scale, workload_pool
 from basin_sim.workload.scenarios import Scenario, ScenarioError
@@ -88,7 +90,22 @@ class _Progress:
         self._bar.close()
 
 
+def _check_inputs(args: argparse.Namespace) -> ReservingPredictor | None:
+    """Every file the run will read, read or checked before any work that takes time (an overload-rate
+    measurement or a knee calibration takes minutes); returns the predictor for policy basin."""
+    policy_spec(args.policy)  # an unknown name lists the known ones
+    if args.calibration is not None and not Path(args.calibration).is_file():
+        raise UsageError(f"--calibration {args.calibration}: no such file")
+    if args.policy != "basin":
+        return None
+    predictor = load_predictor(args.model)  # a missing or unusable file: PredictorError naming it
+    if args.predictions == "out-of-fold":
+        load_out_of_fold(args.out_of_fold)  # a missing table: PredictionsError naming it and `make repro`
+    return predictor
+
+
 def _run(args: argparse.Namespace) -> int:
+    predictor = _check_inputs(args)
     scenario = catalog.load_scenario(args.scenario)
     deployment_spec = catalog.load_deployment(args.deployment)
     deployment = deployment_spec.build(_cache_for(args.policy, args.cache, deployment_spec.cache), args.lending)
@@ -99,8 +116,7 @@ def _run(args: argparse.Namespace) -> int:
     multipliers: dict[str, float] = {}
     revisions: Revisions = {}
     sources: dict[str, int] = {}
-    if args.policy == "basin":
-        predictor = load_predictor(args.model)
+    if predictor is not None:
         peaks, sources = pool_peaks(predictor, pool, args.predictions, args.out_of_fold,
                                     token_scale(base, scenario.workload))
         multipliers = reservation_multipliers(predictor, pool, args.reservation_quantile)
@@ -140,8 +156,22 @@ def _run(args: argparse.Namespace) -> int:
 
         path = plot_run(result, args.plot_dir)
         log.info("wrote %s", path)
-    print(json.dumps(summary, sort_keys=True) if args.json else _table(summary))
+    shown = policy_fields(summary, args.policy)
+    print(json.dumps(shown, sort_keys=True) if args.json else _table(shown))
     return 0
+
+
+# Summary fields only some policies have (run_summary.summarize writes them all, None or neutral elsewhere).
+BASIN_FIELDS = ("knee_tokens", "reservation_ratio", "sessions_admitted", "sessions_overflowed", "calibration_source")
+PREDICTOR_FIELDS = ("reservation_scale", "reservation_quantile", "predictions")  # basin alone reads a predictor
+OWNERS = {**dict.fromkeys(BASIN_FIELDS, ("basin", "basin-proto")), **dict.fromkeys(PREDICTOR_FIELDS, ("basin",)),
+          **dict.fromkeys(PIN_KEYS, ("continuum",)), "suspensions": ("budgeter",)}
+
+
+def policy_fields(summary: dict[str, Any], policy: str) -> dict[str, Any]:
+    """`summary` without the fields the policy `policy` does not have (a plain-SGLang run has no pins, budget
+    or predictor)."""
+    return {k: v for k, v in summary.items() if policy in OWNERS.get(k, (policy,))}
 
 
 def _overload_rate(args: argparse.Namespace, deployment: Deployment, pool: Sequence[Session],
@@ -191,33 +221,66 @@ def _table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+PROG = "basin-sim"
+
+POLICIES = """policies (--policy):
+  sglang       stock SGLang PD: first come first served, no admission control, GPU prefix cache only
+  hicache      the same with SGLang's HiCache host tier (prefixes evicted from GPU kept in host memory)
+  continuum    Continuum: KV pinned across tool calls for a per-call TTL, program-level FCFS, no admission
+  budgeter     the vLLM study's budgeter: sessions' contexts bounded by the KV pool, newest suspended
+  basin-proto  Basin's hardware prototype: arrival order, admission by current context, shedding
+  basin        Basin: predicted-peak admission (--model), size-aware priority, adaptive budget, shedding
+"""
+
+EXAMPLES = {
+    "run": "basin-sim run --scenario paper-timed-kill-burst-keep --deployment 1p3d --policy sglang --plot-dir plots",
+    "compare": "basin-sim compare --scenarios surge-100 --deployments 1p3d --policies sglang basin --seeds 1 2 3",
+    "calibrate": "basin-sim calibrate --deployment 1p3d-h100 --scenario surge-100",
+    "knee": "basin-sim knee --deployment 1p3d --model models/peak_predictor.onnx --out calibration.json",
+    "risk": "basin-sim risk --deployment 1p3d 3p1d --json",
+    "ramp": "basin-sim ramp --deployment 1p3d --json",
+}
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m basin_sim", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="simulate one scenario and print its summary")
+    examples = "\n".join(f"  {line}" for line in EXAMPLES.values())
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0] + "\n\n" + POLICIES,
+                                     epilog="examples, one per subcommand:\n" + examples,
+                                     formatter_class=DefaultsFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                title="subcommands (basin-sim COMMAND --help: every option and its default)")
+    run = sub.add_parser("run", help="simulate one scenario on one deployment under one policy; print its summary",
+                         description="Simulate one scenario on one deployment under one policy; print the run's "
+                                     "summary (the fields the chosen policy has) and, with --plot-dir, its timeline "
+                                     "(minutes from the end of the warm-up, as scenario files count them).")
     run.add_argument("--scenario", required=True,
-                     help=f"one of {catalog.names(catalog.SCENARIOS_DIR)}, or a scenario .yaml file")
+                     help=f"one of {', '.join(catalog.names(catalog.SCENARIOS_DIR))}, or a scenario .yaml file")
     run.add_argument("--deployment", required=True,
-                     help=f"one of {catalog.names(catalog.DEPLOYMENTS_DIR)}, or a deployment .yaml file")
-    run.add_argument("--cache", choices=("gpu", "host"), help="override the deployment file's cache kind")
+                     help=f"one of {', '.join(catalog.names(catalog.DEPLOYMENTS_DIR))}, or a deployment .yaml file")
+    run.add_argument("--cache", choices=("gpu", "host"),
+                     help="override the deployment file's cache kind (host: the HiCache host tier)")
     run.add_argument("--lending", choices=LENDING_KINDS,
                      help="override the deployment file's lending switch (none: stock SGLang; decode-memory: "
                           "idle decode memory lent to the prefix cache)")
-    run.add_argument("--policy", required=True, help=f"one of {list(policy_names())}")
-    run.add_argument("--seed", type=int, default=1)
-    run.add_argument("--json", action="store_true", help="print one JSON line")
+    run.add_argument("--policy", required=True, help=f"one of {', '.join(policy_names())} (basin-sim --help says "
+                                                     "what each does)")
+    run.add_argument("--seed", type=int, default=1,
+                     help="seed of the run's arrivals and session draws: the same seed gives every policy the same "
+                          "arrivals")
+    run.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     run.add_argument("--plot-dir", type=Path, help="write the timeline PNG here")
     run.add_argument("--overload-rate", type=float,
                      help="sessions/s that x_overload multiplies (default: measured for this shape and workload, "
                           "cached in --rates-file)")
     run.add_argument("--rates-file", type=Path, default=DEFAULT_RATES_FILE, help="the overload-rate cache")
     run.add_argument("--model", type=Path, default=Path("models/peak_predictor.onnx"),
-                     help="peak predictor for policy basin (default: the shipped pooled model)")
+                     help="peak predictor for policy basin (the shipped pooled model by default)")
     add_reservation_quantile(run)
     add_predictions_source(run)
     run.add_argument("--reservation-scale", type=float, default=1.0,
-                     help="basin: a further factor on each reservation (ablations; default 1)")
-    run.add_argument("--knee-tokens", type=float, help="basin budget: measured cache knee (default 0.9 x capacity)")
+                     help="basin: a further factor on each reservation (ablations)")
+    run.add_argument("--knee-tokens", type=float,
+                     help="basin budget: measured cache knee (default: the calibration's, else 0.9 x capacity)")
     run.add_argument("--peak-completion-rate", type=float, help="basin shedding: measured sessions/s (default off)")
     run.add_argument("--calibration", type=Path, help="basin: the knee calibration file (`knee --out`): knee, "
                      "reservation ratio, peak completion rate (the flags above win); without it, the calibration "
@@ -227,12 +290,15 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--no-calibration", action="store_true",
                      help="basin: run uncalibrated on purpose (knee = cache capacity, no reservation ratio)")
     add_commands(sub)
-    sub.add_parser("compare", add_help=False, help="the scenario x deployment x policy grid over seeds "
-                   "(basin-sim compare --help)")
+    sub.add_parser("compare", add_help=False, help="the scenario x deployment x policy grid over seeds: goodput "
+                   "mean and sd, ratios paired by seed")
     for command in (run, *(sub.choices[name] for name in ("calibrate", "knee", "risk", "ramp"))):
         command.add_argument("--sessions", type=Path, default=DEFAULT_SESSIONS, help="session table (parquet)")
         command.add_argument("--synthetic", action="store_true", help="use the synthetic corpus")
         command.add_argument("--quiet", action="store_true", help="no progress bar, warnings only")
+    for name, command in sub.choices.items():
+        command.formatter_class = DefaultsFormatter
+        command.epilog = f"example:\n  {EXAMPLES[name]}"
     return parser
 
 

@@ -54,6 +54,7 @@ from basin_sim.executors import (
     exit_status,
     open_executor,
 )
+from basin_sim.help_format import DefaultsFormatter
 from basin_sim.predictions import (
     PredictionsError,
     Revisions,
@@ -404,7 +405,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="basin-sim compare", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="basin-sim compare", description=__doc__.splitlines()[0],
+                                     formatter_class=DefaultsFormatter,
+                                     epilog="example:\n  basin-sim compare --scenarios surge-100 --deployments 1p3d "
+                                            "--policies sglang basin --seeds 1 2 3")
     parser.add_argument("--preset", choices=sorted(PRESETS),
                         help="a named set of grids instead of --scenarios/--deployments/--lending/--policies/"
                              "--ablations (paper: the evaluation in the paper's regime, policy table, steady "
@@ -415,15 +419,19 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--lending", nargs="+", choices=LENDING_KINDS,
                         help="run every policy under each of these lending switches (default: each deployment "
                              "file's own)")
-    parser.add_argument("--policies", nargs="+", default=list(POLICIES))
+    parser.add_argument("--policies", nargs="+", default=list(POLICIES),
+                        help="policy names (basin-sim --help says what each does)")
     parser.add_argument("--ablations", nargs="*", default=[], choices=list(ABLATIONS), metavar="ABLATION",
                         help=f"also run these ablations of basin ({', '.join(ABLATIONS)}); each is a row")
-    parser.add_argument("--seeds", nargs="+", type=int, default=list(DEFAULT_SEEDS))
-    parser.add_argument("--model", type=Path, default=Path("models/peak_predictor.onnx"))
+    parser.add_argument("--seeds", nargs="+", type=int, default=list(DEFAULT_SEEDS),
+                        help="every cell runs once per seed; a seed gives every policy the same arrivals")
+    parser.add_argument("--model", type=Path, default=Path("models/peak_predictor.onnx"),
+                        help="peak predictor for the basin runs")
     add_reservation_quantile(parser)
     add_predictions_source(parser)
-    parser.add_argument("--sessions", type=Path, default=Path("data/sessions.parquet"))
-    parser.add_argument("--synthetic", action="store_true")
+    parser.add_argument("--sessions", type=Path, default=Path("data/sessions.parquet"),
+                        help="session table (parquet)")
+    parser.add_argument("--synthetic", action="store_true", help="use the synthetic corpus")
     parser.add_argument("--rates-file", type=Path, default=DEFAULT_RATES_FILE, help="the overload-rate cache")
     parser.add_argument("--overload-rate", type=float,
                         help="sessions/s that x_overload multiplies, for every cell (default: measured per deployment "

@@ -1,6 +1,9 @@
 """Timeline PNGs of a run: the collapse step by step (hit rate, queues, live sessions, working set,
 TTFT, goodput, first-call wait by arrival minute). Writes files; matplotlib is imported here only, with
-the Agg backend."""
+the Agg backend.
+
+Time runs in minutes from the end of the warm-up, as scenario files count it (`from_s: 900` is minute 15);
+the warm-up is the shaded stretch before 0."""
 
 from __future__ import annotations
 
@@ -15,8 +18,9 @@ from basin_sim.simulate import RunResult
 GOODPUT_BIN_S = 600.0
 
 
-def _minutes(values: list[float]) -> list[float]:
-    return [v / 60.0 for v in values]
+def _minutes(values: list[float], warmup_s: float) -> list[float]:
+    """Engine times (s from the start of the warm-up) as minutes from the end of the warm-up."""
+    return [(v - warmup_s) / 60.0 for v in values]
 
 
 def _ttft_medians(result: RunResult) -> tuple[list[float], list[float]]:
@@ -32,25 +36,27 @@ def _ttft_medians(result: RunResult) -> tuple[list[float], list[float]]:
 
 
 def _goodput_bins(result: RunResult) -> tuple[list[float], list[float], list[float]]:
-    duration = result.spec.scenario.duration_s
-    count = int(duration // GOODPUT_BIN_S)
+    """Sessions/h arrived and good by arrival, in bins from the end of the warm-up (engine times)."""
+    scenario = result.spec.scenario
+    count = int(scenario.duration_s // GOODPUT_BIN_S)
     arrived, good = [0] * count, [0] * count
     for outcome in result.outcomes:
-        index = int(outcome.arrival_s // GOODPUT_BIN_S)
-        if outcome.is_burst or index >= count or outcome.unloaded_s is None:
+        index = math.floor((outcome.arrival_s - scenario.warmup_s) / GOODPUT_BIN_S)
+        if outcome.is_burst or not 0 <= index < count or outcome.unloaded_s is None:
             continue
         arrived[index] += 1
         good[index] += is_good(outcome)
     per_hour = 3600.0 / GOODPUT_BIN_S
-    starts = [k * GOODPUT_BIN_S for k in range(count)]
+    starts = [scenario.warmup_s + k * GOODPUT_BIN_S for k in range(count)]
     return starts, [a * per_hour for a in arrived], [g * per_hour for g in good]
 
 
 def _panels(result: RunResult, axes: Any) -> None:
-    timeline, deployment = result.timeline, result.spec.deployment
-    t = _minutes(timeline.series("time_s"))
+    timeline, deployment, warmup_s = result.timeline, result.spec.deployment, result.spec.scenario.warmup_s
+    t = _minutes(timeline.series("time_s"), warmup_s)
     bins = timeline.bin_hit_rates(0.0, timeline.samples[-1].time_s if timeline.samples else 0.0)
-    axes[0].plot([b / 60 for b, r in bins if r is not None], [r for _, r in bins if r is not None], lw=1)
+    axes[0].plot(_minutes([b for b, r in bins if r is not None], warmup_s), [r for _, r in bins if r is not None],
+                 lw=1)
     axes[0].set_ylabel("hit rate\n(per min)")
     axes[0].set_ylim(0, 1.02)
     axes[1].plot(t, timeline.series("prefill_waiting"), label="prefill queue", lw=1)
@@ -71,17 +77,16 @@ def _panels(result: RunResult, axes: Any) -> None:
     axes[3].set_ylabel("M tokens")
     axes[3].legend(loc="upper left", fontsize=7)
     ttft_t, ttft = _ttft_medians(result)
-    axes[4].semilogy(_minutes(ttft_t), ttft, lw=1)
+    axes[4].semilogy(_minutes(ttft_t, warmup_s), ttft, lw=1)
     axes[4].set_ylabel("TTFT p50 (s)")
     starts, arrived, good = _goodput_bins(result)
     width = GOODPUT_BIN_S / 60 * 0.8
-    axes[5].bar([s / 60 for s in starts], arrived, width=width, align="edge", color="lightgrey", label="arrived")
-    axes[5].bar([s / 60 for s in starts], good, width=width, align="edge", label="good")
+    axes[5].bar(_minutes(starts, warmup_s), arrived, width=width, align="edge", color="lightgrey", label="arrived")
+    axes[5].bar(_minutes(starts, warmup_s), good, width=width, align="edge", label="good")
     axes[5].set_ylabel("sessions/h\n(by arrival)")
     axes[5].legend(loc="upper left", fontsize=7)
-    warmup_min = result.spec.scenario.warmup_s / 60.0
-    waits = [(e["t_s"] / 60.0 + warmup_min, e["first_call_wait_p50_s"]) for e in result.summary["timeline"]
-             if e["first_call_wait_p50_s"] is not None]
+    waits = [(e["t_s"] / 60.0, e["first_call_wait_p50_s"]) for e in result.summary["timeline"]
+             if e["first_call_wait_p50_s"] is not None]  # summary times: already from the end of the warm-up
     axes[6].semilogy([m for m, _ in waits], [max(w, 1e-2) for _, w in waits], lw=1, marker=".", ms=3)
     axes[6].set_ylabel("first-call wait\np50 (s, by\narrival minute)")
 
@@ -96,15 +101,14 @@ def plot_run(result: RunResult, out_dir: Path) -> Path:
     summary, scenario = result.summary, result.spec.scenario
     fig, axes = plt.subplots(7, 1, figsize=(10, 15), sharex=True)
     _panels(result, axes)
-    for ax in axes:
+    for ax in axes:  # scenario times are already counted from the end of the warm-up
         if scenario.pre_end_s < scenario.last_change_s:
-            ax.axvspan(scenario.engine_s(scenario.pre_end_s) / 60, scenario.engine_s(scenario.last_change_s) / 60,
-                       color="orange", alpha=0.15)
-        ax.axvspan(0, scenario.warmup_s / 60, color="grey", alpha=0.1)
-        ax.axvline(scenario.engine_s(scenario.duration_s) / 60, color="grey", lw=0.8)
+            ax.axvspan(scenario.pre_end_s / 60, scenario.last_change_s / 60, color="orange", alpha=0.15)
+        ax.axvspan(-scenario.warmup_s / 60, 0, color="grey", alpha=0.1)
+        ax.axvline(scenario.duration_s / 60, color="grey", lw=0.8)
         ax.grid(alpha=0.3)
-    axes[-1].set_xlabel("minutes from the start of warm-up (grey: warm-up; orange: surge or burst; "
-                        "line: arrivals stop)")
+    axes[-1].set_xlabel("minutes from the end of the warm-up, as the scenario file counts them (grey: warm-up; "
+                        "orange: surge or burst; line: arrivals stop)")
     fig.suptitle(f"{summary['scenario']} on {summary['deployment']} ({summary['cache']} cache), policy "
                  f"{summary['policy']}, seed {summary['seed']}: goodput {summary['goodput_per_hour']:.0f}/h, "
                  f"hit rate {_fmt(summary['hit_rate_pre'])} -> {_fmt(summary['hit_rate_post'])}", fontsize=10)

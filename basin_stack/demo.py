@@ -22,6 +22,12 @@ Rules:
   "lending-on". Each run's gateway reads a calibration measured by the simulator's knee ramp on the
   deployment with its own lending switch (none, storage-offload), never a nominal storage size; the
   arrivals are the same in both (the overload rate of the shape without lending, as in the simulator).
+- The table counts every planned session once: finished, shed, aborted, error or unfinished (still
+  running at the end, or never started), the shed share on its own line; a run whose hit rate before
+  the surge was already more than 0.1 under the steady reference (the calibration's plateau: this
+  deployment's hit rate under steady load below its knee) is flagged COLLAPSED BEFORE THE SURGE.
+- `--keep-up`: no replay; the stack with the gateway is started and left running, its URLs and an
+  `openai` snippet printed, until Ctrl-C.
 - Everything started is stopped at the end, on Ctrl-C and on SIGTERM (basin_stack.stack).
 - Output in --out-dir: calibration.json, run-<mode>.json, timeline-<mode>.png, comparison.png,
   summary.md, logs/<mode>/*.log, and the gateway's session log (gateway-log/, for the closed loop).
@@ -33,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -73,6 +80,7 @@ class DemoSettings:
     lending: str = "none"  # storage-offload: compare decode offload off and on (LENDING_MODES)
     rates_file: Path = Path("data/sim/overload_rates.json")  # the simulator's caches (basin_sim/calibrate)
     calibrations_file: Path = Path("data/sim/calibrations.json")
+    keep_up: bool = False  # start the stack with the gateway, print how to reach it, run until Ctrl-C
 
 
 @dataclass
@@ -231,8 +239,9 @@ def run_one(settings: DemoSettings, mode: str, pool: Any, deployment: Any, rate_
     summary = summarize(records, replayer.samples, windows_for(settings.duration_s, settings.surge),
                         time_scale=settings.time_scale)
     lag_model_s = lag.worst_p99_s * settings.time_scale
-    summary.update(mode=mode, lag_p99_wall_s=lag.worst_p99_s, lag_max_wall_s=lag.worst_max_s,
-                   lag_p99_model_s=lag_model_s, valid=lag_model_s <= settings.max_lag_model_s)
+    summary.update(mode=mode, sessions_planned=len(planned), lag_p99_wall_s=lag.worst_p99_s,
+                   lag_max_wall_s=lag.worst_max_s, lag_p99_model_s=lag_model_s,
+                   valid=lag_model_s <= settings.max_lag_model_s)
     (out / f"run-{mode}.json").write_text(json.dumps({"summary": summary, "sessions": records_json(records)}) + "\n")
     plot_timeline(summary, out / f"timeline-{mode}.png", title=f"demo: {_title(mode)}")
     return summary
@@ -255,26 +264,50 @@ def _post(summary: dict[str, Any], key: str, digits: int) -> str:
     return _num(summary["windows"].get("post", {}).get(key), digits)
 
 
-def _row_cells(s: dict[str, Any]) -> list[tuple[str, str]]:
-    counts = s["status_counts"]
+COLLAPSED_DROP = 0.1  # a pre-surge hit rate this far under the steady reference: collapsed before the surge
+
+
+def session_counts(s: dict[str, Any]) -> dict[str, int]:
+    """Every planned session in exactly one class: finished, shed, aborted, error, or unfinished (still running
+    at the end, or never started)."""
+    counts = {k: int(s["status_counts"].get(k, 0)) for k in ("finished", "shed", "aborted", "error")}
+    counts["unfinished"] = int(s.get("sessions_planned", sum(s["status_counts"].values()))) - sum(counts.values())
+    return counts
+
+
+def collapsed_before_surge(s: dict[str, Any], steady_hit_rate: float | None) -> bool:
+    """The run's hit rate before the surge was already more than 0.1 under the steady reference."""
+    pre = s["windows"].get("pre", {}).get("hit_rate")
+    return steady_hit_rate is not None and pre is not None and pre < steady_hit_rate - COLLAPSED_DROP
+
+
+def _row_cells(s: dict[str, Any], steady_hit_rate: float | None) -> list[tuple[str, str]]:
+    counts = session_counts(s)
+    planned = sum(counts.values())
+    pre = _num(s["windows"].get("pre", {}).get("hit_rate"), 2)
+    if collapsed_before_surge(s, steady_hit_rate):
+        pre += " COLLAPSED BEFORE THE SURGE"
     return [
         ("goodput after the surge (sessions/h)", _num(s["goodput_per_hour"])),
-        ("hit rate before the surge", _num(s["windows"].get("pre", {}).get("hit_rate"), 2)),
+        (f"hit rate before the surge (steady reference {_num(steady_hit_rate, 2)})", pre),
         ("hit rate during the surge", _num(s["windows"].get("surge", {}).get("hit_rate"), 2)),
         ("hit rate after the surge", _post(s, "hit_rate", 2)),
         ("TTFT p50 / p90 after the surge (model s)", f"{_post(s, 'ttft_p50_s', 2)} / {_post(s, 'ttft_p90_s', 2)}"),
         ("admission wait p50 / p90 (model s)",
          f"{_num(s['admission_wait_p50_s'], 1)} / {_num(s['admission_wait_p90_s'], 1)}"),
-        ("sessions finished / shed / aborted / error",
-         f"{counts['finished']} / {counts['shed']} / {counts['aborted']} / {counts['error']}"),
+        ("sessions planned", f"{planned:,}"),
+        ("finished / shed / aborted / error / unfinished",
+         " / ".join(str(counts[k]) for k in ("finished", "shed", "aborted", "error", "unfinished"))),
+        ("shed share (of sessions planned)", f"{counts['shed'] / planned:.0%}" if planned else "n/a"),
         ("emulator lag p99 (model s)", f"{s['lag_p99_model_s']:.2f}" + ("" if s["valid"] else " INVALID")),
     ]
 
 
-def table(runs: dict[str, dict[str, Any]]) -> str:
-    """The side-by-side Markdown table of the runs."""
+def table(runs: dict[str, dict[str, Any]], steady_hit_rate: float | None = None) -> str:
+    """The side-by-side Markdown table of the runs; `steady_hit_rate` is the reference a run's pre-surge hit rate
+    is held to (the calibration's plateau: the hit rate of this deployment under steady load below its knee)."""
     modes = list(runs)
-    cells = {m: _row_cells(runs[m]) for m in modes}
+    cells = {m: _row_cells(runs[m], steady_hit_rate) for m in modes}
     lines = ["| | " + " | ".join(_title(m) for m in modes) + " |", "| --- |" + " --- |" * len(modes)]
     for k, (label, _) in enumerate(cells[modes[0]]):
         lines.append(f"| {label} | " + " | ".join(cells[m][k][1] for m in modes) + " |")
@@ -335,10 +368,18 @@ def run_demo(settings: DemoSettings) -> int:
         calibrations["lending-on"] = out / "calibration-storage-offload.json"
         calibrations["lending-on"].write_text(json.dumps(lent["gateway"], indent=2) + "\n")
     rate = settings.load_fraction * measured["overload_rate_per_s"]
+    if settings.keep_up:
+        return keep_up(settings, calibration_file)
     runs = {mode: run_one(settings, mode, pool, deployment, rate, calibrations[mode]) for mode in settings.modes}
+    steady = measured["gateway"].get("hit_rate_plateau")
     text = (f"Demo ({workload} sessions, seed {settings.seed}, time scale {settings.time_scale:g}, cache "
             f"{settings.cache_tokens:,} tokens per engine, {rate:.4f} sessions/s, x{settings.surge[2]:g} from "
-            f"{settings.surge[0]:.0f} to {settings.surge[1]:.0f} model s)\n\n{table(runs)}\n")
+            f"{settings.surge[0]:.0f} to {settings.surge[1]:.0f} model s)\n\n{table(runs, steady)}\n")
+    collapsed = [_title(m) for m, r in runs.items() if collapsed_before_surge(r, steady)]
+    if collapsed:
+        text += (f"\n{', '.join(collapsed)}: the hit rate before the surge was already more than {COLLAPSED_DROP:g} "
+                 f"under the steady reference ({steady:.2f}): collapsed before its surge, so the surge is not what "
+                 f"this run measures.\n")
     print(text)
     (out / "summary.md").write_text(text, encoding="utf-8")
     comparison_plot(runs, settings, out / "comparison.png")
@@ -349,6 +390,44 @@ def run_demo(settings: DemoSettings) -> int:
               file=sys.stderr)
         return 3
     return 0
+
+
+def keep_up(settings: DemoSettings, calibration_file: Path) -> int:
+    """The demo's stack with the gateway, left running for exploration until Ctrl-C (or SIGTERM)."""
+    from basin_stack.stack import LocalStack
+
+    out = settings.out_dir
+    gateway = gateway_options(settings, calibration_file, out / "gateway-log" / "sessions.jsonl")
+    with LocalStack(stack_spec(settings, "with", gateway)) as stack:
+        print(keep_up_text(stack, settings), flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            threading.Event().wait()  # until Ctrl-C; the stack stops every process on the way out
+    return 0
+
+
+def keep_up_text(stack: Any, settings: DemoSettings) -> str:
+    """Where each part of a kept-up stack listens, and how to talk to it."""
+    engines = "\n".join(f"  {role} engine  {url}  (/server_info, /metrics)"
+                         for role, urls in (("prefill", stack.prefill_urls), ("decode", stack.decode_urls))
+                         for url in urls)
+    scale = settings.time_scale
+    return f"""The demo stack is up (time scale {scale:g}: model seconds per wall second); Ctrl-C stops it.
+  gateway  {stack.gateway_url}  (/metrics, /basin/state, /basin/sessions)
+  router   {stack.router_url}  (smg, PD mode: /workers, /readiness)
+{engines}
+  logs     {settings.out_dir / "logs" / "with"}
+
+  curl -s {stack.gateway_url}/metrics | grep '^basin_'
+  .venv/bin/python - <<'PY'
+from openai import OpenAI
+client = OpenAI(base_url="{stack.gateway_url}/v1", api_key="none")
+answer = client.chat.completions.create(
+    model=client.models.list().data[0].id, max_tokens=32,
+    messages=[{{"role": "user", "content": "Fix the failing test in parser.py"}}],
+    extra_headers={{"X-Session-ID": "try-1"}})
+print(answer.choices[0].message.content, answer.usage)
+PY
+  curl -s -X POST {stack.gateway_url}/basin/sessions/try-1/end"""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -372,6 +451,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="overload-rate cache shared with basin-sim (measured on first use)")
     p.add_argument("--calibrations-file", type=Path, default=DemoSettings.calibrations_file,
                    help="knee-calibration cache shared with basin-sim (measured on first use)")
+    p.add_argument("--keep-up", action="store_true",
+                   help="replay nothing: start the emulated engines, smg and the gateway, print their URLs and an "
+                        "openai snippet, and keep them running until Ctrl-C (`make demo DEMO_ARGS=--keep-up`)")
     return p
 
 
@@ -390,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = DemoSettings(args.out_dir, args.sessions, args.synthetic, args.time_scale, args.cache_tokens,
                             args.duration_s, tuple(args.surge), seed=args.seed, max_sessions=args.max_sessions,
                             max_lag_model_s=args.max_lag_model_s, model=args.model, lending=args.lending,
-                            rates_file=args.rates_file, calibrations_file=args.calibrations_file,
+                            rates_file=args.rates_file, calibrations_file=args.calibrations_file, keep_up=args.keep_up,
                             modes=(args.only,) if args.only else LENDING_MODES if args.lending != "none" else MODES)
     try:
         return run_demo(settings)

@@ -9,6 +9,7 @@ Modules, one job each (a test keeps this list complete):
   options.py         how an option is declared, and the flags derived from the declarations
   options_doc.py     the option reference as Markdown, rendered from those declarations
   cli.py             `basin-gateway` / `python -m basin_runtime.gateway` (`__main__.py`)
+  capacity.py        start-up: the engines' cache capacity (SGLang's max_total_num_tokens) against the calibration's
   server.py          uvicorn with the gateway's protocol and drain on SIGTERM
   app.py             Starlette routes, lifespan, building the app from the configuration
   admin.py           /basin/ state, sessions, budget, reloads, shadow mode

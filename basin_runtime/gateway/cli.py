@@ -20,6 +20,10 @@ Rules:
   openai pools wait before reusing one, so the two race and the client gets a reset).
 - uvicorn's proxy-headers middleware is off: the gateway reads no client address (a layer per request).
 - uvicorn runs with the gateway's own HTTP protocol and options (`server.server_config`).
+- With a calibration, start-up reads the engines' cache capacity through the upstream (`capacity.py`) and
+  refuses, like a bad option, a calibration more than 25% off it (unless `--allow-calibration-mismatch`);
+  engines that cannot tell are a warning. Start-up logs the budget and its source, the model and the
+  calibration file.
 """
 
 from __future__ import annotations
@@ -28,8 +32,12 @@ import ipaddress
 import logging
 import sys
 
+import httpx
+
+from basin_runtime.calibration import Calibration
 from basin_runtime.gateway.app import build_app
-from basin_runtime.gateway.config import ConfigError, GatewayConfig, build_parser, load_config
+from basin_runtime.gateway.capacity import CapacityMismatch, CapacityUnknown, check_capacity, read_capacity
+from basin_runtime.gateway.config import ConfigError, GatewayConfig, build_parser, load_config, read_calibration
 from basin_runtime.gateway.server import DrainingServer, server_config
 from basin_runtime.policy import PolicyConfig
 
@@ -49,10 +57,14 @@ def main(argv: list[str] | None = None) -> int:
         check_admin_exposure(config)
         app = build_app(config)
         check_shared_state(config, app.state.gateway.room.policy.config)
+        calibration = None if config.calibration is None else read_calibration(config.calibration, config)
+        with httpx.Client(timeout=config.upstream_connect_timeout_s) as client:
+            check_engine_capacity(config, calibration, client)
     except ConfigError as exc:
         print(f"basin-gateway: error: {exc}", file=sys.stderr)
         return 2
     logger.info("basin-gateway on http://%s:%d in front of %s", config.host, config.port, config.upstream)
+    logger.info("%s", startup_summary(config, calibration, app.state.gateway.room.policy.config))
     server = DrainingServer(server_config(app, host=config.host, port=config.port, keep_alive_s=config.keep_alive_s,
                                           max_header_bytes=config.max_header_bytes, max_headers=config.max_headers),
                             app.state.gateway, drain_timeout_s=config.drain_timeout_s)
@@ -95,6 +107,39 @@ def check_shared_state(config: GatewayConfig, policy_config: PolicyConfig) -> No
         check_config(config.state, policy_config)
     except StateConfigError as exc:
         raise ConfigError(f"--state {config.state}: {exc}") from None
+
+
+def check_engine_capacity(config: GatewayConfig, calibration: Calibration | None, client: httpx.Client) -> None:
+    """With a calibration: its cache capacity against the engines' (`capacity.py`); `ConfigError` if more than
+    25% apart (unless allowed), a warning if the engines cannot tell."""
+    if calibration is None:
+        return
+    try:
+        capacity = read_capacity(client, config.upstream)
+    except CapacityUnknown as exc:
+        logger.warning("cannot read the engines' cache capacity (%s): calibration %s (cache %s tokens) is not "
+                       "checked against them", exc, config.calibration, f"{calibration.cache_capacity_tokens:,.0f}")
+        return
+    try:
+        logger.info("%s", check_capacity(calibration.cache_capacity_tokens, capacity, str(config.calibration),
+                                         config.allow_calibration_mismatch))
+    except CapacityMismatch as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def startup_summary(config: GatewayConfig, calibration: Calibration | None, policy: PolicyConfig) -> str:
+    """One line: the budget and where it comes from, the model file, the calibration file."""
+    if config.budget_tokens is not None:
+        budget = "--budget-tokens"
+    elif calibration is not None:
+        budget = (f"from the calibration: knee {calibration.knee_tokens:,.0f}, cache "
+                  f"{calibration.cache_capacity_tokens:,.0f} tokens")
+    else:
+        budget = "no calibration"
+    workloads = f" (+{len(config.workload_models)} workload models)" if config.workload_models else ""
+    return (f"budget {policy.budget_tokens:,} tokens ({budget}); model {config.default_model}{workloads}; "
+            f"calibration {config.calibration or 'none'}; reservation quantile {config.reservation_quantile}"
+            f"{'; SHADOW mode: no call is held' if config.shadow else ''}")
 
 
 def _configure_logging(level_name: str) -> None:

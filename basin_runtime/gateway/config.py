@@ -109,7 +109,11 @@ class GatewayConfig:
                                        "--calibration)", unit="tokens", metavar="N")
     calibration: Path | None = option(
         None, PATH, "JSON: knee_tokens, cache_capacity_tokens [, hit_rate_plateau, peak_completion_rate_per_s, "
-        "reservation_ratio]", metavar="FILE", is_path=True)
+        "reservation_ratio], measured for these engines (`basin-sim knee --out` for a modelled deployment, "
+        "`basin-live-ramp` against live ones)", metavar="FILE", is_path=True)
+    allow_calibration_mismatch: bool = option(
+        False, Flag(), "start with a calibration whose cache_capacity_tokens is more than 25% off the engines' own "
+        "(max_total_num_tokens of the prefill engines, read at start-up through the upstream; refused otherwise)")
     host: str = option("127.0.0.1", Text(), "address to bind")
     port: int = option(8080, COUNT, "port to bind", metavar="PORT")
     always_engaged: bool = option(False, Flag(), "queue every arrival, even while under the budget")

@@ -1,9 +1,9 @@
 """`basin-sim calibrate|knee|risk|ramp`: the overload rate; the cache knee; the risk test; which limit binds.
 
-    python -m basin_sim calibrate --deployment 1p3d-h100 --scenario surge-100
-    python -m basin_sim knee --deployment 1p3d-h100 --model models/peak_predictor.onnx --out calibration.json
-    python -m basin_sim risk --deployment 1p3d-h100 --json
-    python -m basin_sim ramp --deployment 1p3d-h100 --json
+    basin-sim calibrate --deployment 1p3d-h100 --scenario surge-100
+    basin-sim knee --deployment 1p3d-h100 --model models/peak_predictor.onnx --out calibration.json
+    basin-sim risk --deployment 1p3d-h100 --json
+    basin-sim ramp --deployment 1p3d-h100 --json
 
 `risk` predicts from the knee ramp's plateau which limit live sessions meet first (fluid.py);
 `ramp` runs a ramp that goes past the overload rate and reports which limit it actually hit first
@@ -150,7 +150,7 @@ def knee_main(args: argparse.Namespace) -> int:
     model = "" if args.model is None else (f" --model {args.model} --reservation-quantile {args.reservation_quantile}"
                                            f" --reservation-scale {args.reservation_scale:g}")
     has_model = args.model is not None
-    record = knee_calibration_record(deployment, steps, f"python -m basin_sim knee --deployment {args.deployment} "
+    record = knee_calibration_record(deployment, steps, f"basin-sim knee --deployment {args.deployment} "
                                      f"--scenario {args.scenario}{model}", args.step_s,
                                      file_sha256(args.model) if has_model else "none",
                                      args.reservation_quantile if has_model else None)
@@ -265,14 +265,16 @@ def _print_ramp(record: Mapping[str, Any]) -> None:
 
 def add_commands(sub: Any) -> None:
     """Add `calibrate`, `knee`, `risk` and `ramp` to the CLI's subparsers."""
-    calibrate = sub.add_parser("calibrate", help="measure a deployment shape's overload rate on a workload; cache it")
+    calibrate = sub.add_parser("calibrate", help="measure a deployment shape's overload rate on a workload (cached; "
+                               "scenarios' x_overload multiply it)")
     calibrate.add_argument("--seeds", type=int, default=5, help="trials per rate (seeds 1..N)")
     calibrate.add_argument("--min-overloaded", type=int, default=4, help="trials that must overload")
     calibrate.add_argument("--horizon-s", type=float,
                            help="minutes of each steady trial, in seconds (default: 1800 for recorded sessions, 3600 "
                                 "for sessions timed as a serving model runs them)")
     calibrate.add_argument("--write", action="store_true", help="record the rate in the deployment file")
-    knee = sub.add_parser("knee", help="find the cache knee on a simulated load ramp; write the calibration file")
+    knee = sub.add_parser("knee", help="find the cache knee on a simulated load ramp; write the calibration file "
+                          "the gateway reads (--out)")
     knee.add_argument("--out", type=Path, help="calibration JSON for the gateway (and for --calibration)")
     knee.add_argument("--model", type=Path, default=Path("models/peak_predictor.onnx"),
                       help="the served peak predictor: measures the reservation ratio (default: the shipped pooled "
@@ -283,8 +285,10 @@ def add_commands(sub: Any) -> None:
     add_predictions_source(knee)
     knee.add_argument("--reservation-scale", type=float, default=1.0,
                       help="a further factor on each reservation (ablations; default 1)")
-    risk = sub.add_parser("risk", help="fluid model fixed points and the cache-first / decode-first verdict")
-    ramp = sub.add_parser("ramp", help="a ramp past the overload rate: which limit (cache, decode) it hits first")
+    risk = sub.add_parser("risk", help="PREDICT which limit (cache knee or decode memory) live sessions meet first: "
+                          "a fluid model's fixed points, fitted on a ramp below the overload rate (the fast verdict)")
+    ramp = sub.add_parser("ramp", help="MEASURE which limit is hit first: a ramp run past the overload rate (slower; "
+                          "the ground truth `risk` is checked against)")
     for command in (calibrate, knee):
         command.add_argument("--deployment", required=True, help="a deployment name or .yaml file")
     for command in (risk, ramp):
@@ -298,7 +302,8 @@ def add_commands(sub: Any) -> None:
         command.add_argument("--rates-file", type=Path, default=DEFAULT_RATES_FILE, help="the overload-rate cache")
     for command in (knee, risk, ramp):
         command.add_argument("--cache", choices=("gpu", "host"), help="override the deployment file's cache kind")
-        command.add_argument("--seed", type=int, default=1)
+        command.add_argument("--seed", type=int, default=1, help="seed of the ramp's arrivals and session draws "
+                             "(default 1)")
         command.add_argument("--step-s", type=float, default=RAMP_STEP_S,
                              help=f"simulated seconds per ramp step (default {RAMP_STEP_S:.0f})")
     for command, fractions in ((risk, RAMP_FRACTIONS), (ramp, LIMIT_RAMP_FRACTIONS)):

@@ -16,6 +16,7 @@ from basin_pipeline.features import ModelParams, build_model
 from basin_pipeline.featurize import assign_folds
 from basin_pipeline.params import NestedParams, SearchSpace
 from basin_pipeline.scoring import spearman
+from basin_pipeline.tracking import flat
 
 SPACE = SearchSpace(alpha=(0.01, 30.0), ngram_max=(1, 1), min_df=(1, 4), max_df=(0.3, 1.0), max_features=(50, 5000))
 SETTINGS = nested.Settings(outer_folds=5, inner_folds=3, trials=6, search=SPACE)
@@ -134,7 +135,7 @@ def test_nested_matches_true_out_of_sample_with_real_signal(tmp_path: Path) -> N
     assert scores["mean"] is not None and abs(scores["mean"] - true_rho) < 0.1, (scores, true_rho)
 
 
-def test_the_headline_is_the_shipped_models_numbers_by_short_name_and_numbers_only() -> None:
+def test_the_headline_is_the_shipped_models_numbers_by_benchmark_name_and_numbers_only() -> None:
     per_fold = {"per_fold": {"mean": 0.4, "sd": 0.05}}
     result = {
         "notes": {"own_model / pooled_model": "text"},
@@ -147,8 +148,9 @@ def test_the_headline_is_the_shipped_models_numbers_by_short_name_and_numbers_on
         },
         "seen_task": {"swebench-verified": {"own_model": {"per_fold": {"mean": 0.6}}}},
     }
-    assert nested.headline(result) == {"spearman_unseen": {"swe": 0.4}, "spearman_seen": {"swe": 0.6},
-                                       "cover90": {"swe": 0.89, "my-bench": 0.91}}
+    assert nested.headline(result) == {"spearman_unseen": {"swebench-verified": 0.4},
+                                       "spearman_seen": {"swebench-verified": 0.6},
+                                       "cover90": {"swebench-verified": 0.89, "my-bench": 0.91}}
 
 
 def test_out_of_fold_predictions_come_from_models_that_never_saw_the_task_and_are_written_per_session(
@@ -171,3 +173,19 @@ def test_out_of_fold_predictions_come_from_models_that_never_saw_the_task_and_ar
     assert np.allclose(table["pooled_predicted"], kept[0]) and table["own_predicted"].isna().all()
     assert np.array_equal(table["outer_fold"], nested.assign(frame, np.arange(len(frame)), 5, 7, "unseen_task"))
     assert (table["seed"] == 7).all()
+
+
+def test_the_mlflow_run_holds_each_models_per_fold_spearman_and_the_headline() -> None:
+    # Issue 45: the nested stage, the honest estimate, was not logged to MLflow at all.
+    result = {
+        "unseen_task": {"terminal-bench": {"own_model": {"per_fold": {"mean": 0.02, "sd": 0.11}},
+                                           "task_chars_only": {"per_fold": {"mean": 0.145, "sd": 0.1}},
+                                           "constant": {"per_fold": {"mean": None, "sd": None}}}},
+        "seen_task": {},
+    }
+    metrics = nested.run_metrics(result)
+    assert flat(metrics) == {"headline/spearman_unseen/terminal-bench": 0.02,
+                             "unseen_task/terminal-bench/own_model/mean": 0.02,
+                             "unseen_task/terminal-bench/own_model/sd": 0.11,
+                             "unseen_task/terminal-bench/task_chars_only/mean": 0.145,
+                             "unseen_task/terminal-bench/task_chars_only/sd": 0.1}

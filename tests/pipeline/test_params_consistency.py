@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,7 @@ from basin_pipeline.params import (
     ParamsError,
     SimulateParams,
     TrainParams,
+    check_all,
     export_params,
     featurize_params,
     ingest_params,
@@ -73,12 +76,13 @@ def test_paths_are_named_once_as_outputs() -> None:
 
 @pytest.mark.parametrize(("section", "change", "message"), [
     ("train", {"search": {**PARAMS["train"]["search"], "alpha": [0.01]}},
-     r"train\.search\.alpha must be a 2 list \(a float each\), got \[0\.01\]"),
+     r"train\.search\.alpha must be a \[low, high\] pair with low <= high \(a number > 0 each\), got \[0\.01\]"),
     ("ingest", {"corpora": [{"benchmark": "b", "format": "f"}]},
-     r"ingest\.corpora\[0\]: missing keys \['path'\], unknown keys \[\]"),
+     r"ingest\.corpora\[0\]: missing key 'path'$"),
     ("nested", {"seeds": [1, "two"]}, r"nested\.seeds\[1\] must be a whole number, got 'two'"),
     ("export", {"publish": "yes"}, r"export\.publish must be true or false, got 'yes'"),
-    ("simulate", {"reservation_quantile": None}, r"simulate\.reservation_quantile must be a float, got None"),
+    ("simulate", {"reservation_quantile": None},
+     r"simulate\.reservation_quantile must be a number in \(0, 1\), got None"),
 ])
 def test_a_bad_section_names_the_file_the_key_path_and_the_value(
         tmp_path: Path, section: str, change: dict[str, object], message: str) -> None:
@@ -88,3 +92,61 @@ def test_a_bad_section_names_the_file_the_key_path_and_the_value(
               "simulate": simulate_params}[section]
     with pytest.raises(ParamsError, match=rf"^{re.escape(str(path))}: {message}"):
         reader(path)
+
+
+# --- values, not only types (issue 45) -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(("section", "change", "message"), [
+    ("featurize", {"folds": -5}, r"featurize\.folds must be a whole number >= 2, got -5"),
+    ("featurize", {"folds": 1}, r"featurize\.folds must be a whole number >= 2, got 1"),
+    ("ingest", {"max_reject_fraction": 1.5}, r"ingest\.max_reject_fraction must be a fraction in \[0, 1\], got 1\.5"),
+    ("train", {"n_trials": 0}, r"train\.n_trials must be a whole number > 0, got 0"),
+    ("train", {"search": {**PARAMS["train"]["search"], "alpha": [30.0, 0.01]}},
+     r"train\.search\.alpha must be a \[low, high\] pair with low <= high \(a number > 0 each\), got \[30\.0, 0\.01\]"),
+    ("train", {"search": {**PARAMS["train"]["search"], "max_df": [0.3, 1.5]}},
+     r"train\.search\.max_df\[1\] must be a number in \(0, 1\], got 1\.5"),
+    ("nested", {"seeds": []}, r"nested\.seeds must be a non-empty list"),
+    ("nested", {"inner_folds": 1}, r"nested\.inner_folds must be a whole number >= 2, got 1"),
+    ("online", {"eval_calls": [1, 2]}, r"online\.eval_calls\[0\] must be a whole number >= 2, got 1"),
+    ("export", {"parity_rtol": 0}, r"export\.parity_rtol must be a tolerance > 0, got 0"),
+    ("simulate", {"reservation_quantile": 1.0},
+     r"simulate\.reservation_quantile must be a number in \(0, 1\), got 1\.0"),
+])
+def test_a_value_out_of_range_is_refused_naming_the_file_the_key_and_the_value(
+        tmp_path: Path, section: str, change: dict[str, object], message: str) -> None:
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump({**PARAMS, section: {**PARAMS[section], **change}}))
+    errors = check_all(path)
+    assert len(errors) == 1 and re.match(rf"^{re.escape(str(path))}: {message}", errors[0]), errors
+
+
+def test_the_shipped_params_pass_the_check() -> None:
+    assert check_all(ROOT / "params.yaml") == []
+
+
+def test_a_stage_given_a_bad_value_stops_with_one_line_and_no_traceback(tmp_path: Path) -> None:
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump({**PARAMS, "featurize": {**PARAMS["featurize"], "folds": -5}}))
+    done = subprocess.run([sys.executable, "-m", "basin_pipeline.featurize", "--params", str(path), "--sessions",
+                           str(tmp_path / "never-read.parquet"), "--out", str(tmp_path / "f.parquet"), "--summary",
+                           str(tmp_path / "s.json")], capture_output=True, text=True, check=False, timeout=120)
+    assert done.returncode == 1
+    assert done.stderr == (f"python -m basin_pipeline.featurize: error: {path}: featurize.folds must be a whole "
+                           "number >= 2, got -5\n")
+    checked = subprocess.run([sys.executable, "-m", "basin_pipeline.params", str(path)], capture_output=True,
+                             text=True, check=False, timeout=120)
+    assert (checked.returncode, checked.stderr.count("\n"), "Traceback" in checked.stderr) == (1, 1, False)
+
+
+def test_make_repro_checks_params_before_dvc_and_dvc_keeps_the_committed_metrics() -> None:
+    # DVC deletes a stage's outputs before running it: the check runs first, and every metrics file
+    # in git is persist, so a stage failing for any reason leaves the committed numbers in place.
+    recipe = (ROOT / "Makefile").read_text().split("\nrepro:", 1)[1].split("\n\n", 1)[0]
+    assert recipe.index("basin_pipeline.params") < recipe.index("dvc repro")
+    for name, stage in DVC.items():
+        for key in ("outs", "metrics", "plots"):
+            for entry in stage.get(key, []):
+                path, options = (next(iter(entry.items())) if isinstance(entry, dict) else (entry, {}))
+                if str(path).startswith("metrics/"):
+                    assert options.get("persist") is True, (name, path)

@@ -51,6 +51,9 @@ def test_a_model_whose_predictions_match_within_the_tolerance_is_kept_byte_for_b
     assert published_difference(folder / TAU.name, new, parity_set(FRAME)) == 0.0
     publish_models({"tau-bench-airline": new}, folder, publish=True, synthetic=False, frame=FRAME, rtol=1e-4)
     assert (folder / TAU.name).read_bytes() == TAU.read_bytes()
+    # the stage's own copy becomes the shipped bytes, so what the simulate stage runs (and names by its
+    # SHA-256 in metrics/simulate.json) is the model that ships (issue 45)
+    assert new.read_bytes() == TAU.read_bytes()
 
 
 @pytest.mark.parametrize("change", ["params", "predictions", "missing"])

@@ -45,17 +45,17 @@ def test_the_stage_runs_the_headline_row_over_seeds_with_paired_ratios(
     assert all(cell["seeds"] == 2 for cell in metrics["goodput"].values())
     assert (metrics["scenario"], metrics["steady_scenario"], metrics["seeds"]) == ("tiny-surge", "tiny-steady", [1, 2])
     basin, continuum = (metrics["goodput"][p]["per_seed"] for p in ("basin", "continuum"))
-    assert metrics["goodput"]["basin"]["mean"] == pytest.approx(sum(basin) / 2, rel=1e-5)
+    assert metrics["goodput"]["basin"]["mean"] == pytest.approx(sum(basin) / 2, rel=1e-3)
     ratios = [b / c for b, c in zip(basin, continuum, strict=True)]
-    assert metrics["basin_over_continuum"]["mean"] == pytest.approx(sum(ratios) / 2, rel=1e-5)  # paired by seed
+    assert metrics["basin_over_continuum"]["mean"] == pytest.approx(sum(ratios) / 2, rel=1e-3)  # paired by seed
     assert metrics["basin_over_own_steady"]["seeds"] == 2
     written = json.loads(headline.read_text())
     assert set(written) == {"basin_per_h", "basin_sd", "vs_continuum", "vs_continuum_sd", "vs_steady", "vs_steady_sd",
                             "proto_vs_continuum", "proto_vs_continuum_sd"}
     proto = metrics["goodput"]["basin-proto"]["per_seed"]
     assert written["proto_vs_continuum"] == pytest.approx(
-        sum(p / c for p, c in zip(proto, continuum, strict=True)) / 2, rel=1e-5)
-    assert written["vs_continuum"] == pytest.approx(metrics["basin_over_continuum"]["mean"], rel=1e-5)
+        sum(p / c for p, c in zip(proto, continuum, strict=True)) / 2, rel=1e-3)
+    assert written["vs_continuum"] == pytest.approx(metrics["basin_over_continuum"]["mean"], rel=1e-3)
     assert list((tmp_path / "plots").glob("*.png"))
     _assert_logged_as_a_run(uri, metrics)
 
@@ -73,6 +73,6 @@ def _assert_logged_as_a_run(uri: str, metrics: dict[str, Any]) -> None:
     assert run.data.params["scenario"] == "tiny-surge"
     for key, value in metrics["goodput"]["basin"].items():
         if isinstance(value, int | float):  # per-seed lists stay in the file
-            assert run.data.metrics[f"goodput/basin/{key}"] == pytest.approx(value, rel=1e-5)  # file: 6 digits
+            assert run.data.metrics[f"goodput/basin/{key}"] == pytest.approx(value, rel=1e-3)  # file: 4 digits
     assert run.data.metrics["basin_over_continuum/mean"] == pytest.approx(metrics["basin_over_continuum"]["mean"],
-                                                                          rel=1e-5)
+                                                                          rel=1e-3)

@@ -277,8 +277,8 @@ def _assert_mlflow_holds_the_numbers(uri: str, train_dir: Path, summary: Path, s
     overflow = json.loads(overflow_file.read_text())
     assert evaluated.data.tags["basin.train_run_id"] == run_id
     for bench, scores in spearman["unseen_task"].items():
-        # the files hold 6 significant digits, MLflow the full float
+        # the files hold 4 significant digits, MLflow the full float
         assert evaluated.data.metrics[f"unseen_task/{bench}/per_benchmark"] == \
-            pytest.approx(scores["per_benchmark"], rel=1e-5)
+            pytest.approx(scores["per_benchmark"], rel=1e-3)
         assert evaluated.data.metrics[f"overflow/{bench}/constant/overflow_share"] == \
-            pytest.approx(overflow[bench]["constant"]["overflow_share"], rel=1e-5)
+            pytest.approx(overflow[bench]["constant"]["overflow_share"], rel=1e-3)

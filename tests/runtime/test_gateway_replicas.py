@@ -246,8 +246,11 @@ def test_a_session_may_be_ended_through_any_replica(redis_server: RedisServer) -
         metrics = one.run(one.client.get("/metrics")).text
         assert 'basin_sessions_ended_total{reason="ended"} 1.0' in metrics  # logged once, by its holder
         three.die()
-        wait_until(lambda: one.call(lambda: "orphaned" in one.backend.replicated.orphans), timeout_s=5.0,
-                   what="the dead replica's session orphaned")
+        # `two` answers the end from its own copy of the shared state: wait for that copy, not another's
+        # (waiting on `one` alone failed on a loaded machine, 'live' == 'orphan', issue 45).
+        wait_until(lambda: one.call(lambda: "orphaned" in one.backend.replicated.orphans)
+                   and two.call(lambda: "orphaned" in two.backend.replicated.orphans),
+                   timeout_s=5.0, what="the dead replica's session orphaned in both replicas' state")
         answer = two.end("orphaned")
         assert answer.status_code == 200 and answer.json()["was"] == "orphan"
         wait_until(lambda: one.call(lambda: "orphaned" not in one.backend.replicated.orphans

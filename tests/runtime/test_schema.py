@@ -92,8 +92,8 @@ def test_annotations_imply_checks_and_a_declared_one_wins() -> None:
 
 @pytest.mark.parametrize(("change", "message"), [
     ({"bursts": [{"from_s": "soon"}]}, r"^plan\.bursts\[0\]\.from_s must be a float, got 'soon'$"),
-    ({"bursts": [{"kill": 1}]}, r"^plan\.bursts\[0\]: missing keys \['from_s'\], unknown keys \['kill'\]; known: "
-                                r"\['from_s', 'kill_at_s'\]$"),
+    ({"bursts": [{"kill": 1}]}, r"^plan\.bursts\[0\]: missing key 'from_s'; unknown key 'kill' \(did you mean "
+                                r"'kill_at_s'\?\)$"),
     ({"cache": "ssd"}, r"^plan\.cache must be one of \['gpu', 'host'\], got 'ssd'$"),
     ({"seeds": "1"}, r"^plan\.seeds must be a list \(a whole number each\), got '1'$"),
     ({"name": None}, r"^plan\.name must be a non-empty string, got None$"),
@@ -111,6 +111,29 @@ def test_keys_are_checked_whole_before_any_value() -> None:
     assert (caught.value.missing, caught.value.unknown, caught.value.known) == (["b"], ["c"], ["a", "b"])
     with pytest.raises(BadValue, match=r"^the top level must be a mapping, got"):
         read_keys([1], keys)
+
+
+def test_every_unknown_key_at_every_level_is_named_in_one_error_with_the_closest_known_one() -> None:
+    # Issue 45: a file's typos were reported one nesting level at a time, with `missing keys []`.
+    raw = {"name": "p", "seeds": [1], "window": [0, 1], "cache": "gpu", "workerz": 2,
+           "bursts": [{"from_s": 1, "kill_at": 2}, {"from_s": 2}, {"frm_s": 3}]}
+    with pytest.raises(BadKeys) as caught:
+        read_fields(Plan, raw, "plan")
+    assert [(p.where, p.missing, p.unknown) for p in caught.value.problems] == [
+        ("plan", (), ("workerz",)), ("plan.bursts[0]", (), ("kill_at",)),
+        ("plan.bursts[2]", ("from_s",), ("frm_s",))]
+    assert str(caught.value) == (
+        "plan: unknown key 'workerz' (did you mean 'workers'?); "
+        "plan.bursts[0]: unknown key 'kill_at' (did you mean 'kill_at_s'?); "
+        "plan.bursts[2]: missing key 'from_s'; unknown key 'frm_s' (did you mean 'from_s'?)")
+    assert "missing keys []" not in str(caught.value)
+
+
+def test_a_bad_value_beside_unknown_keys_joins_their_message() -> None:
+    raw = {"name": "p", "seeds": ["x"], "window": [0, 1], "cache": "gpu", "cash": 1}
+    with pytest.raises(BadKeys, match=r"^plan: unknown key 'cash' \(did you mean 'cache'\?\); plan\.seeds\[0\] must "
+                                      r"be a whole number, got 'x'$"):
+        read_fields(Plan, raw, "plan")
 
 
 def test_a_null_optional_key_is_absent_only_when_asked() -> None:

@@ -68,8 +68,10 @@ def test_unknown_names_list_the_known_ones() -> None:
 
 
 @pytest.mark.parametrize(("old", "new", "message"), [
-    ("warmup_s: 1200\n", "warmup_s: 1200\nsurgee: 1\n", r"unknown keys \['surgee'\]"),
-    ("x_base: 4.0,", "x_base: 4.0, kill: yes,", r"bursts\[0\]: missing keys \[\], unknown keys \['kill'\]"),
+    ("warmup_s: 1200\n", "warmup_s: 1200\nsurgee: 1\n", r"unknown key 'surgee' \(known: bursts, clients"),
+    ("warmup_s: 1200\n", "warmup: 1200\n",
+     r"missing key 'warmup_s'; unknown key 'warmup' \(did you mean 'warmup_s'\?\)"),
+    ("x_base: 4.0,", "x_base: 4.0, kill: yes,", r"bursts\[0\]: unknown key 'kill' \(did you mean 'kill_at_s'\?\)"),
     ("max_unloaded_s: 300", "max_unloaded_s: '300'", r"bursts\[0\]\.max_unloaded_s must be a float, got '300'"),
     ("{from_s: 900, x_overload: 1.0}", "{from_s: 900}",
      r"rate\[1\] needs exactly one of x_overload .* and per_min .*, got x_overload=None, per_min=None"),
@@ -77,10 +79,11 @@ def test_unknown_names_list_the_known_ones() -> None:
      r"rate\[1\] needs exactly one of .*, got x_overload=1.0, per_min=6.0"),
     ("per_min: 3.3}", "per_min: -3.3}", r"rate\[2\]\.per_min must be >= 0, got -3.3"),
     ("per_min: 3.3}", "per_min: '3.3'}", r"rate\[2\]\.per_min must be a float, got '3.3'"),
-    ("per_min: 3.3}", "per_s: 3.3}", r"rate\[2\]: missing keys \[\], unknown keys \['per_s'\]"),
-    ("tool_time_scale: 1.0}", "tool_timing: 1.0}", r"workload: .*unknown keys \['tool_timing'\]"),
+    ("per_min: 3.3}", "per_s: 3.3}", r"rate\[2\]: unknown key 'per_s' \(did you mean 'per_min'\?\)"),
+    ("tool_time_scale: 1.0}", "tool_timing: 1.0}",
+     r"workload: unknown key 'tool_timing' \(did you mean 'tool_time(_scale)?'\?\)"),
     ("to_s: 5100}", "to_s: 9999}", "goodput_window needs 0 <= from_s < to_s <= duration_s"),
-    ("duration_s: 5400\n", "", r"missing keys \['duration_s'\]"),
+    ("duration_s: 5400\n", "", r"missing key 'duration_s'"),
 ])
 def test_a_broken_scenario_names_the_file_and_the_key(tmp_path: Path, old: str, new: str, message: str) -> None:
     path = tmp_path / "bad.yaml"
@@ -88,6 +91,20 @@ def test_a_broken_scenario_names_the_file_and_the_key(tmp_path: Path, old: str, 
     path.write_text(GOOD.replace(old, new, 1))
     with pytest.raises(catalog.CatalogError, match=rf"bad\.yaml: .*{message}"):
         catalog.load_scenario(str(path))
+
+
+def test_every_typo_in_a_scenario_file_is_named_in_one_message(tmp_path: Path) -> None:
+    # Issue 45: typos were reported one nesting level at a time.
+    path = tmp_path / "typos.yaml"
+    path.write_text(GOOD.replace("warmup_s:", "warmup:").replace("tool_time_scale:", "tool_time_scal:")
+                    .replace("kill_at_s:", "kill_at:"))
+    with pytest.raises(catalog.CatalogError) as caught:
+        catalog.load_scenario(str(path))
+    message = str(caught.value)
+    assert message.startswith(f"{path}: missing key 'warmup_s'; unknown key 'warmup' (did you mean 'warmup_s'?)")
+    assert "workload: unknown key 'tool_time_scal' (did you mean 'tool_time_scale'?)" in message
+    assert "bursts[0]: unknown key 'kill_at' (did you mean 'kill_at_s'?)" in message
+    assert "\n" not in message
 
 
 def test_a_deployment_file_names_its_profile_cache_and_memories(tmp_path: Path) -> None:

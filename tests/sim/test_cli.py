@@ -1,7 +1,8 @@
-"""`python -m basin_sim`: one JSON line, plots, and errors that name the known choices."""
+"""`basin-sim` (basin_sim/cli.py): one JSON line, plots, help, and errors that name the known choices."""
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import shutil
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from basin_sim import cli, compare
 from basin_sim.calibrate import rates as rates_module
 from basin_sim.calibrate.overload import Calibration
 from basin_sim.cli import main
@@ -171,6 +173,78 @@ def test_basin_loads_the_shipped_predictor_and_refuses_a_missing_one(
         main([*argv[:-6], "--model", str(Path(files["dir"]) / "nope.onnx")])
     assert info.value.code == 2
     assert "nope.onnx: no such predictor file" in capsys.readouterr().err
+
+
+def test_a_missing_model_is_named_before_any_measurement_or_table_is_read(
+        files: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issue 45: `--model models/nope.onnx` spent 1 min 52 s calibrating before it said the file was missing.
+    def never(*_: object, **__: object) -> None:
+        raise AssertionError("work done before the inputs were checked")
+
+    monkeypatch.setattr(cli, "load_pool", never)
+    monkeypatch.setattr(cli, "overload_rate_for", never)
+    monkeypatch.setattr(cli, "calibration_for", never)
+    argv = ["run", "--scenario", files["scenario"], "--deployment", files["deployment"], "--policy", "basin",
+            "--quiet", "--sessions", files["sessions"], "--model", str(Path(files["dir"]) / "missing.onnx")]
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    missing = Path(files["dir"]) / "missing.onnx"
+    assert capsys.readouterr().err == f"basin-sim: error: {missing}: no such predictor file\n"
+    for wrong, message in ((["--calibration", str(Path(files["dir"]) / "none.json")], "none.json: no such file"),
+                           (["--out-of-fold", str(Path(files["dir"]) / "none.parquet"), "--model",
+                             str(Path(__file__).resolve().parents[2] / "models" / "peak_predictor.onnx")],
+                            "none.parquet")):
+        with pytest.raises(SystemExit):
+            main([*argv[:-2], *wrong])
+        assert message in capsys.readouterr().err
+
+
+def test_a_plain_sglang_summary_holds_only_what_sglang_has(
+        files: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    # Issue 45: a plain-SGLang run printed reservation_quantile and seven `pin_* None`.
+    argv = ["run", "--scenario", files["scenario"], "--deployment", files["deployment"], "--seed", "3", "--quiet",
+            "--sessions", files["sessions"], *RATE]
+    shown = {}
+    for policy in ("sglang", "continuum"):
+        assert main([*argv, "--policy", policy, "--json"]) == 0
+        shown[policy] = json.loads(capsys.readouterr().out)
+    assert not {k for k in shown["sglang"] if k.startswith("pin_")}
+    assert not {"reservation_quantile", "reservation_scale", "knee_tokens", "sessions_admitted",
+                "calibration_source", "suspensions"} & set(shown["sglang"])
+    assert {"pin_answers", "pin_ttl_mean_s"} <= set(shown["continuum"]) and "goodput_per_hour" in shown["sglang"]
+    assert main([*argv, "--policy", "sglang"]) == 0
+    table = capsys.readouterr().out
+    assert "goodput_per_hour" in table and "pin_" not in table and "reservation_quantile" not in table
+
+
+def test_the_top_level_help_names_every_subcommand_with_an_example_under_one_program_name(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    assert text.startswith("usage: basin-sim ") and "python -m" not in text
+    for command in ("run", "compare", "calibrate", "knee", "risk", "ramp"):
+        assert f"\n    {command} " in text or f"\n    {command}\n" in text, command
+        assert f"\n  basin-sim {command} --" in text, command
+    for policy in ("sglang", "hicache", "continuum", "budgeter", "basin-proto", "basin"):
+        assert f"\n  {policy} " in text, policy
+    assert "PREDICT" in text and "MEASURE" in text  # risk against ramp
+
+
+def test_every_option_of_every_subcommand_has_help_and_shows_its_default() -> None:
+    parser = cli._parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    for name, command in commands.items():
+        if name == "compare":
+            command = compare._parser()
+        for action in command._actions:
+            if action.option_strings and action.dest != "help":
+                assert action.help, (name, action.option_strings)
+        text = command.format_help()
+        assert text.startswith(f"usage: basin-sim {name}"), name
+    run = commands["run"].format_help()
+    assert "seed of the run's arrivals" in run and "(default: 1)" in run
 
 
 @pytest.mark.integration

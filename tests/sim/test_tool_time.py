@@ -11,15 +11,13 @@ import pytest
 from scipy.stats import spearmanr
 
 from basin_runtime.session_table import Call, Session, read_sessions, write_sessions
-from basin_sim.workload.synthetic import generate_corpus
 from basin_sim.workload.presets import PRESETS
-from basin_sim.workload.synthetic import FAMILIES
+from basin_sim.workload.synthetic import FAMILIES, generate_corpus
 from basin_sim.workload.tool_time import (
     DEFAULT_MODEL,
     GAP_SOURCES,
     QUANTILE_PROBS,
     RECORDED,
-    SOURCED,
     SOURCED_TOOL_TIME,
     TOOL_TIME,
     SourcedToolTime,

@@ -138,5 +138,5 @@ def test_the_pool_draws_sourced_tool_time_by_default_and_recorded_keeps_the_reco
     gaps = [c.gap_s for s in sourced for c in s.calls[:-1]]
     assert all(g is not None and g >= 0 for g in gaps) and len(set(gaps)) == len(gaps)  # drawn, one per step
     assert workload_pool(base, WorkloadSpec()) == sourced  # seeded by session id: the same in every pool
-    with pytest.raises(ScenarioError, match="workload.tool_time must be `sourced` or `recorded`"):
+    with pytest.raises(ScenarioError, match=r"workload\.tool_time must be `sourced` or `recorded`"):
         Scenario("x", 600, 60, 0, 600, rate=(RateStep(0, per_min=1.0),), workload=WorkloadSpec(tool_time="timed"))

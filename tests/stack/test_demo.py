@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from basin_runtime.session_log import SessionLogRecord
-from basin_stack.demo import main, table
+from basin_stack.demo import collapsed_before_surge, main, session_counts, table
 from basin_stack.stack import gateway_config
 
 TINY = ["--synthetic", "--max-sessions", "6", "--duration-s", "240", "--surge", "60", "120", "2", "--time-scale", "20",
@@ -42,6 +42,23 @@ def _summary(goodput: float, post_hit: float, valid: bool) -> dict[str, Any]:
             "admission_wait_p50_s": 0.5, "admission_wait_p90_s": 3.0,
             "status_counts": {"finished": 9, "shed": 1, "aborted": 0, "error": 0},
             "lag_p99_model_s": 0.2 if valid else 5.0, "valid": valid}
+
+
+def test_the_table_counts_every_session_once_shows_the_shed_share_and_flags_a_collapse_before_the_surge() -> None:
+    # Issue 45: `357 / 0 / 0 / 0` out of 522, 165 unfinished never mentioned; a baseline collapsed before its surge
+    # (hit rate 0.34) not flagged; 54% shed hidden in one cell.
+    collapsed = {**_summary(0.0, 0.3, True), "sessions_planned": 522,
+                 "status_counts": {"finished": 357, "shed": 0, "aborted": 0, "error": 0, "unfinished": 100}}
+    shedding = {**_summary(300.0, 0.9, True), "sessions_planned": 522,
+                "status_counts": {"finished": 239, "shed": 283, "aborted": 0, "error": 0, "unfinished": 0}}
+    lines = table({"without": collapsed, "with": shedding}, steady_hit_rate=0.92).splitlines()
+    assert "| sessions planned | 522 | 522 |" in lines
+    assert "| finished / shed / aborted / error / unfinished | 357 / 0 / 0 / 0 / 165 | 239 / 283 / 0 / 0 / 0 |" in lines
+    assert "| shed share (of sessions planned) | 0% | 54% |" in lines
+    assert "| hit rate before the surge (steady reference 0.92) | 0.30 COLLAPSED BEFORE THE SURGE | 0.90 |" in lines
+    assert session_counts(collapsed) == {"finished": 357, "shed": 0, "aborted": 0, "error": 0, "unfinished": 165}
+    assert not collapsed_before_surge(shedding, 0.92) and not collapsed_before_surge(collapsed, None)
+    assert collapsed_before_surge(collapsed, 0.41) and not collapsed_before_surge(collapsed, 0.39)  # 0.1 under
 
 
 def test_the_table_puts_the_runs_side_by_side_and_marks_an_invalid_one() -> None:
