@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 
 from basin_runtime.calibration import Calibration, CalibrationError, load_calibration
+from basin_runtime.gateway.identity import FOREIGN_CALLS
 from basin_runtime.gateway.limits import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_BODY_BYTES_IN_FLIGHT,
@@ -117,6 +118,11 @@ class GatewayConfig:
         False, Flag(), "beyond the paper: the working set engages admission only while the engines' first-token "
         "latency reaches the calibration's gate (plateau latency + 3 call cycles)")
     session_header: str = option("X-Session-ID", Text(), "header holding the session id", metavar="NAME")
+    foreign_call: str = option(
+        "new-session", OneOf(FOREIGN_CALLS, says=f"one of {', '.join(FOREIGN_CALLS)}"),
+        "a call under a held session's id that does not continue its conversation (other first messages, or "
+        "another API key; `identity.py`): 'new-session' admits it as a session of its own, 'refuse' answers a "
+        "JSON 409 session_id_in_use", metavar="|".join(FOREIGN_CALLS))
     workload_header: str = option("X-Basin-Workload", Text(), "header naming the workload's model", metavar="NAME")
     idle_timeout_s: float = option(600.0, SECONDS, "end a session after this long without calls", unit="s")
     tick_interval_s: float = option(1.0, SECONDS, "policy tick period", unit="s")

@@ -9,6 +9,8 @@ Rules:
     503 too many large bodies at once (`too_many_large_bodies`, a `LimitError` with Retry-After: 1 s)
     401 admin token (or end key) missing or wrong             404 unknown session, path or route
     405 method not allowed on a route (with Allow)            409 session ended while it waited
+    409 `session_id_in_use`: a call under a held session's id that does not continue its conversation, with
+        `--foreign-call refuse` (`identity.py`)
     499 client went away (nobody reads it; for the logs)      502 upstream refused or answered 5xx
     503 session shed (with Retry-After and the reason)        504 upstream timed out
     503 shutting down (draining: no new session is admitted; with Retry-After)
@@ -138,6 +140,14 @@ class SessionEndedError(GatewayError):
     """The session was ended while its first call waited for admission."""
 
 
+class ForeignCallError(GatewayError):
+    """`--foreign-call refuse`: a call under a held session's id does not continue its conversation (`identity.py`)."""
+
+    def __init__(self, message: str, session_id: str) -> None:
+        super().__init__(message)
+        self.session_id = session_id
+
+
 class ClientGoneError(GatewayError, ClientDisconnected):
     """The client disconnected before the answer."""
 
@@ -233,6 +243,8 @@ def _classify(exc: Exception) -> tuple[int, str, dict[str, Any], dict[str, str]]
             return 405, "method_not_allowed", {}, {"Allow": exc.allow}
         case SessionEndedError():
             return 409, "session_ended", {}, {}
+        case ForeignCallError():
+            return 409, "session_id_in_use", {"session_id": exc.session_id, "option": "--foreign-call"}, {}
         case ClientGoneError():
             return 499, "client_closed_request", {}, {}
         case SessionShedError():

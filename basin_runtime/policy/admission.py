@@ -11,8 +11,9 @@ Rules:
 - A reservation is max(peak_reservation_tokens, context_tokens, regrown_tokens) in basin mode (the
   predicted peak times the session's reservation multiplier m(q), or the current context once the
   session has grown past it, or what it was re-reserved when a call outgrew its reservation:
-  that call's context plus the predicted growth, `regrowth_tokens`) and context_tokens in prototype mode. Reservations are whole tokens (m x predicted peak
-  rounded up), so their sums stay exact. Priority uses the bare predicted peak, not the reservation.
+  that call's context plus the predicted growth, `regrowth_tokens`) and context_tokens in prototype
+  mode. Reservations are whole tokens (m x predicted peak rounded up), so their sums stay exact.
+  Priority uses the bare predicted peak, not the reservation.
 Invariants:
 - Every queued session has exactly one current entry in each heap; an entry is current when its
   id maps to a record with the same seq. Admitted, withdrawn and shed sessions leave stale

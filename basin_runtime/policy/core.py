@@ -316,6 +316,16 @@ class Policy:
         gate = self.config.latency_gate_s
         return gate is None or (self._ttft_s is not None and self._ttft_s >= gate)
 
+    def reservation_of(self, session_id: str) -> int:
+        """What a live or queued session reserves (or will, once admitted); an unknown id raises."""
+        return reservation_tokens(self.config.mode, self._record(session_id, "reservation_of"))
+
+    def would_outgrow(self, session_id: str, context_tokens: int) -> bool:
+        """Would a call of this context pass a live session's reservation under the outgrowth rule? No change."""
+        record = self._live.get(session_id)
+        return record is not None and self._outgrows(record, context_tokens, reservation_tokens(self.config.mode,
+                                                                                               record))
+
     def priority_of(self, session_id: str) -> float:
         """The fixed priority of a live or queued session (smaller is served first)."""
         return self._record(session_id, "priority_of").priority

@@ -282,7 +282,7 @@ class PolicyMachine(RuleBasedStateMachine):
                 assert len(self.live) == 1 or self.reserved() <= budget, (
                     f"{session.session_id} grew to {regrown}: reserved {self.reserved()} > budget {budget}")
             return
-        assert events and isinstance(events[0], Requeued), f"{session.session_id} outgrew while engaged, not held: {events}"
+        assert events and isinstance(events[0], Requeued), f"{session.session_id} outgrew, engaged, not held: {events}"
         first = events[0]
         assert (first.session_id, first.context_tokens, first.reservation_tokens, first.reserved_tokens,
                 first.budget_tokens, first.priority) == (session.session_id, context, regrown, others, budget,
