@@ -65,6 +65,13 @@ from basin_runtime.gateway.priority import (
     ROUTING_KEY_HEADER,
 )
 from basin_runtime.gateway.resend import DEFAULT_MAX_PREFIX_BYTES
+from basin_runtime.gateway.server import (
+    DEFAULT_BODY_TIMEOUT_S,
+    DEFAULT_HEADER_TIMEOUT_S,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_IDLE_CONNECTIONS_PER_CLIENT,
+    ConnectionLimits,
+)
 from basin_runtime.model_files import file_sha256
 from basin_runtime.policy import PolicyConfig, PolicyError
 from basin_runtime.policy.calibrated import check_serves, policy_config
@@ -207,6 +214,19 @@ class GatewayConfig:
         "from the upstream", unit="bytes", metavar="N")
     max_headers: int = option(DEFAULT_MAX_HEADERS, POSITIVE, "most headers in a request, refused with 431",
                               metavar="N")
+    header_timeout_s: float = option(
+        DEFAULT_HEADER_TIMEOUT_S, SECONDS, "longest wait for a request head, from the connection's opening (or a "
+        "kept-alive connection's next byte); past it a head begun gets a JSON 408 and the connection is closed",
+        unit="s")
+    body_timeout_s: float = option(
+        DEFAULT_BODY_TIMEOUT_S, SECONDS, "longest wait for a request body, from the end of its head; past it the "
+        "request gets a JSON 408 and the connection is closed", unit="s")
+    max_connections: int = option(
+        DEFAULT_MAX_CONNECTIONS, POSITIVE, "most client connections open at once; one more closes the oldest idle "
+        "one (or itself, if none is idle)", metavar="N")
+    max_idle_connections_per_client: int = option(
+        DEFAULT_MAX_IDLE_CONNECTIONS_PER_CLIENT, POSITIVE, "most idle connections (no request under way) one client "
+        "address keeps open; one more closes its oldest idle one", metavar="N")
     resend_memo_bytes: int = option(
         DEFAULT_MAX_PREFIX_BYTES, COUNT, "bytes of the sessions' last request bodies kept, so that a resent "
         "conversation is read from its new messages on (0: read every body in full; `resend.py`)", unit="bytes",
@@ -223,6 +243,12 @@ class GatewayConfig:
         """The input limits (`limits.py`)."""
         return Limits(self.max_body_bytes, self.max_json_depth, self.max_session_id_chars, self.max_json_items,
                       self.max_messages, self.max_tools, self.max_content_parts, self.max_body_bytes_in_flight)
+
+    @property
+    def connection_limits(self) -> ConnectionLimits:
+        """What the server holds each client connection to (`server.py`)."""
+        return ConnectionLimits(self.max_header_bytes, self.max_headers, self.header_timeout_s, self.body_timeout_s,
+                                self.max_connections, self.max_idle_connections_per_client)
 
     def __post_init__(self) -> None:
         if self.max_body_bytes_in_flight < self.max_body_bytes:

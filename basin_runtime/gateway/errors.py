@@ -6,6 +6,8 @@ Rules:
     400 bad request (malformed JSON, wrong shape, no messages/prompt; `invalid_request_error`)
     400/413/431 a limit passed (`LimitError`: `json_too_deep`, `session_id_too_long`, 413 `request_too_large`,
         413 `too_many_items`, 431 `headers_too_large`)
+    408 a request head or body slower than `header_timeout_s` / `body_timeout_s` (`request_timeout`, a `LimitError`;
+        answered by the server's protocol, which then closes the connection)
     503 too many large bodies at once (`too_many_large_bodies`, a `LimitError` with Retry-After: 1 s)
     401 admin token (or end key) missing or wrong             404 unknown session, path or route
     405 method not allowed on a route (with Allow)            409 session ended while it waited
@@ -58,7 +60,7 @@ class LimitError(BadRequestError):
     status_code: ClassVar[int] = 400
     kind: ClassVar[str] = "invalid_request_error"
 
-    def __init__(self, message: str, limit: str, value: int) -> None:
+    def __init__(self, message: str, limit: str, value: float) -> None:
         option = "--" + limit.replace("_", "-")
         super().__init__(f"{message} (limit `{limit}` = {value}; set it with {option} or `{limit}:` in the "
                          "config file)")
@@ -100,6 +102,13 @@ class HeadersTooLargeError(LimitError):
 
     status_code: ClassVar[int] = 431
     kind: ClassVar[str] = "headers_too_large"
+
+
+class RequestTimeoutError(LimitError):
+    """A request's head or body took longer to arrive than `header_timeout_s` or `body_timeout_s` (`server.py`)."""
+
+    status_code: ClassVar[int] = 408
+    kind: ClassVar[str] = "request_timeout"
 
 
 class SessionIdTooLongError(LimitError):
