@@ -5,9 +5,12 @@ Rules:
   identified, then: an unknown session is measured (task text, first prompt with any history it
   carries, prediction) and arrives at the policy, which reserves max(m x prediction, context) from its
   first call on; a session the previous run held live, resuming within the adoption window, is
-  adopted instead and never waits (`restart.py`); a known session's prompt size is observed. A
-  queued session's call then waits in the waiting room (`_admit`, the one place a call is held; in
-  shadow mode it is counted, not held).
+  adopted instead with the context it had (`restart.py`), and its resumed call is then observed; a
+  known session's prompt size is observed, under the core's outgrowth rule (a call past its
+  reservation may put the session back in the queue). A call under a held session's id that does
+  not continue its conversation is a session of its own or refused (`identity.py`,
+  `--foreign-call`). A queued session's call then waits in the waiting room (`_admit`, the one place
+  a call is held; in shadow mode it is counted, not held).
 - A session none of whose calls was ever served is released as `failed` when its last call in flight
   ends: a failed first call holds no budget.
 - The forwarded body carries the session's engine priority and a rid, and the request its routing

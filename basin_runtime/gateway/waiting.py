@@ -17,8 +17,9 @@ Rules:
   `observe` is awaited through the backend (not just submitted), so with a shared backend the
   call is held before it is forwarded.
 - When the last waiter of a queued session leaves (client gone or task cancelled), the session is
-  withdrawn (`finish`). Adopted sessions (`restart.py`: live before a restart) never wait, even if
-  the policy queues them; if the policy sheds one, it is forgotten and its next call arrives anew.
+  withdrawn (`finish`). Adopted sessions (`restart.py`: live before a restart) never wait at their
+  adoption, even if the policy queues them, but a call held for outgrowing its reservation waits; if
+  the policy sheds one, it is forgotten and its next call arrives anew.
 - Draining (a graceful shutdown has begun): nothing new is admitted. Every queued session's waiting
   calls get "shutdown" (503) at once, and a session arriving while draining is refused the same way.
   In process the queued sessions are withdrawn; with a shared backend they keep their place (their
