@@ -149,7 +149,9 @@ class WaitingRoom:
                                       Step("claim", session_id, (), now))
         elif orphan is not None:
             peak, multiplier = orphan.predicted_peak_tokens, orphan.reservation_multiplier
-            step = Step("adopt", session_id, (peak, first.prompt_tokens, multiplier), now)
+            # the context it had: the call that takes it over is then observed (the outgrowth rule holds it if it
+            # brings more than its reservation and does not fit)
+            step = Step("adopt", session_id, (peak, min(orphan.context_tokens, first.prompt_tokens), multiplier), now)
         else:
             return None
         self._refuse_if_draining()
