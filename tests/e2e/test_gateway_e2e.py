@@ -162,9 +162,14 @@ def client_for(gateway: str, timeout_s: float = 10.0) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=f"{gateway}/v1", api_key="test-key", max_retries=0, timeout=timeout_s)
 
 
-async def ask(client: openai.AsyncOpenAI, session: str, content: str) -> str:
-    """One non-streamed chat call of `session`; the answer's text."""
-    reply = await client.chat.completions.create(model="standin-model", messages=[{"role": "user", "content": content}],
+async def ask(client: openai.AsyncOpenAI, session: str, content: str, *earlier: str) -> str:
+    """One non-streamed chat call of `session` (its earlier user turns, each answered, then `content`); the
+    answer's text. A later call keeps the session's first turn: a session id names one conversation (issue 46)."""
+    messages: list[dict[str, str]] = []
+    for turn in earlier:
+        messages += [{"role": "user", "content": turn}, {"role": "assistant", "content": "stand-in answer"}]
+    reply = await client.chat.completions.create(model="standin-model",
+                                                 messages=[*messages, {"role": "user", "content": content}],
                                                  extra_headers={"X-Session-ID": session})
     return reply.choices[0].message.content or ""
 
@@ -207,8 +212,8 @@ async def test_replies_come_back_streamed_and_not(deployment: Deployment) -> Non
 async def test_priority_rid_and_routing_key_reach_both_workers(deployment: Deployment) -> None:
     """smg forwards the body's bounded priority and stable rid, and the routing-key header, to both halves."""
     async with client_for(deployment.full_gateway) as client:
-        for text in ("e2e keyed task", "e2e keyed task, again"):
-            await ask(client, "e2e-keyed", text)
+        await ask(client, "e2e-keyed", "e2e keyed task")
+        await ask(client, "e2e-keyed", "e2e keyed task, again", "e2e keyed task")
         await end(deployment.full_gateway, "e2e-keyed")
 
     key = routing_key("e2e-keyed")
