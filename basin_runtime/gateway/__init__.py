@@ -10,7 +10,7 @@ Modules, one job each (a test keeps this list complete):
   options_doc.py     the option reference as Markdown, rendered from those declarations
   cli.py             `basin-gateway` / `python -m basin_runtime.gateway` (`__main__.py`)
   capacity.py        start-up: the engines' cache capacity (SGLang's max_total_num_tokens) against the calibration's
-  server.py          uvicorn with the gateway's protocol and drain on SIGTERM
+  server.py          uvicorn with the gateway's protocol (slow clients, connection caps) and drain on SIGTERM
   app.py             Starlette routes, lifespan, building the app from the configuration
   admin.py           /basin/ state, sessions, budget, reloads, shadow mode
   gateway.py         the request path: identify, admit or queue, stamp, forward, record
@@ -23,6 +23,7 @@ Modules, one job each (a test keeps this list complete):
   measure.py         prompt tokens and task text, as ingest counts them
   predictors.py      peak predictors per workload
   sessions.py        session identity, per-session records, the registry
+  identity.py        which conversation a session id names: first-call head and API key, foreign calls
   restart.py         the live-sessions file and adoption after a restart
   waiting.py         the waiting room: the policy under a lock, waiting, withdrawal, timers
   priority.py        bounded engine priority levels, the routing key, request ids

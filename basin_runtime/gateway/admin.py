@@ -31,6 +31,8 @@ from basin_runtime.gateway.errors import BadRequestError
 from basin_runtime.gateway.gateway import OFF_LOOP_BODY_BYTES, Gateway
 from basin_runtime.gateway.limits import Limits, read_body
 from basin_runtime.gateway.predictors import Predictors
+from basin_runtime.gateway.sessions import SessionEntry
+from basin_runtime.policy import PolicyError
 
 Guard = Callable[[Request], None]
 
@@ -69,7 +71,8 @@ def sessions_view(gateway: Gateway) -> list[dict[str, Any]]:
             "session_id": entry.session_id, "state": entry.state, "priority_s": entry.priority_s,
             "engine_priority": gateway.room.registry.engine_priority(entry), "routing_key": entry.routing_key,
             "predicted_peak_tokens": entry.predicted_peak_tokens, "reserved_peak_tokens": entry.reserved_peak_tokens,
-            "reserved_tokens": entry.reserved_tokens, "context_tokens": entry.context_tokens,
+            "reserved_tokens": _reserved(gateway, entry), "context_tokens": entry.context_tokens,
+            "is_held_for_growth": entry.is_held_for_growth,
             "workload": entry.workload, "model": entry.model,
             "is_adopted": entry.is_adopted, "num_calls": len(entry.calls), "in_flight": entry.in_flight,
             "waiters": entry.waiters, "age_s": now - entry.arrived_s, "idle_s": now - entry.last_active_s,
@@ -80,6 +83,15 @@ def sessions_view(gateway: Gateway) -> list[dict[str, Any]]:
             "calls_moved": 0 if kv is None else kv.calls_moved,
         })
     return views
+
+
+def _reserved(gateway: Gateway, entry: SessionEntry) -> int:
+    """What the policy reserves for the session (a re-reservation included); the entry's own count if this replica's
+    copy of the shared state does not hold it yet."""
+    try:
+        return gateway.room.policy.reservation_of(entry.session_id)
+    except PolicyError:
+        return entry.reserved_tokens
 
 
 def state_view(gateway: Gateway) -> dict[str, Any]:

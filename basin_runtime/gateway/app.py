@@ -34,7 +34,7 @@ import hmac
 import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import anyio
 from starlette.applications import Starlette
@@ -59,6 +59,7 @@ from basin_runtime.gateway.errors import (
 )
 from basin_runtime.gateway.gateway import Gateway
 from basin_runtime.gateway.http1 import Http1UpstreamClient
+from basin_runtime.gateway.identity import ForeignCall
 from basin_runtime.gateway.lending import LendingTracker
 from basin_runtime.gateway.measure import Meter
 from basin_runtime.gateway.metrics import CONTENT_TYPE
@@ -302,14 +303,16 @@ def _require_admin(request: Request, admin_token: str | None) -> None:
 
 
 def _require_end_permission(request: Request, admin_token: str | None, gateway: Gateway, session_id: str) -> None:
-    """The admin token, or the end key of the session's incarnation held now (a session not held: the 404 follows;
-    an orphan of a dead replica, whose key went with it: the admin token only)."""
+    """The admin token, or the end key of the session's incarnation held now. The key is checked before the
+    session's existence, with one answer for both (a 401: an id held and one not held look alike to a key that is
+    not theirs, so ids cannot be probed); only the admin token learns of a 404. An orphan of a dead replica, whose
+    key went with it: the admin token only."""
     if admin_token is None or _has_admin_token(request, admin_token):
         return
     key = request.headers.get(SESSION_KEY_HEADER)
     of = gateway.incarnation_of(session_id)
-    if key is None or gateway.is_orphan(session_id) or (of is not None and not gateway.session_keys.is_key_of(
-            session_id, of, key)):
+    if key is None or of is None or gateway.is_orphan(session_id) or not gateway.session_keys.is_key_of(
+            session_id, of, key):
         raise AdminAuthError(f"ending a session needs `{SESSION_KEY_HEADER}: <its key>` (sent on the session's "
                              f"first answer) or `Authorization: Bearer <admin token>`")
 
@@ -351,7 +354,8 @@ def build_gateway(config: GatewayConfig, client: UpstreamClient | None = None,
                    lending=LendingTracker(), session_log=session_log, is_shadow=config.shadow,
                    engine_metrics_urls=config.engine_metrics_urls,
                    engine_metrics_interval_s=config.engine_metrics_interval_s, limits=config.limits,
-                   routing_key_header=config.routing_key_header, coordinator=coordinator)
+                   routing_key_header=config.routing_key_header, coordinator=coordinator,
+                   foreign_call=cast(ForeignCall, config.foreign_call))
 
 
 def shared_state(config: GatewayConfig, policy_settings: PolicyConfig) -> Coordinator:

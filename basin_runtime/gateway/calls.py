@@ -34,9 +34,10 @@ Rules:
   read by `resend.py` instead: only the new messages and fields, with the same checks.
 - The forwarded body (`Call.encode`) is the client's own bytes with the top-level fields the
   gateway set spliced in before the closing brace; a field the client sent itself and the gateway
-  changed (its own `priority` or `rid`, `stream_options` without `include_usage`) is cut out of
-  the bytes first (`json_scan.without_members`), never by re-serialising the body: a large body
-  costs one copy and no encoder holding the GIL. The gateway sets no body field but `GATEWAY_FIELDS`.
+  set (every copy of its own `priority` or `rid`, whatever their values; `stream_options` without
+  `include_usage`) is cut out of the bytes first (`json_scan.without_members`), never by
+  re-serialising the body: a large body costs one copy and no encoder holding the GIL. The gateway
+  sets no body field but `GATEWAY_FIELDS`.
 """
 
 from __future__ import annotations
@@ -77,6 +78,9 @@ UPSTREAM_PATHS: dict[CallKind, str] = {
     "generate": "/generate",
 }
 GATEWAY_FIELDS = ("priority", "rid", "stream_options")  # the top-level fields the gateway may set
+# Every copy the client sent of these is cut out, whatever its value: JSON parsers keep the last of duplicated keys,
+# smg may keep another, so a copy equal to the gateway's value must not keep the others in the bytes (issue 46).
+IDENTITY_FIELDS = frozenset({"priority", "rid"})
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # the only way a valid UTF-8 text holds a surrogate
 _SURROGATE = re.compile("[\ud800-\udfff]")
 STDLIB_PARSE_BYTES = 1 << 20  # a body this large is parsed by the standard library (memory: see the rules)
@@ -137,8 +141,8 @@ class Call:
     def encode_pieces(self) -> tuple[bytes | memoryview, ...]:
         """The body to forward, as pieces sent one after another: the client's bytes (views, never copied), less the
         gateway's fields it sent that the gateway changed, then the gateway's values of them (see the rules)."""
-        changed = [k for k in GATEWAY_FIELDS if k in self.body and not (k in self.sent and _same(self.body[k],
-                                                                                               self.sent[k]))]
+        changed = [k for k in GATEWAY_FIELDS if k in self.body and (k in IDENTITY_FIELDS or not (
+            k in self.sent and _same(self.body[k], self.sent[k])))]
         replaced = [k for k in self.sent if k not in self.body or k in changed]
         if not self.raw:
             return (json.dumps(self.body, ensure_ascii=False).encode("utf-8"),)

@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     logger.info("basin-gateway on http://%s:%d in front of %s", config.host, config.port, config.upstream)
     logger.info("%s", startup_summary(config, calibration, app.state.gateway.room.policy.config))
     server = DrainingServer(server_config(app, host=config.host, port=config.port, keep_alive_s=config.keep_alive_s,
-                                          max_header_bytes=config.max_header_bytes, max_headers=config.max_headers),
+                                          limits=config.connection_limits),
                             app.state.gateway, drain_timeout_s=config.drain_timeout_s)
     server.run()
     return 0

@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 
 from basin_runtime.calibration import Calibration, CalibrationError, load_calibration
+from basin_runtime.gateway.identity import FOREIGN_CALLS
 from basin_runtime.gateway.limits import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_BODY_BYTES_IN_FLIGHT,
@@ -64,6 +65,13 @@ from basin_runtime.gateway.priority import (
     ROUTING_KEY_HEADER,
 )
 from basin_runtime.gateway.resend import DEFAULT_MAX_PREFIX_BYTES
+from basin_runtime.gateway.server import (
+    DEFAULT_BODY_TIMEOUT_S,
+    DEFAULT_HEADER_TIMEOUT_S,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_IDLE_CONNECTIONS_PER_CLIENT,
+    ConnectionLimits,
+)
 from basin_runtime.model_files import file_sha256
 from basin_runtime.policy import PolicyConfig, PolicyError
 from basin_runtime.policy.calibrated import check_serves, policy_config
@@ -121,6 +129,11 @@ class GatewayConfig:
         False, Flag(), "beyond the paper: the working set engages admission only while the engines' first-token "
         "latency reaches the calibration's gate (plateau latency + 3 call cycles)")
     session_header: str = option("X-Session-ID", Text(), "header holding the session id", metavar="NAME")
+    foreign_call: str = option(
+        "new-session", OneOf(FOREIGN_CALLS, says=f"one of {', '.join(FOREIGN_CALLS)}"),
+        "a call under a held session's id that does not continue its conversation (other first messages, or "
+        "another API key; `identity.py`): 'new-session' admits it as a session of its own, 'refuse' answers a "
+        "JSON 409 session_id_in_use", metavar="|".join(FOREIGN_CALLS))
     workload_header: str = option("X-Basin-Workload", Text(), "header naming the workload's model", metavar="NAME")
     idle_timeout_s: float = option(600.0, SECONDS, "end a session after this long without calls", unit="s")
     tick_interval_s: float = option(1.0, SECONDS, "policy tick period", unit="s")
@@ -205,6 +218,19 @@ class GatewayConfig:
         "from the upstream", unit="bytes", metavar="N")
     max_headers: int = option(DEFAULT_MAX_HEADERS, POSITIVE, "most headers in a request, refused with 431",
                               metavar="N")
+    header_timeout_s: float = option(
+        DEFAULT_HEADER_TIMEOUT_S, SECONDS, "longest wait for a request head, from the connection's opening (or a "
+        "kept-alive connection's next byte); past it a head begun gets a JSON 408 and the connection is closed",
+        unit="s")
+    body_timeout_s: float = option(
+        DEFAULT_BODY_TIMEOUT_S, SECONDS, "longest wait for a request body, from the end of its head; past it the "
+        "request gets a JSON 408 and the connection is closed", unit="s")
+    max_connections: int = option(
+        DEFAULT_MAX_CONNECTIONS, POSITIVE, "most client connections open at once; one more closes the oldest idle "
+        "one (or itself, if none is idle)", metavar="N")
+    max_idle_connections_per_client: int = option(
+        DEFAULT_MAX_IDLE_CONNECTIONS_PER_CLIENT, POSITIVE, "most idle connections (no request under way) one client "
+        "address keeps open; one more closes its oldest idle one", metavar="N")
     resend_memo_bytes: int = option(
         DEFAULT_MAX_PREFIX_BYTES, COUNT, "bytes of the sessions' last request bodies kept, so that a resent "
         "conversation is read from its new messages on (0: read every body in full; `resend.py`)", unit="bytes",
@@ -221,6 +247,12 @@ class GatewayConfig:
         """The input limits (`limits.py`)."""
         return Limits(self.max_body_bytes, self.max_json_depth, self.max_session_id_chars, self.max_json_items,
                       self.max_messages, self.max_tools, self.max_content_parts, self.max_body_bytes_in_flight)
+
+    @property
+    def connection_limits(self) -> ConnectionLimits:
+        """What the server holds each client connection to (`server.py`)."""
+        return ConnectionLimits(self.max_header_bytes, self.max_headers, self.header_timeout_s, self.body_timeout_s,
+                                self.max_connections, self.max_idle_connections_per_client)
 
     def __post_init__(self) -> None:
         if self.max_body_bytes_in_flight < self.max_body_bytes:

@@ -6,9 +6,13 @@ Rules:
     400 bad request (malformed JSON, wrong shape, no messages/prompt; `invalid_request_error`)
     400/413/431 a limit passed (`LimitError`: `json_too_deep`, `session_id_too_long`, 413 `request_too_large`,
         413 `too_many_items`, 431 `headers_too_large`)
+    408 a request head or body slower than `header_timeout_s` / `body_timeout_s` (`request_timeout`, a `LimitError`;
+        answered by the server's protocol, which then closes the connection)
     503 too many large bodies at once (`too_many_large_bodies`, a `LimitError` with Retry-After: 1 s)
     401 admin token (or end key) missing or wrong             404 unknown session, path or route
     405 method not allowed on a route (with Allow)            409 session ended while it waited
+    409 `session_id_in_use`: a call under a held session's id that does not continue its conversation, with
+        `--foreign-call refuse` (`identity.py`)
     499 client went away (nobody reads it; for the logs)      502 upstream refused or answered 5xx
     503 session shed (with Retry-After and the reason)        504 upstream timed out
     503 shutting down (draining: no new session is admitted; with Retry-After)
@@ -56,7 +60,7 @@ class LimitError(BadRequestError):
     status_code: ClassVar[int] = 400
     kind: ClassVar[str] = "invalid_request_error"
 
-    def __init__(self, message: str, limit: str, value: int) -> None:
+    def __init__(self, message: str, limit: str, value: float) -> None:
         option = "--" + limit.replace("_", "-")
         super().__init__(f"{message} (limit `{limit}` = {value}; set it with {option} or `{limit}:` in the "
                          "config file)")
@@ -100,6 +104,13 @@ class HeadersTooLargeError(LimitError):
     kind: ClassVar[str] = "headers_too_large"
 
 
+class RequestTimeoutError(LimitError):
+    """A request's head or body took longer to arrive than `header_timeout_s` or `body_timeout_s` (`server.py`)."""
+
+    status_code: ClassVar[int] = 408
+    kind: ClassVar[str] = "request_timeout"
+
+
 class SessionIdTooLongError(LimitError):
     """A session id is longer than `max_session_id_chars`."""
 
@@ -136,6 +147,14 @@ class GatewayInternalError(GatewayError):
 
 class SessionEndedError(GatewayError):
     """The session was ended while its first call waited for admission."""
+
+
+class ForeignCallError(GatewayError):
+    """`--foreign-call refuse`: a call under a held session's id does not continue its conversation (`identity.py`)."""
+
+    def __init__(self, message: str, session_id: str) -> None:
+        super().__init__(message)
+        self.session_id = session_id
 
 
 class ClientGoneError(GatewayError, ClientDisconnected):
@@ -233,6 +252,8 @@ def _classify(exc: Exception) -> tuple[int, str, dict[str, Any], dict[str, str]]
             return 405, "method_not_allowed", {}, {"Allow": exc.allow}
         case SessionEndedError():
             return 409, "session_ended", {}, {}
+        case ForeignCallError():
+            return 409, "session_id_in_use", {"session_id": exc.session_id, "option": "--foreign-call"}, {}
         case ClientGoneError():
             return 499, "client_closed_request", {}, {}
         case SessionShedError():

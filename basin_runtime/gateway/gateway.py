@@ -5,9 +5,12 @@ Rules:
   identified, then: an unknown session is measured (task text, first prompt with any history it
   carries, prediction) and arrives at the policy, which reserves max(m x prediction, context) from its
   first call on; a session the previous run held live, resuming within the adoption window, is
-  adopted instead and never waits (`restart.py`); a known session's prompt size is observed. A
-  queued session's call then waits in the waiting room (`_admit`, the one place a call is held; in
-  shadow mode it is counted, not held).
+  adopted instead with the context it had (`restart.py`), and its resumed call is then observed; a
+  known session's prompt size is observed, under the core's outgrowth rule (a call past its
+  reservation may put the session back in the queue). A call under a held session's id that does
+  not continue its conversation is a session of its own or refused (`identity.py`,
+  `--foreign-call`). A queued session's call then waits in the waiting room (`_admit`, the one place
+  a call is held; in shadow mode it is counted, not held).
 - A session none of whose calls was ever served is released as `failed` when its last call in flight
   ends: a failed first call holds no budget.
 - The forwarded body carries the session's engine priority and a rid, and the request its routing
@@ -48,9 +51,17 @@ from starlette.responses import Response
 from basin_runtime.gateway.calls import Call, CallKind, parse_call
 from basin_runtime.gateway.engine_metrics import EngineHitWindow, EngineScraper
 from basin_runtime.gateway.errors import SessionEndedError, ShuttingDownError
+from basin_runtime.gateway.identity import (
+    ForeignCall,
+    binding_of,
+    derived_id,
+    head_length,
+    key_digest,
+    refuse_foreign,
+)
 from basin_runtime.gateway.lending import LendingTracker
 from basin_runtime.gateway.limits import BodyBudget, Limits, read_body
-from basin_runtime.gateway.measure import Meter, PromptMemo
+from basin_runtime.gateway.measure import Meter, PromptMemo, message_digest
 from basin_runtime.gateway.metrics import GatewayMetrics
 from basin_runtime.gateway.paths import forwarded_target
 from basin_runtime.gateway.predictors import PREDICTED_TEXT_CHARS, Predictors, predict_peak
@@ -97,13 +108,14 @@ class Gateway:
                  engine_metrics_urls: Sequence[str] = (), engine_metrics_interval_s: float = 5.0,
                  live_sessions: LiveSessionsFile | None = None, adoption_window_s: float = 600.0,
                  limits: Limits | None = None, routing_key_header: str = ROUTING_KEY_HEADER,
-                 coordinator: Coordinator | None = None) -> None:
+                 coordinator: Coordinator | None = None, foreign_call: ForeignCall = "new-session") -> None:
         self.room = room
         self.meter = meter
         self.predictors = predictors
         self.upstream = upstream
         self.session_header = session_header
         self.workload_header = workload_header
+        self.foreign_call = foreign_call
         self.routing_key_header = routing_key_header
         self.session_keys = SessionKeys()  # `create_app` derives them from its admin token
         self.metrics = GatewayMetrics()
@@ -357,13 +369,17 @@ class Gateway:
 
     async def _admit(self, call: Call, session_id: str, is_single_call: bool,
                      request: Request) -> tuple[SessionEntry, int, float]:
+        key = key_digest(request.headers)
         entry = self.room.registry.get(session_id)
+        if entry is not None and not entry.is_single_call and not _continues(entry, call, key):
+            call, session_id = await self._foreign(call, session_id, key, "its first messages or API key differ")
+            entry = self.room.registry.get(session_id)
         is_new = False
         if entry is None and self.room.backend.is_shared and not is_single_call:
             entry = await self._take_over(session_id, call, request)
         if entry is None:
             try:
-                entry, prompt_tokens, is_new = await self._arrive(session_id, is_single_call, call, request)
+                entry, prompt_tokens, is_new = await self._arrive(session_id, is_single_call, call, request, key)
             except DuplicateSessionError:  # replicas: it arrived elsewhere a moment before; now this copy knows it
                 if (entry := await self._take_over(session_id, call, request)) is None:
                     raise
@@ -375,10 +391,11 @@ class Gateway:
             revision = self.predictors.revision(
                 entry.workload, entry.predicted_peak_tokens, [c.prompt_tokens for c in entry.calls] + [prompt_tokens],
                 [c.completion_tokens or 0 for c in entry.calls])
-        if not is_new and not await self.room.observe(entry, prompt_tokens, revision):
+        is_resumed = entry.is_adopted and entry.context_tokens != prompt_tokens  # its call past its listed context
+        if (not is_new or is_resumed) and not await self.room.observe(entry, prompt_tokens, revision):
             raise SessionEndedError(f"session {session_id!r} ended while this call was being read; send it again")
         held_s = 0.0
-        if entry.state == "queued" and not entry.is_adopted:
+        if entry.state == "queued" and (not entry.is_adopted or entry.is_held_for_growth):
             if self.is_shadow:
                 self.metrics.shadow_held.inc()
             else:
@@ -386,6 +403,19 @@ class Gateway:
                 await self.room.wait(entry, request.receive)
                 held_s = time.perf_counter() - started
         return entry, prompt_tokens, held_s
+
+    async def _foreign(self, call: Call, session_id: str, key: bytes | None, why: str) -> tuple[Call, str]:
+        """A call that does not continue the conversation its id names (`identity.py`): (the call, read in full,
+        and the id of its own session), or the 409 under `--foreign-call refuse`."""
+        if self.foreign_call == "refuse":
+            raise refuse_foreign(session_id, why)
+        if call.resent is not None:  # read against the other conversation's memo: read it whole, as its own
+            call, _ = await _off_loop_if_large(call.num_bytes, self._read_call, call.kind, call.raw, {})
+        heads = [message_digest(m) for m in call.messages[:head_length(call.messages)]] if call.messages else []
+        own = derived_id(session_id, binding_of(call, key, heads))
+        logger.info("a call under session id %r does not continue its conversation (%s): it goes on as session %r",
+                    session_id, why, own)
+        return call, own
 
     async def _take_over(self, session_id: str, call: Call, request: Request) -> SessionEntry | None:
         """Replicas: continue a session the shared state holds or let go; None if it knows no such session."""
@@ -398,24 +428,43 @@ class Gateway:
         return await self.room.take_over(session_id, first, workload=request.headers.get(self.workload_header) or None,
                                          memo=memo, model=model if isinstance(model, str) else None)
 
-    async def _arrive(self, session_id: str, is_single_call: bool, call: Call,
-                      request: Request) -> tuple[SessionEntry, int, bool]:
+    async def _arrive(self, session_id: str, is_single_call: bool, call: Call, request: Request,
+                      key: bytes | None) -> tuple[SessionEntry, int, bool]:
         workload = request.headers.get(self.workload_header) or None
         model = self.predictors.for_workload(workload)
         memo = PromptMemo()
         first = await _off_loop_if_large(call.num_bytes, self.meter.first_call, call, memo)
-        previous = self.adoption.claim(session_id, call.is_continuation, memo.keys, self.room.clock.now())
+        binding = binding_of(call, key, memo.keys)
+        previous = None
+        listed = None if is_single_call else self.adoption.listed(session_id, self.room.clock.now())
+        if listed is not None:
+            if Adoption.continues(listed, call.is_continuation, memo.keys, key):
+                previous = self.adoption.take(session_id)
+            else:  # the listed entry stays for its owner (`restart.py`)
+                if self.foreign_call == "refuse":
+                    raise refuse_foreign(session_id, "it does not continue the conversation listed before the "
+                                                     "restart")
+                session_id = derived_id(session_id, binding)
+                logger.info("a call does not continue the conversation listed before the restart: it goes on as "
+                            "session %r", session_id)
         is_adopted = previous is not None
         # What the engine will hold is the whole first prompt, history or not (a made-up one reserved like an empty
         # task); only an adopted session, which ran before, is predicted as its real first call was.
         prompt_tokens = first.first_prompt_tokens if is_adopted else first.prompt_tokens
         peak = await _off_loop_if_large(min(len(first.task_text), PREDICTED_TEXT_CHARS), predict_peak, model,
                                         first.task_text, prompt_tokens)
+        # adopted: it reserves what it held before the restart, and its resumed call is then observed like any call
+        # (the outgrowth rule holds it if it brings more than that reservation and does not fit)
+        context = None if previous is None else min(first.prompt_tokens, previous.calls[-1].prompt_tokens
+                                                    if previous.calls else first.first_prompt_tokens)
         entry, is_new = await self.room.arrive(session_id, first, peak, workload=workload, memo=memo,
                                                is_adopted=is_adopted, is_single_call=is_single_call,
+                                               context_tokens=context,
                                                model=call.body.get("model") if isinstance(call.body.get("model"),
                                                                                           str) else None,
                                                reservation_multiplier=self.predictors.multiplier(workload))
+        if is_new:
+            entry.binding = binding
         if previous is not None and is_new and not self.adoption.is_logged:  # the last run was killed: log it whole
             entry.earlier = previous
             unrecorded = self.meter.unrecorded_calls(call, memo.counts, len(previous.calls))
@@ -495,6 +544,17 @@ async def _off_loop_if_large(num_bytes: int, work: Callable[..., T], *args: obje
     return await asyncio.get_running_loop().run_in_executor(_HUGE_BODY_WORKER, functools.partial(work, *args))
 
 
+def _continues(entry: SessionEntry, call: Call, key: bytes | None) -> bool:
+    """Does this call continue the session's conversation (`identity.py`)? A session taken over from another
+    replica is bound by its first call here."""
+    if entry.binding is None:
+        heads = [message_digest(m) for m in call.messages[:head_length(call.messages)]] if call.messages else []
+        if call.resent is None:
+            entry.binding = binding_of(call, key, heads)
+        return True
+    return entry.binding.continues(call, key)
+
+
 def _ask_for_usage(call: Call) -> bool:
     """Ask a streamed OpenAI call for its usage; True if the gateway added the request (drop the extra chunk)."""
     if not call.is_stream or call.kind == "generate":
@@ -534,6 +594,7 @@ def _live_session(entry: SessionEntry) -> LiveSession:
     own = tuple(c for c in _logged_calls(entry) if c.ended_at is not None)
     calls = own if earlier is None else earlier.calls + entry.unrecorded_calls + own
     keys = entry.memo.keys
+    key = None if entry.binding is None or entry.binding.key is None else entry.binding.key.hex()
     return LiveSession(prefix_digest(keys), len(keys), entry.started_at if earlier is None else earlier.started_at,
                        entry.predicted_peak_tokens if earlier is None else earlier.predicted_peak_tokens,
-                       entry.reserved_peak_tokens, len(entry.task_text), entry.model, entry.workload, calls)
+                       entry.reserved_peak_tokens, len(entry.task_text), entry.model, entry.workload, calls, key)

@@ -14,8 +14,10 @@ Rules:
   Content-Length declared, or a Content-Length that is not a number, is a 400; a client that
   leaves while sending is `ClientGoneError`.
 - Bodies in flight (503 `too_many_large_bodies`, Retry-After 1 s): every inference body of
-  LARGE_BODY_BYTES or more holds its size (declared, else as read) in one `BodyBudget` from its first
-  byte until its call has been forwarded (a call waiting for admission keeps holding it: its body is
+  LARGE_BODY_BYTES or more holds the bytes received of it (never its declared size: a client that
+  declares 64 MiB and sends a byte a second holds a byte a second, issue 46; the server's
+  `body_timeout_s` bounds how long it may) in one `BodyBudget` until its call has been forwarded (a
+  call waiting for admission keeps holding it: its body is
   in memory); one that would take the budget past `max_body_bytes_in_flight` is refused before, or
   as soon as, it passes. With each body's handling bounded at ~4x its size, the bodies' memory is
   bounded at ~4x the limit. Smaller bodies are not counted (the hot path pays no bookkeeping).
@@ -138,10 +140,8 @@ class BodyHold:
 
 async def read_body(request: Request, max_bytes: int, hold: BodyHold | None = None) -> bytes:
     """The request body, refused (`BodyTooLargeError`) as soon as it is known to pass `max_bytes`, and (with `hold`)
-    counted in its budget as it arrives, declared or read (`BodiesInFlightError` when it cannot be)."""
+    counted in its budget as its bytes arrive (`BodiesInFlightError` when they cannot be)."""
     declared = _content_length(request, max_bytes)
-    if hold is not None and declared is not None:
-        hold.grow_to(declared)
     chunks: list[bytes] = []
     size = 0
     try:

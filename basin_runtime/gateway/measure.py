@@ -146,6 +146,11 @@ class Meter:
             raise BadRequestError(f"cannot read the first user message: {exc}") from exc
 
 
+def message_digest(message: object) -> bytes:
+    """The digest the prompt memo keeps of a message (what binds a session to its first messages, `identity.py`)."""
+    return _digest(message)
+
+
 def _digest(value: object) -> bytes:
     """A digest of a message (or of the tools): a long text content is hashed as bytes, not re-serialised.
 

@@ -29,7 +29,11 @@ Rules:
   `upstream_error`. A 2xx SSE answer the upstream does not finish (the connection breaks, the body ends
   without `[DONE]`, no bytes or only SSE comments within the read timeout) gets the gateway's own error
   event and `data: [DONE]`, and ends `upstream_error`; so does one cut at a shutdown's drain deadline
-  (`shutting_down`). A non-SSE body cut mid-way reaches the client cut; the call ends `upstream_error`.
+  (`shutting_down`). A non-SSE answer cut after its head (the upstream broke off or went silent past
+  `upstream_timeout_s`, ended a body that claims JSON and is not, or the shutdown's drain deadline cut
+  it) is never completed: the app returns without the answer's end, and the server closes the
+  connection without it (chunked: no last chunk), so the client reads an error, never a 200 whose body
+  is framed whole; the call ends `upstream_error` (`gateway_error` for the drain's cut).
 """
 
 from __future__ import annotations
@@ -360,6 +364,11 @@ class UpstreamResponse(StreamingResponse):
             if self._held is None:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         held, self._held = self._held, None
+        if self._failure is not None and not self._is_sse:  # cut short: the client must not read it as whole
+            if held:
+                await send({"type": "http.response.body", "body": held, "more_body": True})
+            logger.warning("a non-streamed answer cut after its head, not completed: %s", self._failure)
+            return
         await send({"type": "http.response.body", "body": held or b"", "more_body": False})
 
     def _first_bytes_passed(self) -> None:

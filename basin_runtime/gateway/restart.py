@@ -11,9 +11,12 @@ Rules (the adoption rule, stated in the README):
 - The one exception is proof of a prior session: the previous run of this gateway listed it as live, with the
   digest of the conversation it last saw (`prefix_digest`: its messages' digests, `measure.py`), and it comes
   back within `adoption_window_s` of this run's start with history whose first messages are that conversation,
-  unchanged (its id alone proves nothing: ids are often guessable). Such a session is adopted (it never waits: it
-  was admitted before the restart and its context is in the cache). Each listed id is adopted at most once; a
-  call under a listed id that does not continue its conversation is a new session, and takes the id off the list.
+  unchanged, and with the API key it came with (`key_digest`, if it came with one; its id alone proves nothing:
+  ids are often guessable). Such a session is adopted: it is live at once and reserves what it held before the
+  restart (its last context listed), and its resumed call is then observed like any later call, so one that brings
+  more than that reservation is re-reserved and waits when it does not fit (the core's outgrowth rule). Each listed
+  id is adopted at most once; a call under a listed id that does not continue its conversation leaves the listed
+  entry alone for its owner, and is a session of its own under another id (`identity.py`).
 - The file lists, for each live session, what its session-log record holds so far (start, prediction, model,
   workload, task length, the calls that ended), and says whether those records were logged (`is_logged`): a
   graceful shutdown logs every live session as `shutdown` and then writes the file marked logged; the periodic
@@ -70,6 +73,7 @@ class LiveSession:
     model: str | None
     workload: str | None
     calls: tuple[LoggedCall, ...]
+    key_digest: str | None = None  # hex digest of the API key its calls came with (`identity.key_digest`)
 
     def to_object(self) -> dict[str, Any]:
         """As JSON-ready data."""
@@ -162,16 +166,22 @@ class Adoption:
     def __len__(self) -> int:
         return len(self._sessions)
 
-    def claim(self, session_id: str, has_history: bool, message_digests: Sequence[bytes],
-              now: float) -> LiveSession | None:
-        """The previous run's session this first call (in this run) of `session_id` resumes, or None: it must come
-        with history, within the window, and begin with the conversation the previous run last saw of it."""
-        previous = self._sessions.pop(session_id, None)  # once: a listed id is adopted, or starts anew, at most once
-        if previous is None or not has_history or now > self._until_s:
+    def listed(self, session_id: str, now: float) -> LiveSession | None:
+        """The previous run's session listed under this id, while the adoption window lasts (None after it)."""
+        if now > self._until_s:
+            self._sessions.clear()
             return None
+        return self._sessions.get(session_id)
+
+    @staticmethod
+    def continues(previous: LiveSession, has_history: bool, message_digests: Sequence[bytes],
+                  key: bytes | None) -> bool:
+        """Does a first call (in this run) resume `previous`: with history, beginning with the conversation the
+        previous run last saw of it, and with the API key it came with?"""
         n = previous.num_messages
-        if len(message_digests) < n or prefix_digest(message_digests[:n]) != previous.prefix_digest:
-            logger.info("session %s was live before the restart, but this call does not continue its conversation: "
-                        "it arrives as a new session", session_id)
-            return None
-        return previous
+        return (has_history and len(message_digests) >= n and prefix_digest(message_digests[:n]) ==
+                previous.prefix_digest and previous.key_digest == (None if key is None else key.hex()))
+
+    def take(self, session_id: str) -> LiveSession:
+        """Take a listed session off the list to adopt it (once)."""
+        return self._sessions.pop(session_id)

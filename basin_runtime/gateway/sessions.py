@@ -29,6 +29,7 @@ from json.encoder import encode_basestring  # the C escaper json.dumps uses
 from typing import Literal, TypeAlias
 
 from basin_runtime.gateway.calls import Call
+from basin_runtime.gateway.identity import Binding
 from basin_runtime.gateway.limits import DEFAULT_MAX_SESSION_ID_CHARS, checked_session_id
 from basin_runtime.gateway.measure import PromptMemo
 from basin_runtime.gateway.priority import PriorityLevels
@@ -125,6 +126,8 @@ class SessionEntry:
     in_flight: int = 0
     waiters: int = 0
     has_sent_key: bool = False  # its end key went out on an answer (`basin_runtime/session_keys.py`)
+    is_held_for_growth: bool = False  # queued again: a call outgrew its reservation while admission was engaged
+    binding: Binding | None = None  # the conversation its id names (`identity.py`); None: not bound yet
     reservation_multiplier: float = 1.0  # m(q) of its predictor file (m_k(q) after a revision at call k)
     revised_peak_tokens: float | None = None  # the last online re-estimate, if any
     context_tokens: int = 0  # its latest prompt size told to the policy (its context)

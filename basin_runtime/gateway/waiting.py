@@ -11,9 +11,15 @@ Rules:
 - A session's first call that the policy queues waits on the session's `decision` future, which
   is resolved once: "admitted" (by any event that admits it, whichever replica's step caused it), a
   `Shed`, or "ended" (ended by the admin endpoint while queued). Later calls wait on the same future.
+- A later call that outgrows its session's reservation while admission is engaged (the core's
+  outgrowth rule: `Requeued`) puts the session back in the queue with a new `decision` future: the
+  call waits on it like a first call (`is_held_for_growth`, adopted sessions too). Such a call's
+  `observe` is awaited through the backend (not just submitted), so with a shared backend the
+  call is held before it is forwarded.
 - When the last waiter of a queued session leaves (client gone or task cancelled), the session is
-  withdrawn (`finish`). Adopted sessions (`restart.py`: live before a restart) never wait, even if
-  the policy queues them; if the policy sheds one, it is forgotten and its next call arrives anew.
+  withdrawn (`finish`). Adopted sessions (`restart.py`: live before a restart) never wait at their
+  adoption, even if the policy queues them, but a call held for outgrowing its reservation waits; if
+  the policy sheds one, it is forgotten and its next call arrives anew.
 - Draining (a graceful shutdown has begun): nothing new is admitted. Every queued session's waiting
   calls get "shutdown" (503) at once, and a session arriving while draining is refused the same way.
   In process the queued sessions are withdrawn; with a shared backend they keep their place (their
@@ -55,7 +61,7 @@ from basin_runtime.gateway.errors import (
 from basin_runtime.gateway.measure import FirstCall, PromptMemo
 from basin_runtime.gateway.priority import PriorityLevels, routing_key
 from basin_runtime.gateway.sessions import SessionEntry, SessionRegistry, Verdict
-from basin_runtime.policy import Admitted, BudgetMoved, Event, Policy, PolicyError, Shed
+from basin_runtime.policy import Admitted, BudgetMoved, Event, Policy, PolicyError, Requeued, Shed
 from basin_runtime.state.backend import InProcessBackend, StateBackend, StateUnavailableError
 from basin_runtime.state.replica import Applied
 from basin_runtime.state.steps import Step, StepKind
@@ -109,8 +115,11 @@ class WaitingRoom:
     async def arrive(self, session_id: str, first: FirstCall, predicted_peak_tokens: float, *,
                      workload: str | None, memo: PromptMemo, is_adopted: bool = False,
                      is_single_call: bool = False, model: str | None = None,
-                     reservation_multiplier: float = 1.0) -> tuple[SessionEntry, bool]:
-        """Register a new session with the policy; (entry, True), or (existing entry, False) if one won a race."""
+                     reservation_multiplier: float = 1.0,
+                     context_tokens: int | None = None) -> tuple[SessionEntry, bool]:
+        """Register a new session with the policy; (entry, True), or (existing entry, False) if one won a race.
+        `context_tokens` is what it enters with (default: the first call's prompt; an adopted session: its context
+        before the restart)."""
         existing = self.registry.get(session_id)
         if existing is not None:
             return existing, False
@@ -118,9 +127,10 @@ class WaitingRoom:
         now = self.clock.now()
         entry = self._entry(session_id, now, predicted_peak_tokens, first.task_text, workload, memo, is_adopted,
                             is_single_call, model, reservation_multiplier)
-        entry.context_tokens = first.prompt_tokens
-        step = Step("adopt" if is_adopted else "arrive", session_id,
-                    (predicted_peak_tokens, first.prompt_tokens, reservation_multiplier), now)
+        context = first.prompt_tokens if context_tokens is None else context_tokens
+        entry.context_tokens = context
+        step = Step("adopt" if is_adopted else "arrive", session_id, (predicted_peak_tokens, context,
+                                                                     reservation_multiplier), now)
         await self._step_for(entry, step)
         return entry, True
 
@@ -139,7 +149,9 @@ class WaitingRoom:
                                       Step("claim", session_id, (), now))
         elif orphan is not None:
             peak, multiplier = orphan.predicted_peak_tokens, orphan.reservation_multiplier
-            step = Step("adopt", session_id, (peak, first.prompt_tokens, multiplier), now)
+            # the context it had: the call that takes it over is then observed (the outgrowth rule holds it if it
+            # brings more than its reservation and does not fit)
+            step = Step("adopt", session_id, (peak, min(orphan.context_tokens, first.prompt_tokens), multiplier), now)
         else:
             return None
         self._refuse_if_draining()
@@ -169,7 +181,13 @@ class WaitingRoom:
         now = self.clock.now()
         entry.last_active_s = now
         entry.context_tokens = prompt_tokens
-        self.backend.submit(Step("observe", entry.session_id, (prompt_tokens,), now))
+        step = Step("observe", entry.session_id, (prompt_tokens,), now)
+        if self.policy.would_outgrow(entry.session_id, prompt_tokens):
+            await self.backend.step(step)  # it may hold the call: the decision must be in before it goes on
+            if self.registry.get(entry.session_id) is not entry:
+                return False
+        else:
+            self.backend.submit(step)
         if revision is not None:
             peak, multiplier = revision
             self.backend.submit(Step("revise", entry.session_id, (peak, multiplier), now))
@@ -367,6 +385,8 @@ class WaitingRoom:
         for event in events:
             if isinstance(event, Admitted):
                 self._admit(event, now)
+            elif isinstance(event, Requeued):
+                self._hold_for_growth(event)
             elif isinstance(event, Shed):
                 self._shed(event)
             elif isinstance(event, BudgetMoved):
@@ -380,9 +400,25 @@ class WaitingRoom:
                                             "does not hold")
             return  # another replica's session
         was_live = entry.state == "live"  # (shared: registered again after the store lost it)
+        entry.is_held_for_growth = False
         self._set_live(entry, now)
-        if not was_live:
+        if not was_live and not admitted.is_resumed:
             self._notify_admitted(entry, admitted.waited_s)
+        elif admitted.is_resumed:
+            logger.info("session %s resumed after %.1f s held for its outgrown call", entry.session_id,
+                        admitted.waited_s)
+
+    def _hold_for_growth(self, requeued: Requeued) -> None:
+        entry = self.registry.get(requeued.session_id)
+        if entry is None:
+            assert self.backend.is_shared, (f"the policy requeued {requeued.session_id!r}, which the gateway "
+                                            "does not hold")
+            return  # another replica's session
+        entry.state = "queued"
+        entry.is_held_for_growth = True
+        if entry.decision.done():
+            entry.decision = asyncio.get_running_loop().create_future()
+        logger.info("session %s held: %s", entry.session_id, requeued.reason)
 
     def _set_live(self, entry: SessionEntry, now: float) -> None:
         entry.state = "live"

@@ -10,7 +10,7 @@ Modules, one job each:
   budget.py     the reference budget B and its small hit-rate moves
   shedding.py   long-run arrival rate; shed one lowest-priority session when capacity is short
   lending.py    the ledger of decode memory lent to the prefix cache
-  events.py     decisions out (Admitted, BudgetMoved, Shed) and the state snapshot
+  events.py     decisions out (Admitted, Requeued, BudgetMoved, Shed) and the state snapshot
   core.py       Policy, wiring the above around one state
   hit_rate.py   HitRateWindow: the windowed prefix hit rate that moves the budget
   calibrated.py Calibration and policy_config: the one construction from measured numbers
@@ -28,7 +28,7 @@ from basin_runtime.policy.config import (
     UnknownSessionError,
 )
 from basin_runtime.policy.core import Policy, SessionState
-from basin_runtime.policy.events import Admitted, BudgetMoved, Event, PolicySnapshot, Shed, admitted_ids
+from basin_runtime.policy.events import Admitted, BudgetMoved, Event, PolicySnapshot, Requeued, Shed, admitted_ids
 from basin_runtime.policy.lending import LendingLedger, LentEntry, Reclaimed, WriteBackPlan
 
 __all__ = [
@@ -45,6 +45,7 @@ __all__ = [
     "PolicyMode",
     "PolicySnapshot",
     "Reclaimed",
+    "Requeued",
     "SessionState",
     "Shed",
     "UnknownSessionError",

@@ -8,10 +8,12 @@ Rules:
 - While admission is engaged, the head is admitted only if
       reserved_tokens(live) + reservation(head) <= budget_tokens,
   or if no session is live at all (the lone head goes in even over budget: service progresses).
-- A reservation is max(peak_reservation_tokens, context_tokens) in basin mode (the predicted peak
-  times the session's reservation multiplier m(q), or the current context once the session has grown
-  past it) and context_tokens in prototype mode. Reservations are whole tokens (m x predicted peak
-  rounded up), so their sums stay exact. Priority uses the bare predicted peak, not the reservation.
+- A reservation is max(peak_reservation_tokens, context_tokens, regrown_tokens) in basin mode (the
+  predicted peak times the session's reservation multiplier m(q), or the current context once the
+  session has grown past it, or what it was re-reserved when a call outgrew its reservation:
+  that call's context plus the predicted growth, `regrowth_tokens`) and context_tokens in prototype
+  mode. Reservations are whole tokens (m x predicted peak rounded up), so their sums stay exact.
+  Priority uses the bare predicted peak, not the reservation.
 Invariants:
 - Every queued session has exactly one current entry in each heap; an entry is current when its
   id maps to a record with the same seq. Admitted, withdrawn and shed sessions leave stale
@@ -41,17 +43,34 @@ class SessionRecord:
     priority: float
     context_tokens: int
     reservation_multiplier: float = 1.0  # m(q) of the predictor's file (`basin_runtime/predictor.py`)
+    first_context_tokens: int = -1  # its context at arrival (-1: `context_tokens`)
+    regrown_tokens: int = 0  # re-reserved when a call outgrew its reservation (0: never)
+    queued_s: float = math.nan  # when it last entered the queue (NaN: at arrival)
+    has_run: bool = False  # it was admitted once (a queued one with this set was held when a call outgrew it)
     peak_reservation_tokens: int = field(init=False)  # m x the predicted peak, rounded up
 
     def __post_init__(self) -> None:
         self.peak_reservation_tokens = math.ceil(self.predicted_peak_tokens * self.reservation_multiplier)
+        if self.first_context_tokens < 0:
+            self.first_context_tokens = self.context_tokens
+        if math.isnan(self.queued_s):
+            self.queued_s = self.arrival_s
+
+    @property
+    def growth_tokens(self) -> int:
+        """The growth its prediction expects past its first call: ceil(m x peak) - first context, at least 0."""
+        return max(0, self.peak_reservation_tokens - self.first_context_tokens)
+
+    def regrowth_tokens(self, context_tokens: int) -> int:
+        """What a call with this context reserves by the first call's rule: its context plus the predicted growth."""
+        return context_tokens + self.growth_tokens
 
 
 def reservation_tokens(mode: PolicyMode, record: SessionRecord) -> int:
     """The tokens a session holds against the budget while it is live."""
     if mode == "prototype":
         return record.context_tokens
-    return max(record.peak_reservation_tokens, record.context_tokens)
+    return max(record.peak_reservation_tokens, record.context_tokens, record.regrown_tokens)
 
 
 def fits(reserved_tokens: int, head_tokens: int, budget_tokens: int, num_live: int) -> bool:
@@ -109,6 +128,13 @@ class AdmissionQueue:
                 return record
             heapq.heappop(self._back)
         return None
+
+    def shed_candidate(self) -> SessionRecord | None:
+        """The session served last among those never admitted (a session held for an outgrown call is not shed)."""
+        tail = self.tail()
+        if tail is None or not tail.has_run:
+            return tail
+        return next((r for r in reversed(self.in_service_order()) if not r.has_run), None)
 
     def in_service_order(self) -> list[SessionRecord]:
         """All queued sessions, head first (O(n log n); for snapshots, not the hot path)."""

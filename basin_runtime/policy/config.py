@@ -74,6 +74,9 @@ class PolicyConfig:
     live sessions on the knee ramp), so the working set (contexts) is compared with budget / r when
     admission decides whether to engage. `latency_gate_s` (None: no gate) lets the working set
     engage admission only while the engines' windowed time to first token is at least that long.
+    `can_outgrow_reservation` False (the default) is the outgrowth rule (`core.py`): a later call whose
+    context passes its session's reservation is re-reserved, and held in the queue if that does not fit
+    while admission is engaged; True lets such calls through unchecked (the simulator's ablation).
     The hit-rate plateau should come from the measured hit-rate-vs-working-set curve of the deployment.
     """
 
@@ -92,6 +95,7 @@ class PolicyConfig:
     arrival_window_s: float = 3600.0
     reservation_ratio: float = 1.0
     latency_gate_s: float | None = None
+    can_outgrow_reservation: bool = False
 
     def __post_init__(self) -> None:
         budget = require_tokens("PolicyConfig.budget_tokens", self.budget_tokens)
@@ -100,8 +104,9 @@ class PolicyConfig:
         object.__setattr__(self, "budget_tokens", budget)  # 1e6 -> 1000000
         if self.mode not in POLICY_MODES:
             raise PolicyError(f"PolicyConfig.mode must be one of {POLICY_MODES}, got {self.mode!r}")
-        if not isinstance(self.always_engaged, bool):
-            raise PolicyError(f"PolicyConfig.always_engaged must be a bool, got {self.always_engaged!r}")
+        for name in ("always_engaged", "can_outgrow_reservation"):
+            if not isinstance(getattr(self, name), bool):
+                raise PolicyError(f"PolicyConfig.{name} must be a bool, got {getattr(self, name)!r}")
         self._check_positive("tokens_per_s", self.tokens_per_s)
         self._check_fractions()
         self._check_hit_rates()

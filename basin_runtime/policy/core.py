@@ -18,9 +18,19 @@ Rules:
   by the rule in `admission.py` (strict priority order, lone head goes in over budget).
 - An adopted session (already running, e.g. across a gateway restart) is live at once and does not
   count as an arrival for the shedding rate.
-- Admitted sessions run to completion: no budget change ever evicts a live session. Only
-  shedding (`shedding.py`, on `tick`) drops a queued session; `finish` of a queued session is the
-  client withdrawing it.
+- Admitted sessions run to completion unless a call outgrows its reservation while admission is
+  engaged: no budget change ever evicts a live session. Only shedding (`shedding.py`, on `tick`)
+  drops a queued session, and only one never admitted; `finish` of a queued session is the client
+  withdrawing it.
+- Outgrowth (basin mode, unless `can_outgrow_reservation`): a live session's call whose context
+  passes its reservation is re-reserved by the first call's rule, its context plus the predicted
+  growth (ceil(m x peak) minus its first context, at least 0). If admission is engaged with the
+  working set that call makes, the session keeps running only if it would be admitted now: the
+  queue head is not ahead of it and it fits beside the others (alone, it goes in over budget, the
+  lone-head rule). Otherwise it leaves the live set (its context and reservation with it) and waits
+  in the queue by its fixed priority (`Requeued`); its next admission is an `Admitted` with
+  `is_resumed`, its wait counted from the requeue. Not engaged, the new reservation just holds.
+  A revision replaces the re-reservation (the new estimate covers the growth seen).
 - Revision (`revise`): a live or queued session's predicted peak and multiplier may be replaced
   while it runs (an online re-estimate), up or down. Its fixed priority stays fixed (it came from
   the arrival's prediction). Its reservation becomes max(ceil(m x new peak), context) and the
@@ -40,6 +50,8 @@ Rules:
 Invariants (after every public call):
 - working_set_tokens == sum(context of live); reserved_tokens == sum(reservation of live).
 - The queue is settled: if it is not empty, some session is live and the head does not fit.
+- While admission is engaged, a step that lets a live session grow past its reservation never takes
+  reserved_tokens past the budget, unless that session is the only one live.
 """
 
 from __future__ import annotations
@@ -65,13 +77,13 @@ from basin_runtime.policy.config import (
     require_finite,
     require_tokens,
 )
-from basin_runtime.policy.events import Admitted, Event, PolicySnapshot, Shed
+from basin_runtime.policy.events import Admitted, Event, PolicySnapshot, Requeued, Shed
 from basin_runtime.policy.priority import priority_s, service_key
 from basin_runtime.policy.shedding import ArrivalRateMeter, shed_reason, should_shed
 
 SessionState = Literal["queued", "live"]
 STATE_FORMAT = "basin-policy-state"
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: records carry first context, re-reservation, queue time, has run
 
 
 class Policy:
@@ -141,14 +153,55 @@ class Policy:
         context = require_tokens(f"context_tokens of session {session_id!r}", context_tokens)
         record = self._record(session_id, "observe")
         self._advance(now)
-        if session_id in self._live:
-            self._working_set_tokens += context - record.context_tokens
-            self._reserved_tokens -= reservation_tokens(self.config.mode, record)
+        if session_id not in self._live:
             record.context_tokens = context
-            self._reserved_tokens += reservation_tokens(self.config.mode, record)
-        else:
-            record.context_tokens = context
+            return self._admitted_events(now)
+        old_reservation = reservation_tokens(self.config.mode, record)
+        if self._outgrows(record, context, old_reservation):
+            regrown = record.regrowth_tokens(context)
+            if self._engages_with(context - record.context_tokens) and not self._stays(record, regrown,
+                                                                                         old_reservation):
+                return self._requeue(record, now, context, regrown, old_reservation)
+            record.regrown_tokens = regrown
+        self._working_set_tokens += context - record.context_tokens
+        self._reserved_tokens -= old_reservation
+        record.context_tokens = context
+        self._reserved_tokens += reservation_tokens(self.config.mode, record)
         return self._admitted_events(now)
+
+    def _outgrows(self, record: SessionRecord, context: int, reservation: int) -> bool:
+        """Does this call of a live session pass its reservation under the outgrowth rule?"""
+        return self.config.mode == "basin" and not self.config.can_outgrow_reservation and context > reservation
+
+    def _stays(self, record: SessionRecord, regrown: int, old_reservation: int) -> bool:
+        """Would a live session re-reserving `regrown` be admitted now, were it at the door (the head not ahead)?"""
+        head = self._queue.head()
+        if head is not None and service_key(head.priority, head.seq) < service_key(record.priority, record.seq):
+            return False
+        return fits(self._reserved_tokens - old_reservation, regrown, self._budget.budget_tokens, len(self._live) - 1)
+
+    def _requeue(self, record: SessionRecord, now: float, context: int, regrown: int,
+                 old_reservation: int) -> list[Event]:
+        """Take a live session whose call outgrew its reservation back to the queue (see the rules)."""
+        head = self._queue.head()
+        why = (f"it waits behind queued session {head.session_id!r}" if head is not None
+               and service_key(head.priority, head.seq) < service_key(record.priority, record.seq) else
+               f"which does not fit beside {self._reserved_tokens - old_reservation} reserved in a budget of "
+               f"{self._budget.budget_tokens} while admission is engaged")
+        del self._live[record.session_id]
+        self._working_set_tokens -= record.context_tokens
+        self._reserved_tokens -= old_reservation
+        record.context_tokens = context
+        record.regrown_tokens = regrown
+        record.queued_s = now
+        self._queue.push(record)
+        events: list[Event] = [Requeued(
+            record.session_id, now, record.priority, context, regrown, self._reserved_tokens,
+            self._budget.budget_tokens,
+            f"a call of {context} tokens outgrew its reservation of {old_reservation} tokens; re-reserved {regrown} "
+            f"(its context + the predicted growth of {record.growth_tokens}), {why}")]
+        events.extend(self._admitted_events(now))
+        return events
 
     def revise(self, session_id: str, now: float, predicted_peak_tokens: float,
                reservation_multiplier: float = 1.0) -> list[Event]:
@@ -167,6 +220,7 @@ class Policy:
         record.predicted_peak_tokens = peak
         record.reservation_multiplier = multiplier
         record.peak_reservation_tokens = math.ceil(peak * multiplier)
+        record.regrown_tokens = 0  # the new estimate replaces a re-reservation
         if is_live:
             self._reserved_tokens += reservation_tokens(self.config.mode, record)
         return self._admitted_events(now)
@@ -261,6 +315,16 @@ class Policy:
         """True unless a latency gate is set and the engines' last reported first-token latency is under it."""
         gate = self.config.latency_gate_s
         return gate is None or (self._ttft_s is not None and self._ttft_s >= gate)
+
+    def reservation_of(self, session_id: str) -> int:
+        """What a live or queued session reserves (or will, once admitted); an unknown id raises."""
+        return reservation_tokens(self.config.mode, self._record(session_id, "reservation_of"))
+
+    def would_outgrow(self, session_id: str, context_tokens: int) -> bool:
+        """Would a call of this context pass a live session's reservation under the outgrowth rule? No change."""
+        record = self._live.get(session_id)
+        return record is not None and self._outgrows(record, context_tokens, reservation_tokens(self.config.mode,
+                                                                                               record))
 
     def priority_of(self, session_id: str) -> float:
         """The fixed priority of a live or queued session (smaller is served first)."""
@@ -406,27 +470,30 @@ class Policy:
         return record
 
     def _make_live(self, record: SessionRecord, reservation: int) -> None:
+        record.has_run = True
         self._live[record.session_id] = record
         self._working_set_tokens += record.context_tokens
         self._reserved_tokens += reservation
 
-    def _drain(self) -> list[tuple[SessionRecord, int]]:
-        """Admit queue heads while they fit; return (record, reservation) in admission order."""
-        admitted: list[tuple[SessionRecord, int]] = []
+    def _drain(self) -> list[tuple[SessionRecord, int, bool]]:
+        """Admit queue heads while they fit; return (record, reservation, had run) in admission order."""
+        admitted: list[tuple[SessionRecord, int, bool]] = []
         while (head := self._queue.head()) is not None:
             needed = reservation_tokens(self.config.mode, head)
             if not fits(self._reserved_tokens, needed, self._budget.budget_tokens, len(self._live)):
                 break
             self._queue.remove(head.session_id)
+            had_run = head.has_run
             self._make_live(head, needed)
-            admitted.append((head, needed))
+            admitted.append((head, needed, had_run))
         return admitted
 
     def _admitted_events(self, now: float) -> list[Event]:
-        return [
-            Admitted(record.session_id, now, record.priority, now - record.arrival_s, reservation)
-            for record, reservation in self._drain()
-        ]
+        events: list[Event] = []
+        for record, reservation, is_resumed in self._drain():
+            events.append(Admitted(record.session_id, now, record.priority, now - record.queued_s, reservation,
+                                   is_resumed=is_resumed))
+        return events
 
     def _maybe_shed(self, now: float) -> Shed | None:
         head = self._queue.head()
@@ -434,17 +501,18 @@ class Policy:
         if head is None or peak_rate is None or self._started_s is None:
             return None
         rate = self._arrivals.rate_per_s(now, self._started_s)
-        head_waited_s = now - head.arrival_s
+        head_waited_s = now - head.queued_s
         if rate is None or not should_shed(rate, peak_rate, head_waited_s, self.config.shed_wait_s):
             return None
-        victim = self._queue.tail()
-        assert victim is not None  # the queue has a head, so it has a tail
+        victim = self._queue.shed_candidate()
+        if victim is None:  # only sessions held for an outgrown call wait: they are not shed
+            return None
         self._queue.remove(victim.session_id)
         return Shed(
             session_id=victim.session_id,
             now_s=now,
             priority=victim.priority,
-            waited_s=now - victim.arrival_s,
+            waited_s=now - victim.queued_s,
             arrival_rate_per_s=rate,
             peak_completion_rate_per_s=peak_rate,
             head_waited_s=head_waited_s,
@@ -454,24 +522,30 @@ class Policy:
 
 def _record_row(record: SessionRecord) -> list[Any]:
     return [record.session_id, record.seq, record.arrival_s, record.predicted_peak_tokens, record.priority,
-            record.context_tokens, record.reservation_multiplier]
+            record.context_tokens, record.reservation_multiplier, record.first_context_tokens,
+            record.regrown_tokens, record.queued_s, record.has_run]
 
 
 def _record_of(key: str, row: object, next_seq: int) -> SessionRecord:
     """A session record from its `to_state` row; `PolicyError` naming what is wrong."""
-    if not isinstance(row, list) or len(row) != 7:
+    if not isinstance(row, list) or len(row) != 11:
         raise PolicyError(f"state {key}: a session must be [id, seq, arrival_s, peak, priority, context, "
-                          f"multiplier], got {row!r}")
-    session_id, seq, arrival, peak, priority, context, multiplier = row
+                          f"multiplier, first context, regrown, queued_s, has run], got {row!r}")
+    session_id, seq, arrival, peak, priority, context, multiplier, first, regrown, queued, has_run = row
     _check_session_id(session_id)
     what = f"state {key} session {session_id!r}"
     number = require_tokens(f"{what} seq", seq)
     if number >= next_seq:
         raise PolicyError(f"{what}: seq {number} is not below next_seq {next_seq}")
+    if not isinstance(has_run, bool) or (key == "live" and not has_run):
+        raise PolicyError(f"{what}: has_run must be a bool (true for a live session), got {has_run!r}")
     return SessionRecord(session_id, number, require_finite(f"{what} arrival_s", arrival),
                          require_finite(f"{what} peak", peak, minimum=0), require_finite(f"{what} priority", priority),
                          require_tokens(f"{what} context", context),
-                         _check_multiplier(f"{what} multiplier", multiplier))
+                         _check_multiplier(f"{what} multiplier", multiplier),
+                         first_context_tokens=require_tokens(f"{what} first context", first),
+                         regrown_tokens=require_tokens(f"{what} regrown", regrown),
+                         queued_s=require_finite(f"{what} queued_s", queued), has_run=has_run)
 
 
 def _optional_time(key: str, value: Any) -> float | None:

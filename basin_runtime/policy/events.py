@@ -4,7 +4,10 @@ Decisions out of the policy core, as data.
 
 Rules:
 - Every decision the policy makes is one frozen event: `Admitted` (a session may start: at its
-  arrival with a wait of 0, or from the queue), `BudgetMoved` (the budget changed), `Shed` (a
+  arrival with a wait of 0, or from the queue; `is_resumed` when it had run before and was held
+  for a call that outgrew its reservation), `Requeued` (a live session's call outgrew its
+  reservation while admission was engaged and did not fit: the session waits in the queue again),
+  `BudgetMoved` (the budget changed), `Shed` (a
   queued session is dropped, with a reason a person can read). Every step returns its events.
 - `PolicySnapshot` is the whole observable state; tests compare it field by field, and
   `to_dict()` gives the same content as plain JSON types.
@@ -25,6 +28,21 @@ class Admitted:
     priority: float
     waited_s: float
     reservation_tokens: int
+    is_resumed: bool = False  # it had run, and was held for a call that outgrew its reservation
+
+
+@dataclass(frozen=True)
+class Requeued:
+    """A live session's call outgrew its reservation while admission was engaged: it waits in the queue again."""
+
+    session_id: str
+    now_s: float
+    priority: float
+    context_tokens: int  # the outgrowing call's context
+    reservation_tokens: int  # what it reserves now: that context plus the predicted growth
+    reserved_tokens: int  # the other live sessions' reservations, summed
+    budget_tokens: int
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -53,7 +71,7 @@ class Shed:
     reason: str
 
 
-Event: TypeAlias = Admitted | BudgetMoved | Shed
+Event: TypeAlias = Admitted | Requeued | BudgetMoved | Shed
 
 
 def admitted_ids(events: list[Event]) -> tuple[str, ...]:

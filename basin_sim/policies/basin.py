@@ -4,7 +4,10 @@ Rules:
 - Every engine event goes to the policy core unchanged: arrival -> `arrive`, each call's prompt
   -> `observe`, any end but a shed (finished, killed, aborted, abandoned, withdrawn while held) ->
   `finish`, tick -> `tick` with the windowed hit rate and first-token latency. Every step's events
-  become `Decisions` through one translation (`decisions_of`), in the core's order.
+  become `Decisions` through one translation (`decisions_of`), in the core's order: `Admitted` ->
+  admit, `Shed` -> shed, and the outgrowth rule's pair (as the gateway holds the call): `Requeued` ->
+  suspend (the call that outgrew its reservation is parked at the door), `Admitted` with `is_resumed`
+  -> resume (it is sent then).
 - `basin`: the predicted peak of a session is looked up from `PolicyContext.predicted_peak_tokens`
   (the pool batch-predicted once from task text and first prompt size); it reserves m(q) x that
   (`PolicyContext.reservation_multipliers`, the predictor file's multiplier for the session's
@@ -33,7 +36,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from basin_runtime.policy import Admitted, Event, Policy, PolicyConfig, PolicyMode, Shed
+from basin_runtime.policy import Admitted, Event, Policy, PolicyConfig, PolicyMode, Requeued, Shed
 from basin_runtime.policy.calibrated import Calibration, policy_config
 from basin_runtime.session_table import Session
 from basin_sim.policies.base import NO_DECISIONS, Decisions, PinRule, PolicyContext, PolicySpec
@@ -123,8 +126,10 @@ class BasinPolicy:
         peak, multiplier = revision
         self.sessions_revised += 1
         more = self._decided(self.core.revise(session_id, now, peak, self._scale * multiplier))
-        return Decisions(decisions.admit + more.admit, decisions.shed + more.shed) if more.admit or more.shed \
-            else decisions
+        if more is NO_DECISIONS:
+            return decisions
+        return Decisions(decisions.admit + more.admit, decisions.shed + more.shed, decisions.suspend + more.suspend,
+                         decisions.resume + more.resume)
 
     def _revision_at(self, session_id: str, prompt_tokens: int) -> tuple[float, float] | None:
         calls = self._calls.get(session_id)
@@ -169,9 +174,11 @@ def decisions_of(events: list[Event]) -> Decisions:
     """The engine's decisions from one step's events: its Admitted and Shed events, in order."""
     if not events:
         return NO_DECISIONS
-    admit = tuple(e.session_id for e in events if isinstance(e, Admitted))
+    admit = tuple(e.session_id for e in events if isinstance(e, Admitted) and not e.is_resumed)
     shed = tuple(e.session_id for e in events if isinstance(e, Shed))
-    return Decisions(admit, shed) if admit or shed else NO_DECISIONS
+    suspend = tuple(e.session_id for e in events if isinstance(e, Requeued))
+    resume = tuple(e.session_id for e in events if isinstance(e, Admitted) and e.is_resumed)
+    return Decisions(admit, shed, suspend, resume) if admit or shed or suspend or resume else NO_DECISIONS
 
 
 def _basin(context: PolicyContext) -> BasinPolicy:

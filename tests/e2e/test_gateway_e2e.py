@@ -162,9 +162,14 @@ def client_for(gateway: str, timeout_s: float = 10.0) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=f"{gateway}/v1", api_key="test-key", max_retries=0, timeout=timeout_s)
 
 
-async def ask(client: openai.AsyncOpenAI, session: str, content: str) -> str:
-    """One non-streamed chat call of `session`; the answer's text."""
-    reply = await client.chat.completions.create(model="standin-model", messages=[{"role": "user", "content": content}],
+async def ask(client: openai.AsyncOpenAI, session: str, content: str, *earlier: str) -> str:
+    """One non-streamed chat call of `session` (its earlier user turns, each answered, then `content`); the
+    answer's text. A later call keeps the session's first turn: a session id names one conversation (issue 46)."""
+    messages: list[dict[str, str]] = []
+    for turn in earlier:
+        messages += [{"role": "user", "content": turn}, {"role": "assistant", "content": "stand-in answer"}]
+    reply = await client.chat.completions.create(model="standin-model",
+                                                 messages=[*messages, {"role": "user", "content": content}],
                                                  extra_headers={"X-Session-ID": session})
     return reply.choices[0].message.content or ""
 
@@ -207,8 +212,8 @@ async def test_replies_come_back_streamed_and_not(deployment: Deployment) -> Non
 async def test_priority_rid_and_routing_key_reach_both_workers(deployment: Deployment) -> None:
     """smg forwards the body's bounded priority and stable rid, and the routing-key header, to both halves."""
     async with client_for(deployment.full_gateway) as client:
-        for text in ("e2e keyed task", "e2e keyed task, again"):
-            await ask(client, "e2e-keyed", text)
+        await ask(client, "e2e-keyed", "e2e keyed task")
+        await ask(client, "e2e-keyed", "e2e keyed task, again", "e2e keyed task")
         await end(deployment.full_gateway, "e2e-keyed")
 
     key = routing_key("e2e-keyed")
@@ -387,3 +392,48 @@ async def test_after_sigkill_the_adopted_sessions_are_logged_whole_and_ingest_re
     joined = {s.session_id: s for s in read if not isinstance(s, Reject)}  # type: ignore[union-attr]
     assert not [r for r in read if isinstance(r, Reject)], read
     assert {s: len(joined[s].calls) for s in sessions} == {sessions[0]: 4, sessions[1]: 3, sessions[2]: 3}
+
+
+async def test_a_later_call_past_its_reservation_waits_and_a_ride_is_a_session_of_its_own(
+        deployment: Deployment) -> None:
+    """Issue 46 through smg: the two-step (a tiny first call, then a made-up history) is held at the gateway and never
+    reaches the workers until it fits; a ride on a live id is a session of its own, under its own admission."""
+    gateway = deployment.full_gateway
+    async with client_for(gateway, timeout_s=30) as client, httpx.AsyncClient(base_url=gateway, timeout=5) as http:
+        try:
+            assert (await http.put("/basin/budget", json={"budget_tokens": 10**9})).status_code == 200
+            await ask(client, "e2e-owner", "e2e owner task")
+            await ask(client, "e2e-two-step", "e2e two-step task")
+            views = {v["session_id"]: v for v in (await http.get("/basin/sessions")).json()["sessions"]}
+            reserved = views["e2e-owner"]["reserved_tokens"] + views["e2e-two-step"]["reserved_tokens"]
+            reference = math.ceil(reserved / 1.1) + 5  # moved down from 10**9, the budget stops at 1.1 x the reference
+            assert (await http.put("/basin/budget", json={"budget_tokens": reference})).status_code == 200
+            made_up = "word " * (reserved + 2_000)  # past the budget: its context alone engages admission
+            second = asyncio.create_task(ask(client, "e2e-two-step", "e2e two-step, more", "e2e two-step task",
+                                             made_up))
+            ride = asyncio.create_task(ask(client, "e2e-owner", "e2e ride", "e2e not the owner's task"))
+            await until_state(http, lambda s: len(s["policy"]["queued"]) == 2)
+            state = (await http.get("/basin/state")).json()["policy"]
+            assert "e2e-two-step" in state["queued"] and state["reserved_tokens"] <= state["budget_tokens"]
+            (rider,) = [sid for sid in state["queued"] if sid.startswith("e2e-owner~")]
+            assert deployment.records("e2e two-step, more")["decode"] == []  # held: never forwarded
+            assert deployment.records("e2e ride")["decode"] == []
+            await end(gateway, "e2e-owner")
+            assert await asyncio.wait_for(second, timeout=20) == "stand-in answer"  # alone now: in over budget
+            await end(gateway, "e2e-two-step")
+            assert await asyncio.wait_for(ride, timeout=20) == "stand-in answer"
+            await end(gateway, rider)
+            assert (await http.get("/basin/state")).json()["policy"]["reserved_tokens"] == 0
+        finally:
+            await http.put("/basin/budget", json={"budget_tokens": 1})
+            await end(gateway, "e2e-owner", "e2e-two-step")
+            for sid in (await http.get("/basin/state")).json()["policy"]["queued"]:
+                await end(gateway, sid)
+    assert len(deployment.records("e2e two-step, more")["decode"]) == 1
+
+
+async def until_state(http: httpx.AsyncClient, condition: Any, timeout_s: float = 10.0) -> None:
+    """Poll /basin/state until `condition(state)` holds (bounded)."""
+    async with asyncio.timeout(timeout_s):
+        while not condition((await http.get("/basin/state")).json()):
+            await asyncio.sleep(0.05)

@@ -100,10 +100,15 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReplicaRig]:
         made.redis.kill()
 
 
-async def ask(client: openai.AsyncOpenAI, session: str, content: str) -> str:
-    """One non-streamed chat call of `session`; the answer's text."""
-    reply = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}],
-                                                 max_tokens=ANSWER_TOKENS, extra_headers={"X-Session-ID": session})
+async def ask(client: openai.AsyncOpenAI, session: str, content: str, *earlier: str) -> str:
+    """One non-streamed chat call of `session` (its earlier user turns, each answered, then `content`); the answer's
+    text. A later call keeps the session's first turn: a session id names one conversation (issue 46)."""
+    messages: list[dict[str, str]] = []
+    for turn in earlier:
+        messages += [{"role": "user", "content": turn}, {"role": "assistant", "content": "ok"}]
+    messages.append({"role": "user", "content": content})
+    reply = await client.chat.completions.create(model=MODEL, messages=messages, max_tokens=ANSWER_TOKENS,
+                                                 extra_headers={"X-Session-ID": session})
     return reply.choices[0].message.content or ""
 
 
@@ -261,7 +266,7 @@ async def test_after_redis_restarts_empty_live_sessions_are_registered_again_and
 
             await until(registered, 15, "the live sessions registered again in the new state")
             assert await ask(three, "rep-new", "replicas new task after the restart")
-            assert await ask(one, "rep-old-0", "replicas old task 0, again")
+            assert await ask(one, "rep-old-0", "replicas old task 0, again", "replicas old task 0")
             await accounted(http, rig, NAMES, "g1")
         finally:
             await end_everywhere(http, rig, NAMES)

@@ -19,7 +19,7 @@ from aiohttp import web
 
 from basin_runtime.gateway.http1 import Http1UpstreamClient
 from basin_runtime.gateway.limits import DEFAULT_MAX_HEADER_BYTES
-from basin_runtime.gateway.server import DrainingServer, server_config
+from basin_runtime.gateway.server import ConnectionLimits, DrainingServer, server_config
 from basin_stack.stack import free_port
 from tests.runtime.test_gateway_app import ANSWER, Rig, rig_for
 
@@ -60,15 +60,17 @@ class Served:
 
 @asynccontextmanager
 async def serving(*, max_header_bytes: int | None = None, max_headers: int | None = None,
-                  drain_timeout_s: float = 5.0, **rig_options: Any) -> AsyncIterator[Served]:
+                  drain_timeout_s: float = 5.0, connection_limits: dict[str, Any] | None = None,
+                  upstream_read_s: float = 10.0, **rig_options: Any) -> AsyncIterator[Served]:
     """The rig of `rig_for(**rig_options)` served by uvicorn as the CLI serves it, its upstream a real aiohttp
     server reached with the gateway's own HTTP/1.1 client."""
     upstream_port, port = free_port(), free_port()
     limits = {k: v for k, v in (("max_header_bytes", max_header_bytes), ("max_headers", max_headers)) if v is not None}
-    client = Http1UpstreamClient(f"http://127.0.0.1:{upstream_port}", connect_s=5, read_s=10,
+    client = Http1UpstreamClient(f"http://127.0.0.1:{upstream_port}", connect_s=5, read_s=upstream_read_s,
                                  max_head_bytes=limits.get("max_header_bytes", DEFAULT_MAX_HEADER_BYTES))
     async with rig_for(upstream_client=client, **rig_options) as rig:
-        server = DrainingServer(server_config(rig.app, host="127.0.0.1", port=port, keep_alive_s=5, **limits),
+        server = DrainingServer(server_config(rig.app, host="127.0.0.1", port=port, keep_alive_s=5,
+                                              limits=ConnectionLimits(**limits, **(connection_limits or {}))),
                                 rig.gateway, drain_timeout_s=drain_timeout_s)
         server.config.log_level = "warning"
         served = Served(rig, port, server)
@@ -97,6 +99,7 @@ class RawAnswer:
     status: int
     headers: dict[str, str]
     body: bytes
+    is_complete: bool = True  # the answer's framing ended it (False: the connection closed mid-body)
 
 
 class _AnswerParser:
@@ -141,4 +144,4 @@ async def raw_exchange(port: int, *pieces: bytes, timeout_s: float = 10.0) -> Ra
         writer.close()
     if parsed.headers == {} and not parsed.body:
         return None
-    return RawAnswer(parser.get_status_code(), parsed.headers, bytes(parsed.body))
+    return RawAnswer(parser.get_status_code(), parsed.headers, bytes(parsed.body), parsed.is_complete)

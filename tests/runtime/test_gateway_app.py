@@ -718,6 +718,7 @@ async def test_a_streamed_plain_body_that_is_not_its_json_passes_but_ends_as_an_
                                is_stream=False)
 
     assert (call.status, b"".join(call.body_chunks)) == (200, b"<html>oops")  # its head was already sent
+    assert not any(m.get("more_body") is False for m in call.sent if m["type"] == "http.response.body")  # issue 46
     assert _second_call_outcome(rig) == (0, "upstream_error")
 
 

@@ -7,11 +7,13 @@ import json
 from basin_runtime.gateway.errors import (
     BodiesInFlightError,
     BodyTooLargeError,
+    ForeignCallError,
     GatewayError,
     HeadersTooLargeError,
     LimitError,
     MethodNotAllowedError,
     NestingTooDeepError,
+    RequestTimeoutError,
     SessionIdTooLongError,
     SessionShedError,
     ShuttingDownError,
@@ -46,6 +48,8 @@ EXAMPLES: dict[type, GatewayError] = {
     SessionIdTooLongError: SessionIdTooLongError("too long", "max_session_id_chars", 8),
     MethodNotAllowedError: MethodNotAllowedError("no PUT here", "GET"),
     ShuttingDownError: ShuttingDownError("draining", 7.2),
+    RequestTimeoutError: RequestTimeoutError("no request head arrived within 30 s", "header_timeout_s", 30.0),
+    ForeignCallError: ForeignCallError("session id 's' names another conversation", "s"),
 }
 
 
@@ -66,7 +70,7 @@ def test_every_gateway_error_maps_to_one_status_and_an_openai_style_body() -> No
         "UpstreamRefusedError": 502,
         "UpstreamTimeoutError": 504, "UpstreamStatusError": 502, "UpstreamStreamError": 502,
         "UpstreamBadAnswerError": 502, "UpstreamRejectedError": 404, "HeadersTooLargeError": 431,
-        "TooManyItemsError": 413, "BodiesInFlightError": 503,
+        "TooManyItemsError": 413, "BodiesInFlightError": 503, "RequestTimeoutError": 408, "ForeignCallError": 409,
     }
 
 
@@ -96,6 +100,14 @@ def test_a_limit_names_itself_its_value_and_its_option_with_a_stable_type() -> N
     kinds = {cls: json.loads(bytes(error_response(EXAMPLES[cls]).body))["error"]["type"]
              for cls in (NestingTooDeepError, SessionIdTooLongError)}
     assert kinds == {NestingTooDeepError: "json_too_deep", SessionIdTooLongError: "session_id_too_long"}
+
+
+def test_a_slow_request_and_a_foreign_call_name_what_and_where() -> None:
+    slow = json.loads(bytes(error_response(EXAMPLES[RequestTimeoutError]).body))["error"]
+    assert (slow["type"], slow["limit"], slow["limit_value"], slow["option"]) == (
+        "request_timeout", "header_timeout_s", 30.0, "--header-timeout-s")
+    foreign = json.loads(bytes(error_response(EXAMPLES[ForeignCallError]).body))["error"]
+    assert (foreign["type"], foreign["session_id"], foreign["option"]) == ("session_id_in_use", "s", "--foreign-call")
 
 
 def test_a_wrong_method_answer_carries_allow() -> None:

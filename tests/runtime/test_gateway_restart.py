@@ -103,17 +103,15 @@ async def test_a_listed_id_is_adopted_at_most_once_and_only_with_its_history(tmp
     list_live(tmp_path, "old", "again")
     async with restart_rig(tmp_path) as rig:
         await rig.chat("live", "task")
-        # A call without history under a listed id is a new run of the task: it queues, and the
-        # listing is used up, so a later call with history under that id queues too.
+        # A call without history under a listed id does not continue the listed conversation: it is a session of
+        # its own (under an id of its own) and queues, and the listing stays for its owner (issue 46 item 2).
         fresh = asyncio.create_task(rig.chat("again", "task"))
-        await eventually(lambda: rig.policy.is_queued("again"))
+        await eventually(lambda: any(s.startswith("again~") for s in rig.policy.snapshot().queued))
         fresh.cancel()
         await asyncio.gather(fresh, return_exceptions=True)
-        await eventually(lambda: rig.room.registry.get("again") is None)
-        late = asyncio.create_task(rig.chat("again", "task", "more"))
-        await eventually(lambda: rig.policy.is_queued("again"))
-        late.cancel()
-        await asyncio.gather(late, return_exceptions=True)
+        await eventually(lambda: not rig.policy.snapshot().queued)
+        late = await asyncio.wait_for(rig.chat("again", "task", "more"), timeout=2)
+        assert late.status_code == 200 and rig.room.registry.get("again").is_adopted  # type: ignore[union-attr]
         # "old" is adopted once; ended and back with history, it is a new session and waits.
         assert (await asyncio.wait_for(rig.chat("old", "task", "more"), timeout=2)).status_code == 200
         assert (await rig.client.post("/basin/sessions/old/end")).status_code == 200
@@ -293,12 +291,12 @@ async def test_a_listed_id_resuming_another_conversation_is_not_adopted(tmp_path
     async with restart_rig(tmp_path) as rig:
         await rig.chat("live", "task")  # the one-token budget is full
         impostor = asyncio.create_task(rig.chat("old", "another task", "more"))  # history, but not old's
-        await eventually(lambda: rig.policy.is_queued("old"))
-        assert not rig.room.registry.get("old").is_adopted  # type: ignore[union-attr]
+        await eventually(lambda: any(s.startswith("old~") for s in rig.policy.snapshot().queued))  # its own id
+        assert rig.room.registry.get("old") is None  # the listed entry is left alone (issue 46 item 2)
         impostor.cancel()
         await asyncio.gather(impostor, return_exceptions=True)
         rewritten = asyncio.create_task(rig.chat("older", "task edited", "more"))  # its first message changed
-        await eventually(lambda: rig.policy.is_queued("older"))
+        await eventually(lambda: any(s.startswith("older~") for s in rig.policy.snapshot().queued))
         rewritten.cancel()
         await asyncio.gather(rewritten, return_exceptions=True)
     list_live(tmp_path, "old")

@@ -121,8 +121,10 @@ def test_the_body_is_re_serialised_when_the_gateway_changes_a_field_the_client_s
     call.body.update(priority=7, stream_options={"continuous_usage_stats": False, "include_usage": True})
     assert json.loads(call.encode()) == call.body and b"999" not in call.encode()
     kept = parse_call("completion", b'{"priority": 7, "prompt": "p"}')
-    kept.body["priority"] = 7
-    assert kept.encode() == b'{"priority": 7, "prompt": "p"}'
+    kept.body["priority"] = 7  # equal to the client's copy: still cut out and written once (issue 46 item 6)
+    assert kept.encode() == b'{"prompt": "p","priority":7}'
+    options = b'{"stream": true, "stream_options": {"include_usage": true}, "prompt": "p"}'
+    assert parse_call("completion", options).encode() == options  # a field other than rid and priority: kept
     swapped = parse_call("completion", b'{"priority": true, "prompt": "p"}')
     swapped.body["priority"] = 1  # equal to True in Python, but not the same JSON
     assert json.loads(swapped.encode())["priority"] == 1 and b"true" not in swapped.encode()

@@ -3,7 +3,9 @@
 `PolicyMachine` drives a `Policy` with random arrivals (with reservation multipliers), observations,
 revisions, finishes, withdrawals, ticks, operator budget changes and illegal steps, next to a plain
 model (two dicts), and checks:
-- while engaged, an admission never takes the reservations over the budget, except a lone head;
+- while engaged, an admission never takes the reservations over the budget, except a lone head; nor does a
+  call that outgrows its session's reservation (re-reserved at its context + the predicted growth, held in
+  the queue by its priority when that does not fit), except a session alone;
 - admissions follow priority order (the model's queue minimum, every time);
 - every arrival ends admitted-then-finished, withdrawn, or shed with a reason: never lost;
 - working set, reservations, queue order and engagement (an arrival's own context counted) match the model
@@ -48,6 +50,7 @@ from basin_runtime.policy import (
     Policy,
     PolicyConfig,
     PolicyError,
+    Requeued,
     Shed,
     WriteBackPlan,
 )
@@ -66,6 +69,14 @@ class ModelSession:
     priority: float
     context_tokens: int
     multiplier: float = 1.0
+    first_context_tokens: int = 0
+    regrown_tokens: int = 0  # re-reserved when a call outgrew its reservation
+    queued_s: float = 0.0  # when it last entered the queue
+    has_run: bool = False
+
+    @property
+    def growth_tokens(self) -> int:
+        return max(0, math.ceil(self.peak_tokens * self.multiplier) - self.first_context_tokens)
 
     @property
     def key(self) -> tuple[float, int]:
@@ -86,10 +97,12 @@ class PolicyMachine(RuleBasedStateMachine):
         budget_tokens=st.integers(200, 2000),
         reservation_ratio=st.sampled_from([1.0, 1.0, 1.5, 3.2]),
         latency_gate_s=st.sampled_from([None, None, 1.0]),
+        can_outgrow=st.sampled_from([False, False, True]),
     )
     def setup(self, mode: str, always_engaged: bool, is_shedding: bool, budget_tokens: int,
-              reservation_ratio: float, latency_gate_s: float | None) -> None:
+              reservation_ratio: float, latency_gate_s: float | None, can_outgrow: bool = False) -> None:
         self.config = PolicyConfig(
+            can_outgrow_reservation=can_outgrow,
             budget_tokens=budget_tokens,
             always_engaged=always_engaged,
             reservation_ratio=reservation_ratio,
@@ -127,7 +140,8 @@ class PolicyMachine(RuleBasedStateMachine):
     def reservation(self, session: ModelSession) -> int:
         if self.config.mode == "prototype":
             return session.context_tokens
-        return max(math.ceil(session.peak_tokens * session.multiplier), session.context_tokens)
+        return max(math.ceil(session.peak_tokens * session.multiplier), session.context_tokens,
+                   session.regrown_tokens)
 
     def reserved(self) -> int:
         return sum(self.reservation(s) for s in self.live.values())
@@ -166,8 +180,10 @@ class PolicyMachine(RuleBasedStateMachine):
             assert not self.live or self.reserved() + need <= budget_tokens, (
                 f"admitting {session_id} takes reservations to {self.reserved() + need} > {budget_tokens}"
             )
-            assert event == Admitted(session_id, self.now, head.priority, self.now - head.arrival_s, need)
+            assert event == Admitted(session_id, self.now, head.priority, self.now - head.queued_s, need,
+                                     is_resumed=head.has_run)
             self.live[session_id] = self.queued.pop(session_id)
+            head.has_run = True
 
     def pick(self, data: st.DataObject, pool: dict[str, ModelSession]) -> str:
         return data.draw(st.sampled_from(sorted(pool)))
@@ -184,13 +200,15 @@ class PolicyMachine(RuleBasedStateMachine):
         now = self.step_time(dt)
         events = self.policy.arrive(session_id, now, peak, context, multiplier)
         priority = now if self.config.mode == "prototype" else now + peak / self.config.tokens_per_s
-        session = ModelSession(session_id, self.num_arrived, now, peak, priority, context, multiplier)
+        session = ModelSession(session_id, self.num_arrived, now, peak, priority, context, multiplier,
+                               first_context_tokens=context, queued_s=now)
         self.num_arrived += 1
         self.arrivals_s.append(now)
         if not was_engaged:
             assert events == [Admitted(session_id, now, priority, 0.0, self.reservation(session))], (
                 f"{session_id} queued while admission was not engaged: {events}")
             self.live[session_id] = session
+            session.has_run = True
             return
         self.queued[session_id] = session
         head = self.head()
@@ -221,11 +239,58 @@ class PolicyMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.live or self.queued))
     @rule(data=st.data(), dt=st.integers(0, 20), context=st.integers(0, 1500))
     def observe(self, data: st.DataObject, dt: int, context: int) -> None:
+        self.observe_with(self.pick(data, {**self.live, **self.queued}), dt, context)
+
+    def observe_with(self, session_id: str, dt: int, context: int) -> None:
         assert self.policy is not None
-        session_id = self.pick(data, {**self.live, **self.queued})
-        admitted = self.policy.observe(session_id, self.step_time(dt), context)
-        (self.live.get(session_id) or self.queued[session_id]).context_tokens = context
-        self.expect_admissions(admitted, self.budget())
+        budget = self.budget()
+        session = self.live.get(session_id)
+        outgrows = (session is not None and self.config.mode == "basin" and not self.config.can_outgrow_reservation
+                    and context > self.reservation(session))
+        is_engaged = session is not None and self.is_engaged(budget, context - session.context_tokens)
+        events = self.policy.observe(session_id, self.step_time(dt), context)
+        if session is None:
+            self.queued[session_id].context_tokens = context
+        elif outgrows:
+            self.outgrow(session, context, is_engaged, events, budget)
+            return
+        else:
+            session.context_tokens = context
+        self.expect_admissions(events, budget)
+
+    @precondition(lambda self: bool(self.live))
+    @rule(data=st.data(), dt=st.integers(0, 20), extra=st.integers(1, 800))
+    def call_past_reservation(self, data: st.DataObject, dt: int, extra: int) -> None:
+        """A live session's call carries more than it reserved (a made-up history, a ride on its id)."""
+        assert self.policy is not None
+        session = self.live[self.pick(data, self.live)]
+        self.observe_with(session.session_id, dt, self.reservation(session) + extra)
+
+    def outgrow(self, session: ModelSession, context: int, is_engaged: bool, events: list[Event], budget: int) -> None:
+        """A live session's call passed its reservation: re-reserved, and held in the queue if that does not fit."""
+        old = self.reservation(session)
+        regrown = context + session.growth_tokens
+        others = self.reserved() - old
+        head = self.head()
+        stays = (head is None or session.key < head.key) and (len(self.live) == 1 or others + regrown <= budget)
+        session.regrown_tokens = regrown
+        session.context_tokens = context
+        if not is_engaged or stays:
+            assert not events or isinstance(events[0], Admitted), f"{session.session_id} stays live: {events}"
+            self.expect_admissions(events, budget)
+            if is_engaged:  # the rule's promise: past the budget only alone
+                assert len(self.live) == 1 or self.reserved() <= budget, (
+                    f"{session.session_id} grew to {regrown}: reserved {self.reserved()} > budget {budget}")
+            return
+        assert events and isinstance(events[0], Requeued), f"{session.session_id} outgrew, engaged, not held: {events}"
+        first = events[0]
+        assert (first.session_id, first.context_tokens, first.reservation_tokens, first.reserved_tokens,
+                first.budget_tokens, first.priority) == (session.session_id, context, regrown, others, budget,
+                                                         session.priority)
+        del self.live[session.session_id]
+        session.queued_s = self.now
+        self.queued[session.session_id] = session
+        self.expect_admissions(events[1:], budget)
 
     @precondition(lambda self: bool(self.live or self.queued))
     @rule(data=st.data(), dt=st.integers(0, 20), peak=st.floats(0, 3000), multiplier=st.floats(0.5, 4.0))
@@ -236,6 +301,7 @@ class PolicyMachine(RuleBasedStateMachine):
         admitted = self.policy.revise(session_id, self.step_time(dt), peak, multiplier)
         session = self.live.get(session_id) or self.queued[session_id]
         session.peak_tokens, session.multiplier = peak, multiplier
+        session.regrown_tokens = 0
         self.expect_admissions(admitted, self.budget())
 
     @rule(dt=st.integers(0, 30), hit_rate=st.none() | st.floats(0, 1),
@@ -339,19 +405,21 @@ class PolicyMachine(RuleBasedStateMachine):
         peak_rate = self.config.peak_completion_rate_per_s
         head = self.head()
         rate = self.arrival_rate(now) if head is not None else None
+        never_run = [s for s in self.queued.values() if not s.has_run]  # one held for an outgrown call is not shed
         is_due = (
             head is not None
+            and bool(never_run)
             and peak_rate is not None
             and rate is not None
             and rate > peak_rate
-            and now - head.arrival_s >= self.config.shed_wait_s
+            and now - head.queued_s >= self.config.shed_wait_s
         )
         assert (shed is not None) == is_due, f"shed={shed} but due={is_due}"
         if shed is None:
             return
-        victim = max(self.queued.values(), key=lambda s: s.key)
+        victim = max(never_run, key=lambda s: s.key)
         assert head is not None and shed.session_id == victim.session_id
-        assert (shed.arrival_rate_per_s, shed.head_waited_s) == (rate, now - head.arrival_s)
+        assert (shed.arrival_rate_per_s, shed.head_waited_s) == (rate, now - head.queued_s)
         assert "exceeds peak completion rate" in shed.reason
         del self.queued[shed.session_id]
         self.outcomes[shed.session_id] = "shed"

@@ -34,6 +34,7 @@ from basin_runtime.policy import (
     PolicyError,
     PolicySnapshot,
     Reclaimed,
+    Requeued,
     Shed,
     UnknownSessionError,
     WriteBackPlan,
@@ -355,7 +356,7 @@ def test_prototype_mode_orders_by_arrival_and_reserves_current_context() -> None
 
 
 def test_observe_growth_past_the_prediction_keeps_the_reserved_sum_exact() -> None:
-    policy, t = make(1000, always_engaged=True)
+    policy, t = make(1000, always_engaged=True, can_outgrow_reservation=True)  # the ablation: growth unchecked
     policy.arrive("a", 0.0, 499.2, 100)  # reservation is the peak rounded up: 500
     t.check(now_s=0.0, live=["a"], reserved_tokens=500, working_set_tokens=100)
     assert admits(policy.observe("a", 1.0, 400)) == []
@@ -372,6 +373,86 @@ def test_observe_growth_past_the_prediction_keeps_the_reserved_sum_exact() -> No
     t.check(now_s=6.0, reserved_tokens=900, working_set_tokens=100)
 
 
+def test_a_later_call_past_its_reservation_is_re_reserved_and_waits_in_the_queue_when_it_does_not_fit() -> None:
+    """The two-step attack: a tiny first call admitted on a small prediction, then a made-up history."""
+    policy, t = make(1000, always_engaged=True)
+    assert arrives(policy, "owner", 0.0, 300, 100) is True
+    assert arrives(policy, "small", 1.0, 250, 50) is True  # predicted growth: 250 - 50 = 200
+    t.check(now_s=1.0, live=["owner", "small"], reserved_tokens=550, working_set_tokens=150)
+    events = policy.observe("small", 2.0, 900)  # passes its 250: re-reserved 900 + 200 = 1100; 300 + 1100 > 1000
+    assert events == [Requeued("small", 2.0, 1.0 + 250 / 30, 900, 1100, 300, 1000, events[0].reason)]
+    assert "outgrew its reservation of 250" in events[0].reason and "does not fit" in events[0].reason
+    t.check(now_s=2.0, live=["owner"], queued=["small"], reserved_tokens=300, working_set_tokens=100)
+    assert policy.record_of("small").has_run and policy.state_of("small") == "queued"
+    assert arrives(policy, "late", 3.0, 600, 10) is False  # it would fit, but the held session is ahead of it
+    t.check(now_s=3.0, queued=["small", "late"])
+    events = policy.finish("owner", 4.0)  # alone now: the lone-head rule lets it in over budget
+    assert events == [Admitted("small", 4.0, 1.0 + 250 / 30, 2.0, 1100, is_resumed=True)]
+    t.check(now_s=4.0, live=["small"], queued=["late"], reserved_tokens=1100, working_set_tokens=900)
+
+
+def test_a_later_call_past_its_reservation_that_fits_runs_on_re_reserved() -> None:
+    policy, t = make(1000, always_engaged=True)
+    assert arrives(policy, "a", 0.0, 300, 100) is True
+    assert arrives(policy, "b", 1.0, 200, 100) is True
+    assert admits(policy.observe("b", 2.0, 400)) == []  # 400 + (200 - 100) = 500; 300 + 500 <= 1000
+    t.check(now_s=2.0, live=["a", "b"], reserved_tokens=800, working_set_tokens=500)
+    assert admits(policy.observe("b", 3.0, 450)) == []  # within its new reservation: nothing moves but the context
+    t.check(now_s=3.0, working_set_tokens=550)
+    assert admits(policy.revise("b", 4.0, 300)) == []  # a revision replaces the re-reservation: max(300, 450)
+    t.check(now_s=4.0, reserved_tokens=750)
+
+
+def test_a_later_call_past_its_reservation_while_not_engaged_is_re_reserved_and_runs() -> None:
+    policy, t = make(1000)
+    assert arrives(policy, "a", 0.0, 100, 10) is True
+    assert admits(policy.observe("a", 1.0, 300)) == []  # 300 x 1 <= 1000: not engaged
+    t.check(now_s=1.0, live=["a"], reserved_tokens=390, working_set_tokens=300)
+    assert admits(policy.observe("a", 2.0, 1200)) == []  # engages, but alone: the lone-head rule
+    t.check(now_s=2.0, reserved_tokens=1290, working_set_tokens=1200, is_engaged=True)
+
+
+def test_a_held_session_waits_behind_a_head_ahead_of_it_and_is_never_shed() -> None:
+    policy, t = make(1000, always_engaged=True, peak_completion_rate_per_s=0.001, shed_wait_s=10.0)
+    assert arrives(policy, "big", 0.0, 900, 100) is True
+    assert arrives(policy, "cheap", 1.0, 50, 50) is True  # reserved 950
+    assert arrives(policy, "first", 2.0, 10, 10) is True  # 950 + 10 fits
+    t.check(now_s=2.0, live=["big", "cheap", "first"], reserved_tokens=960, working_set_tokens=160)
+    events = policy.observe("cheap", 3.0, 300)  # re-reserved 300 + 0; 910 + 300 > 1000
+    assert [type(e) for e in events] == [Requeued]
+    t.check(now_s=3.0, live=["big", "first"], queued=["cheap"], reserved_tokens=910, working_set_tokens=110)
+    assert policy.tick(40.0) == []  # the only one waiting was admitted before: it is not shed
+    t.check(now_s=40.0)
+
+
+def test_the_ablation_lets_a_call_outgrow_its_reservation_and_prototype_mode_reserves_contexts() -> None:
+    policy, t = make(1000, always_engaged=True, can_outgrow_reservation=True)
+    assert arrives(policy, "a", 0.0, 300, 100) is True
+    assert arrives(policy, "b", 1.0, 250, 50) is True
+    assert admits(policy.observe("b", 2.0, 900)) == []  # passes the budget, as before the rule
+    t.check(now_s=2.0, live=["a", "b"], reserved_tokens=1200, working_set_tokens=1000)
+    proto, p = make(1000, always_engaged=True, mode="prototype")
+    assert arrives(proto, "a", 0.0, 300, 100) is True
+    assert admits(proto.observe("a", 1.0, 5000)) == []  # prototype reserves contexts: no re-reservation
+    p.check(now_s=1.0, live=["a"], reserved_tokens=5000, working_set_tokens=5000)
+
+
+def test_a_held_session_survives_the_state_round_trip_and_an_illegal_step_changes_nothing() -> None:
+    policy, _ = make(1000, always_engaged=True)
+    policy.arrive("a", 0.0, 600, 100)
+    policy.arrive("b", 1.0, 300, 100)
+    assert isinstance(policy.observe("b", 2.0, 700)[0], Requeued)
+    state = json.loads(json.dumps(policy.to_state()))
+    restored = Policy.from_state(state)
+    assert restored.to_state() == state and restored.snapshot() == policy.snapshot()
+    assert restored.finish("a", 3.0) == policy.finish("a", 3.0)
+    assert_illegal(policy, lambda: policy.observe("b", 4.0, -1), PolicyError, "must be >= 0")
+    bad = json.loads(json.dumps(state))
+    bad["live"][0][10] = False
+    with pytest.raises(PolicyError, match="has_run must be a bool"):
+        Policy.from_state(bad)
+
+
 def test_a_reservation_multiplier_scales_the_reservation_not_the_priority() -> None:
     """The paper's 950K live plus a new session whose 80K prediction is reserved at m = 1.5 (120K)."""
     policy, t = make(1_000_000, always_engaged=True)
@@ -383,8 +464,8 @@ def test_a_reservation_multiplier_scales_the_reservation_not_the_priority() -> N
     assert policy.has_capacity(40_000, reservation_multiplier=1.5) is False  # 950K + 60K does not
     assert policy.finish("live", 20.0) == [Admitted("new", 20.0, 10.0 + 80_000 / 30, 10.0, 120_000)]
     t.check(now_s=20.0, live=["new"], reserved_tokens=120_000, working_set_tokens=6_000)
-    assert admits(policy.observe("new", 21.0, 130_000)) == []  # it grew past m x prediction: its context
-    t.check(now_s=21.0, reserved_tokens=130_000, working_set_tokens=130_000)
+    assert admits(policy.observe("new", 21.0, 130_000)) == []  # past m x prediction: context + predicted growth
+    t.check(now_s=21.0, reserved_tokens=130_000 + 114_000, working_set_tokens=130_000)  # alone, so it runs
     small, _ = make(1000, always_engaged=True)
     small.arrive("a", 0.0, 99.5, 10, reservation_multiplier=0.9)  # m < 1 at low q: ceil(89.55) = 90
     assert small.snapshot().reserved_tokens == 90

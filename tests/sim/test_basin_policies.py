@@ -12,6 +12,7 @@ from basin_runtime.policy import Admitted, Policy, PolicyConfig, Shed, admitted_
 from basin_runtime.policy.calibrated import Calibration
 from basin_runtime.policy.lending import LENDING_KINDS
 from basin_sim import catalog
+from basin_sim.ablations import ablation
 from basin_sim.engine import Engine
 from basin_sim.kv_tiers import DecodeMemoryLending
 from basin_sim.lifecycle import Status
@@ -317,3 +318,31 @@ def test_the_engine_ticks_the_policy_with_the_first_token_latency_and_basin_enga
     # the working set is far past B / r (the knee is 1,000 tokens); once the engines read slow, it engages
     assert seen == [1.0, 2.0, 3.0]  # nobody has a first token yet: the median wait grows tick by tick
     assert policy.core.is_pressed and policy.core.is_engaged  # past 0.7 s the working set engages admission
+
+
+@pytest.mark.parametrize("name,is_held", [("basin", True), ("basin:growth-unchecked", False)])
+def test_a_call_past_its_reservation_is_parked_until_it_fits_and_the_ablation_sends_it(name: str,
+                                                                                          is_held: bool) -> None:
+    """The two-step shape in the engine: `small` is admitted on a 300-token prediction, then its second call
+    carries 5,000; with the outgrowth rule (basin) it is parked at the door until `big` finishes."""
+    d = deployment(cache_tokens=100_000)
+    big, small = session("big", [2_000, 2_500], gap_s=5.0), session("small", [100, 5_000])
+    overrides = {"always_engaged": True, **ablation(name).overrides}
+    policy = make_policy("basin", PolicyContext(d, {"big": 3_000.0, "small": 300.0},
+                                                calibration=Calibration(5_000.0 / 0.9, 100_000.0),
+                                                policy_overrides=overrides))
+    assert isinstance(policy, BasinPolicy) and policy.core.snapshot().budget_tokens == 5_000
+    engine = Engine(d, policy, tick_s=1.0)
+    engine.add(spec(big, 0.0, shared_tokens=50))
+    engine.add(spec(small, 0.1, shared_tokens=50))
+    engine.run_until(4.0)  # small's second call came at ~1 s; big's runs to ~6 s
+    if is_held:
+        assert policy.core.state_of("small") == "queued" and policy.core.record_of("small").has_run
+        assert engine.num_parked == 1 and "small" in engine.sessions.suspended
+        assert policy.core.reserved_tokens == 3_000 <= 5_000  # never past the budget while engaged
+    else:
+        assert policy.core.is_live("small") and policy.core.reserved_tokens == 3_000 + 5_000  # past it
+        assert engine.num_parked == 0
+    engine.run_until(60.0)
+    assert [engine.runs[s].status for s in ("big", "small")] == [Status.FINISHED, Status.FINISHED]
+    assert policy.core.reserved_tokens == 0 and policy.reservation_report()["sessions_admitted"] == 2
