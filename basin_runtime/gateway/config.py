@@ -227,7 +227,7 @@ class GatewayConfig:
         "request gets a JSON 408 and the connection is closed", unit="s")
     max_connections: int = option(
         DEFAULT_MAX_CONNECTIONS, POSITIVE, "most client connections open at once; one more closes the oldest idle "
-        "one (or itself, if none is idle)", metavar="N")
+        "one (or itself, if none is idle); keep it below the process's open-file limit (ulimit -n)", metavar="N")
     max_idle_connections_per_client: int = option(
         DEFAULT_MAX_IDLE_CONNECTIONS_PER_CLIENT, POSITIVE, "most idle connections (no request under way) one client "
         "address keeps open; one more closes its oldest idle one", metavar="N")
