@@ -11,8 +11,11 @@ Rules:
   the latest one (`_HELD`), as the local pool's initializer does.
 - One CPU per task. Ray's own retries are off (max_retries=0): executors.drive retries once itself,
   so a job that raises and a worker that dies count the same way.
-- Cancelling: ray.cancel on every outstanding task; a queued one never starts, a running one gets
-  KeyboardInterrupt at its next Python bytecode (the simulator is pure Python: promptly).
+- Cancelling: ray.cancel(force=True) on every outstanding task: a queued one never starts, a running
+  one's worker process is ended. Ray's default (force=False, a KeyboardInterrupt raised in the task)
+  does not reliably reach a task that is sleeping or inside a C call (ray-project/ray#32954, open), so a
+  Ctrl-C could leave a run going on the cluster; the runs are pure functions, so ending them loses
+  nothing but the run.
 - The workers import the jobs' functions and the shared input's classes by name: they need the same
   basin installed (`pip install basin[ray]`), not this checkout's data/ (the cells carry their data).
 """
@@ -71,7 +74,7 @@ class _RayBackend:
 
     def cancel(self, handles: Sequence[ObjectRef[Any]]) -> None:
         for handle in handles:
-            ray.cancel(handle)
+            ray.cancel(handle, force=True)
 
     explain = staticmethod(explain)
 
