@@ -15,7 +15,9 @@ Rules:
   hold, like the door's); the session time limit does.
 - Working set = sum of the latest prompt of every live session (tool-running and parked included).
 - A kill ends its sessions at once (those live or held then), every request withdrawn before any
-  session ends, so freed memory goes to survivors only.
+  session ends, so freed memory goes to survivors only. Ending one can move the policy on the others
+  (an end frees room): one it sheds meanwhile is shed, not killed; one it resumes meanwhile has the
+  call it sent withdrawn before it ends, so no request of a killed session lives on.
 - An ended session's hold, kept KV and routing entries go (`RequestFlow.forget_session`); the policy
   hears of the end; then `on_over(run)` (a closed population starts its next session). A session shed
   while held is over without an end call (the policy shed it). Finished and abandoned sessions are
@@ -187,6 +189,10 @@ class Sessions:
             if run.request is not None:
                 self._flow.withdraw(run.request)
         for run in runs:
+            if run.is_over:  # ending one may have had the policy shed another of them: over already
+                continue
+            if run.request is not None:  # ending one may have had the policy resume another, whose call went out
+                self._flow.withdraw(run.request)
             self.end(run, Status.KILLED)
         self._flow.resume_all()
 

@@ -225,3 +225,38 @@ def test_an_urgent_call_does_not_preempt_a_running_prefill_but_goes_first_in_the
     first_token = {n: engine.runs[n].first_token_s for n in ("long", "relaxed", "urgent")}
     assert first_token["long"] is not None and first_token["urgent"] is not None and first_token["relaxed"] is not None
     assert first_token["urgent"] < first_token["relaxed"]  # urgent overtook the relaxed call queued before it
+
+
+class ResumeOnEnd(FcfsPolicy):
+    """Parks `b`'s second call at the door; resumes it when `a` ends (as the outgrowth rule does when an end
+    frees room). Every end it hears is recorded, so a session ended twice shows."""
+
+    def __init__(self) -> None:
+        super().__init__("resume-on-end")
+        self.ended: list[str] = []
+        self.calls: dict[str, int] = {}
+
+    def on_call(self, session_id: str, now: float, prompt_tokens: int) -> Decisions:
+        self.calls[session_id] = self.calls.get(session_id, 0) + 1
+        return Decisions(suspend=("b",)) if session_id == "b" and self.calls["b"] == 2 else NO_DECISIONS
+
+    def on_session_end(self, session_id: str, now: float) -> Decisions:
+        self.ended.append(session_id)
+        return Decisions(resume=("b",)) if session_id == "a" and "b" not in self.ended else NO_DECISIONS
+
+
+def test_a_kill_that_resumes_one_of_its_own_sessions_withdraws_its_call_and_ends_it_once() -> None:
+    # Found by compare --preset paper (paper-timed-kill-burst, basin): ending the first killed session
+    # resumed a parked one of the same kill, whose call went out and finished after its session had ended.
+    policy = ResumeOnEnd()
+    engine = Engine(deployment(), policy, tick_s=None)
+    engine.add(spec(session("a", [2_000, 2_100, 2_200], gap_s=5.0)))
+    engine.add(spec(session("b", [1_000, 1_100], gap_s=0.5)))
+    engine.kill_at(3.0, ["a", "b"])  # b's second call is parked at the door by then
+    engine.run_until(2.9)
+    assert engine.runs["b"].parked
+    engine.run_until(math.inf)
+    assert [engine.runs[s].status for s in ("a", "b")] == [Status.KILLED, Status.KILLED]
+    assert sorted(policy.ended) == ["a", "b"]  # each end heard once, none after the kill
+    assert engine.runs["b"].request is None and engine.num_live == 0
+    engine.sessions.check()
