@@ -171,8 +171,6 @@ def test_ctrl_c_cancels_the_clusters_outstanding_tasks(tmp_path: Path, monkeypat
     assert interrupted.value.cancelled == 3 and len(cancelled) == 3
     for ref in cancelled:  # running and queued alike: cancelled on the cluster, none left to finish
         with pytest.raises(ray.exceptions.TaskCancelledError):
-            # a bound, not a wait: the answer comes as soon as the cancel lands; 30 s was too short once on a
-            # 2-core machine at load 4 (issue 45's fresh-clone run), so a slow cluster is not taken for a bug
-            ray.get(ref, timeout=120)
+            ray.get(ref, timeout=30)
     (tmp_path / "release").touch()
     assert sorted(p.name for p in tmp_path.glob("started.*")) == ["started.0", "started.1"]  # the third never ran
