@@ -121,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     calibration = surge.calibration or {}
     metrics["calibration"] = {k: v for k, v in calibration.items() if k != "notes"}
     args.out_calibration.parent.mkdir(parents=True, exist_ok=True)
-    args.out_calibration.write_text(json.dumps(calibration, indent=2) + "\n")
+    # sorted keys: the same bytes whether the calibration was measured now or read from the knee cache
+    args.out_calibration.write_text(json.dumps(calibration, indent=2, sort_keys=True) + "\n")
     from basin_sim.plots import plot_compare
 
     for path in plot_compare(result.summary(), result.labels, args.plot_dir):
