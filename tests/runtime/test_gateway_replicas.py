@@ -56,15 +56,15 @@ class Replica:
     """One gateway replica on its own event loop (a thread)."""
 
     def __init__(self, name: str, url: str, prefix: str, upstream: FakeUpstream, config: PolicyConfig,
-                 peak: float = 1000.0, admin_token: str | None = None) -> None:
+                 peak: float = 1000.0, admin_token: str | None = None, lease_s: float = LEASE_S) -> None:
         self.name = name
         self.thread_loop = LoopThread()
         self.is_dead = False
-        self.run(self._build(url, prefix, upstream, config, peak, admin_token))
+        self.run(self._build(url, prefix, upstream, config, peak, admin_token, lease_s))
 
     async def _build(self, url: str, prefix: str, upstream: FakeUpstream, config: PolicyConfig, peak: float,
-                     admin_token: str | None) -> None:
-        self.backend = RedisBackend(url, config, replica_id=self.name, prefix=prefix, lease_s=LEASE_S, tail_block_ms=50)
+                     admin_token: str | None, lease_s: float) -> None:
+        self.backend = RedisBackend(url, config, replica_id=self.name, prefix=prefix, lease_s=lease_s, tail_block_ms=50)
         self.coordinator = Coordinator(self.backend, lambda: SignalReport.of(0, 0, None, ()), orphan_window_s=600,
                                        tick_interval_s=0.1, min_prompt_tokens=10)
         room = WaitingRoom(None, MonotonicClock(), retry_after_s=30, backend=self.backend)
@@ -135,14 +135,15 @@ class Replica:
 
 @contextmanager
 def replicas(server: RedisServer, count: int, upstream: FakeUpstream | None = None, *, peak: float = 1000.0,
-             admin_token: str | None = None, **policy: Any) -> Iterator[list[Replica]]:
+             admin_token: str | None = None, lease_s: float = LEASE_S, **policy: Any) -> Iterator[list[Replica]]:
     prefix = f"replicas-{uuid.uuid4().hex[:10]}"
     # the budget stays put (the fake upstream's 44% hit rate would tighten it) unless a test says otherwise
     config = PolicyConfig(**{"budget_tokens": 1, "budget_min_fraction": 1.0, "budget_max_fraction": 1.0, **policy})
     made: list[Replica] = []
     try:
         for k in range(count):
-            made.append(Replica(f"r{k + 1}", server.url, prefix, upstream or FakeUpstream(), config, peak, admin_token))
+            made.append(Replica(f"r{k + 1}", server.url, prefix, upstream or FakeUpstream(), config, peak, admin_token,
+                                lease_s))
         yield made
     finally:
         for replica in made:
@@ -363,8 +364,11 @@ def test_redis_out_of_reach_refuses_new_sessions_with_503_serves_live_ones_and_r
 
 def test_after_redis_restarts_empty_live_sessions_are_registered_again_before_anyone_is_admitted(
         tmp_path: Path) -> None:
-    with running_redis(tmp_path) as server, replicas(server, 2, peak=100.0, budget_tokens=150,
-                                                     always_engaged=True) as (one, two):
+    # The registration window after an empty restart is one lease, opened by whichever replica resyncs first;
+    # the other reconnects with a backoff of up to 1 s (redis_backend), so a 1 s lease left it no margin on a
+    # loaded 2-core machine (a fresh clone's CI run: `new` sequenced before `old` was registered again).
+    with running_redis(tmp_path) as server, replicas(server, 2, peak=100.0, budget_tokens=150, always_engaged=True,
+                                                     lease_s=3.0) as (one, two):
         assert one.chat("old", "old task").result(10).status_code == 200
         server.restart()  # empty: the stream, the snapshot, the leases are gone
         newcomer = two.chat("new", "new task")  # refused while down, then sequenced after `old` is back
