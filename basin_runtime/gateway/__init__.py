@@ -27,7 +27,6 @@ Modules, one job each (a test keeps this list complete):
   restart.py         the live-sessions file and adoption after a restart
   waiting.py         the waiting room: the policy under a lock, waiting, withdrawal, timers
   priority.py        bounded engine priority levels, the routing key, request ids
-  clock.py           the injectable clock (real or scripted)
   upstream.py        the `UpstreamClient` protocol (the seam tests put a double behind)
   http1.py           the one upstream client: HTTP/1.1 on asyncio protocols and httptools
   proxy.py           forwarding upstream and streaming the answer back (and reading its usage)

@@ -50,7 +50,7 @@ from typing import Literal
 from starlette.types import Receive
 
 from basin_runtime.disconnect import race_client
-from basin_runtime.gateway.clock import Clock
+from basin_runtime.clock import Clock
 from basin_runtime.gateway.errors import (
     ClientGoneError,
     SessionEndedError,

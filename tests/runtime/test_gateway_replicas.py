@@ -31,7 +31,7 @@ import httpx
 import pytest
 
 from basin_runtime.gateway.app import create_app
-from basin_runtime.gateway.clock import MonotonicClock
+from basin_runtime.clock import MonotonicClock
 from basin_runtime.gateway.gateway import Gateway
 from basin_runtime.gateway.measure import Meter
 from basin_runtime.gateway.predictors import Predictors
