@@ -1,15 +1,16 @@
 """The emulator's real-time clock: model time against the wall clock, timed events, and how late they fire.
 
 Rules:
-- Model time runs `time_scale` times faster than the event loop's monotonic clock, from the moment
-  `start` is called: model_s = (loop.time() - origin) * time_scale. A modeled duration d takes
-  d / time_scale wall seconds.
+- Model time runs `time_scale` times faster than the wall clock (an injected `basin_runtime.clock.Clock`,
+  monotonic by default), from the moment `start` is called: a `ScaledClock`, model_s = (now - origin)
+  x time_scale. A modeled duration d takes d / time_scale wall seconds.
 - The engines read one model time, `now_s`, that never goes back. A timed event advances it to the
   event's own model time (so a late timer does not stretch the model: the late part is lag, not
   work); an outside event (an HTTP request arriving) advances it to the wall's model time now.
-- An event stamped by another process (`at_unix`: the prefill's KV transfer finishing, seen by the
-  decode over HTTP) is placed at its own model time when that is between `now_s` and the wall's
-  model time, so the HTTP hop between the two emulators does not count as model time.
+- An event stamped by another process (`at_unix`, in the clock's unix seconds: the prefill's KV
+  transfer finishing, seen by the decode over HTTP) is placed at its own model time when that is
+  between `now_s` and the wall's model time, so the HTTP hop between the two emulators does not count
+  as model time.
 - Lag: every timed event records wall lateness = max(0, when it ran - its wall deadline). The
   window keeps the last `window_s` seconds (and at most `max_samples`) for p50/p99/max.
 - asyncio's epoll wait rounds its timeout up to the next millisecond, so a timer set at its deadline
@@ -20,12 +21,13 @@ Rules:
 
 from __future__ import annotations
 
-import asyncio
 import math
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
+
+from basin_runtime.clock import Clock, MonotonicClock, ScaledClock, Timer
 
 LAG_WINDOW_S = 60.0
 LAG_MAX_SAMPLES = 100_000
@@ -81,31 +83,21 @@ def _quantile(ordered: list[float], q: float) -> float:
 class ModelClock:
     """Model time for the engines, timers at model times, and the lag of those timers."""
 
-    def __init__(self, time_scale: float, lag: LagWindow) -> None:
-        if not (math.isfinite(time_scale) and time_scale > 0):
-            raise ValueError(f"time scale must be finite and > 0, got {time_scale!r}")
+    def __init__(self, time_scale: float, lag: LagWindow, clock: Clock | None = None) -> None:
+        self._base = clock or MonotonicClock()
+        self._scaled = ScaledClock(self._base, time_scale)
         self.time_scale = time_scale
         self.lag = lag
         self.now_s = 0.0
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._origin = 0.0
 
     def start(self) -> None:
-        """Start model time at 0 now, on the running event loop."""
-        self._loop = asyncio.get_running_loop()
-        self._origin = self._loop.time()
+        """Start model time at 0 now."""
+        self._scaled.start()
         self.now_s = 0.0
-
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop:
-        """The event loop the clock was started on."""
-        if self._loop is None:
-            raise RuntimeError("the model clock is not started")
-        return self._loop
 
     def wall_model_s(self) -> float:
         """The model time the wall clock stands at now."""
-        return (self.loop.time() - self._origin) * self.time_scale
+        return self._scaled.now()
 
     def catch_up(self) -> float:
         """Advance `now_s` to the wall clock (an outside event happens now); return it."""
@@ -113,31 +105,31 @@ class ModelClock:
         return self.now_s
 
     def at_unix(self, unix_s: float) -> float:
-        """Advance `now_s` to the model time of a wall-clock (`time.time()`) stamp, bounded by now; return it."""
+        """Advance `now_s` to the model time of a unix (`Clock.wall`) stamp, bounded by now; return it."""
         wall_model = self.wall_model_s()
-        stamped = wall_model - max(0.0, time.time() - unix_s) * self.time_scale
+        stamped = wall_model - max(0.0, self._base.wall() - unix_s) * self.time_scale
         self.now_s = max(self.now_s, min(wall_model, stamped))
         return self.now_s
 
     def unix_of(self, model_s: float) -> float:
-        """The `time.time()` value at which model time `model_s` is (was) due on the wall."""
-        return time.time() - (self.wall_model_s() - model_s) / self.time_scale
+        """The unix time (`Clock.wall`) at which model time `model_s` is (was) due on the wall."""
+        return self._base.wall() - (self.wall_model_s() - model_s) / self.time_scale
 
     def lag_summary(self) -> LagSummary:
         """The lag window's summary now."""
-        return self.lag.summary(self.loop.time())
+        return self.lag.summary(self._base.now())
 
     def wall_s(self, model_duration_s: float) -> float:
         """Wall seconds a modeled duration takes."""
-        return model_duration_s / self.time_scale
+        return self._scaled.base_duration(model_duration_s)
 
-    def call_at(self, model_s: float, callback: Callable[[], None]) -> asyncio.TimerHandle:
+    def call_at(self, model_s: float, callback: Callable[[], None]) -> Timer:
         """Run `callback` when the wall reaches model time `model_s` (with `now_s` advanced to it)."""
-        deadline = self._origin + model_s / self.time_scale
-        return self.loop.call_at(deadline - TIMER_ADVANCE_S, self._fire, deadline, model_s, callback)
+        deadline = self._scaled.base_time(model_s)
+        return self._base.call_at(deadline - TIMER_ADVANCE_S, partial(self._fire, deadline, model_s, callback))
 
     def _fire(self, deadline: float, model_s: float, callback: Callable[[], None]) -> None:
-        wall = self.loop.time()
+        wall = self._base.now()
         self.lag.record(wall, max(0.0, wall - deadline))
         self.now_s = max(self.now_s, model_s)
         callback()

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 from basin_emulate.clock import ModelClock
 from basin_emulate.errors import RequestTooLargeError
+from basin_runtime.clock import Timer
 from basin_sim.decode import DecodeInstance, DecodeSlot
 from basin_sim.goodput import STEP_SLO_S
 from basin_sim.profile import Profile
@@ -81,7 +82,7 @@ class DecodeEngine:
         self.generated_tokens = 0
         self._tickets: dict[int, DecodeTicket] = {}
         self._next_id = 0
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: Timer | None = None
 
     def count(self, stage: DecodeStage) -> int:
         """Requests at `stage` now."""

@@ -4,6 +4,10 @@ Replay planned agent sessions against a live OpenAI-compatible server (the Basin
 router, an SGLang engine or the emulator) with the official `openai` client, as agents would.
 
 Rules:
+- Time comes from an injected `basin_runtime.clock.Clock` (the wall; monotonic by default). Model time
+  is a `ScaledClock` over it started with the replay; every wait (arrivals, tool gaps, state samples,
+  a call's max wait and timeout, the drain's checks) is on that clock, so a `ManualClock` drives a
+  replay in tests.
 - One asyncio task per live session, started at its planned arrival (model time / time scale on the
   wall). Calls are streamed chat completions with usage (`stream_options.include_usage`), max_tokens
   = the recorded completion, headers X-Session-ID (the run id, also sent as `user`) and
@@ -45,12 +49,15 @@ import openai
 
 from basin_loadgen.replay import ConversationBuilder, PlannedSession
 from basin_loadgen.replay_summary import CallRecord, SessionRecord, StateSample
+from basin_runtime.clock import Clock, Deadline, MonotonicClock, ScaledClock
 from basin_runtime.session_keys import SESSION_KEY_HEADER
 from basin_sim.goodput import SLOWDOWN_LIMIT
 from basin_sim.workload.pool import load_pool
 from basin_sim.workload.scenarios import DEFAULT_GAP_S
 
 log = logging.getLogger(__name__)
+
+DRAIN_CHECK_S = 1.0  # wall seconds between checks of the drain's end while sessions run
 
 
 class ReplayError(RuntimeError):
@@ -101,8 +108,10 @@ class Replayer:
     """Replays planned sessions; its records and state samples grow while it runs."""
 
     def __init__(self, settings: ClientSettings, builder: ConversationBuilder,
-                 on_session_end: Callable[[SessionRecord], None] | None = None) -> None:
+                 on_session_end: Callable[[SessionRecord], None] | None = None, clock: Clock | None = None) -> None:
         self.settings = settings
+        self.clock = clock or MonotonicClock()  # the wall clock
+        self._model = ScaledClock(self.clock, settings.time_scale)  # model time, started by `run`
         self.builder = builder
         self.on_session_end = on_session_end
         self.records: dict[str, SessionRecord] = {}
@@ -110,21 +119,20 @@ class Replayer:
         self.model: str | None = settings.model
         self._live: dict[str, SessionRecord] = {}
         self._end_keys: dict[str, str] = {}  # run id -> the end key the gateway gave the session
-        self._origin: float | None = None
         self._client: openai.AsyncOpenAI | None = None
         self._http: httpx.AsyncClient | None = None
 
     def now_s(self) -> float:
         """Model seconds since the run started."""
-        if self._origin is None:
+        if not self._model.is_started:
             raise RuntimeError("the replay has not started")
-        return (asyncio.get_running_loop().time() - self._origin) * self.settings.time_scale
+        return self._model.now()
 
     async def sleep_until(self, model_s: float) -> None:
         """Sleep until model time `model_s`."""
-        delay = (model_s - self.now_s()) / self.settings.time_scale
+        delay = model_s - self.now_s()
         if delay > 0:
-            await asyncio.sleep(delay)
+            await self._model.sleep(delay)
 
     def state(self) -> StateSample:
         """Sessions arrived and not over, those waiting for call 1's response, calls in flight, working set."""
@@ -141,7 +149,7 @@ class Replayer:
         async with self._open_client() as client, httpx.AsyncClient(timeout=10.0) as http:
             self._client, self._http = client, http
             self.model = await self._probe(client)
-            self._origin = asyncio.get_running_loop().time()
+            self._model.start()
             tasks: dict[str, asyncio.Task[None]] = {}
             sampler = asyncio.create_task(self._sample_forever())
             watched = [asyncio.create_task(self._drive(planned, unloaded, tasks, stop_s))]
@@ -202,12 +210,22 @@ class Replayer:
             now = self.now_s()
             if not pending or now >= limit or all(deadlines.get(rid, math.inf) < now for rid in pending):
                 return
-            await asyncio.wait([tasks[rid] for rid in pending], timeout=1.0)
+            await self._wait_all([tasks[rid] for rid in pending], DRAIN_CHECK_S)
+
+    async def _wait_all(self, tasks: Sequence[asyncio.Task[None]], timeout_s: float) -> None:
+        """Until every task is done or `timeout_s` wall seconds have passed on the clock."""
+        waits = [asyncio.ensure_future(asyncio.wait(tasks)), asyncio.ensure_future(self.clock.sleep(timeout_s))]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
 
     async def _sample_forever(self) -> None:
         while True:
             self.samples.append(self.state())
-            await asyncio.sleep(self.settings.sample_s / self.settings.time_scale)
+            await self._model.sleep(self.settings.sample_s)
 
     async def _session(self, planned: PlannedSession, unloaded_s: float | None) -> None:
         s = planned.session
@@ -247,9 +265,8 @@ class Replayer:
         assert self._client is not None and self.model is not None
         s = self.settings
         parts: list[str] = []
-        loop = asyncio.get_running_loop()
         try:
-            async with asyncio.timeout(s.max_wait_s) as scope:
+            async with Deadline(self.clock, s.max_wait_s) as scope:
                 # The messages go in `extra_body` (which overrides `messages` in the JSON): the SDK walks
                 # `messages` through its TypedDict transform on every call, ~1 ms of CPU per message, which
                 # for a 100-message conversation costs more than the call.
@@ -275,7 +292,7 @@ class Replayer:
                             if call.first_token_s is None and (text or getattr(choice.delta, "reasoning_content", None)
                                                                or choice.finish_reason):
                                 call.first_token_s = self.now_s()
-                                scope.reschedule(loop.time() + s.request_timeout_s)
+                                scope.reschedule(s.request_timeout_s)
         except TimeoutError as exc:
             call.error = "no first token" if call.first_token_s is None else "call timed out"
             if call.first_token_s is None:
