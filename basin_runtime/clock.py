@@ -201,12 +201,11 @@ class ManualClock:
                     is_settled: Callable[[], bool] = lambda: True, poll_s: float = 0.001) -> None:
         """While `task` runs, jump to each next deadline up to `until_s` once the loop has settled.
 
-        Settled: woken tasks have had `SETTLE_YIELDS` loop turns to reach their next wait, and
+        Settled: woken tasks have had their loop turns (`settle`) to reach their next wait, and
         `is_settled()` (say, no request is in flight outside the loop); until then it polls every
         `poll_s` real seconds. Returns when `task` is done or the clock stands at `until_s`."""
         while not task.done() and self._now_s < until_s:
-            for _ in range(SETTLE_YIELDS):
-                await asyncio.sleep(0)
+            await self.settle()
             due = self.next_deadline()
             if task.done():
                 return
@@ -214,6 +213,12 @@ class ManualClock:
                 await asyncio.wait([task], timeout=poll_s)
                 continue
             self._advance_to(max(self._now_s, min(due, until_s)))
+
+    @staticmethod
+    async def settle() -> None:
+        """Let woken tasks run on to their next wait (`SETTLE_YIELDS` turns of the event loop; time stands)."""
+        for _ in range(SETTLE_YIELDS):
+            await asyncio.sleep(0)
 
     def _push(self, when_s: float, waiter: _Waiter) -> None:
         heapq.heappush(self._waiters, (when_s, next(self._seq), waiter))

@@ -3,23 +3,23 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
-from basin_emulate.clock import LagWindow, ModelClock
+from basin_emulate.clock import TIMER_ADVANCE_S, LagWindow, ModelClock
 from basin_emulate.decode_engine import DecodeEngine, DecodeStage
 from basin_emulate.errors import RequestTooLargeError
 from basin_emulate.ordering import QueueOrder
 from basin_emulate.prefill_engine import PrefillEngine
+from basin_runtime.clock import Clock, ManualClock
 from tests.sim.builders import TINY
 
 pytestmark = pytest.mark.asyncio
 BUDGET = TINY.chunked_prefill_tokens  # one job of this size fills a batch
 
 
-def started_clock(time_scale: float) -> ModelClock:
-    clock = ModelClock(time_scale, LagWindow())
+def started_clock(time_scale: float, wall: Clock | None = None) -> ModelClock:
+    clock = ModelClock(time_scale, LagWindow(), wall)
     clock.start()
     return clock
 
@@ -49,16 +49,18 @@ async def test_the_prefill_queue_is_fcfs_unless_priority_scheduling_is_on() -> N
 async def test_time_scale_divides_every_modeled_duration() -> None:
     # TINY: a 3000-token prompt takes 10 ms + 300 ms of prefill and 5 ms + 3 ms of transfer: 318 ms.
     expected_s = TINY.prefill_batch_s(3000, 0.0, 0) + TINY.transfer_s(3000)
-    walls = {}
     for scale in (4.0, 16.0):
-        clock = started_clock(scale)
+        wall = ManualClock()
+        clock = started_clock(scale, wall)
         engine = PrefillEngine(TINY, clock, 100_000)
-        started = time.monotonic()
-        outcome = await engine.prefill("s", "g", 10, 3000, 0.0, clock.catch_up())
-        walls[scale] = time.monotonic() - started
+        started = wall.now()
+        prefill = asyncio.ensure_future(engine.prefill("s", "g", 10, 3000, 0.0, clock.catch_up()))
+        await wall.drive(prefill)
+        outcome = await prefill
         assert outcome.transfer_done_s - outcome.arrival_s == pytest.approx(expected_s)
-    assert walls[4.0] == pytest.approx(expected_s / 4, abs=0.015)
-    assert walls[16.0] == pytest.approx(expected_s / 16, abs=0.015)
+        # Its last timer (the transfer's end) is set TIMER_ADVANCE_S before its deadline, expected_s / scale.
+        assert wall.now() - started == pytest.approx(expected_s / scale - TIMER_ADVANCE_S)
+        assert clock.lag_summary().max_s == 0.0  # every timer ran at its own time
 
 
 async def test_a_second_request_on_a_busy_chain_waits_for_the_first_and_hits_it() -> None:
@@ -73,13 +75,15 @@ async def test_a_second_request_on_a_busy_chain_waits_for_the_first_and_hits_it(
 
 
 async def test_a_withdrawn_prefill_gives_back_its_pin_and_lets_its_chain_go_on() -> None:
-    clock = started_clock(10.0)
+    wall = ManualClock()
+    clock = started_clock(10.0, wall)
     engine = PrefillEngine(TINY, clock, 100_000)
     running = asyncio.create_task(engine.prefill("chain", "g", 10, 3000, 0.0, clock.catch_up()))
     parked = asyncio.create_task(engine.prefill("chain", "g", 10, 3500, 0.0, clock.catch_up()))
-    await asyncio.sleep(0.005)  # the first is in its batch, the second parked behind it
+    await wall.settle()  # time stands: the first is in its batch, the second parked behind it
     assert engine.cache.pinned_tokens == 3000
     running.cancel()
+    await wall.drive(parked)
     outcome = await parked
     assert running.cancelled()
     # Released when its batch ended; what the batch computed stays cached (basin_sim's engine does the same).

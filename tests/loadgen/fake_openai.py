@@ -4,8 +4,9 @@ It answers streamed chat completions with usage: prompt tokens counted with the 
 cached tokens = the tokens of the longest message prefix this session sent before (what a prefix
 cache would hit), forgetting the least recently used sessions beyond `capacity_tokens` (so hits fall
 as load grows). It sheds chosen sessions with the gateway's 503 (Retry-After, `session_shed` body),
-holds chosen ones before answering, counts `sglang:prefill_effective_tokens_total{mode=...}` and
-reports `sglang:max_total_num_tokens` on /metrics, and records every request and session end.
+holds chosen ones unanswered until released (or reset), counts `sglang:prefill_effective_tokens_total{mode=...}` and
+reports `sglang:max_total_num_tokens` on /metrics, and records every request (with the time on the
+test's clock, `now`) and session end.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import socket
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -39,7 +40,9 @@ class FakeEngine:
 
     capacity_tokens: int = 10_000_000
     shed: set[str] = field(default_factory=set)
-    hold_s: dict[str, float] = field(default_factory=dict)  # session -> seconds before answering
+    held: set[str] = field(default_factory=set)  # sessions answered only once `released` is set
+    released: threading.Event = field(default_factory=threading.Event)
+    now: Callable[[], float] = time.monotonic  # the clock a request's arrival is recorded on
     delay_s: float = 0.002  # before the first token of every call
     requests: list[dict[str, Any]] = field(default_factory=list)
     ended: list[str] = field(default_factory=list)
@@ -115,8 +118,10 @@ def build_app(engine: FakeEngine) -> Starlette:
             return Response(status_code=499)
         session = request.headers.get("x-session-id", "")
         engine.requests.append({"session": session, "workload": request.headers.get("x-basin-workload"),
-                                "body": body, "time": time.monotonic()})
-        await asyncio.sleep(engine.hold_s.get(session, 0.0))
+                                "body": body, "time": engine.now()})
+        released = engine.released
+        while session in engine.held and not released.is_set():  # a reset (new set, new event) also frees it
+            await asyncio.sleep(0.01)
         if session in engine.shed:
             error = {"message": f"session {session!r} was shed: arrival rate above the completion rate",
                      "type": "session_shed", "code": 503, "reason": "arrival rate above the completion rate",

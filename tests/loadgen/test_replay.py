@@ -7,8 +7,7 @@ import asyncio
 import itertools
 import json
 import socket
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Container, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from basin_loadgen.replay import (
 )
 from basin_loadgen.replay_client import ClientSettings, Replayer, ReplayError, main
 from basin_loadgen.replay_summary import CallRecord, SessionRecord, StateSample, Window, summarize, timeline
+from basin_runtime.clock import Clock, ManualClock
 from basin_runtime.session_table import Call, Session, write_sessions
 from basin_runtime.tokenizer import get_tokenizer
 from basin_sim.workload.synthetic import generate_corpus
@@ -160,9 +160,22 @@ def engine(fake: FakeServer) -> FakeEngine:
     return fake.engine.reset()
 
 
-def replayer(fake: FakeServer, pool: list[Session], **settings: Any) -> Replayer:
+def replayer(fake: FakeServer, pool: list[Session], clock: Clock | None = None, **settings: Any) -> Replayer:
     options: dict[str, Any] = {"time_scale": 50.0, "sample_s": 1.0, **settings}
-    return Replayer(ClientSettings(fake.base_url, **options), ConversationBuilder(pool, TOKENIZER, "t"))
+    return Replayer(ClientSettings(fake.base_url, **options), ConversationBuilder(pool, TOKENIZER, "t"), clock=clock)
+
+
+def settled(r: Replayer, held: Container[str] = ()) -> Callable[[], bool]:
+    """True while no call is in flight but the held ones: then only the clock can move the replay on."""
+    return lambda: all(c.end_s is not None or rec.run_id in held for rec in r.records.values() for c in rec.calls)
+
+
+async def driven(clock: ManualClock, r: Replayer, run: Coroutine[Any, Any, list[SessionRecord]],
+                 held: Container[str] = ()) -> list[SessionRecord]:
+    """`run` to its end, with `clock` jumping to each next deadline whenever the replay has settled."""
+    task = asyncio.ensure_future(run)
+    await clock.drive(task, is_settled=settled(r, held))
+    return await task
 
 
 @pytest.mark.asyncio
@@ -217,38 +230,47 @@ async def test_a_shed_session_is_counted_as_shed_with_its_reason(fake: FakeServe
 async def test_a_call_held_past_the_max_wait_aborts_its_session(fake: FakeServer, engine: FakeEngine) -> None:
     pool = pool_of()
     plan = planned(pool)[:2]
-    engine.hold_s[plan[0].run_id] = 3.0
-    started = time.monotonic()
-    records = await replayer(fake, pool, max_wait_s=0.3).run(plan)
+    engine.held.add(plan[0].run_id)
+    clock = ManualClock()
+    r = replayer(fake, pool, clock, max_wait_s=0.3)
+    records = await driven(clock, r, r.run(plan), held={plan[0].run_id})
+    assert not engine.released.is_set()  # the run is over while the answer is still held: it did not wait for it
+    engine.released.set()
 
     assert records[0].status == "aborted" and records[0].reason == "no first token within 0.3 s"
     assert records[0].admission_wait_s is None and records[0].calls[0].error == "no first token"
+    held = records[0].calls[0]
+    assert held.end_s is not None and held.end_s - held.sent_s == pytest.approx(0.3 * 50.0)  # 0.3 wall s, no more
     assert records[1].status == "finished"
-    assert time.monotonic() - started < 2.5  # it did not wait for the held answer
 
 
 @pytest.mark.asyncio
 async def test_the_time_scale_shortens_tool_gaps_on_the_wall(fake: FakeServer, engine: FakeEngine) -> None:
     pool = [session("gappy", [500, 800, 1100, 1400], completion=10, gap_s=10.0)]
     plan = [PlannedSession("t-000000", pool[0], 0.0, (10.0, 10.0, 10.0))]
-    started = time.monotonic()
-    records = await replayer(fake, pool, time_scale=100.0).run(plan)
-    wall_s = time.monotonic() - started
+    clock = ManualClock()
+    engine.now = clock.now  # the fake records each request's arrival on the driven clock
+    started = clock.now()
+    r = replayer(fake, pool, clock, time_scale=100.0)
+    records = await driven(clock, r, r.run(plan))
 
     calls = records[0].calls
+    assert len(calls) == 4
     for before, after in itertools.pairwise(calls):
-        assert before.end_s is not None and 10.0 <= after.sent_s - before.end_s < 12.0  # model seconds
+        assert before.end_s is not None and after.sent_s - before.end_s == pytest.approx(10.0)  # model seconds
     sent = [q["time"] for q in engine.requests]
-    assert all(0.095 <= b - a < 0.5 for a, b in itertools.pairwise(sent))  # 10 s / 100 on the wall
-    assert wall_s < 2.0  # 30 model seconds of gaps
+    assert [b - a for a, b in itertools.pairwise(sent)] == pytest.approx([0.1] * 3)  # 10 s / 100 on the wall
+    assert sent[0] == started and records[0].end_s == pytest.approx(30.0)  # 30 model s of gaps (0.3 wall s), no more
 
 
 @pytest.mark.asyncio
 async def test_cancelling_a_run_stops_every_session_and_keeps_the_records(fake: FakeServer, engine: FakeEngine) -> None:
     pool = pool_of(gap_s=20.0)
-    r = replayer(fake, pool, time_scale=20.0)
+    clock = ManualClock()
+    r = replayer(fake, pool, clock, time_scale=20.0)
     run = asyncio.create_task(r.run(planned(pool, rate=2.0)))
-    await asyncio.sleep(0.5)  # 10 model seconds: sessions are in their first tool gaps
+    await clock.drive(run, until_s=clock.now() + 0.5, is_settled=settled(r))  # 10 model s: in their first gaps
+    assert not run.done() and r.now_s() == pytest.approx(10.0)
     run.cancel()
     with pytest.raises(asyncio.CancelledError):
         await run
