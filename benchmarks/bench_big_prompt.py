@@ -39,8 +39,8 @@ from typing import Any
 import httpx
 import uvicorn
 
-from basin_runtime.gateway.app import create_app
 from basin_runtime.clock import ManualClock
+from basin_runtime.gateway.app import create_app
 from basin_runtime.gateway.gateway import Gateway
 from basin_runtime.gateway.measure import Meter
 from basin_runtime.gateway.predictors import Predictors

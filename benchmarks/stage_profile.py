@@ -19,8 +19,8 @@ import time
 from collections.abc import Callable
 from typing import ClassVar
 
-from basin_runtime.gateway.calls import parse_call
 from basin_runtime.clock import MonotonicClock
+from basin_runtime.gateway.calls import parse_call
 from basin_runtime.gateway.gateway import _ask_for_usage
 from basin_runtime.gateway.measure import Meter, PromptMemo
 from basin_runtime.gateway.metrics import GatewayMetrics

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from basin_runtime.calibration import load_calibration
-from basin_runtime.gateway.app import build_gateway
 from basin_runtime.clock import ManualClock
+from basin_runtime.gateway.app import build_gateway
 from basin_runtime.gateway.config import build_parser, load_config
 from basin_runtime.gateway.gateway import Gateway
 from basin_runtime.policy.hit_rate import HitRateWindow

@@ -45,9 +45,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from basin_runtime.clock import Clock, MonotonicClock
 from basin_runtime.gateway.admin import Reloader, admin_routes
 from basin_runtime.gateway.calls import UPSTREAM_PATHS, CallKind
-from basin_runtime.clock import Clock, MonotonicClock
 from basin_runtime.gateway.config import ConfigError, GatewayConfig, gateway_policy_config, read_calibration
 from basin_runtime.gateway.errors import (
     AdminAuthError,

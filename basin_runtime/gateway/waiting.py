@@ -49,8 +49,8 @@ from typing import Literal
 
 from starlette.types import Receive
 
-from basin_runtime.disconnect import race_client
 from basin_runtime.clock import Clock
+from basin_runtime.disconnect import race_client
 from basin_runtime.gateway.errors import (
     ClientGoneError,
     SessionEndedError,

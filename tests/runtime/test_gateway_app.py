@@ -22,8 +22,8 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
-from basin_runtime.gateway.app import create_app
 from basin_runtime.clock import ManualClock
+from basin_runtime.gateway.app import create_app
 from basin_runtime.gateway.gateway import Gateway
 from basin_runtime.gateway.measure import Meter
 from basin_runtime.gateway.predictors import Predictors

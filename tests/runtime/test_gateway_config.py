@@ -13,9 +13,9 @@ import pytest
 from starlette.testclient import TestClient
 
 from basin_runtime.calibration import CalibrationError, load_calibration
+from basin_runtime.clock import ManualClock
 from basin_runtime.gateway.app import build_gateway, create_app
 from basin_runtime.gateway.cli import main
-from basin_runtime.clock import ManualClock
 from basin_runtime.gateway.config import CONFIG_KEYS, ConfigError, GatewayConfig, build_parser, load_config
 from basin_runtime.gateway.config import gateway_policy_config as policy_config
 from basin_runtime.gateway.limits import Limits

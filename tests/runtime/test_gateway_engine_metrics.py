@@ -10,8 +10,8 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
-from basin_runtime.gateway.app import build_gateway
 from basin_runtime.clock import ManualClock
+from basin_runtime.gateway.app import build_gateway
 from basin_runtime.gateway.config import load_config
 from basin_runtime.gateway.engine_metrics import EngineHitWindow, EngineScraper, hit_counts
 from tests.runtime.test_gateway_config import EXAMPLE, parse

@@ -30,8 +30,8 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
-from basin_runtime.gateway.app import create_app
 from basin_runtime.clock import MonotonicClock
+from basin_runtime.gateway.app import create_app
 from basin_runtime.gateway.gateway import Gateway
 from basin_runtime.gateway.measure import Meter
 from basin_runtime.gateway.predictors import Predictors

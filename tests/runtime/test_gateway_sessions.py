@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from basin_runtime.clock import ManualClock
 from basin_runtime.gateway import sessions
 from basin_runtime.gateway.calls import Call, parse_call
-from basin_runtime.clock import ManualClock
 from basin_runtime.gateway.errors import BadRequestError
 from basin_runtime.gateway.measure import Meter, PromptMemo
 from basin_runtime.gateway.priority import PriorityLevels, request_id, routing_key, stamp
