@@ -30,9 +30,9 @@ from basin_runtime.gateway.config import ConfigError, GatewayConfig, read_calibr
 from basin_runtime.gateway.edge import body_chunks
 from basin_runtime.gateway.errors import BadRequestError
 from basin_runtime.gateway.gateway import OFF_LOOP_BODY_BYTES, Gateway
+from basin_runtime.gateway.limits import Limits, read_body
 from basin_runtime.gateway.predictors import Predictors
 from basin_runtime.gateway.sessions import SessionEntry
-from basin_runtime.gateway.settings.limits import Limits, read_body
 from basin_runtime.policy import PolicyError
 
 Guard = Callable[[Request], None]

@@ -200,7 +200,7 @@ async def test_a_shed_session_counts_as_shed() -> None:
         await rig.chat("a", "task")
         entry = rig.room.registry.get("a")
         assert entry is not None
-        rig.gateway.metrics.session_ended(entry, "shed")
+        rig.gateway.telemetry.metrics.session_ended(entry, "shed")
         assert (await scrape(rig))["basin_sessions_shed_total"] == 1
 
 
