@@ -164,6 +164,22 @@ async def eventually(condition: Callable[[], bool], timeout_s: float = 2.0) -> N
             await asyncio.sleep(0.002)
 
 
+async def held_in_the_queue(rig: Rig, *session_ids: str, waiters: int = 1) -> None:
+    """Prove calls are held, not slow, without sleeping: every call of each session waits on the session's open
+    decision (which only the room resolves), and a minute on the clock with a tick of the policy resolves none."""
+    def waiting() -> bool:
+        entries = [rig.room.registry.get(s) for s in session_ids]
+        return all(e is not None and e.waiters == waiters for e in entries)
+
+    await eventually(waiting)
+    rig.clock.advance(60)
+    await rig.room.tick()
+    for session_id in session_ids:
+        entry = rig.room.registry.get(session_id)
+        assert entry is not None and entry.state == "queued" and not entry.decision.done()
+        assert entry.waiters == waiters
+
+
 class RawCall:
     """One request driven straight into the ASGI app: every message it sends is seen, and the client can leave."""
 
@@ -363,7 +379,7 @@ async def test_fabricated_histories_cannot_skip_the_queue(full: Rig) -> None:
     await full.chat("live", "task")
     calls = [asyncio.create_task(full.chat(f"fake-{k}", f"task {k}", "more")) for k in range(20)]
     await eventually(lambda: len(full.policy.snapshot().queued) == 20)
-    await asyncio.sleep(0.05)
+    await held_in_the_queue(full, *(f"fake-{k}" for k in range(20)))
 
     assert not any(c.done() for c in calls)
     assert len(full.upstream.bodies()) == 1 and full.policy.snapshot().live == ("live",)
@@ -379,7 +395,7 @@ async def test_with_a_full_budget_a_second_session_waits_and_runs_once_the_first
     await full.chat("first", "task one")
     second = asyncio.create_task(full.chat("second", "task two"))
     await eventually(lambda: full.policy.is_queued("second"))
-    await asyncio.sleep(0.05)
+    await held_in_the_queue(full, "second")
 
     assert not second.done()
     assert len(full.upstream.bodies()) == 1
@@ -458,7 +474,7 @@ async def test_a_second_call_of_a_queued_session_waits_with_the_first(full: Rig)
     await full.chat("first", "task one")
     calls = [asyncio.create_task(full.chat("second", "task two")) for _ in range(2)]
     await eventually(lambda: full.policy.is_queued("second"))
-    await asyncio.sleep(0.05)
+    await held_in_the_queue(full, "second", waiters=2)
     assert not any(c.done() for c in calls)
     await full.client.post("/basin/sessions/first/end")
     responses = await asyncio.wait_for(asyncio.gather(*calls), timeout=2)
