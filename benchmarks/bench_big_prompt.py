@@ -41,11 +41,13 @@ import uvicorn
 
 from basin_runtime.clock import ManualClock
 from basin_runtime.gateway.app import create_app
-from basin_runtime.gateway.gateway import Gateway
+from basin_runtime.gateway.build import assemble
+from basin_runtime.gateway.gateway import GatewaySettings
 from basin_runtime.gateway.measure import Meter
+from basin_runtime.gateway.metrics import GatewayMetrics
 from basin_runtime.gateway.predictors import Predictors
 from basin_runtime.gateway.proxy import Upstream
-from basin_runtime.gateway.waiting import WaitingRoom
+from basin_runtime.gateway.telemetry import Telemetry
 from basin_runtime.policy import Policy, PolicyConfig
 from basin_runtime.task_text import TaskTextRule
 from basin_runtime.tokenizer import get_tokenizer
@@ -109,10 +111,12 @@ def build_app() -> Any:
     async def upstream(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, json=ANSWER)
 
-    room = WaitingRoom(Policy(PolicyConfig(budget_tokens=10**9)), ManualClock(), retry_after_s=30)
+    clock, tokenizer = ManualClock(), get_tokenizer()
     client = httpx.AsyncClient(transport=httpx.MockTransport(upstream), base_url="http://upstream")
-    gateway = Gateway(room, Meter(get_tokenizer(), TaskTextRule()), Predictors(FixedPeak()),
-                      Upstream(HttpxUpstreamClient(client)))
+    gateway = assemble(GatewaySettings(), clock, Meter(tokenizer, TaskTextRule()), Predictors(FixedPeak()),
+                       Upstream(HttpxUpstreamClient(client)),
+                       Telemetry(clock, GatewayMetrics(), tokenizer_name=tokenizer.name), retry_after_s=30,
+                       policy=Policy(PolicyConfig(budget_tokens=10**9)))
     return create_app(gateway)
 
 

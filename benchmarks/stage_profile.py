@@ -85,7 +85,7 @@ async def profile_call(previous: bytes, raw: bytes, stream: bool, repeat: int) -
 
     async def one_call() -> None:
         call = timed("parse", lambda: parse_call("chat", raw))
-        timed("identify", lambda: session_id_for(call, HEADERS, "x-session-id"))
+        timed("identify", lambda: session_id_for(call, HEADERS.get("x-session-id", ""), "x-session-id"))
         entry.memo.counts = primed.counts
         tokens = timed("count", lambda: meter.prompt_tokens(call, entry.memo))
         started = time.perf_counter_ns()

@@ -79,7 +79,7 @@ def test_the_gateway_and_the_simulator_build_the_same_policy_from_one_calibratio
         assert (served.config.hit_rate_plateau, served.config.peak_completion_rate_per_s) == (0.82, 0.07)
         expected_budget = round(1.6 * 0.9 * 1_500_000) if mode == "basin" else round(0.9 * 1_500_000)
         assert served.snapshot().budget_tokens == simulated.snapshot().budget_tokens == expected_budget
-        served_window, simulated_window = gateway.hit_window, engine.hit_window
+        served_window, simulated_window = gateway.telemetry.hit_window, engine.hit_window
         assert type(served_window) is type(simulated_window) is HitRateWindow
         assert (served_window.window_s, served_window.min_prompt_tokens) == (
             simulated_window.window_s, simulated_window.min_prompt_tokens)

@@ -11,9 +11,12 @@ Modules, one job each (a test keeps this list complete):
   cli.py             `basin-gateway` / `python -m basin_runtime.gateway` (`__main__.py`)
   capacity.py        start-up: the engines' cache capacity (SGLang's max_total_num_tokens) against the calibration's
   server.py          uvicorn with the gateway's protocol (slow clients, connection caps) and drain on SIGTERM
-  app.py             Starlette routes, lifespan, building the app from the configuration
+  app.py             the edge: Starlette routes, the lifespan (the gateway's own), the app from the configuration
+  edge.py            a Starlette request read into the plain data the gateway takes
+  build.py           building the gateway whole: every part made once, in order, given what it needs
   admin.py           /basin/ state, sessions, budget, reloads, shadow mode
-  gateway.py         the request path: identify, admit or queue, stamp, forward, record
+  gateway.py         the request path: identify, admit or queue, stamp, forward, record; its settings, its lifecycle
+  inbound.py         one call as the edge hands it down: headers read, body chunks, the client's disconnect
   paths.py           the request targets passed through
   limits.py          input limits: body size, bodies in flight, JSON depth and values, session ids
   json_scan.py       scanning JSON bytes without parsing them
@@ -35,6 +38,7 @@ Modules, one job each (a test keeps this list complete):
   engine_metrics.py  the windowed hit rate scraped from the engines' /metrics counters (when configured)
   lending.py         what engines report per session: the decode instance that served, cached tiers
   metrics.py         the Prometheus metrics, in a registry per app
+  telemetry.py       metrics, hit-rate and latency signals, lending and the session log: the room's listener
   session_log.py     the durable, rotating session-log writer (a thread fed by a queue)
   errors.py          the error tree and the one mapping to HTTP status codes
 

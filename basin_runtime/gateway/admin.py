@@ -27,6 +27,7 @@ from starlette.routing import Route
 
 from basin_runtime.gateway.calls import read_json_object
 from basin_runtime.gateway.config import ConfigError, GatewayConfig, read_calibration
+from basin_runtime.gateway.edge import body_chunks
 from basin_runtime.gateway.errors import BadRequestError
 from basin_runtime.gateway.gateway import OFF_LOOP_BODY_BYTES, Gateway
 from basin_runtime.gateway.limits import Limits, read_body
@@ -65,7 +66,7 @@ def sessions_view(gateway: Gateway) -> list[dict[str, Any]]:
     now = gateway.room.clock.now()
     views = []
     for entry in gateway.room.registry:
-        kv = gateway.lending.of(entry.session_id)
+        kv = gateway.telemetry.lending.of(entry.session_id)
         last = entry.calls[-1] if entry.calls else None
         views.append({
             "session_id": entry.session_id, "state": entry.state, "priority_s": entry.priority_s,
@@ -111,7 +112,7 @@ def state_view(gateway: Gateway) -> dict[str, Any]:
 
 
 async def _json_body(request: Request, limits: Limits) -> dict[str, Any]:
-    raw = await read_body(request, limits.max_body_bytes)
+    raw = await read_body(body_chunks(request), request.headers.get("content-length"), limits.max_body_bytes)
     if len(raw) < OFF_LOOP_BODY_BYTES:
         return read_json_object(raw or b"{}", limits.max_json_depth, limits.max_json_items)
     return await asyncio.to_thread(read_json_object, raw, limits.max_json_depth, limits.max_json_items)
@@ -136,14 +137,14 @@ def admin_routes(gateway: Gateway, guard: Guard, reloader: Reloader | None) -> l
 
     async def state(request: Request) -> Response:
         return JSONResponse({"policy": gateway.room.policy.snapshot().to_dict(), "hit_rate": gateway.hit_rate(),
-                             "is_shadow": gateway.is_shadow, "lending": gateway.lending.to_dict(),
+                             "is_shadow": gateway.is_shadow, "lending": gateway.telemetry.lending.to_dict(),
                              "state": state_view(gateway)})
 
     async def sessions(request: Request) -> Response:
         return JSONResponse({"sessions": sessions_view(gateway)})
 
     async def budget(request: Request) -> Response:
-        value = (await _json_body(request, gateway.limits)).get("budget_tokens")
+        value = (await _json_body(request, gateway.settings.limits)).get("budget_tokens")
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise BadRequestError(f"`budget_tokens` must be a whole number > 0, got {value!r}")
         events = await gateway.room.set_budget(value)
@@ -151,7 +152,7 @@ def admin_routes(gateway: Gateway, guard: Guard, reloader: Reloader | None) -> l
         return JSONResponse({"policy": gateway.room.policy.snapshot().to_dict(), "num_admitted": len(events) - 1})
 
     async def reload(request: Request) -> Response:
-        body = await _json_body(request, gateway.limits)
+        body = await _json_body(request, gateway.settings.limits)
         want_models, want_calibration = _flag(body, "models"), _flag(body, "calibration")
         if reloader is None:
             raise BadRequestError("this gateway was built without its configuration; nothing to reload from")
@@ -171,7 +172,7 @@ def admin_routes(gateway: Gateway, guard: Guard, reloader: Reloader | None) -> l
         return JSONResponse({"reloaded": done})
 
     async def shadow(request: Request) -> Response:
-        gateway.is_shadow = _flag(await _json_body(request, gateway.limits), "enabled")
+        gateway.is_shadow = _flag(await _json_body(request, gateway.settings.limits), "enabled")
         gateway.refresh_metrics()
         return JSONResponse({"is_shadow": gateway.is_shadow})
 

@@ -17,13 +17,14 @@ Rules:
   ahead of Starlette's router and middleware (cheaper per call), answering exactly as that stack would;
   anything else takes the stack. The requests it serves are the gateway's `active_calls`, which a
   shutdown waits for and, at its drain's deadline, cuts with a JSON 503 `shutting_down`.
-- Start-up loads the tokenizer, every model and the calibration before the app exists, so a bad file
-  stops start-up with `ConfigError` naming it.
-- The lifespan starts the upstream client (on the running loop), the waiting room's timers, the
-  live-sessions file's writer (`restart.py`), the engines' /metrics scraper when configured and, with
-  `--state`, the shared state's `Coordinator` (`basin_runtime/state/`, imported only then). At its end it
-  ends every session still held as `shutdown` (or hands them over, with `--state`), then closes what it
-  opened: the upstream client when the app built it, the shared state, the session log.
+- The app is the edge: it reads each call into plain data (`edge.py` → `inbound.Inbound`: the headers the
+  gateway reads, the body's chunks, the client's disconnect) and answers; nothing below it sees a
+  Starlette request. Read-only pass-through requests are forwarded from here.
+- Start-up builds the gateway whole (`build.py`: a bad file stops start-up with `ConfigError` naming it).
+- The lifespan is the gateway's own (`async with gateway.running()`: the upstream client, the room's
+  timers, the live-sessions writer, the engines' scraper, the shared state; at its end every session
+  still held is ended or handed over and they are closed); then the upstream client is closed when the
+  app built it (`on_shutdown`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ import hmac
 import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, cast
 
 import anyio
 from starlette.applications import Starlette
@@ -45,10 +45,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from basin_runtime.clock import Clock, MonotonicClock
+from basin_runtime.clock import Clock
 from basin_runtime.gateway.admin import Reloader, admin_routes
+from basin_runtime.gateway.build import build_gateway
 from basin_runtime.gateway.calls import UPSTREAM_PATHS, CallKind
-from basin_runtime.gateway.config import ConfigError, GatewayConfig, gateway_policy_config, read_calibration
+from basin_runtime.gateway.config import GatewayConfig
+from basin_runtime.gateway.edge import inbound
 from basin_runtime.gateway.errors import (
     AdminAuthError,
     GatewayError,
@@ -58,50 +60,42 @@ from basin_runtime.gateway.errors import (
     error_response,
 )
 from basin_runtime.gateway.gateway import Gateway
-from basin_runtime.gateway.http1 import Http1UpstreamClient
-from basin_runtime.gateway.identity import ForeignCall
-from basin_runtime.gateway.lending import LendingTracker
-from basin_runtime.gateway.measure import Meter
 from basin_runtime.gateway.metrics import CONTENT_TYPE
-from basin_runtime.gateway.predictors import Predictors
-from basin_runtime.gateway.priority import PriorityLevels
-from basin_runtime.gateway.proxy import Upstream
-from basin_runtime.gateway.restart import LiveSessionsFile
-from basin_runtime.gateway.session_log import SessionLogWriter
-from basin_runtime.gateway.upstream import UpstreamClient
-from basin_runtime.gateway.waiting import WaitingRoom
-from basin_runtime.policy import Policy, PolicyConfig, PolicyError
-from basin_runtime.policy.hit_rate import HitRateWindow
-from basin_runtime.policy.latency import DEFAULT_MIN_CALLS
-from basin_runtime.session_keys import SESSION_KEY_HEADER, SessionKeys
+from basin_runtime.gateway.paths import forwarded_target
+from basin_runtime.policy import PolicyError
+from basin_runtime.session_keys import SESSION_KEY_HEADER
 from basin_runtime.state.backend import StateUnavailableError
-from basin_runtime.state.signals import SignalReport
-from basin_runtime.task_text import TaskTextError, TaskTextRule
-from basin_runtime.tokenizer import TokenizerError, get_tokenizer
-
-if TYPE_CHECKING:
-    from basin_runtime.state.leases import Coordinator
 
 logger = logging.getLogger(__name__)
 
-LIVE_SESSIONS_INTERVAL_S = 2.0  # how stale the live-sessions file may be after a kill -9
 PASS_THROUGH_PATHS = (
     "/v1/models", "/v1/models/{model_id:path}", "/server_info", "/get_server_info", "/model_info",
     "/get_model_info", "/v1/loads", "/get_loads", "/health_generate",
 )
 
 
-def create_app(gateway: Gateway, *, admin_token: str | None = None, tick_interval_s: float = 1.0,
-               idle_timeout_s: float = 600.0, on_shutdown: Callable[[], Awaitable[None]] | None = None,
-               reloader: Reloader | None = None) -> Starlette:
-    """The ASGI app serving `gateway` (its session end keys are derived from `admin_token`)."""
-    gateway.session_keys = SessionKeys(admin_token, run="" if gateway.room.backend.is_shared else None)
+def create_app(gateway: Gateway, *, admin_token: str | None = None,
+               on_shutdown: Callable[[], Awaitable[None]] | None = None, reloader: Reloader | None = None) -> Starlette:
+    """The ASGI app serving `gateway` (`admin_token`: what the admin endpoints take; the gateway's session end keys
+    were derived from the same token when it was built)."""
 
     def call_route(kind: CallKind) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
-            return await gateway.handle(kind, request)
+            return await serve_call(gateway, kind, request)
 
         return endpoint
+
+    async def pass_through(request: Request) -> Response:
+        """Forward a read-only request (models, server info) without session accounting.
+
+        Only the listed paths go upstream, exactly as the client encoded them, and only a well-formed target
+        (`paths.forwarded_target`): no `.` or `..` segment, empty segment or encoded slash or backslash, so
+        `/v1/models/../../workers` cannot reach the router's internals.
+        """
+        raw_path = request.scope.get("raw_path") or request.scope["path"].encode("utf-8")
+        path, query = forwarded_target(raw_path.split(b"?", 1)[0], request.scope.get("query_string", b""))
+        return await gateway.upstream.forward(request.method, path, request.headers, None, request.receive,
+                                              params=query)
 
     async def health(request: Request) -> Response:
         if gateway.room.is_draining:  # a load balancer sends nothing more here
@@ -110,7 +104,7 @@ def create_app(gateway: Gateway, *, admin_token: str | None = None, tick_interva
 
     async def metrics(request: Request) -> Response:
         gateway.refresh_metrics()
-        return Response(gateway.metrics.render(), media_type=CONTENT_TYPE)
+        return Response(gateway.telemetry.metrics.render(), media_type=CONTENT_TYPE)
 
     async def end_session(request: Request) -> Response:
         session_id = request.path_params["session_id"]
@@ -120,35 +114,15 @@ def create_app(gateway: Gateway, *, admin_token: str | None = None, tick_interva
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        await gateway.upstream.start()
-        coordinator = gateway.coordinator
-        if coordinator is not None:
-            await coordinator.backend.start()
-            coordinator.start()
-        tasks = {asyncio.create_task(gateway.room.run_timers(tick_interval_s, idle_timeout_s))}
-        if gateway.engine_scraper is not None:
-            tasks.add(asyncio.create_task(gateway.engine_scraper.run()))
-        if gateway.live_sessions is not None:
-            tasks.add(asyncio.create_task(gateway.room.every(LIVE_SESSIONS_INTERVAL_S, gateway.save_live_sessions)))
         try:
-            yield
+            async with gateway.running():
+                yield
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.wait(tasks)
-            if gateway.engine_scraper is not None:
-                await gateway.engine_scraper.aclose()
-            await gateway.shut_down()
-            if coordinator is not None:
-                await coordinator.stop()
-                await coordinator.backend.aclose()
             if on_shutdown is not None:
                 await on_shutdown()
-            if gateway.session_log is not None:
-                await asyncio.to_thread(gateway.session_log.close)
 
     routes = [Route(path, call_route(kind), methods=["POST"]) for kind, path in UPSTREAM_PATHS.items()]
-    routes += [Route(path, gateway.pass_through, methods=["GET"]) for path in PASS_THROUGH_PATHS]
+    routes += [Route(path, pass_through, methods=["GET"]) for path in PASS_THROUGH_PATHS]
     routes += [
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
@@ -167,6 +141,12 @@ def create_app(gateway: Gateway, *, admin_token: str | None = None, tick_interva
 
 
 _HANDLED_ERRORS = (GatewayError, PolicyError, StateUnavailableError)  # answered by `error_response`
+
+
+async def serve_call(gateway: Gateway, kind: CallKind, request: Request) -> Response:
+    """One inference call: read at the edge (`edge.inbound`), served by the gateway."""
+    settings = gateway.settings
+    return await gateway.handle(kind, inbound(request, settings.session_header, settings.workload_header))
 
 
 class _GatewayApp(Starlette):
@@ -226,7 +206,7 @@ class _InferencePath:
         tracked = _TrackedSend(send)
         try:
             if kind is not None:
-                response = await self._gateway.handle(kind, Request(scope, receive))
+                response = await serve_call(self._gateway, kind, Request(scope, receive))
             else:
                 assert end is not None
                 scope["path_params"] = {"session_id": end["session_id"]}
@@ -311,7 +291,7 @@ def _require_end_permission(request: Request, admin_token: str | None, gateway: 
         return
     key = request.headers.get(SESSION_KEY_HEADER)
     of = gateway.incarnation_of(session_id)
-    if key is None or of is None or gateway.is_orphan(session_id) or not gateway.session_keys.is_key_of(
+    if key is None or of is None or gateway.is_orphan(session_id) or not gateway.settings.session_keys.is_key_of(
             session_id, of, key):
         raise AdminAuthError(f"ending a session needs `{SESSION_KEY_HEADER}: <its key>` (sent on the session's "
                              f"first answer) or `Authorization: Bearer <admin token>`")
@@ -322,64 +302,8 @@ def _has_admin_token(request: Request, admin_token: str) -> bool:
     return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), admin_token.encode())
 
 
-def build_gateway(config: GatewayConfig, client: UpstreamClient | None = None,
-                  clock: Clock | None = None) -> Gateway:
-    """Load the tokenizer, models and calibration named by `config`; `ConfigError` if one cannot be used.
-
-    Without `client`, the gateway gets its own (`upstream_client`), made once everything has loaded.
-    """
-    try:
-        tokenizer = get_tokenizer(config.tokenizer)
-        rule = TaskTextRule(config.task_text_pattern)
-    except (TokenizerError, TaskTextError) as exc:
-        raise ConfigError(str(exc)) from exc
-    calibration = None if config.calibration is None else read_calibration(config.calibration, config)
-    policy_settings = gateway_policy_config(config, calibration)
-    predictors = Predictors.load(config.default_model, config.workload_models, tokenizer.name,
-                                 config.reservation_quantile, config.revise_at_calls)
-    coordinator = None if config.state is None else shared_state(config, policy_settings)
-    room = WaitingRoom(Policy(policy_settings) if coordinator is None else None, clock or MonotonicClock(),
-                       retry_after_s=config.retry_after_s, backend=None if coordinator is None else coordinator.backend,
-                       levels=PriorityLevels(config.engine_priority_levels, config.engine_preemption_threshold))
-    session_log = None if config.session_log is None else SessionLogWriter(
-        config.session_log, max_bytes=config.session_log_max_bytes, keep_files=config.session_log_keep_files,
-        keep_text=config.session_log_keep_text)
-    upstream = Upstream(client if client is not None else upstream_client(config))
-    live_sessions = None if config.live_sessions_file is None else LiveSessionsFile(config.live_sessions_file)
-    meter = Meter(tokenizer, rule, max_prefix_bytes=config.resend_memo_bytes)
-    return Gateway(room, meter, predictors, upstream, live_sessions=live_sessions,
-                   adoption_window_s=config.adoption_window_s,
-                   session_header=config.session_header, workload_header=config.workload_header,
-                   hit_window=HitRateWindow(config.hit_rate_window_s, config.hit_rate_min_prompt_tokens),
-                   lending=LendingTracker(), session_log=session_log, is_shadow=config.shadow,
-                   engine_metrics_urls=config.engine_metrics_urls,
-                   engine_metrics_interval_s=config.engine_metrics_interval_s, limits=config.limits,
-                   routing_key_header=config.routing_key_header, coordinator=coordinator,
-                   foreign_call=cast(ForeignCall, config.foreign_call))
-
-
-def shared_state(config: GatewayConfig, policy_settings: PolicyConfig) -> Coordinator:
-    """The shared state's backend and coordinator for `--state` (redis imported only here)."""
-    from basin_runtime.state.leases import Coordinator
-    from basin_runtime.state.redis_backend import RedisBackend
-
-    assert config.state is not None
-    backend = RedisBackend(config.state, policy_settings, lease_s=config.state_lease_s,
-                           retry_after_s=max(1.0, config.state_lease_s))
-    return Coordinator(backend, lambda: SignalReport.of(0, 0, None, ()), orphan_window_s=config.adoption_window_s,
-                       tick_interval_s=config.tick_interval_s, min_prompt_tokens=config.hit_rate_min_prompt_tokens,
-                       min_calls=DEFAULT_MIN_CALLS)
-
-
-def upstream_client(config: GatewayConfig) -> UpstreamClient:
-    """The HTTP client to the upstream (`http1.py`), with the gateway's timeouts, no connection cap."""
-    return Http1UpstreamClient(config.upstream, connect_s=config.upstream_connect_timeout_s,
-                               read_s=config.upstream_timeout_s, max_head_bytes=config.max_header_bytes)
-
-
 def build_app(config: GatewayConfig, clock: Clock | None = None) -> Starlette:
     """The whole gateway app from its configuration (it owns and closes its upstream client)."""
     gateway = build_gateway(config, clock=clock)
-    return create_app(gateway, admin_token=config.admin_token, tick_interval_s=config.tick_interval_s,
-                      idle_timeout_s=config.idle_timeout_s, on_shutdown=gateway.upstream.aclose,
+    return create_app(gateway, admin_token=config.admin_token, on_shutdown=gateway.upstream.aclose,
                       reloader=Reloader(config))

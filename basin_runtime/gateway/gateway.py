@@ -30,6 +30,10 @@ Rules:
   `shutdown` (with `--state`, hands them over to the other replicas instead).
 - Replicas (`--state`): a session the shared state knows (another replica's, or an orphan) is taken
   over without a new queue turn or prediction; the leader ticks the policy with every replica's signals.
+- Built whole (`build.py`), it owns its lifecycle: `async with gateway.running()` starts the upstream client,
+  the shared state, the room's timers, the live-sessions writer and the engines' scraper, and at its end
+  shuts down (above) and closes them. Below the edge: a call comes in as an `Inbound` (`inbound.py`), plain
+  data; nothing here reads a web framework's request.
 
 Why the thresholds and threads are where they are: docs/gateway/design.md.
 """
@@ -38,18 +42,16 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from starlette.requests import Request
-from starlette.responses import Response
-
 from basin_runtime.gateway.calls import Call, CallKind, parse_call
-from basin_runtime.gateway.engine_metrics import EngineHitWindow, EngineScraper
 from basin_runtime.gateway.errors import SessionEndedError, ShuttingDownError
 from basin_runtime.gateway.identity import (
     ForeignCall,
@@ -59,26 +61,20 @@ from basin_runtime.gateway.identity import (
     key_digest,
     refuse_foreign,
 )
-from basin_runtime.gateway.lending import LendingTracker
+from basin_runtime.gateway.inbound import Inbound
 from basin_runtime.gateway.limits import BodyBudget, Limits, read_body
 from basin_runtime.gateway.measure import Meter, PromptMemo, message_digest
-from basin_runtime.gateway.metrics import GatewayMetrics
-from basin_runtime.gateway.paths import forwarded_target
 from basin_runtime.gateway.predictors import PREDICTED_TEXT_CHARS, Predictors, predict_peak
 from basin_runtime.gateway.priority import ROUTING_KEY_HEADER, request_id, stamp
-from basin_runtime.gateway.proxy import CallEnd, EndHook, Upstream
+from basin_runtime.gateway.proxy import Answer, CallEnd, EndHook, Upstream
 from basin_runtime.gateway.resend import RESEND_MIN_BYTES, read_resent
-from basin_runtime.gateway.restart import Adoption, LiveSession, LiveSessions, LiveSessionsFile, prefix_digest
-from basin_runtime.gateway.session_log import SessionLogWriter
+from basin_runtime.gateway.restart import Adoption, LiveSession, LiveSessions, Restart, prefix_digest
 from basin_runtime.gateway.sessions import CallRecord, SessionEntry, session_id_for
-from basin_runtime.gateway.waiting import Ended, EndReason, WaitingRoom
+from basin_runtime.gateway.telemetry import Telemetry, logged_calls
+from basin_runtime.gateway.waiting import Ended, WaitingRoom
 from basin_runtime.policy import DuplicateSessionError, PolicyError
-from basin_runtime.policy.hit_rate import HitRateWindow
-from basin_runtime.policy.latency import LatencyWindow
 from basin_runtime.session_keys import SESSION_KEY_HEADER, SessionKeys, incarnation
-from basin_runtime.session_log import LoggedCall, SessionLogRecord
-from basin_runtime.state.backend import StateHooks
-from basin_runtime.state.signals import SignalReport
+from basin_runtime.session_log import LoggedCall
 
 if TYPE_CHECKING:
     from basin_runtime.state.leases import Coordinator
@@ -96,144 +92,137 @@ _HUGE_BODY_WORKER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_
 ROUTED_WORKER_HEADER = "x-smg-routed-worker-id"  # smg's answer header: the worker (the decode one in PD) that served
 FAILED_OUTCOMES = frozenset({"rejected", "upstream_error", "gateway_error"})
 CUT_MESSAGE = "basin: cut at the shutdown's drain deadline"
+LIVE_SESSIONS_INTERVAL_S = 2.0  # how stale the live-sessions file may be after a kill -9
+DEFAULT_ADOPTION_WINDOW_S = 600.0
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    """What the gateway is told: its header names, the answer to a foreign call, its input limits and timers, and
+    the secret its session end keys are derived from."""
+
+    session_header: str = "X-Session-ID"
+    workload_header: str = "X-Basin-Workload"
+    routing_key_header: str = ROUTING_KEY_HEADER
+    foreign_call: ForeignCall = "new-session"
+    is_shadow: bool = False  # at start (the admin endpoint turns shadow mode on and off)
+    limits: Limits = field(default_factory=Limits)
+    tick_interval_s: float = 1.0
+    idle_timeout_s: float = 600.0
+    session_keys: SessionKeys = field(default_factory=SessionKeys)
 
 
 class Gateway:
-    """Admits sessions through the waiting room and forwards their calls upstream."""
+    """Admits sessions through the waiting room and forwards their calls upstream.
 
-    def __init__(self, room: WaitingRoom, meter: Meter, predictors: Predictors, upstream: Upstream, *,
-                 session_header: str = "X-Session-ID", workload_header: str = "X-Basin-Workload",
-                 hit_window: HitRateWindow | None = None, lending: LendingTracker | None = None,
-                 session_log: SessionLogWriter | None = None, is_shadow: bool = False,
-                 engine_metrics_urls: Sequence[str] = (), engine_metrics_interval_s: float = 5.0,
-                 live_sessions: LiveSessionsFile | None = None, adoption_window_s: float = 600.0,
-                 limits: Limits | None = None, routing_key_header: str = ROUTING_KEY_HEADER,
-                 coordinator: Coordinator | None = None, foreign_call: ForeignCall = "new-session") -> None:
+    Built whole (`build.py`): the room comes with its signals and listener (the `telemetry`), a shared backend with
+    its hooks and its coordinator with its report; nothing here is wired after construction.
+    """
+
+    def __init__(self, settings: GatewaySettings, room: WaitingRoom, meter: Meter, predictors: Predictors,
+                 upstream: Upstream, telemetry: Telemetry, restart: Restart | None = None,
+                 coordinator: Coordinator | None = None) -> None:
+        self.settings = settings
         self.room = room
         self.meter = meter
-        self.predictors = predictors
+        self.predictors = predictors  # the admin endpoint swaps in reloaded models
         self.upstream = upstream
-        self.session_header = session_header
-        self.workload_header = workload_header
-        self.foreign_call = foreign_call
-        self.routing_key_header = routing_key_header
-        self.session_keys = SessionKeys()  # `create_app` derives them from its admin token
-        self.metrics = GatewayMetrics()
-        self.hit_window = hit_window or HitRateWindow()
-        self.latency_window = LatencyWindow()
-        self._awaiting_first_byte: dict[int, float] = {}  # id of a call in flight -> perf_counter when forwarded
-        self.lending = lending or LendingTracker()
-        self.session_log = session_log
-        self.is_shadow = is_shadow
-        self.limits = limits or Limits()
-        self.bodies = BodyBudget(self.limits.max_body_bytes_in_flight)
+        self.telemetry = telemetry
+        self.restart = restart or Restart.begin(None, room.clock.now(), DEFAULT_ADOPTION_WINDOW_S)
+        self.coordinator = coordinator
+        self.is_shadow = settings.is_shadow
+        self.bodies = BodyBudget(settings.limits.max_body_bytes_in_flight)
         self.active_calls: set[asyncio.Task[Any]] = set()  # `app._InferencePath` keeps it; a shutdown cuts them
         self.is_cut = False
-        self.engine_scraper = None if not engine_metrics_urls else EngineScraper(
-            engine_metrics_urls, EngineHitWindow(self.hit_window.window_s, self.hit_window.min_prompt_tokens),
-            room.clock.now, self.metrics.engine_scrape_errors, interval_s=engine_metrics_interval_s)
-        self.live_sessions = live_sessions
-        previous = LiveSessions({}) if live_sessions is None else live_sessions.read()
-        self.adoption = Adoption(previous, room.clock.now(), adoption_window_s)
-        if previous.sessions:
-            logger.info("%d sessions live before the restart may be adopted within %.0f s (the run before %s)",
-                        len(previous.sessions), adoption_window_s,
-                        "shut down gracefully" if previous.is_logged else "was killed: they are logged whole here")
-        room.hit_rate = self.hit_rate
-        room.ttft = self.ttft_s
-        room.on_session_end = self._session_ended
-        room.on_admitted = self._session_admitted
-        self.coordinator = coordinator
         if coordinator is not None:
-            self._share(coordinator)
+            telemetry.metrics.state_up.set(1 if coordinator.backend.is_up else 0)
 
-    def _share(self, coordinator: Coordinator) -> None:
-        """Replicas: tick with the deployment's signals (the leader's), report this replica's, feed the metrics."""
-        coordinator.report = self.signal_report
-        self.room.hit_rate = lambda: coordinator.hit_rate
-        self.room.ttft = lambda: coordinator.ttft_s
-        m = self.metrics
-        coordinator.backend.hooks = StateHooks(
-            on_up=lambda is_up: m.state_up.set(1 if is_up else 0),
-            on_error=lambda kind: m.state_errors.labels(kind).inc(),
-            on_step_latency=m.state_step_seconds.observe, on_dropped=m.state_dropped.inc,
-            on_apply_lag=m.state_apply_lag.observe)
-        m.state_up.set(1 if coordinator.backend.is_up else 0)
-
-    def signal_report(self) -> SignalReport:
-        """This replica's windows, for the leader to combine into the deployment's signals."""
-        now = self.room.clock.now()
-        cached, prompt = self.hit_window.sums(now)
-        engine = None if self.engine_scraper is None else self.engine_scraper.window.rate(now)
-        started = time.perf_counter()
-        waiting = [started - sent for sent in self._awaiting_first_byte.values()]
-        return SignalReport.of(cached, prompt, engine, self.latency_window.values(now, waiting))
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """Serve inside: the upstream client, the shared state (`--state`), the room's timers, the live-sessions
+        writer and the engines' scraper run; at the end every session still held is ended as `shutdown` (or handed
+        over), then the shared state and the session log are closed."""
+        await self.upstream.start()
+        coordinator = self.coordinator
+        if coordinator is not None:
+            await coordinator.backend.start()
+            coordinator.start()
+        settings, scraper = self.settings, self.telemetry.engine_scraper
+        tasks = {asyncio.create_task(self.room.run_timers(settings.tick_interval_s, settings.idle_timeout_s))}
+        if scraper is not None:
+            tasks.add(asyncio.create_task(scraper.run()))
+        if self.restart.file is not None:
+            tasks.add(asyncio.create_task(self.room.every(LIVE_SESSIONS_INTERVAL_S, self.save_live_sessions)))
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.wait(tasks)
+            if scraper is not None:
+                await scraper.aclose()
+            await self.shut_down()
+            if coordinator is not None:
+                await coordinator.stop()
+                await coordinator.backend.aclose()
+            if self.telemetry.session_log is not None:
+                await asyncio.to_thread(self.telemetry.session_log.close)
 
     def hit_rate(self) -> float | None:
-        """The windowed prefix hit rate now (None: too little evidence).
-
-        From the engines' /metrics counters when they are scraped and have evidence, else from the
-        upstream's reported usage.
-        """
-        now = self.room.clock.now()
-        if self.engine_scraper is not None:
-            rate = self.engine_scraper.window.rate(now)
-            if rate is not None:
-                return rate
-        return self.hit_window.rate(now)
+        """The windowed prefix hit rate now, as this gateway measures it (None: too little evidence)."""
+        return self.telemetry.hit_rate()
 
     def ttft_s(self) -> float | None:
-        """The engines' windowed median time to first token (calls still waiting for theirs counted; None: too
-        few calls), as this gateway saw its forwarded calls' answers begin."""
-        started = time.perf_counter()
-        waiting = [started - sent for sent in self._awaiting_first_byte.values()]
-        return self.latency_window.median_s(self.room.clock.now(), waiting)
+        """The windowed median time to first token now, as this gateway measures it (None: too few calls)."""
+        return self.telemetry.ttft_s()
 
     def refresh_metrics(self) -> None:
         """Set the state gauges from the policy (on a scrape and after each tick)."""
-        self.metrics.refresh(self.room.policy.snapshot(), self.hit_rate(), self.is_shadow, self.ttft_s())
+        metrics, session_log = self.telemetry.metrics, self.telemetry.session_log
+        metrics.refresh(self.room.policy.snapshot(), self.hit_rate(), self.is_shadow, self.ttft_s())
         backend = self.room.backend
-        self.metrics.refresh_state(backend.is_up, backend.is_leader, backend.num_pending)
-        if self.session_log is not None:
-            self.metrics.log_failed.set(self.session_log.num_failed)
-            self.metrics.log_dropped.set(self.session_log.num_dropped)
+        metrics.refresh_state(backend.is_up, backend.is_leader, backend.num_pending)
+        if session_log is not None:
+            metrics.log_failed.set(session_log.num_failed)
+            metrics.log_dropped.set(session_log.num_dropped)
 
-    async def handle(self, kind: CallKind, request: Request) -> Response:
+    async def handle(self, kind: CallKind, inbound: Inbound) -> Answer:
         """Serve one inference call (its body held in the large-body budget until it has been forwarded)."""
         if self.room.is_draining:
             raise self.shutting_down("no new call is taken")
         arrived = time.perf_counter()
         hold = self.bodies.hold()
         try:
-            raw = await read_body(request, self.limits.max_body_bytes, hold)
-            return await self._serve(kind, request, raw, arrived)
+            raw = await read_body(inbound.body, inbound.headers.content_length, self.settings.limits.max_body_bytes,
+                                  hold)
+            return await self._serve(kind, inbound, raw, arrived)
         finally:
             hold.release()
 
-    async def _serve(self, kind: CallKind, request: Request, raw: bytes, arrived: float) -> Response:
-        call, (session_id, is_single_call) = await self._read(kind, raw, request.headers)
+    async def _serve(self, kind: CallKind, inbound: Inbound, raw: bytes, arrived: float) -> Answer:
+        named = inbound.headers.session_id
+        call, (session_id, is_single_call) = await self._read(kind, raw, named)
         if call.resent is not None and self.room.registry.get(session_id) is None:  # it ended meanwhile: read in full
-            call, (session_id, is_single_call) = await _off_loop_if_large(len(raw), self._read_call, kind, raw,
-                                                                          request.headers)
-        entry, prompt_tokens, held_s = await self._admit(call, session_id, is_single_call, request)
+            call, (session_id, is_single_call) = await _off_loop_if_large(len(raw), self._read_call, kind, raw, named)
+        entry, prompt_tokens, held_s = await self._admit(call, session_id, is_single_call, inbound)
         priority = self.room.registry.engine_priority(entry)
         rid = stamp(call.body, priority, None if call.is_batch else request_id(entry.routing_key, len(entry.calls)))
-        headers = self._headers(entry, request)
+        headers = self._headers(entry, inbound.headers.items)
         record = CallRecord(self.room.clock.wall(), prompt_tokens, rid, call.is_stream, engine_priority=priority)
         entry.calls.append(record)
         entry.in_flight += 1
-        self.metrics.calls_in_flight.inc()
+        self.telemetry.metrics.calls_in_flight.inc()
         end = _EndOnce(partial(self._call_ended, entry, record))
         try:  # from here every exit path ends the call exactly once, or the session could never be released
             drop_usage_chunk = _ask_for_usage(call)
             # the client's bytes in views, the gateway's fields beside them: O(1), unless a field the client sent
             # must be cut out (a scan of the body's top level)
             body = await _off_loop_if_large(call.num_bytes if call.sent else 0, call.encode_pieces)
-            self.metrics.added_latency.observe(max(0.0, time.perf_counter() - arrived - held_s))
-            self._awaiting_first_byte[id(record)] = time.perf_counter()
-            response = await self.upstream.forward("POST", call.path, headers, body, request.receive,
+            self.telemetry.metrics.added_latency.observe(max(0.0, time.perf_counter() - arrived - held_s))
+            self.telemetry.call_forwarded(record)
+            response = await self.upstream.forward("POST", call.path, headers, body, inbound.receive,
                                                    on_end=end, drop_usage_chunk=drop_usage_chunk,
-                                                   on_first_byte=partial(self._first_byte, record))
+                                                   on_first_byte=partial(self.telemetry.first_byte, record))
         except BaseException as exc:
             if not end.has_ended:
                 if isinstance(exc, asyncio.CancelledError):
@@ -243,11 +232,11 @@ class Gateway:
                 await asyncio.shield(end(CallEnd("gateway_error")))
             raise
         if entry.session_id.isascii() and entry.session_id.isprintable():
-            response.headers[self.session_header] = entry.session_id
+            response.headers[self.settings.session_header] = entry.session_id
         if not (entry.has_sent_key or entry.is_single_call):
             of = self.incarnation_of(entry.session_id)
             if of is not None:
-                response.headers[SESSION_KEY_HEADER] = self.session_keys.key(entry.session_id, of)
+                response.headers[SESSION_KEY_HEADER] = self.settings.session_keys.key(entry.session_id, of)
                 entry.has_sent_key = True
         return response
 
@@ -279,20 +268,8 @@ class Gateway:
 
     def is_orphan(self, session_id: str) -> bool:
         """Replicas: True if a dead replica let this session go (its key went with that replica's record)."""
-        state = getattr(self.room.backend, "replicated", None)
+        state = self.room.backend.replicated
         return state is not None and session_id in state.orphans
-
-    async def pass_through(self, request: Request) -> Response:
-        """Forward a read-only request (models, server info) without session accounting.
-
-        Only the listed paths go upstream, exactly as the client encoded them, and only a well-formed target
-        (`paths.forwarded_target`): no `.` or `..` segment, empty segment or encoded slash or backslash, so
-        `/v1/models/../../workers` cannot reach the router's internals.
-        """
-        raw_path = request.scope.get("raw_path") or request.scope["path"].encode("utf-8")
-        path, query = forwarded_target(raw_path.split(b"?", 1)[0], request.scope.get("query_string", b""))
-        return await self.upstream.forward(request.method, path, request.headers, None, request.receive,
-                                           params=query)
 
     async def end_session(self, session_id: str) -> Ended:
         """End a session on the client's or operator's word (shared state: held here or anywhere)."""
@@ -301,14 +278,15 @@ class Gateway:
     async def save_live_sessions(self, *, is_logged: bool = False) -> None:
         """Write the live-sessions file if the live sessions or their calls changed (off the event loop; `is_logged`:
         their records so far are in the session log, a graceful shutdown's last write)."""
-        if self.live_sessions is None:
+        file = self.restart.file
+        if file is None:
             return
         live = [e for e in self.room.registry if e.state == "live" and not e.is_single_call]
         signature = (is_logged, frozenset((e.session_id, len(e.memo.keys), sum(c.ended_at is not None
                                                                               for c in e.calls)) for e in live))
-        if not self.live_sessions.is_unchanged(signature):
+        if not file.is_unchanged(signature):
             sessions = LiveSessions({e.session_id: _live_session(e) for e in live}, is_logged)
-            await asyncio.to_thread(self.live_sessions.write, sessions, signature)
+            await asyncio.to_thread(file.write, sessions, signature)
 
     async def drain(self) -> None:
         """A graceful shutdown begins: admit nothing more; queued calls get 503 now."""
@@ -325,63 +303,69 @@ class Gateway:
                     if e.state == "live" and not e.is_single_call}
         held = list(self.room.registry)
         if self.room.backend.is_shared:  # handed over: live ones become orphans any replica adopts
-            await self.room.hand_over(self.adoption.window_s)
+            await self.room.hand_over(self.restart.adoption.window_s)
             for entry in held:
                 self.room.leave(entry, "shutdown", "the replica shut down; handed over")
         else:
             for entry in held:
                 await self.room.release(entry.session_id, "shutdown")
-        if self.session_log is not None:
-            await asyncio.to_thread(self.session_log.flush)
-        if self.live_sessions is not None:
-            await asyncio.to_thread(self.live_sessions.write, LiveSessions(snapshot, is_logged=True))
+        session_log, file = self.telemetry.session_log, self.restart.file
+        if session_log is not None:
+            await asyncio.to_thread(session_log.flush)
+        if file is not None:
+            await asyncio.to_thread(file.write, LiveSessions(snapshot, is_logged=True))
         if held:
             logger.info("shut down with %d sessions live: each logged as `shutdown`%s", len(held),
-                        "" if self.live_sessions is None else f", listed in {self.live_sessions.path}")
+                        "" if file is None else f", listed in {file.path}")
 
-    def _headers(self, entry: SessionEntry, request: Request) -> dict[str, str]:
+    def _headers(self, entry: SessionEntry, items: Sequence[tuple[str, str]]) -> dict[str, str]:
         """The client's headers, its routing key (if any) replaced by the session's."""
-        key_header = self.routing_key_header.lower()
-        headers = {k: v for k, v in request.headers.items() if k.lower() != key_header}
-        headers[self.routing_key_header] = entry.routing_key
+        key_header = self.settings.routing_key_header
+        lowered = key_header.lower()
+        headers = {k: v for k, v in items if k.lower() != lowered}
+        headers[key_header] = entry.routing_key
         return headers
 
-    async def _read(self, kind: CallKind, raw: bytes, headers: Mapping[str, str]) -> tuple[Call, tuple[str, bool]]:
-        """The parsed call and its session: a known session's resent conversation from its new part on
-        (`resend.py`; on the loop when that part and the prefix comparison are small), else the whole body."""
+    async def _read(self, kind: CallKind, raw: bytes, named: str) -> tuple[Call, tuple[str, bool]]:
+        """The parsed call and its session (`named`: the session header's value): a known session's resent
+        conversation from its new part on (`resend.py`; on the loop when that part and the prefix comparison are
+        small), else the whole body."""
+        limits = self.settings.limits
         if kind == "chat" and len(raw) >= RESEND_MIN_BYTES:
-            entry = self.room.registry.get(headers.get(self.session_header, "").strip())
+            entry = self.room.registry.get(named.strip())
             base = None if entry is None else entry.memo.counts  # read once: another call may swap it
             if entry is not None and base is not None and base.prefix is not None:
                 if len(raw) < OFF_LOOP_COPY_BYTES and len(raw) - base.prefix.end < OFF_LOOP_BODY_BYTES:
-                    call = read_resent(raw, base, self.limits)
+                    call = read_resent(raw, base, limits)
                 else:
-                    call = await asyncio.to_thread(read_resent, raw, base, self.limits)
+                    call = await asyncio.to_thread(read_resent, raw, base, limits)
                 if call is not None:
                     return call, (entry.session_id, False)
-        return await _off_loop_if_large(len(raw), self._read_call, kind, raw, headers)
+        return await _off_loop_if_large(len(raw), self._read_call, kind, raw, named)
 
-    def _read_call(self, kind: CallKind, raw: bytes, headers: Mapping[str, str]) -> tuple[Call, tuple[str, bool]]:
+    def _read_call(self, kind: CallKind, raw: bytes, named: str) -> tuple[Call, tuple[str, bool]]:
         """The parsed call and its session (id, is a single call): one step, so a large body costs one thread
         hop for both (a conversation's hash reads its first messages)."""
-        call = parse_call(kind, raw, self.limits)
-        return call, session_id_for(call, headers, self.session_header, self.limits.max_session_id_chars)
+        limits = self.settings.limits
+        call = parse_call(kind, raw, limits)
+        return call, session_id_for(call, named, self.settings.session_header, limits.max_session_id_chars)
 
     async def _admit(self, call: Call, session_id: str, is_single_call: bool,
-                     request: Request) -> tuple[SessionEntry, int, float]:
-        key = key_digest(request.headers)
+                     inbound: Inbound) -> tuple[SessionEntry, int, float]:
+        key = key_digest(inbound.headers.authorization)
+        workload = inbound.headers.workload
         entry = self.room.registry.get(session_id)
         if entry is not None and not entry.is_single_call and not _continues(entry, call, key):
             call, session_id = await self._foreign(call, session_id, key, "its first messages or API key differ")
             entry = self.room.registry.get(session_id)
         is_new = False
         if entry is None and self.room.backend.is_shared and not is_single_call:
-            entry = await self._take_over(session_id, call, request)
+            entry = await self._take_over(session_id, call, workload)
         if entry is None:
             try:
-                entry, prompt_tokens, is_new = await self._arrive(session_id, is_single_call, call, request, key)
+                entry, prompt_tokens, is_new = await self._arrive(session_id, is_single_call, call, workload, key)
             except DuplicateSessionError:  # replicas: it arrived elsewhere a moment before; now this copy knows it
-                if (entry := await self._take_over(session_id, call, request)) is None:
+                if (entry := await self._take_over(session_id, call, workload)) is None:
                     raise
                 prompt_tokens = await _off_loop_if_large(call.read_bytes, self.meter.prompt_tokens, call, entry.memo)
         else:
@@ -397,51 +381,51 @@ class Gateway:
         held_s = 0.0
         if entry.state == "queued" and (not entry.is_adopted or entry.is_held_for_growth):
             if self.is_shadow:
-                self.metrics.shadow_held.inc()
+                self.telemetry.metrics.shadow_held.inc()
             else:
                 started = time.perf_counter()
-                await self.room.wait(entry, request.receive)
+                await self.room.wait(entry, inbound.receive)
                 held_s = time.perf_counter() - started
         return entry, prompt_tokens, held_s
 
     async def _foreign(self, call: Call, session_id: str, key: bytes | None, why: str) -> tuple[Call, str]:
         """A call that does not continue the conversation its id names (`identity.py`): (the call, read in full,
         and the id of its own session), or the 409 under `--foreign-call refuse`."""
-        if self.foreign_call == "refuse":
+        if self.settings.foreign_call == "refuse":
             raise refuse_foreign(session_id, why)
         if call.resent is not None:  # read against the other conversation's memo: read it whole, as its own
-            call, _ = await _off_loop_if_large(call.num_bytes, self._read_call, call.kind, call.raw, {})
+            call, _ = await _off_loop_if_large(call.num_bytes, self._read_call, call.kind, call.raw, "")
         heads = [message_digest(m) for m in call.messages[:head_length(call.messages)]] if call.messages else []
         own = derived_id(session_id, binding_of(call, key, heads))
         logger.info("a call under session id %r does not continue its conversation (%s): it goes on as session %r",
                     session_id, why, own)
         return call, own
 
-    async def _take_over(self, session_id: str, call: Call, request: Request) -> SessionEntry | None:
+    async def _take_over(self, session_id: str, call: Call, workload: str | None) -> SessionEntry | None:
         """Replicas: continue a session the shared state holds or let go; None if it knows no such session."""
-        state = getattr(self.room.backend, "replicated", None)
+        state = self.room.backend.replicated
         if state is None or not (state.is_held(session_id) or session_id in state.orphans):
             return None
         memo = PromptMemo()
         first = await _off_loop_if_large(call.num_bytes, self.meter.first_call, call, memo)
         model = call.body.get("model")
-        return await self.room.take_over(session_id, first, workload=request.headers.get(self.workload_header) or None,
-                                         memo=memo, model=model if isinstance(model, str) else None)
+        return await self.room.take_over(session_id, first, workload=workload, memo=memo,
+                                         model=model if isinstance(model, str) else None)
 
-    async def _arrive(self, session_id: str, is_single_call: bool, call: Call, request: Request,
+    async def _arrive(self, session_id: str, is_single_call: bool, call: Call, workload: str | None,
                       key: bytes | None) -> tuple[SessionEntry, int, bool]:
-        workload = request.headers.get(self.workload_header) or None
         model = self.predictors.for_workload(workload)
         memo = PromptMemo()
         first = await _off_loop_if_large(call.num_bytes, self.meter.first_call, call, memo)
         binding = binding_of(call, key, memo.keys)
         previous = None
-        listed = None if is_single_call else self.adoption.listed(session_id, self.room.clock.now())
+        adoption = self.restart.adoption
+        listed = None if is_single_call else adoption.listed(session_id, self.room.clock.now())
         if listed is not None:
             if Adoption.continues(listed, call.is_continuation, memo.keys, key):
-                previous = self.adoption.take(session_id)
+                previous = adoption.take(session_id)
             else:  # the listed entry stays for its owner (`restart.py`)
-                if self.foreign_call == "refuse":
+                if self.settings.foreign_call == "refuse":
                     raise refuse_foreign(session_id, "it does not continue the conversation listed before the "
                                                      "restart")
                 session_id = derived_id(session_id, binding)
@@ -465,7 +449,7 @@ class Gateway:
                                                reservation_multiplier=self.predictors.multiplier(workload))
         if is_new:
             entry.binding = binding
-        if previous is not None and is_new and not self.adoption.is_logged:  # the last run was killed: log it whole
+        if previous is not None and is_new and not adoption.is_logged:  # the last run was killed: log it whole
             entry.earlier = previous
             unrecorded = self.meter.unrecorded_calls(call, memo.counts, len(previous.calls))
             since = previous.calls[-1].ended_at if previous.calls else previous.started_at
@@ -473,12 +457,9 @@ class Gateway:
                                                       c.completion_tokens) for c in unrecorded)
         return entry, first.prompt_tokens, is_new
 
-    def _first_byte(self, record: CallRecord, ttft_s: float) -> None:
-        self._awaiting_first_byte.pop(id(record), None)
-        self.latency_window.record(self.room.clock.now(), max(0.0, ttft_s))
-
     async def _call_ended(self, entry: SessionEntry, record: CallRecord, end: CallEnd) -> None:
-        self._awaiting_first_byte.pop(id(record), None)
+        telemetry = self.telemetry
+        telemetry.call_done(record)
         record.ended_at = self.room.clock.wall()
         record.outcome = end.outcome
         record.status_code = end.status_code
@@ -489,16 +470,16 @@ class Gateway:
             record.completion_tokens = usage.completion_tokens
             record.cached_tokens = usage.cached_tokens
             if usage.cached_tokens is not None:
-                self.hit_window.record(now, usage.prompt_tokens or record.prompt_tokens, usage.cached_tokens)
-        self.metrics.call_ended(end.outcome, usage)
+                telemetry.hit_window.record(now, usage.prompt_tokens or record.prompt_tokens, usage.cached_tokens)
+        telemetry.metrics.call_ended(end.outcome, usage)
         is_held = self.room.registry.get(entry.session_id) is entry
         if end.outcome == "completed" and not entry.is_single_call and is_held:
-            moved = self.lending.call_finished(entry.session_id, record.served_by, record.cached_tokens,
+            moved = telemetry.lending.call_finished(entry.session_id, record.served_by, record.cached_tokens,
                                                None if usage is None else usage.cached_tiers)
             if moved:
-                self.metrics.calls_moved.inc()
+                telemetry.metrics.calls_moved.inc()
         entry.in_flight -= 1
-        self.metrics.calls_in_flight.dec()
+        telemetry.metrics.calls_in_flight.dec()
         entry.last_active_s = now
         if end.outcome in FAILED_OUTCOMES:
             log = logger.info if end.outcome == "rejected" else logger.warning
@@ -509,15 +490,6 @@ class Gateway:
         elif (end.outcome in FAILED_OUTCOMES and is_held and entry.in_flight == 0
               and not any(c.outcome == "completed" for c in entry.calls)):
             await self.room.release(entry.session_id, "failed")  # nothing served: hold no budget for it
-
-    def _session_admitted(self, entry: SessionEntry, waited_s: float) -> None:
-        self.metrics.session_admitted(waited_s)
-
-    def _session_ended(self, entry: SessionEntry, reason: EndReason) -> None:
-        self.metrics.session_ended(entry, reason)
-        self.lending.session_ended(entry.session_id)
-        if self.session_log is not None and entry.calls:
-            self.session_log.append(log_record(entry, reason, self.room.clock.wall(), self.meter.tokenizer.name))
 
 
 class _EndOnce:
@@ -566,32 +538,10 @@ def _ask_for_usage(call: Call) -> bool:
     return True
 
 
-def log_record(entry: SessionEntry, reason: EndReason, ended_at: float, tokenizer: str) -> SessionLogRecord:
-    """The session-log line of a finished session (unknown completion tokens are written as 0). A session adopted
-    after a run that was killed is logged whole: the previous run's part, the calls only its conversation shows,
-    then this run's (`restart.py`)."""
-    calls = _logged_calls(entry)
-    earlier = entry.earlier
-    if earlier is not None:
-        calls = earlier.calls + entry.unrecorded_calls + calls
-    return SessionLogRecord(
-        session_id=entry.session_id, model=entry.model or "unknown", tokenizer=tokenizer, task_text=entry.task_text,
-        task_chars=len(entry.task_text), started_at=entry.started_at if earlier is None else earlier.started_at,
-        ended_at=ended_at, end_reason=reason, calls=calls, workload=entry.workload,
-        predicted_peak_tokens=entry.predicted_peak_tokens if earlier is None else earlier.predicted_peak_tokens,
-        reserved_peak_tokens=entry.reserved_peak_tokens, adopted=entry.is_adopted and earlier is None,
-    )
-
-
-def _logged_calls(entry: SessionEntry) -> tuple[LoggedCall, ...]:
-    return tuple(LoggedCall(c.started_at, c.ended_at, c.prompt_tokens, c.completion_tokens or 0, c.cached_tokens,
-                            c.outcome) for c in entry.calls)
-
-
 def _live_session(entry: SessionEntry) -> LiveSession:
     """What the next run needs of a live session: the conversation it last sent, its record so far (ended calls)."""
     earlier = entry.earlier
-    own = tuple(c for c in _logged_calls(entry) if c.ended_at is not None)
+    own = tuple(c for c in logged_calls(entry) if c.ended_at is not None)
     calls = own if earlier is None else earlier.calls + entry.unrecorded_calls + own
     keys = entry.memo.keys
     key = None if entry.binding is None or entry.binding.key is None else entry.binding.key.hex()

@@ -78,9 +78,9 @@ def head_length(messages: Sequence[Mapping[str, object]]) -> int:
     return len(messages) if first_user is None else first_user + 1
 
 
-def key_digest(headers: Mapping[str, str]) -> bytes | None:
-    """The salted digest of the client's API key (its `Authorization` header), or None if it sent none."""
-    value = headers.get("authorization")
+def key_digest(authorization: str | None) -> bytes | None:
+    """The salted digest of the client's API key (its `Authorization` header's value), or None if it sent none."""
+    value = authorization
     if not value:
         return None
     return hashlib.sha256(_KEY_SALT + value.strip().encode("utf-8", "surrogateescape")).digest()[:16]

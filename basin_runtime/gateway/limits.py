@@ -40,17 +40,14 @@ import contextlib
 import gc
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterable, Iterator
 from dataclasses import dataclass
 from typing import Any
-
-from starlette.requests import ClientDisconnect, Request
 
 from basin_runtime.gateway.errors import (
     BadRequestError,
     BodiesInFlightError,
     BodyTooLargeError,
-    ClientGoneError,
     NestingTooDeepError,
     SessionIdTooLongError,
 )
@@ -138,31 +135,29 @@ class BodyHold:
         self.held_bytes = 0
 
 
-async def read_body(request: Request, max_bytes: int, hold: BodyHold | None = None) -> bytes:
-    """The request body, refused (`BodyTooLargeError`) as soon as it is known to pass `max_bytes`, and (with `hold`)
-    counted in its budget as its bytes arrive (`BodiesInFlightError` when they cannot be)."""
-    declared = _content_length(request, max_bytes)
+async def read_body(body: AsyncIterable[bytes], content_length: str | None, max_bytes: int,
+                    hold: BodyHold | None = None) -> bytes:
+    """The request body from its chunks (the edge's: `ClientGoneError` if the client leaves), refused
+    (`BodyTooLargeError`) as soon as it is known to pass `max_bytes`, and (with `hold`) counted in its budget as its
+    bytes arrive (`BodiesInFlightError` when they cannot be)."""
+    declared = _content_length(content_length, max_bytes)
     chunks: list[bytes] = []
     size = 0
-    try:
-        async for chunk in request.stream():
-            if size + len(chunk) > max_bytes:
-                raise BodyTooLargeError(f"the request body passed {max_bytes} bytes while it was being read",
-                                        "max_body_bytes", max_bytes)
-            size += len(chunk)
-            if hold is not None:
-                hold.grow_to(size)
-            chunks.append(chunk)
-    except ClientDisconnect as exc:
-        raise ClientGoneError("the client went away while sending its request body") from exc
+    async for chunk in body:
+        if size + len(chunk) > max_bytes:
+            raise BodyTooLargeError(f"the request body passed {max_bytes} bytes while it was being read",
+                                    "max_body_bytes", max_bytes)
+        size += len(chunk)
+        if hold is not None:
+            hold.grow_to(size)
+        chunks.append(chunk)
     if declared is not None and size != declared:
         raise BadRequestError(f"the request body is {size} bytes but its Content-Length says {declared}")
     return b"".join(chunks)
 
 
-def _content_length(request: Request, max_bytes: int) -> int | None:
+def _content_length(value: str | None, max_bytes: int) -> int | None:
     """The declared body size; refused when it is not a number or is over `max_bytes`."""
-    value = request.headers.get("content-length")
     if value is None:
         return None
     digits = value.strip(" \t")

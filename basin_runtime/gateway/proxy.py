@@ -88,6 +88,7 @@ class CallEnd:
 
 EndHook = Callable[[CallEnd], Awaitable[None]]
 FirstByteHook = Callable[[float], None]  # seconds from sending to the answer's first bytes (a 2xx answer)
+Answer = Response  # what the gateway hands its edge: an ASGI answer, whole or streamed (its headers may be added to)
 HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
     "transfer-encoding", "upgrade", "host", "content-length",

@@ -185,3 +185,22 @@ class Adoption:
     def take(self, session_id: str) -> LiveSession:
         """Take a listed session off the list to adopt it (once)."""
         return self._sessions.pop(session_id)
+
+
+@dataclass(frozen=True)
+class Restart:
+    """What a run carries over from the one before: its live-sessions file (None: none is kept) and the adoption
+    the previous run's list allows."""
+
+    file: LiveSessionsFile | None
+    adoption: Adoption
+
+    @classmethod
+    def begin(cls, file: LiveSessionsFile | None, started_s: float, window_s: float) -> Restart:
+        """Read what the previous run left in `file` (nothing without one); adoptable within `window_s` of now."""
+        previous = LiveSessions({}) if file is None else file.read()
+        if previous.sessions:
+            logger.info("%d sessions live before the restart may be adopted within %.0f s (the run before %s)",
+                        len(previous.sessions), window_s,
+                        "shut down gracefully" if previous.is_logged else "was killed: they are logged whole here")
+        return cls(file, Adoption(previous, started_s, window_s))

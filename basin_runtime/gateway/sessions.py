@@ -23,7 +23,7 @@ import asyncio
 import hashlib
 import math
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring  # the C escaper json.dumps uses
 from typing import Literal, TypeAlias
@@ -46,14 +46,15 @@ CallOutcome = Literal["completed", "rejected", "client_gone", "upstream_error", 
 _HASH_SLICE_CHARS = 1 << 20
 
 
-def session_id_for(call: Call, headers: Mapping[str, str], header_name: str,
+def session_id_for(call: Call, named: str, header_name: str,
                    max_chars: int = DEFAULT_MAX_SESSION_ID_CHARS) -> tuple[str, bool]:
-    """(session id, is a single-call session) by header, then `user`, then the conversation's hash.
+    """(session id, is a single-call session) by header (`named`: its value, "" without one), then `user`, then
+    the conversation's hash.
 
     An id too long or of characters it may not hold is refused (`limits.checked_session_id`: a 400
     naming where it came from).
     """
-    value = headers.get(header_name, "").strip()
+    value = named.strip()
     if value:
         return checked_session_id(value, f"the {header_name} header", max_chars, is_header=True), False
     if call.user is not None:

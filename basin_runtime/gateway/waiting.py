@@ -24,7 +24,7 @@ Rules:
   calls get "shutdown" (503) at once, and a session arriving while draining is refused the same way.
   In process the queued sessions are withdrawn; with a shared backend they keep their place (their
   clients reconnect to another replica), and at shutdown `hand_over` lets every session go (`reap`).
-- Timers: `tick` every `tick_interval_s` (hit rate from `hit_rate`, first-token latency from `ttft`;
+- Timers: `tick` every `tick_interval_s` (hit rate and first-token latency from its signals;
   with a shared backend only the leader ticks, with the deployment's signals), and an idle sweep of
   this room's sessions (their calls in flight are known here only).
 - Engine priority levels rank every session the policy holds (`registry.levels`), fed by the listener:
@@ -33,9 +33,12 @@ Rules:
   held here, which then leaves this room (`ended` / `moved`); after the shared state was rebuilt or
   this replica's sessions were let go (`reap`: its lease had lapsed), `reconcile` puts each session
   held here back (adopt, claim, or arrive anew if the store lost it).
-- `on_session_end(entry, reason)` is told of every session that leaves, and `on_admitted(entry,
-  waited_s)` of every session admitted here (at arrival with 0 s): the seams for the session log,
-  metrics and lending.
+- The room is built whole: its signals (`RoomSignals`: hit rate, first-token latency) and its listener
+  (`RoomListener`) come in its constructor and are never replaced. The listener's `session_ended(entry,
+  reason)` is told of every session that leaves, and its `session_admitted(entry, waited_s)` of every
+  session admitted here (at arrival with 0 s): the seams for the session log, metrics and lending.
+- Nothing here imports a web framework: a waiting call brings the ASGI `receive` its edge handed down
+  (`basin_runtime/disconnect.py`), whose next message is the client's disconnect.
 """
 
 from __future__ import annotations
@@ -45,12 +48,10 @@ import logging
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Literal
-
-from starlette.types import Receive
+from typing import Literal, Protocol
 
 from basin_runtime.clock import Clock
-from basin_runtime.disconnect import race_client
+from basin_runtime.disconnect import Receive, race_client
 from basin_runtime.gateway.errors import (
     ClientGoneError,
     SessionEndedError,
@@ -79,18 +80,50 @@ class Ended:
 logger = logging.getLogger(__name__)
 
 EndReason = Literal["ended", "idle", "withdrawn", "shed", "failed", "shutdown", "moved"]
-SessionEndHook = Callable[[SessionEntry, EndReason], None]
-AdmittedHook = Callable[[SessionEntry, float], None]
+
+
+class RoomSignals(Protocol):
+    """What the room ticks the policy with: the windowed hit rate and first-token latency (None: no evidence)."""
+
+    def hit_rate(self) -> float | None:
+        """The prefix hit rate now."""
+        ...
+
+    def ttft_s(self) -> float | None:
+        """The median time to first token now."""
+        ...
+
+
+class RoomListener(Protocol):
+    """Who hears of the room's sessions: every admission here and every session that leaves."""
+
+    def session_admitted(self, entry: SessionEntry, waited_s: float) -> None:
+        """A session was admitted here after `waited_s` in the queue."""
+        ...
+
+    def session_ended(self, entry: SessionEntry, reason: EndReason) -> None:
+        """A session left the room."""
+        ...
+
+
+class NoSignals:
+    """Signals with no evidence (a room ticked without a hit rate or latency)."""
+
+    def hit_rate(self) -> float | None:
+        """None: no evidence."""
+        return None
+
+    def ttft_s(self) -> float | None:
+        """None: no evidence."""
+        return None
 
 
 class WaitingRoom:
     """Admits, queues, withdraws, sheds and ends sessions by driving the policy through a state backend."""
 
     def __init__(self, policy: Policy | None, clock: Clock, *, retry_after_s: float,
-                 hit_rate: Callable[[], float | None] = lambda: None,
-                 ttft: Callable[[], float | None] = lambda: None,
-                 on_session_end: SessionEndHook | None = None, levels: PriorityLevels | None = None,
-                 backend: StateBackend | None = None) -> None:
+                 signals: RoomSignals | None = None, listener: RoomListener | None = None,
+                 levels: PriorityLevels | None = None, backend: StateBackend | None = None) -> None:
         if backend is None:
             if policy is None:
                 raise ValueError("a waiting room needs a policy or a state backend")
@@ -100,10 +133,8 @@ class WaitingRoom:
         self.registry = SessionRegistry(levels)
         self._retry_after_s = retry_after_s
         self.retry_after_s = retry_after_s  # what a shed or shutting-down answer's Retry-After says
-        self.hit_rate = hit_rate
-        self.ttft = ttft
-        self.on_session_end = on_session_end
-        self.on_admitted: AdmittedHook | None = None
+        self._signals: RoomSignals = signals or NoSignals()
+        self._listener = listener
         self.is_draining = False
         backend.bind(self._on_applied, self.reconcile)
 
@@ -138,7 +169,7 @@ class WaitingRoom:
                         model: str | None = None) -> SessionEntry | None:
         """Shared state only: continue here a session another replica holds (`claim`: live or in its place in
         the queue) or let go (an orphan: adopted, never queued). None if the shared state has no such session."""
-        state = getattr(self.backend, "replicated", None)
+        state = self.backend.replicated
         if state is None or self.registry.get(session_id) is not None:
             return self.registry.get(session_id)
         now = self.clock.now()
@@ -215,7 +246,7 @@ class WaitingRoom:
         entry = await self.release(session_id, reason)
         if entry is not None:
             return Ended(session_id, entry.state, len(entry.calls))
-        state = getattr(self.backend, "replicated", None)
+        state = self.backend.replicated
         if state is not None:
             now = self.clock.now()
             if state.is_held(session_id):
@@ -267,7 +298,8 @@ class WaitingRoom:
         if self.is_draining or not self.backend.is_leader:
             return []
         try:
-            return await self.backend.step(Step("tick", None, (self.hit_rate(), self.ttft()), self.clock.now()))
+            signals = self._signals
+            return await self.backend.step(Step("tick", None, (signals.hit_rate(), signals.ttft_s()), self.clock.now()))
         except StateUnavailableError:
             return []
 
@@ -316,7 +348,7 @@ class WaitingRoom:
 
     def reconcile(self, is_state_lost: bool) -> None:
         """Shared state only: put every session held here back in line with the shared state (see the rules)."""
-        state = getattr(self.backend, "replicated", None)
+        state = self.backend.replicated
         if state is None:
             return
         self.registry.levels.reset([(r.session_id, r.priority) for r in self.policy.records()])
@@ -488,12 +520,12 @@ class WaitingRoom:
                                     "against its replacement", self._retry_after_s)
 
     def _notify_end(self, entry: SessionEntry, reason: EndReason) -> None:
-        if self.on_session_end is not None:
-            self.on_session_end(entry, reason)
+        if self._listener is not None:
+            self._listener.session_ended(entry, reason)
 
     def _notify_admitted(self, entry: SessionEntry, waited_s: float) -> None:
-        if self.on_admitted is not None:
-            self.on_admitted(entry, waited_s)
+        if self._listener is not None:
+            self._listener.session_admitted(entry, waited_s)
 
     def _raise_unless_admitted(self, entry: SessionEntry, verdict: Verdict) -> None:
         if isinstance(verdict, Shed):

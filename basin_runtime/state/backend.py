@@ -6,6 +6,8 @@ Rules:
   apply; `step` then returns the step's events (or raises its `PolicyError`).
 - `submit` is for steps whose caller needs no answer (a call's observe, a revision): in process they
   apply at once (exactly as `step`); a shared backend sends them without waiting.
+- The `StateBackend` Protocol declares everything the gateway asks of a backend, `replicated` (the shared
+  session owners and orphans, None in process) included: nobody reaches around it.
 - `InProcessBackend` is the embedded default: the local `Policy`, the caller's clock, nothing shared;
   a step applies to it at once, in the caller's own task.
 - A shared backend that cannot reach its store raises `StateUnavailableError` from `step`: the gateway
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from basin_runtime.policy import Event, Policy
-from basin_runtime.state.replica import Applied, held_changes
+from basin_runtime.state.replica import Applied, ReplicatedState, held_changes
 from basin_runtime.state.steps import Step, apply_step
 
 Listener = Callable[[Applied], None]
@@ -69,6 +71,11 @@ class StateBackend(Protocol):
         """Steps made and not yet applied (0 in process)."""
         ...
 
+    @property
+    def replicated(self) -> ReplicatedState | None:
+        """Shared only: this replica's copy of the replicated state (session owners, orphans); None in process."""
+        ...
+
     def bind(self, listener: Listener, on_reset: Callable[[bool], None] | None = None) -> None:
         """Hear of every step applied, in order (and, shared, of every reload of the state: True if the store
         had lost it)."""
@@ -91,6 +98,7 @@ class InProcessBackend:
     is_up = True
     num_pending = 0
     replica_id = LOCAL_REPLICA
+    replicated = None  # nothing is shared
 
     def __init__(self, policy: Policy) -> None:
         self._policy = policy

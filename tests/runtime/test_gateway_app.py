@@ -24,14 +24,18 @@ from starlette.applications import Starlette
 
 from basin_runtime.clock import ManualClock
 from basin_runtime.gateway.app import create_app
-from basin_runtime.gateway.gateway import Gateway
+from basin_runtime.gateway.build import assemble
+from basin_runtime.gateway.gateway import Gateway, GatewaySettings
 from basin_runtime.gateway.measure import Meter
+from basin_runtime.gateway.metrics import GatewayMetrics
 from basin_runtime.gateway.predictors import Predictors
 from basin_runtime.gateway.priority import routing_key
 from basin_runtime.gateway.proxy import CallEnd, Upstream, UpstreamResponse
+from basin_runtime.gateway.telemetry import Telemetry
 from basin_runtime.gateway.upstream import UpstreamClient
 from basin_runtime.gateway.waiting import WaitingRoom
 from basin_runtime.policy import Policy, PolicyConfig
+from basin_runtime.session_keys import SessionKeys
 from basin_runtime.task_text import TaskTextRule
 from basin_runtime.tokenizer import get_tokenizer
 from tests.runtime.httpx_upstream import HttpxUpstreamClient
@@ -118,22 +122,32 @@ def conversation(*contents: str, system: str | None = None) -> list[dict[str, st
     return messages
 
 
+TELEMETRY_PARTS = ("hit_window", "lending", "session_log")
+ASSEMBLY_ARGUMENTS = ("live_sessions", "adoption_window_s")
+
+
 @asynccontextmanager
 async def rig_for(*, budget_tokens: int = 1_000_000, model: StubModel | None = None, admin_token: str | None = None,
                   workload_models: dict[str, StubModel] | None = None, gateway_options: dict[str, Any] | None = None,
                   app_options: dict[str, Any] | None = None, reservation_quantile: float | None = None,
                   revise_at_calls: tuple[int, ...] = (), upstream_client: UpstreamClient | None = None,
                   clock: ManualClock | None = None, **policy: Any) -> AsyncIterator[Rig]:
-    """A fresh rig; everything it opened is closed on exit (`*_options`: extra Gateway / create_app arguments;
-    `upstream_client`: a real client instead of the fake upstream, which then sees nothing)."""
+    """A fresh rig; everything it opened is closed on exit (`gateway_options`: `GatewaySettings` fields, `Telemetry`
+    parts and `assemble` arguments; `app_options`: extra create_app arguments; `upstream_client`: a real client
+    instead of the fake upstream, which then sees nothing)."""
     clock = clock or ManualClock()
     upstream = FakeUpstream()
     model = model or StubModel()
-    room = WaitingRoom(Policy(PolicyConfig(budget_tokens=budget_tokens, **policy)), clock, retry_after_s=30)
     mock_client = httpx.AsyncClient(transport=httpx.MockTransport(upstream), base_url="http://router")
-    gateway = Gateway(room, Meter(TOKENIZER, TaskTextRule()), Predictors(model, workload_models, reservation_quantile,
-                                                                          revise_at_calls),
-                      Upstream(upstream_client or HttpxUpstreamClient(mock_client)), **(gateway_options or {}))
+    options = dict(gateway_options or {})
+    parts = {name: options.pop(name) for name in TELEMETRY_PARTS if name in options}
+    wiring = {name: options.pop(name) for name in ASSEMBLY_ARGUMENTS if name in options}
+    telemetry = Telemetry(clock, GatewayMetrics(), tokenizer_name=TOKENIZER.name, **parts)
+    settings = GatewaySettings(session_keys=SessionKeys(admin_token), **options)
+    gateway = assemble(settings, clock, Meter(TOKENIZER, TaskTextRule()),
+                       Predictors(model, workload_models, reservation_quantile, revise_at_calls),
+                       Upstream(upstream_client or HttpxUpstreamClient(mock_client)), telemetry, retry_after_s=30,
+                       policy=Policy(PolicyConfig(budget_tokens=budget_tokens, **policy)), **wiring)
     app = create_app(gateway, admin_token=admin_token, **(app_options or {}))
     client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway")
     try:
@@ -148,6 +162,22 @@ async def eventually(condition: Callable[[], bool], timeout_s: float = 2.0) -> N
     async with asyncio.timeout(timeout_s):
         while not condition():
             await asyncio.sleep(0.002)
+
+
+async def held_in_the_queue(rig: Rig, *session_ids: str, waiters: int = 1) -> None:
+    """Prove calls are held, not slow, without sleeping: every call of each session waits on the session's open
+    decision (which only the room resolves), and a minute on the clock with a tick of the policy resolves none."""
+    def waiting() -> bool:
+        entries = [rig.room.registry.get(s) for s in session_ids]
+        return all(e is not None and e.waiters == waiters for e in entries)
+
+    await eventually(waiting)
+    rig.clock.advance(60)
+    await rig.room.tick()
+    for session_id in session_ids:
+        entry = rig.room.registry.get(session_id)
+        assert entry is not None and entry.state == "queued" and not entry.decision.done()
+        assert entry.waiters == waiters
 
 
 class RawCall:
@@ -303,8 +333,7 @@ async def test_a_raw_prompt_without_identity_is_a_session_of_its_own_that_ends_w
 
 
 async def test_the_session_header_name_is_configurable() -> None:
-    async with rig_for() as rig:
-        rig.gateway.session_header = "X-Agent-Run"
+    async with rig_for(gateway_options={"session_header": "X-Agent-Run"}) as rig:
         response = await rig.client.post(CHAT, json={"messages": conversation("t")}, headers={"X-Agent-Run": "r9"})
         assert response.headers["x-agent-run"] == "r9"
         assert rig.policy.snapshot().live == ("r9",)
@@ -350,7 +379,7 @@ async def test_fabricated_histories_cannot_skip_the_queue(full: Rig) -> None:
     await full.chat("live", "task")
     calls = [asyncio.create_task(full.chat(f"fake-{k}", f"task {k}", "more")) for k in range(20)]
     await eventually(lambda: len(full.policy.snapshot().queued) == 20)
-    await asyncio.sleep(0.05)
+    await held_in_the_queue(full, *(f"fake-{k}" for k in range(20)))
 
     assert not any(c.done() for c in calls)
     assert len(full.upstream.bodies()) == 1 and full.policy.snapshot().live == ("live",)
@@ -366,7 +395,7 @@ async def test_with_a_full_budget_a_second_session_waits_and_runs_once_the_first
     await full.chat("first", "task one")
     second = asyncio.create_task(full.chat("second", "task two"))
     await eventually(lambda: full.policy.is_queued("second"))
-    await asyncio.sleep(0.05)
+    await held_in_the_queue(full, "second")
 
     assert not second.done()
     assert len(full.upstream.bodies()) == 1
@@ -445,7 +474,7 @@ async def test_a_second_call_of_a_queued_session_waits_with_the_first(full: Rig)
     await full.chat("first", "task one")
     calls = [asyncio.create_task(full.chat("second", "task two")) for _ in range(2)]
     await eventually(lambda: full.policy.is_queued("second"))
-    await asyncio.sleep(0.05)
+    await held_in_the_queue(full, "second", waiters=2)
     assert not any(c.done() for c in calls)
     await full.client.post("/basin/sessions/first/end")
     responses = await asyncio.wait_for(asyncio.gather(*calls), timeout=2)
@@ -541,7 +570,7 @@ async def test_a_streamed_answer_passes_through_as_it_arrives_and_the_call_ends_
     entry = rig.room.registry.get("s1")
     assert entry is not None and entry.in_flight == 1 and entry.calls[0].ended_at is None
     assert call.body_chunks == [b'data: {"choices":[{"delta":{"content":"he"}}]}\n\n']
-    assert not rig.gateway._awaiting_first_byte  # its first token is heard at the first event, not at the end
+    assert not rig.gateway.telemetry._awaiting_first_byte  # its first token is heard at the first event, not at the end
     release.set()
     await asyncio.wait_for(task, timeout=2)
 
@@ -572,15 +601,15 @@ async def test_an_error_event_in_the_stream_is_passed_on_and_ends_the_call_as_an
     assert (await rig.chat("s1", "task")).status_code == 200  # served once: a failed call does not release it
     rig.upstream.handler = _sse_events(b'data: {"choices":[{"delta":{"content":"he"}}]}\n\n', SMG_STREAM_ERROR,
                                        b"data: [DONE]\n\n")
-    rig.gateway.lending.session_ended("s1")
+    rig.gateway.telemetry.lending.session_ended("s1")
     call = RawCall(rig.app, {"messages": conversation("task", "more"), "stream": True}, session="s1")
     await asyncio.wait_for(call.run(), timeout=2)
 
     assert call.status == 200 and SMG_STREAM_ERROR in b"".join(call.body_chunks)  # the client reads the failure
     entry = rig.room.registry.get("s1")
     assert entry is not None and (entry.in_flight, entry.calls[1].outcome) == (0, "upstream_error")
-    assert rig.gateway.lending.of("s1") is None  # a failed call reports nothing of the session's KV
-    assert b'basin_calls_total{outcome="upstream_error"} 1.0' in rig.gateway.metrics.render()
+    assert rig.gateway.telemetry.lending.of("s1") is None  # a failed call reports nothing of the session's KV
+    assert b'basin_calls_total{outcome="upstream_error"} 1.0' in rig.gateway.telemetry.metrics.render()
     assert rig.policy.is_live("s1")  # the session lives on; only the call failed
 
 
@@ -616,7 +645,7 @@ def _failing_stream(*events: bytes, fails: Exception | None = None, content_type
 async def _failing_call(rig: Rig, handler: Handler, *, is_stream: bool = True) -> RawCall:
     """Session s1's second call, answered by `handler` (the first was served: a failed call leaves it live)."""
     assert (await rig.chat("s1", "task")).status_code == 200
-    rig.gateway.lending.session_ended("s1")
+    rig.gateway.telemetry.lending.session_ended("s1")
     rig.upstream.handler = handler
     call = RawCall(rig.app, {"messages": conversation("task", "more"), "stream": is_stream}, session="s1")
     await asyncio.wait_for(call.run(), timeout=2)
@@ -657,9 +686,9 @@ async def test_a_stream_the_upstream_does_not_finish_gets_an_error_event_then_do
     assert (error["type"], error["code"]) == (kind, code) and words in error["message"], error
     assert call.sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}  # ended, not cut
     assert _second_call_outcome(rig) == (0, "upstream_error")
-    assert b'basin_calls_total{outcome="upstream_error"} 1.0' in rig.gateway.metrics.render()
+    assert b'basin_calls_total{outcome="upstream_error"} 1.0' in rig.gateway.telemetry.metrics.render()
     assert any(words in r.getMessage() and r.levelname == "WARNING" for r in caplog.records)  # the reason is logged
-    assert rig.gateway.lending.of("s1") is None and rig.policy.is_live("s1")
+    assert rig.gateway.telemetry.lending.of("s1") is None and rig.policy.is_live("s1")
 
 
 @pytest.mark.parametrize("tail", [b"", b'data: {"unfini'], ids=["ends-there", "then-an-unfinished-event"])
@@ -899,7 +928,7 @@ async def test_a_call_that_fails_inside_the_gateway_after_it_was_counted_is_ende
     assert (response.status_code, error["type"]) == (500, "internal_error") and "RuntimeError" in error["message"]
     entry = rig.room.registry.get("s1")
     assert entry is not None and (entry.in_flight, entry.calls[1].outcome) == (0, "gateway_error")
-    assert rig.gateway.metrics.calls_in_flight._value.get() == 0
+    assert rig.gateway.telemetry.metrics.calls_in_flight._value.get() == 0
     assert (await rig.client.post("/basin/sessions/s1/end")).status_code == 200
     snapshot = rig.policy.snapshot()
     assert (snapshot.live, snapshot.reserved_tokens) == ((), 0)  # its budget is back
@@ -951,7 +980,7 @@ async def test_upstream_failures_are_502_or_504_with_the_upstream_words(rig: Rig
     error = response.json()["error"]
     assert error["type"] == kind and words in error["message"]
     assert rig.room.registry.get("s1") is None  # nothing of it was served: released, holding no budget
-    metrics = rig.gateway.metrics.render()
+    metrics = rig.gateway.telemetry.metrics.render()
     assert b'basin_calls_total{outcome="upstream_error"} 1.0' in metrics
     assert b'basin_sessions_ended_total{reason="failed"} 1.0' in metrics
 
@@ -975,8 +1004,8 @@ async def test_an_upstream_4xx_in_json_with_a_type_passes_through_unchanged(rig:
     assert response.status_code == 400
     assert response.json() == SGLANG_400
     assert rig.room.registry.get("s1") is None  # refused upstream: not served work, nothing held, nothing to lend
-    assert b'basin_calls_total{outcome="rejected"} 1.0' in rig.gateway.metrics.render()
-    assert rig.gateway.lending.of("s1") is None
+    assert b'basin_calls_total{outcome="rejected"} 1.0' in rig.gateway.telemetry.metrics.render()
+    assert rig.gateway.telemetry.lending.of("s1") is None
 
 
 # --- pass-through --------------------------------------------------------------------------------
@@ -1023,7 +1052,7 @@ async def test_the_first_token_window_hears_each_answer_and_counts_calls_still_w
         for k in range(5):  # five quick answers: the engines keep up
             assert (await rig.chat(f"quick{k}", "task")).status_code == 200
         quick = rig.gateway.ttft_s()
-        assert quick is not None and quick < 0.2 and not rig.gateway._awaiting_first_byte
+        assert quick is not None and quick < 0.2 and not rig.gateway.telemetry._awaiting_first_byte
         release = asyncio.Event()
 
         async def stuck(request: httpx.Request) -> httpx.Response:
@@ -1032,13 +1061,13 @@ async def test_the_first_token_window_hears_each_answer_and_counts_calls_still_w
 
         rig.upstream.handler = stuck
         calls = [asyncio.create_task(rig.chat(f"stuck{k}", "task")) for k in range(6)]
-        await eventually(lambda: len(rig.gateway._awaiting_first_byte) == 6)
+        await eventually(lambda: len(rig.gateway.telemetry._awaiting_first_byte) == 6)
         await asyncio.sleep(0.3)
         slow = rig.gateway.ttft_s()
         assert slow is not None and slow >= 0.3  # 6 waits of >= 0.3 s outnumber 5 quick answers
         await rig.room.tick()
         assert rig.policy.is_pressed is True  # the tick gave the policy the windowed latency
-        assert b"basin_engine_ttft_seconds" in rig.gateway.metrics.render()
+        assert b"basin_engine_ttft_seconds" in rig.gateway.telemetry.metrics.render()
         release.set()
         assert [c.status_code for c in await asyncio.gather(*calls)] == [200] * 6
-        assert not rig.gateway._awaiting_first_byte  # every call heard its first byte or its end
+        assert not rig.gateway.telemetry._awaiting_first_byte  # every call heard its first byte or its end

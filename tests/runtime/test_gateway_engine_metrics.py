@@ -113,14 +113,14 @@ def test_scraped_engines_take_precedence_over_the_upstream_usage_window() -> Non
     config = parse("--config", str(EXAMPLE), "--engine-metrics", "http://127.0.0.1:9/metrics",
                    "--hit-rate-min-prompt-tokens", "10")
     gateway = build_gateway(config, clock=ManualClock())
-    assert gateway.engine_scraper is not None
+    assert gateway.telemetry.engine_scraper is not None
     try:
         now = gateway.room.clock.now()
-        gateway.hit_window.record(now, 100, 10)
+        gateway.telemetry.hit_window.record(now, 100, 10)
         assert gateway.hit_rate() == pytest.approx(0.1)  # engines without evidence yet: the usage window
-        gateway.engine_scraper.window.record("e", now, 0.0, 0.0)
-        gateway.engine_scraper.window.record("e", now, 90.0, 100.0)
+        gateway.telemetry.engine_scraper.window.record("e", now, 0.0, 0.0)
+        gateway.telemetry.engine_scraper.window.record("e", now, 90.0, 100.0)
         assert gateway.hit_rate() == pytest.approx(0.9)
     finally:
-        asyncio.run(gateway.engine_scraper.aclose())
+        asyncio.run(gateway.telemetry.engine_scraper.aclose())
         asyncio.run(gateway.upstream.aclose())

@@ -406,7 +406,7 @@ class Checked:
         assert all(s["reserved_tokens"] >= max(math.ceil(s["reserved_peak_tokens"]), s["last_prompt_tokens"])
                    for s in live), sessions  # (more once a call outgrew it: context + predicted growth, issue 46)
         assert all(s["in_flight"] == 0 and s["num_calls"] >= 1 for s in sessions), sessions
-        assert self.rig.gateway.metrics.calls_in_flight._value.get() == 0
+        assert self.rig.gateway.telemetry.metrics.calls_in_flight._value.get() == 0
         assert self.log._thread.is_alive() and (self.log.num_failed, self.log.num_dropped) == (0, 0)
         return {s["session_id"]: s for s in sessions}
 

@@ -25,7 +25,16 @@ from basin_runtime.gateway.session_log import SessionLogWriter
 from basin_runtime.policy.hit_rate import HitRateWindow
 from basin_runtime.session_log import SessionLogRecord
 from basin_runtime.session_table import read_sessions
-from tests.runtime.test_gateway_app import TOKENIZER, Handler, Rig, StubModel, conversation, eventually, rig_for
+from tests.runtime.test_gateway_app import (
+    TOKENIZER,
+    Handler,
+    Rig,
+    StubModel,
+    conversation,
+    eventually,
+    held_in_the_queue,
+    rig_for,
+)
 
 pytestmark = pytest.mark.asyncio
 MODEL_FILE = Path(__file__).resolve().parents[2] / "models" / "peak_predictor.onnx"
@@ -200,7 +209,7 @@ async def test_a_shed_session_counts_as_shed() -> None:
         await rig.chat("a", "task")
         entry = rig.room.registry.get("a")
         assert entry is not None
-        rig.gateway.metrics.session_ended(entry, "shed")
+        rig.gateway.telemetry.metrics.session_ended(entry, "shed")
         assert (await scrape(rig))["basin_sessions_shed_total"] == 1
 
 
@@ -353,7 +362,7 @@ async def test_shadow_mode_decides_and_reports_but_holds_no_one() -> None:
 
         assert (await rig.client.put("/basin/shadow", json={"enabled": False})).json() == {"is_shadow": False}
         held = asyncio.create_task(rig.chat("c", "task c"))
-        await asyncio.sleep(0.05)
+        await held_in_the_queue(rig, "c")
         assert not held.done()  # out of shadow mode, a queued session waits again
         await rig.client.post("/basin/sessions/c/end")
         assert (await asyncio.wait_for(held, 2)).status_code == 409

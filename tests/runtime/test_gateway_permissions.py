@@ -24,7 +24,8 @@ def expected_key(rig: Rig, secret: str, session_id: str) -> str:
     """The documented derivation, computed here independently of the gateway's code: the run's nonce and the
     session's incarnation (its policy record's sequence number and arrival time) before its id."""
     record = rig.policy.record_of(session_id)
-    message = f"basin-session-end:{rig.gateway.session_keys.run}/{record.seq}/{record.arrival_s!r}:{session_id}"
+    run = rig.gateway.settings.session_keys.run
+    message = f"basin-session-end:{run}/{record.seq}/{record.arrival_s!r}:{session_id}"
     return hmac.new(secret.encode(), message.encode(), hashlib.sha256).hexdigest()[:32]
 
 
@@ -141,7 +142,8 @@ async def test_keys_rotate_when_the_gateway_restarts() -> None:
         old_key = (await before.chat("s1", "task")).headers[KEY_HEADER]
     async with rig_for(admin_token=TOKEN) as after:
         new_key = (await after.chat("s1", "task")).headers[KEY_HEADER]
-        assert new_key != old_key and after.gateway.session_keys.run != before.gateway.session_keys.run
+        runs = before.gateway.settings.session_keys.run, after.gateway.settings.session_keys.run
+        assert new_key != old_key and runs[0] != runs[1]
         refused = await after.client.post("/basin/sessions/s1/end", headers={KEY_HEADER: old_key})
         assert refused.status_code == 401 and "s1" in await live_ids(after)
         assert (await after.client.post("/basin/sessions/s1/end", headers={KEY_HEADER: new_key})).status_code == 200

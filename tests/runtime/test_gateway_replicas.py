@@ -32,16 +32,19 @@ import pytest
 
 from basin_runtime.clock import MonotonicClock
 from basin_runtime.gateway.app import create_app
-from basin_runtime.gateway.gateway import Gateway
+from basin_runtime.gateway.build import assemble
+from basin_runtime.gateway.gateway import GatewaySettings
 from basin_runtime.gateway.measure import Meter
+from basin_runtime.gateway.metrics import GatewayMetrics
 from basin_runtime.gateway.predictors import Predictors
 from basin_runtime.gateway.proxy import Upstream
+from basin_runtime.gateway.telemetry import Telemetry
 from basin_runtime.gateway.waiting import WaitingRoom
 from basin_runtime.policy import PolicyConfig
 from basin_runtime.policy.hit_rate import HitRateWindow
+from basin_runtime.session_keys import SessionKeys
 from basin_runtime.state.leases import Coordinator
 from basin_runtime.state.redis_backend import RedisBackend, StateConfigError
-from basin_runtime.state.signals import SignalReport
 from basin_runtime.task_text import TaskTextRule
 from tests.redis_server import RedisServer, running_redis
 from tests.runtime.httpx_upstream import HttpxUpstreamClient
@@ -64,14 +67,19 @@ class Replica:
 
     async def _build(self, url: str, prefix: str, upstream: FakeUpstream, config: PolicyConfig, peak: float,
                      admin_token: str | None, lease_s: float) -> None:
-        self.backend = RedisBackend(url, config, replica_id=self.name, prefix=prefix, lease_s=lease_s, tail_block_ms=50)
-        self.coordinator = Coordinator(self.backend, lambda: SignalReport.of(0, 0, None, ()), orphan_window_s=600,
+        clock = MonotonicClock()
+        telemetry = Telemetry(clock, GatewayMetrics(), tokenizer_name=TOKENIZER.name,
+                              hit_window=HitRateWindow(min_prompt_tokens=10))
+        self.backend = RedisBackend(url, config, replica_id=self.name, prefix=prefix, lease_s=lease_s, tail_block_ms=50,
+                                    hooks=telemetry.state_hooks())
+        self.coordinator = Coordinator(self.backend, telemetry.signal_report, orphan_window_s=600,
                                        tick_interval_s=0.1, min_prompt_tokens=10)
-        room = WaitingRoom(None, MonotonicClock(), retry_after_s=30, backend=self.backend)
         self.upstream_client = httpx.AsyncClient(transport=httpx.MockTransport(upstream), base_url="http://router")
-        self.gateway = Gateway(room, Meter(TOKENIZER, TaskTextRule()), Predictors(StubModel(default=peak)),
-                               Upstream(HttpxUpstreamClient(self.upstream_client)), coordinator=self.coordinator,
-                               hit_window=HitRateWindow(min_prompt_tokens=10))
+        self.gateway = assemble(GatewaySettings(session_keys=SessionKeys(admin_token, run="")), clock,
+                                Meter(TOKENIZER, TaskTextRule()), Predictors(StubModel(default=peak)),
+                                Upstream(HttpxUpstreamClient(self.upstream_client)), telemetry, retry_after_s=30,
+                                coordinator=self.coordinator)
+        room = self.gateway.room
         app = create_app(self.gateway, admin_token=admin_token)
         self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
                                         base_url="http://gateway", timeout=30)
@@ -408,8 +416,8 @@ def test_a_replica_with_another_policy_configuration_is_refused(redis_server: Re
 
 def test_the_leader_ticks_with_the_deployments_hit_rate(redis_server: RedisServer) -> None:
     with replicas(redis_server, 2, budget_tokens=1_000_000) as (one, two):
-        one.call(lambda: one.gateway.hit_window.record(time.monotonic(), 1000, 900))
-        two.call(lambda: two.gateway.hit_window.record(time.monotonic(), 3000, 300))
+        one.call(lambda: one.gateway.telemetry.hit_window.record(time.monotonic(), 1000, 900))
+        two.call(lambda: two.gateway.telemetry.hit_window.record(time.monotonic(), 3000, 300))
         leader = one if one.call(lambda: one.backend.is_leader) else two
         wait_until(lambda: leader.call(lambda: leader.coordinator.hit_rate) == pytest.approx(1200 / 4000),
                    what="the combined hit rate")

@@ -65,8 +65,8 @@ def list_live(tmp_path: Path, *session_ids: str, is_logged: bool = True, content
 
 
 async def finish(rig: Rig) -> None:
-    assert rig.gateway.session_log is not None
-    await asyncio.to_thread(rig.gateway.session_log.flush)
+    assert rig.gateway.telemetry.session_log is not None
+    await asyncio.to_thread(rig.gateway.telemetry.session_log.flush)
 
 
 # --- the adoption rule ---------------------------------------------------------------------------
@@ -123,7 +123,7 @@ async def test_a_listed_id_is_adopted_at_most_once_and_only_with_its_history(tmp
 
 async def test_without_a_live_sessions_file_nothing_is_adopted(tmp_path: Path) -> None:
     async with rig_for(budget_tokens=1) as rig:
-        assert rig.gateway.live_sessions is None
+        assert rig.gateway.restart.file is None
         await rig.chat("live", "task")
         call = asyncio.create_task(rig.chat("old", "task", "more"))
         await eventually(lambda: rig.policy.is_queued("old"))
@@ -140,7 +140,7 @@ async def test_a_bad_live_sessions_file_adopts_nobody_and_says_so(tmp_path: Path
     path.write_text(content, encoding="utf-8")
     with caplog.at_level(logging.WARNING):
         async with restart_rig(tmp_path) as rig:
-            assert len(rig.gateway.adoption) == 0
+            assert len(rig.gateway.restart.adoption) == 0
     assert "no session will be adopted" in caplog.text
 
 

@@ -35,15 +35,15 @@ def chat(*messages: tuple[str, str], **fields: object) -> Call:
 
 def test_the_header_wins_then_the_user_field_then_the_conversation_hash() -> None:
     call = chat(("user", "task"), user="alice")
-    assert session_id_for(call, {"X-Session-ID": " run-1 "}, "X-Session-ID") == ("run-1", False)
-    assert session_id_for(call, {}, "X-Session-ID") == ("alice", False)
-    hashed, is_single = session_id_for(chat(("user", "task")), {}, "X-Session-ID")
+    assert session_id_for(call, " run-1 ", "X-Session-ID") == ("run-1", False)
+    assert session_id_for(call, "", "X-Session-ID") == ("alice", False)
+    hashed, is_single = session_id_for(chat(("user", "task")), "", "X-Session-ID")
     assert hashed.startswith("conv-") and len(hashed) == 5 + 24 and not is_single
 
 
 def test_the_hash_is_stable_as_the_conversation_grows_and_differs_between_tasks() -> None:
     def ident(call: Call) -> str:
-        return session_id_for(call, {}, "X-Session-ID")[0]
+        return session_id_for(call, "", "X-Session-ID")[0]
 
     first = chat(("system", "you are an agent"), ("user", "task A"))
     later = chat(("system", "you are an agent"), ("user", "task A"), ("assistant", "ls"), ("user", "out"))
@@ -62,12 +62,12 @@ def test_the_hash_is_fed_in_slices_and_is_the_same_as_hashing_the_whole_head(
     messages = ([("system", system)] if system is not None else []) + [("user", user)]
     whole = hashlib.sha256(json.dumps([system, user], ensure_ascii=False).encode("utf-8")).hexdigest()
     monkeypatch.setattr(sessions, "_HASH_SLICE_CHARS", 3)
-    assert session_id_for(chat(*messages), {}, "X-Session-ID")[0] == f"conv-{whole[:24]}"
+    assert session_id_for(chat(*messages), "", "X-Session-ID")[0] == f"conv-{whole[:24]}"
 
 
 def test_a_raw_prompt_without_header_or_user_is_a_single_call_session_each_time() -> None:
     call = parse_call("completion", b'{"prompt": "def f():"}')
-    (one, is_single), (two, _) = session_id_for(call, {}, "X-Session-ID"), session_id_for(call, {}, "X-Session-ID")
+    (one, is_single), (two, _) = session_id_for(call, "", "X-Session-ID"), session_id_for(call, "", "X-Session-ID")
     assert is_single and one != two and one.startswith("call-")
 
 

@@ -82,7 +82,7 @@ async def test_a_non_streamed_json_answer_the_upstream_ends_short_is_not_passed_
         answer = await asyncio.wait_for(raw_exchange(served.port, post(chat_body("task"), b"w")), 10)
         assert answer is not None and answer.status == 200 and answer.body == half
         assert not answer.is_complete  # the connection is broken off: the client sees an error
-        metrics = served.rig.gateway.metrics
+        metrics = served.rig.gateway.telemetry.metrics
         await eventually(lambda: b'basin_calls_total{outcome="upstream_error"} 1.0' in metrics.render())
         assert served.rig.room.registry.get("w") is None  # its only call failed: released, no budget held
 
