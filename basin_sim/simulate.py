@@ -34,10 +34,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from basin_runtime.policy.deadline import goodput_deadline_s
 from basin_runtime.session_table import Session
 from basin_sim.clients import ClosedPopulation
 from basin_sim.engine import Engine
-from basin_sim.goodput import SLOWDOWN_LIMIT, SessionOutcome
+from basin_sim.goodput import SessionOutcome
 from basin_sim.lifecycle import SessionRun, SessionSpec
 from basin_sim.policies import PolicyContext, make_policy
 from basin_sim.run_spec import RunSpec
@@ -123,7 +124,7 @@ def _run_scenario(spec: RunSpec, pool: Sequence[Session], progress: ProgressCall
     assert feed.is_done, "an open arrival at or after duration_s"
     in_window = {sid: unloaded.of(run.spec) for sid, run in engine.runs.items()
                  if not run.spec.is_burst and window[0] <= run.spec.arrival_s < window[1]}
-    deadlines = {sid: engine.runs[sid].spec.arrival_s + SLOWDOWN_LIMIT * t for sid, t in in_window.items()}
+    deadlines = {sid: goodput_deadline_s(engine.runs[sid].spec.arrival_s, t) for sid, t in in_window.items()}
     stop_s = min(max(deadlines.values(), default=end_s), end_s + spec.max_drain_s)
     pending = [sid for sid in deadlines if not engine.runs[sid].is_over]
     while pending and engine.now < stop_s:
