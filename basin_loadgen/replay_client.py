@@ -45,8 +45,8 @@ import openai
 
 from basin_loadgen.replay import ConversationBuilder, PlannedSession
 from basin_loadgen.replay_summary import CallRecord, SessionRecord, StateSample
-from basin_runtime.session_keys import SESSION_KEY_HEADER
 from basin_runtime.policy.deadline import goodput_deadline_s
+from basin_runtime.session_keys import SESSION_KEY_HEADER
 from basin_sim.workload.pool import load_pool
 from basin_sim.workload.scenarios import DEFAULT_GAP_S
 
