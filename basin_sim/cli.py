@@ -69,7 +69,7 @@ def _run(args: argparse.Namespace) -> int:
                                "overload_rate_source": prepared.overload_rate_source,
                                "calibration_source": prepared.calibration_source,
                                "predictions": prepared.prediction_sources, **result.summary}
-    log.info("simulated %.0f s in %.1f s wall", summary["simulated_s"], time.perf_counter() - started)
+    log.info("simulated %.0f s in %.1f s wall", result.run_summary.simulated_s, time.perf_counter() - started)
     if args.plot_dir is not None:
         from basin_sim.plots import plot_run
 

@@ -142,11 +142,12 @@ def _run(cells: Mapping[CellKey, Cell], key: CellKey, label: str, seed: int,
                    seed, cell.overload_rate_per_s, calibration, told, q,
                    policy_overrides=variant.overrides if variant is not None else {},
                    latency_gate=variant is not None and variant.latency_gate)
-    summary = run_scenario(run, cell.pool).summary
-    return {**{k: summary[k] for k in KEPT}, "policy": label, **minute_series(summary["timeline"])}
+    summary = run_scenario(run, cell.pool).run_summary
+    row = summary.to_json()
+    return {**{k: row[k] for k in KEPT}, "policy": label, **minute_series(summary.timeline)}
 
 
-def minute_series(timeline: list[dict[str, Any]]) -> dict[str, list[float | None]]:
+def minute_series(timeline: Sequence[Mapping[str, Any]]) -> dict[str, list[float | None]]:
     """A run's time-resolved results, one value per minute after warm-up (3 significant digits): the hit rate,
     and the first-call wait p50 of the regular sessions arriving in that minute."""
     def compact(value: float | None) -> float | None:

@@ -21,7 +21,8 @@ Rules:
   population's draws all come from the run's seed.
 - A closed population starts its agents at the start of warm-up; each agent's next session
   starts when its last one is over, until arrivals stop (`duration_s`).
-- The summary is plain JSON types and depends only on the inputs: same inputs, same summary.
+- The summary (`RunSummary`; `RunResult.summary` is its JSON) depends only on the inputs: same inputs, same
+  summary.
 - No I/O: progress is reported through a callback with the simulated time.
 """
 
@@ -42,7 +43,7 @@ from basin_sim.goodput import SessionOutcome
 from basin_sim.lifecycle import SessionRun, SessionSpec
 from basin_sim.policies import PolicyContext, make_policy
 from basin_sim.run_spec import RunSpec
-from basin_sim.run_summary import summarize
+from basin_sim.run_summary import RunSummary, summarize
 from basin_sim.timeline import Timeline
 from basin_sim.unloaded import UnloadedTimes
 from basin_sim.workload.scenarios import (
@@ -64,9 +65,14 @@ class RunResult:
     """A run's spec, summary, timeline and per-session outcomes."""
 
     spec: RunSpec
-    summary: dict[str, Any]
+    run_summary: RunSummary
     timeline: Timeline
     outcomes: tuple[SessionOutcome, ...]
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """The run summary's JSON object (`RunSummary.to_json`)."""
+        return self.run_summary.to_json()
 
 
 def pool_unloaded_s(pool: Sequence[Session], unloaded: UnloadedTimes) -> Callable[[Session], float]:

@@ -39,7 +39,15 @@ from collections.abc import Mapping
 from basin_runtime.policy import Admitted, Event, Policy, PolicyConfig, PolicyMode, Requeued, Shed
 from basin_runtime.policy.calibrated import Calibration, policy_config, uncalibrated
 from basin_runtime.session_table import Session
-from basin_sim.policies.base import NO_DECISIONS, Decisions, PinRule, PolicyContext, PolicySpec
+from basin_sim.policies.base import (
+    NO_DECISIONS,
+    Decisions,
+    PinRule,
+    PolicyContext,
+    PolicyReport,
+    PolicySpec,
+    ReservationReport,
+)
 
 
 class MissingPredictionError(KeyError):
@@ -154,10 +162,10 @@ class BasinPolicy:
         """`Policy.tick`."""
         return self._decided(self.core.tick(now, hit_rate, ttft_s))
 
-    def reservation_report(self) -> dict[str, int]:
-        """Sessions admitted so far, and how many of them outgrew their first reservation."""
-        return {"sessions_admitted": self.sessions_admitted, "sessions_overflowed": self.sessions_overflowed,
-                "revisions": self.sessions_revised}
+    def report(self) -> PolicyReport:
+        """Sessions admitted so far, how many of them outgrew their first reservation, revisions applied."""
+        return PolicyReport(reservations=ReservationReport(self.sessions_admitted, self.sessions_overflowed,
+                                                           self.sessions_revised))
 
     def _decided(self, events: list[Event]) -> Decisions:
         decisions = decisions_of(events)
