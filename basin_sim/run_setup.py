@@ -10,6 +10,7 @@ Rules:
   `run_spec`. `basin-sim run` (`prepare_run`), `basin-sim compare` (compare.py), the knee/risk/ramp
   commands and the stack demo call these pieces; none rebuilds them.
 - `run_spec`: only `basin` reads predictions (peaks, m(q), q, revisions); every other policy gets none.
+- onnxruntime is imported only when a predictor is loaded or hashed (predictions.py's rule).
 - `prepare_run` reads or checks every file the run will read before any work that takes time (an
   overload-rate measurement or a knee ramp takes minutes). Bad input raises `UsageError` naming the
   option.
@@ -24,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 from basin_runtime.calibration import Calibration, CalibrationError, calibration_from_mapping, load_calibration
-from basin_runtime.model_files import file_sha256
 from basin_runtime.policy import PolicyError
 from basin_runtime.policy.calibrated import check_serves, uncalibrated
 from basin_runtime.policy.lending import LENDING_KINDS, LendingKind
@@ -258,12 +258,19 @@ def _knee_calibration(setup: RunSetup, gpu: Deployment, workload: Workload, rate
     """The knee calibration cached for this run's key (basin: its predictor, peaks and q), else measured now."""
     inputs, is_basin = setup.inputs, setup.policy == "basin"
     knee, source = cached_knee_calibration(
-        gpu, workload.pool, workload.scenario, rate, file_sha256(inputs.model) if is_basin else "none",
+        gpu, workload.pool, workload.scenario, rate, _sha256(inputs.model) if is_basin else "none",
         inputs.reservation_quantile if is_basin else None, reserving.reserved() if is_basin else None,
         KneeCache(inputs.calibrations_file), inputs.peaks_tag() if is_basin else "")
     log.info("Basin calibration (%s, %s): knee %.0f tokens, reservation ratio %s", source, inputs.calibrations_file,
              knee.calibration.knee_tokens, knee.record.get("reservation_ratio"))
     return knee.calibration, source
+
+
+def _sha256(path: Path) -> str:
+    """The predictor file's digest (onnxruntime is imported with it: only when a predictor is in play)."""
+    from basin_runtime.model_files import file_sha256
+
+    return file_sha256(path)
 
 
 def _calibration(setup: RunSetup, deployment: Deployment) -> Calibration | None:
@@ -273,7 +280,7 @@ def _calibration(setup: RunSetup, deployment: Deployment) -> Calibration | None:
         is_basin = setup.policy == "basin"
         try:
             check_serves(calibration,
-                         file_sha256(setup.inputs.model) if is_basin else calibration.predictor_sha256 or "none",
+                         _sha256(setup.inputs.model) if is_basin else calibration.predictor_sha256 or "none",
                          setup.inputs.reservation_quantile if is_basin else calibration.reservation_quantile,
                          deployment.lending)
         except PolicyError as exc:
