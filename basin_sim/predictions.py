@@ -127,6 +127,13 @@ def peaks_tag(source: str, out_of_fold: Path = DEFAULT_OUT_OF_FOLD) -> str:
     return f"out-of-fold:{file_sha256(out_of_fold)}"
 
 
+def model_sha256(path: Path) -> str:
+    """The predictor file's SHA-256, as the gateway checks a calibration against it."""
+    from basin_runtime.model_files import file_sha256
+
+    return file_sha256(path)
+
+
 def revision_calls(source: str, calls: Sequence[int]) -> Sequence[int]:
     """The calls at which Basin re-estimates a peak: `calls` in-sample; none out of fold (the online model has
     no out-of-fold counterpart)."""

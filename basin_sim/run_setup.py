@@ -44,6 +44,7 @@ from basin_sim.predictions import (
     Revisions,
     load_out_of_fold,
     load_predictor,
+    model_sha256,
     online_revisions,
     peaks_tag,
     pool_peaks,
@@ -258,19 +259,12 @@ def _knee_calibration(setup: RunSetup, gpu: Deployment, workload: Workload, rate
     """The knee calibration cached for this run's key (basin: its predictor, peaks and q), else measured now."""
     inputs, is_basin = setup.inputs, setup.policy == "basin"
     knee, source = cached_knee_calibration(
-        gpu, workload.pool, workload.scenario, rate, _sha256(inputs.model) if is_basin else "none",
+        gpu, workload.pool, workload.scenario, rate, model_sha256(inputs.model) if is_basin else "none",
         inputs.reservation_quantile if is_basin else None, reserving.reserved() if is_basin else None,
         KneeCache(inputs.calibrations_file), inputs.peaks_tag() if is_basin else "")
     log.info("Basin calibration (%s, %s): knee %.0f tokens, reservation ratio %s", source, inputs.calibrations_file,
              knee.calibration.knee_tokens, knee.record.get("reservation_ratio"))
     return knee.calibration, source
-
-
-def _sha256(path: Path) -> str:
-    """The predictor file's digest (onnxruntime is imported with it: only when a predictor is in play)."""
-    from basin_runtime.model_files import file_sha256
-
-    return file_sha256(path)
 
 
 def _calibration(setup: RunSetup, deployment: Deployment) -> Calibration | None:
@@ -280,7 +274,7 @@ def _calibration(setup: RunSetup, deployment: Deployment) -> Calibration | None:
         is_basin = setup.policy == "basin"
         try:
             check_serves(calibration,
-                         _sha256(setup.inputs.model) if is_basin else calibration.predictor_sha256 or "none",
+                         model_sha256(setup.inputs.model) if is_basin else calibration.predictor_sha256 or "none",
                          setup.inputs.reservation_quantile if is_basin else calibration.reservation_quantile,
                          deployment.lending)
         except PolicyError as exc:
