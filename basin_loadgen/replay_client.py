@@ -25,7 +25,7 @@ Rules:
   token needed. `admin_token` is only a fallback, for a session whose key never arrived.
 - Stopping: with `stop_s`, everything still running at that model time is cancelled (the knee
   ramp). Without, the run drains after the last arrival until every session is over or past its
-  goodput deadline (arrival + SLOWDOWN_LIMIT x unloaded time), at most `max_drain_s` model seconds.
+  goodput deadline (`goodput_deadline_s`: arrival + 4 x unloaded time), at most `max_drain_s` model seconds.
   Cancelled sessions stay "unfinished". Ctrl-C cancels every task; the records so far are kept.
 - The server is probed first (GET /v1/models): an unreachable URL is a `ReplayError` naming it.
 """
@@ -50,8 +50,8 @@ import openai
 from basin_loadgen.replay import ConversationBuilder, PlannedSession
 from basin_loadgen.replay_summary import CallRecord, SessionRecord, StateSample
 from basin_runtime.clock import Clock, Deadline, MonotonicClock, ScaledClock
+from basin_runtime.policy.deadline import goodput_deadline_s
 from basin_runtime.session_keys import SESSION_KEY_HEADER
-from basin_sim.goodput import SLOWDOWN_LIMIT
 from basin_sim.workload.pool import load_pool
 from basin_sim.workload.scenarios import DEFAULT_GAP_S
 
@@ -202,7 +202,7 @@ class Replayer:
             await self.sleep_until(stop_s)
             return
         last = planned[-1].arrival_s if planned else 0.0
-        deadlines = {rid: self.records[rid].arrival_s + SLOWDOWN_LIMIT * t for rid, t in unloaded.items()
+        deadlines = {rid: goodput_deadline_s(self.records[rid].arrival_s, t) for rid, t in unloaded.items()
                      if rid in self.records}
         limit = last + self.settings.max_drain_s
         while True:

@@ -11,7 +11,7 @@ Rules:
   `session_shed` body), aborted (a call waited longer than the client's max wait for its first
   token), error (any other failure, with its message), unfinished (still running when the run
   stopped or was cancelled). "Admission wait" = time to call 1's response headers.
-- Goodput is basin_sim.goodput's: a session is good when it finished within SLOWDOWN_LIMIT x its
+- Goodput is basin_sim.goodput's: a session is good when it finished within GOODPUT_DEADLINE_FACTOR (4) x its
   unloaded time (the simulator's, same tool gaps); decode-step timing is not observed, so the step
   rule holds trivially. Goodput of a window = good sessions among those that ARRIVED in it, per
   model hour of window.

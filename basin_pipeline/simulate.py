@@ -43,12 +43,14 @@ from typing import Any
 
 from basin_pipeline import tracking
 from basin_pipeline.metrics_files import numbers_only, write_metrics
-from basin_pipeline.params import or_exit, simulate_params
+from basin_pipeline.params import SimulateParams, or_exit, simulate_params
 from basin_sim import compare
 from basin_sim.calibrate.knee_cache import DEFAULT_CALIBRATIONS_FILE
 from basin_sim.calibrate.knee_ramp import RAMP_STEP_S
 from basin_sim.calibrate.rates import DEFAULT_RATES_FILE
-from basin_sim.predictions import DEFAULT_RESERVATION_QUANTILE, add_predictions_source
+from basin_sim.flags import add_flags
+from basin_sim.predictions import DEFAULT_RESERVATION_QUANTILE
+from basin_sim.run_setup import Inputs
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +82,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="the knee-calibration cache (measured on first use for this model file)")
     parser.add_argument("--overload-rate", type=float, help="use this overload rate instead (sessions/s; tests)")
     parser.add_argument("--synthetic", action="store_true", help="the synthetic corpus instead of --sessions")
-    add_predictions_source(parser)
+    add_flags(parser, Inputs, only=("predictions", "out_of_fold"))
     parser.add_argument("--ramp-step-s", type=float, default=RAMP_STEP_S,
                         help="simulated seconds per knee-ramp step (tests: shorter)")
     return parser
@@ -89,36 +91,29 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run the headline row over seeds; write metrics, the calibration and the plot."""
     args = _parser().parse_args(argv)
-    if args.params is not None:
-        params = or_exit(simulate_params, args.params, "python -m basin_pipeline.simulate")
-        args.deployment, args.scenario = params.deployment, params.scenario
-        args.steady_scenario = params.steady_scenario
-        args.policies, args.seeds = list(params.policies), list(params.seeds)
-        args.reservation_quantile = params.reservation_quantile
+    params = SimulateParams(args.deployment, args.scenario, args.steady_scenario, tuple(args.policies),
+                            tuple(args.seeds), args.reservation_quantile) if args.params is None \
+        else or_exit(simulate_params, args.params, "python -m basin_pipeline.simulate")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    if "basin" not in args.policies or "continuum" not in args.policies or args.scenario == args.steady_scenario:
+    if not {"basin", "continuum"} <= set(params.policies) or params.scenario == params.steady_scenario:
         raise SystemExit("python -m basin_pipeline.simulate: error: --policies must include basin and continuum, "
                          "and the steady scenario must differ from the surge")
     started = time.perf_counter()
-    options = ["--model", str(args.model), "--sessions", str(args.sessions), "--reservation-quantile",
-               str(args.reservation_quantile), "--seeds", *map(str, args.seeds), "--jobs", str(args.jobs),
-               "--rates-file", str(args.rates_file), "--calibrations-file", str(args.calibrations_file),
-               "--ramp-step-s", str(args.ramp_step_s), "--predictions", args.predictions,
-               "--out-of-fold", str(args.out_of_fold)]
-    if args.overload_rate is not None:
-        options += ["--overload-rate", str(args.overload_rate)]
-    if args.synthetic:
-        options.append("--synthetic")
-    grids = (compare.Grid((args.scenario,), (args.deployment,), None, tuple(args.policies)),
-             compare.Grid((args.steady_scenario,), (args.deployment,), None, ("basin",)))
-    result = compare.run_grids(compare.parse_args(options), grids)
+    grids = (compare.Grid((params.scenario,), (params.deployment,), None, params.policies),
+             compare.Grid((params.steady_scenario,), (params.deployment,), None, ("basin",)))
+    inputs = Inputs(sessions=args.sessions, synthetic=args.synthetic, model=args.model,
+                    reservation_quantile=params.reservation_quantile, predictions=args.predictions,
+                    out_of_fold=args.out_of_fold, rates_file=args.rates_file, overload_rate=args.overload_rate,
+                    calibrations_file=args.calibrations_file)
+    result = compare.run_grids(compare.CompareSetup(grids, params.seeds, inputs, args.ramp_step_s,
+                                                    jobs=args.jobs))
     surge, steady = (next(cell for key, cell in result.cells.items() if key[0] == name)
-                     for name in (args.scenario, args.steady_scenario))
-    metrics = headline_metrics(result.rows, surge.scenario.name, steady.scenario.name, args.policies)
-    metrics.update({"deployment": surge.deployment.name, "lending": surge.lending, "seeds": list(args.seeds),
-                    "reservation_quantile": args.reservation_quantile,
+                     for name in (params.scenario, params.steady_scenario))
+    metrics = headline_metrics(result.rows, surge.scenario.name, steady.scenario.name, params.policies)
+    metrics.update({"deployment": surge.deployment.name, "lending": surge.lending, "seeds": list(params.seeds),
+                    "reservation_quantile": params.reservation_quantile,
                     "overload_rate_per_s": surge.overload_rate_per_s})
-    calibration = surge.calibration or {}
+    calibration = {} if surge.calibration is None else dict(surge.calibration.record)
     metrics["calibration"] = {k: v for k, v in calibration.items() if k != "notes"}
     args.out_calibration.parent.mkdir(parents=True, exist_ok=True)
     # sorted keys: the same bytes whether the calibration was measured now or read from the knee cache
@@ -130,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     log.info("Basin %.0f ± %.0f /h; over Continuum %.3f ± %.3f, over its steady %.3f ± %.3f (%d seeds, %.0f s)",
              metrics["goodput"]["basin"]["mean"], metrics["goodput"]["basin"]["sd"],
              metrics["basin_over_continuum"]["mean"], metrics["basin_over_continuum"]["sd"],
-             metrics["basin_over_own_steady"]["mean"], metrics["basin_over_own_steady"]["sd"], len(args.seeds),
+             metrics["basin_over_own_steady"]["mean"], metrics["basin_over_own_steady"]["sd"], len(params.seeds),
              time.perf_counter() - started)
     write_metrics(args.out_metrics, metrics)
     if args.headline is not None:
@@ -145,8 +140,8 @@ def main(argv: list[str] | None = None) -> int:
                if "proto_over_continuum" in metrics else {})}))
     tracking.configure()
     tracking.log_run("simulate", {"deployment": surge.deployment.name, "scenario": surge.scenario.name,
-                                  "seeds": len(args.seeds), "model": str(args.model),
-                                  "reservation_quantile": args.reservation_quantile}, metrics,
+                                  "seeds": len(params.seeds), "model": str(args.model),
+                                  "reservation_quantile": params.reservation_quantile}, metrics,
                      {"basin.model": str(args.model)})
     return 0
 

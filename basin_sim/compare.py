@@ -36,42 +36,38 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from basin_runtime.calibration import calibration_from_mapping
 from basin_runtime.model_files import file_sha256
 from basin_runtime.policy.lending import LENDING_KINDS, LendingKind
 from basin_runtime.predictor import PredictorError
 from basin_runtime.session_table import Session, SessionTableError
 from basin_sim import catalog
 from basin_sim.ablations import ABLATIONS, Reservation, calibration_tag, reservations
-from basin_sim.calibrate.knee_cache import DEFAULT_CALIBRATIONS_FILE, KneeCache, knee_key, measure_knee
+from basin_sim.calibrate.knee_cache import KneeCache, KneeCalibration, knee_key, measure_knee
 from basin_sim.calibrate.knee_ramp import RAMP_STEP_S
-from basin_sim.calibrate.rates import DEFAULT_RATES_FILE, RateCache, RatesError, overload_rate_for
+from basin_sim.calibrate.rates import RateCache, RatesError, overload_rate_for
 from basin_sim.executors import (
+    LOCAL,
     Executor,
     ExecutorError,
+    ExecutorSpec,
     Job,
     add_executor_options,
     exit_status,
     open_executor,
 )
+from basin_sim.flags import add_flags, flag, from_flags, section
 from basin_sim.help_format import DefaultsFormatter
 from basin_sim.predictions import (
     PredictionsError,
-    Revisions,
-    add_predictions_source,
-    add_reservation_quantile,
+    ReservingPredictor,
     load_predictor,
     online_revisions,
-    peaks_tag,
-    pool_peaks,
     reservation_multipliers,
-    reserved_peaks,
-    revision_calls,
 )
 from basin_sim.profile import Deployment
-from basin_sim.run_spec import RunSpec
+from basin_sim.run_setup import NOT_RESERVING, Inputs, Reserving, Workload, reserving_for, run_spec
 from basin_sim.simulate import run_scenario
-from basin_sim.workload.pool import PoolError, load_pool, token_scale, workload_pool
+from basin_sim.workload.pool import PoolError, load_pool
 from basin_sim.workload.scenarios import Scenario, ScenarioError
 
 POLICIES = ("sglang", "hicache", "continuum", "budgeter", "basin-proto", "basin")
@@ -93,23 +89,26 @@ class Cell:
     deployment: catalog.DeploymentSpec
     lending: LendingKind
     pool: tuple[Session, ...]
-    peaks: dict[str, float]
     overload_rate_per_s: float
-    calibration: dict[str, Any] | None
-    multipliers: dict[str, float] = field(default_factory=dict)  # m(q) per pool session (empty: bare peaks)
+    calibration: KneeCalibration | None  # the served reservations' knee (None until calibrated, or none needed)
+    reserving: Reserving = NOT_RESERVING  # peaks, m(q) at the served q and revisions (empty: no predictor)
     reservation_quantile: float | None = None
-    revisions: Revisions = field(default_factory=dict)  # the online re-estimates Basin applies
     predictor_sha256: str = "none"
-    swept: dict[float, tuple[dict[str, float], Revisions]] = field(default_factory=dict)  # q -> m(q), revisions
+    swept: dict[float, Reserving] = field(default_factory=dict)  # q -> m(q), revisions (peaks the served ones)
     ramp_step_s: float = RAMP_STEP_S  # simulated seconds per knee-ramp step
     peaks_tag: str = ""  # where the peaks come from beyond the model file (predictions.peaks_tag)
 
-    def reserving(self, quantile: float | None) -> tuple[float | None, dict[str, float], Revisions]:
-        """(q, m(q) per pool session, revisions) at the served q (None) or a swept one."""
+    def reserving_at(self, quantile: float | None) -> tuple[float | None, Reserving]:
+        """(q, what Basin is told) at the served q (None) or a swept one."""
         if quantile is None:
-            return self.reservation_quantile, self.multipliers, self.revisions
-        multipliers, revisions = self.swept[quantile]
-        return quantile, multipliers, revisions
+            return self.reservation_quantile, self.reserving
+        return quantile, self.swept[quantile]
+
+    def reserved_as(self, kind: Reservation, quantile: float | None = None) -> Reserving:
+        """What Basin is told under a reservation kind (ablations.py) at the served q (None) or a swept one."""
+        q, told = self.reserving_at(quantile)
+        peaks, multipliers = reservations(kind, self.pool, told.peaks, told.multipliers, q)
+        return dataclasses.replace(told, peaks=peaks, multipliers=multipliers)
 
     def name(self) -> str:
         """scenario/deployment/lending, as the runs' rows name them."""
@@ -120,41 +119,35 @@ class Cell:
         return self.deployment.build("gpu", self.lending)
 
 
-def _knee(cells: Mapping[CellKey, Cell], key: CellKey, kind: Reservation) -> dict[str, Any]:
+def _knee(cells: Mapping[CellKey, Cell], key: CellKey, kind: Reservation) -> KneeCalibration:
     """A job: the knee ramp of one cell and reservation kind."""
     cell = cells[key]
-    peaks, multipliers = reservations(kind, cell.pool, cell.peaks, cell.multipliers, cell.reservation_quantile)
     return measure_knee(cell.gpu_deployment(), cell.pool, cell.scenario, cell.overload_rate_per_s,
                         cell.predictor_sha256 if kind == "predicted" else "none",  # no model file: none
-                        cell.reservation_quantile, reserved_peaks(peaks, multipliers), cell.ramp_step_s)
+                        cell.reservation_quantile, cell.reserved_as(kind).reserved(), cell.ramp_step_s)
 
 
 def _run(cells: Mapping[CellKey, Cell], key: CellKey, label: str, seed: int,
-         knee: dict[str, Any] | None) -> dict[str, Any]:
+         knee: KneeCalibration | None) -> dict[str, Any]:
     """A job: one run of a policy, or of an ablation of `basin` (`label` "basin:<part>"), reported under `label`."""
     cell = cells[key]
     variant = ABLATIONS.get(label)
     policy = "basin" if variant is not None else label
-    calibration = None
-    if policy in ("basin", "basin-proto") and knee is not None:
-        calibration = calibration_from_mapping(knee, f"the {cell.deployment.name} knee ramp")
-    peaks: dict[str, float] = {}
-    multipliers: dict[str, float] = {}
-    q, served, revisions = cell.reserving(variant.quantile if variant is not None else None)
-    if policy == "basin":
-        peaks, multipliers = reservations(_kind(label), cell.pool, cell.peaks, served, q)
-    run = RunSpec(cell.scenario, cell.deployment.build("host" if policy == "hicache" else None, cell.lending), policy,
-                  seed, cell.overload_rate_per_s, predicted_peak_tokens=peaks, calibration=calibration,
-                  reservation_multipliers=multipliers,
-                  reservation_quantile=q if policy == "basin" else None,
-                  revisions=revisions if policy == "basin" and (variant is None or variant.revisions) else {},
-                  policy_overrides=variant.overrides if variant is not None else {},
-                  latency_gate=variant is not None and variant.latency_gate)
-    summary = run_scenario(run, cell.pool).summary
-    return {**{k: summary[k] for k in KEPT}, "policy": label, **minute_series(summary["timeline"])}
+    calibration = knee.calibration if policy in ("basin", "basin-proto") and knee is not None else None
+    q, _ = cell.reserving_at(variant.quantile if variant is not None else None)
+    told = cell.reserved_as(_kind(label), variant.quantile if variant is not None else None)
+    if variant is not None and not variant.revisions:
+        told = dataclasses.replace(told, revisions={})
+    run = run_spec(cell.scenario, cell.deployment.build("host" if policy == "hicache" else None, cell.lending), policy,
+                   seed, cell.overload_rate_per_s, calibration, told, q,
+                   policy_overrides=variant.overrides if variant is not None else {},
+                   latency_gate=variant is not None and variant.latency_gate)
+    summary = run_scenario(run, cell.pool).run_summary
+    row = summary.to_json()
+    return {**{k: row[k] for k in KEPT}, "policy": label, **minute_series(summary.timeline)}
 
 
-def minute_series(timeline: list[dict[str, Any]]) -> dict[str, list[float | None]]:
+def minute_series(timeline: Sequence[Mapping[str, Any]]) -> dict[str, list[float | None]]:
     """A run's time-resolved results, one value per minute after warm-up (3 significant digits): the hit rate,
     and the first-call wait p50 of the regular sessions arriving in that minute."""
     def compact(value: float | None) -> float | None:
@@ -319,64 +312,94 @@ def _grids(args: argparse.Namespace) -> tuple[Grid, ...]:
                  labels),)
 
 
-def _cells(args: argparse.Namespace, grids: Sequence[Grid]) -> tuple[dict[CellKey, Cell], dict[CellKey, list[str]]]:
+@dataclass(frozen=True)
+class CompareSetup:
+    """A comparison: its grids, the seeds each cell runs, what every run reads, where the runs go, what is written."""
+
+    grids: tuple[Grid, ...]
+    seeds: tuple[int, ...] = flag(DEFAULT_SEEDS, "every cell runs once per seed; a seed gives every policy the same "
+                                  "arrivals", type=int, nargs="+")
+    inputs: Inputs = section(Inputs)
+    ramp_step_s: float = flag(RAMP_STEP_S, f"simulated seconds per knee-ramp step (default {RAMP_STEP_S:.0f}; part "
+                              "of the cache key)", type=float)
+    executor: ExecutorSpec = LOCAL  # --executor and --jobs: executors.add_executor_options
+    jobs: int = 1
+    out: Path | None = flag(None, "JSON with every run, the cells' rates and calibrations", type=Path)
+    plot_dir: Path | None = flag(None, "write one PNG per scenario here (goodput by policy, ± sd)", type=Path)
+
+    @property
+    def labels(self) -> list[str]:
+        """Every label of the grids, in order."""
+        return list(dict.fromkeys(label for grid in self.grids for label in grid.labels))
+
+
+def _cells(setup: CompareSetup) -> tuple[dict[CellKey, Cell], dict[CellKey, list[str]]]:
     """Every cell of the grids with its pool, predictions and overload rate, and the labels it runs."""
-    base, _ = load_pool(args.sessions, args.synthetic)
-    labels = {label for grid in grids for label in grid.labels}
+    inputs = setup.inputs
+    base, _ = load_pool(inputs.sessions, inputs.synthetic)
+    labels = set(setup.labels)
     needs_model = "basin" in labels or any(label in ABLATIONS for label in labels)
-    predictor = load_predictor(args.model) if needs_model else None
-    sha = file_sha256(args.model) if predictor is not None else "none"
-    tag = ""  # set once the first pool's peaks are read (their table checked)
-    cache = RateCache(args.rates_file)
-    q = args.reservation_quantile
-    cells: dict[CellKey, Cell] = {}
-    cell_labels: dict[CellKey, list[str]] = {}
+    predictor = load_predictor(inputs.model) if needs_model else None
+    sha = file_sha256(inputs.model) if predictor is not None else "none"
     swept_qs = sorted({v.quantile for label in labels if (v := ABLATIONS.get(label)) is not None
                        and v.quantile is not None})
-    loaded: dict[str, tuple[Scenario, tuple[Session, ...], dict[str, float], dict[str, float], Revisions,
-                            dict[float, tuple[dict[str, float], Revisions]]]] = {}
+    loaded: dict[str, tuple[Workload, Reserving, dict[float, Reserving]]] = {}
     rates: dict[tuple[str, str], float] = {}
-    for grid in grids:
+    cells: dict[CellKey, Cell] = {}
+    cell_labels: dict[CellKey, list[str]] = {}
+    tag = ""  # set once the first pool's peaks are read (their table checked)
+    for grid in setup.grids:
         for scenario_name in grid.scenarios:
             if scenario_name not in loaded:
-                scenario = catalog.load_scenario(scenario_name)
-                pool = tuple(workload_pool(base, scenario.workload))
-                peaks, sources = ({}, {}) if predictor is None else pool_peaks(
-                    predictor, pool, args.predictions, args.out_of_fold, token_scale(base, scenario.workload))
-                if sources:
-                    print(f"{scenario.name}: peaks {sources}", file=sys.stderr)
-                    tag = tag or peaks_tag(args.predictions, args.out_of_fold)
-                multipliers = {} if predictor is None else reservation_multipliers(predictor, pool, q)
-                revise_at = revision_calls(args.predictions, args.revise_at_calls)
-                revisions = {} if predictor is None else online_revisions(predictor, pool, peaks, q, revise_at)
-                swept = {} if predictor is None else {
-                    sq: (reservation_multipliers(predictor, pool, sq),
-                         online_revisions(predictor, pool, peaks, sq, revise_at)) for sq in swept_qs}
-                loaded[scenario_name] = (scenario, pool, peaks, multipliers, revisions, swept)
-            scenario, pool, peaks, multipliers, revisions, swept = loaded[scenario_name]
+                loaded[scenario_name] = _predicted(catalog.load_scenario(scenario_name), base, predictor, inputs,
+                                                   swept_qs)
+                tag = tag or (inputs.peaks_tag() if loaded[scenario_name][1].sources else "")
+            workload, served, swept = loaded[scenario_name]
             for deployment_name in grid.deployments:
                 spec = catalog.load_deployment(deployment_name)
-                needs_rate = scenario.needs_overload_rate or any(label.startswith("basin") for label in grid.labels)
                 if (scenario_name, deployment_name) not in rates:
-                    rate = 0.0  # absolute arrivals and no knee ramp to scale: nothing to calibrate
-                    if needs_rate and args.overload_rate is not None:
-                        rate = args.overload_rate
-                    elif needs_rate:
-                        rate, source = overload_rate_for(spec.build("gpu"), pool, scenario.workload,
-                                                         scenario.clients, cache)
-                        print(f"{scenario.name} on {spec.name}: overload rate {rate:.4f}/s ({source})",
-                              file=sys.stderr)
-                    rates[(scenario_name, deployment_name)] = rate
+                    rates[(scenario_name, deployment_name)] = _rate(workload, spec, grid, inputs)
                 for lending in grid.lending or (spec.lending,):
                     key = (scenario_name, deployment_name, lending)
-                    cells[key] = Cell(scenario, spec, lending, pool, peaks, rates[(scenario_name, deployment_name)],
-                                      None, multipliers, q, revisions, sha, swept, args.ramp_step_s, tag)
+                    cells[key] = Cell(workload.scenario, spec, lending, workload.pool,
+                                      rates[(scenario_name, deployment_name)], None, served,
+                                      inputs.reservation_quantile, sha, swept, setup.ramp_step_s, tag)
                     cell_labels[key] = list(dict.fromkeys([*cell_labels.get(key, []), *grid.labels]))
     return cells, cell_labels
 
 
+def _predicted(scenario: Scenario, base: Sequence[Session], predictor: ReservingPredictor | None, inputs: Inputs,
+               swept_qs: Sequence[float]) -> tuple[Workload, Reserving, dict[float, Reserving]]:
+    """A scenario's workload, what Basin is told of it at the served q, and at each swept q (same peaks)."""
+    workload = Workload.of(scenario, base)
+    if predictor is None:
+        return workload, NOT_RESERVING, {}
+    served = reserving_for(predictor, workload.pool, workload.token_scale, inputs, inputs.reservation_quantile,
+                           inputs.revise_at())
+    if served.sources:
+        print(f"{scenario.name}: peaks {served.sources}", file=sys.stderr)
+    swept = {q: dataclasses.replace(served, multipliers=reservation_multipliers(predictor, workload.pool, q),
+                                    revisions=online_revisions(predictor, workload.pool, served.peaks, q,
+                                                               inputs.revise_at()))
+             for q in swept_qs}
+    return workload, served, swept
+
+
+def _rate(workload: Workload, spec: catalog.DeploymentSpec, grid: Grid, inputs: Inputs) -> float:
+    """The overload rate of a scenario's workload on a deployment's shape: given, cached, else measured (said)."""
+    scenario = workload.scenario
+    if not (scenario.needs_overload_rate or any(label.startswith("basin") for label in grid.labels)):
+        return 0.0  # absolute arrivals and no knee ramp to scale: nothing to calibrate
+    if inputs.overload_rate is not None:
+        return inputs.overload_rate
+    rate, source = overload_rate_for(spec.build("gpu"), workload.pool, scenario.workload, scenario.clients,
+                                     RateCache(inputs.rates_file))
+    print(f"{scenario.name} on {spec.name}: overload rate {rate:.4f}/s ({source})", file=sys.stderr)
+    return rate
+
+
 def _calibrated(cells: dict[CellKey, Cell], kinds: Mapping[CellKey, Sequence[Reservation]], cache: KneeCache,
-                executor: Executor) -> dict[tuple[CellKey, Reservation], dict[str, Any]]:
+                executor: Executor) -> dict[tuple[CellKey, Reservation], KneeCalibration]:
     """Per cell and reservation kind its cached knee calibration; missing ones measured now (in parallel), said and
     cached. Cells of one shape (a host tier's and its GPU deployment) share a knee."""
     keys = {(key, kind): knee_key(cell.gpu_deployment(), cell.pool, cell.scenario,
@@ -384,7 +407,7 @@ def _calibrated(cells: dict[CellKey, Cell], kinds: Mapping[CellKey, Sequence[Res
                                   cell.reservation_quantile, cell.ramp_step_s,
                                   cell.peaks_tag if kind == "predicted" else "")
             for key, cell in cells.items() for kind in kinds[key]}
-    records = {knee: cache.record(knee) for knee in set(keys.values())}
+    records = {knee: cache.get(knee) for knee in set(keys.values())}
     first = {knee: job for job, knee in reversed(keys.items())}
     missing = [knee for knee, record in records.items() if record is None]
     measured = executor.run([Job(f"knee ramp of {cells[first[knee][0]].name()} ({first[knee][1]} reservations)",
@@ -393,15 +416,10 @@ def _calibrated(cells: dict[CellKey, Cell], kinds: Mapping[CellKey, Sequence[Res
         (key, kind) = first[knee]
         cell = cells[key]
         records[knee] = record
-        cache.put_record(knee, record, cell.gpu_deployment(), cell.scenario)
+        cache.put(knee, record, cell.gpu_deployment(), cell.scenario)
         print(f"{cell.scenario.name} on {cell.deployment.name} (lending {cell.lending}, reservation {kind}): Basin "
               f"calibration measured now on the knee ramp, cached in {cache.path}", file=sys.stderr)
     return {job: found for job, knee in keys.items() if (found := records[knee]) is not None}
-
-
-def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    """`basin-sim compare`'s options (for a caller that runs grids of its own with `run_grids`)."""
-    return _parser().parse_args(list(argv))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -423,26 +441,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="policy names (basin-sim --help says what each does)")
     parser.add_argument("--ablations", nargs="*", default=[], choices=list(ABLATIONS), metavar="ABLATION",
                         help=f"also run these ablations of basin ({', '.join(ABLATIONS)}); each is a row")
-    parser.add_argument("--seeds", nargs="+", type=int, default=list(DEFAULT_SEEDS),
-                        help="every cell runs once per seed; a seed gives every policy the same arrivals")
-    parser.add_argument("--model", type=Path, default=Path("models/peak_predictor.onnx"),
-                        help="peak predictor for the basin runs")
-    add_reservation_quantile(parser)
-    add_predictions_source(parser)
-    parser.add_argument("--sessions", type=Path, default=Path("data/sessions.parquet"),
-                        help="session table (parquet)")
-    parser.add_argument("--synthetic", action="store_true", help="use the synthetic corpus")
-    parser.add_argument("--rates-file", type=Path, default=DEFAULT_RATES_FILE, help="the overload-rate cache")
-    parser.add_argument("--overload-rate", type=float,
-                        help="sessions/s that x_overload multiplies, for every cell (default: measured per deployment "
-                             "shape and workload, cached in --rates-file)")
-    parser.add_argument("--ramp-step-s", type=float, default=RAMP_STEP_S,
-                        help=f"simulated seconds per knee-ramp step (default {RAMP_STEP_S:.0f}; part of the cache key)")
-    parser.add_argument("--calibrations-file", type=Path, default=DEFAULT_CALIBRATIONS_FILE,
-                        help="the cache of measured Basin calibrations (shared with `basin-sim run`)")
+    add_flags(parser, CompareSetup)
     add_executor_options(parser)
-    parser.add_argument("--out", type=Path, help="JSON with every run, the cells' rates and calibrations")
-    parser.add_argument("--plot-dir", type=Path, help="write one PNG per scenario here (goodput by policy, ± sd)")
     return parser
 
 
@@ -458,36 +458,42 @@ class GridResult:
         """`aggregate` of the rows."""
         return aggregate(self.rows)
 
+    def cells_json(self) -> dict[str, dict[str, Any]]:
+        """Each cell's overload rate and calibration record (None: uncalibrated), by its name."""
+        return {c.name(): {"overload_rate_per_s": c.overload_rate_per_s,
+                           "calibration": None if c.calibration is None else dict(c.calibration.record)}
+                for c in self.cells.values()}
 
-def run_grids(args: argparse.Namespace, grids: Sequence[Grid]) -> GridResult:
-    """Calibrate each cell (cached), then run every label of each cell over `args.seeds` on `args.executor`
-    (local: `args.jobs` processes); the cells go to the workers once.
+
+def run_grids(setup: CompareSetup) -> GridResult:
+    """Calibrate each cell (cached), then run every label of each cell over `setup.seeds` on `setup.executor`
+    (local: `setup.jobs` processes); the cells go to the workers once.
 
     Raises the loaders' errors (catalog, predictor, session table, pool, rates, scenario, OSError) and
     `ExecutorError` (a run that failed twice, or Ctrl-C)."""
-    cells, cell_labels = _cells(args, grids)
-    labels = list(dict.fromkeys(label for grid in grids for label in grid.labels))
-    with open_executor(args.executor, cells, args.jobs) as executor:
+    cells, cell_labels = _cells(setup)
+    with open_executor(setup.executor, cells, setup.jobs) as executor:
         kinds = {key: sorted({_kind(label) for label in cell_labels[key]
                               if label in ("basin", "basin-proto") or label in ABLATIONS}) for key in cells}
-        knees = _calibrated(cells, kinds, KneeCache(args.calibrations_file), executor)
+        knees = _calibrated(cells, kinds, KneeCache(setup.inputs.calibrations_file), executor)
         cells = {key: dataclasses.replace(cell, calibration=knees.get((key, "predicted")))
                  for key, cell in cells.items()}
         rows = executor.run([Job(f"{cell.name()}/{label} seed {seed}", _run,
                                  (key, label, seed, knees.get((key, _kind(label)))))
-                             for key, cell in cells.items() for label in cell_labels[key] for seed in args.seeds],
+                             for key, cell in cells.items() for label in cell_labels[key] for seed in setup.seeds],
                             "runs")
     names = [(cell.scenario.name, cell.deployment.name, cell.lending) for cell in cells.values()]
     order = {name: k for k, name in enumerate(names)}
     rows.sort(key=lambda r: (order[(r["scenario"], r["deployment"], r["lending"])], r["policy"], r["seed"]))
-    return GridResult(rows, labels, cells)
+    return GridResult(rows, setup.labels, cells)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Calibrate each cell (cached), run the grid over seeds, print the Markdown table."""
     args = _parser().parse_args(argv)
+    setup = from_flags(CompareSetup, args, grids=_grids(args), executor=args.executor, jobs=args.jobs)
     try:
-        result = run_grids(args, _grids(args))
+        result = run_grids(setup)
     except (catalog.CatalogError, PredictorError, SessionTableError, PoolError, RatesError, ScenarioError,
             PredictionsError, OSError) as exc:  # one line, no traceback
         print(f"basin-sim compare: error: {exc}", file=sys.stderr)
@@ -499,18 +505,17 @@ def main(argv: list[str] | None = None) -> int:
     if "continuum" in result.labels:
         print("\nPaired by seed (same arrivals), goodput over Continuum's:\n")
         print(paired(result.rows))
-    if args.plot_dir is not None:
+    if setup.plot_dir is not None:
         from basin_sim.plots import plot_compare
 
-        for path in plot_compare(result.summary(), result.labels, args.plot_dir):
+        for path in plot_compare(result.summary(), result.labels, setup.plot_dir):
             print(f"wrote {path}", file=sys.stderr)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        meta = {c.name(): {
-            "overload_rate_per_s": c.overload_rate_per_s, "calibration": c.calibration} for c in result.cells.values()}
+    if setup.out is not None:
+        setup.out.parent.mkdir(parents=True, exist_ok=True)
         summary = {"/".join(k): v for k, v in result.summary().items()}
-        args.out.write_text(json.dumps({"seeds": args.seeds, "predictions": args.predictions, "cells": meta,
-                                        "summary": summary, "runs": result.rows}, indent=2) + "\n")
+        setup.out.write_text(json.dumps({"seeds": setup.seeds, "predictions": setup.inputs.predictions,
+                                         "cells": result.cells_json(), "summary": summary, "runs": result.rows},
+                                        indent=2) + "\n")
     return 0
 
 

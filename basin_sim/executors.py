@@ -66,6 +66,9 @@ class ExecutorSpec:
         return self.kind if self.address is None else self.address
 
 
+LOCAL = ExecutorSpec("local")
+
+
 def parse_executor(text: str) -> ExecutorSpec:
     """`local`, `ray`, or `ray://HOST:PORT` (a Ray Client address); argparse's `type` for --executor."""
     if text == "local":

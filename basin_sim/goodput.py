@@ -4,7 +4,7 @@ Rules:
 - A session is good when it finished (not killed, shed, aborted, or abandoned by its client after its
   attempts timed out or its time limit passed), its end-to-end time (from its arrival at the door, so
   time held in an admission queue and waits between retried attempts count) is at most
-  SLOWDOWN_LIMIT x its unloaded time (the same session simulated alone on an empty deployment),
+  GOODPUT_DEADLINE_FACTOR (4) x its unloaded time (the same session simulated alone on an empty deployment),
   and at least STEP_SHARE of its decode steps took less than STEP_SLO_S. A session with no decode
   step meets the step rule.
 - Goodput over a window = good sessions among those that ARRIVED in [start, end), per hour of
@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-SLOWDOWN_LIMIT = 4.0
+from basin_runtime.policy.deadline import goodput_deadline_s
+
 STEP_SLO_S = 0.05
 STEP_SHARE = 0.95
 
@@ -41,7 +42,7 @@ class SessionOutcome:
         """The latest end that still counts as good."""
         if self.unloaded_s is None:
             return None
-        return self.arrival_s + SLOWDOWN_LIMIT * self.unloaded_s
+        return goodput_deadline_s(self.arrival_s, self.unloaded_s)
 
     @property
     def meets_step_slo(self) -> bool:

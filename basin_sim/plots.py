@@ -85,7 +85,7 @@ def _panels(result: RunResult, axes: Any) -> None:
     axes[5].bar(_minutes(starts, warmup_s), good, width=width, align="edge", label="good")
     axes[5].set_ylabel("sessions/h\n(by arrival)")
     axes[5].legend(loc="upper left", fontsize=7)
-    waits = [(e["t_s"] / 60.0, e["first_call_wait_p50_s"]) for e in result.summary["timeline"]
+    waits = [(e["t_s"] / 60.0, e["first_call_wait_p50_s"]) for e in result.run_summary.timeline
              if e["first_call_wait_p50_s"] is not None]  # summary times: already from the end of the warm-up
     axes[6].semilogy([m for m, _ in waits], [max(w, 1e-2) for _, w in waits], lw=1, marker=".", ms=3)
     axes[6].set_ylabel("first-call wait\np50 (s, by\narrival minute)")
@@ -98,7 +98,7 @@ def plot_run(result: RunResult, out_dir: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    summary, scenario = result.summary, result.spec.scenario
+    summary, scenario = result.run_summary, result.spec.scenario
     fig, axes = plt.subplots(7, 1, figsize=(10, 15), sharex=True)
     _panels(result, axes)
     for ax in axes:  # scenario times are already counted from the end of the warm-up
@@ -109,13 +109,13 @@ def plot_run(result: RunResult, out_dir: Path) -> Path:
         ax.grid(alpha=0.3)
     axes[-1].set_xlabel("minutes from the end of the warm-up, as the scenario file counts them (grey: warm-up; "
                         "orange: surge or burst; line: arrivals stop)")
-    fig.suptitle(f"{summary['scenario']} on {summary['deployment']} ({summary['cache']} cache), policy "
-                 f"{summary['policy']}, seed {summary['seed']}: goodput {summary['goodput_per_hour']:.0f}/h, "
-                 f"hit rate {_fmt(summary['hit_rate_pre'])} -> {_fmt(summary['hit_rate_post'])}", fontsize=10)
+    fig.suptitle(f"{summary.scenario} on {summary.deployment} ({summary.cache} cache), policy "
+                 f"{summary.policy}, seed {summary.seed}: goodput {summary.goodput_per_hour:.0f}/h, "
+                 f"hit rate {_fmt(summary.hit_rate_pre)} -> {_fmt(summary.hit_rate_post)}", fontsize=10)
     fig.tight_layout()
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / (f"{summary['scenario']}_{summary['deployment']}_{summary['cache']}_{summary['policy']}"
-                      f"_seed{summary['seed']}.png")
+    path = out_dir / (f"{summary.scenario}_{summary.deployment}_{summary.cache}_{summary.policy}"
+                      f"_seed{summary.seed}.png")
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

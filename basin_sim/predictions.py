@@ -19,7 +19,6 @@ Rules:
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -128,20 +127,17 @@ def peaks_tag(source: str, out_of_fold: Path = DEFAULT_OUT_OF_FOLD) -> str:
     return f"out-of-fold:{file_sha256(out_of_fold)}"
 
 
+def model_sha256(path: Path) -> str:
+    """The predictor file's SHA-256, as the gateway checks a calibration against it."""
+    from basin_runtime.model_files import file_sha256
+
+    return file_sha256(path)
+
+
 def revision_calls(source: str, calls: Sequence[int]) -> Sequence[int]:
     """The calls at which Basin re-estimates a peak: `calls` in-sample; none out of fold (the online model has
     no out-of-fold counterpart)."""
     return calls if source == "in-sample" else ()
-
-
-def add_predictions_source(parser: argparse.ArgumentParser) -> None:
-    """The --predictions and --out-of-fold options."""
-    parser.add_argument("--predictions", choices=PREDICTION_SOURCES, default="out-of-fold",
-                        help="basin: each session's peak from a model that never saw its task (out-of-fold, the "
-                             "default: the nested stage's table) or from the shipped model trained on it "
-                             "(in-sample: a near-oracle ablation)")
-    parser.add_argument("--out-of-fold", type=Path, default=DEFAULT_OUT_OF_FOLD,
-                        help=f"the out-of-fold table (default {DEFAULT_OUT_OF_FOLD}, built by `make repro`)")
 
 
 def reservation_multipliers(predictor: ReservingPredictor, pool: Sequence[Session],
@@ -160,20 +156,11 @@ def reserved_peaks(peaks: Mapping[str, float], multipliers: Mapping[str, float],
     return {sid: scale * multipliers.get(sid, 1.0) * peak for sid, peak in peaks.items()}
 
 
-def add_reservation_quantile(parser: argparse.ArgumentParser, with_revisions: bool = True) -> None:
-    """The --reservation-quantile and (`with_revisions`) --revise-at-calls options, as the gateway's (default
-    0.9; never)."""
-    if with_revisions:
-        parser.add_argument("--revise-at-calls", type=int, nargs="*", default=list(DEFAULT_REVISE_AT_CALLS),
-                            metavar="K",
-                            help="basin, beyond the paper: re-estimate a session's peak at these calls with the online "
-                            "model beside the model file (default: never, as the gateway; e.g. 3 5; in-sample only)")
-    from basin_runtime.predictor import reservation_quantile_arg
+def reservation_quantile_arg(text: str) -> float | None:
+    """argparse type of --reservation-quantile (`basin_runtime.predictor`'s, imported when a flag is read)."""
+    from basin_runtime.predictor import reservation_quantile_arg as parse
 
-    parser.add_argument("--reservation-quantile", type=reservation_quantile_arg, default=DEFAULT_RESERVATION_QUANTILE,
-                        metavar="Q", help="basin: reserve m(Q) x each predicted peak, m from the model file for the "
-                        f"session's benchmark (default {DEFAULT_RESERVATION_QUANTILE}, as the gateway; 'none': the "
-                        "bare prediction)")
+    return parse(text)
 
 
 Revisions = dict[str, dict[int, tuple[float, float]]]

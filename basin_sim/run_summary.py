@@ -33,19 +33,25 @@ Rules:
 - `prefill_share`: by prefill index, its share of the requests the prefill router sent (attempts).
 - Pins between calls (Continuum): `held_tokens_mean`, the device tokens held for a TTL after an answer
   (not those held while the call decodes) averaged over the goodput window's ticks, and
-  `held_cache_share`, that over the prefill caches' capacity; the policy's `pin_report` (`PIN_KEYS`:
+  `held_cache_share`, that over the prefill caches' capacity; the policy's `PinReport` (`PIN_KEYS`:
   answers, the share pinned, the mean TTL, the share of tool time pinned, the mean T the choices
   read, eta at the end, evicted re-entries measured), None for a policy that never pins.
+- A run's summary is a frozen `RunSummary`; `to_json` is the one place it becomes the JSON object the
+  CLI prints and the golden files hold (a policy without a reservation report shows its two counts as
+  null; one that never pins, every pin key as null).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from basin_sim.engine import Engine
-from basin_sim.goodput import SessionOutcome, goodput
+from basin_sim.goodput import Goodput, SessionOutcome, goodput
+from basin_sim.policies.base import PinReport, ReservationReport
 from basin_sim.run_spec import RunSpec
 from basin_sim.timeline import Timeline
 
@@ -53,60 +59,119 @@ RECOVERY_TOLERANCE = 0.05
 STUCK_MINUTES = 20
 STUCK_DROP = 0.3
 STUCK_CEILING = 0.6
-PIN_KEYS = ("pin_answers", "pin_answer_share", "pin_ttl_mean_s", "pin_tool_time_share", "pin_queue_delay_s",
-            "pin_eta", "pin_evicted_reentries")  # ContinuumPolicy.pin_report's; None for a policy that never pins
+PIN_KEYS = tuple(f.name for f in dataclasses.fields(PinReport))  # null for a policy that never pins
 
 
 def _median(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def summarize(spec: RunSpec, engine: Engine, outcomes: Sequence[SessionOutcome], pool_size: int) -> dict[str, Any]:
-    """The one-line JSON summary of a run."""
+@dataclass(frozen=True)
+class RunSummary:
+    """What a user compares across policies, seeds and deployments (see the rules above); JSON by `to_json`."""
+
+    scenario: str
+    deployment: str
+    cache: str
+    lending: str
+    policy: str
+    seed: int
+    pool_sessions: int
+    base_rate_per_s: float
+    overload_rate_per_s: float
+    goodput: Goodput  # JSON: goodput_per_hour, sessions_arrived, sessions_good
+    sessions_shed: int
+    sessions_abandoned: int
+    shed_share: float
+    sessions_killed: int
+    hit_rate_pre: float | None
+    hit_rate_post: float | None
+    first_call_wait_p50_s: float | None
+    ttft_p50_post_s: float | None
+    prefill_busy_fraction: float
+    recovered_after_s: float | None
+    is_stuck: bool
+    backlog_drained_after_s: float | None
+    cache_tokens: int
+    simulated_s: float
+    written_back_tokens: int
+    prefill_share: tuple[float, ...] | None
+    timeouts: int
+    retries: int
+    suspensions: int
+    reservation_scale: float
+    reservation_quantile: float | None
+    knee_tokens: float | None
+    reservation_ratio: float
+    reservations: ReservationReport | None  # Basin's; None for every other policy
+    held_tokens_mean: float | None
+    held_cache_share: float | None
+    pins: PinReport | None  # Continuum's; None for a policy that never pins
+    timeline: tuple[dict[str, Any], ...]
+
+    @property
+    def goodput_per_hour(self) -> float:
+        """Good sessions per hour of the goodput window."""
+        return self.goodput.per_hour
+
+    def to_json(self) -> dict[str, Any]:
+        """The run's JSON object, keys in the order they were always written."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "goodput":
+                out.update(goodput_per_hour=value.per_hour, sessions_arrived=value.arrived, sessions_good=value.good)
+            elif f.name == "reservations":
+                out.update({"sessions_admitted": None, "sessions_overflowed": None} if value is None
+                           else dataclasses.asdict(value))
+            elif f.name == "pins":
+                out.update(dict.fromkeys(PIN_KEYS) if value is None else dataclasses.asdict(value))
+            elif isinstance(value, tuple):
+                out[f.name] = list(value)
+            else:
+                out[f.name] = value
+        return out
+
+
+def summarize(spec: RunSpec, engine: Engine, outcomes: Sequence[SessionOutcome], pool_size: int) -> RunSummary:
+    """The summary of a run."""
     scenario, timeline = spec.scenario, engine.timeline
     at = scenario.engine_s
     window = (at(scenario.goodput_from_s), at(scenario.goodput_to_s))
-    result = goodput(outcomes, *window)
     in_window = [o for o in outcomes if not o.is_burst and window[0] <= o.arrival_s < window[1]]
+    shed = sum(o.status == "shed" for o in in_window)
     hit_pre = timeline.hit_rate(at(0.0), at(scenario.pre_end_s))
-    summary: dict[str, Any] = {
-        "scenario": scenario.name, "deployment": spec.deployment.name, "cache": spec.deployment.cache_kind,
-        "lending": spec.deployment.lending,
-        "policy": spec.policy_name, "seed": spec.seed, "pool_sessions": pool_size,
-        "base_rate_per_s": spec.base_rate_per_s, "overload_rate_per_s": spec.overload_rate_per_s,
-        "goodput_per_hour": result.per_hour, "sessions_arrived": result.arrived, "sessions_good": result.good,
-        "sessions_shed": sum(o.status == "shed" for o in in_window),
-        "sessions_abandoned": sum(o.status == "abandoned" for o in in_window),
-        "shed_share": sum(o.status == "shed" for o in in_window) / len(in_window) if in_window else 0.0,
-        "sessions_killed": sum(o.status == "killed" for o in outcomes),
-        "hit_rate_pre": hit_pre, "hit_rate_post": timeline.hit_rate(*window),
-        "first_call_wait_p50_s": _first_call_wait_p50_s(in_window, engine.now),
-        "ttft_p50_post_s": _median(timeline.ttfts(*window)),
-        "prefill_busy_fraction": sum(p.busy_s(*window) for p in engine.prefill)
-        / ((window[1] - window[0]) * len(engine.prefill)),
-        "recovered_after_s": _recovered_after_s(timeline, spec, hit_pre),
-        "is_stuck": _is_stuck(timeline, window, hit_pre),
-        "backlog_drained_after_s": None,
-        "cache_tokens": spec.deployment.prefill_cache_tokens * spec.deployment.num_prefill,
-        "simulated_s": engine.now - scenario.warmup_s,
-        "written_back_tokens": sum(p.written_back_tokens for p in engine.prefill),
-        "prefill_share": _shares(engine.prefill_router.num_routed),
-        "timeouts": sum(timeline.count_series("timeouts")), "retries": sum(timeline.count_series("retries")),
-        "suspensions": engine.suspensions,
-        "reservation_scale": spec.reservation_scale, "reservation_quantile": spec.reservation_quantile,
-        "knee_tokens": None if spec.calibration is None else spec.calibration.knee_tokens,
-        "reservation_ratio": 1.0 if spec.calibration is None else spec.calibration.reservation_ratio,
-    }
-    report = getattr(engine.policy, "reservation_report", None)
-    summary.update(report() if report is not None else {"sessions_admitted": None, "sessions_overflowed": None})
+    cache_tokens = spec.deployment.prefill_cache_tokens * spec.deployment.num_prefill
     held = timeline.mean_sample("cache_held_tokens", *window)
-    summary["held_tokens_mean"] = held
-    summary["held_cache_share"] = None if held is None else held / summary["cache_tokens"]
-    pins = getattr(engine.policy, "pin_report", None)
-    summary.update(pins() if pins is not None else dict.fromkeys(PIN_KEYS))
-    summary["timeline"] = minute_timeline(spec, engine, outcomes)
-    summary["backlog_drained_after_s"] = _backlog_drained_after_s(summary["timeline"], spec)
-    return summary
+    minutes = minute_timeline(spec, engine, outcomes)
+    report = engine.policy.report()
+    shares = _shares(engine.prefill_router.num_routed)
+    return RunSummary(
+        scenario=scenario.name, deployment=spec.deployment.name, cache=spec.deployment.cache_kind,
+        lending=spec.deployment.lending, policy=spec.policy_name, seed=spec.seed, pool_sessions=pool_size,
+        base_rate_per_s=spec.base_rate_per_s, overload_rate_per_s=spec.overload_rate_per_s,
+        goodput=goodput(outcomes, *window), sessions_shed=shed,
+        sessions_abandoned=sum(o.status == "abandoned" for o in in_window),
+        shed_share=shed / len(in_window) if in_window else 0.0,
+        sessions_killed=sum(o.status == "killed" for o in outcomes),
+        hit_rate_pre=hit_pre, hit_rate_post=timeline.hit_rate(*window),
+        first_call_wait_p50_s=_first_call_wait_p50_s(in_window, engine.now),
+        ttft_p50_post_s=_median(timeline.ttfts(*window)),
+        prefill_busy_fraction=sum(p.busy_s(*window) for p in engine.prefill)
+        / ((window[1] - window[0]) * len(engine.prefill)),
+        recovered_after_s=_recovered_after_s(timeline, spec, hit_pre),
+        is_stuck=_is_stuck(timeline, window, hit_pre),
+        backlog_drained_after_s=_backlog_drained_after_s(minutes, spec),
+        cache_tokens=cache_tokens, simulated_s=engine.now - scenario.warmup_s,
+        written_back_tokens=sum(p.written_back_tokens for p in engine.prefill),
+        prefill_share=None if shares is None else tuple(shares),
+        timeouts=sum(timeline.count_series("timeouts")), retries=sum(timeline.count_series("retries")),
+        suspensions=engine.suspensions,
+        reservation_scale=spec.reservation_scale, reservation_quantile=spec.reservation_quantile,
+        knee_tokens=None if spec.calibration is None else spec.calibration.knee_tokens,
+        reservation_ratio=1.0 if spec.calibration is None else spec.calibration.reservation_ratio,
+        reservations=report.reservations, held_tokens_mean=held,
+        held_cache_share=None if held is None else held / cache_tokens, pins=report.pins, timeline=tuple(minutes))
 
 
 def _recovered_after_s(timeline: Timeline, spec: RunSpec, hit_pre: float | None) -> float | None:

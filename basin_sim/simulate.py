@@ -21,7 +21,8 @@ Rules:
   population's draws all come from the run's seed.
 - A closed population starts its agents at the start of warm-up; each agent's next session
   starts when its last one is over, until arrivals stop (`duration_s`).
-- The summary is plain JSON types and depends only on the inputs: same inputs, same summary.
+- The summary (`RunSummary`; `RunResult.summary` is its JSON) depends only on the inputs: same inputs, same
+  summary.
 - No I/O: progress is reported through a callback with the simulated time.
 """
 
@@ -34,14 +35,15 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from basin_runtime.policy.deadline import goodput_deadline_s
 from basin_runtime.session_table import Session
 from basin_sim.clients import ClosedPopulation
 from basin_sim.engine import Engine
-from basin_sim.goodput import SLOWDOWN_LIMIT, SessionOutcome
+from basin_sim.goodput import SessionOutcome
 from basin_sim.lifecycle import SessionRun, SessionSpec
 from basin_sim.policies import PolicyContext, make_policy
 from basin_sim.run_spec import RunSpec
-from basin_sim.run_summary import summarize
+from basin_sim.run_summary import RunSummary, summarize
 from basin_sim.timeline import Timeline
 from basin_sim.unloaded import UnloadedTimes
 from basin_sim.workload.scenarios import (
@@ -63,9 +65,14 @@ class RunResult:
     """A run's spec, summary, timeline and per-session outcomes."""
 
     spec: RunSpec
-    summary: dict[str, Any]
+    run_summary: RunSummary
     timeline: Timeline
     outcomes: tuple[SessionOutcome, ...]
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """The run summary's JSON object (`RunSummary.to_json`)."""
+        return self.run_summary.to_json()
 
 
 def pool_unloaded_s(pool: Sequence[Session], unloaded: UnloadedTimes) -> Callable[[Session], float]:
@@ -123,7 +130,7 @@ def _run_scenario(spec: RunSpec, pool: Sequence[Session], progress: ProgressCall
     assert feed.is_done, "an open arrival at or after duration_s"
     in_window = {sid: unloaded.of(run.spec) for sid, run in engine.runs.items()
                  if not run.spec.is_burst and window[0] <= run.spec.arrival_s < window[1]}
-    deadlines = {sid: engine.runs[sid].spec.arrival_s + SLOWDOWN_LIMIT * t for sid, t in in_window.items()}
+    deadlines = {sid: goodput_deadline_s(engine.runs[sid].spec.arrival_s, t) for sid, t in in_window.items()}
     stop_s = min(max(deadlines.values(), default=end_s), end_s + spec.max_drain_s)
     pending = [sid for sid in deadlines if not engine.runs[sid].is_over]
     while pending and engine.now < stop_s:

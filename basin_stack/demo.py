@@ -147,10 +147,11 @@ def calibrate(settings: DemoSettings, pool: Any, deployment: Any) -> dict[str, A
     per lending switch, predictor file and quantile (knee_cache.py). A missing entry is measured now (minutes)
     and kept in --rates-file / --calibrations-file, shared with `basin-sim`."""
     from basin_runtime.model_files import file_sha256
-    from basin_sim.calibrate.knee_cache import KneeCache, calibration_for
+    from basin_sim.calibrate.knee_cache import KneeCache, cached_knee_calibration
     from basin_sim.calibrate.rates import RateCache, overload_rate_for
     from basin_sim.clients import ClientPolicy
-    from basin_sim.predictions import load_predictor, predict_pool, reservation_multipliers, reserved_peaks
+    from basin_sim.predictions import load_predictor
+    from basin_sim.run_setup import Inputs, reserving_for
     from basin_sim.workload.scenarios import RateStep, Scenario
 
     started = time.perf_counter()
@@ -158,16 +159,15 @@ def calibrate(settings: DemoSettings, pool: Any, deployment: Any) -> dict[str, A
                         goodput_to_s=settings.duration_s, rate=(RateStep(0.0, 1.0),))
     rate, rate_source = overload_rate_for(deployment, pool, scenario.workload, ClientPolicy(),
                                           RateCache(settings.rates_file))
-    predictor = load_predictor(settings.model)
-    reservations = reserved_peaks(predict_pool(predictor, pool),  # as the gateway reserves: m(q) x prediction
-                                  reservation_multipliers(predictor, pool, DEMO_RESERVATION_QUANTILE))
-    record, knee_source = calibration_for(deployment, pool, scenario, rate, file_sha256(settings.model),
-                                          DEMO_RESERVATION_QUANTILE, reservations,
-                                          KneeCache(settings.calibrations_file))
+    told = reserving_for(load_predictor(settings.model), pool, 1.0, Inputs(predictions="in-sample"),
+                         DEMO_RESERVATION_QUANTILE)  # the shipped model's peaks, m(q) x each: as the gateway reserves
+    knee, knee_source = cached_knee_calibration(deployment, pool, scenario, rate, file_sha256(settings.model),
+                                                DEMO_RESERVATION_QUANTILE, told.reserved(),
+                                                KneeCache(settings.calibrations_file))
     log.info("simulator: overload rate %.4f sessions/s (%s), knee %d tokens, reservation ratio %s (%s, lending %s; "
-             "%.0f s)", rate, rate_source, record["knee_tokens"], record.get("reservation_ratio"), knee_source,
-             deployment.lending, time.perf_counter() - started)
-    return {"overload_rate_per_s": rate, "gateway": record}
+             "%.0f s)", rate, rate_source, knee.calibration.knee_tokens, knee.record.get("reservation_ratio"),
+             knee_source, deployment.lending, time.perf_counter() - started)
+    return {"overload_rate_per_s": rate, "gateway": dict(knee.record)}
 
 
 def gateway_options(settings: DemoSettings, calibration_file: Path, session_log: Path) -> dict[str, Any]:

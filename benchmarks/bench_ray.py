@@ -15,6 +15,7 @@ for bit (JSON text of the floats' shortest repr; target: identical). Exit status
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -26,22 +27,21 @@ from pathlib import Path
 from basin_sim import compare
 from basin_sim.calibrate.knee_cache import DEFAULT_CALIBRATIONS_FILE
 from basin_sim.calibrate.rates import DEFAULT_RATES_FILE
+from basin_sim.executors import LOCAL, ExecutorSpec
 
 
-def _run(grid_argv: list[str], executor: list[str], folder: Path) -> tuple[float, str]:
+def _run(setup: compare.CompareSetup, executor: ExecutorSpec, folder: Path) -> tuple[float, str]:
     """(wall seconds, the result as JSON text) of the grid on `executor`, from fresh copies of the caches."""
     folder.mkdir(parents=True)
     rates, knees = folder / "rates.json", folder / "calibrations.json"
     for source, copy in ((DEFAULT_RATES_FILE, rates), (DEFAULT_CALIBRATIONS_FILE, knees)):
         if source.exists():
             shutil.copy(source, copy)
-    args = compare.parse_args([*grid_argv, *executor, "--rates-file", str(rates), "--calibrations-file", str(knees)])
+    inputs = dataclasses.replace(setup.inputs, rates_file=rates, calibrations_file=knees)
     started = time.perf_counter()
-    result = compare.run_grids(args, compare._grids(args))
+    result = compare.run_grids(dataclasses.replace(setup, inputs=inputs, executor=executor))
     wall_s = time.perf_counter() - started
-    cells = {cell.name(): {"overload_rate_per_s": cell.overload_rate_per_s, "calibration": cell.calibration}
-             for cell in result.cells.values()}
-    return wall_s, json.dumps({"runs": result.rows, "cells": cells}, sort_keys=True)
+    return wall_s, json.dumps({"runs": result.rows, "cells": result.cells_json()}, sort_keys=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,12 +50,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scenario", default="paper-timed-surge-100")
     parser.add_argument("--deployment", default="1p3d")
     parser.add_argument("--policies", nargs="+", default=["sglang", "continuum", "budgeter", "basin"])
-    parser.add_argument("--seeds", nargs="+", default=[str(s) for s in range(1, 11)])
+    parser.add_argument("--seeds", nargs="+", type=int, default=list(range(1, 11)))
     parser.add_argument("--workers", type=int, default=2, help="local pool processes = Ray CPUs (default 2)")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each executor, alternating (best kept)")
     args = parser.parse_args(argv)
-    grid = ["--scenarios", args.scenario, "--deployments", args.deployment, "--lending", "none", "--policies",
-            *args.policies, "--seeds", *args.seeds]
+    grid = compare.Grid((args.scenario,), (args.deployment,), ("none",), tuple(args.policies))
+    setup = compare.CompareSetup((grid,), tuple(args.seeds), jobs=args.workers)
     import ray  # basin[ray]
 
     load_before = os.getloadavg()[0]
@@ -67,9 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-ray-") as tmp:
         try:
             for k in range(args.repeats):
-                for name, executor in (("local", ["--executor", "local", "--jobs", str(args.workers)]),
-                                       ("ray", ["--executor", "ray"])):
-                    wall_s, text = _run(grid, executor, Path(tmp) / f"{name}-{k}")
+                for name, executor in (("local", LOCAL), ("ray", ExecutorSpec("ray"))):
+                    wall_s, text = _run(setup, executor, Path(tmp) / f"{name}-{k}")
                     walls[name].append(wall_s)
                     results.add(text)
                     print(f"{name} #{k + 1}: {wall_s:.1f} s", file=sys.stderr)

@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         result = run_scenario(RunSpec(scenario, deployment, policy, 1, overload), pool)
         wall = time.perf_counter() - started
-        print(f"whole run {name}/{policy}: {wall:.1f} s wall for {result.summary['simulated_s'] / 3600:.2f} "
+        print(f"whole run {name}/{policy}: {wall:.1f} s wall for {result.run_summary.simulated_s / 3600:.2f} "
               f"simulated h, {len(result.outcomes)} sessions (with unloaded times and drain)")
     sizes = [int(n) for n in filter(None, args.cache_chains.split(","))]
     if sizes:

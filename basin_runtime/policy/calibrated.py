@@ -20,6 +20,7 @@ Rules:
   ramp measured the plateau's first-token latency and call cycle, the working set engages admission
   only while the engines are as slow as the first-token latency at which the median session would
   miss goodput's deadline (`Calibration.latency_gate_s`). An override `latency_gate_s` sets it by hand.
+- `uncalibrated(capacity)` is the one stand-in for a deployment nobody measured: knee = capacity.
 - Pure: no I/O (reading the file is `basin_runtime.calibration`).
 """
 
@@ -32,10 +33,10 @@ from typing import Any
 
 from basin_runtime.policy.budget import reference_budget_tokens
 from basin_runtime.policy.config import PolicyConfig, PolicyError
+from basin_runtime.policy.deadline import GOODPUT_DEADLINE_FACTOR
 from basin_runtime.policy.lending import LendingKind
 
 _CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(PolicyConfig))
-GOODPUT_DEADLINE_FACTOR = 4.0  # goodput counts a session good within 4x its unloaded time (the paper's)
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,11 @@ class Calibration:
         """B = r x min(0.9 x knee, capacity) in reservation tokens; r = 1 in prototype mode."""
         ratio = 1.0 if mode == "prototype" else self.reservation_ratio
         return reference_budget_tokens(self.knee_tokens, self.cache_capacity_tokens, reservation_ratio=ratio)
+
+
+def uncalibrated(cache_capacity_tokens: float) -> Calibration:
+    """What an unmeasured deployment is taken to be: the knee at the cache capacity, nothing else measured."""
+    return Calibration(knee_tokens=cache_capacity_tokens, cache_capacity_tokens=cache_capacity_tokens)
 
 
 def policy_config(calibration: Calibration | None, overrides: Mapping[str, Any] | None = None, *,

@@ -51,16 +51,11 @@ from basin_sim.calibrate.sweep import (
     with_tool_time_scale,
 )
 from basin_sim.executors import add_executor_options
-from basin_sim.predictions import (
-    add_predictions_source,
-    add_reservation_quantile,
-    load_predictor,
-    pool_peaks,
-    reservation_multipliers,
-    reserved_peaks,
-)
+from basin_sim.flags import add_flags
+from basin_sim.predictions import load_predictor
 from basin_sim.profile import Deployment
-from basin_sim.workload.pool import load_pool, token_scale, workload_pool
+from basin_sim.run_setup import Inputs, Workload, reserving_for
+from basin_sim.workload.pool import load_pool
 from basin_sim.workload.scenarios import Scenario
 
 log = logging.getLogger(__name__)
@@ -73,19 +68,16 @@ log = logging.getLogger(__name__)
 LIMIT_RAMP_FRACTIONS = (0.2, 0.4, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0, 1.1, 1.2, 1.5, 2.0)
 
 
-def _scenario_pool(args: argparse.Namespace) -> tuple[Scenario, list[Session], float]:
-    """The scenario (--tool-time-scale), its workload pool, the pool's token scale (workload.median_peak_tokens)."""
+def _workload(args: argparse.Namespace) -> Workload:
+    """The scenario (--tool-time-scale) and its workload pool."""
     scenario = with_tool_time_scale(catalog.load_scenario(args.scenario), getattr(args, "tool_time_scale", None))
     base, _ = load_pool(args.sessions, args.synthetic)
-    return scenario, workload_pool(base, scenario.workload), token_scale(base, scenario.workload)
+    return Workload.of(scenario, base)
 
 
-def _workload(args: argparse.Namespace) -> tuple[Deployment, list[Session], Scenario, float]:
-    """The deployment (with --cache if given), the scenario's workload pool (--tool-time-scale), the scenario, the
-    pool's token scale (workload.median_peak_tokens)."""
-    spec = catalog.load_deployment(args.deployment)
-    scenario, pool, scale = _scenario_pool(args)
-    return spec.build(getattr(args, "cache", None)), pool, scenario, scale
+def _deployment(args: argparse.Namespace) -> Deployment:
+    """The --deployment, with --cache if given."""
+    return catalog.load_deployment(args.deployment).build(getattr(args, "cache", None))
 
 
 def simulated_ramp(deployment: Deployment, pool: list[Session], scenario: Scenario, rates: RateCache,
@@ -100,28 +92,29 @@ def simulated_ramp(deployment: Deployment, pool: list[Session], scenario: Scenar
 def _swept(args: argparse.Namespace, default_fractions: tuple[float, ...], record: RecordFn) -> list[dict[str, Any]]:
     """`record` of each --deployment's ramp (risk, ramp), run on --executor."""
     deployments = tuple(catalog.load_deployment(name).build(args.cache) for name in args.deployment)
-    scenario, pool, _ = _scenario_pool(args)
+    workload = _workload(args)
     fractions = default_fractions if args.fractions is None else tuple(args.fractions)
-    sweep = Sweep(deployments, scenario, tuple(pool), fractions, args.step_s, args.seed, args.command)
+    sweep = Sweep(deployments, workload.scenario, workload.pool, fractions, args.step_s, args.seed, args.command)
     return swept_records(sweep, RateCache(args.rates_file), record, args.executor, args.jobs, not args.quiet)
 
 
 def _ramp(args: argparse.Namespace, default_fractions: tuple[float, ...] = RAMP_FRACTIONS) -> RampRun:
-    deployment, pool, scenario, scale = _workload(args)
+    workload = _workload(args)
     reservations = None
     if getattr(args, "model", None) is not None:
-        predictor = load_predictor(args.model)
-        multipliers = reservation_multipliers(predictor, pool, args.reservation_quantile)
-        peaks, _ = pool_peaks(predictor, pool, args.predictions, args.out_of_fold, scale)
-        reservations = reserved_peaks(peaks, multipliers, args.reservation_scale)
+        inputs = Inputs(predictions=args.predictions, out_of_fold=args.out_of_fold)
+        told = reserving_for(load_predictor(args.model), workload.pool, workload.token_scale, inputs,
+                             args.reservation_quantile)
+        reservations = told.reserved(args.reservation_scale)
     fractions = default_fractions if getattr(args, "fractions", None) is None else tuple(args.fractions)
-    return simulated_ramp(deployment, pool, scenario, RateCache(args.rates_file), fractions, args.step_s, args.seed,
-                          reservations)
+    return simulated_ramp(_deployment(args), list(workload.pool), workload.scenario, RateCache(args.rates_file),
+                          fractions, args.step_s, args.seed, reservations)
 
 
 def calibrate_main(args: argparse.Namespace) -> int:
     """Measure the overload rate of a deployment's shape (GPU cache) on a scenario's workload; cache it."""
-    deployment, pool, scenario, _ = _workload(args)
+    deployment, workload = _deployment(args), _workload(args)
+    scenario, pool = workload.scenario, list(workload.pool)
     settings = dataclasses.replace(settings_for(scenario.workload), seeds=tuple(range(1, args.seeds + 1)),
                                    min_overloaded=args.min_overloaded)
     if args.horizon_s is not None:
@@ -281,8 +274,8 @@ def add_commands(sub: Any) -> None:
                            "model)")
     knee.add_argument("--no-model", dest="model", action="store_const", const=None,
                       help="no predictor: the calibration file holds no reservation_ratio (prototype mode)")
-    add_reservation_quantile(knee, with_revisions=False)  # the ramp reserves first-call reservations
-    add_predictions_source(knee)
+    # the ramp reserves first-call reservations: no revisions
+    add_flags(knee, Inputs, only=("reservation_quantile", "predictions", "out_of_fold"))
     knee.add_argument("--reservation-scale", type=float, default=1.0,
                       help="a further factor on each reservation (ablations; default 1)")
     risk = sub.add_parser("risk", help="PREDICT which limit (cache knee or decode memory) live sessions meet first: "

@@ -11,6 +11,8 @@ Rules:
   format). The record itself names only the predictor file, as the gateway checks it.
 - The cache is one JSON file (default data/sim/calibrations.json), one entry per key: the
   calibration record, in the gateway's calibration-file format, and the command that measured it.
+  It hands out `KneeCalibration`s: the `Calibration` a policy is built from (checked as the gateway
+  checks its file) beside the record as written (notes, numbers as measured), which outputs copy.
   A missing entry is measured now (the knee ramp, a minute or so) and written before it is used, and
   the caller is told; an unreadable file is an error naming it.
 - Reservations come in as numbers: no predictor is loaded here (no onnxruntime).
@@ -22,9 +24,11 @@ import dataclasses
 import json
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from basin_runtime.calibration import Calibration, calibration_from_mapping
 from basin_runtime.session_table import Session
 from basin_sim.calibrate.knee_ramp import RAMP_FRACTIONS, RAMP_STEP_S, knee_record
 from basin_sim.calibrate.rates import JsonCache, RatesError, rate_key
@@ -38,6 +42,19 @@ RAMP_SEED = 1
 RECORD_FORMAT = 3  # 3: the record carries the latency gate's measurements; older entries are measured anew
 
 
+@dataclass(frozen=True)
+class KneeCalibration:
+    """A knee ramp's calibration: the typed `Calibration`, and the record it was read from (the gateway's file)."""
+
+    calibration: Calibration
+    record: Mapping[str, Any]
+
+    @classmethod
+    def of(cls, record: Mapping[str, Any], source: str) -> KneeCalibration:
+        """The record checked as the gateway checks its calibration file (`source` names it in errors)."""
+        return cls(calibration_from_mapping(record, source), dict(record))
+
+
 class KneeCache(JsonCache):
     """The JSON file of measured Basin calibrations."""
 
@@ -46,18 +63,19 @@ class KneeCache(JsonCache):
     def __init__(self, path: Path = DEFAULT_CALIBRATIONS_FILE) -> None:
         super().__init__(path)
 
-    def record(self, key: str) -> dict[str, Any] | None:
-        """The calibration record cached under `key`, or None."""
+    def get(self, key: str) -> KneeCalibration | None:
+        """The calibration cached under `key`, or None."""
         entry = self.entry(key)
         if entry is None:
             return None
         record = entry.get("calibration") if isinstance(entry, dict) else None
         if not isinstance(record, dict):
             raise RatesError(f"{self.path}: entry has no calibration record: {entry!r}")
-        return record
+        return KneeCalibration.of(record, f"the knee calibration in {self.path}")
 
-    def put_record(self, key: str, record: Mapping[str, Any], deployment: Deployment, scenario: Scenario) -> None:
-        """Cache a measured calibration record under `key`."""
+    def put(self, key: str, knee: KneeCalibration, deployment: Deployment, scenario: Scenario) -> None:
+        """Cache a measured calibration under `key`."""
+        record = knee.record
         self.put_entry(key, {"calibration": dict(record), "deployment": deployment.name, "scenario": scenario.name,
                              "lending": deployment.lending, "predictor_sha256": record.get("predictor_sha256"),
                              "reservation_quantile": record.get("reservation_quantile")})
@@ -77,30 +95,31 @@ def knee_key(deployment: Deployment, pool: Sequence[Session], scenario: Scenario
     return json.dumps(key, sort_keys=True)
 
 
-def calibration_for(deployment: Deployment, pool: Sequence[Session], scenario: Scenario, rate_per_s: float,
-                    predictor_sha256: str, quantile: float | None, reservations: Mapping[str, float] | None,
-                    cache: KneeCache, peaks: str = "") -> tuple[dict[str, Any], str]:
-    """(calibration record, source): cached for this key, else measured now on the knee ramp and cached.
+def cached_knee_calibration(deployment: Deployment, pool: Sequence[Session], scenario: Scenario, rate_per_s: float,
+                            predictor_sha256: str, quantile: float | None, reservations: Mapping[str, float] | None,
+                            cache: KneeCache, peaks: str = "") -> tuple[KneeCalibration, str]:
+    """(calibration, source): cached for this key, else measured now on the knee ramp and cached.
 
     `reservations` (pool session id -> what it reserves at arrival) are those of the predictor and
     quantile in the key; None for `basin-proto`. `source` is 'cache' or 'measured now'.
     """
     key = knee_key(deployment, pool, scenario, predictor_sha256, quantile, peaks=peaks)
-    record = cache.record(key)
-    if record is not None:
-        return record, "cache"
+    cached = cache.get(key)
+    if cached is not None:
+        return cached, "cache"
     log.warning("no Basin calibration recorded for %s (GPU cache, lending %s) on this workload, predictor %s, "
                 "quantile %s in %s: running the knee ramp now (cached after)", deployment.name, deployment.lending,
                 predictor_sha256[:12], quantile, cache.path)
-    record = measure_knee(deployment, pool, scenario, rate_per_s, predictor_sha256, quantile, reservations)
-    cache.put_record(key, record, deployment, scenario)
-    return record, "measured now"
+    knee = measure_knee(deployment, pool, scenario, rate_per_s, predictor_sha256, quantile, reservations)
+    cache.put(key, knee, deployment, scenario)
+    return knee, "measured now"
 
 
 def measure_knee(deployment: Deployment, pool: Sequence[Session], scenario: Scenario, rate_per_s: float,
                  predictor_sha256: str, quantile: float | None,
-                 reservations: Mapping[str, float] | None, step_s: float = RAMP_STEP_S) -> dict[str, Any]:
-    """The knee ramp's calibration record for one cache key (GPU cache, the deployment's lending)."""
-    return knee_record(dataclasses.replace(deployment, host_cache_tokens=0), pool, rate_per_s, RAMP_SEED,
-                       reservations, f"basin-sim knee --deployment {deployment.name} --scenario {scenario.name}",
-                       step_s, predictor_sha256=predictor_sha256, reservation_quantile=quantile)
+                 reservations: Mapping[str, float] | None, step_s: float = RAMP_STEP_S) -> KneeCalibration:
+    """The knee ramp's calibration for one cache key (GPU cache, the deployment's lending)."""
+    record = knee_record(dataclasses.replace(deployment, host_cache_tokens=0), pool, rate_per_s, RAMP_SEED,
+                         reservations, f"basin-sim knee --deployment {deployment.name} --scenario {scenario.name}",
+                         step_s, predictor_sha256=predictor_sha256, reservation_quantile=quantile)
+    return KneeCalibration.of(record, f"the {deployment.name} knee ramp")

@@ -19,6 +19,8 @@ Rules:
 - A policy that pins a session's KV between calls (Continuum) offers a `PinRule` as `pins` (None for
   every other policy): the engine asks it, at every answer, how long to hold that call's KV on prefill,
   and tells it when each call is scheduled (its prefill starts).
+- Every policy reports what it did over the run (`report()`, for run_summary.py): Basin its reservations,
+  Continuum its pins, the others nothing (`NO_REPORT`).
 - A policy does no I/O and reads time only from `now`.
 """
 
@@ -79,6 +81,40 @@ class PolicyContext:
     pin_ttl_s: float | None = None
 
 
+@dataclass(frozen=True)
+class ReservationReport:
+    """Basin's reservations: sessions admitted, those that outgrew their first reservation, revisions applied."""
+
+    sessions_admitted: int
+    sessions_overflowed: int
+    revisions: int
+
+
+@dataclass(frozen=True)
+class PinReport:
+    """Continuum's pins: answers, the share pinned, the mean TTL, the share of tool time pinned, the mean T the
+    choices read, eta at the end, evicted re-entries measured (None: nothing to average)."""
+
+    pin_answers: int
+    pin_answer_share: float | None
+    pin_ttl_mean_s: float | None
+    pin_tool_time_share: float | None
+    pin_queue_delay_s: float | None
+    pin_eta: float | None
+    pin_evicted_reentries: int
+
+
+@dataclass(frozen=True)
+class PolicyReport:
+    """What a policy did over a run: its reservations (Basin) and its pins (Continuum); None where it has none."""
+
+    reservations: ReservationReport | None = None
+    pins: PinReport | None = None
+
+
+NO_REPORT = PolicyReport()
+
+
 class PinRule(Protocol):
     """How long prefill holds a session's KV after each answer, and what it learns from the engine."""
 
@@ -116,6 +152,10 @@ class SessionPolicy(Protocol):
 
     def priority(self, session_id: str, now: float) -> float:
         """The priority of the session's request sent at `now`; smaller is served first."""
+        ...
+
+    def report(self) -> PolicyReport:
+        """What the policy did so far (`NO_REPORT` for a policy with nothing to say)."""
         ...
 
 

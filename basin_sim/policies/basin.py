@@ -37,27 +37,34 @@ import math
 from collections.abc import Mapping
 
 from basin_runtime.policy import Admitted, Event, Policy, PolicyConfig, PolicyMode, Requeued, Shed
-from basin_runtime.policy.calibrated import Calibration, policy_config
+from basin_runtime.policy.calibrated import Calibration, policy_config, uncalibrated
 from basin_runtime.session_table import Session
-from basin_sim.policies.base import NO_DECISIONS, Decisions, PinRule, PolicyContext, PolicySpec
+from basin_sim.policies.base import (
+    NO_DECISIONS,
+    Decisions,
+    PinRule,
+    PolicyContext,
+    PolicyReport,
+    PolicySpec,
+    ReservationReport,
+)
 
 
 class MissingPredictionError(KeyError):
     """`basin` was handed a session the pool predictions do not cover."""
 
 
-def calibration_for(context: PolicyContext) -> Calibration:
-    """The operator's calibration, or, with none, the knee taken as the cache capacity (nothing else measured)."""
+def served_calibration(context: PolicyContext) -> Calibration:
+    """The operator's calibration, or, with none, `uncalibrated`: the knee taken as the cache capacity."""
     if context.calibration is not None:
         return context.calibration
     deployment = context.deployment
-    capacity = float(deployment.prefill_cache_tokens * deployment.num_prefill)
-    return Calibration(knee_tokens=capacity, cache_capacity_tokens=capacity)
+    return uncalibrated(float(deployment.prefill_cache_tokens * deployment.num_prefill))
 
 
 def config_for(context: PolicyContext, mode: PolicyMode) -> PolicyConfig:
     """The policy core's configuration: `policy_config` as the gateway calls it, in this mode."""
-    return policy_config(calibration_for(context), {**context.policy_overrides, "mode": mode},
+    return policy_config(served_calibration(context), {**context.policy_overrides, "mode": mode},
                          latency_gate=context.latency_gate)
 
 
@@ -155,10 +162,10 @@ class BasinPolicy:
         """`Policy.tick`."""
         return self._decided(self.core.tick(now, hit_rate, ttft_s))
 
-    def reservation_report(self) -> dict[str, int]:
-        """Sessions admitted so far, and how many of them outgrew their first reservation."""
-        return {"sessions_admitted": self.sessions_admitted, "sessions_overflowed": self.sessions_overflowed,
-                "revisions": self.sessions_revised}
+    def report(self) -> PolicyReport:
+        """Sessions admitted so far, how many of them outgrew their first reservation, revisions applied."""
+        return PolicyReport(reservations=ReservationReport(self.sessions_admitted, self.sessions_overflowed,
+                                                           self.sessions_revised))
 
     def _decided(self, events: list[Event]) -> Decisions:
         decisions = decisions_of(events)

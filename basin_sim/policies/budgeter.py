@@ -26,7 +26,15 @@ import collections
 import itertools
 
 from basin_runtime.session_table import Session
-from basin_sim.policies.base import NO_DECISIONS, Decisions, PinRule, PolicyContext, PolicySpec
+from basin_sim.policies.base import (
+    NO_DECISIONS,
+    NO_REPORT,
+    Decisions,
+    PinRule,
+    PolicyContext,
+    PolicyReport,
+    PolicySpec,
+)
 
 RESUME_FRACTION = 0.9
 
@@ -90,6 +98,10 @@ class BudgeterPolicy:
     def on_tick(self, now: float, hit_rate: float | None, ttft_s: float | None = None) -> Decisions:
         """Nothing moves on a tick: demand changes only at calls and ends."""
         return NO_DECISIONS
+
+    def report(self) -> PolicyReport:
+        """Nothing to report."""
+        return NO_REPORT
 
     def priority(self, session_id: str, now: float) -> float:
         """First come, first served."""

@@ -17,7 +17,7 @@ Rules:
   An explicit `PolicyContext.pin_ttl_s` pins every answer for that long instead (nothing measured).
 - The last call of a session is not pinned (its program is over); neither is an aborted call (the
   engine does not ask: Continuum pins only answered calls).
-- Report (`pin_report`): answers, the share of them pinned, the mean TTL over answers, the share of
+- Report (`report`): answers, the share of them pinned, the mean TTL over answers, the share of
   tool time spent pinned (sum of min(TTL, duration) / sum of durations), the mean over answers of the T
   their choice read, eta now, the evicted re-entries measured.
 - Substitution: in the paper's vLLM a preempted running request also marks its program evicted; in
@@ -31,7 +31,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from basin_runtime.session_table import Session
-from basin_sim.policies.base import NO_DECISIONS, Decisions, PinRule, PolicyContext, PolicySpec
+from basin_sim.policies.base import (
+    NO_DECISIONS,
+    Decisions,
+    PinReport,
+    PinRule,
+    PolicyContext,
+    PolicyReport,
+    PolicySpec,
+)
 from basin_sim.policies.continuum_ttl import TtlEstimator
 from basin_sim.profile import Deployment
 
@@ -120,17 +128,16 @@ class ContinuumPolicy:
         """Program-level FCFS: the session's arrival time."""
         return self._programs[session_id].arrival_s
 
-    def pin_report(self) -> dict[str, float | int | None]:
+    def report(self) -> PolicyReport:
         """What the pins did over the run (see the rules above)."""
-        return {
-            "pin_answers": self.answers,
-            "pin_answer_share": self.pinned_answers / self.answers if self.answers else None,
-            "pin_ttl_mean_s": self.ttl_sum_s / self.answers if self.answers else None,
-            "pin_tool_time_share": self.pinned_tool_s / self.tool_s if self.tool_s > 0 else None,
-            "pin_queue_delay_s": self.queue_delay_sum_s / self.answers if self.answers else None,
-            "pin_eta": self.estimator.eta,
-            "pin_evicted_reentries": self.evicted_reentries,
-        }
+        return PolicyReport(pins=PinReport(
+            pin_answers=self.answers,
+            pin_answer_share=self.pinned_answers / self.answers if self.answers else None,
+            pin_ttl_mean_s=self.ttl_sum_s / self.answers if self.answers else None,
+            pin_tool_time_share=self.pinned_tool_s / self.tool_s if self.tool_s > 0 else None,
+            pin_queue_delay_s=self.queue_delay_sum_s / self.answers if self.answers else None,
+            pin_eta=self.estimator.eta,
+            pin_evicted_reentries=self.evicted_reentries))
 
 
 def _continuum(context: PolicyContext) -> ContinuumPolicy:

@@ -7,7 +7,15 @@ first served (priority = the time the request was sent). Nothing is ever held, s
 from __future__ import annotations
 
 from basin_runtime.session_table import Session
-from basin_sim.policies.base import NO_DECISIONS, Decisions, PinRule, PolicyContext, PolicySpec
+from basin_sim.policies.base import (
+    NO_DECISIONS,
+    NO_REPORT,
+    Decisions,
+    PinRule,
+    PolicyContext,
+    PolicyReport,
+    PolicySpec,
+)
 
 
 class FcfsPolicy:
@@ -32,6 +40,10 @@ class FcfsPolicy:
     def on_tick(self, now: float, hit_rate: float | None, ttft_s: float | None = None) -> Decisions:
         """Nothing to decide."""
         return NO_DECISIONS
+
+    def report(self) -> PolicyReport:
+        """Nothing to report."""
+        return NO_REPORT
 
     def priority(self, session_id: str, now: float) -> float:
         """First come, first served."""

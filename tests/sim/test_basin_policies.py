@@ -24,6 +24,7 @@ from basin_sim.policies import (
     policy_names,
     policy_spec,
 )
+from basin_sim.policies.base import PolicyReport, ReservationReport
 from basin_sim.policies.basin import config_for
 from basin_sim.radix_cache import RadixCache
 from tests.sim.builders import deployment, session, spec
@@ -86,7 +87,8 @@ def test_basin_reserves_m_q_x_scale_x_the_prediction_and_counts_who_outgrew_it()
     sim.on_call("a", 5.0, 10_000)  # a reserves ceil(6000 x 1.8) = 10800: not past it
     sim.on_call("b", 5.0, 4_801)  # b reserves 4800: past it
     sim.on_call("b", 6.0, 5_000)  # counted once
-    assert sim.reservation_report() == {"sessions_admitted": 4, "sessions_overflowed": 1, "revisions": 0}
+    assert sim.report() == PolicyReport(reservations=ReservationReport(sessions_admitted=4, sessions_overflowed=1,
+                                                                       revisions=0))
     with pytest.raises(MissingPredictionError, match="no reservation multiplier for pool session 'x'"):
         make_policy("basin", PolicyContext(deployment(), {"x": 1.0}, reservation_multipliers={"y": 1.0})) \
             .on_arrival("x", 0.0, session("x", [1_000]))
@@ -106,7 +108,7 @@ def test_basin_revises_at_the_call_its_re_estimate_names_once_even_when_the_call
     assert sim.on_call("big", 4.0, 300).admit == ("small",)  # call 3: 300 (its context) + 200 fits
     assert sim.core.snapshot().reserved_tokens == 300 + 200
     assert sim.on_call("big", 5.0, 300).admit == ()  # the same call retried: no second revision
-    assert sim.reservation_report()["revisions"] == 1
+    assert (reservations := sim.report().reservations) is not None and reservations.revisions == 1
     assert sim.priority("big", 6.0) == 0.0 + 900 / 30  # fixed at arrival
 
 
@@ -345,4 +347,5 @@ def test_a_call_past_its_reservation_is_parked_until_it_fits_and_the_ablation_se
         assert engine.num_parked == 0
     engine.run_until(60.0)
     assert [engine.runs[s].status for s in ("big", "small")] == [Status.FINISHED, Status.FINISHED]
-    assert policy.core.reserved_tokens == 0 and policy.reservation_report()["sessions_admitted"] == 2
+    assert policy.core.reserved_tokens == 0 and (reservations := policy.report().reservations) is not None
+    assert reservations.sessions_admitted == 2

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from basin_sim import cli, compare
+from basin_sim import cli, compare, run_setup
 from basin_sim.calibrate import rates as rates_module
 from basin_sim.calibrate.overload import Calibration
 from basin_sim.cli import main
@@ -181,9 +181,9 @@ def test_a_missing_model_is_named_before_any_measurement_or_table_is_read(
     def never(*_: object, **__: object) -> None:
         raise AssertionError("work done before the inputs were checked")
 
-    monkeypatch.setattr(cli, "load_pool", never)
-    monkeypatch.setattr(cli, "overload_rate_for", never)
-    monkeypatch.setattr(cli, "calibration_for", never)
+    monkeypatch.setattr(run_setup, "load_pool", never)
+    monkeypatch.setattr(run_setup, "overload_rate_for", never)
+    monkeypatch.setattr(run_setup, "cached_knee_calibration", never)
     argv = ["run", "--scenario", files["scenario"], "--deployment", files["deployment"], "--policy", "basin",
             "--quiet", "--sessions", files["sessions"], "--model", str(Path(files["dir"]) / "missing.onnx")]
     with pytest.raises(SystemExit) as info:

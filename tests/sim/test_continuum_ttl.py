@@ -226,10 +226,11 @@ def test_a_tool_that_outlives_its_pin_is_an_evicted_re_entry_and_its_wait_to_pre
     assert engine.runs["a"].status == Status.FINISHED
     assert policy.evicted_reentries == 2 and policy.estimator.num_gaps == 2
     assert policy.estimator.queue_delay_s == 0.0  # alone: both re-entries were scheduled at once
-    report = policy.pin_report()
-    assert report["pin_answers"] == 2 and report["pin_ttl_mean_s"] == DEFAULT_TTL_S
-    assert report["pin_tool_time_share"] == pytest.approx(DEFAULT_TTL_S / 3.0, rel=0.01)
-    assert report["pin_eta"] == 1.0  # one completed program: its boundaries (1, 2) and (2, 1)
+    report = policy.report().pins
+    assert report is not None and policy.report().reservations is None
+    assert report.pin_answers == 2 and report.pin_ttl_mean_s == DEFAULT_TTL_S
+    assert report.pin_tool_time_share == pytest.approx(DEFAULT_TTL_S / 3.0, rel=0.01)
+    assert report.pin_eta == 1.0  # one completed program: its boundaries (1, 2) and (2, 1)
 
 
 def test_an_evicted_re_entry_behind_another_prefill_measures_its_wait() -> None:
@@ -265,7 +266,8 @@ def test_a_tool_within_its_pin_is_no_re_entry_and_the_last_answer_is_never_pinne
     engine.add(spec(session("a", [2_000, 3_000], gap_s=0.5), 0.0))
     engine.run_until(30.0)
     assert engine.runs["a"].status == Status.FINISHED and policy.evicted_reentries == 0
-    assert policy.answers == 1 and policy.pin_report()["pin_tool_time_share"] == 1.0
+    assert policy.answers == 1 and (pins := policy.report().pins) is not None
+    assert pins.pin_tool_time_share == 1.0
     assert engine.prefill[0].cache.pinned_tokens == 0
 
 

@@ -70,7 +70,8 @@ def test_the_grid_on_ray_writes_the_same_json_as_the_local_pool(
     assert compare.main([*grid.argv(on_ray), "--executor", "ray"]) == 0
     [cells] = put  # one put for the knee ramp and the 4 runs: the cells, with their pool and predictions
     [cell] = cells.values()
-    assert len(cell.pool) == len(cell.peaks) == len(cell.multipliers) == 900  # 300 sessions of 3 benchmarks
+    told = cell.reserving
+    assert len(cell.pool) == len(told.peaks) == len(told.multipliers) == 900  # 300 sessions of 3 benchmarks
     err = capsys.readouterr().err
     assert err.count("Basin calibration measured now") == 2  # once per executor: each has its own knee file
     assert "runs: 100%" in err and "4/4" in err  # the progress bar, as the local pool shows it

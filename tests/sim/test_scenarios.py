@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from basin_runtime.session_table import Session, write_sessions
-from basin_sim import cli
+from basin_sim import cli, run_setup
 from basin_sim.catalog import load_profile
 from basin_sim.engine import Engine
 from basin_sim.policies.fcfs import FcfsPolicy
@@ -198,7 +198,7 @@ def test_the_cli_runs_a_per_min_scenario_without_calibrating(tmp_path: Path, mon
     def no_calibration(*_: object) -> tuple[float, str]:
         raise AssertionError("an all-per_min scenario asked for an overload rate")
 
-    monkeypatch.setattr(cli, "overload_rate_for", no_calibration)
+    monkeypatch.setattr(run_setup, "overload_rate_for", no_calibration)
     (tmp_path / "s.yaml").write_text("name: abs\nduration_s: 600\nwarmup_s: 60\nrate:\n  - {from_s: 0, per_min: 2}\n"
                                      "goodput_window: {from_s: 0, to_s: 600}\n")
     write_sessions(tmp_path / "sessions.parquet", generate_corpus(2, 10))
