@@ -87,7 +87,7 @@ def summarize(spec: RunSpec, engine: Engine, outcomes: Sequence[SessionOutcome],
         "recovered_after_s": _recovered_after_s(timeline, spec, hit_pre),
         "is_stuck": _is_stuck(timeline, window, hit_pre),
         "backlog_drained_after_s": None,
-        "cache_tokens": spec.deployment.prefill_cache_tokens * spec.deployment.num_prefill,
+        "cache_tokens": spec.deployment.cache_capacity_tokens,
         "simulated_s": engine.now - scenario.warmup_s,
         "written_back_tokens": sum(p.written_back_tokens for p in engine.prefill),
         "prefill_share": _shares(engine.prefill_router.num_routed),
@@ -163,7 +163,7 @@ def minute_timeline(spec: RunSpec, engine: Engine, outcomes: Sequence[SessionOut
     """One entry per simulated minute after warm-up (see the rules above)."""
     timeline, warmup = engine.timeline, spec.scenario.warmup_s
     waits = _waits_by_minute(outcomes, engine.now, timeline.bin_s)
-    cache_tokens = spec.deployment.prefill_cache_tokens * spec.deployment.num_prefill
+    cache_tokens = spec.deployment.cache_capacity_tokens
     first = round(warmup / timeline.bin_s)
     counts = {name: timeline.count_series(name) for name in ("arrivals", "completions", "timeouts", "retries")}
     states = {name: timeline.bin_state_series(name) for name in

@@ -14,6 +14,7 @@ Modules, one job each:
   core.py       Policy, wiring the above around one state
   hit_rate.py   HitRateWindow: the windowed prefix hit rate that moves the budget
   calibrated.py Calibration and policy_config: the one construction from measured numbers
+  capacity.py   a deployment's cache capacity: the sum of its instances' KV pools
 """
 
 from __future__ import annotations
