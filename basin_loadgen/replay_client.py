@@ -45,12 +45,14 @@ import openai
 
 from basin_loadgen.replay import ConversationBuilder, PlannedSession
 from basin_loadgen.replay_summary import CallRecord, SessionRecord, StateSample
+from basin_runtime.logs import configure_logging, quiet_level
 from basin_runtime.session_keys import SESSION_KEY_HEADER
 from basin_sim.goodput import SLOWDOWN_LIMIT
 from basin_sim.workload.pool import load_pool
 from basin_sim.workload.scenarios import DEFAULT_GAP_S
 
 log = logging.getLogger(__name__)
+HTTP_LOGGERS = ("httpx", "httpx2", "openai")  # the HTTP stacks log every request at INFO; a replay sends thousands
 
 
 class ReplayError(RuntimeError):
@@ -328,12 +330,6 @@ def _status_stop(exc: openai.APIStatusError) -> _SessionStop:
     return _SessionStop("error", f"HTTP {exc.status_code}: {message}")
 
 
-def quiet_http_loggers() -> None:
-    """The HTTP stacks log every request at INFO; a replay sends thousands."""
-    for name in ("httpx", "httpx2", "openai"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-
-
 def default_run_tag(seed: int) -> str:
     """A run tag unique to this start (so a warm cache holds nothing of an earlier run with the same seed)."""
     return f"s{seed}-{int(time.time()):x}"
@@ -445,9 +441,7 @@ def run_cli(parser: argparse.ArgumentParser, argv: list[str] | None,
     from basin_sim.workload.pool import PoolError
 
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
-                        format="%(levelname)s %(name)s: %(message)s")
-    quiet_http_loggers()
+    configure_logging(quiet_level(args.quiet), quiet=HTTP_LOGGERS)
     try:
         return body(args)
     except (ReplayError, ReplayPlanError, PoolError, CatalogError) as exc:

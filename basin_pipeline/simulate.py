@@ -44,6 +44,7 @@ from typing import Any
 from basin_pipeline import tracking
 from basin_pipeline.metrics_files import numbers_only, write_metrics
 from basin_pipeline.params import or_exit, simulate_params
+from basin_runtime.logs import configure_logging
 from basin_sim import compare
 from basin_sim.calibrate.knee_cache import DEFAULT_CALIBRATIONS_FILE
 from basin_sim.calibrate.knee_ramp import RAMP_STEP_S
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         args.steady_scenario = params.steady_scenario
         args.policies, args.seeds = list(params.policies), list(params.seeds)
         args.reservation_quantile = params.reservation_quantile
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    configure_logging()
     if "basin" not in args.policies or "continuum" not in args.policies or args.scenario == args.steady_scenario:
         raise SystemExit("python -m basin_pipeline.simulate: error: --policies must include basin and continuum, "
                          "and the steady scenario must differ from the surge")

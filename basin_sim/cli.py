@@ -20,6 +20,7 @@ from typing import Any
 from tqdm import tqdm
 
 from basin_runtime.calibration import Calibration, CalibrationError, calibration_from_mapping, load_calibration
+from basin_runtime.logs import configure_logging, quiet_level
 from basin_runtime.model_files import file_sha256
 from basin_runtime.policy import PolicyError
 from basin_runtime.policy.calibrated import check_serves
@@ -309,8 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         return compare.main(words[1:])
     parser = _parser()
     args = parser.parse_args(words)
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
-                        format="%(levelname)s %(name)s: %(message)s")
+    configure_logging(quiet_level(args.quiet))
     try:
         commands = {"calibrate": calibrate_main, "run": _run, "knee": knee_main, "risk": risk_main, "ramp": ramp_main}
         return commands[args.command](args)
