@@ -54,6 +54,7 @@ from typing import Any
 import httpx
 
 from basin_runtime.logs import configure_logging
+from basin_runtime.markdown_table import markdown_table
 from basin_sim.workload.pool import load_pool
 
 log = logging.getLogger("basin_stack.demo")
@@ -309,10 +310,8 @@ def table(runs: dict[str, dict[str, Any]], steady_hit_rate: float | None = None)
     is held to (the calibration's plateau: the hit rate of this deployment under steady load below its knee)."""
     modes = list(runs)
     cells = {m: _row_cells(runs[m], steady_hit_rate) for m in modes}
-    lines = ["| | " + " | ".join(_title(m) for m in modes) + " |", "| --- |" + " --- |" * len(modes)]
-    for k, (label, _) in enumerate(cells[modes[0]]):
-        lines.append(f"| {label} | " + " | ".join(cells[m][k][1] for m in modes) + " |")
-    return "\n".join(lines)
+    rows = ([label, *(cells[m][k][1] for m in modes)] for k, (label, _) in enumerate(cells[modes[0]]))
+    return markdown_table([None, *(_title(m) for m in modes)], rows)
 
 
 def _title(mode: str) -> str:
