@@ -11,13 +11,13 @@ Rules:
 
 from __future__ import annotations
 
-import logging
 import sys
 
 import uvicorn
 
 from basin_emulate.config import ConfigError, parse_config
 from basin_emulate.server import build_app
+from basin_runtime.logs import TIMED_LINE, configure_logging
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"basin-emulate: error: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(config.log_level, TIMED_LINE)
     app = build_app(config)
     uvicorn.run(app, host=config.host, port=config.port, loop="asyncio", log_config=None, access_log=False,
                 lifespan="on")

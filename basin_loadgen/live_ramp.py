@@ -40,6 +40,7 @@ from basin_loadgen.metrics_scrape import TokenCounters, parse_counters, window_h
 from basin_loadgen.replay import ConversationBuilder, PlannedSession, RateSchedule, plan_sessions
 from basin_loadgen.replay_client import ClientSettings, Replayer, ReplayError, default_run_tag, run_cli
 from basin_loadgen.replay_summary import SessionRecord, StateSample
+from basin_runtime.policy.capacity import pooled_tokens
 from basin_sim.calibrate.ramp import RampStep, ramp_knee
 from basin_sim.calibrate.ramp import calibration_record as ramp_calibration_record
 from basin_sim.workload.pool import load_pool
@@ -134,7 +135,7 @@ async def run_live_ramp(settings: ClientSettings, builder: ConversationBuilder, 
             missing = [url for url, gauge in zip(metrics_urls, gauges, strict=True) if gauge is None]
             if missing:
                 raise ReplayError(f"no {CAPACITY_GAUGE} in {missing}; pass --cache-capacity-tokens")
-            capacity_tokens = sum(g for g in gauges if g is not None)
+            capacity_tokens = pooled_tokens(g for g in gauges if g is not None)
         if not capacity_tokens > 0:
             raise ReplayError(f"cache capacity must be > 0 tokens, got {capacity_tokens}")
         capacity = capacity_tokens

@@ -50,12 +50,14 @@ import openai
 from basin_loadgen.replay import ConversationBuilder, PlannedSession
 from basin_loadgen.replay_summary import CallRecord, SessionRecord, StateSample
 from basin_runtime.clock import Clock, Deadline, MonotonicClock, ScaledClock
+from basin_runtime.logs import configure_logging, quiet_level
 from basin_runtime.policy.deadline import goodput_deadline_s
 from basin_runtime.session_keys import SESSION_KEY_HEADER
 from basin_sim.workload.pool import load_pool
 from basin_sim.workload.scenarios import DEFAULT_GAP_S
 
 log = logging.getLogger(__name__)
+HTTP_LOGGERS = ("httpx", "httpx2", "openai")  # the HTTP stacks log every request at INFO; a replay sends thousands
 
 DRAIN_CHECK_S = 1.0  # wall seconds between checks of the drain's end while sessions run
 
@@ -345,12 +347,6 @@ def _status_stop(exc: openai.APIStatusError) -> _SessionStop:
     return _SessionStop("error", f"HTTP {exc.status_code}: {message}")
 
 
-def quiet_http_loggers() -> None:
-    """The HTTP stacks log every request at INFO; a replay sends thousands."""
-    for name in ("httpx", "httpx2", "openai"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-
-
 def default_run_tag(seed: int) -> str:
     """A run tag unique to this start (so a warm cache holds nothing of an earlier run with the same seed)."""
     return f"s{seed}-{int(time.time()):x}"
@@ -462,9 +458,7 @@ def run_cli(parser: argparse.ArgumentParser, argv: list[str] | None,
     from basin_sim.workload.pool import PoolError
 
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
-                        format="%(levelname)s %(name)s: %(message)s")
-    quiet_http_loggers()
+    configure_logging(quiet_level(args.quiet), quiet=HTTP_LOGGERS)
     try:
         return body(args)
     except (ReplayError, ReplayPlanError, PoolError, CatalogError) as exc:

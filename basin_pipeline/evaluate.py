@@ -32,6 +32,7 @@ from basin_pipeline import tracking
 from basin_pipeline.features import ModelParams, build_model
 from basin_pipeline.metrics_files import write_metrics
 from basin_pipeline.scoring import out_of_fold, overflow_share, spearman
+from basin_runtime.logs import configure_logging
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot-data", type=Path, required=True, help="CSV of predictions for dvc plots")
     parser.add_argument("--plot", type=Path, required=True, help="PNG of predicted vs true")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    configure_logging()
     frame = pd.read_parquet(args.frame)
     best = json.loads(args.best.read_text(encoding="utf-8"))
     unseen = predictions(frame, best, "unseen")

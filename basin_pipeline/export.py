@@ -42,6 +42,7 @@ from basin_pipeline.features import LENGTH_INPUTS, MODEL_INPUTS, model_frame
 from basin_pipeline.onnx_export import serialize, set_metadata, to_onnx
 from basin_pipeline.params import export_params, or_exit
 from basin_pipeline.reservations import shipping_multipliers
+from basin_runtime.logs import configure_logging
 from basin_runtime.online import OnlineModel, online_file_name
 from basin_runtime.predictor import MAX_PEAK_TOKENS, SCHEMA_VERSION, PeakPredictor, PredictorError, model_file_name
 
@@ -174,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--online-dir", type=Path, help="stage online's .online.onnx files: each is shipped beside "
                         "its first-call model and published with it")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    configure_logging()
     params = or_exit(export_params, args.params, parser.prog)
     best = json.loads((args.train_dir / "best.json").read_text(encoding="utf-8"))
     summary = json.loads(args.summary.read_text(encoding="utf-8"))

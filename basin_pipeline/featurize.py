@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from basin_pipeline.params import featurize_params, or_exit
+from basin_runtime.logs import configure_logging
 from basin_runtime.session_table import read_table
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="frame to write (.parquet)")
     parser.add_argument("--summary", type=Path, required=True, help="summary to write (.json)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    configure_logging()
     params = or_exit(featurize_params, args.params, parser.prog)
     table = read_table(args.sessions)
     frame = table.select(COLUMNS).to_pandas()

@@ -21,6 +21,7 @@ from basin_pipeline.params import IngestParams, corpus_path, ingest_params, or_e
 from basin_pipeline.records import Reject
 from basin_pipeline.report import build_report, write_report
 from basin_pipeline.sessionize import Corpus, IngestResult, ingest
+from basin_runtime.logs import configure_logging
 from basin_runtime.session_table import write_sessions
 from basin_runtime.task_text import TaskTextRule
 from basin_runtime.tokenizer import DEFAULT_TOKENIZER, get_tokenizer
@@ -99,7 +100,7 @@ def _finish(result: IngestResult, args: argparse.Namespace, max_reject_fraction:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    configure_logging()
     if args.params:
         if not args.manifest:
             _parser().error("--params needs --manifest (the `sources` stage's output)")

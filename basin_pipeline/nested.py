@@ -60,6 +60,7 @@ from basin_pipeline.params import NestedParams, SearchSpace, nested_params, or_e
 from basin_pipeline.scoring import mean_defined, spearman, spearman_by_benchmark
 from basin_pipeline.train import model_subsets
 from basin_pipeline.tuning import suggest
+from basin_runtime.logs import configure_logging
 
 log = logging.getLogger(__name__)
 PROTOCOLS = ("unseen_task", "seen_task")
@@ -359,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--predictions", type=Path,
                         help="write the out-of-fold predictions (unseen task, first seed) of every session here")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    configure_logging()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     params = or_exit(nested_params, args.params, parser.prog)
     frame = pd.read_parquet(args.frame)

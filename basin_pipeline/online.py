@@ -50,6 +50,7 @@ from basin_pipeline.nested import assign
 from basin_pipeline.params import online_params, or_exit
 from basin_pipeline.scoring import spearman
 from basin_pipeline.train import POOLED
+from basin_runtime.logs import configure_logging
 from basin_runtime.online import (
     FEATURES,
     INPUTS,
@@ -315,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metrics", type=Path, required=True, help="online.json (the full report)")
     parser.add_argument("--headline-dir", type=Path, help="folder for online_k<k>.json headline files")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    configure_logging()
     params = or_exit(online_params, args.params, parser.prog)
     started = time.monotonic()
     frame = pd.read_parquet(args.frame)

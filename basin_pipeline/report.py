@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from basin_pipeline.metrics_files import write_metrics
+from basin_runtime.markdown_table import markdown_table
 from basin_runtime.session_table import Session
 
 
@@ -61,13 +62,11 @@ def report_markdown(report: dict[str, Any]) -> str:
     cols = ["sessions", "tasks", "calls", "first_prompt_tokens_median", "first_prompt_tokens_p90",
             "peak_prompt_tokens_median", "peak_prompt_tokens_p90", "peak_over_first_median",
             "ours_over_agent_tokens", "gap_s_median"]
-    lines = ["| benchmark | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
-    for name, stats in report["benchmarks"].items():
-        cells = [f"{stats[c]:.3g}" if isinstance(stats[c], float) else str(stats[c]) for c in cols]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    rows = [[name, *(f"{stats[c]:.3g}" if isinstance(stats[c], float) else str(stats[c]) for c in cols)]
+            for name, stats in report["benchmarks"].items()]
     kind = "SYNTHETIC corpus (no real corpora found)" if report["synthetic"] else "real corpora"
     return f"# Session table report ({kind})\n\n{report['sessions']} sessions, {report['rejects']} rejects.\n\n" \
-        + "\n".join(lines) + "\n"
+        + markdown_table(["benchmark", *cols], rows, rule="---") + "\n"
 
 
 def plot_peaks(sessions: Sequence[Session], path: Path) -> None:

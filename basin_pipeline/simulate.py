@@ -44,6 +44,7 @@ from typing import Any
 from basin_pipeline import tracking
 from basin_pipeline.metrics_files import numbers_only, write_metrics
 from basin_pipeline.params import SimulateParams, or_exit, simulate_params
+from basin_runtime.logs import configure_logging
 from basin_sim import compare
 from basin_sim.calibrate.knee_cache import DEFAULT_CALIBRATIONS_FILE
 from basin_sim.calibrate.knee_ramp import RAMP_STEP_S
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     params = SimulateParams(args.deployment, args.scenario, args.steady_scenario, tuple(args.policies),
                             tuple(args.seeds), args.reservation_quantile) if args.params is None \
         else or_exit(simulate_params, args.params, "python -m basin_pipeline.simulate")
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    configure_logging()
     if not {"basin", "continuum"} <= set(params.policies) or params.scenario == params.steady_scenario:
         raise SystemExit("python -m basin_pipeline.simulate: error: --policies must include basin and continuum, "
                          "and the steady scenario must differ from the surge")

@@ -17,6 +17,7 @@ from typing import Any
 from basin_pipeline.adapters import FORMATS
 from basin_pipeline.adapters.files import find_files
 from basin_pipeline.params import CorpusParams, corpus_path, ingest_params, or_exit
+from basin_runtime.logs import configure_logging
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--out", required=True, help="manifest to write (JSON)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    configure_logging()
     params = or_exit(ingest_params, args.params, parser.prog)
     corpora = [fingerprint(c, corpus_path(c, args.params)) for c in params.corpora]
     for c in corpora:

@@ -7,6 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
+from basin_runtime.logs import configure_logging
 from basin_runtime.session_table import write_sessions
 from basin_sim.workload.synthetic import FAMILIES, generate_corpus
 
@@ -19,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions-per-benchmark", type=int, default=300)
     parser.add_argument("--out", type=Path, required=True, help="session table to write (.parquet)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    configure_logging()
     if args.sessions_per_benchmark < 1:
         parser.error(f"--sessions-per-benchmark must be at least 1, got {args.sessions_per_benchmark}")
     sessions = generate_corpus(args.seed, args.sessions_per_benchmark)

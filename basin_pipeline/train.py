@@ -29,6 +29,7 @@ from basin_pipeline.features import build_model
 from basin_pipeline.metrics_files import SIGNIFICANT_DIGITS, write_metrics
 from basin_pipeline.params import TrainParams, or_exit, train_params
 from basin_pipeline.tuning import TrialResult, best_params, run_study
+from basin_runtime.logs import configure_logging
 
 log = logging.getLogger(__name__)
 POOLED = "pooled"
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metrics", type=Path, help="CV objective per model (JSON, for dvc metrics)")
     parser.add_argument("--resume", action="store_true", help="continue the stored studies instead of restarting")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    configure_logging()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     params = or_exit(train_params, args.params, parser.prog)
     frame = pd.read_parquet(args.frame)

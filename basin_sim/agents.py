@@ -9,7 +9,7 @@ Rules (the numbers and waits are clients.py's `ClientPolicy`; None: nobody gives
   again: a gateway sees every attempt); when the call's attempts are used up the session ends
   ABANDONED. The waits between attempts count in the end-to-end time.
 - `session_time_limit_s` after its arrival a session not over is abandoned, its request withdrawn. A
-  held session's call timeouts start when it is admitted (the door's wait is the policy's; the session
+  queued session's call timeouts start when it is admitted (the door's wait is the policy's; the session
   time limit covers it).
 - A timer overtaken by events is void and skipped without moving the clock: a timeout whose attempt
   was answered or withdrawn, a retry of a session that ended or already sent, a give-up of a session
@@ -60,7 +60,7 @@ class Agents:
         if run.next_call < run.spec.session.n_calls:
             self._loop.at(self._loop.now + run.spec.gaps_s[run.next_call - 1], self._call, run)
         else:
-            self._sessions.end(run, Status.FINISHED)
+            self._sessions.end(run, "finish")
 
     def _on_timeout(self, request: Request) -> None:
         run, clients = request.run, self.clients
@@ -70,7 +70,7 @@ class Agents:
         self._flow.withdraw(request)
         wait_s = wait_before_attempt_s(clients, run.attempt + 1, self._rng.random())
         if wait_s is None:
-            self._sessions.end(run, Status.ABANDONED)
+            self._sessions.end(run, "abandon")
         else:
             run.attempt += 1
             self._loop.at(self._loop.now + wait_s, self._retry, run)
@@ -85,7 +85,7 @@ class Agents:
         request = run.request
         if request is not None:
             self._flow.withdraw(request)
-        self._sessions.end(run, Status.ABANDONED)
+        self._sessions.end(run, "abandon")
         if request is not None:
             self._flow.resume(request)
 

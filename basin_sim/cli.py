@@ -18,6 +18,7 @@ from typing import Any
 from tqdm import tqdm
 
 from basin_runtime.calibration import CalibrationError
+from basin_runtime.logs import configure_logging, quiet_level
 from basin_runtime.predictor import PredictorError
 from basin_sim import catalog, compare
 from basin_sim.calibrate.commands import add_commands, calibrate_main, knee_main, ramp_main, risk_main
@@ -159,8 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         return compare.main(words[1:])
     parser = _parser()
     args = parser.parse_args(words)
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
-                        format="%(levelname)s %(name)s: %(message)s")
+    configure_logging(quiet_level(args.quiet))
     try:
         commands = {"calibrate": calibrate_main, "run": _run, "knee": knee_main, "risk": risk_main, "ramp": ramp_main}
         return commands[args.command](args)

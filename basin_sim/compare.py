@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from basin_runtime.markdown_table import markdown_table
 from basin_runtime.model_files import file_sha256
 from basin_runtime.policy.lending import LENDING_KINDS, LendingKind
 from basin_runtime.predictor import PredictorError
@@ -199,19 +200,21 @@ def markdown(rows: Sequence[dict[str, Any]], policies: Sequence[str]) -> str:
     hit-rate drop, first-call wait p50, shed share, share of seeds stuck, and what pins held (Continuum: the
     share of the cache held between calls, the share of tool time pinned, T)."""
     cells = aggregate(rows)
-    lines = ["| scenario | deployment | lending | policy | goodput /h | hit-rate drop (points) | first-call wait p50 "
-             "| shed | stuck | pinned: cache, tool time, T |", "|" + " --- |" * 10]
+    head = ["scenario", "deployment", "lending", "policy", "goodput /h", "hit-rate drop (points)",
+            "first-call wait p50", "shed", "stuck", "pinned: cache, tool time, T"]
+    body = []
     seen = dict.fromkeys((s, d, lend) for s, d, lend, _ in cells)
     for scenario, deployment, lending in seen:
         for policy in policies:
             cell = cells.get((scenario, deployment, lending, policy))
             if cell is None:
                 continue
-            lines.append(f"| {scenario} | {deployment} | {lending} | {policy} | {cell['goodput_mean']:,.0f} ± "
-                         f"{cell['goodput_sd']:,.0f} | {_shown(cell['hit_rate_drop_points'], '.1f')} | "
-                         f"{_shown(cell['first_call_wait_p50_s'], '.1f')} s | {_shown(cell['shed_share'], '.1%')} | "
-                         f"{cell['share_stuck']:.0%} | {_pinned(cell)} |")
-    return "\n".join(lines)
+            body.append([scenario, deployment, lending, policy,
+                         f"{cell['goodput_mean']:,.0f} ± {cell['goodput_sd']:,.0f}",
+                         _shown(cell["hit_rate_drop_points"], ".1f"),
+                         f"{_shown(cell['first_call_wait_p50_s'], '.1f')} s", _shown(cell["shed_share"], ".1%"),
+                         f"{cell['share_stuck']:.0%}", _pinned(cell)])
+    return markdown_table(head, body)
 
 
 def paired(rows: Sequence[dict[str, Any]], reference: str = "continuum") -> str:
@@ -221,8 +224,9 @@ def paired(rows: Sequence[dict[str, Any]], reference: str = "continuum") -> str:
     not."""
     by = {(r["scenario"], r["deployment"], r.get("lending", "none"), r["policy"], r["seed"]):
           float(r["goodput_per_hour"]) for r in rows}
-    head = f"/ {reference} (same lending) | / {reference} without lending"
-    lines = [f"| scenario | deployment | lending | label | {head} | seeds ahead |", "|" + " --- |" * 7]
+    head = ["scenario", "deployment", "lending", "label", f"/ {reference} (same lending)",
+            f"/ {reference} without lending", "seeds ahead"]
+    body = []
     labels = dict.fromkeys((s, d, lend, p) for s, d, lend, p, _ in by if p != reference)
     for scenario, deployment, lending, label in labels:
         seeds = sorted(seed for s, d, lend, p, seed in by if (s, d, lend, p) == (scenario, deployment, lending, label))
@@ -232,9 +236,9 @@ def paired(rows: Sequence[dict[str, Any]], reference: str = "continuum") -> str:
             continue
         shown = same if same is not None else bare
         assert shown is not None
-        lines.append(f"| {scenario} | {deployment} | {lending} | {label} | {_ratio_text(same)} | {_ratio_text(bare)} | "
-                     f"{sum(r > 1 for r in shown)} of {len(shown)} |")
-    return "\n".join(lines)
+        body.append([scenario, deployment, lending, label, _ratio_text(same), _ratio_text(bare),
+                     f"{sum(r > 1 for r in shown)} of {len(shown)}"])
+    return markdown_table(head, body)
 
 
 def _ratios(by: Mapping[tuple[str, str, str, str, int], float], seeds: Sequence[int], top: tuple[str, str, str, str],

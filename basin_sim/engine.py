@@ -82,7 +82,7 @@ class Engine:
         self.sessions.add(spec)
 
     def kill_at(self, at_s: float, session_ids: Iterable[str]) -> None:
-        """End these sessions at `at_s` (those still live or held then)."""
+        """End these sessions at `at_s` (those still live or queued then)."""
         self.sessions.kill_at(at_s, session_ids)
 
     def run_until(self, until_s: float) -> None:
@@ -121,9 +121,9 @@ class Engine:
         return self.sessions.num_live_burst
 
     @property
-    def num_held(self) -> int:
-        """Sessions waiting at the door."""
-        return self.sessions.num_held
+    def num_queued(self) -> int:
+        """Sessions waiting at the door (the timeline's `held_sessions`)."""
+        return self.sessions.num_queued
 
     @property
     def num_parked(self) -> int:
@@ -209,7 +209,7 @@ class Engine:
             requests = self.flow.requests.values()
             timeline.record_bin_state(BinState(
                 end_s=loop.watch_s, live_sessions=sessions.num_live, live_burst_sessions=sessions.num_live_burst,
-                held_sessions=sessions.num_held, working_set_tokens=sessions.working_set_tokens,
+                held_sessions=sessions.num_queued, working_set_tokens=sessions.working_set_tokens,
                 prefill_queued=sum(r.stage == Stage.PREFILL_WAIT for r in requests),
                 prealloc_queued=sum(r.stage == Stage.PREALLOC for r in requests)))
             loop.watch_s = self._next_bin_end_s()
@@ -219,7 +219,7 @@ class Engine:
         caches = [p.cache for p in self.prefill]
         now = self._loop.now
         return Sample(
-            time_s=now, live_sessions=self.num_live, held_sessions=self.num_held,
+            time_s=now, live_sessions=self.num_live, held_sessions=self.num_queued,
             working_set_tokens=self.working_set_tokens,
             cache_device_tokens=sum(c.device_used_tokens for c in caches),
             cache_host_tokens=sum(c.host_used_tokens for c in caches),

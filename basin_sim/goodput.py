@@ -30,7 +30,7 @@ class SessionOutcome:
     session_id: str
     arrival_s: float
     ended_s: float | None  # None: still running when the run stopped
-    status: str  # finished, killed, shed, aborted, abandoned, live, held
+    status: str  # finished, killed, shed, aborted, abandoned, live, queued
     unloaded_s: float | None  # None when not needed (outside every goodput window)
     steps: float
     good_steps: float

@@ -1,15 +1,17 @@
 """The records the engine keeps of each session and each request in flight.
 
-A session: arrives at the door -> held (the policy said wait) or live -> each call in turn -> ends as
-finished, killed (by the scenario), shed (by the policy while held), aborted (a request larger than
-an instance's memory) or abandoned (its client gave up: a call's attempts all timed out, or its
-session time limit passed; agents.py). A request (one attempt of one call): PREALLOC (waits for
-decode memory) -> PREFILL_WAIT -> PREFILLING -> TRANSFER (KV to decode) -> DECODING -> done; then the
-tool gap, then the next call. A timed-out attempt is aborted (`is_aborted`) and the call is sent
-again later as a new request (`attempt` + 1).
+A session: arrives at the door -> queued (the policy said wait) or live -> each call in turn -> ends
+as finished, killed (by the scenario), shed (by the policy while queued), aborted (a request larger
+than an instance's memory) or abandoned (its client gave up: a call's attempts all timed out, or its
+session time limit passed; agents.py). The states and the steps between them are the policy core's
+(basin_runtime/policy/lifecycle.py): a status moves only by `Status.after`, through its table.
+A request (one attempt of one call): PREALLOC (waits for decode memory) -> PREFILL_WAIT ->
+PREFILLING -> TRANSFER (KV to decode) -> DECODING -> done; then the tool gap, then the next call.
+A timed-out attempt is aborted (`is_aborted`) and the call is sent again later as a new request
+(`attempt` + 1).
 
 Rules: a session has at most one request in flight (an aborted one still finishing its prefill
-batch is not its request any more); once ended it never changes again.
+batch is not its request any more); once ended it never changes again (the table has no step out).
 """
 
 from __future__ import annotations
@@ -17,22 +19,28 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from basin_runtime.policy.lifecycle import LifecycleEvent, SessionState, transition
 from basin_runtime.session_table import Session
 from basin_sim.decode import DecodeInstance, DecodeSlot
 from basin_sim.prefill import PrefillInstance, PrefillJob
 
 
 class Status(enum.Enum):
-    """Where a session is in its life."""
+    """Where a session is in its life: the policy core's states (its `ended` aside: the engine knows why)."""
 
+    _value_: SessionState
     ARRIVING = "arriving"
-    HELD = "held"
+    QUEUED = "queued"
     LIVE = "live"
     FINISHED = "finished"
     KILLED = "killed"
     SHED = "shed"
     ABORTED = "aborted"
     ABANDONED = "abandoned"
+
+    def after(self, event: LifecycleEvent) -> Status:
+        """The status `event` takes a session in this one to; `LifecycleError` naming both if it may not."""
+        return Status(transition(self.value, event))
 
 
 class Stage(enum.Enum):

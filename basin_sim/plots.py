@@ -68,11 +68,11 @@ def _panels(result: RunResult, axes: Any) -> None:
     axes[2].plot(t, timeline.series("held_sessions"), label="held at the door", lw=1)
     axes[2].set_ylabel("sessions N(t)")
     axes[2].legend(loc="upper left", fontsize=7)
-    capacity = deployment.prefill_cache_tokens * deployment.num_prefill / 1e6
+    capacity = deployment.cache_capacity_tokens / 1e6
     axes[3].plot(t, [w / 1e6 for w in timeline.series("working_set_tokens")], label="working set", lw=1)
     axes[3].axhline(capacity, color="k", ls="--", lw=1, label="GPU cache")
     if deployment.has_host_tier:
-        host = capacity + deployment.host_cache_tokens * deployment.num_prefill / 1e6
+        host = capacity + deployment.host_capacity_tokens / 1e6
         axes[3].axhline(host, color="grey", ls=":", lw=1, label="GPU + host tier")
     axes[3].set_ylabel("M tokens")
     axes[3].legend(loc="upper left", fontsize=7)

@@ -30,6 +30,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from basin_runtime.policy.capacity import uniform_pooled_tokens
 from basin_runtime.policy.lending import LENDING_KINDS, LendingKind
 
 CacheKind = Literal["gpu", "host"]
@@ -168,6 +169,21 @@ class Deployment:
     def has_host_tier(self) -> bool:
         """True when evicted device KV goes to a host tier instead of being dropped."""
         return self.host_cache_tokens > 0
+
+    @property
+    def cache_capacity_tokens(self) -> int:
+        """The prefix cache of all prefill instances together (a calibration's `cache_capacity_tokens`)."""
+        return uniform_pooled_tokens(self.prefill_cache_tokens, self.num_prefill)
+
+    @property
+    def decode_capacity_tokens(self) -> int:
+        """The KV memory of all decode instances together."""
+        return uniform_pooled_tokens(self.decode_kv_tokens, self.num_decode)
+
+    @property
+    def host_capacity_tokens(self) -> int:
+        """The host tier of all prefill instances together (0: no host tier)."""
+        return uniform_pooled_tokens(self.host_cache_tokens, self.num_prefill)
 
     @property
     def cache_kind(self) -> CacheKind:

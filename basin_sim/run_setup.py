@@ -282,7 +282,7 @@ def _calibration(setup: RunSetup, deployment: Deployment) -> Calibration | None:
     if setup.knee_tokens is None and setup.peak_completion_rate is None:
         return calibration
     if calibration is None:
-        calibration = uncalibrated(float(deployment.prefill_cache_tokens * deployment.num_prefill))
+        calibration = uncalibrated(float(deployment.cache_capacity_tokens))
     knee = calibration.knee_tokens if setup.knee_tokens is None else setup.knee_tokens
     rate = calibration.peak_completion_rate_per_s if setup.peak_completion_rate is None else setup.peak_completion_rate
     try:

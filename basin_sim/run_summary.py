@@ -141,7 +141,7 @@ def summarize(spec: RunSpec, engine: Engine, outcomes: Sequence[SessionOutcome],
     in_window = [o for o in outcomes if not o.is_burst and window[0] <= o.arrival_s < window[1]]
     shed = sum(o.status == "shed" for o in in_window)
     hit_pre = timeline.hit_rate(at(0.0), at(scenario.pre_end_s))
-    cache_tokens = spec.deployment.prefill_cache_tokens * spec.deployment.num_prefill
+    cache_tokens = spec.deployment.cache_capacity_tokens
     held = timeline.mean_sample("cache_held_tokens", *window)
     minutes = minute_timeline(spec, engine, outcomes)
     report = engine.policy.report()
@@ -228,7 +228,7 @@ def minute_timeline(spec: RunSpec, engine: Engine, outcomes: Sequence[SessionOut
     """One entry per simulated minute after warm-up (see the rules above)."""
     timeline, warmup = engine.timeline, spec.scenario.warmup_s
     waits = _waits_by_minute(outcomes, engine.now, timeline.bin_s)
-    cache_tokens = spec.deployment.prefill_cache_tokens * spec.deployment.num_prefill
+    cache_tokens = spec.deployment.cache_capacity_tokens
     first = round(warmup / timeline.bin_s)
     counts = {name: timeline.count_series(name) for name in ("arrivals", "completions", "timeouts", "retries")}
     states = {name: timeline.bin_state_series(name) for name in

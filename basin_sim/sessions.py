@@ -1,11 +1,13 @@
-"""Sessions at the door: arrival, held or live, each call past the policy, suspension, the end.
+"""Sessions at the door: arrival, queued or live, each call past the policy, suspension, the end.
 
 Rules:
 - The policy sees every arrival, call, end and tick (policies/base.py) and answers with `Decisions`,
-  applied at once in the order shed, admit, suspend, resume. A held session waits at the door and its
-  waiting counts in its end-to-end time; an admitted one sends its first call at once. A decision
-  about a session in the wrong state (admit or shed one not held, suspend one not live or already
-  suspended, resume one not suspended) raises `EngineError` naming the policy and the session.
+  applied at once in the order shed, admit, suspend, resume. A queued session waits at the door and
+  its waiting counts in its end-to-end time; an admitted one sends its first call at once. Every
+  change of status goes through the policy core's lifecycle table (`Status.after`), checked before
+  anything changes. A decision about a session in the wrong state (admit or shed one not queued,
+  suspend one not live or already suspended, resume one not suspended) raises `EngineError` naming
+  the policy and the session.
 - Each call of a live session updates the working set, is told to the policy, then is sent
   (request_flow.py) unless the session is suspended.
 - Suspension: the session stays live; the call it sends next (or the one being sent when the decision
@@ -14,15 +16,15 @@ Rules:
   call only lifts the suspension. Client timers do not run for a parked call (it is the gateway's
   hold, like the door's); the session time limit does.
 - Working set = sum of the latest prompt of every live session (tool-running and parked included).
-- A kill ends its sessions at once (those live or held then), every request withdrawn before any
+- A kill ends its sessions at once (those live or queued then), every request withdrawn before any
   session ends, so freed memory goes to survivors only. Ending one can move the policy on the others
   (an end frees room): one it sheds meanwhile is shed, not killed; one it resumes meanwhile has the
   call it sent withdrawn before it ends, so no request of a killed session lives on.
 - An ended session's hold, kept KV and routing entries go (`RequestFlow.forget_session`); the policy
   hears of the end; then `on_over(run)` (a closed population starts its next session). A session shed
-  while held is over without an end call (the policy shed it). Finished and abandoned sessions are
+  while queued is over without an end call (the policy shed it). Finished and abandoned sessions are
   counted in the timeline's bins.
-Invariants (`check`): num_live, num_live_burst and num_held count the sessions in those states,
+Invariants (`check`): num_live, num_live_burst and num_queued count the sessions in those states,
 num_parked the live ones parked (each suspended, with no request); working_set_tokens == sum of live
 sessions' context_tokens; an ended session holds no request.
 """
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from basin_runtime.policy.lifecycle import LifecycleError, LifecycleEvent
 from basin_sim.events import EventLoop
 from basin_sim.lifecycle import SessionRun, SessionSpec, Status
 from basin_sim.policies.base import Decisions, SessionPolicy
@@ -45,7 +48,7 @@ class EngineError(RuntimeError):
 
 
 class Sessions:
-    """Every session's record and the counts of live, held and parked ones; the policy's decisions applied."""
+    """Every session's record and the counts of live, queued and parked ones; the policy's decisions applied."""
 
     def __init__(self, policy: SessionPolicy, loop: EventLoop, flow: RequestFlow, timeline: Timeline,
                  on_over: RunHook | None) -> None:
@@ -53,7 +56,7 @@ class Sessions:
         self.runs: dict[str, SessionRun] = {}
         self.num_live = 0
         self.num_live_burst = 0
-        self.num_held = 0
+        self.num_queued = 0
         self.num_parked = 0
         self.working_set_tokens = 0
         self.suspensions = 0  # suspend decisions applied
@@ -76,12 +79,12 @@ class Sessions:
         self._loop.at(spec.arrival_s, self._arrive, run)
 
     def kill_at(self, at_s: float, session_ids: Iterable[str]) -> None:
-        """End these sessions at `at_s` (those still live or held then)."""
+        """End these sessions at `at_s` (those still live or queued then)."""
         self._loop.at(at_s, self._kill, tuple(session_ids))
 
     def _on_arrive(self, run: SessionRun) -> None:
-        run.status = Status.HELD
-        self.num_held += 1
+        run.status = run.status.after("arrive")
+        self.num_queued += 1
         self._timeline.record_arrival(self._loop.now)
         self.on_arrived(run)
         self.apply(self.policy.on_arrival(run.spec.session_id, self._loop.now, run.spec.session))
@@ -109,8 +112,9 @@ class Sessions:
             run.call_sent_s = now
         self._flow.send(run, call)
 
-    def end(self, run: SessionRun, status: Status) -> None:
-        """End a live or held session with this final status."""
+    def end(self, run: SessionRun, event: LifecycleEvent) -> None:
+        """End a live or queued session by `event` (finish, kill, abort, abandon); `LifecycleError` if it may not."""
+        ended = run.status.after(event)
         if run.parked:
             run.parked = False
             self.num_parked -= 1
@@ -119,26 +123,26 @@ class Sessions:
             self.num_live -= 1
             self.num_live_burst -= run.spec.is_burst
             self.working_set_tokens -= run.context_tokens
-        elif run.status == Status.HELD:
-            self.num_held -= 1
-        run.status, run.ended_s = status, self._loop.now
+        elif run.status == Status.QUEUED:
+            self.num_queued -= 1
+        run.status, run.ended_s = ended, self._loop.now
         self._flow.forget_session(run.spec.session_id)
         self.apply(self.policy.on_session_end(run.spec.session_id, self._loop.now))
         self._over(run)
 
     def refuse(self, run: SessionRun) -> None:
         """Its call cannot ever be served: the session is aborted."""
-        self.end(run, Status.ABORTED)
+        self.end(run, "abort")
 
     def apply(self, decisions: Decisions) -> None:
         """Carry out the policy's decisions (see the rules)."""
         for session_id in decisions.shed:
-            run = self._held(session_id, "shed")
-            self.num_held -= 1
-            run.status, run.ended_s = Status.SHED, self._loop.now
+            run, shed = self._decided(session_id, "shed")
+            self.num_queued -= 1
+            run.status, run.ended_s = shed, self._loop.now
             self._over(run)
         for session_id in decisions.admit:
-            self._start(self._held(session_id, "admit"))
+            self._start(*self._decided(session_id, "admit"))
         for session_id in decisions.suspend:
             self._suspend(session_id)
         for session_id in decisions.resume:
@@ -150,9 +154,9 @@ class Sessions:
             if run.parked:
                 self.call(run)
 
-    def _start(self, run: SessionRun) -> None:
-        run.status, run.admitted_s = Status.LIVE, self._loop.now
-        self.num_held -= 1
+    def _start(self, run: SessionRun, live: Status) -> None:
+        run.status, run.admitted_s = live, self._loop.now
+        self.num_queued -= 1
         self.num_live += 1
         self.num_live_burst += run.spec.is_burst
         self.call(run)
@@ -166,12 +170,16 @@ class Sessions:
         self.suspended.add(session_id)
         self.suspensions += 1
 
-    def _held(self, session_id: str, what: str) -> SessionRun:
+    def _decided(self, session_id: str, event: LifecycleEvent) -> tuple[SessionRun, Status]:
+        """The session a policy's decision is about and the status it takes it to; `EngineError` if it may not."""
         run = self.runs.get(session_id)
-        if run is None or run.status != Status.HELD:
-            state = "unknown" if run is None else run.status.value
-            raise EngineError(f"policy {self.policy.name!r} asked to {what} session {session_id!r}, which is {state}")
-        return run
+        if run is None:
+            raise EngineError(f"policy {self.policy.name!r} asked to {event} session {session_id!r}, which is unknown")
+        try:
+            return run, run.status.after(event)
+        except LifecycleError as exc:
+            raise EngineError(f"policy {self.policy.name!r} asked to {event} session {session_id!r}, which is "
+                              f"{run.status.value}") from exc
 
     def _over(self, run: SessionRun) -> None:
         """A session is over (its status final): count it and tell the hook."""
@@ -193,14 +201,14 @@ class Sessions:
                 continue
             if run.request is not None:  # ending one may have had the policy resume another, whose call went out
                 self._flow.withdraw(run.request)
-            self.end(run, Status.KILLED)
+            self.end(run, "kill")
         self._flow.resume_all()
 
     def check(self) -> None:
         """Assert the invariants at the top of this module."""
         live = [run for run in self.runs.values() if run.status == Status.LIVE]
         assert self.num_live == len(live) and self.num_live_burst == sum(run.spec.is_burst for run in live)
-        assert self.num_held == sum(run.status == Status.HELD for run in self.runs.values())
+        assert self.num_queued == sum(run.status == Status.QUEUED for run in self.runs.values())
         parked = [run for run in live if run.parked]
         assert self.num_parked == len(parked) and all(run.request is None for run in parked)
         assert all(run.spec.session_id in self.suspended for run in parked)

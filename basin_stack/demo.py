@@ -53,6 +53,8 @@ from typing import Any
 
 import httpx
 
+from basin_runtime.logs import configure_logging
+from basin_runtime.markdown_table import markdown_table
 from basin_sim.workload.pool import load_pool
 
 log = logging.getLogger("basin_stack.demo")
@@ -308,10 +310,8 @@ def table(runs: dict[str, dict[str, Any]], steady_hit_rate: float | None = None)
     is held to (the calibration's plateau: the hit rate of this deployment under steady load below its knee)."""
     modes = list(runs)
     cells = {m: _row_cells(runs[m], steady_hit_rate) for m in modes}
-    lines = ["| | " + " | ".join(_title(m) for m in modes) + " |", "| --- |" + " --- |" * len(modes)]
-    for k, (label, _) in enumerate(cells[modes[0]]):
-        lines.append(f"| {label} | " + " | ".join(cells[m][k][1] for m in modes) + " |")
-    return "\n".join(lines)
+    rows = ([label, *(cells[m][k][1] for m in modes)] for k, (label, _) in enumerate(cells[modes[0]]))
+    return markdown_table([None, *(_title(m) for m in modes)], rows)
 
 
 def _title(mode: str) -> str:
@@ -459,7 +459,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; exit status 0, 2 (bad input or a process that would not start), 3 (invalid run)."""
-    from basin_loadgen.replay_client import ReplayError, quiet_http_loggers
+    from basin_loadgen.replay_client import HTTP_LOGGERS, ReplayError
     from basin_runtime.predictor import PredictorError
     from basin_sim.calibrate.rates import RatesError
     from basin_sim.catalog import CatalogError
@@ -467,8 +467,7 @@ def main(argv: list[str] | None = None) -> int:
     from basin_stack.stack import StackError
 
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    quiet_http_loggers()
+    configure_logging(quiet=HTTP_LOGGERS)
     settings = DemoSettings(args.out_dir, args.sessions, args.synthetic, args.time_scale, args.cache_tokens,
                             args.duration_s, tuple(args.surge), seed=args.seed, max_sessions=args.max_sessions,
                             max_lag_model_s=args.max_lag_model_s, model=args.model, lending=args.lending,

@@ -21,6 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from basin_runtime.markdown_table import markdown_row, markdown_table
 from basin_sim import compare
 
 
@@ -53,8 +54,8 @@ def main(argv: list[str] | None = None) -> int:
         runs = json.loads(out.read_text())["runs"]
     failed = []
     label = args.label
-    print(f"\n| scenario | continuum /h | {label} /h | {label} / continuum | seeds ahead | >= {args.min_ratio:g} |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("\n" + markdown_table(["scenario", "continuum /h", f"{label} /h", f"{label} / continuum", "seeds ahead",
+                                 f">= {args.min_ratio:g}"], []))
     for scenario in args.scenarios:
         by_seed = {(r["policy"], r["seed"]): r["goodput_per_hour"] for r in runs if r["scenario"] == scenario}
         basin = [by_seed[(args.label, s)] for s in args.seeds]
@@ -65,8 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         ok = ratio >= args.min_ratio
         if not ok:
             failed.append(scenario)
-        print(f"| {scenario} | {_spread(continuum)} | {_spread(basin)} | {ratio:.2f} | {ahead} of {len(args.seeds)} | "
-              f"{'yes' if ok else 'NO'} |")
+        print(markdown_row([scenario, _spread(continuum), _spread(basin), f"{ratio:.2f}",
+                            f"{ahead} of {len(args.seeds)}", "yes" if ok else "NO"]))
     if failed:
         print(f"{args.label} / Continuum below {args.min_ratio:g} on: {', '.join(failed)}", file=sys.stderr)
         return 1

@@ -28,6 +28,7 @@ from basin_pipeline.fast_cv import FoldFeaturizer
 from basin_pipeline.features import ModelParams
 from basin_pipeline.nested import assign
 from basin_pipeline.scoring import spearman
+from basin_runtime.markdown_table import markdown_row, markdown_table
 
 CACHE = Path("data/embeddings")
 MAX_CHARS = 4_000
@@ -81,8 +82,7 @@ def main() -> int:
     frame = pd.read_parquet("data/features/frame.parquet")
     best = json.loads(Path("data/train/best.json").read_text())["models"]
     embeddings, seconds, load_s = embed(frame["task_text"].tolist())
-    print("| benchmark | TF-IDF ridge | embedding ridge | average (log space) |")
-    print("| --- | --- | --- | --- |")
+    print(markdown_table(["benchmark", "TF-IDF ridge", "embedding ridge", "average (log space)"], []))
     for bench in sorted(frame["benchmark"].unique()):
         at = np.flatnonzero(frame["benchmark"] == bench)
         rows = frame.iloc[at].reset_index(drop=True)
@@ -107,7 +107,7 @@ def main() -> int:
             for name in scores:
                 scores[name].append(float(np.mean(per[name])))
         cells = [f"{np.mean(v):.3f} ± {np.std(v, ddof=1):.3f}" for v in scores.values()]
-        print(f"| {bench} | " + " | ".join(cells) + " |")
+        print(markdown_row([bench, *cells]))
     ms = np.asarray(seconds) * 1e3
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"serving cost: engine load {load_s * 1e3:.0f} ms, per task text p50 {np.percentile(ms, 50):.0f} ms / "

@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from basin_runtime.logs import configure_logging
 from basin_runtime.session_table import Session
 from basin_sim import catalog
 from basin_sim.calibrate.rates import DEFAULT_RATES_FILE, RateCache, rate_key
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overload-rate", type=float, help="the small deployment's overload rate (skip the cache)")
     parser.add_argument("--profile-out", type=Path, help="write a cProfile of each run here")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    configure_logging(logging.WARNING)
     steady = catalog.load_scenario("steady")
     base, workload = load_pool(args.sessions, use_synthetic=False)
     pool = workload_pool(base, steady.workload)

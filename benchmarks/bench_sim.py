@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from basin_runtime.logs import configure_logging
 from basin_runtime.session_table import Session
 from basin_sim import catalog
 from basin_sim.calibrate.rates import RateCache, overload_rate_for
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scenarios", default="steady,surge-100", help="whole runs to time ('' for none)")
     parser.add_argument("--cache-chains", default="2000,60000", help="chains held for the admit cost ('' for none)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    configure_logging(logging.WARNING)
     cache: CacheKind = args.cache
     spec = catalog.load_deployment(args.deployment)
     base, workload = load_pool(args.sessions, use_synthetic=False)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from basin_runtime.calibration import calibration_from_mapping
+from basin_runtime.markdown_table import markdown_row, markdown_table
 from basin_runtime.model_files import file_sha256
 from basin_runtime.session_table import Session
 from basin_sim import catalog
@@ -110,15 +111,15 @@ def main(argv: list[str] | None = None) -> int:
     predictor = load_predictor(Path(args.model))
     print(f"{args.scenario} on {args.deployment}, Basin, {len(args.seeds)} seeds, model {args.model} "
           f"({time.perf_counter() - started:.0f} s)")
-    print("| q | m(q), all rows | r | sessions admitted | overflow share | goodput /h | first-call wait p50 s |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print(markdown_table(["q", "m(q), all rows", "r", "sessions admitted", "overflow share", "goodput /h",
+                          "first-call wait p50 s"], []))
     n = len(args.seeds)
     for k, (q, mode) in enumerate((q, m) for q in args.quantiles for m in ("fixed", "re-measured")):
         rows = results[k * n:(k + 1) * n]
         r = calibrations[SERVED_Q if mode == "fixed" else q].get("reservation_ratio")
-        print(f"| {q:g} | {predictor.multiplier(q):.2f} | {r} ({mode}) | {_cell([x['admitted'] for x in rows], '.0f')} "
-              f"| {_cell([x['overflow'] for x in rows], '.3f')} | {_cell([x['goodput'] for x in rows], ',.0f')} "
-              f"| {_cell([x['wait'] for x in rows], '.1f')} |")
+        print(markdown_row([f"{q:g}", f"{predictor.multiplier(q):.2f}", f"{r} ({mode})",
+                            _cell([x['admitted'] for x in rows], '.0f'), _cell([x['overflow'] for x in rows], '.3f'),
+                            _cell([x['goodput'] for x in rows], ',.0f'), _cell([x['wait'] for x in rows], '.1f')]))
     return 0
 
 

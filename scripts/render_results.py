@@ -20,9 +20,11 @@ import json
 import re
 import statistics
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from basin_runtime.markdown_table import markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"(<!-- generated: (?P<name>[a-z0-9-]+) -->\n)(?P<body>.*?)(<!-- /generated -->)", re.DOTALL)
@@ -55,12 +57,6 @@ def _mean_sd(values: Sequence[float]) -> tuple[float, float]:
 def _pm(values: Sequence[float], spec: str = ",.0f") -> str:
     mean, sd = _mean_sd(values)
     return f"{mean:{spec}} ± {sd:{spec}}"
-
-
-def _table(head: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 # --- the paper's evaluation (basin-sim compare --preset paper) -------------------------------------------
@@ -128,9 +124,9 @@ def paper_table() -> str:
               for name, s in PAPER_SCENARIOS]
     return (f"Goodput /h, mean ± sd over seeds (the first-call wait p50 over all seeds' first calls where it is 1 s "
             f"or more). From `{PAPER_JSON}`, written by {PAPER_COMMAND}, **{PAPER_MEASURED_AT}**.\n\n"
-            + _table(head, rows)
+            + markdown_table(head, rows)
             + "\n\nThe same runs, paired by seed over Continuum without lending:\n\n"
-            + _table(("scenario", "basin (lending) / continuum", "basin-proto (lending) / continuum"), ratios))
+            + markdown_table(("scenario", "basin (lending) / continuum", "basin-proto (lending) / continuum"), ratios))
 
 
 ABLATIONS = (("as the paper has it", "basin"),
@@ -155,7 +151,7 @@ def paper_ablations() -> str:
             for name, label in ABLATIONS if runs.values(scenario, "none", label)]
     return (f"`basin` with one part changed, the burst kept, lending none (from `{PAPER_JSON}`, "
             f"**{PAPER_MEASURED_AT}**):\n\n"
-            + _table(("`basin` with one part changed", "goodput /h", "/ continuum (paired)"), rows))
+            + markdown_table(("`basin` with one part changed", "goodput /h", "/ continuum (paired)"), rows))
 
 
 # --- the pipeline and the DVC simulate stage --------------------------------------------------------------
@@ -173,7 +169,7 @@ def spearman() -> str:
                      f"{base['first_prompt_only_spearman']:.3f}", f"{base['task_chars_only_spearman']:.3f}"))
     head = ("benchmark", "unseen task: pooled", "unseen task: own model", "seen task: pooled", "seen task: own",
             "first prompt only", "task length only")
-    return "From `metrics/spearman.json` (`make repro`, stage `evaluate`).\n\n" + _table(head, rows)
+    return "From `metrics/spearman.json` (`make repro`, stage `evaluate`).\n\n" + markdown_table(head, rows)
 
 
 def simulate_stage() -> str:
@@ -190,7 +186,7 @@ def simulate_stage() -> str:
              for name, r in ratios]
     return (f"`{doc['scenario']}` on `{doc['deployment']}`, lending {doc['lending']}, {len(doc['seeds'])} seeds, "
             f"overload rate {doc['overload_rate_per_s']}/s (from `metrics/simulate.json`, `make repro`):\n\n"
-            + _table(("policy", "goodput /h", "stuck", "first-call wait p50", "shed"), rows)
+            + markdown_table(("policy", "goodput /h", "stuck", "first-call wait p50", "shed"), rows)
             + "\n\nPaired by seed: " + "; ".join(lines) + ".")
 
 
@@ -235,7 +231,7 @@ def readme_headline() -> str:
          "same"),
         ("the paper's prototype (`basin-proto`) / Continuum", _ratio(sim, "proto_over_continuum"), "same"),
     ]
-    return _table(("what", "measured (mean ± sd)", "command"), rows)
+    return markdown_table(("what", "measured (mean ± sd)", "command"), rows)
 
 
 RENDERERS: dict[str, Callable[[], str]] = {

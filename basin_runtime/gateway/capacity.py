@@ -25,6 +25,8 @@ from typing import Any
 
 import httpx
 
+from basin_runtime.policy.capacity import pooled_tokens
+
 TOLERANCE = 0.25
 SERVER_INFO_PATHS = ("/server_info", "/get_server_info")
 
@@ -46,7 +48,7 @@ class Capacity:
 
     @property
     def total_tokens(self) -> int:
-        return sum(tokens for _, tokens in self.engines)
+        return pooled_tokens(tokens for _, tokens in self.engines)
 
     def describe(self) -> str:
         each = ", ".join(f"{url} {tokens:,}" for url, tokens in self.engines)

@@ -39,6 +39,7 @@ from basin_runtime.gateway.app import build_app
 from basin_runtime.gateway.capacity import CapacityMismatch, CapacityUnknown, check_capacity, read_capacity
 from basin_runtime.gateway.config import ConfigError, GatewayConfig, build_parser, load_config, read_calibration
 from basin_runtime.gateway.server import DrainingServer, server_config
+from basin_runtime.logs import TIMED_LINE, configure_logging
 from basin_runtime.policy import PolicyConfig
 
 logger = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         config = load_config(vars(args))
-        _configure_logging(config.log_level)
+        configure_logging(config.log_level, TIMED_LINE, CHATTY_LOGGERS)
         check_admin_exposure(config)
         app = build_app(config)
         check_shared_state(config, app.state.gateway.room.policy.config)
@@ -140,10 +141,3 @@ def startup_summary(config: GatewayConfig, calibration: Calibration | None, poli
     return (f"budget {policy.budget_tokens:,} tokens ({budget}); model {config.default_model}{workloads}; "
             f"calibration {config.calibration or 'none'}; reservation quantile {config.reservation_quantile}"
             f"{'; SHADOW mode: no call is held' if config.shadow else ''}")
-
-
-def _configure_logging(level_name: str) -> None:
-    level = logging.getLevelName(level_name.upper())
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for name in CHATTY_LOGGERS:
-        logging.getLogger(name).setLevel(level if level == logging.DEBUG else logging.WARNING)

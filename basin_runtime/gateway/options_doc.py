@@ -13,6 +13,7 @@ from pathlib import Path
 
 from basin_runtime.gateway.config import OPTIONS
 from basin_runtime.gateway.options import Declared
+from basin_runtime.markdown_table import markdown_table
 from basin_runtime.schema import Flag, OneOf
 
 REGENERATE = "python -m basin_runtime.gateway.options_doc --output docs/gateway/options.md"
@@ -63,10 +64,8 @@ def row(declared: Declared) -> list[str]:
 
 def render() -> str:
     """The whole reference page."""
-    lines = [INTRO, "| " + " | ".join(COLUMNS) + " |", "|" + " --- |" * len(COLUMNS)]
-    for declared in OPTIONS.values():
-        lines.append("| " + " | ".join(_cell(text) for text in row(declared)) + " |")
-    return "\n".join(lines) + "\n"
+    rows = ([_cell(text) for text in row(declared)] for declared in OPTIONS.values())
+    return INTRO + "\n" + markdown_table(COLUMNS, rows) + "\n"
 
 
 def _cell(text: str) -> str:

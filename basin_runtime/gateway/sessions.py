@@ -35,10 +35,9 @@ from basin_runtime.gateway.measure import PromptMemo
 from basin_runtime.gateway.priority import PriorityLevels
 from basin_runtime.gateway.restart import LiveSession
 from basin_runtime.messages import message_text
-from basin_runtime.policy import Shed
+from basin_runtime.policy import HeldState, Shed
 from basin_runtime.session_log import LoggedCall
 
-SessionState = Literal["queued", "live"]
 Verdict: TypeAlias = Literal["admitted", "ended", "shutdown"] | Shed
 CallOutcome = Literal["completed", "rejected", "client_gone", "upstream_error", "gateway_error"]
 
@@ -109,7 +108,7 @@ class SessionEntry:
     """What the gateway keeps about one live or queued session."""
 
     session_id: str
-    state: SessionState
+    state: HeldState  # the policy's vocabulary (`basin_runtime/policy/lifecycle.py`), moved through its table
     decision: asyncio.Future[Verdict]  # resolved once: admitted, shed or ended while queued
     priority_s: float  # Basin's fixed priority (seconds, smaller first); engines get its bucketed rank
     routing_key: str  # `priority.routing_key(session_id)`: sticky routing and rids

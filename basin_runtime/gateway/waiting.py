@@ -63,6 +63,7 @@ from basin_runtime.gateway.measure import FirstCall, PromptMemo
 from basin_runtime.gateway.priority import PriorityLevels, routing_key
 from basin_runtime.gateway.sessions import SessionEntry, SessionRegistry, Verdict
 from basin_runtime.policy import Admitted, BudgetMoved, Event, Policy, PolicyError, Requeued, Shed
+from basin_runtime.policy.lifecycle import held_transition
 from basin_runtime.state.backend import InProcessBackend, StateBackend, StateUnavailableError
 from basin_runtime.state.replica import Applied
 from basin_runtime.state.steps import Step, StepKind
@@ -446,14 +447,15 @@ class WaitingRoom:
             assert self.backend.is_shared, (f"the policy requeued {requeued.session_id!r}, which the gateway "
                                             "does not hold")
             return  # another replica's session
-        entry.state = "queued"
+        entry.state = held_transition(entry.state, "requeue")
         entry.is_held_for_growth = True
         if entry.decision.done():
             entry.decision = asyncio.get_running_loop().create_future()
         logger.info("session %s held: %s", entry.session_id, requeued.reason)
 
     def _set_live(self, entry: SessionEntry, now: float) -> None:
-        entry.state = "live"
+        if entry.state != "live":  # (shared state: a claim or a re-registration may admit a live session again)
+            entry.state = held_transition(entry.state, "admit")
         entry.last_active_s = now
         if not entry.decision.done():
             entry.decision.set_result("admitted")

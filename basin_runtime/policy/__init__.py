@@ -11,9 +11,11 @@ Modules, one job each:
   shedding.py   long-run arrival rate; shed one lowest-priority session when capacity is short
   lending.py    the ledger of decode memory lent to the prefix cache
   events.py     decisions out (Admitted, Requeued, BudgetMoved, Shed) and the state snapshot
+  lifecycle.py  the session states, steps and the one transition table every driver checks against
   core.py       Policy, wiring the above around one state
   hit_rate.py   HitRateWindow: the windowed prefix hit rate that moves the budget
   calibrated.py Calibration and policy_config: the one construction from measured numbers
+  capacity.py   a deployment's cache capacity: the sum of its instances' KV pools
 """
 
 from __future__ import annotations
@@ -27,9 +29,10 @@ from basin_runtime.policy.config import (
     PolicyMode,
     UnknownSessionError,
 )
-from basin_runtime.policy.core import Policy, SessionState
+from basin_runtime.policy.core import Policy
 from basin_runtime.policy.events import Admitted, BudgetMoved, Event, PolicySnapshot, Requeued, Shed, admitted_ids
 from basin_runtime.policy.lending import LendingLedger, LentEntry, Reclaimed, WriteBackPlan
+from basin_runtime.policy.lifecycle import HeldState, LifecycleError, LifecycleEvent, SessionState, transition
 
 __all__ = [
     "Admitted",
@@ -37,8 +40,11 @@ __all__ = [
     "ClockError",
     "DuplicateSessionError",
     "Event",
+    "HeldState",
     "LendingLedger",
     "LentEntry",
+    "LifecycleError",
+    "LifecycleEvent",
     "Policy",
     "PolicyConfig",
     "PolicyError",
@@ -52,4 +58,5 @@ __all__ = [
     "WriteBackPlan",
     "admitted_ids",
     "reference_budget_tokens",
+    "transition",
 ]

@@ -41,6 +41,8 @@ Rules:
 - Every step (`arrive`, `adopt`, `observe`, `revise`, `finish`, `tick`, `set_reference_budget`) returns its
   list of events, in order: each admission is an `Admitted` with its wait and reservation (the
   arriving session's own admission too, with a wait of 0), so a driver has one translation path.
+- A session's states and steps are `lifecycle.py`'s (queued, live; arrive, adopt, admit, requeue, shed,
+  and `finish` is its `end`); each change of state is checked against its table before anything changes.
 - Every public method validates everything before it changes anything: an illegal step raises
   `PolicyError` and leaves the state exactly as it was. `now` never runs backwards.
 - `to_state()` is everything that affects a decision (configuration, clock, sessions in admission
@@ -59,7 +61,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
 from basin_runtime.policy.admission import (
     AdmissionQueue,
@@ -78,10 +80,10 @@ from basin_runtime.policy.config import (
     require_tokens,
 )
 from basin_runtime.policy.events import Admitted, Event, PolicySnapshot, Requeued, Shed
+from basin_runtime.policy.lifecycle import HeldState, LifecycleEvent, SessionState, transition
 from basin_runtime.policy.priority import priority_s, service_key
 from basin_runtime.policy.shedding import ArrivalRateMeter, shed_reason, should_shed
 
-SessionState = Literal["queued", "live"]
 STATE_FORMAT = "basin-policy-state"
 STATE_VERSION = 2  # 2: records carry first context, re-reservation, queue time, has run
 
@@ -133,14 +135,17 @@ class Policy:
         peak = require_finite(f"predicted_peak_tokens of session {session_id!r}", predicted_peak_tokens, minimum=0)
         context = require_tokens(f"context_tokens of session {session_id!r}", context_tokens)
         multiplier = _check_multiplier(f"reservation_multiplier of session {session_id!r}", reservation_multiplier)
+        entered = self._step(session_id, "adopt" if is_adopted else "arrive")
         was_engaged = self._engages_with(context)
+        if entered == "queued" and not was_engaged:
+            entered = transition(entered, "admit")
         self._advance(now)
         priority = priority_s(self.config.mode, now, peak, self.config.tokens_per_s)
         record = SessionRecord(session_id, self._next_seq, now, peak, priority, context, multiplier)
         self._next_seq += 1
         if not is_adopted:
             self._arrivals.record(now)
-        if is_adopted or not was_engaged:
+        if entered == "live":
             reservation = reservation_tokens(self.config.mode, record)
             self._make_live(record, reservation)
             return [Admitted(session_id, now, priority, 0.0, reservation)]
@@ -188,6 +193,7 @@ class Policy:
                and service_key(head.priority, head.seq) < service_key(record.priority, record.seq) else
                f"which does not fit beside {self._reserved_tokens - old_reservation} reserved in a budget of "
                f"{self._budget.budget_tokens} while admission is engaged")
+        self._step(record.session_id, "requeue")
         del self._live[record.session_id]
         self._working_set_tokens -= record.context_tokens
         self._reserved_tokens -= old_reservation
@@ -229,6 +235,7 @@ class Policy:
         """End a live session or withdraw a queued one; return the admissions it caused, in order."""
         now = self._check_now(now)
         record = self._record(session_id, "finish")
+        self._step(session_id, "end")
         self._advance(now)
         if session_id in self._live:
             del self._live[session_id]
@@ -330,7 +337,7 @@ class Policy:
         """The fixed priority of a live or queued session (smaller is served first)."""
         return self._record(session_id, "priority_of").priority
 
-    def state_of(self, session_id: str) -> SessionState:
+    def state_of(self, session_id: str) -> HeldState:
         """'live' or 'queued'; an unknown id raises `UnknownSessionError`."""
         self._record(session_id, "state_of")
         return "live" if session_id in self._live else "queued"
@@ -469,6 +476,12 @@ class Policy:
             )
         return record
 
+    def _step(self, session_id: str, event: LifecycleEvent) -> SessionState:
+        """The state `event` takes the session to (`lifecycle.py`; unknown here: arriving); changes nothing."""
+        state: SessionState = ("live" if session_id in self._live else "queued" if session_id in self._queue
+                               else "arriving")
+        return transition(state, event)
+
     def _make_live(self, record: SessionRecord, reservation: int) -> None:
         record.has_run = True
         self._live[record.session_id] = record
@@ -482,6 +495,7 @@ class Policy:
             needed = reservation_tokens(self.config.mode, head)
             if not fits(self._reserved_tokens, needed, self._budget.budget_tokens, len(self._live)):
                 break
+            self._step(head.session_id, "admit")
             self._queue.remove(head.session_id)
             had_run = head.has_run
             self._make_live(head, needed)
@@ -507,6 +521,7 @@ class Policy:
         victim = self._queue.shed_candidate()
         if victim is None:  # only sessions held for an outgrown call wait: they are not shed
             return None
+        self._step(victim.session_id, "shed")
         self._queue.remove(victim.session_id)
         return Shed(
             session_id=victim.session_id,

@@ -162,7 +162,7 @@ def risk_record(ramp: RampRun) -> dict[str, Any]:
     pre_rate = 0.5 * ramp.overload_rate_per_s  # the scenarios' pre-surge load
     fixed = fixed_points(ns, xs, pre_rate, ramp.calls_per_session) if len(ns) >= 2 else []
     knee = ramp_knee(steps)
-    capacity = deployment.prefill_cache_tokens * deployment.num_prefill
+    capacity = deployment.cache_capacity_tokens
     plateau = [s for s in steps if s.load <= knee.load and s.live_sessions > 0] or \
         [s for s in steps if s.live_sessions > 0][:1]
     if not plateau:
@@ -170,7 +170,7 @@ def risk_record(ramp: RampRun) -> dict[str, Any]:
     context = statistics.fmean(s.load * capacity / s.live_sessions for s in plateau)
     shares = [s.decode_holding_share for s in plateau if s.decode_holding_share is not None]
     holding = min(1.0, max(1e-6, statistics.fmean(shares) if shares else 1.0))
-    decode_tokens = deployment.decode_kv_tokens * deployment.num_decode
+    decode_tokens = deployment.decode_capacity_tokens
     verdict = risk_test(knee.load * capacity, context, decode_tokens, holding, deployment.decode_reserved_tokens)
     # A diagnostic beside the verdict: what the simulated engine itself held per live session.
     in_engine = statistics.fmean(s.decode_memory_share * decode_tokens / s.live_sessions for s in plateau)
@@ -237,8 +237,8 @@ def ramp_record(ramp: RampRun) -> dict[str, Any]:
             "thresholds": {"decode_memory_share": DECODE_FULL_SHARE,
                            "prealloc_queued_per_decode_instance": QUEUED_PER_DECODE, "hit_rate_tolerance": 0.05,
                            "confirm_steps": 2},
-            "num_decode": deployment.num_decode, "decode_capacity_tokens": deployment.decode_kv_tokens *
-            deployment.num_decode, "overload_rate_per_s": ramp.overload_rate_per_s,
+            "num_decode": deployment.num_decode, "decode_capacity_tokens": deployment.decode_capacity_tokens,
+            "overload_rate_per_s": ramp.overload_rate_per_s,
             "overload_rate_source": ramp.overload_rate_source, "step_s": ramp.step_s, "steps": steps}
 
 

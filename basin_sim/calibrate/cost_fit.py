@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from basin_runtime.logs import BARE_LINE, configure_logging
 from basin_runtime.session_table import Session
 from basin_sim.calibrate.overload import find_overload_rate
 from basin_sim.catalog import PROFILES_DIR, CatalogError, load_profile, load_scenario
@@ -406,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overload", action="store_true", help="also measure the overload rate (a minute)")
     parser.add_argument("--write", action="store_true", help="write the fitted numbers into the profile yaml")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    configure_logging(line=BARE_LINE)
     profile_path = PROFILES_DIR / f"{args.profile}.yaml"
     try:
         measurements = load_measurements(PROFILES_DIR / f"{args.profile}.measurements.yaml")

@@ -29,7 +29,7 @@ def knee_calibration_record(deployment: Deployment, steps: Sequence[RampStep], c
                             reservation_quantile: float | None = None) -> dict[str, Any]:
     """The gateway's calibration file from a simulated ramp on `deployment`, saying what its reservation
     ratio was measured for: the predictor file ("none": contexts), the quantile and the lending switch."""
-    capacity = deployment.prefill_cache_tokens * deployment.num_prefill
+    capacity = deployment.cache_capacity_tokens
     record = ramp_calibration_record(steps, capacity,
                                      f"{command}: simulated stepped ramp ({len(steps)} steps of {step_s:.0f} s)")
     return {**record, "predictor_sha256": predictor_sha256, "reservation_quantile": reservation_quantile,

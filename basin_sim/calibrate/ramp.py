@@ -74,8 +74,8 @@ def run_ramp(deployment: Deployment, pool: Sequence[Session], rates_per_s: Seque
     engine = Engine(deployment, make_policy(policy, PolicyContext(deployment)), timeline=timeline)
     shared = shared_prefix_tokens(pool)
     rng = random.Random(seed)
-    capacity = deployment.prefill_cache_tokens * deployment.num_prefill
-    decode_tokens = deployment.decode_kv_tokens * deployment.num_decode
+    capacity = deployment.cache_capacity_tokens
+    decode_tokens = deployment.decode_capacity_tokens
     steps: list[RampStep] = []
     count = 0
     reserved: dict[str, float] = {}  # run id -> its reservation
@@ -215,7 +215,7 @@ def _cache_minute_first(timeline: Timeline, deployment: Deployment, start_s: flo
                         confirm: int) -> bool:
     """True if, minute by minute in [start_s, end_s), the hit rate stays below `floor` (for `confirm`
     minutes) strictly before decode memory is full (for `confirm` minutes)."""
-    decode_tokens = deployment.decode_kv_tokens * deployment.num_decode
+    decode_tokens = deployment.decode_capacity_tokens
     is_low, is_full = [], []
     for t, hit in timeline.bin_hit_rates(start_s, end_s):
         is_low.append(hit is not None and hit < floor)

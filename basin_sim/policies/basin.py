@@ -59,7 +59,7 @@ def served_calibration(context: PolicyContext) -> Calibration:
     if context.calibration is not None:
         return context.calibration
     deployment = context.deployment
-    return uncalibrated(float(deployment.prefill_cache_tokens * deployment.num_prefill))
+    return uncalibrated(float(deployment.cache_capacity_tokens))
 
 
 def config_for(context: PolicyContext, mode: PolicyMode) -> PolicyConfig:

@@ -136,7 +136,7 @@ class BudgeterPolicy:
 
 def _budgeter(context: PolicyContext) -> BudgeterPolicy:
     deployment = context.deployment
-    return BudgeterPolicy(deployment.prefill_cache_tokens * deployment.num_prefill)
+    return BudgeterPolicy(deployment.cache_capacity_tokens)
 
 
 BUDGETER = PolicySpec("budgeter", "vLLM study's budgeter: active sessions' contexts bounded by the KV pool; the "

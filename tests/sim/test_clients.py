@@ -72,7 +72,7 @@ class Recording(FcfsPolicy):
 def assert_empty(engine: Engine) -> None:
     """Nothing is held anywhere: no request, reservation, queued job, pin, hold or lent KV."""
     engine.check()
-    assert engine.num_live == engine.num_held == engine.working_set_tokens == 0
+    assert engine.num_live == engine.num_queued == engine.working_set_tokens == 0
     for decode in engine.decode:
         assert (decode.used_tokens(), decode.queued_tokens, decode.lent_tokens, decode.batch_size) == (0, 0, 0, 0)
     for prefill in engine.prefill:
@@ -271,7 +271,7 @@ def test_a_session_held_at_the_door_is_withdrawn_at_its_time_limit() -> None:
     engine.add(spec(session("a", [2_000]), arrival_s=1.0))
     run = engine.runs["a"]
     engine.run_until(60.0)
-    assert (run.status, engine.num_held) == (Status.HELD, 1)
+    assert (run.status, engine.num_queued) == (Status.QUEUED, 1)
     engine.run_until(math.inf)
     assert (run.status, run.ended_s) == (Status.ABANDONED, 61.0)
     assert policy.ended == Counter({"a": 1}) and policy.calls["a"] == 0

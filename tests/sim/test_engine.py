@@ -102,7 +102,7 @@ def test_a_held_session_waits_at_the_door_and_its_wait_counts() -> None:
     engine = Engine(deployment(), HoldFirst(), tick_s=5.0)
     engine.add(spec(session("a", [2_000])))
     engine.run_until(4.0)
-    assert engine.runs["a"].status == Status.HELD and engine.num_held == 1
+    assert engine.runs["a"].status == Status.QUEUED and engine.num_queued == 1
     engine.run_until(20.0)
     run = engine.runs["a"]
     assert run.admitted_s == 5.0
