@@ -60,7 +60,7 @@ demo: $(STAMP)
 
 # `make check` is what CI runs before the tests (.ci/run): ruff, then mypy --strict on the files
 # [tool.mypy] lists in pyproject.toml. `make -k check` reports both even when the first fails.
-LINT_PATHS := basin_runtime basin_sim basin_emulate basin_loadgen basin_stack basin_pipeline tests benchmarks deploy scripts
+LINT_PATHS := basin_runtime basin_sim pipeline rig tests benchmarks deploy
 check: lint typecheck docs
 
 lint: $(STAMP)

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 from basin_runtime.markdown_table import markdown_row, markdown_table
-from basin_sim import compare
+from basin_sim.experiments import compare
 
 
 def _spread(values: list[float]) -> str:
@@ -34,9 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenarios", nargs="+",
                         default=["paper-timed-surge-100", "paper-timed-kill-burst", "paper-swebench-pro-surge-100"])
-    parser.add_argument("--label", default="basin", help="basin or one of its ablations (basin_sim/ablations.py)")
+    parser.add_argument("--label", default="basin",
+                        help="basin or one of its ablations (basin_sim/experiments/ablations.py)")
     parser.add_argument("--predictions", choices=("out-of-fold", "in-sample"), default="out-of-fold",
-                        help="Basin's peaks (basin_sim/predictions.py; default out-of-fold, as basin-sim compare)")
+                        help="Basin's peaks (basin_sim/experiments/predictions.py; default out-of-fold, as basin-sim "
+                             "compare)")
     parser.add_argument("--deployment", default="1p3d")
     parser.add_argument("--seeds", nargs="+", type=int, default=list(range(1, 11)))
     parser.add_argument("--min-ratio", type=float, default=0.99, help="Basin / Continuum goodput must be >= this")

@@ -24,10 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from basin_sim import compare
-from basin_sim.calibrate.knee_cache import DEFAULT_CALIBRATIONS_FILE
-from basin_sim.calibrate.rates import DEFAULT_RATES_FILE
-from basin_sim.executors import LOCAL, ExecutorSpec
+from basin_sim.experiments import compare
+from basin_sim.experiments.calibrate.knee_cache import DEFAULT_CALIBRATIONS_FILE
+from basin_sim.experiments.calibrate.rates import DEFAULT_RATES_FILE
+from basin_sim.experiments.executors import LOCAL, ExecutorSpec
 
 
 def _run(setup: compare.CompareSetup, executor: ExecutorSpec, folder: Path) -> tuple[float, str]:

@@ -22,8 +22,8 @@ from pathlib import Path
 from basin_runtime.logs import configure_logging
 from basin_runtime.session_table import Session
 from basin_sim import catalog
-from basin_sim.calibrate.rates import DEFAULT_RATES_FILE, RateCache, rate_key
 from basin_sim.engine import Engine
+from basin_sim.experiments.calibrate.rates import DEFAULT_RATES_FILE, RateCache, rate_key
 from basin_sim.policies import PolicyContext, make_policy
 from basin_sim.profile import Deployment
 from basin_sim.simulate import ArrivalFeed, advance, sparse_gc

@@ -35,9 +35,9 @@ from typing import Any
 
 from basin_runtime.session_table import Session
 from basin_sim import catalog
-from basin_sim.calibrate.overload import find_overload_rate
-from basin_sim.calibrate.ramp import run_ramp
-from basin_sim.calibrate.rates import TIMED_SETTINGS
+from basin_sim.experiments.calibrate.overload import find_overload_rate
+from basin_sim.experiments.calibrate.ramp import run_ramp
+from basin_sim.experiments.calibrate.rates import TIMED_SETTINGS
 from basin_sim.run_spec import RunSpec
 from basin_sim.simulate import run_scenario
 from basin_sim.workload.pool import load_pool, workload_pool

@@ -32,8 +32,8 @@ from typing import Any
 
 from basin_runtime.session_table import Session
 from basin_sim import catalog
-from basin_sim.calibrate.rates import RateCache, overload_rate_for
-from basin_sim.plots import plot_run
+from basin_sim.experiments.calibrate.rates import RateCache, overload_rate_for
+from basin_sim.experiments.plots import plot_run
 from basin_sim.run_spec import RunSpec
 from basin_sim.simulate import RunResult, run_scenario
 from basin_sim.workload.pool import load_pool, workload_pool

@@ -34,9 +34,9 @@ from basin_runtime.markdown_table import markdown_row, markdown_table
 from basin_runtime.model_files import file_sha256
 from basin_runtime.session_table import Session
 from basin_sim import catalog
-from basin_sim.calibrate.knee_ramp import knee_record
-from basin_sim.calibrate.rates import RateCache, overload_rate_for
-from basin_sim.predictions import (
+from basin_sim.experiments.calibrate.knee_ramp import knee_record
+from basin_sim.experiments.calibrate.rates import RateCache, overload_rate_for
+from basin_sim.experiments.predictions import (
     load_predictor,
     online_revisions,
     predict_pool,

@@ -2,7 +2,7 @@
 
 Given an SGLang install and a small dense model (decode offload refuses hybrid linear-attention models in
 sglang 0.5.23: "Unsupported KV cache type for decode offload"), it starts every process with the recipe's
-flags (basin_stack/lending.py, deploy/sglang-pd-lending.md), replays a few sessions with the official
+flags (rig/basin_stack/lending.py, deploy/sglang-pd-lending.md), replays a few sessions with the official
 `openai` client through the gateway and asserts what tests/e2e/test_lending_e2e.py asserts of the
 emulators: after a prefill /flush_cache a session's next call reports storage hits covering its last
 answer (`cache_source="storage"` on prefill's /metrics), every session stays on one decode instance, and

@@ -1,4 +1,4 @@
-"""The README's and the docs site's result tables are what their JSON gives (scripts/render_results.py)."""
+"""The README's and the docs site's result tables are what their JSON gives (basin_pipeline.render_results)."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ def renderer() -> ModuleType:
 
 
 def test_every_generated_block_in_the_readme_and_docs_is_what_its_json_gives() -> None:
-    done = subprocess.run([sys.executable, "scripts/render_results.py", "--check"], cwd=ROOT, capture_output=True,
-                          text=True, check=False)
+    done = subprocess.run([sys.executable, "-m", "basin_pipeline.render_results", "--check"], cwd=ROOT,
+                          capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
 
 

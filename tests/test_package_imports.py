@@ -63,9 +63,9 @@ CASES = (
     Case("basin_runtime.gateway", ("basin[serve]",)),
     # the gateway's shared admission state (`--state redis://...`): the Redis client comes with the serve extra
     Case("basin_runtime.state", ("basin[serve]",)),
-    Case("basin_sim", ("basin[sim]",), skip=("basin_sim.ray_executor",)),
+    Case("basin_sim", ("basin[sim]",), skip=("basin_sim.experiments.ray_executor",)),
     # `--executor ray`: the one module that imports Ray, loaded only when that executor is chosen
-    Case("basin_sim.ray_executor", ("basin[ray]",), vendored=(("ray", "psutil"), ("ray", "colorama"))),
+    Case("basin_sim.experiments.ray_executor", ("basin[ray]",), vendored=(("ray", "psutil"), ("ray", "colorama"))),
     Case("basin_emulate", ("basin[emulate]",)),
     Case("basin_loadgen", ("basin[loadgen]",)),
     Case("basin_stack", ("basin[stack]",)),
@@ -359,7 +359,7 @@ def test_every_module_imports_with_its_own_extra_alone(
         ("basin_runtime", (*TRAINING_STACK, *HTTP_STACK, "matplotlib", "tqdm")),
         ("basin_runtime.gateway", (*TRAINING_STACK, "openai", "matplotlib", "aiohttp")),  # one upstream client
         ("basin_sim", (*TRAINING_STACK, *HTTP_STACK, "ray")),
-        ("basin_sim.ray_executor", TRAINING_STACK + HTTP_STACK),
+        ("basin_sim.experiments.ray_executor", TRAINING_STACK + HTTP_STACK),
         ("basin_emulate", (*TRAINING_STACK, "openai", "httpx", "smg")),
         ("basin_loadgen", (*TRAINING_STACK, "starlette", "uvicorn", "smg")),
         ("basin_pipeline", ("httpx", "openai", "smg", "pytest")),  # mlflow and dvc bring starlette, uvicorn, aiohttp
@@ -370,7 +370,7 @@ def test_the_blocked_names_cover_what_the_house_style_forbids(package: str, name
     blocked = blocked_names(case)
     assert sorted(set(names) - set(blocked)) == []
     for allowed in {"basin_runtime": ("numpy", "onnxruntime", "yaml"), "basin_sim": ("matplotlib", "tqdm"),
-                    "basin_sim.ray_executor": ("ray", "tqdm")}.get(package, ()):
+                    "basin_sim.experiments.ray_executor": ("ray", "tqdm")}.get(package, ()):
         assert allowed not in blocked
 
 
@@ -412,20 +412,24 @@ def test_a_main_module_that_runs_on_import_is_not_imported(tmp_path: Path) -> No
 
 # component -> the components it may import, its own included. Only basin_stack uses the gateway.
 RUNTIME = {"basin_runtime.policy", "basin_runtime"}
+SIM = {"basin_sim", "basin_sim.experiments"}
 MAY_IMPORT = {
     "basin_runtime.policy": {"basin_runtime.policy"},
     "basin_runtime": RUNTIME,
     "basin_runtime.gateway": RUNTIME | {"basin_runtime.gateway"},
-    "basin_sim": RUNTIME | {"basin_sim"},
-    "basin_emulate": RUNTIME | {"basin_sim", "basin_emulate"},
-    "basin_loadgen": RUNTIME | {"basin_sim", "basin_loadgen"},
-    "basin_pipeline": RUNTIME | {"basin_sim", "basin_pipeline"},
+    "basin_sim": RUNTIME | {"basin_sim"},  # the model: never the experiments that run it
+    "basin_sim.experiments": RUNTIME | SIM,
+    "basin_emulate": RUNTIME | SIM | {"basin_emulate"},
+    "basin_loadgen": RUNTIME | SIM | {"basin_loadgen"},
+    "basin_pipeline": RUNTIME | SIM | {"basin_pipeline"},
 }
 MAY_IMPORT["basin_stack"] = set(MAY_IMPORT) | {"basin_stack"}
 
 
 def component_of(module: str) -> str:
-    for sub in ("basin_runtime.policy", "basin_runtime.gateway"):
+    if module == "basin_sim.__main__":  # `python -m basin_sim` is the experiments' CLI
+        return "basin_sim.experiments"
+    for sub in ("basin_runtime.policy", "basin_runtime.gateway", "basin_sim.experiments"):
         if module == sub or module.startswith(sub + "."):
             return sub
     return module.partition(".")[0]
@@ -522,7 +526,7 @@ def test_the_static_scan_sees_lazy_relative_and_type_only_imports(tmp_path: Path
         "if TYPE_CHECKING:\n"
         "    from basin_emulate import config\n"
         "class Runner:\n"
-        "    import basin_sim.cli\n"
+        "    import basin_sim.experiments.cli\n"
         "    def run(self):\n"
         "        from basin_loadgen.replay import replay\n"
     )
@@ -531,7 +535,7 @@ def test_the_static_scan_sees_lazy_relative_and_type_only_imports(tmp_path: Path
         Import("basin_sim.engine", 2, True),
         Import("basin_emulate", 4, False),
         Import("basin_emulate.config", 4, False),  # `from package import name` loads a submodule `name`
-        Import("basin_sim.cli", 6, True),
+        Import("basin_sim.experiments.cli", 6, True),
         Import("basin_loadgen", 8, False),
         Import("basin_loadgen.replay", 8, False),
     ]
@@ -589,7 +593,8 @@ def shortest_cycle(graph: dict[str, set[str]], start: str, group: set[str]) -> l
 
 def test_module_level_imports_form_no_cycle() -> None:
     graph = {m: {i.target for i in imports if i.at_module_level} for m, imports in IMPORTS.items()}
-    assert "basin_sim.calibrate.commands" in graph["basin_sim.cli"]  # the pair this test was written for
+    # the pair this test was written for
+    assert "basin_sim.experiments.calibrate.commands" in graph["basin_sim.experiments.cli"]
     found = [" -> ".join(cycle) for cycle in cycles(graph)]
     assert not found, "module-level import cycles:\n" + "\n".join(found)
 
@@ -606,9 +611,10 @@ def test_basin_runtime_has_no_cycle_even_through_lazy_or_type_only_imports() -> 
 
 def test_no_package_has_a_cycle_even_through_lazy_or_type_only_imports() -> None:
     """Every package of ours at once, deferred imports counted (the Ray executor is imported lazily by the
-    executor seam, so what both need lives below them in `basin_sim/jobs.py`)."""
+    executor seam, so what both need lives below them in `basin_sim/experiments/jobs.py`)."""
     graph = {m: {i.target for i in imports} for m, imports in IMPORTS.items()}
-    assert "basin_sim.ray_executor" in graph["basin_sim.executors"]  # a deferred import, counted
+    # a deferred import, counted
+    assert "basin_sim.experiments.ray_executor" in graph["basin_sim.experiments.executors"]
     found = [" -> ".join(cycle) for cycle in cycles(graph)]
     assert not found, "import cycles (lazy and TYPE_CHECKING imports counted):\n" + "\n".join(found)
 

@@ -191,7 +191,7 @@ def decisions_of(events: list[Event]) -> Decisions:
 def _basin(context: PolicyContext) -> BasinPolicy:
     if not context.predicted_peak_tokens:
         raise MissingPredictionError("policy 'basin' needs predicted peaks (PolicyContext.predicted_peak_tokens); "
-                                     "load them with basin_sim.predictions.predict_pool")
+                                     "load them with basin_sim.experiments.predictions.predict_pool")
     return BasinPolicy("basin", Policy(config_for(context, "basin")), dict(context.predicted_peak_tokens),
                        context.reservation_scale, context.reservation_multipliers, context.revisions)
 

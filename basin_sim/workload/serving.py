@@ -12,7 +12,7 @@ serving model's calls on top of a recorded (or preset) session's prompt sizes:
 - Tool time is not the timing's: it comes from published measurements (workload/tool_time.py,
   ``workload.tool_time``), so the timing has one free parameter, ``reasoning_scale``. Unless a scenario
   sets it, it is the value in ``NAME.fit.yaml`` beside the file, written by
-  ``python -m basin_sim.calibrate.timing_fit`` from the paper's steady 1P1D facts only; a timing without
+  ``python -m basin_sim.experiments.calibrate.timing_fit`` from the paper's steady 1P1D facts only; a timing without
   a fit file needs the scale given.
 - Draws are seeded by the session id (one stream per pool session), so a session's timing, and with
   it its unloaded time, is the same in every run and seed; one draw per call, in call order.
@@ -159,7 +159,7 @@ def load_timing(name: str, reasoning_scale: float | None = None) -> Timing:
         fitted = fitted_scales(path)
         if fitted is None:
             raise TimingError(f"timing {name!r} has no fit file ({fit_path(path)}): give reasoning_scale, or fit "
-                              f"it with `python -m basin_sim.calibrate.timing_fit`")
+                              f"it with `python -m basin_sim.experiments.calibrate.timing_fit`")
         reasoning_scale = fitted["reasoning_scale"]
     return Timing(name=str(data.get("name", path.stem)), model=str(data["model"]),
                   reasoning=_lognormal(path, "reasoning_tokens", data["reasoning_tokens"]),

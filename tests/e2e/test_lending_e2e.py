@@ -2,7 +2,7 @@
 
 The official `openai` client -> basin-gateway -> `smg` 1.13 (PD, --sticky-sessions) -> one emulated
 prefill and two emulated decodes sharing one storage folder (`SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR`),
-started with the recipe's flags (basin_stack/lending.py). Two stacks: decode with the offload flag, and
+started with the recipe's flags (rig/basin_stack/lending.py). Two stacks: decode with the offload flag, and
 the same stack without it. A session's second call, sent after prefill's cache was flushed
 (`/flush_cache`), must report cached tokens that came from storage (`cache_source="storage"` on
 prefill's /metrics) covering its first call's answer, and must be served by the decode instance that

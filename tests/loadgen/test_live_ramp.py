@@ -18,7 +18,7 @@ from basin_loadgen.replay_summary import CallRecord, SessionRecord, StateSample
 from basin_runtime.calibration import load_calibration
 from basin_runtime.session_table import write_sessions
 from basin_runtime.tokenizer import get_tokenizer
-from basin_sim.calibrate.ramp import RampStep, ramp_knee
+from basin_sim.experiments.calibrate.ramp import RampStep, ramp_knee
 from tests.loadgen.fake_openai import FakeEngine, FakeServer, running_fake
 from tests.sim.builders import session
 

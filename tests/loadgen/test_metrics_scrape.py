@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from basin_loadgen.metrics_scrape import TokenCounters, parse_counters, window_hit_rate
-from basin_sim.calibrate.ramp import ramp_knee, run_ramp
+from basin_sim.experiments.calibrate.ramp import ramp_knee, run_ramp
 from tests.sim.builders import deployment, session
 
 SCRAPE = """# HELP sglang:prefill_effective_tokens_total Prefill tokens by where they came from

@@ -44,13 +44,13 @@ def stale_entries(status: dict[str, Any], is_tracked: Any = _git_tracked) -> dic
 
 def test_stale_entries_name_code_and_params_but_not_absent_data() -> None:
     status = {"sources": ["always changed"],
-              "train": [{"changed deps": {"basin_pipeline/train.py": "modified",
+              "train": [{"changed deps": {"pipeline/basin_pipeline/train.py": "modified",
                                           "data/features/frame.parquet": "deleted",
                                           "params.yaml": {"train.n_trials": "modified"}}},
                         {"changed outs": {"data/train": "deleted"}}],
               "ingest": [{"changed deps": {"data/sources.json": "modified"}}], "evaluate": ["changed command"]}
     assert stale_entries(status, lambda p: not p.startswith("data/")) == {
-        "train": ["basin_pipeline/train.py modified", "params.yaml:train.n_trials modified"],
+        "train": ["pipeline/basin_pipeline/train.py modified", "params.yaml:train.n_trials modified"],
         "evaluate": ["its command (dvc.yaml)"]}
 
 

@@ -55,8 +55,8 @@ def with_profile(**changes: float) -> Profile:
 def seeded_files(tmp_path: Path, deployment_yaml: str, rate_per_s: float = 0.1) -> dict[str, str]:
     """A deployment file, a small synthetic session table and a rates cache holding the steady workload's
     overload rate on that deployment, as if measured before (so no test calibrates)."""
-    from basin_sim.calibrate.rates import RateCache, rate_key
     from basin_sim.catalog import load_deployment, load_scenario
+    from basin_sim.experiments.calibrate.rates import RateCache, rate_key
     from basin_sim.workload.pool import workload_pool
     from basin_sim.workload.synthetic import generate_corpus
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from basin_sim.calibrate.rates import RateCache, rate_key
 from basin_sim.catalog import load_deployment, load_scenario
+from basin_sim.experiments.calibrate.rates import RateCache, rate_key
 from basin_sim.workload.pool import workload_pool
 from basin_sim.workload.synthetic import generate_corpus
 from tests.sim.test_cli import DEPLOYMENT, SCENARIO

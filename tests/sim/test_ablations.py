@@ -9,10 +9,17 @@ from pathlib import Path
 import pytest
 
 from basin_runtime.policy.calibrated import Calibration
-from basin_sim.ablations import ABLATIONS, AblationError, ablation, benchmark_constants, calibration_tag, reservations
-from basin_sim.calibrate.rates import RateCache, rate_key
 from basin_sim.catalog import load_deployment, load_scenario
-from basin_sim.cli import main as cli_main
+from basin_sim.experiments.ablations import (
+    ABLATIONS,
+    AblationError,
+    ablation,
+    benchmark_constants,
+    calibration_tag,
+    reservations,
+)
+from basin_sim.experiments.calibrate.rates import RateCache, rate_key
+from basin_sim.experiments.cli import main as cli_main
 from basin_sim.policies import BasinPolicy, PolicyContext, make_policy
 from basin_sim.workload.pool import workload_pool
 from basin_sim.workload.synthetic import generate_corpus

@@ -12,8 +12,8 @@ from basin_runtime.policy import Admitted, Policy, PolicyConfig, Shed, admitted_
 from basin_runtime.policy.calibrated import Calibration
 from basin_runtime.policy.lending import LENDING_KINDS
 from basin_sim import catalog
-from basin_sim.ablations import ablation
 from basin_sim.engine import Engine
+from basin_sim.experiments.ablations import ablation
 from basin_sim.kv_tiers import DecodeMemoryLending
 from basin_sim.lifecycle import Status
 from basin_sim.policies import (

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from basin_sim.calibrate import overload as calibrate
-from basin_sim.calibrate.overload import CalibrationSettings, find_overload_rate, trial_overloads
+from basin_sim.experiments.calibrate import overload as calibrate
+from basin_sim.experiments.calibrate.overload import CalibrationSettings, find_overload_rate, trial_overloads
 from basin_sim.profile import Deployment
 from basin_sim.workload.synthetic import generate_corpus
 from tests.sim.builders import deployment

@@ -1,4 +1,4 @@
-"""`basin-sim` (basin_sim/cli.py): one JSON line, plots, help, and errors that name the known choices."""
+"""`basin-sim` (basin_sim/experiments/cli.py): one JSON line, plots, help, and errors that name the known choices."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from basin_sim import cli, compare, run_setup
-from basin_sim.calibrate import rates as rates_module
-from basin_sim.calibrate.overload import Calibration
-from basin_sim.cli import main
+from basin_sim.experiments import cli, compare, run_setup
+from basin_sim.experiments.calibrate import rates as rates_module
+from basin_sim.experiments.calibrate.overload import Calibration
+from basin_sim.experiments.cli import main
 from basin_sim.workload import pool as pool_module
 from tests.sim.builders import seeded_files
 
@@ -121,7 +121,7 @@ def test_bad_input_exits_2_with_a_message_naming_the_choices(
 
 def test_reservation_multipliers_are_the_files_row_for_each_sessions_benchmark() -> None:
     from basin_runtime.predictor import PeakPredictor
-    from basin_sim.predictions import reservation_multipliers, reserved_peaks
+    from basin_sim.experiments.predictions import reservation_multipliers, reserved_peaks
     from tests.sim.builders import session
 
     model = PeakPredictor.load(Path(__file__).resolve().parents[2] / "models" / "peak_predictor.onnx")
@@ -137,7 +137,7 @@ def test_reservation_multipliers_are_the_files_row_for_each_sessions_benchmark()
 
 def test_online_revisions_are_the_files_re_estimates_at_the_calls_each_session_reaches() -> None:
     from basin_runtime.predictor import PeakPredictor
-    from basin_sim.predictions import online_revisions
+    from basin_sim.experiments.predictions import online_revisions
     from tests.sim.builders import session
 
     model = PeakPredictor.load(Path(__file__).resolve().parents[2] / "models" / "peak_predictor.onnx")
@@ -403,7 +403,7 @@ def test_a_scaled_pool_is_predicted_as_recorded_and_each_prediction_scaled(tmp_p
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from basin_sim.predictions import pool_peaks
+    from basin_sim.experiments.predictions import pool_peaks
     from basin_sim.workload.pool import scaled
     from tests.sim.builders import session
 

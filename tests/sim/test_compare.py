@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from basin_sim.calibrate.rates import RateCache, rate_key
 from basin_sim.catalog import load_deployment, load_scenario
-from basin_sim.cli import main as cli_main
-from basin_sim.compare import aggregate, main, markdown, paired
+from basin_sim.experiments.calibrate.rates import RateCache, rate_key
+from basin_sim.experiments.cli import main as cli_main
+from basin_sim.experiments.compare import aggregate, main, markdown, paired
 from basin_sim.workload.pool import workload_pool
 from basin_sim.workload.synthetic import generate_corpus
 from tests.sim.test_cli import DEPLOYMENT, SCENARIO
@@ -110,8 +110,8 @@ def test_an_unknown_scenario_is_one_line_exit_2(capsys: pytest.CaptureFixture[st
 
 @pytest.mark.parametrize("preset", ["paper", "recorded-h100"])
 def test_the_presets_name_only_shipped_scenarios_deployments_policies_and_ablations(preset: str) -> None:
-    from basin_sim.ablations import ABLATIONS
-    from basin_sim.compare import PRESETS
+    from basin_sim.experiments.ablations import ABLATIONS
+    from basin_sim.experiments.compare import PRESETS
     from basin_sim.policies import policy_names
 
     for grid in PRESETS[preset]:
@@ -123,8 +123,8 @@ def test_the_presets_name_only_shipped_scenarios_deployments_policies_and_ablati
 
 
 def test_the_paper_preset_is_the_paper_regime_on_its_h200_node_with_and_without_lending() -> None:
-    from basin_sim.ablations import ABLATIONS
-    from basin_sim.compare import PRESETS
+    from basin_sim.experiments.ablations import ABLATIONS
+    from basin_sim.experiments.compare import PRESETS
 
     policies, steady, ablations = PRESETS["paper"]
     assert set(policies.scenarios) == {"paper-timed-surge-100", "paper-timed-kill-burst", "paper-timed-kill-burst-keep",
@@ -138,7 +138,7 @@ def test_the_paper_preset_is_the_paper_regime_on_its_h200_node_with_and_without_
 
 
 def test_the_recorded_preset_keeps_the_earlier_evaluation() -> None:
-    from basin_sim.compare import PRESETS
+    from basin_sim.experiments.compare import PRESETS
 
     grids = PRESETS["recorded-h100"]
     headline = grids[0]

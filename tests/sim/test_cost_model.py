@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from basin_runtime.session_table import Session, read_sessions
-from basin_sim.calibrate.cost_fit import (
+from basin_sim.catalog import PROFILES_DIR, load_profile
+from basin_sim.experiments.calibrate.cost_fit import (
     FITTED_FIELDS,
     PAPER_KINDS,
     PUBLIC_KINDS,
@@ -30,7 +31,6 @@ from basin_sim.calibrate.cost_fit import (
     write_profile,
     yaml_number,
 )
-from basin_sim.catalog import PROFILES_DIR, load_profile
 from basin_sim.profile import Profile
 from basin_sim.workload.pool import workload_pool
 from basin_sim.workload.scenarios import WorkloadSpec

@@ -19,7 +19,8 @@ import basin_sim
 
 ROOT = Path(__file__).resolve().parents[2]
 LOADS_PREDICTOR = frozenset({
-    "basin_sim.__main__", "basin_sim.cli", "basin_sim.compare", "basin_sim.calibrate.commands"})
+    "basin_sim.__main__", "basin_sim.experiments.cli", "basin_sim.experiments.compare",
+    "basin_sim.experiments.calibrate.commands"})
 CHILD = """
 import importlib, json, sys
 first = {}
@@ -48,9 +49,10 @@ def first_to_import_onnxruntime(modules: list[str]) -> str | None:
 def test_the_event_model_and_the_emulator_import_no_onnxruntime() -> None:
     modules = [m for m in modules_of(basin_sim) + modules_of(basin_emulate)
                if m not in LOADS_PREDICTOR]
-    assert {"basin_sim.engine", "basin_sim.simulate", "basin_sim.calibrate.knee_cache"} <= set(modules)
+    assert {"basin_sim.engine", "basin_sim.simulate", "basin_sim.experiments.calibrate.knee_cache"} <= set(modules)
     assert first_to_import_onnxruntime(modules) is None
 
 
 def test_the_check_names_a_module_that_does_import_onnxruntime() -> None:
-    assert first_to_import_onnxruntime(["basin_sim.engine", "basin_sim.cli", "basin_sim.simulate"]) == "basin_sim.cli"
+    modules = ["basin_sim.engine", "basin_sim.experiments.cli", "basin_sim.simulate"]
+    assert first_to_import_onnxruntime(modules) == "basin_sim.experiments.cli"

@@ -1,4 +1,5 @@
-"""The executor seam (basin_sim/executors.py) on this machine: order, one retry, failures and Ctrl-C by name.
+"""The executor seam (basin_sim/experiments/executors.py) on this machine: order, one retry, failures and Ctrl-C
+by name.
 
 The same rules on a real Ray cluster: tests/sim/test_ray_executor.py.
 """
@@ -13,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from basin_sim import compare
-from basin_sim.executors import (
+from basin_sim.experiments import compare
+from basin_sim.experiments.executors import (
     EXIT_INTERRUPTED,
     EXIT_JOB_FAILED,
     EXIT_UNAVAILABLE,
@@ -106,7 +107,7 @@ def test_ctrl_c_stops_before_the_outstanding_jobs_and_says_how_many(tmp_path: Pa
 
 def test_ray_without_ray_installed_is_one_error_naming_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "ray", None)  # as in a venv of basin[sim] alone: `import ray` fails
-    monkeypatch.delitem(sys.modules, "basin_sim.ray_executor", raising=False)
+    monkeypatch.delitem(sys.modules, "basin_sim.experiments.ray_executor", raising=False)
     with pytest.raises(ExecutorError) as missing:
         open_executor(ExecutorSpec("ray"), {}, 1)
     assert "--executor ray needs Ray" in str(missing.value) and "pip install 'basin[ray]'" in str(missing.value)

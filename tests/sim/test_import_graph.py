@@ -12,12 +12,14 @@ from tests.test_package_imports import IMPORTS, Import, cycles
 PACKAGES = ("basin_sim", "basin_emulate")
 # (importer, imported) -> why the import waits for the function that needs it.
 DEFERRED = {
-    ("basin_sim.cli", "basin_sim.plots"): "matplotlib, only for --plot-dir",
-    ("basin_sim.compare", "basin_sim.plots"): "matplotlib, only for --plot-dir",
-    ("basin_sim.executors", "basin_sim.ray_executor"): "Ray, only for --executor ray (basin[ray])",
-    ("basin_sim.predictions", "basin_runtime"): "the package of the two below",
-    ("basin_sim.predictions", "basin_runtime.predictor"): "onnxruntime, only where a predictor is loaded",
-    ("basin_sim.predictions", "basin_runtime.model_files"): "onnxruntime, only where a predictor file is hashed",
+    ("basin_sim.experiments.cli", "basin_sim.experiments.plots"): "matplotlib, only for --plot-dir",
+    ("basin_sim.experiments.compare", "basin_sim.experiments.plots"): "matplotlib, only for --plot-dir",
+    ("basin_sim.experiments.executors", "basin_sim.experiments.ray_executor"):
+        "Ray, only for --executor ray (basin[ray])",
+    ("basin_sim.experiments.predictions", "basin_runtime"): "the package of the two below",
+    ("basin_sim.experiments.predictions", "basin_runtime.predictor"): "onnxruntime, only where a predictor is loaded",
+    ("basin_sim.experiments.predictions", "basin_runtime.model_files"):
+        "onnxruntime, only where a predictor file is hashed",
 }
 
 

@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from basin_sim.calibrate.fluid import FixedPoint, drift, fixed_points, risk_test
-from basin_sim.calibrate.knee import find_knee
+from basin_sim.experiments.calibrate.fluid import FixedPoint, drift, fixed_points, risk_test
+from basin_sim.experiments.calibrate.knee import find_knee
 
 
 def _logistic_ramp(knee: float, noise: float, seed: int) -> list[tuple[float, float]]:

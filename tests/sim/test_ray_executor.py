@@ -20,11 +20,11 @@ import pytest
 import ray
 
 from basin_runtime.session_table import read_sessions
-from basin_sim import compare
-from basin_sim.calibrate.rates import RateCache, rate_key
 from basin_sim.catalog import load_deployment, load_scenario
-from basin_sim.cli import main as cli_main
-from basin_sim.executors import EXIT_JOB_FAILED, ExecutorSpec, Interrupted, Job, JobFailed, open_executor
+from basin_sim.experiments import compare
+from basin_sim.experiments.calibrate.rates import RateCache, rate_key
+from basin_sim.experiments.cli import main as cli_main
+from basin_sim.experiments.executors import EXIT_JOB_FAILED, ExecutorSpec, Interrupted, Job, JobFailed, open_executor
 from basin_sim.workload.pool import workload_pool
 from tests.sim.builders import seeded_files
 from tests.sim.grids import tiny_grid

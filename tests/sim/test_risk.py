@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from basin_sim.calibrate.fluid import SGLANG_RESERVED_DECODE_TOKENS, risk_test
-from basin_sim.calibrate.ramp import RampStep, is_decode_full, ramp_limits, run_ramp
-from basin_sim.cli import main
+from basin_sim.experiments.calibrate.fluid import SGLANG_RESERVED_DECODE_TOKENS, risk_test
+from basin_sim.experiments.calibrate.ramp import RampStep, is_decode_full, ramp_limits, run_ramp
+from basin_sim.experiments.cli import main
 from basin_sim.timeline import Sample, Timeline
 from tests.sim.builders import deployment, seeded_files, session
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from basin_runtime.session_table import Session, write_sessions
-from basin_sim import cli, run_setup
 from basin_sim.catalog import load_profile
 from basin_sim.engine import Engine
+from basin_sim.experiments import cli, run_setup
 from basin_sim.policies.fcfs import FcfsPolicy
 from basin_sim.profile import Deployment
 from basin_sim.run_spec import RunSpec

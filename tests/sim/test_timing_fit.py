@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from basin_sim.calibrate import timing_fit
+from basin_sim.experiments.calibrate import timing_fit
 from basin_sim.workload import serving
 
 SHIPPED = "qwen3.6-35b-a3b"

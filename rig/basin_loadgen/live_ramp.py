@@ -41,8 +41,8 @@ from basin_loadgen.replay import ConversationBuilder, PlannedSession, RateSchedu
 from basin_loadgen.replay_client import ClientSettings, Replayer, ReplayError, default_run_tag, run_cli
 from basin_loadgen.replay_summary import SessionRecord, StateSample
 from basin_runtime.policy.capacity import pooled_tokens
-from basin_sim.calibrate.ramp import RampStep, ramp_knee
-from basin_sim.calibrate.ramp import calibration_record as ramp_calibration_record
+from basin_sim.experiments.calibrate.ramp import RampStep, ramp_knee
+from basin_sim.experiments.calibrate.ramp import calibration_record as ramp_calibration_record
 from basin_sim.workload.pool import load_pool
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,5 @@
-"""`basin-sim compare` (`python -m basin_sim.compare`): goodput per scenario x deployment x policy over seeds.
+"""`basin-sim compare` (`python -m basin_sim.experiments.compare`): goodput per scenario x deployment x policy
+over seeds.
 
 The comparison grid: scenarios x deployments x lending x policies x seeds, each run in the simulator.
 
@@ -42,11 +43,11 @@ from basin_runtime.policy.lending import LENDING_KINDS, LendingKind
 from basin_runtime.predictor import PredictorError
 from basin_runtime.session_table import Session, SessionTableError
 from basin_sim import catalog
-from basin_sim.ablations import ABLATIONS, Reservation, calibration_tag, reservations
-from basin_sim.calibrate.knee_cache import KneeCache, KneeCalibration, knee_key, measure_knee
-from basin_sim.calibrate.knee_ramp import RAMP_STEP_S
-from basin_sim.calibrate.rates import RateCache, RatesError, overload_rate_for
-from basin_sim.executors import (
+from basin_sim.experiments.ablations import ABLATIONS, Reservation, calibration_tag, reservations
+from basin_sim.experiments.calibrate.knee_cache import KneeCache, KneeCalibration, knee_key, measure_knee
+from basin_sim.experiments.calibrate.knee_ramp import RAMP_STEP_S
+from basin_sim.experiments.calibrate.rates import RateCache, RatesError, overload_rate_for
+from basin_sim.experiments.executors import (
     LOCAL,
     Executor,
     ExecutorError,
@@ -56,17 +57,17 @@ from basin_sim.executors import (
     exit_status,
     open_executor,
 )
-from basin_sim.flags import add_flags, flag, from_flags, section
-from basin_sim.help_format import DefaultsFormatter
-from basin_sim.predictions import (
+from basin_sim.experiments.flags import add_flags, flag, from_flags, section
+from basin_sim.experiments.help_format import DefaultsFormatter
+from basin_sim.experiments.predictions import (
     PredictionsError,
     ReservingPredictor,
     load_predictor,
     online_revisions,
     reservation_multipliers,
 )
+from basin_sim.experiments.run_setup import NOT_RESERVING, Inputs, Reserving, Workload, reserving_for, run_spec
 from basin_sim.profile import Deployment
-from basin_sim.run_setup import NOT_RESERVING, Inputs, Reserving, Workload, reserving_for, run_spec
 from basin_sim.simulate import run_scenario
 from basin_sim.workload.pool import PoolError, load_pool
 from basin_sim.workload.scenarios import Scenario, ScenarioError
@@ -510,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\nPaired by seed (same arrivals), goodput over Continuum's:\n")
         print(paired(result.rows))
     if setup.plot_dir is not None:
-        from basin_sim.plots import plot_compare
+        from basin_sim.experiments.plots import plot_compare
 
         for path in plot_compare(result.summary(), result.labels, setup.plot_dir):
             print(f"wrote {path}", file=sys.stderr)

@@ -26,22 +26,22 @@ from typing import Any
 from basin_runtime.model_files import file_sha256
 from basin_runtime.session_table import Session
 from basin_sim import catalog
-from basin_sim.calibrate.fluid import fixed_points, risk_test
-from basin_sim.calibrate.knee_ramp import RAMP_FRACTIONS, RAMP_STEP_S, knee_calibration_record
-from basin_sim.calibrate.ramp import (
+from basin_sim.experiments.calibrate.fluid import fixed_points, risk_test
+from basin_sim.experiments.calibrate.knee_ramp import RAMP_FRACTIONS, RAMP_STEP_S, knee_calibration_record
+from basin_sim.experiments.calibrate.ramp import (
     DECODE_FULL_SHARE,
     QUEUED_PER_DECODE,
     ramp_knee,
     ramp_limits,
 )
-from basin_sim.calibrate.rates import (
+from basin_sim.experiments.calibrate.rates import (
     DEFAULT_RATES_FILE,
     RateCache,
     measure_overload_rate,
     overload_rate_for,
     settings_for,
 )
-from basin_sim.calibrate.sweep import (
+from basin_sim.experiments.calibrate.sweep import (
     RampRun,
     RecordFn,
     Sweep,
@@ -50,11 +50,11 @@ from basin_sim.calibrate.sweep import (
     swept_records,
     with_tool_time_scale,
 )
-from basin_sim.executors import add_executor_options
-from basin_sim.flags import add_flags
-from basin_sim.predictions import load_predictor
+from basin_sim.experiments.executors import add_executor_options
+from basin_sim.experiments.flags import add_flags
+from basin_sim.experiments.predictions import load_predictor
+from basin_sim.experiments.run_setup import Inputs, Workload, reserving_for
 from basin_sim.profile import Deployment
-from basin_sim.run_setup import Inputs, Workload, reserving_for
 from basin_sim.workload.pool import load_pool
 from basin_sim.workload.scenarios import Scenario
 

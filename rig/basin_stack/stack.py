@@ -18,7 +18,7 @@ Rules:
   drops a dead worker and re-admits a restarted one only on its health checks (default every 60 s)
   and its circuit breaker (60 s): pass `router_args` to shorten them.
 - Emulator lag: `lag()` reads each engine's /server_info `basin_emulate.lag` (wall seconds).
-- Role-specific engine flags (`prefill_args`, `decode_args`: the lending recipe, basin_stack/lending.py)
+- Role-specific engine flags (`prefill_args`, `decode_args`: the lending recipe, rig/basin_stack/lending.py)
   follow the common ones; `engine_env` adds environment variables to the engines only (SGLang's
   storage folder).
 - The gateway's admin token, when its config sets one, is the operator's (`admin_headers`); agents
@@ -46,7 +46,7 @@ from typing import Any
 import httpx
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class StackError(RuntimeError):

@@ -1,6 +1,6 @@
 """Fit the cost model's constants to public measurements and the paper's anchors.
 
-`python -m basin_sim.calibrate.cost_fit`.
+`python -m basin_sim.experiments.calibrate.cost_fit`.
 
 Rules:
 - The measurements file (profiles/<profile>.measurements.yaml) is checked whole before anything is
@@ -40,8 +40,8 @@ import yaml
 
 from basin_runtime.logs import BARE_LINE, configure_logging
 from basin_runtime.session_table import Session
-from basin_sim.calibrate.overload import find_overload_rate
 from basin_sim.catalog import PROFILES_DIR, CatalogError, load_profile, load_scenario
+from basin_sim.experiments.calibrate.overload import find_overload_rate
 from basin_sim.profile import Deployment, Profile
 from basin_sim.run_spec import RunSpec
 from basin_sim.simulate import run_scenario
@@ -398,7 +398,7 @@ def write_profile(path: Path, profile: Profile) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Fit, print every point, and with --write update the profile's numbers."""
-    parser = argparse.ArgumentParser(prog="python -m basin_sim.calibrate.cost_fit",
+    parser = argparse.ArgumentParser(prog="python -m basin_sim.experiments.calibrate.cost_fit",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default=DEFAULT_PROFILE, help="profile name (its .measurements.yaml beside it)")
     parser.add_argument("--sessions", type=Path, default=Path("data/sessions.parquet"))

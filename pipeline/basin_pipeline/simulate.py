@@ -4,7 +4,7 @@ In the paper's regime: the kept burst (`simulate.scenario`, paper-timed-kill-bur
 Terminal-Bench scenario that overloads the paper's node here) on its 1P3D H200 (`simulate.deployment`,
 1p3d, its own lending switch: none, as stock SGLang) for `simulate.policies` (sglang, continuum,
 basin-proto, basin), and Basin on the steady reference (`simulate.steady_scenario`), every run
-over `simulate.seeds` (10): the grid runs through `basin_sim.compare.run_grids`, so a cell is
+over `simulate.seeds` (10): the grid runs through `basin_sim.experiments.compare.run_grids`, so a cell is
 calibrated, cached and run exactly as `basin-sim compare` runs it. Basin reserves m(q) x each
 predicted peak (m from the model file for the session's benchmark, q = `simulate.reservation_quantile`,
 as the gateway serves); each peak is the nested stage's out-of-fold prediction (a model that never saw
@@ -45,13 +45,13 @@ from basin_pipeline import tracking
 from basin_pipeline.metrics_files import numbers_only, write_metrics
 from basin_pipeline.params import SimulateParams, or_exit, simulate_params
 from basin_runtime.logs import configure_logging
-from basin_sim import compare
-from basin_sim.calibrate.knee_cache import DEFAULT_CALIBRATIONS_FILE
-from basin_sim.calibrate.knee_ramp import RAMP_STEP_S
-from basin_sim.calibrate.rates import DEFAULT_RATES_FILE
-from basin_sim.flags import add_flags
-from basin_sim.predictions import DEFAULT_RESERVATION_QUANTILE
-from basin_sim.run_setup import Inputs
+from basin_sim.experiments import compare
+from basin_sim.experiments.calibrate.knee_cache import DEFAULT_CALIBRATIONS_FILE
+from basin_sim.experiments.calibrate.knee_ramp import RAMP_STEP_S
+from basin_sim.experiments.calibrate.rates import DEFAULT_RATES_FILE
+from basin_sim.experiments.flags import add_flags
+from basin_sim.experiments.predictions import DEFAULT_RESERVATION_QUANTILE
+from basin_sim.experiments.run_setup import Inputs
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out_calibration.parent.mkdir(parents=True, exist_ok=True)
     # sorted keys: the same bytes whether the calibration was measured now or read from the knee cache
     args.out_calibration.write_text(json.dumps(calibration, indent=2, sort_keys=True) + "\n")
-    from basin_sim.plots import plot_compare
+    from basin_sim.experiments.plots import plot_compare
 
     for path in plot_compare(result.summary(), result.labels, args.plot_dir):
         log.info("wrote %s", path)

@@ -8,8 +8,8 @@ NAME picks a renderer below, each reading one JSON file the project's commands w
 Nothing in a block is typed by hand: edit the renderer, re-run this script, commit both. `--check` (run by the
 test suite) exits 1 naming every block that differs from what its JSON gives, and 2 on a block it cannot render.
 
-    python scripts/render_results.py           # rewrite every block
-    python scripts/render_results.py --check   # what CI runs (tests/test_docs.py)
+    python -m basin_pipeline.render_results           # rewrite every block
+    python -m basin_pipeline.render_results --check   # what CI runs (tests/test_docs.py)
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 
 from basin_runtime.markdown_table import markdown_table
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BLOCK = re.compile(r"(<!-- generated: (?P<name>[a-z0-9-]+) -->\n)(?P<body>.*?)(<!-- /generated -->)", re.DOTALL)
 PAPER_JSON = "docs/results/compare-paper.json"
 PAPER_COMMAND = "`basin-sim compare --preset paper --plot-dir docs/paper-eval --out docs/results/compare-paper.json`"
@@ -46,7 +46,8 @@ class RenderError(Exception):
 def _load(path: str) -> Any:
     file = ROOT / path
     if not file.is_file():
-        raise RenderError(f"{path} is missing (the command that writes it is named in scripts/render_results.py)")
+        raise RenderError(f"{path} is missing (the command that writes it is named in "
+                          "pipeline/basin_pipeline/render_results.py)")
     return json.loads(file.read_text())
 
 
@@ -274,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.check and stale:
         print("stale generated blocks in: " + ", ".join(stale)
-              + " (run `python scripts/render_results.py` and commit)", file=sys.stderr)
+              + " (run `python -m basin_pipeline.render_results` and commit)", file=sys.stderr)
         return 1
     for name in stale:
         print(f"rewrote {name}")

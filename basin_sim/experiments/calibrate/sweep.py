@@ -25,10 +25,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from basin_runtime.session_table import Session
-from basin_sim.calibrate.overload import Calibration, find_overload_rate
-from basin_sim.calibrate.ramp import RampStep, run_ramp
-from basin_sim.calibrate.rates import RateCache, overload_shape, rate_key, record_overload_rate, settings_for
-from basin_sim.executors import ExecutorSpec, Job, open_executor
+from basin_sim.experiments.calibrate.overload import Calibration, find_overload_rate
+from basin_sim.experiments.calibrate.ramp import RampStep, run_ramp
+from basin_sim.experiments.calibrate.rates import (
+    RateCache,
+    overload_shape,
+    rate_key,
+    record_overload_rate,
+    settings_for,
+)
+from basin_sim.experiments.executors import ExecutorSpec, Job, open_executor
 from basin_sim.profile import Deployment
 from basin_sim.timeline import Timeline
 from basin_sim.workload.scenarios import Scenario, WorkloadSpec

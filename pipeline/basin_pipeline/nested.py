@@ -30,7 +30,7 @@ Rules:
 - Out-of-fold predictions (`--predictions`): for the first fold seed of the unseen-task protocol, each
   session's prediction by the pooled model and by its benchmark's own model (null without one), each
   from the outer fold that held every run of its task out of tuning and fitting. The simulator
-  replays sessions with these (basin_sim/predictions.py `load_out_of_fold`), so no simulated session
+  replays sessions with these (basin_sim/experiments/predictions.py `load_out_of_fold`), so no simulated session
   is predicted by a model that saw its task.
 """
 
@@ -425,7 +425,7 @@ def out_of_fold_table(frame: pd.DataFrame, out_of_fold: dict[str, pd.Series], pa
 
 
 def write_out_of_fold(path: Path, frame: pd.DataFrame, out_of_fold: dict[str, pd.Series], params: NestedParams) -> None:
-    """The out-of-fold table as parquet (what `basin_sim.predictions.load_out_of_fold` reads)."""
+    """The out-of-fold table as parquet (what `basin_sim.experiments.predictions.load_out_of_fold` reads)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     out_of_fold_table(frame, out_of_fold, params).to_parquet(path, index=False)
 

@@ -30,7 +30,7 @@ import ray
 from ray import ObjectRef
 from ray.exceptions import RayTaskError
 
-from basin_sim.jobs import Executor, ExecutorError, Job, drive
+from basin_sim.experiments.jobs import Executor, ExecutorError, Job, drive
 
 R = TypeVar("R")
 

@@ -17,7 +17,7 @@ Rules:
   lag x time scale exceeds `--max-lag-model-s` is INVALID (the emulator, not the model, slowed it):
   the table says so and the exit status is 3. Lower --time-scale then.
 - `--lending storage-offload`: the two runs are both with the gateway, on engines started with the
-  lending recipe (basin_stack/lending.py: HiCache storage on prefill, a fresh shared storage folder per
+  lending recipe (rig/basin_stack/lending.py: HiCache storage on prefill, a fresh shared storage folder per
   run, smg's sticky sessions), and differ by decode's offload flag alone: "lending-off" and
   "lending-on". Each run's gateway reads a calibration measured by the simulator's knee ramp on the
   deployment with its own lending switch (none, storage-offload), never a nominal storage size; the
@@ -144,16 +144,16 @@ DEMO_SCENARIO_NAME = "demo"  # the knee cache's scenario label; its key reads on
 def calibrate(settings: DemoSettings, pool: Any, deployment: Any) -> dict[str, Any]:
     """Overload rate and the gateway's calibration for the demo deployment, from the simulator's caches.
 
-    The overload rate is the simulator's (basin_sim/calibrate/rates.py): measured once per deployment shape
+    The overload rate is the simulator's (basin_sim/experiments/calibrate/rates.py): measured once per deployment shape
     without lending and pool, so both lending switches see the same arrivals; the knee ramp's record is cached
     per lending switch, predictor file and quantile (knee_cache.py). A missing entry is measured now (minutes)
     and kept in --rates-file / --calibrations-file, shared with `basin-sim`."""
     from basin_runtime.model_files import file_sha256
-    from basin_sim.calibrate.knee_cache import KneeCache, cached_knee_calibration
-    from basin_sim.calibrate.rates import RateCache, overload_rate_for
     from basin_sim.clients import ClientPolicy
-    from basin_sim.predictions import load_predictor
-    from basin_sim.run_setup import Inputs, reserving_for
+    from basin_sim.experiments.calibrate.knee_cache import KneeCache, cached_knee_calibration
+    from basin_sim.experiments.calibrate.rates import RateCache, overload_rate_for
+    from basin_sim.experiments.predictions import load_predictor
+    from basin_sim.experiments.run_setup import Inputs, reserving_for
     from basin_sim.workload.scenarios import RateStep, Scenario
 
     started = time.perf_counter()
@@ -461,8 +461,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; exit status 0, 2 (bad input or a process that would not start), 3 (invalid run)."""
     from basin_loadgen.replay_client import HTTP_LOGGERS, ReplayError
     from basin_runtime.predictor import PredictorError
-    from basin_sim.calibrate.rates import RatesError
     from basin_sim.catalog import CatalogError
+    from basin_sim.experiments.calibrate.rates import RatesError
     from basin_sim.workload.pool import PoolError
     from basin_stack.stack import StackError
 

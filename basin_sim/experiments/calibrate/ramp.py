@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from basin_runtime.session_table import Session
-from basin_sim.calibrate.knee import Knee, find_knee
 from basin_sim.engine import Engine
+from basin_sim.experiments.calibrate.knee import Knee, find_knee
 from basin_sim.lifecycle import Stage, Status
 from basin_sim.policies import PolicyContext, make_policy
 from basin_sim.profile import Deployment

@@ -16,8 +16,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from basin_runtime.session_table import Session
-from basin_sim.calibrate.ramp import RampStep, run_ramp
-from basin_sim.calibrate.ramp import calibration_record as ramp_calibration_record
+from basin_sim.experiments.calibrate.ramp import RampStep, run_ramp
+from basin_sim.experiments.calibrate.ramp import calibration_record as ramp_calibration_record
 from basin_sim.profile import Deployment
 
 RAMP_FRACTIONS = (0.2, 0.4, 0.6, 0.7, 0.8, 0.9, 1.0, 1.2)  # of the overload rate: the knee (and risk) ramp

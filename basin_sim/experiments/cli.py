@@ -2,7 +2,8 @@
 
 `basin-sim --help` lists every subcommand with one example each; `basin-sim COMMAND --help` gives every option
 with its default. Subcommands: `run` (one scenario under one policy), `compare` (a grid over seeds,
-basin_sim/compare.py), `calibrate`, `knee`, `risk`, `ramp` (measurements, basin_sim/calibrate/commands.py).
+basin_sim/experiments/compare.py), `calibrate`, `knee`, `risk`, `ramp` (measurements,
+basin_sim/experiments/calibrate/commands.py).
 """
 
 from __future__ import annotations
@@ -20,16 +21,17 @@ from tqdm import tqdm
 from basin_runtime.calibration import CalibrationError
 from basin_runtime.logs import configure_logging, quiet_level
 from basin_runtime.predictor import PredictorError
-from basin_sim import catalog, compare
-from basin_sim.calibrate.commands import add_commands, calibrate_main, knee_main, ramp_main, risk_main
-from basin_sim.calibrate.rates import RatesError
-from basin_sim.calibrate.sweep import RampError
-from basin_sim.executors import ExecutorError, exit_status
-from basin_sim.flags import add_flags, from_flags
-from basin_sim.help_format import DefaultsFormatter
+from basin_sim import catalog
+from basin_sim.experiments import compare
+from basin_sim.experiments.calibrate.commands import add_commands, calibrate_main, knee_main, ramp_main, risk_main
+from basin_sim.experiments.calibrate.rates import RatesError
+from basin_sim.experiments.calibrate.sweep import RampError
+from basin_sim.experiments.executors import ExecutorError, exit_status
+from basin_sim.experiments.flags import add_flags, from_flags
+from basin_sim.experiments.help_format import DefaultsFormatter
+from basin_sim.experiments.predictions import PredictionsError
+from basin_sim.experiments.run_setup import RunSetup, UsageError, prepare_run
 from basin_sim.policies import UnknownPolicyError
-from basin_sim.predictions import PredictionsError
-from basin_sim.run_setup import RunSetup, UsageError, prepare_run
 from basin_sim.run_summary import PIN_KEYS
 from basin_sim.simulate import run_scenario
 from basin_sim.workload.pool import DEFAULT_SESSIONS, PoolError
@@ -72,7 +74,7 @@ def _run(args: argparse.Namespace) -> int:
                                "predictions": prepared.prediction_sources, **result.summary}
     log.info("simulated %.0f s in %.1f s wall", result.run_summary.simulated_s, time.perf_counter() - started)
     if args.plot_dir is not None:
-        from basin_sim.plots import plot_run
+        from basin_sim.experiments.plots import plot_run
 
         path = plot_run(result, args.plot_dir)
         log.info("wrote %s", path)

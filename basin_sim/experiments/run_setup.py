@@ -30,11 +30,10 @@ from basin_runtime.policy.calibrated import check_serves, uncalibrated
 from basin_runtime.policy.lending import LENDING_KINDS, LendingKind
 from basin_runtime.session_table import Session
 from basin_sim import catalog
-from basin_sim.calibrate.knee_cache import DEFAULT_CALIBRATIONS_FILE, KneeCache, cached_knee_calibration
-from basin_sim.calibrate.rates import DEFAULT_RATES_FILE, RateCache, overload_rate_for
-from basin_sim.flags import flag, section
-from basin_sim.policies import policy_names, policy_spec
-from basin_sim.predictions import (
+from basin_sim.experiments.calibrate.knee_cache import DEFAULT_CALIBRATIONS_FILE, KneeCache, cached_knee_calibration
+from basin_sim.experiments.calibrate.rates import DEFAULT_RATES_FILE, RateCache, overload_rate_for
+from basin_sim.experiments.flags import flag, section
+from basin_sim.experiments.predictions import (
     DEFAULT_MODEL,
     DEFAULT_OUT_OF_FOLD,
     DEFAULT_RESERVATION_QUANTILE,
@@ -53,6 +52,7 @@ from basin_sim.predictions import (
     reserved_peaks,
     revision_calls,
 )
+from basin_sim.policies import policy_names, policy_spec
 from basin_sim.profile import CacheKind, Deployment
 from basin_sim.run_spec import RunSpec
 from basin_sim.workload.pool import DEFAULT_SESSIONS, load_pool, token_scale, workload_pool

@@ -1,7 +1,7 @@
 """Fit a serving timing's free parameters to the paper's steady 1P1D facts, and nothing else.
 
-    python -m basin_sim.calibrate.timing_fit     # qwen3.6-35b-a3b: two grids, seeds 1-4; writes the fit file
-    python -m basin_sim.calibrate.timing_fit --check-seeds 1 2 3 4 5 6 7 8 9 10  # + the fitted point, 10 seeds
+    python -m basin_sim.experiments.calibrate.timing_fit   # qwen3.6-35b-a3b: two grids, seeds 1-4; writes the fit
+    python -m basin_sim.experiments.calibrate.timing_fit --check-seeds 1 2 3 4 5 6 7 8 9 10  # + the fit, 10 seeds
 
 Rules:
 - The facts (TARGETS) are the paper's steady run on its 1P1D H100 deployment at 3.3 sessions/min: TTFT
@@ -192,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     alike = indistinguishable(table, best)
     fit: dict[str, Any] = {
         "timing": path.name, "scenario": args.scenario, "deployment": DEPLOYMENT, "policy": POLICY,
-        "command": "python -m basin_sim.calibrate.timing_fit " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m basin_sim.experiments.calibrate.timing_fit "
+        + " ".join(argv if argv is not None else sys.argv[1:]),
         "targets": dict(TARGETS), "free": {k: list(v) for k, v in ranges.items()}, "seeds": args.seeds,
         "fitted": {key: best[key] for key in serving.SCALES},
         "at_fit": {"mean": best["mean"], "sd": best["sd"], "loss": best["loss"],
@@ -208,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     fit["grid"] = table
     fit["wall_s"] = round(time.perf_counter() - started, 1)
     out = args.out or serving.fit_path(path)
-    header = "# Written by basin_sim/calibrate/timing_fit.py from the paper's steady 1P1D facts only; do not edit.\n"
+    header = ("# Written by basin_sim/experiments/calibrate/timing_fit.py from the paper's steady 1P1D facts only; "
+              "do not edit.\n")
     out.write_text(header + yaml.safe_dump(fit, sort_keys=False, width=120))
     for key, target in TARGETS.items():
         print(f"{key:<24} paper {target:<8.4g} model {best['mean'][key]:<8.4g} ({best['mean'][key] / target - 1:+.1%})")

@@ -16,7 +16,7 @@ Rules:
   BLAS kernels (AVX2 or AVX-512, their own summation order) move its fit by ~1e-5 relative
   (docs/pipeline/predictor.md, "Clean re-runs"); 4 significant digits round on a step of 1e-4 to
   1e-3 relative, ten times that or more. 6 digits (before issue 45) showed the noise and dirtied git.
-  The generated docs blocks (scripts/render_results.py) print 2 or 3 decimals. What rounding cannot
+  The generated docs blocks (pipeline/basin_pipeline/render_results.py) print 2 or 3 decimals. What rounding cannot
   absorb: a value within the noise of a rounding step, or a simulated admission decided by a
   prediction within the noise of the budget, moves; commit the new file then.
 - NaN and infinities are written as null (JSON has neither; DVC shows `-`).

@@ -31,7 +31,7 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
-from basin_sim.jobs import (
+from basin_sim.experiments.jobs import (
     ATTEMPTS,
     EXIT_INTERRUPTED,
     EXIT_JOB_FAILED,
@@ -199,7 +199,7 @@ def open_executor(spec: ExecutorSpec, shared: Any, workers: int = 1,
     """An executor for `spec` holding `shared` (local: `workers` processes; ray: the cluster's CPUs)."""
     if spec.kind == "ray":
         try:
-            from basin_sim.ray_executor import ray_executor  # Ray only when asked for
+            from basin_sim.experiments.ray_executor import ray_executor  # Ray only when asked for
         except ModuleNotFoundError as exc:
             raise ExecutorError(f"--executor {spec} needs Ray ({exc}): pip install 'basin[ray]'") from exc
         return ray_executor(spec.address, shared, show_progress)

@@ -30,8 +30,8 @@ from typing import Any
 
 from basin_runtime.calibration import Calibration, calibration_from_mapping
 from basin_runtime.session_table import Session
-from basin_sim.calibrate.knee_ramp import RAMP_FRACTIONS, RAMP_STEP_S, knee_record
-from basin_sim.calibrate.rates import JsonCache, RatesError, rate_key
+from basin_sim.experiments.calibrate.knee_ramp import RAMP_FRACTIONS, RAMP_STEP_S, knee_record
+from basin_sim.experiments.calibrate.rates import JsonCache, RatesError, rate_key
 from basin_sim.profile import Deployment
 from basin_sim.workload.scenarios import Scenario
 

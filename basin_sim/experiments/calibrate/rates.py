@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from basin_runtime.session_table import Session
-from basin_sim.calibrate.overload import Calibration, CalibrationSettings, find_overload_rate
 from basin_sim.clients import ClientPolicy
+from basin_sim.experiments.calibrate.overload import Calibration, CalibrationSettings, find_overload_rate
 from basin_sim.profile import Deployment
 from basin_sim.workload.scenarios import WorkloadSpec
 from basin_sim.workload.serving import RECORDED
