@@ -14,11 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def renderer() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("render_results", ROOT / "scripts" / "render_results.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("basin_pipeline.render_results")
 
 
 def test_every_generated_block_in_the_readme_and_docs_is_what_its_json_gives() -> None:

@@ -535,6 +535,7 @@ def test_the_static_scan_sees_lazy_relative_and_type_only_imports(tmp_path: Path
         Import("basin_sim.engine", 2, True),
         Import("basin_emulate", 4, False),
         Import("basin_emulate.config", 4, False),  # `from package import name` loads a submodule `name`
+        Import("basin_sim.experiments", 6, True),
         Import("basin_sim.experiments.cli", 6, True),
         Import("basin_loadgen", 8, False),
         Import("basin_loadgen.replay", 8, False),

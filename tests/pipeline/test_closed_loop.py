@@ -286,7 +286,7 @@ def copy_project(project: Path, names: list[str]) -> None:
             shutil.copy(source, project / name)
 
 
-COPIED = ["dvc.yaml", "basin_pipeline", "basin_runtime", "basin_sim", "models", ".dvcignore"]
+COPIED = ["dvc.yaml", "pipeline", "basin_runtime", "basin_sim", "models", ".dvcignore"]
 
 
 def _dvc(project: Path, *args: str) -> subprocess.CompletedProcess[str]:

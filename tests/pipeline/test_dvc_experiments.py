@@ -29,7 +29,7 @@ from basin_pipeline.params import CORPORA_ROOT_ENV
 from tests.pipeline.test_closed_loop import copy_project
 
 ROOT = Path(__file__).resolve().parents[2]
-COPIED = ["dvc.yaml", "basin_pipeline", "basin_runtime", "basin_sim", "models", ".gitignore", ".dvcignore"]
+COPIED = ["dvc.yaml", "pipeline", "basin_runtime", "basin_sim", "models", ".gitignore", ".dvcignore"]
 HEADLINE = ("metrics/spearman_unseen.json", "metrics/spearman_seen.json", "metrics/cover90.json")
 ONLINE = tuple(f"metrics/online_k{k}.json" for k in (2, 3, 5, 10))
 DETAILS = ("metrics/train.json", "metrics/spearman.json", "metrics/overflow.json", "metrics/ingest.json",

@@ -23,7 +23,7 @@ from basin_runtime.gateway.limits import Limits
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "models"
 DEFAULT_MODEL = MODELS / "peak_predictor.onnx"
-EXAMPLE = ROOT / "examples" / "gateway.yaml"
+EXAMPLE = ROOT / "deploy" / "gateway.yaml"
 
 
 def parse(*argv: str) -> GatewayConfig:
