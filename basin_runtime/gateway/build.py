@@ -108,13 +108,14 @@ def telemetry_for(config: GatewayConfig, clock: Clock, tokenizer_name: str) -> T
 
 def shared_state(config: GatewayConfig, policy_settings: PolicyConfig, telemetry: Telemetry) -> Coordinator:
     """The shared state's backend and coordinator for `--state` (redis imported only here), reporting to
-    `telemetry`."""
+    `telemetry` and on its clock."""
     from basin_runtime.state.leases import Coordinator
     from basin_runtime.state.redis_backend import RedisBackend
 
     assert config.state is not None
     backend = RedisBackend(config.state, policy_settings, lease_s=config.state_lease_s,
-                           retry_after_s=max(1.0, config.state_lease_s), hooks=telemetry.state_hooks())
+                           retry_after_s=max(1.0, config.state_lease_s), hooks=telemetry.state_hooks(),
+                           clock=telemetry.clock)
     return Coordinator(backend, telemetry.signal_report, orphan_window_s=config.adoption_window_s,
                        tick_interval_s=config.tick_interval_s, min_prompt_tokens=config.hit_rate_min_prompt_tokens,
                        min_calls=DEFAULT_MIN_CALLS)

@@ -68,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     logger.info("%s", startup_summary(config, calibration, app.state.gateway.room.policy.config))
     server = DrainingServer(server_config(app, host=config.host, port=config.port, keep_alive_s=config.keep_alive_s,
                                           limits=config.connection_limits),
-                            app.state.gateway, drain_timeout_s=config.drain_timeout_s)
+                            app.state.gateway, drain_timeout_s=config.drain_timeout_s,
+                            clock=app.state.gateway.room.clock)
     server.run()
     return 0
 

@@ -20,8 +20,9 @@ Rules:
   error object with a string `type`, else as the gateway's `upstream_rejected`. A 2xx read whole that
   says it is JSON and does not parse -> `UpstreamBadAnswerError`.
 - `on_end(CallEnd)` is called exactly once per forwarded call (body sent, client gone, or upstream
-  failed), with the upstream's status, headers and the call's usage. `on_first_byte(seconds)` is called
-  at most once, for a 2xx answer, when its first bytes are passed on (or its body read whole).
+  failed), with the upstream's status, headers and the call's usage. `on_first_byte()` is called
+  at most once, for a 2xx answer, when its first bytes are passed on (or its body read whole): the caller
+  times it on its own clock.
 - Usage (`signals.py`): read from a JSON answer (up to `USAGE_BODY_BYTES`) or from the last SSE event
   carrying `usage` or `meta_info` (`sse.py`; an event over `EVENT_BYTES` passes unparsed). When the
   gateway itself asked for usage (`drop_usage_chunk`), the usage-only chunk is not passed on.
@@ -87,7 +88,7 @@ class CallEnd:
 
 
 EndHook = Callable[[CallEnd], Awaitable[None]]
-FirstByteHook = Callable[[float], None]  # seconds from sending to the answer's first bytes (a 2xx answer)
+FirstByteHook = Callable[[], None]  # a 2xx answer's first bytes were passed on (or its body read whole)
 Answer = Response  # what the gateway hands its edge: an ASGI answer, whole or streamed (its headers may be added to)
 HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
@@ -129,19 +130,18 @@ class Upstream:
                       drop_usage_chunk: bool = False, on_first_byte: FirstByteHook | None = None) -> Response:
         """Send one request upstream and return its answer as a streaming response.
 
-        `on_first_byte` hears how long a 2xx answer took to its first bytes: a streamed answer's first event
-        passed on (its first token), a whole answer's body (an upper bound of its first token)."""
-        sent_s = time.perf_counter()
+        `on_first_byte` hears when a 2xx answer's first bytes are passed on: a streamed answer's first event (its
+        first token), a whole answer's body (an upper bound of its first token)."""
         watch = ClientWatch(receive)  # closed here, unless a streamed answer takes it over (and closes it)
         try:
-            return await self._answer(watch, method, path, headers, body, on_end, params, sent_s,
-                                      drop_usage_chunk, on_first_byte)
+            return await self._answer(watch, method, path, headers, body, on_end, params, drop_usage_chunk,
+                                      on_first_byte)
         finally:
             if not watch.is_taken:
                 watch.close()
 
     async def _answer(self, watch: ClientWatch, method: str, path: str, headers: Mapping[str, str],
-                      body: RequestBody | None, on_end: EndHook, params: str, sent_s: float, drop_usage_chunk: bool,
+                      body: RequestBody | None, on_end: EndHook, params: str, drop_usage_chunk: bool,
                       on_first_byte: FirstByteHook | None) -> Response:
         try:
             response = await watch.race(self.client.send(method, path, _request_headers(headers), body, params),
@@ -164,12 +164,12 @@ class Upstream:
             watch.is_taken = True
             return UpstreamResponse(response, on_end, drop_usage_chunk=drop_usage_chunk,
                                     read_timeout_s=self.client.read_timeout_s,
-                                    on_first_byte=None if first_byte is None else _since(sent_s, first_byte),
+                                    on_first_byte=first_byte,
                                     watch=watch)
         try:
             answer = await response.read(length) if length else b""
             if first_byte is not None:
-                first_byte(time.perf_counter() - sent_s)
+                first_byte()
             usage = _usage_of_json(response, answer) if method != "HEAD" else None
         except (UpstreamBrokenError, UpstreamBadAnswerError) as exc:
             await on_end(CallEnd("upstream_error", response.status_code, response.headers))
@@ -213,11 +213,6 @@ def _has_type(body: bytes) -> bool:
         return False
     error = answer.get("error")
     return isinstance(answer.get("type"), str) or (isinstance(error, dict) and isinstance(error.get("type"), str))
-
-
-def _since(sent_s: float, hook: FirstByteHook) -> Callable[[], None]:
-    """`hook` told the time since `sent_s`, once it is called."""
-    return lambda: hook(time.perf_counter() - sent_s)
 
 
 def _answered(status_code: int) -> CallOutcome:
@@ -289,7 +284,7 @@ class UpstreamResponse(StreamingResponse):
     """The upstream's answer, passed through as its bytes arrive; ends the call exactly once."""
 
     def __init__(self, upstream: UpstreamAnswer, on_end: EndHook, *, drop_usage_chunk: bool = False,
-                 read_timeout_s: float | None = None, on_first_byte: Callable[[], None] | None = None,
+                 read_timeout_s: float | None = None, on_first_byte: FirstByteHook | None = None,
                  watch: ClientWatch | None = None) -> None:
         self._upstream = upstream
         self._watch = watch  # the client's watcher since the request was sent (else one is made when sending)

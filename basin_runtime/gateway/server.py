@@ -30,7 +30,8 @@ Rules:
 - `server_config` is the one place the server's options are set (the CLI and the tests use it).
 - A graceful shutdown (SIGTERM, Ctrl-C: `DrainingServer`) drains the gateway with the listener still open:
   every new call, and `GET /health` (so a load balancer moves on), is answered 503 `shutting_down` with
-  Retry-After while the calls in flight run to their end, for up to `drain_timeout_s`. Calls still in flight
+  Retry-After while the calls in flight run to their end, for up to `drain_timeout_s` on the gateway's clock
+  (`basin_runtime.clock`; the drain polls on it too). Calls still in flight
   then are cut by the gateway itself (`Gateway.cut_calls`): one whose answer has not begun gets the JSON 503,
   a streamed one the gateway's error event and `data: [DONE]`. Only then does uvicorn's own shutdown close the
   listener and the connections (its grace, CUT_GRACE_S, is for the cut calls to write their last bytes), and
@@ -53,6 +54,7 @@ import uvicorn
 from starlette.types import ASGIApp
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from basin_runtime.clock import Clock, MonotonicClock
 from basin_runtime.gateway.errors import (
     BadRequestError,
     GatewayError,
@@ -318,24 +320,26 @@ class Drainable(Protocol):
 class DrainingServer(uvicorn.Server):
     """uvicorn's server, draining the gateway with its listener open before its own shutdown (see the rules)."""
 
-    def __init__(self, config: uvicorn.Config, gateway: Drainable, *, drain_timeout_s: float) -> None:
+    def __init__(self, config: uvicorn.Config, gateway: Drainable, *, drain_timeout_s: float,
+                 clock: Clock | None = None) -> None:
         super().__init__(config)
         self._gateway = gateway
         self._drain_timeout_s = drain_timeout_s
+        self._clock = clock or MonotonicClock()
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._drain_timeout_s
+        clock = self._clock
+        deadline = clock.now() + self._drain_timeout_s
         try:
             await self._gateway.drain()
         except Exception:  # the shutdown itself must go on
             logger.exception("draining the gateway failed")
-        while self._gateway.num_active_calls and loop.time() < deadline and not self.force_exit:
-            await asyncio.sleep(DRAIN_POLL_S)
+        while self._gateway.num_active_calls and clock.now() < deadline and not self.force_exit:
+            await clock.sleep(DRAIN_POLL_S)
         if self._gateway.num_active_calls:
             logger.warning("drain_timeout_s (%g s) passed: cutting %d calls still in flight", self._drain_timeout_s,
                            self._gateway.cut_calls())
-            cut_by = loop.time() + CUT_GRACE_S / 2
-            while self._gateway.num_active_calls and loop.time() < cut_by:
-                await asyncio.sleep(DRAIN_POLL_S)
+            cut_by = clock.now() + CUT_GRACE_S / 2
+            while self._gateway.num_active_calls and clock.now() < cut_by:
+                await clock.sleep(DRAIN_POLL_S)
         await super().shutdown(sockets)

@@ -7,7 +7,8 @@ Rules:
   takes it as its signals and its listener (`waiting.RoomSignals`, `waiting.RoomListener`), and before a
   shared backend and its coordinator, which take its `state_hooks()` and `signal_report`.
 - The hit rate is the engines' (scraped) when they have evidence, else the upstream's reported usage; the
-  first-token latency counts the calls still waiting for theirs (since they were forwarded).
+  first-token latency is measured on the clock, from a call's forwarding to its answer's first bytes, and
+  counts the calls still waiting for theirs (since they were forwarded).
 - Replicas (`--state`): the room ticks with the deployment's signals, the leader's combination of every
   replica's report (`DeploymentSignals`); this replica's own go into its report.
 - A session that leaves reaches the metrics, the lending reports and (if it made calls) the session log,
@@ -16,7 +17,6 @@ Rules:
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING
 
 from basin_runtime.clock import Clock
@@ -50,7 +50,7 @@ class Telemetry:
         self.lending = lending or LendingTracker()
         self.session_log = session_log
         self.engine_scraper = engine_scraper
-        self._awaiting_first_byte: dict[int, float] = {}  # id of a call in flight -> perf_counter when forwarded
+        self._awaiting_first_byte: dict[int, float] = {}  # id of a call in flight -> clock.now() when forwarded
 
     # --- the signals ----------------------------------------------------------------------------
 
@@ -70,18 +70,19 @@ class Telemetry:
     def ttft_s(self) -> float | None:
         """The engines' windowed median time to first token (calls still waiting for theirs counted; None: too
         few calls), as this gateway saw its forwarded calls' answers begin."""
-        started = time.perf_counter()
-        waiting = [started - sent for sent in self._awaiting_first_byte.values()]
-        return self.latency_window.median_s(self.clock.now(), waiting)
+        now = self.clock.now()
+        return self.latency_window.median_s(now, self._waits_s(now))
 
     def signal_report(self) -> SignalReport:
         """This replica's windows, for the leader to combine into the deployment's signals."""
         now = self.clock.now()
         cached, prompt = self.hit_window.sums(now)
         engine = None if self.engine_scraper is None else self.engine_scraper.window.rate(now)
-        started = time.perf_counter()
-        waiting = [started - sent for sent in self._awaiting_first_byte.values()]
-        return SignalReport.of(cached, prompt, engine, self.latency_window.values(now, waiting))
+        return SignalReport.of(cached, prompt, engine, self.latency_window.values(now, self._waits_s(now)))
+
+    def _waits_s(self, now: float) -> list[float]:
+        """How long each call still waiting for its first byte has waited."""
+        return [now - sent for sent in self._awaiting_first_byte.values()]
 
     def state_hooks(self) -> StateHooks:
         """What a shared backend tells the metrics (up/down, errors, step latency, dropped steps, apply lag)."""
@@ -95,12 +96,14 @@ class Telemetry:
 
     def call_forwarded(self, record: CallRecord) -> None:
         """A call went upstream: it waits for its first byte from now."""
-        self._awaiting_first_byte[id(record)] = time.perf_counter()
+        self._awaiting_first_byte[id(record)] = self.clock.now()
 
-    def first_byte(self, record: CallRecord, ttft_s: float) -> None:
-        """A call's answer began after `ttft_s`."""
-        self._awaiting_first_byte.pop(id(record), None)
-        self.latency_window.record(self.clock.now(), max(0.0, ttft_s))
+    def first_byte(self, record: CallRecord) -> None:
+        """A call's answer began: its first-token latency is the time since it was forwarded."""
+        sent = self._awaiting_first_byte.pop(id(record), None)
+        if sent is not None:
+            now = self.clock.now()
+            self.latency_window.record(now, max(0.0, now - sent))
 
     def call_done(self, record: CallRecord) -> None:
         """A call's answer ended (it waits for nothing more)."""

@@ -18,7 +18,8 @@ Rules:
   sessions. A replica whose policy configuration differs from the epoch's refuses to start
   (`StateConfigError`). A new epoch after a state was lost opens a registration window of one lease:
   replicas register their sessions again (adopt) before any `arrive` is sequenced, and the operator's
-  reference budget, if one was set, is set again (the hit rate's moves start over from it).
+  reference budget, if one was set, is set again (the hit rate's moves start over from it). The window is
+  kept on this replica's injected clock (`basin_runtime.clock`), from the time left that Redis reports.
 - Redis out of reach: `step` raises `StateUnavailableError` at once (a new session gets 503); steps
   made with `submit` are kept, up to `max_buffered_steps` (then dropped and counted), and sent when
   Redis is back in the same epoch; if the epoch is gone (Redis restarted empty) they are dropped
@@ -38,7 +39,6 @@ import json
 import logging
 import os
 import socket
-import time
 import uuid
 from collections import deque
 from collections.abc import Callable
@@ -52,6 +52,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 
+from basin_runtime.clock import Clock, MonotonicClock
 from basin_runtime.policy import Event, Policy, PolicyConfig
 from basin_runtime.state.backend import Listener, StateHooks, StateUnavailableError
 from basin_runtime.state.replica import Entry, ReplicatedState, StreamGapError
@@ -124,10 +125,17 @@ class _Pending:
 class _Window:
     """The registration window after a new epoch, on this replica's clock."""
 
+    clock: Clock
     until_s: float = 0.0
 
+    def open_for(self, seconds: float) -> None:
+        self.until_s = self.clock.now() + seconds
+
     def is_open(self) -> bool:
-        return time.monotonic() < self.until_s
+        return self.clock.now() < self.until_s
+
+    def left_s(self) -> float:
+        return self.until_s - self.clock.now()
 
 
 class RedisBackend:
@@ -136,15 +144,16 @@ class RedisBackend:
     is_shared = True
 
     def __init__(self, url: str, config: PolicyConfig, *, replica_id: str | None = None, prefix: str = DEFAULT_PREFIX,
-                 lease_s: float = 5.0, clock: Literal["sequencer", "caller"] = "sequencer",
+                 lease_s: float = 5.0, step_time: Literal["sequencer", "caller"] = "sequencer",
                  max_buffered_steps: int = 10_000, max_batch_steps: int = 256, tail_block_ms: int = 250,
-                 retry_after_s: float = 1.0, hooks: StateHooks | None = None) -> None:
+                 retry_after_s: float = 1.0, hooks: StateHooks | None = None, clock: Clock | None = None) -> None:
         self.url = url
         self.config = config
         self.replica_id = replica_id or new_replica_id()
         self.keys = Keys(prefix)
         self.lease_s = lease_s
-        self.clock = clock
+        self.step_time = step_time  # whose clock a step runs at: Redis's (TIME) or the caller's `Step.now`
+        self.clock = clock or MonotonicClock()  # where the registration window is kept
         self.max_buffered_steps = max_buffered_steps
         self.max_batch_steps = max_batch_steps
         self.tail_block_ms = tail_block_ms
@@ -161,7 +170,7 @@ class RedisBackend:
         self._queue: deque[_Pending] = deque()
         self._waiting: dict[int, asyncio.Future[list[Event]]] = {}
         self._counter = 0
-        self._window = _Window()
+        self._window = _Window(self.clock)
         self._client: aioredis.Redis | None = None
         self._tail_client: aioredis.Redis | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -213,7 +222,7 @@ class RedisBackend:
         self._wakeup.set()
 
     def _sequenced(self, step: Step) -> Step:
-        return dataclasses.replace(step, now=SEQUENCER_CLOCK) if self.clock == "sequencer" else step
+        return dataclasses.replace(step, now=SEQUENCER_CLOCK) if self.step_time == "sequencer" else step
 
     # --- life cycle ------------------------------------------------------------------------------
 
@@ -280,7 +289,7 @@ class RedisBackend:
             while self._queue and self.is_up and not self._is_closing:
                 batch = self._take_batch()
                 if not batch:  # only arrivals left, held while registration runs
-                    await asyncio.sleep(max(0.001, self._window.until_s - time.monotonic()))
+                    await self.clock.sleep(max(0.001, self._window.left_s()))
                     continue
                 await self._send(batch)
 
@@ -314,7 +323,7 @@ class RedisBackend:
     async def _send(self, batch: list[_Pending]) -> None:
         has_arrive = any(p.step.kind == "arrive" for p in batch)
         args = [self.epoch or "", self.replicated.entry_id, self.replica_id, "1" if has_arrive else "0"]
-        started = time.perf_counter()
+        started = self.clock.now()
         try:
             reply = await self.script("append")(keys=[self.keys.stream, self.keys.meta],
                                                 args=[*args, *(p.payload for p in batch)])
@@ -324,7 +333,7 @@ class RedisBackend:
             self.mark_down(exc)  # first: the steps failed below answer with this outage's reason
             self._requeue(batch)
             return
-        self.hooks.on_step_latency(time.perf_counter() - started)
+        self.hooks.on_step_latency(self.clock.now() - started)
         if not self.is_up:  # a reload began meanwhile: it replays these entries; steps sent again are skipped
             self._requeue(batch)
             return
@@ -337,7 +346,7 @@ class RedisBackend:
             # a step missing from the answer (the state was reloaded meanwhile) cannot be answered
             self._fail([p for p in batch if p.counter in self._waiting], "the shared state was reloaded; retry")
         elif status == "registering":
-            self._window.until_s = time.monotonic() + int(reply[1]) / 1e6
+            self._window.open_for(int(reply[1]) / 1e6)
             self._requeue(batch)
         else:  # the epoch is gone (Redis restarted empty) or changed: what was made for the old one is void
             self._fail(batch, "the shared state was reset; retry")
@@ -377,7 +386,7 @@ class RedisBackend:
             if quiet:
                 continue
             if entry.replica != self.replica_id:  # how stale this copy is: the wake-up delay across replicas
-                self.hooks.on_apply_lag(max(0.0, time.time() - entry.clock_us / 1e6))
+                self.hooks.on_apply_lag(max(0.0, self.clock.wall() - entry.clock_us / 1e6))
             if self._listener is not None:
                 try:
                     self._listener(applied)
@@ -468,7 +477,7 @@ class RedisBackend:
                 keys=[self.keys.meta, self.keys.stream, self.keys.snapshot], args=[uuid.uuid4().hex, window_us, ours]))
         if theirs != ours:
             raise StateConfigError(_config_difference(ours, theirs))
-        self._window.until_s = time.monotonic() + max(0, int(until_us) - int(now_us)) / 1e6
+        self._window.open_for(max(0, int(until_us) - int(now_us)) / 1e6)
         is_lost = self.epoch is not None and epoch != self.epoch
         reference_tokens = self.replicated.policy.snapshot().reference_budget_tokens
         if epoch != self.epoch:

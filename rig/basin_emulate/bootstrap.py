@@ -19,14 +19,15 @@ Rules:
   removes it once answered; any room is removed `2 x timeout_s` after its creation at the latest,
   so a failure published by the prefill half still reaches a decode half that comes late.
 - The prefill half waits for "ready" at most `timeout_s` (then `BootstrapError`); the decode half's
-  POST waits for the result at most `timeout_s` (wall seconds).
+  POST waits for the result at most `timeout_s`; the decode side gives its POST `timeout_s` +
+  CLIENT_MARGIN_S, an abort ABORT_TIMEOUT_S. All are wall seconds on the server's injected clock
+  (`basin_runtime.clock`: the real one, unless a test drives it), as is a room's expiry.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +35,7 @@ import aiohttp
 from aiohttp import web
 
 from basin_emulate.errors import BootstrapError
+from basin_runtime.clock import Clock, Deadline, Timer
 
 CLIENT_MARGIN_S = 5.0  # the decode's HTTP timeout beyond the server's own wait
 ABORT_TIMEOUT_S = 5.0
@@ -51,14 +53,15 @@ class Room:
     abort_reason: str | None = None
     result: asyncio.Future[dict[str, Any]] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future())
-    expiry: asyncio.TimerHandle | None = None
+    expiry: Timer | None = None
 
 
 class Rooms:
     """The prefill side's table of rooms, and its bootstrap HTTP server."""
 
-    def __init__(self, timeout_s: float) -> None:
+    def __init__(self, timeout_s: float, clock: Clock) -> None:
         self.timeout_s = timeout_s
+        self.clock = clock
         self._rooms: dict[str, Room] = {}
         self.num_waiting_ready = 0
         self._runner: web.AppRunner | None = None
@@ -68,7 +71,7 @@ class Rooms:
         room = self._rooms.get(room_id)
         if room is None:
             room = self._rooms[room_id] = Room(room_id)
-            room.expiry = asyncio.get_running_loop().call_later(2 * self.timeout_s, self.discard, room)
+            room.expiry = self.clock.call_at(self.clock.now() + 2 * self.timeout_s, lambda: self.discard(room))
         return room
 
     def discard(self, room: Room) -> None:
@@ -82,10 +85,11 @@ class Rooms:
         return len(self._rooms)
 
     async def wait_ready(self, room: Room) -> float:
-        """Until the decode half has reserved its memory; the wall time (`time.time()`) it did."""
+        """Until the decode half has reserved its memory; the unix time (`Clock.wall`) it did."""
         self.num_waiting_ready += 1
         try:
-            await asyncio.wait_for(room.ready.wait(), self.timeout_s)
+            async with Deadline(self.clock, self.timeout_s):
+                await room.ready.wait()
         except TimeoutError:
             raise BootstrapError(f"no decode server connected to bootstrap room {room.room_id} within "
                                  f"{self.timeout_s:g} s") from None
@@ -123,14 +127,15 @@ class Rooms:
         room = self.get(request.match_info["room"])
         try:
             body = await request.json()
-            room.ready_unix_s = float(body.get("ready_unix_s", time.time()))
+            room.ready_unix_s = float(body.get("ready_unix_s", self.clock.wall()))
             room.decode_prefix_len = max(0, int(body.get("decode_prefix_len", 0)))
         except (ValueError, TypeError, AttributeError):
             return web.json_response({"error": "the body must be JSON with a number ready_unix_s (and a whole "
                                                "decode_prefix_len)"}, status=400)
         room.ready.set()
         try:
-            payload = await asyncio.wait_for(asyncio.shield(room.result), self.timeout_s)
+            async with Deadline(self.clock, self.timeout_s):
+                payload = await asyncio.shield(room.result)
         except TimeoutError:
             return web.json_response({"error": f"the prefill server published nothing for room {room.room_id} "
                                                f"within {self.timeout_s:g} s (it never received the request, or "
@@ -165,14 +170,15 @@ class KvArrival:
 class BootstrapClient:
     """The decode side: tell the prefill's bootstrap server a room is ready, wait for its KV."""
 
-    def __init__(self, timeout_s: float) -> None:
+    def __init__(self, timeout_s: float, clock: Clock) -> None:
         self.timeout_s = timeout_s
+        self.clock = clock
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
-        """Open the HTTP session (on the running loop)."""
-        timeout = aiohttp.ClientTimeout(total=self.timeout_s + CLIENT_MARGIN_S)
-        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout)
+        """Open the HTTP session (on the running loop; its requests are timed on the clock, not by aiohttp)."""
+        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                              timeout=aiohttp.ClientTimeout(total=None))
 
     async def close(self) -> None:
         """Close the HTTP session."""
@@ -192,7 +198,8 @@ class BootstrapClient:
         netloc = _netloc(host, port)
         ready = {"ready_unix_s": ready_unix_s, "decode_prefix_len": decode_prefix_len}
         try:
-            async with self.session.post(f"http://{netloc}/kv/{room}", json=ready) as response:
+            async with (Deadline(self.clock, self.timeout_s + CLIENT_MARGIN_S),
+                        self.session.post(f"http://{netloc}/kv/{room}", json=ready) as response):
                 body = await response.json(content_type=None)
                 status = response.status
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
@@ -212,8 +219,8 @@ class BootstrapClient:
         """Tell the prefill half that this request will not come for its KV (best effort: errors are ignored)."""
         url = f"http://{_netloc(host, port)}/kv/{room}/abort"
         with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-            async with self.session.post(url, json={"reason": reason},
-                                         timeout=aiohttp.ClientTimeout(total=ABORT_TIMEOUT_S)) as response:
+            async with (Deadline(self.clock, ABORT_TIMEOUT_S),
+                        self.session.post(url, json={"reason": reason}) as response):
                 await response.read()
 
 

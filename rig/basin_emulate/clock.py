@@ -84,8 +84,8 @@ class ModelClock:
     """Model time for the engines, timers at model times, and the lag of those timers."""
 
     def __init__(self, time_scale: float, lag: LagWindow, clock: Clock | None = None) -> None:
-        self._base = clock or MonotonicClock()
-        self._scaled = ScaledClock(self._base, time_scale)
+        self.base: Clock = clock or MonotonicClock()  # the wall clock under model time
+        self._scaled = ScaledClock(self.base, time_scale)
         self.time_scale = time_scale
         self.lag = lag
         self.now_s = 0.0
@@ -107,17 +107,17 @@ class ModelClock:
     def at_unix(self, unix_s: float) -> float:
         """Advance `now_s` to the model time of a unix (`Clock.wall`) stamp, bounded by now; return it."""
         wall_model = self.wall_model_s()
-        stamped = wall_model - max(0.0, self._base.wall() - unix_s) * self.time_scale
+        stamped = wall_model - max(0.0, self.base.wall() - unix_s) * self.time_scale
         self.now_s = max(self.now_s, min(wall_model, stamped))
         return self.now_s
 
     def unix_of(self, model_s: float) -> float:
         """The unix time (`Clock.wall`) at which model time `model_s` is (was) due on the wall."""
-        return self._base.wall() - (self.wall_model_s() - model_s) / self.time_scale
+        return self.base.wall() - (self.wall_model_s() - model_s) / self.time_scale
 
     def lag_summary(self) -> LagSummary:
         """The lag window's summary now."""
-        return self.lag.summary(self._base.now())
+        return self.lag.summary(self.base.now())
 
     def wall_s(self, model_duration_s: float) -> float:
         """Wall seconds a modeled duration takes."""
@@ -126,10 +126,10 @@ class ModelClock:
     def call_at(self, model_s: float, callback: Callable[[], None]) -> Timer:
         """Run `callback` when the wall reaches model time `model_s` (with `now_s` advanced to it)."""
         deadline = self._scaled.base_time(model_s)
-        return self._base.call_at(deadline - TIMER_ADVANCE_S, partial(self._fire, deadline, model_s, callback))
+        return self.base.call_at(deadline - TIMER_ADVANCE_S, partial(self._fire, deadline, model_s, callback))
 
     def _fire(self, deadline: float, model_s: float, callback: Callable[[], None]) -> None:
-        wall = self._base.now()
+        wall = self.base.now()
         self.lag.record(wall, max(0.0, wall - deadline))
         self.now_s = max(self.now_s, model_s)
         callback()

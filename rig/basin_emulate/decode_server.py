@@ -53,7 +53,7 @@ class DecodeServer:
         config = context.config
         self.context = context
         self.engine = DecodeEngine(config.profile, context.clock, config.max_total_tokens)
-        self.bootstrap = BootstrapClient(config.bootstrap_timeout_s)
+        self.bootstrap = BootstrapClient(config.bootstrap_timeout_s, context.clock.base)
         self.store = FileStore(config.storage_dir, config.model_name) \
             if config.enable_offload_kvcache and config.storage_dir is not None else None
         self.offloaded_tokens = 0  # written to storage (sglang:backuped_tokens_total)

@@ -50,7 +50,7 @@ class PrefillServer:
         self.context = context
         self.engine = PrefillEngine(config.profile, context.clock, config.max_total_tokens, config.host_cache_tokens)
         self.book = ChainBook()
-        self.rooms = Rooms(config.bootstrap_timeout_s)
+        self.rooms = Rooms(config.bootstrap_timeout_s, context.clock.base)
         self.store = None if config.storage_dir is None else FileStore(config.storage_dir, config.model_name)
         self.prefetched_tokens = 0  # sglang:prefetched_tokens_total
         self.backed_up_tokens = 0  # sglang:backuped_tokens_total

@@ -41,6 +41,7 @@ from basin_emulate.identity import PromptCounter
 from basin_emulate.metrics import CONTENT_TYPE, EmulatorMetrics, EngineState
 from basin_emulate.ordering import QueueOrder
 from basin_emulate.prefill_server import PrefillServer
+from basin_runtime.clock import Clock
 from basin_runtime.tokenizer import get_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -72,10 +73,10 @@ def max_running_requests(max_total_tokens: int) -> int:
     return min(max(int(max_total_tokens / CONTEXT_LENGTH * 512), 2048), 4096)
 
 
-def build_app(config: EmulatorConfig) -> Starlette:
-    """The emulated server for `config` (the tokenizer is loaded here)."""
+def build_app(config: EmulatorConfig, wall: Clock | None = None) -> Starlette:
+    """The emulated server for `config` (the tokenizer is loaded here), on the `wall` clock (the real one if None)."""
     lag = LagWindow()
-    clock = ModelClock(config.time_scale, lag)
+    clock = ModelClock(config.time_scale, lag, wall)
     order = QueueOrder(config.enable_priority_scheduling, config.schedule_low_priority_values_first)
     role: Role | None = None
 

@@ -23,6 +23,7 @@ from starlette.applications import Starlette
 
 from basin_emulate.config import EmulatorConfig, parse_config
 from basin_emulate.server import build_app
+from basin_runtime.clock import Clock
 from basin_stack.stack import free_port
 from tests.sim.builders import TINY
 
@@ -51,10 +52,11 @@ class Server:
 
 
 @asynccontextmanager
-async def serving(argv: list[str]) -> AsyncIterator[Server]:
-    """An emulated server from command-line options, started (lifespan) and stopped around the block."""
+async def serving(argv: list[str], wall: Clock | None = None) -> AsyncIterator[Server]:
+    """An emulated server from command-line options (on the `wall` clock: the real one if None), started
+    (lifespan) and stopped around the block."""
     config = parse_config(argv)
-    app = build_app(config)
+    app = build_app(config, wall)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://emulated", timeout=30) as http:
@@ -86,13 +88,13 @@ class Pair:
 
 
 @asynccontextmanager
-async def pair(*extra: str, prefill_extra: tuple[str, ...] = (), decode_extra: tuple[str, ...] = ()
-               ) -> AsyncIterator[Pair]:
-    """A prefill and a decode server with the same `extra` options."""
+async def pair(*extra: str, prefill_extra: tuple[str, ...] = (), decode_extra: tuple[str, ...] = (),
+               wall: Clock | None = None) -> AsyncIterator[Pair]:
+    """A prefill and a decode server with the same `extra` options, on one `wall` clock (the real one if None)."""
     async with AsyncExitStack() as stack:
         prefill = await stack.enter_async_context(serving(
             ["--role", "prefill", "--port", str(free_port()), "--disaggregation-bootstrap-port", str(free_port()),
-             *extra, *prefill_extra]))
+             *extra, *prefill_extra], wall))
         decode = await stack.enter_async_context(serving(
-            ["--role", "decode", "--port", str(free_port()), *extra, *decode_extra]))
+            ["--role", "decode", "--port", str(free_port()), *extra, *decode_extra], wall))
         yield Pair(prefill, decode)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from basin_runtime.clock import ManualClock
 from basin_runtime.tokenizer import DEFAULT_TOKENIZER, get_tokenizer
 from tests.emulate.rig import Pair, free_port, pair, serving, tiny_profile_file
 
@@ -28,6 +29,13 @@ def conversation(task: str, turns: int, words: int = 400) -> list[dict[str, Any]
         messages += [{"role": "assistant", "content": f"I will run step {turn}."},
                      {"role": "tool", "content": f"output of step {turn} " + "line of log " * words}]
     return messages
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    """Wait until `condition()` holds (the timeout guards against a hang only)."""
+    async with asyncio.timeout(60):
+        while not condition():
+            await asyncio.sleep(0.002)
 
 
 def cached(answer: dict[str, Any]) -> int:
@@ -153,23 +161,32 @@ async def test_a_prefill_server_alone_serves_prefill_only_requests() -> None:
 
 
 async def test_when_the_peer_never_shows_both_halves_answer_500_and_give_back_memory() -> None:
+    wall = ManualClock()  # both servers' wall clock: the bootstrap timeout passes only as the test moves it
     timeout = ("--bootstrap-timeout", "0.3", "--time-scale", "50")
-    async with pair(*timeout) as p:
+    async with pair(*timeout, wall=wall) as p:
         room = {"bootstrap_host": "127.0.0.1", "bootstrap_port": p.prefill.config.bootstrap_port}
         body = {"messages": [{"role": "user", "content": "lonely " * 100}], **room}
-        started = time.monotonic()
-        decode_alone, prefill_alone = await asyncio.gather(
+        rooms = p.prefill.role.rooms
+        started = wall.now()
+        both = asyncio.ensure_future(asyncio.gather(
             p.decode.http.post(CHAT, json={**body, "bootstrap_room": 1_000_001}),
-            p.prefill.http.post(CHAT, json={**body, "bootstrap_room": 1_000_002}))
-        elapsed_s = time.monotonic() - started
+            p.prefill.http.post(CHAT, json={**body, "bootstrap_room": 1_000_002})))
+        # both halves wait: the prefill half for its decode, the decode half's POST (across TCP) for the KV
+        await until(lambda: rooms.num_waiting_ready == 1 and len(rooms) == 2 and rooms.get("1000001").ready.is_set())
+        wall.advance(0.29)
+        await wall.settle()
+        assert rooms.num_waiting_ready == 1 and len(rooms) == 2 and not both.done()  # still waiting at 0.29 s
+        await wall.drive(both, until_s=started + 0.3)  # the bootstrap timeout: both halves give up
+        decode_alone, prefill_alone = await asyncio.wait_for(both, 60)
+        assert wall.now() == started + 0.3  # failed at the timeout, on the clock (not the decode's own, later one)
         decode_engine, prefill_engine = p.decode.role.engine, p.prefill.role.engine
         assert decode_engine.instance.used_tokens() == 0 and decode_engine.is_idle
         assert prefill_engine.cache.pinned_tokens == 0 and prefill_engine.is_idle
 
     assert decode_alone.status_code == 500 and "1000001" in decode_alone.json()["message"]
+    assert "published nothing for room 1000001 within 0.3 s" in decode_alone.json()["message"]
     assert prefill_alone.status_code == 500
-    assert "no decode server connected to bootstrap room 1000002" in prefill_alone.json()["message"]
-    assert 0.3 <= elapsed_s < 2
+    assert "no decode server connected to bootstrap room 1000002 within 0.3 s" in prefill_alone.json()["message"]
 
 
 async def test_a_decode_whose_prefill_is_unreachable_fails_at_once() -> None:
@@ -217,14 +234,16 @@ async def test_metrics_carry_sglangs_names_and_move() -> None:
 
 
 async def test_a_request_decode_refuses_fails_its_prefill_half_at_once() -> None:
-    async with pair("--time-scale", "50", "--bootstrap-timeout", "30", decode_extra=("--max-total-tokens", "500")) as p:
-        started = time.monotonic()
-        prefill, decode = await p.send(CHAT, {"messages": [{"role": "user", "content": "too long " * 400}]})
-        elapsed_s = time.monotonic() - started
+    wall = ManualClock()  # never moved: whatever fails, fails without waiting for a timeout
+    async with pair("--time-scale", "50", "--bootstrap-timeout", "30", decode_extra=("--max-total-tokens", "500"),
+                    wall=wall) as p:
+        started = wall.now()
+        sent = p.send(CHAT, {"messages": [{"role": "user", "content": "too long " * 400}]})
+        prefill, decode = await asyncio.wait_for(sent, 60)  # a guard against a hang only
         assert len(p.prefill.role.rooms) == 1  # kept (with its failure) until it expires
     assert decode.status_code == 400 and "max_total_num_tokens=500" in decode.json()["message"]
     assert prefill.status_code == 500 and "refused the request" in prefill.json()["message"]
-    assert elapsed_s < 5  # not the 30 s bootstrap timeout
+    assert wall.now() == started  # at once: not at the 30 s bootstrap timeout (no time passed on the clock)
 
 
 async def test_completions_answer_streamed_and_not() -> None:

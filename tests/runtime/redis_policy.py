@@ -54,7 +54,7 @@ class RedisPolicy:
         self.prefix = f"test-{uuid.uuid4().hex[:12]}"
         self._loop = loop
         self.backend = loop.run(_started(RedisBackend(url, config, replica_id="r1", prefix=self.prefix,
-                                                      clock="caller", tail_block_ms=50)))
+                                                      step_time="caller", tail_block_ms=50)))
 
     # --- steps, through Redis ----------------------------------------------------------------
 
@@ -105,7 +105,7 @@ class RedisPolicy:
     def check_replicas_agree(self) -> None:
         """Another replica, started now on the same stream (and snapshot), holds exactly this state."""
         other = self._loop.run(_started(RedisBackend(self.url, self.backend.config, replica_id="r2",
-                                                     prefix=self.prefix, clock="caller", tail_block_ms=50)))
+                                                     prefix=self.prefix, step_time="caller", tail_block_ms=50)))
         try:
             mine = self.backend.replicated.to_state()
             assert other.replicated.to_state() == mine

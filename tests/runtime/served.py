@@ -17,6 +17,7 @@ from typing import Any
 import httptools
 from aiohttp import web
 
+from basin_runtime.clock import Clock
 from basin_runtime.gateway.http1 import Http1UpstreamClient
 from basin_runtime.gateway.limits import DEFAULT_MAX_HEADER_BYTES
 from basin_runtime.gateway.server import ConnectionLimits, DrainingServer, server_config
@@ -61,9 +62,11 @@ class Served:
 @asynccontextmanager
 async def serving(*, max_header_bytes: int | None = None, max_headers: int | None = None,
                   drain_timeout_s: float = 5.0, connection_limits: dict[str, Any] | None = None,
-                  upstream_read_s: float = 10.0, **rig_options: Any) -> AsyncIterator[Served]:
+                  upstream_read_s: float = 10.0, drain_clock: Clock | None = None,
+                  **rig_options: Any) -> AsyncIterator[Served]:
     """The rig of `rig_for(**rig_options)` served by uvicorn as the CLI serves it, its upstream a real aiohttp
-    server reached with the gateway's own HTTP/1.1 client."""
+    server reached with the gateway's own HTTP/1.1 client (`drain_clock`: the clock a shutdown's drain runs on;
+    the real one unless a test drives it)."""
     upstream_port, port = free_port(), free_port()
     limits = {k: v for k, v in (("max_header_bytes", max_header_bytes), ("max_headers", max_headers)) if v is not None}
     client = Http1UpstreamClient(f"http://127.0.0.1:{upstream_port}", connect_s=5, read_s=upstream_read_s,
@@ -71,7 +74,7 @@ async def serving(*, max_header_bytes: int | None = None, max_headers: int | Non
     async with rig_for(upstream_client=client, **rig_options) as rig:
         server = DrainingServer(server_config(rig.app, host="127.0.0.1", port=port, keep_alive_s=5,
                                               limits=ConnectionLimits(**limits, **(connection_limits or {}))),
-                                rig.gateway, drain_timeout_s=drain_timeout_s)
+                                rig.gateway, drain_timeout_s=drain_timeout_s, clock=drain_clock)
         server.config.log_level = "warning"
         served = Served(rig, port, server)
         # aiohttp refuses bodies over 1 MiB by default, and lets a handler run on when its client has gone

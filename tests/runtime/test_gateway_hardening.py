@@ -19,13 +19,14 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
 
 import httpx
 import pytest
 from aiohttp import web
 
+from basin_runtime.clock import ManualClock
 from basin_runtime.gateway.limits import Limits
+from basin_runtime.gateway.server import CUT_GRACE_S
 from tests.runtime.served import RawAnswer, Served, raw_exchange, serving
 from tests.runtime.test_gateway_app import ANSWER, CHAT, TOKENIZER, conversation, eventually, rig_for
 
@@ -450,15 +451,25 @@ async def test_calls_in_flight_past_the_drain_get_a_json_503_or_a_stream_an_erro
         await asyncio.sleep(60)  # the rest never comes within the drain
         return response
 
-    async with serving(drain_timeout_s=0.5) as served:
+    clock = ManualClock()  # the drain's: its timeout passes only as the test moves it
+    async with serving(drain_timeout_s=0.5, drain_clock=clock) as served:
         served.handler = hung
+        gateway = served.rig.gateway
         waiting = asyncio.create_task(raw_exchange(served.port, post(chat_body("task w"), b"w")))
         streaming = asyncio.create_task(raw_exchange(served.port, post(chat_body("task s", stream=True), b"s")))
         await eventually(lambda: len(served.received) == 2)
-        await asyncio.sleep(0.1)  # the stream's first event is passed on
-        started = time.monotonic()
+        # the stream's first event is passed on: only the other call still waits for its first byte
+        await eventually(lambda: len(gateway.telemetry._awaiting_first_byte) == 1)
+        started = clock.now()
         await sigterm(served)
-        waited, streamed = await asyncio.wait_for(asyncio.gather(waiting, streaming), 10)
+        await eventually(lambda: clock.next_deadline() is not None)  # the drain polls on its clock
+        clock.advance(0.45)
+        await clock.settle()
+        assert not gateway.is_cut and gateway.num_active_calls == 2  # the drain looked at 0.45 s: nothing cut
+        # past the drain timeout the calls are cut; time stands while they write their last bytes
+        await clock.drive(asyncio.ensure_future(served.wait_stopped()),
+                          is_settled=lambda: not gateway.is_cut or not gateway.num_active_calls)
+        waited, streamed = await asyncio.wait_for(asyncio.gather(waiting, streaming), 60)
         error = error_of(waited)
         assert waited is not None and (waited.status, error["type"]) == (503, "shutting_down")
         assert "drain_timeout_s" in str(error["message"])
@@ -466,5 +477,6 @@ async def test_calls_in_flight_past_the_drain_get_a_json_503_or_a_stream_an_erro
         events = [e for e in streamed.body.decode().split("\n\n") if e]
         assert events[-1] == "data: [DONE]"
         assert json.loads(events[-2][len("data: "):])["error"]["type"] == "shutting_down"
-        await asyncio.wait_for(served.wait_stopped(), 5)
-        assert time.monotonic() - started < 0.5 + 3  # the drain, then the cut calls' grace at most
+        await asyncio.wait_for(served.wait_stopped(), 60)
+        # cut at the drain timeout, then stopped as soon as the cut calls had ended (not at the grace's end)
+        assert 0.5 <= clock.now() - started < 0.5 + CUT_GRACE_S / 2

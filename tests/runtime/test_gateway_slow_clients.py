@@ -41,7 +41,9 @@ async def test_a_non_streamed_answer_cut_after_its_head_breaks_the_connection_ne
         served.handler = cut_short
         waiting = asyncio.create_task(raw_exchange(served.port, post(chat_body("task"), b"w")))
         await eventually(lambda: len(served.received) == 1)
-        await asyncio.sleep(0.1)  # the answer's head and first bytes are passed on
+        # the answer's head and first bytes are passed on: the call no longer waits for its first byte
+        await eventually(lambda: served.rig.gateway.num_active_calls == 1
+                         and not served.rig.gateway.telemetry._awaiting_first_byte)
         await sigterm(served)
         answer = await asyncio.wait_for(waiting, 10)
         assert answer is not None and answer.status == 200 and answer.body == half

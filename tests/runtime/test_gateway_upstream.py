@@ -29,6 +29,7 @@ class Server:
         self.release_second_chunk = asyncio.Event()
         self.seen: list[tuple[str, str, dict[str, str], bytes]] = []
         self.gone = asyncio.Event()
+        self.slow_began = asyncio.Event()
 
     async def echo(self, request: web.Request) -> web.Response:
         body = await request.read()
@@ -45,6 +46,7 @@ class Server:
         return response
 
     async def slow(self, request: web.Request) -> web.Response:
+        self.slow_began.set()
         try:
             await asyncio.sleep(30)
         except asyncio.CancelledError:
@@ -155,7 +157,7 @@ async def test_refused_timeout_and_5xx_map_to_the_gateway_errors() -> None:
 async def test_cancelling_a_send_releases_the_connection() -> None:
     async with serving() as (server, client):
         task = asyncio.ensure_future(client.send("POST", "/slow", {}, b"{}"))
-        await asyncio.sleep(0.2)
+        await asyncio.wait_for(server.slow_began.wait(), 60)  # the request reached the upstream
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

@@ -7,7 +7,6 @@ its own per test; their listeners record what they apply.
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -17,6 +16,7 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from basin_runtime.clock import Clock, ManualClock
 from basin_runtime.policy import Admitted, PolicyConfig
 from basin_runtime.state.backend import StateUnavailableError
 from basin_runtime.state.leases import Coordinator
@@ -32,14 +32,15 @@ CONFIG = PolicyConfig(budget_tokens=100, always_engaged=True)
 
 
 @asynccontextmanager
-async def backends(server: RedisServer, count: int, *, lease_s: float = 5.0,
-                   on_reset: Callable[[RedisBackend, bool], None] | None = None) -> AsyncIterator[list[RedisBackend]]:
+async def backends(server: RedisServer, count: int, *, lease_s: float = 5.0, tail_block_ms: int = 50,
+                   on_reset: Callable[[RedisBackend, bool], None] | None = None,
+                   clock: Clock | None = None) -> AsyncIterator[list[RedisBackend]]:
     prefix = f"backend-{uuid.uuid4().hex[:10]}"
     made: list[RedisBackend] = []
     try:
         for k in range(count):
             backend = RedisBackend(server.url, CONFIG, replica_id=f"r{k + 1}", prefix=prefix, lease_s=lease_s,
-                                   tail_block_ms=50)
+                                   tail_block_ms=tail_block_ms, clock=clock)
             backend.applied = []  # type: ignore[attr-defined]
             backend.bind(backend.applied.append,  # type: ignore[attr-defined]
                          None if on_reset is None else (lambda lost, b=backend: on_reset(b, lost)))
@@ -51,27 +52,41 @@ async def backends(server: RedisServer, count: int, *, lease_s: float = 5.0,
             await backend.aclose()
 
 
-async def eventually(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+async def eventually(condition: Callable[[], bool], timeout_s: float = 60.0) -> None:
+    """Wait until `condition()` holds (the timeout only guards against a hang)."""
     async with asyncio.timeout(timeout_s):
         while not condition():
             await asyncio.sleep(0.002)
 
 
-async def test_a_step_on_one_replica_wakes_a_session_queued_on_another_within_50_ms(redis_server: RedisServer) -> None:
-    async with backends(redis_server, 2) as (a, b):
-        delays = []
+async def redis_window_closed(backend: RedisBackend) -> None:
+    """Until Redis's own clock (TIME) has passed the end of the registration window it keeps."""
+    until_us = int(await backend.client.hget(backend.keys.meta, "registering_until"))
+    async with asyncio.timeout(60.0):  # a guard against a hang only
+        while True:
+            seconds, micros = await backend.client.time()
+            if seconds * 1_000_000 + micros >= until_us:
+                return
+            await asyncio.sleep(0.01)
+
+
+async def test_a_step_on_one_replica_wakes_a_session_queued_on_another_as_the_step_is_appended(
+        redis_server: RedisServer) -> None:
+    # The tail's XREAD blocks for an hour: only the entry appended by b's step can end it, so a wake-up at all
+    # (before the hang guard) is pushed by that step, never a poll at the end of a block.
+    async with backends(redis_server, 2, tail_block_ms=3_600_000) as (a, b):
         for k in range(20):
             assert await b.step(Step("arrive", f"live{k}", (100, 10))) != []
             assert await a.step(Step("arrive", f"queued{k}", (100, 10))) == []  # the budget is b's session's
-            seen: list[float] = []
-            a.bind(lambda applied, s=seen, k=k: s.append(time.perf_counter()) if any(
+            woken_by: list[tuple[str, str | None, int]] = []
+            a.bind(lambda applied, w=woken_by, k=k: w.append((applied.step.kind, applied.step.session_id,
+                                                              a.replicated.n)) if any(
                 isinstance(e, Admitted) and e.session_id == f"queued{k}" for e in applied.events) else None)
-            started = time.perf_counter()
             await b.step(Step("finish", f"live{k}", ()))
-            await eventually(lambda s=seen: bool(s))
-            delays.append(seen[0] - started)
+            finished_n = b.replicated.n  # b's own entry, answered to b: its number in the stream
+            await eventually(lambda w=woken_by: bool(w))
+            assert woken_by == [("finish", f"live{k}", finished_n)]  # woken by applying b's finish, on a's tail
             await a.step(Step("finish", f"queued{k}", ()))
-        assert max(delays) < 0.05, f"woken after {[round(1000 * d, 1) for d in delays]} ms"
 
 
 async def test_a_batch_sent_again_after_its_answer_was_lost_applies_once(redis_server: RedisServer) -> None:
@@ -117,20 +132,25 @@ async def test_after_the_state_is_lost_registrations_come_before_any_arrival(red
             backend.submit(Step("adopt", "old", (100, 10)))
             registered["r1"] = True
 
-    async with backends(redis_server, 2, lease_s=1.0, on_reset=reregister) as (a, b):
+    clock = ManualClock()  # the registration window is kept on it: it closes only when the test moves it
+    async with backends(redis_server, 2, lease_s=1.0, on_reset=reregister, clock=clock) as (a, b):
         await a.step(Step("arrive", "old", (100, 10)))
         await eventually(lambda: b.replicated.n == 1)
         await a.client.delete(a.keys.meta, a.keys.stream, a.keys.snapshot)  # Redis lost everything
         b.request_resync("test: b notices first")
         await eventually(lambda: b.is_up)
+        opened_s = clock.now()  # b opened the window (one lease) at this time on the clock
         a.submit(Step("observe", "old", (11,)))  # a finds out on its next step
-        started = time.monotonic()
         arriving = asyncio.create_task(b.step(Step("arrive", "new", (100, 10))))  # held while registration runs
-        await asyncio.sleep(0.2)
-        assert not arriving.done()
+        await eventually(lambda: clock.next_deadline() == opened_s + 1.0)  # b's sender waits for the window's end
+        assert not arriving.done() and b.num_pending == 1  # the arrival is held here, not sent
         await eventually(lambda: a.is_up and registered.get("r1", False))
+        await eventually(lambda: b.policy.is_live("old"))  # the registration is sequenced while the window is open
+        assert not arriving.done() and b.num_pending == 1 and clock.now() == opened_s
+        await redis_window_closed(b)  # Redis keeps the window too (on its clock): an arrival sent earlier fails
+        await clock.drive(arriving)  # the window closes on b's clock: the arrival is sent
         assert await arriving == []  # queued behind the registered `old`: it was not admitted first
-        assert time.monotonic() - started >= 0.5
+        assert clock.now() >= opened_s + 1.0  # held until the window had closed
         assert b.policy.snapshot().live == ("old",) and b.policy.snapshot().queued == ("new",)
         assert a.num_dropped_steps == 1  # the observe made for the lost state: the adopt carries the size
         assert b.epoch == a.epoch
