@@ -32,6 +32,7 @@ from basin_pipeline.features import ModelParams, build_model
 from basin_pipeline.featurize import assign_folds
 from basin_pipeline.onnx_export import to_onnx
 from basin_pipeline.scoring import out_of_fold
+from basin_pipeline.trained import TrainedModel, TrainedModels
 from basin_runtime import predictor as runtime_predictor
 from basin_runtime.predictor import SCHEMA_VERSION, PeakPredictor
 from basin_runtime.session_table import write_sessions
@@ -141,8 +142,8 @@ def test_export_fails_when_the_served_predictor_builds_its_inputs_wrongly(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, wrong_feeds: type) -> None:
     params = ModelParams(alpha=0.3)
     model = build_model(params).fit(frame, frame["peak_prompt_tokens"].to_numpy())
-    record = {"params": params.to_dict(), "benchmarks": sorted(frame["benchmark"].unique()), "cv_spearman": {},
-              "cv_objective": 0.0}
+    record = TrainedModel(params=params, cv_objective=0.0, cv_spearman={}, best_trial=0, rows=len(frame),
+                          benchmarks=tuple(sorted(frame["benchmark"].unique())))
     table = {"quantiles": [0.5, 0.9], "all": [1.0, 2.0], "by_benchmark": {}}
     blob = export.export_one("pooled", record, model, frame, summary, 1e-4, table)  # the real runtime passes
     assert PeakPredictor.load(_write(tmp_path / "ok.onnx", blob)).info.metrics["parity_max_rel"] < 1e-4
@@ -153,7 +154,7 @@ def test_export_fails_when_the_served_predictor_builds_its_inputs_wrongly(
     train_dir, out = tmp_path / "train", tmp_path / "models"
     train_dir.mkdir()
     (train_dir / "pooled.pkl").write_bytes(pickle.dumps(model))
-    (train_dir / "best.json").write_text(json.dumps({"models": {"pooled": record}}))
+    TrainedModels({"pooled": record}).write(train_dir / "best.json")
     assert export.main(["--params", str(featurized / "params.yaml"), "--train-dir", str(train_dir),
                         "--frame", str(featurized / "f.parquet"), "--summary", str(featurized / "summary.json"),
                         "--out", str(out), "--publish-dir", str(tmp_path / "published")]) == 1
@@ -229,7 +230,8 @@ def test_whole_chain_is_deterministic_publishes_nothing_from_synthetic_data_and_
 
 
 def test_a_benchmark_with_fewer_tasks_than_folds_gets_no_model_of_its_own(caplog: pytest.LogCaptureFixture) -> None:
-    from basin_pipeline.train import POOLED, model_subsets
+    from basin_pipeline.train import model_subsets
+    from basin_pipeline.trained import POOLED
 
     frame = pd.DataFrame({"benchmark": ["big"] * 10 + ["rare"] * 3,
                           "task_id": [f"t{k}" for k in range(10)] + ["r0", "r0", "r1"],
