@@ -39,6 +39,7 @@ from sklearn.pipeline import Pipeline
 
 from basin_pipeline import tracking
 from basin_pipeline.features import LENGTH_INPUTS, MODEL_INPUTS, model_frame
+from basin_pipeline.featurize import FrameSummary
 from basin_pipeline.onnx_export import serialize, set_metadata, to_onnx
 from basin_pipeline.params import export_params, or_exit
 from basin_pipeline.reservations import shipping_multipliers
@@ -132,7 +133,7 @@ def check_parity(model: Pipeline, predictor: PeakPredictor, sessions: ParitySet,
     return float(relative[worst])
 
 
-def metadata(name: str, record: TrainedModel, summary: dict[str, Any], parity: float | None,
+def metadata(name: str, record: TrainedModel, summary: FrameSummary, parity: float | None,
              multipliers: dict[str, Any]) -> dict[str, str]:
     """The file's `basin.*` metadata; `parity` is None in the draft that the parity check loads."""
     metrics = {"cv_unseen_task_spearman": dict(record.cv_spearman), "cv_objective": record.cv_objective}
@@ -141,25 +142,25 @@ def metadata(name: str, record: TrainedModel, summary: dict[str, Any], parity: f
     return {
         "basin.schema_version": SCHEMA_VERSION,
         "basin.model_name": name,
-        "basin.tokenizer": summary["tokenizer"],
+        "basin.tokenizer": summary.tokenizer,
         "basin.inputs": json.dumps(list(MODEL_INPUTS)),
         "basin.features": json.dumps(["tfidf(task_text)", *([f"log1p({n})" for n in LENGTH_INPUTS]
                                                           if record.params.use_lengths else [])]),
         "basin.benchmarks": json.dumps(list(record.benchmarks)),
-        "basin.training_data_sha256": summary["training_data_sha256"],
-        "basin.synthetic": json.dumps(summary["synthetic"]),
+        "basin.training_data_sha256": summary.training_data_sha256,
+        "basin.synthetic": json.dumps(summary.synthetic),
         "basin.params": json.dumps(record.params.to_dict(), sort_keys=True),
         "basin.metrics": json.dumps(metrics, sort_keys=True),
         "basin.reservation_multipliers": json.dumps(multipliers, sort_keys=True),
     }
 
 
-def export_one(name: str, record: TrainedModel, model: Pipeline, frame: pd.DataFrame, summary: dict[str, Any],
+def export_one(name: str, record: TrainedModel, model: Pipeline, frame: pd.DataFrame, summary: FrameSummary,
                rtol: float, multipliers: dict[str, Any]) -> bytes:
     """One model as ONNX bytes, after the served predictor passed the parity check."""
     rows = frame if name == "pooled" else frame[frame["benchmark"] == name]
     proto = to_onnx(model, metadata(name, record, summary, None, multipliers))
-    parity = check_parity(model, load_served(proto, summary["tokenizer"]), parity_set(rows), rtol)
+    parity = check_parity(model, load_served(proto, summary.tokenizer), parity_set(rows), rtol)
     log.info("%s: served predictor matches scikit-learn within %.1e relative", name, parity)
     set_metadata(proto, metadata(name, record, summary, parity, multipliers))  # the graph checked is the graph shipped
     return serialize(proto)
@@ -184,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     except TrainedModelsError as exc:
         log.error("%s", exc)
         return 1
-    summary = json.loads(args.summary.read_text(encoding="utf-8"))
+    summary = FrameSummary.read(args.summary)
     frame = pd.read_parquet(args.frame)
     args.out.mkdir(parents=True, exist_ok=True)
     multipliers = shipping_multipliers(frame, best)
@@ -205,8 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         online = None if args.online_dir is None else args.online_dir / online_file_name(path).name
         if online is not None and online.exists():  # the online stage writes none for too few long sessions
             shutil.copyfile(online, online_file_name(path))
-    publish_models(written, args.publish_dir, publish=params.publish and not summary["synthetic"],
-             synthetic=summary["synthetic"], frame=frame, rtol=params.parity_rtol)
+    publish_models(written, args.publish_dir, publish=params.publish and not summary.synthetic,
+             synthetic=summary.synthetic, frame=frame, rtol=params.parity_rtol)
     _track(best, tracking.file_sha256(best_path), written, summary)
     return 0
 
@@ -277,7 +278,7 @@ def _online_difference(old: OnlineModel, fresh: OnlineModel, old_first: np.ndarr
     return float(np.max(np.abs(b - a) / np.maximum(np.abs(a), 1e-12)))
 
 
-def _track(best: TrainedModels, best_sha256: str, written: dict[str, Path], summary: dict[str, Any]) -> None:
+def _track(best: TrainedModels, best_sha256: str, written: dict[str, Path], summary: FrameSummary) -> None:
     """Log, register and alias the models in MLflow (a side channel: nothing reads it back), under the
     training run that wrote this best.json, or a run `export` of their own when the store has none."""
     tracking.configure()
@@ -288,7 +289,7 @@ def _track(best: TrainedModels, best_sha256: str, written: dict[str, Path], summ
         run_id = tracking.log_run("export", {}, {}, {tracking.BEST_SHA_TAG: best_sha256})
     for name, path in written.items():
         record = best[name]
-        tags = {"training_data_sha256": summary["training_data_sha256"], "synthetic": json.dumps(summary["synthetic"]),
+        tags = {"training_data_sha256": summary.training_data_sha256, "synthetic": json.dumps(summary.synthetic),
                 "params": json.dumps(record.params.to_dict(), sort_keys=True)}
         tags |= {f"cv_spearman/{b}": f"{v:.6f}" for b, v in record.cv_spearman.items() if v is not None}
         tracking.log_onnx_model(run_id, name, path, record.cv_objective, tags)

@@ -44,6 +44,7 @@ from sklearn.linear_model import Ridge
 
 from basin_pipeline import reservations
 from basin_pipeline.fast_cv import FoldFeaturizer
+from basin_pipeline.featurize import FrameSummary
 from basin_pipeline.metrics_files import numbers_only, write_metrics
 from basin_pipeline.nested import assign
 from basin_pipeline.params import online_params, or_exit
@@ -236,7 +237,7 @@ def graph(weights: np.ndarray, intercepts: np.ndarray, metadata: dict[str, str])
 MIN_SESSIONS = 10  # a slot with fewer sessions reaching its call reuses the slot before it
 
 
-def ship(name: str, rows: pd.DataFrame, record: TrainedModel, first: np.ndarray, summary: dict[str, Any],
+def ship(name: str, rows: pd.DataFrame, record: TrainedModel, first: np.ndarray, summary: FrameSummary,
          calls: dict[str, tuple[list[int], list[int]]], out: Path, rtol: float) -> dict[str, Any] | None:
     """Fit every slot on all of the file's rows, write `<stem>.online.onnx` after a parity check; its choices.
 
@@ -270,7 +271,7 @@ def ship(name: str, rows: pd.DataFrame, record: TrainedModel, first: np.ndarray,
         "basin.online_schema_version": ONLINE_SCHEMA_VERSION, "basin.model_name": name,
         "basin.benchmarks": json.dumps(list(record.benchmarks)), "basin.features": json.dumps(list(FEATURES)),
         "basin.slots": json.dumps(list(SLOTS)),
-        "basin.first_call_training_data_sha256": summary["training_data_sha256"],
+        "basin.first_call_training_data_sha256": summary.training_data_sha256,
         "basin.first_call_params": json.dumps(record.params.to_dict(), sort_keys=True),
         "basin.online_multipliers": json.dumps({"quantiles": list(grid), "by_slot": by_slot}, sort_keys=True),
         "basin.metrics": json.dumps({"chosen": chosen}, sort_keys=True),
@@ -325,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     except TrainedModelsError as exc:
         log.error("%s", exc)
         return 1
-    summary = json.loads(args.summary.read_text(encoding="utf-8"))
+    summary = FrameSummary.read(args.summary)
     args.out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"protocol": "unseen-task, nested: " + _protocol(params), "by_benchmark": {},
                               "shipped": {}}

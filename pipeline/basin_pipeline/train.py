@@ -13,7 +13,6 @@ study's `model`, drawn one series per study (--trials, the `trials` plot templat
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import pickle
 import sys
@@ -28,6 +27,7 @@ from tqdm import tqdm
 
 from basin_pipeline import tracking
 from basin_pipeline.features import build_model
+from basin_pipeline.featurize import FrameSummary
 from basin_pipeline.metrics_files import SIGNIFICANT_DIGITS, write_metrics
 from basin_pipeline.params import TrainParams, or_exit, train_params
 from basin_pipeline.trained import FILE_NAME, POOLED, TrainedModel, TrainedModels
@@ -101,14 +101,14 @@ def main(argv: list[str] | None = None) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     params = or_exit(train_params, args.params, parser.prog)
     frame = pd.read_parquet(args.frame)
-    summary = json.loads(args.summary.read_text(encoding="utf-8"))
+    summary = FrameSummary.read(args.summary)
     args.out.mkdir(parents=True, exist_ok=True)
     storage = f"sqlite:///{(args.out / 'optuna.db').resolve()}"
     tracking.configure()
     models: dict[str, TrainedModel] = {}
     history: list[dict[str, Any]] = []
     run_params = {"seed": params.seed, "n_trials": params.n_trials, "rows": len(frame),
-                  "training_data_sha256": summary["training_data_sha256"], "synthetic": summary["synthetic"]}
+                  "training_data_sha256": summary.training_data_sha256, "synthetic": summary.synthetic}
     with tracking.parent_run("train", run_params) as run_id:
         for name, subset in model_subsets(frame).items():
             trained = train_one(name, subset.reset_index(drop=True), params, storage, args.resume)

@@ -1,4 +1,5 @@
-"""best.json through `TrainedModels`: the committed file round-trips byte for byte; a bad file is named."""
+"""best.json through `TrainedModels` and summary.json through `FrameSummary`: the committed files round-trip byte
+for byte; a bad file is named."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from basin_pipeline.features import ModelParams
+from basin_pipeline.featurize import FrameSummary
 from basin_pipeline.trained import POOLED, TrainedModels, TrainedModelsError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,3 +65,16 @@ def _write(folder: Path, models: dict[str, object]) -> Path:
     path = folder / "best.json"
     path.write_text(json.dumps({"models": models}))
     return path
+
+
+def test_the_committed_frame_summary_reads_and_writes_back_the_same_bytes(tmp_path: Path) -> None:
+    committed = ROOT / "data" / "features" / "summary.json"
+    if not committed.exists():
+        pytest.skip("data/features/summary.json is not checked out (dvc pull)")
+    summary = FrameSummary.read(committed)
+    assert summary.rows == sum(summary.benchmarks.values())
+    summary.write(tmp_path / "summary.json")
+    assert (tmp_path / "summary.json").read_bytes() == committed.read_bytes()
+    (tmp_path / "bad.json").write_text(json.dumps({"rows": 1}))
+    with pytest.raises(ValueError, match=re.escape(f"{tmp_path / 'bad.json'}: missing key")):
+        FrameSummary.read(tmp_path / "bad.json")

@@ -29,7 +29,7 @@ from basin_pipeline.export import (
 )
 from basin_pipeline.fast_cv import FoldFeaturizer
 from basin_pipeline.features import ModelParams, build_model
-from basin_pipeline.featurize import assign_folds
+from basin_pipeline.featurize import FrameSummary, assign_folds
 from basin_pipeline.onnx_export import to_onnx
 from basin_pipeline.scoring import out_of_fold
 from basin_pipeline.trained import TrainedModel, TrainedModels
@@ -65,9 +65,8 @@ def frame(featurized: Path) -> pd.DataFrame:
 
 
 @pytest.fixture(scope="module")
-def summary(featurized: Path) -> dict[str, Any]:
-    result: dict[str, Any] = json.loads((featurized / "summary.json").read_text())
-    return result
+def summary(featurized: Path) -> FrameSummary:
+    return FrameSummary.read(featurized / "summary.json")
 
 
 def _served(model: Pipeline) -> PeakPredictor:
@@ -138,7 +137,7 @@ class _CharsInBytes(ort.InferenceSession):
 
 @pytest.mark.parametrize("wrong_feeds", [_SwappedLengths, _CharsInBytes])
 def test_export_fails_when_the_served_predictor_builds_its_inputs_wrongly(
-        featurized: Path, frame: pd.DataFrame, summary: dict[str, Any], tmp_path: Path,
+        featurized: Path, frame: pd.DataFrame, summary: FrameSummary, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, wrong_feeds: type) -> None:
     params = ModelParams(alpha=0.3)
     model = build_model(params).fit(frame, frame["peak_prompt_tokens"].to_numpy())
