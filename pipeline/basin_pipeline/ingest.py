@@ -14,6 +14,7 @@ import argparse
 import json
 import logging
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from basin_pipeline.adapters import format_names
@@ -77,19 +78,29 @@ def _synthetic(params: IngestParams) -> IngestResult:
     return IngestResult(sessions=list(sessions))
 
 
-def _finish(result: IngestResult, args: argparse.Namespace, max_reject_fraction: float, synthetic: bool) -> int:
-    rejects_path = args.rejects or args.out.with_suffix(".rejects.jsonl")
+@dataclass(frozen=True)
+class Outputs:
+    """Where ingest writes: the session table, its rejects, and the data report (and its JSON) if asked."""
+
+    sessions: Path
+    rejects: Path
+    report: Path | None
+    metrics: Path | None
+
+
+def _finish(result: IngestResult, outputs: Outputs, max_reject_fraction: float, synthetic: bool) -> int:
+    rejects_path = outputs.rejects
     _write_rejects(rejects_path, result.rejects)
-    if args.report:
-        write_report(build_report(result.sessions, len(result.rejects), synthetic), result.sessions, args.report,
-                     args.metrics)
+    if outputs.report:
+        write_report(build_report(result.sessions, len(result.rejects), synthetic), result.sessions, outputs.report,
+                     outputs.metrics)
     for reject in result.rejects[:10]:
         log.warning("rejected %s:%d: %s", reject.file, reject.line, reject.reason)
     if not result.sessions:
         log.error("no session could be read; %d rejects listed in %s", len(result.rejects), rejects_path)
         return 1
-    write_sessions(args.out, result.sessions)
-    log.info("wrote %d sessions to %s (%d rejects in %s)", len(result.sessions), args.out,
+    write_sessions(outputs.sessions, result.sessions)
+    log.info("wrote %d sessions to %s (%d rejects in %s)", len(result.sessions), outputs.sessions,
              len(result.rejects), rejects_path)
     if result.reject_fraction > max_reject_fraction:
         log.error("%.1f%% of inputs were rejected, more than the allowed %.1f%%: see %s",
@@ -101,13 +112,14 @@ def _finish(result: IngestResult, args: argparse.Namespace, max_reject_fraction:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     configure_logging()
+    outputs = Outputs(args.out, args.rejects or args.out.with_suffix(".rejects.jsonl"), args.report, args.metrics)
     if args.params:
         if not args.manifest:
             _parser().error("--params needs --manifest (the `sources` stage's output)")
         params = or_exit(ingest_params, args.params, "python -m basin_pipeline.ingest")
         corpora = _stage_corpora(params, args.manifest, args.params)
         if not corpora:
-            return _finish(_synthetic(params), args, params.max_reject_fraction, synthetic=True)
+            return _finish(_synthetic(params), outputs, params.max_reject_fraction, synthetic=True)
         tokenizer, rule, max_reject = params.tokenizer, TaskTextRule(params.task_text_pattern), \
             params.max_reject_fraction
     else:
@@ -120,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as exc:
         log.error("%s", exc)
         return 2
-    return _finish(result, args, max_reject, synthetic=False)
+    return _finish(result, outputs, max_reject, synthetic=False)
 
 
 if __name__ == "__main__":

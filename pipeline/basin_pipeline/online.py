@@ -44,12 +44,12 @@ from sklearn.linear_model import Ridge
 
 from basin_pipeline import reservations
 from basin_pipeline.fast_cv import FoldFeaturizer
-from basin_pipeline.features import ModelParams
+from basin_pipeline.featurize import FrameSummary
 from basin_pipeline.metrics_files import numbers_only, write_metrics
 from basin_pipeline.nested import assign
 from basin_pipeline.params import online_params, or_exit
 from basin_pipeline.scoring import spearman
-from basin_pipeline.train import POOLED
+from basin_pipeline.trained import POOLED, TrainedModel, TrainedModels, TrainedModelsError
 from basin_runtime.logs import configure_logging
 from basin_runtime.online import (
     FEATURES,
@@ -197,9 +197,9 @@ def _fold_reservations(part: Slice, train: np.ndarray, test: np.ndarray, inner: 
             "first_call": reservations.cover(true_test, np.maximum(m_first * part.first_call[test], context))}
 
 
-def first_call_out_of_fold(rows: pd.DataFrame, record: dict[str, Any]) -> np.ndarray:
+def first_call_out_of_fold(rows: pd.DataFrame, record: TrainedModel) -> np.ndarray:
     """The shipped knobs' out-of-fold first-call predictions (train's task-grouped folds)."""
-    params = ModelParams(**record["params"])
+    params = record.params
     return FoldFeaturizer(rows, [params.ngram_max]).out_of_fold(params, rows["fold_unseen"].to_numpy())
 
 
@@ -237,7 +237,7 @@ def graph(weights: np.ndarray, intercepts: np.ndarray, metadata: dict[str, str])
 MIN_SESSIONS = 10  # a slot with fewer sessions reaching its call reuses the slot before it
 
 
-def ship(name: str, rows: pd.DataFrame, record: dict[str, Any], first: np.ndarray, summary: dict[str, Any],
+def ship(name: str, rows: pd.DataFrame, record: TrainedModel, first: np.ndarray, summary: FrameSummary,
          calls: dict[str, tuple[list[int], list[int]]], out: Path, rtol: float) -> dict[str, Any] | None:
     """Fit every slot on all of the file's rows, write `<stem>.online.onnx` after a parity check; its choices.
 
@@ -269,10 +269,10 @@ def ship(name: str, rows: pd.DataFrame, record: dict[str, Any], first: np.ndarra
                           "sessions": len(part.rows)}
     metadata = {
         "basin.online_schema_version": ONLINE_SCHEMA_VERSION, "basin.model_name": name,
-        "basin.benchmarks": json.dumps(record["benchmarks"]), "basin.features": json.dumps(list(FEATURES)),
+        "basin.benchmarks": json.dumps(list(record.benchmarks)), "basin.features": json.dumps(list(FEATURES)),
         "basin.slots": json.dumps(list(SLOTS)),
-        "basin.first_call_training_data_sha256": summary["training_data_sha256"],
-        "basin.first_call_params": json.dumps(record["params"], sort_keys=True),
+        "basin.first_call_training_data_sha256": summary.training_data_sha256,
+        "basin.first_call_params": json.dumps(record.params.to_dict(), sort_keys=True),
         "basin.online_multipliers": json.dumps({"quantiles": list(grid), "by_slot": by_slot}, sort_keys=True),
         "basin.metrics": json.dumps({"chosen": chosen}, sort_keys=True),
     }
@@ -321,8 +321,12 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     frame = pd.read_parquet(args.frame)
     calls = history(read_table(args.sessions).select(["session_id", "calls"]).to_pandas())
-    best = json.loads(args.best.read_text(encoding="utf-8"))["models"]
-    summary = json.loads(args.summary.read_text(encoding="utf-8"))
+    try:
+        best = TrainedModels.read(args.best)
+    except TrainedModelsError as exc:
+        log.error("%s", exc)
+        return 1
+    summary = FrameSummary.read(args.summary)
     args.out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"protocol": "unseen-task, nested: " + _protocol(params), "by_benchmark": {},
                               "shipped": {}}

@@ -19,20 +19,19 @@ Rules:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from basin_pipeline.fast_cv import FoldFeaturizer
-from basin_pipeline.features import ModelParams
+from basin_pipeline.trained import POOLED, TrainedModel, TrainedModels
 
 QUANTILES = (0.8, 0.9, 0.95)
 # the grid each shipped model carries; the runtime interpolates between its points
 SHIPPED_QUANTILES = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.99)
 MIN_PREDICTED_TOKENS = 1.0
-POOLED = "pooled"
 
 
 def quantile(values: np.ndarray, q: float) -> float:
@@ -91,12 +90,12 @@ def aggregate(folds: list[dict[str, Any]], qs: Sequence[float] = QUANTILES) -> d
     return out
 
 
-def shipping_multipliers(frame: pd.DataFrame, chosen: Mapping[str, Mapping[str, Any]],
+def shipping_multipliers(frame: pd.DataFrame, chosen: TrainedModels,
                          qs: Sequence[float] = SHIPPED_QUANTILES, folds_column: str = "fold_unseen",
                          ) -> dict[str, dict[str, Any]]:
-    """The `basin.reservation_multipliers` table of each shipped model (`chosen`: best.json's `models`,
-    name -> record with `params` and `benchmarks`): m(q) on the grid `qs` from the model's out-of-fold
-    predictions over its own rows (train's task-grouped folds), per benchmark and over all its rows.
+    """The `basin.reservation_multipliers` table of each shipped model (`chosen`: train's best.json): m(q)
+    on the grid `qs` from the model's out-of-fold predictions over its own rows (train's task-grouped
+    folds), per benchmark and over all its rows.
 
     Shape: {name: {"quantiles": [q...], "by_benchmark": {benchmark: [m...]}, "all": [m...]}}.
     """
@@ -119,6 +118,6 @@ def _grid(true: np.ndarray, predicted: np.ndarray, at: np.ndarray, qs: Sequence[
     return [round(m[str(q)], 6) for q in qs]
 
 
-def _out_of_fold(rows: pd.DataFrame, record: Mapping[str, Any], folds_column: str) -> np.ndarray:
-    params = ModelParams(**record["params"])
+def _out_of_fold(rows: pd.DataFrame, record: TrainedModel, folds_column: str) -> np.ndarray:
+    params = record.params
     return FoldFeaturizer(rows, [params.ngram_max]).out_of_fold(params, rows[folds_column].to_numpy())

@@ -13,26 +13,28 @@ study's `model`, drawn one series per study (--trials, the `trials` plot templat
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import pickle
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import optuna
 import pandas as pd
+from sklearn.pipeline import Pipeline
 from tqdm import tqdm
 
 from basin_pipeline import tracking
 from basin_pipeline.features import build_model
+from basin_pipeline.featurize import FrameSummary
 from basin_pipeline.metrics_files import SIGNIFICANT_DIGITS, write_metrics
 from basin_pipeline.params import TrainParams, or_exit, train_params
+from basin_pipeline.trained import FILE_NAME, POOLED, TrainedModel, TrainedModels
 from basin_pipeline.tuning import TrialResult, best_params, run_study
 from basin_runtime.logs import configure_logging
 
 log = logging.getLogger(__name__)
-POOLED = "pooled"
 
 
 def model_subsets(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
@@ -51,8 +53,17 @@ def model_subsets(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
     return subsets
 
 
-def train_one(name: str, frame: pd.DataFrame, params: TrainParams, storage: str, resume: bool) -> dict[str, Any]:
-    """Tune and fit one model; returns its record for best.json (the fitted pipeline under `model`)."""
+@dataclass(frozen=True)
+class Trained:
+    """One model's study outcome: its best.json record, the fitted pipeline and the trial history."""
+
+    record: TrainedModel
+    model: Pipeline
+    trials: list[tuple[int, float]]
+
+
+def train_one(name: str, frame: pd.DataFrame, params: TrainParams, storage: str, resume: bool) -> Trained:
+    """Tune and fit one model: its record for best.json, the fitted pipeline and its trials."""
     bar = tqdm(total=params.n_trials, desc=f"train {name}", unit=" trials", mininterval=1.0)
     best_so_far = [float("-inf")]
 
@@ -70,10 +81,10 @@ def train_one(name: str, frame: pd.DataFrame, params: TrainParams, storage: str,
     chosen = best_params(study, params.search)
     model = build_model(chosen).fit(frame, frame["peak_prompt_tokens"].to_numpy())
     spearman = {k.removeprefix("spearman/"): v for k, v in study.best_trial.user_attrs.items()}
-    return {"params": chosen.to_dict(), "cv_objective": study.best_value, "cv_spearman": spearman,
-            "best_trial": study.best_trial.number, "rows": len(frame),
-            "benchmarks": sorted(str(b) for b in frame["benchmark"].unique()), "model": model,
-            "trials": [(t.number, t.value) for t in study.trials if t.value is not None]}
+    record = TrainedModel(params=chosen, cv_objective=study.best_value, cv_spearman=spearman,
+                          best_trial=study.best_trial.number, rows=len(frame),
+                          benchmarks=tuple(sorted(str(b) for b in frame["benchmark"].unique())))
+    return Trained(record, model, [(t.number, t.value) for t in study.trials if t.value is not None])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,25 +101,27 @@ def main(argv: list[str] | None = None) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     params = or_exit(train_params, args.params, parser.prog)
     frame = pd.read_parquet(args.frame)
-    summary = json.loads(args.summary.read_text(encoding="utf-8"))
+    summary = FrameSummary.read(args.summary)
     args.out.mkdir(parents=True, exist_ok=True)
     storage = f"sqlite:///{(args.out / 'optuna.db').resolve()}"
     tracking.configure()
-    best: dict[str, Any] = {}
+    models: dict[str, TrainedModel] = {}
     history: list[dict[str, Any]] = []
     run_params = {"seed": params.seed, "n_trials": params.n_trials, "rows": len(frame),
-                  "training_data_sha256": summary["training_data_sha256"], "synthetic": summary["synthetic"]}
+                  "training_data_sha256": summary.training_data_sha256, "synthetic": summary.synthetic}
     with tracking.parent_run("train", run_params) as run_id:
         for name, subset in model_subsets(frame).items():
-            record = train_one(name, subset.reset_index(drop=True), params, storage, args.resume)
+            trained = train_one(name, subset.reset_index(drop=True), params, storage, args.resume)
             with (args.out / f"{name}.pkl").open("wb") as handle:
-                pickle.dump(stable_for_pickle(record.pop("model")), handle)
-            history += [{"model": name, "trial": n, "objective": v} for n, v in record.pop("trials")]
-            best[name] = record
-            log.info("%s: unseen-task Spearman %.3f with %s", name, record["cv_objective"], record["params"])
+                pickle.dump(stable_for_pickle(trained.model), handle)
+            history += [{"model": name, "trial": n, "objective": v} for n, v in trained.trials]
+            models[name] = trained.record
+            log.info("%s: unseen-task Spearman %.3f with %s", name, trained.record.cv_objective,
+                     trained.record.params.to_dict())
+        best = TrainedModels(models)
         tracking.log_metrics(parent_metrics(best))
-        best_path = args.out / "best.json"
-        best_path.write_text(json.dumps({"models": best}, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        best_path = args.out / FILE_NAME
+        best.write(best_path)
         tracking.set_tag(tracking.BEST_SHA_TAG, tracking.file_sha256(best_path))
         log.info("MLflow training run %s", run_id)
     args.trials.parent.mkdir(parents=True, exist_ok=True)
@@ -139,16 +152,16 @@ def stable_for_pickle(model: Any) -> Any:
     return model
 
 
-def parent_metrics(best: dict[str, Any]) -> dict[str, Any]:
+def parent_metrics(best: TrainedModels) -> dict[str, Any]:
     """The training run's metrics: per model its CV objective and its per-benchmark CV Spearman."""
-    return {"cv_objective": {name: r["cv_objective"] for name, r in best.items()},
-            "cv_spearman": {name: r["cv_spearman"] for name, r in best.items()}}
+    return {"cv_objective": {name: r.cv_objective for name, r in best.items()},
+            "cv_spearman": {name: dict(r.cv_spearman) for name, r in best.items()}}
 
 
-def train_metrics(best: dict[str, Any]) -> dict[str, Any]:
+def train_metrics(best: TrainedModels) -> dict[str, Any]:
     """The chosen configuration of each model: its CV objective (unseen-task Spearman) and study size."""
-    return {name: {"cv_objective": r["cv_objective"], "best_trial": r["best_trial"],
-                   "rows": r["rows"]} for name, r in best.items()}
+    return {name: {"cv_objective": r.cv_objective, "best_trial": r.best_trial,
+                   "rows": r.rows} for name, r in best.items()}
 
 
 if __name__ == "__main__":

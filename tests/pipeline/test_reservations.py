@@ -11,6 +11,7 @@ from basin_pipeline import nested, reservations
 from basin_pipeline.fast_cv import FoldFeaturizer
 from basin_pipeline.features import ModelParams, build_model
 from basin_pipeline.params import NestedParams
+from basin_pipeline.trained import TrainedModel, TrainedModels
 from tests.pipeline.test_nested import SPACE, Recording, synthetic
 
 QS = ("0.8", "0.9", "0.95")
@@ -110,7 +111,7 @@ def test_shipping_multipliers_are_each_files_own_out_of_fold_ratios_per_benchmar
     own = synthetic(1, 60, signal=True).assign(fold_unseen=lambda f: np.arange(len(f)) % 5)
     other = synthetic(2, 30, signal=True).assign(benchmark="c", fold_unseen=lambda f: np.arange(len(f)) % 5)
     frame = pd.concat([own, other], ignore_index=True)
-    chosen = {"pooled": {"params": ModelParams(alpha=3.0).to_dict()}, "b": {"params": ModelParams(alpha=0.1).to_dict()}}
+    chosen = TrainedModels({"pooled": _trained(ModelParams(alpha=3.0)), "b": _trained(ModelParams(alpha=0.1))})
     got = reservations.shipping_multipliers(frame, chosen)
     grid = reservations.SHIPPED_QUANTILES
     b_oof = FoldFeaturizer(own, [1]).out_of_fold(ModelParams(alpha=0.1), own["fold_unseen"].to_numpy())
@@ -145,3 +146,8 @@ def test_report_carries_reservations_per_benchmark_beside_the_protocol() -> None
     assert any("reservations" in k for k in result["notes"])
     assert "own_model" in result["seen_task"]["b"]
     assert not any("reservations" in k for k in result["seen_task"]["b"])
+
+
+def _trained(params: ModelParams) -> TrainedModel:
+    """A best.json record of which shipping_multipliers reads only the knobs."""
+    return TrainedModel(params=params, cv_objective=0.0, cv_spearman={}, best_trial=0, rows=0, benchmarks=())

@@ -29,9 +29,10 @@ from basin_pipeline.export import (
 )
 from basin_pipeline.fast_cv import FoldFeaturizer
 from basin_pipeline.features import ModelParams, build_model
-from basin_pipeline.featurize import assign_folds
+from basin_pipeline.featurize import FrameSummary, assign_folds
 from basin_pipeline.onnx_export import to_onnx
 from basin_pipeline.scoring import out_of_fold
+from basin_pipeline.trained import TrainedModel, TrainedModels
 from basin_runtime import predictor as runtime_predictor
 from basin_runtime.predictor import SCHEMA_VERSION, PeakPredictor
 from basin_runtime.session_table import write_sessions
@@ -64,9 +65,8 @@ def frame(featurized: Path) -> pd.DataFrame:
 
 
 @pytest.fixture(scope="module")
-def summary(featurized: Path) -> dict[str, Any]:
-    result: dict[str, Any] = json.loads((featurized / "summary.json").read_text())
-    return result
+def summary(featurized: Path) -> FrameSummary:
+    return FrameSummary.read(featurized / "summary.json")
 
 
 def _served(model: Pipeline) -> PeakPredictor:
@@ -137,12 +137,12 @@ class _CharsInBytes(ort.InferenceSession):
 
 @pytest.mark.parametrize("wrong_feeds", [_SwappedLengths, _CharsInBytes])
 def test_export_fails_when_the_served_predictor_builds_its_inputs_wrongly(
-        featurized: Path, frame: pd.DataFrame, summary: dict[str, Any], tmp_path: Path,
+        featurized: Path, frame: pd.DataFrame, summary: FrameSummary, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, wrong_feeds: type) -> None:
     params = ModelParams(alpha=0.3)
     model = build_model(params).fit(frame, frame["peak_prompt_tokens"].to_numpy())
-    record = {"params": params.to_dict(), "benchmarks": sorted(frame["benchmark"].unique()), "cv_spearman": {},
-              "cv_objective": 0.0}
+    record = TrainedModel(params=params, cv_objective=0.0, cv_spearman={}, best_trial=0, rows=len(frame),
+                          benchmarks=tuple(sorted(frame["benchmark"].unique())))
     table = {"quantiles": [0.5, 0.9], "all": [1.0, 2.0], "by_benchmark": {}}
     blob = export.export_one("pooled", record, model, frame, summary, 1e-4, table)  # the real runtime passes
     assert PeakPredictor.load(_write(tmp_path / "ok.onnx", blob)).info.metrics["parity_max_rel"] < 1e-4
@@ -153,7 +153,7 @@ def test_export_fails_when_the_served_predictor_builds_its_inputs_wrongly(
     train_dir, out = tmp_path / "train", tmp_path / "models"
     train_dir.mkdir()
     (train_dir / "pooled.pkl").write_bytes(pickle.dumps(model))
-    (train_dir / "best.json").write_text(json.dumps({"models": {"pooled": record}}))
+    TrainedModels({"pooled": record}).write(train_dir / "best.json")
     assert export.main(["--params", str(featurized / "params.yaml"), "--train-dir", str(train_dir),
                         "--frame", str(featurized / "f.parquet"), "--summary", str(featurized / "summary.json"),
                         "--out", str(out), "--publish-dir", str(tmp_path / "published")]) == 1
@@ -229,7 +229,8 @@ def test_whole_chain_is_deterministic_publishes_nothing_from_synthetic_data_and_
 
 
 def test_a_benchmark_with_fewer_tasks_than_folds_gets_no_model_of_its_own(caplog: pytest.LogCaptureFixture) -> None:
-    from basin_pipeline.train import POOLED, model_subsets
+    from basin_pipeline.train import model_subsets
+    from basin_pipeline.trained import POOLED
 
     frame = pd.DataFrame({"benchmark": ["big"] * 10 + ["rare"] * 3,
                           "task_id": [f"t{k}" for k in range(10)] + ["r0", "r0", "r1"],

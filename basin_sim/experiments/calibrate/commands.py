@@ -20,14 +20,13 @@ import json
 import logging
 import statistics
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 from basin_runtime.model_files import file_sha256
 from basin_runtime.session_table import Session
 from basin_sim import catalog
 from basin_sim.experiments.calibrate.fluid import fixed_points, risk_test
-from basin_sim.experiments.calibrate.knee_ramp import RAMP_FRACTIONS, RAMP_STEP_S, knee_calibration_record
+from basin_sim.experiments.calibrate.knee_ramp import RAMP_FRACTIONS, knee_calibration_record
 from basin_sim.experiments.calibrate.ramp import (
     DECODE_FULL_SHARE,
     QUEUED_PER_DECODE,
@@ -35,11 +34,18 @@ from basin_sim.experiments.calibrate.ramp import (
     ramp_limits,
 )
 from basin_sim.experiments.calibrate.rates import (
-    DEFAULT_RATES_FILE,
     RateCache,
     measure_overload_rate,
     overload_rate_for,
     settings_for,
+)
+from basin_sim.experiments.calibrate.setups import (
+    LIMIT_RAMP_FRACTIONS,
+    CalibrateSetup,
+    KneeSetup,
+    RampSetup,
+    WorkloadSource,
+    add_setup_flags,
 )
 from basin_sim.experiments.calibrate.sweep import (
     RampRun,
@@ -50,34 +56,21 @@ from basin_sim.experiments.calibrate.sweep import (
     swept_records,
     with_tool_time_scale,
 )
-from basin_sim.experiments.executors import add_executor_options
-from basin_sim.experiments.flags import add_flags
+from basin_sim.experiments.flags import from_flags
 from basin_sim.experiments.predictions import load_predictor
-from basin_sim.experiments.run_setup import Inputs, Workload, reserving_for
+from basin_sim.experiments.run_setup import Workload, reserving_for
 from basin_sim.profile import Deployment
 from basin_sim.workload.pool import load_pool
 from basin_sim.workload.scenarios import Scenario
 
 log = logging.getLogger(__name__)
 
-# The limits ramp (`ramp`) goes on past the overload rate, where some limit must bind: at 1x most
-# 30-minute trials already overload (calibrate/overload.py), so 1.5x and 2x leave no deployment whose
-# limits all hold unless neither memory is what overloads it (then `none` is the answer). Steps of
-# 0.05x from 0.8x to 1x: the shipped deployments go from plateau to collapse within 0.2x there, and
-# which limit comes first is decided inside that span.
-LIMIT_RAMP_FRACTIONS = (0.2, 0.4, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0, 1.1, 1.2, 1.5, 2.0)
 
-
-def _workload(args: argparse.Namespace) -> Workload:
+def _workload(source: WorkloadSource) -> Workload:
     """The scenario (--tool-time-scale) and its workload pool."""
-    scenario = with_tool_time_scale(catalog.load_scenario(args.scenario), getattr(args, "tool_time_scale", None))
-    base, _ = load_pool(args.sessions, args.synthetic)
+    scenario = with_tool_time_scale(catalog.load_scenario(source.scenario), source.tool_time_scale)
+    base, _ = load_pool(source.sessions, source.synthetic)
     return Workload.of(scenario, base)
-
-
-def _deployment(args: argparse.Namespace) -> Deployment:
-    """The --deployment, with --cache if given."""
-    return catalog.load_deployment(args.deployment).build(getattr(args, "cache", None))
 
 
 def simulated_ramp(deployment: Deployment, pool: list[Session], scenario: Scenario, rates: RateCache,
@@ -89,42 +82,46 @@ def simulated_ramp(deployment: Deployment, pool: list[Session], scenario: Scenar
     return ramp_at(deployment, pool, rate, source, fractions, step_s, seed, reservations)
 
 
-def _swept(args: argparse.Namespace, default_fractions: tuple[float, ...], record: RecordFn) -> list[dict[str, Any]]:
+def _swept(setup: RampSetup, command: str, default_fractions: tuple[float, ...],
+           record: RecordFn) -> list[dict[str, Any]]:
     """`record` of each --deployment's ramp (risk, ramp), run on --executor."""
-    deployments = tuple(catalog.load_deployment(name).build(args.cache) for name in args.deployment)
-    workload = _workload(args)
-    fractions = default_fractions if args.fractions is None else tuple(args.fractions)
-    sweep = Sweep(deployments, workload.scenario, workload.pool, fractions, args.step_s, args.seed, args.command)
-    return swept_records(sweep, RateCache(args.rates_file), record, args.executor, args.jobs, not args.quiet)
+    steps = setup.steps
+    deployments = tuple(catalog.load_deployment(name).build(steps.cache) for name in setup.deployment)
+    workload = _workload(setup.source)
+    fractions = default_fractions if setup.fractions is None else setup.fractions
+    sweep = Sweep(deployments, workload.scenario, workload.pool, fractions, steps.step_s, steps.seed, command)
+    return swept_records(sweep, RateCache(setup.source.rates_file), record, setup.executor, setup.jobs,
+                         not setup.source.quiet)
 
 
-def _ramp(args: argparse.Namespace, default_fractions: tuple[float, ...] = RAMP_FRACTIONS) -> RampRun:
-    workload = _workload(args)
+def _knee_ramp(setup: KneeSetup) -> RampRun:
+    """The knee ramp at RAMP_FRACTIONS, reserving the predictor's first-call reservations (none without one)."""
+    workload = _workload(setup.source)
     reservations = None
-    if getattr(args, "model", None) is not None:
-        inputs = Inputs(predictions=args.predictions, out_of_fold=args.out_of_fold)
-        told = reserving_for(load_predictor(args.model), workload.pool, workload.token_scale, inputs,
-                             args.reservation_quantile)
-        reservations = told.reserved(args.reservation_scale)
-    fractions = default_fractions if getattr(args, "fractions", None) is None else tuple(args.fractions)
-    return simulated_ramp(_deployment(args), list(workload.pool), workload.scenario, RateCache(args.rates_file),
-                          fractions, args.step_s, args.seed, reservations)
+    if setup.model is not None:
+        inputs = setup.inputs
+        told = reserving_for(load_predictor(setup.model), workload.pool, workload.token_scale, inputs,
+                             inputs.reservation_quantile)
+        reservations = told.reserved(setup.reservation_scale)
+    deployment = catalog.load_deployment(setup.deployment).build(setup.steps.cache)
+    return simulated_ramp(deployment, list(workload.pool), workload.scenario, RateCache(setup.source.rates_file),
+                          RAMP_FRACTIONS, setup.steps.step_s, setup.steps.seed, reservations)
 
 
-def calibrate_main(args: argparse.Namespace) -> int:
+def calibrate(setup: CalibrateSetup) -> int:
     """Measure the overload rate of a deployment's shape (GPU cache) on a scenario's workload; cache it."""
-    deployment, workload = _deployment(args), _workload(args)
+    deployment, workload = catalog.load_deployment(setup.deployment).build(None), _workload(setup.source)
     scenario, pool = workload.scenario, list(workload.pool)
-    settings = dataclasses.replace(settings_for(scenario.workload), seeds=tuple(range(1, args.seeds + 1)),
-                                   min_overloaded=args.min_overloaded)
-    if args.horizon_s is not None:
-        settings = dataclasses.replace(settings, horizon_s=args.horizon_s)
+    settings = dataclasses.replace(settings_for(scenario.workload), seeds=tuple(range(1, setup.seeds + 1)),
+                                   min_overloaded=setup.min_overloaded)
+    if setup.horizon_s is not None:
+        settings = dataclasses.replace(settings, horizon_s=setup.horizon_s)
 
     def report(rate: float, count: int) -> None:
         log.info("rate %.4f/s: %d of %d trials overloaded", rate, count, len(settings.seeds))
 
-    cache = RateCache(args.rates_file)
-    command = f"basin-sim calibrate --deployment {args.deployment} --scenario {args.scenario}"
+    cache = RateCache(setup.source.rates_file)
+    command = f"basin-sim calibrate --deployment {setup.deployment} --scenario {setup.source.scenario}"
     rate = measure_overload_rate(deployment, pool, scenario.workload, scenario.clients, cache, settings, command,
                                  report)
     print(f"{deployment.name} (GPU cache), workload of {scenario.name}: overload rate "
@@ -133,24 +130,25 @@ def calibrate_main(args: argparse.Namespace) -> int:
     return 0
 
 
-def knee_main(args: argparse.Namespace) -> int:
+def knee(setup: KneeSetup) -> int:
     """Run the ramp, print the points and the knee, write the calibration file."""
-    ramp = _ramp(args)
+    ramp = _knee_ramp(setup)
     deployment, steps = ramp.deployment, ramp.steps
     for s in steps:
         ratio = "" if s.reservation_ratio is None else f"  reserved/working set {s.reservation_ratio:.2f}"
         print(f"rate {s.rate_per_s:.4f}/s  load {s.load:.3f}  hit {s.hit_rate:.3f}  live {s.live_sessions:.0f}{ratio}")
-    model = "" if args.model is None else (f" --model {args.model} --reservation-quantile {args.reservation_quantile}"
-                                           f" --reservation-scale {args.reservation_scale:g}")
-    has_model = args.model is not None
-    record = knee_calibration_record(deployment, steps, f"basin-sim knee --deployment {args.deployment} "
-                                     f"--scenario {args.scenario}{model}", args.step_s,
-                                     file_sha256(args.model) if has_model else "none",
-                                     args.reservation_quantile if has_model else None)
+    quantile = setup.inputs.reservation_quantile
+    model = "" if setup.model is None else (f" --model {setup.model} --reservation-quantile {quantile}"
+                                            f" --reservation-scale {setup.reservation_scale:g}")
+    has_model = setup.model is not None
+    record = knee_calibration_record(deployment, steps, f"basin-sim knee --deployment {setup.deployment} "
+                                     f"--scenario {setup.source.scenario}{model}", setup.steps.step_s,
+                                     file_sha256(setup.model) if setup.model is not None else "none",
+                                     quantile if has_model else None)
     print(json.dumps(record, indent=2))
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(record, indent=2) + "\n")
+    if setup.out is not None:
+        setup.out.parent.mkdir(parents=True, exist_ok=True)
+        setup.out.write_text(json.dumps(record, indent=2) + "\n")
     return 0
 
 
@@ -192,19 +190,19 @@ def risk_record(ramp: RampRun) -> dict[str, Any]:
             "fractions_of_overload_rate": list(ramp.fractions), "step_s": ramp.step_s}
 
 
-def _report(args: argparse.Namespace, records: list[dict[str, Any]], show: Callable[[Mapping[str, Any]], None]) -> int:
+def _report(setup: RampSetup, records: list[dict[str, Any]], show: Callable[[Mapping[str, Any]], None]) -> int:
     """Each deployment's record, in the order given: one JSON line with --json, else `show`'s text."""
     for record in records:
-        if args.json:
+        if setup.json:
             print(json.dumps(record, sort_keys=True))
         else:
             show(record)
     return 0
 
 
-def risk_main(args: argparse.Namespace) -> int:
+def risk(setup: RampSetup) -> int:
     """X(N) from the knee ramp, fixed points at the pre-surge rate, and the cache-first / decode-first verdict."""
-    return _report(args, _swept(args, RAMP_FRACTIONS, risk_record), _print_risk)
+    return _report(setup, _swept(setup, "risk", RAMP_FRACTIONS, risk_record), _print_risk)
 
 
 def _print_risk(record: Mapping[str, Any]) -> None:
@@ -242,9 +240,9 @@ def ramp_record(ramp: RampRun) -> dict[str, Any]:
             "overload_rate_source": ramp.overload_rate_source, "step_s": ramp.step_s, "steps": steps}
 
 
-def ramp_main(args: argparse.Namespace) -> int:
+def ramp(setup: RampSetup) -> int:
     """Run the limits ramp and say which limit (cache knee or decode memory) it hit first."""
-    return _report(args, _swept(args, LIMIT_RAMP_FRACTIONS, ramp_record), _print_ramp)
+    return _report(setup, _swept(setup, "ramp", LIMIT_RAMP_FRACTIONS, ramp_record), _print_ramp)
 
 
 def _print_ramp(record: Mapping[str, Any]) -> None:
@@ -257,51 +255,25 @@ def _print_ramp(record: Mapping[str, Any]) -> None:
 
 
 def add_commands(sub: Any) -> None:
-    """Add `calibrate`, `knee`, `risk` and `ramp` to the CLI's subparsers."""
-    calibrate = sub.add_parser("calibrate", help="measure a deployment shape's overload rate on a workload (cached; "
-                               "scenarios' x_overload multiply it)")
-    calibrate.add_argument("--seeds", type=int, default=5, help="trials per rate (seeds 1..N)")
-    calibrate.add_argument("--min-overloaded", type=int, default=4, help="trials that must overload")
-    calibrate.add_argument("--horizon-s", type=float,
-                           help="minutes of each steady trial, in seconds (default: 1800 for recorded sessions, 3600 "
-                                "for sessions timed as a serving model runs them)")
-    calibrate.add_argument("--write", action="store_true", help="record the rate in the deployment file")
-    knee = sub.add_parser("knee", help="find the cache knee on a simulated load ramp; write the calibration file "
-                          "the gateway reads (--out)")
-    knee.add_argument("--out", type=Path, help="calibration JSON for the gateway (and for --calibration)")
-    knee.add_argument("--model", type=Path, default=Path("models/peak_predictor.onnx"),
-                      help="the served peak predictor: measures the reservation ratio (default: the shipped pooled "
-                           "model)")
-    knee.add_argument("--no-model", dest="model", action="store_const", const=None,
-                      help="no predictor: the calibration file holds no reservation_ratio (prototype mode)")
-    # the ramp reserves first-call reservations: no revisions
-    add_flags(knee, Inputs, only=("reservation_quantile", "predictions", "out_of_fold"))
-    knee.add_argument("--reservation-scale", type=float, default=1.0,
-                      help="a further factor on each reservation (ablations; default 1)")
-    risk = sub.add_parser("risk", help="PREDICT which limit (cache knee or decode memory) live sessions meet first: "
-                          "a fluid model's fixed points, fitted on a ramp below the overload rate (the fast verdict)")
-    ramp = sub.add_parser("ramp", help="MEASURE which limit is hit first: a ramp run past the overload rate (slower; "
-                          "the ground truth `risk` is checked against)")
-    for command in (calibrate, knee):
-        command.add_argument("--deployment", required=True, help="a deployment name or .yaml file")
-    for command in (risk, ramp):
-        command.add_argument("--deployment", required=True, nargs="+", metavar="DEPLOYMENT",
-                             help="deployment names or .yaml files: one ramp each, run on --executor (--json: "
-                                  "one line each, in this order)")
-        add_executor_options(command)
-    for command in (calibrate, knee, risk, ramp):
-        command.add_argument("--scenario", default="steady",
-                             help="whose workload and clients (name or .yaml; default steady)")
-        command.add_argument("--rates-file", type=Path, default=DEFAULT_RATES_FILE, help="the overload-rate cache")
-    for command in (knee, risk, ramp):
-        command.add_argument("--cache", choices=("gpu", "host"), help="override the deployment file's cache kind")
-        command.add_argument("--seed", type=int, default=1, help="seed of the ramp's arrivals and session draws "
-                             "(default 1)")
-        command.add_argument("--step-s", type=float, default=RAMP_STEP_S,
-                             help=f"simulated seconds per ramp step (default {RAMP_STEP_S:.0f})")
-    for command, fractions in ((risk, RAMP_FRACTIONS), (ramp, LIMIT_RAMP_FRACTIONS)):
-        command.add_argument("--json", action="store_true", help="print one JSON object")
-        command.add_argument("--fractions", type=float, nargs="+",
-                             help=f"ramp rates as multiples of the overload rate (default {list(fractions)})")
-        command.add_argument("--tool-time-scale", type=float,
-                             help="override the scenario's workload.tool_time_scale")
+    """Add `calibrate`, `knee`, `risk` and `ramp` to the CLI's subparsers (options: setups.py)."""
+    helps = {
+        "calibrate": "measure a deployment shape's overload rate on a workload (cached; scenarios' x_overload "
+                     "multiply it)",
+        "knee": "find the cache knee on a simulated load ramp; write the calibration file the gateway reads (--out)",
+        "risk": "PREDICT which limit (cache knee or decode memory) live sessions meet first: a fluid model's fixed "
+                "points, fitted on a ramp below the overload rate (the fast verdict)",
+        "ramp": "MEASURE which limit is hit first: a ramp run past the overload rate (slower; the ground truth "
+                "`risk` is checked against)",
+    }
+    for command, text in helps.items():
+        add_setup_flags(sub.add_parser(command, help=text), command)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """`basin-sim calibrate|knee|risk|ramp` from its parsed flags: the set-up built, the command run."""
+    if args.command == "calibrate":
+        return calibrate(from_flags(CalibrateSetup, args))
+    if args.command == "knee":
+        return knee(from_flags(KneeSetup, args))
+    setup = from_flags(RampSetup, args, executor=args.executor, jobs=args.jobs)
+    return risk(setup) if args.command == "risk" else ramp(setup)
