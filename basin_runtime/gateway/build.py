@@ -65,7 +65,7 @@ def build_gateway(config: GatewayConfig, client: UpstreamClient | None = None,
         is_shadow=config.shadow, limits=config.limits, tick_interval_s=config.tick_interval_s,
         idle_timeout_s=config.idle_timeout_s,
         session_keys=SessionKeys(config.admin_token, run="" if coordinator is not None else None))
-    upstream = Upstream(client if client is not None else upstream_client(config, clock))
+    upstream = Upstream(client if client is not None else upstream_client(config, clock), clock)
     live_sessions = None if config.live_sessions_file is None else LiveSessionsFile(config.live_sessions_file)
     meter = Meter(tokenizer, rule, max_prefix_bytes=config.resend_memo_bytes)
     return assemble(settings, clock, meter, predictors, upstream, telemetry,

@@ -117,7 +117,7 @@ class _Connection(asyncio.Protocol):
     def _timed_out(self, waiter: asyncio.Future[None], read_s: float) -> None:
         if waiter.done():
             return
-        if self._clock.now() - self.last_data >= read_s:
+        if self._clock.now() >= self.last_data + read_s:  # the timer's own sum: no rounding apart from it
             waiter.set_exception(TimeoutError(f"no bytes for {read_s:g} s"))
         else:  # bytes came meanwhile: wait out the rest
             self._clock.call_at(self.last_data + read_s, lambda: self._timed_out(waiter, read_s))
