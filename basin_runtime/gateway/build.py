@@ -65,7 +65,7 @@ def build_gateway(config: GatewayConfig, client: UpstreamClient | None = None,
         is_shadow=config.shadow, limits=config.limits, tick_interval_s=config.tick_interval_s,
         idle_timeout_s=config.idle_timeout_s,
         session_keys=SessionKeys(config.admin_token, run="" if coordinator is not None else None))
-    upstream = Upstream(client if client is not None else upstream_client(config))
+    upstream = Upstream(client if client is not None else upstream_client(config, clock), clock)
     live_sessions = None if config.live_sessions_file is None else LiveSessionsFile(config.live_sessions_file)
     meter = Meter(tokenizer, rule, max_prefix_bytes=config.resend_memo_bytes)
     return assemble(settings, clock, meter, predictors, upstream, telemetry,
@@ -121,7 +121,7 @@ def shared_state(config: GatewayConfig, policy_settings: PolicyConfig, telemetry
                        min_calls=DEFAULT_MIN_CALLS)
 
 
-def upstream_client(config: GatewayConfig) -> UpstreamClient:
-    """The HTTP client to the upstream (`http1.py`), with the gateway's timeouts, no connection cap."""
+def upstream_client(config: GatewayConfig, clock: Clock) -> UpstreamClient:
+    """The HTTP client to the upstream (`http1.py`), with the gateway's timeouts on its clock, no connection cap."""
     return Http1UpstreamClient(config.upstream, connect_s=config.upstream_connect_timeout_s,
-                               read_s=config.upstream_timeout_s, max_head_bytes=config.max_header_bytes)
+                               read_s=config.upstream_timeout_s, max_head_bytes=config.max_header_bytes, clock=clock)

@@ -13,6 +13,8 @@ Rules:
 - Timeouts: `connect_s` to connect; `read_s` the longest wait for the next bytes, from sending the
   request on (the head too). Cancelling `send` (the client left) drops the connection, so the upstream
   sees the request go.
+- Time (the timeouts, a connection's last bytes and idle age) is read from and waited on the injected
+  `Clock` (the gateway's; `MonotonicClock` by default), never the event loop's.
 - Bodies: Content-Length, chunked, or up to the connection's close; a `HEAD` answer has none. A
   `Content-Encoding` of gzip or deflate the upstream applied although asked for identity is undone
   as the chunks pass (the proxy drops the header); any other encoding is an `UpstreamBrokenError`.
@@ -36,6 +38,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from basin_runtime.clock import Clock, Deadline, MonotonicClock
 from basin_runtime.gateway.errors import UpstreamBadAnswerError, UpstreamRefusedError, UpstreamTimeoutError
 from basin_runtime.gateway.limits import DEFAULT_MAX_HEADER_BYTES
 from basin_runtime.gateway.upstream import (
@@ -59,8 +62,10 @@ class _Lost(Exception):
 class _Connection(asyncio.Protocol):
     """One keep-alive connection; at most one request at a time."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, max_head_bytes: int = DEFAULT_MAX_HEADER_BYTES) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, clock: Clock,
+                 max_head_bytes: int = DEFAULT_MAX_HEADER_BYTES) -> None:
         self._loop = loop
+        self._clock = clock
         self._max_head_bytes = max_head_bytes
         self.transport: asyncio.Transport | None = None
         self.is_lost = False
@@ -82,7 +87,7 @@ class _Connection(asyncio.Protocol):
         self.buffered = 0
         self._is_paused = False
         self._waiter: asyncio.Future[None] | None = None
-        self.last_data = self._loop.time()
+        self.last_data = self._clock.now()
 
     # --- the request -------------------------------------------------------------------------------
 
@@ -100,8 +105,8 @@ class _Connection(asyncio.Protocol):
     async def wait(self, read_s: float | None) -> None:
         """Until something happens (bytes, the end, a failure); `TimeoutError` after `read_s` without bytes."""
         waiter = self._waiter = self._loop.create_future()
-        timer = None if read_s is None else self._loop.call_at(self.last_data + read_s, self._timed_out, waiter,
-                                                               read_s)
+        timer = None if read_s is None else self._clock.call_at(self.last_data + read_s,
+                                                                lambda: self._timed_out(waiter, read_s))
         try:
             await waiter
         finally:
@@ -112,10 +117,10 @@ class _Connection(asyncio.Protocol):
     def _timed_out(self, waiter: asyncio.Future[None], read_s: float) -> None:
         if waiter.done():
             return
-        if self._loop.time() - self.last_data >= read_s:
+        if self._clock.now() >= self.last_data + read_s:  # the timer's own sum: no rounding apart from it
             waiter.set_exception(TimeoutError(f"no bytes for {read_s:g} s"))
         else:  # bytes came meanwhile: wait out the rest
-            self._loop.call_at(self.last_data + read_s, self._timed_out, waiter, read_s)
+            self._clock.call_at(self.last_data + read_s, lambda: self._timed_out(waiter, read_s))
 
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
@@ -147,7 +152,7 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.got_bytes = True
-        self.last_data = self._loop.time()
+        self.last_data = self._clock.now()
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -320,7 +325,7 @@ class Http1UpstreamClient:
     """`UpstreamClient` over the gateway's own HTTP/1.1 connections (see the rules)."""
 
     def __init__(self, base_url: str, *, connect_s: float, read_s: float,
-                 max_head_bytes: int = DEFAULT_MAX_HEADER_BYTES) -> None:
+                 max_head_bytes: int = DEFAULT_MAX_HEADER_BYTES, clock: Clock | None = None) -> None:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"the upstream URL must be http://HOST[:PORT] or https://..., got {base_url!r}")
@@ -333,6 +338,7 @@ class Http1UpstreamClient:
         self._connect_s = connect_s
         self._read_s = read_s
         self._max_head_bytes = max_head_bytes
+        self._clock = clock or MonotonicClock()
         self._idle: collections.deque[_Connection] = collections.deque()  # oldest on the left, newest on the right
         self._is_closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -392,16 +398,15 @@ class Http1UpstreamClient:
 
     async def _connection(self, url: str) -> tuple[_Connection, bool]:
         loop = self._loop or asyncio.get_running_loop()
-        self._expire(loop.time())
+        self._expire(self._clock.now())
         while self._idle:
             conn = self._idle.pop()  # the most recently used: the least likely to be closed by the upstream
             if not conn.is_lost:
                 return conn, True
         try:
-            _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: _Connection(loop, self._max_head_bytes), self._host, self._port,
-                                       ssl=self._ssl),
-                self._connect_s)
+            async with Deadline(self._clock, self._connect_s):
+                _, conn = await loop.create_connection(lambda: _Connection(loop, self._clock, self._max_head_bytes),
+                                                       self._host, self._port, ssl=self._ssl)
         except TimeoutError as exc:
             raise UpstreamTimeoutError(f"upstream {url} did not answer in time (no connection within "
                                        f"{self._connect_s:g} s)") from exc
@@ -414,7 +419,7 @@ class Http1UpstreamClient:
         if self._is_closed or not conn.keeps_alive():
             conn.close()
             return
-        conn.idle_since = conn._loop.time()
+        conn.idle_since = self._clock.now()
         self._expire(conn.idle_since)
         self._idle.append(conn)
 

@@ -28,13 +28,14 @@ Rules:
   gateway itself asked for usage (`drop_usage_chunk`), the usage-only chunk is not passed on.
 - An error event the upstream writes inside a 2xx SSE answer is passed on as written, and the call ends
   `upstream_error`. A 2xx SSE answer the upstream does not finish (the connection breaks, the body ends
-  without `[DONE]`, no bytes or only SSE comments within the read timeout) gets the gateway's own error
-  event and `data: [DONE]`, and ends `upstream_error`; so does one cut at a shutdown's drain deadline
-  (`shutting_down`). A non-SSE answer cut after its head (the upstream broke off or went silent past
-  `upstream_timeout_s`, ended a body that claims JSON and is not, or the shutdown's drain deadline cut
-  it) is never completed: the app returns without the answer's end, and the server closes the
-  connection without it (chunked: no last chunk), so the client reads an error, never a 200 whose body
-  is framed whole; the call ends `upstream_error` (`gateway_error` for the drain's cut).
+  without `[DONE]`, no bytes or only SSE comments within the read timeout, measured on the injected
+  `Clock`) gets the gateway's own error event and `data: [DONE]`, and ends `upstream_error`; so does one
+  cut at a shutdown's drain deadline (`shutting_down`). A non-SSE answer cut after its head (the upstream
+  broke off or went silent past `upstream_timeout_s`, ended a body that claims JSON and is not, or the
+  shutdown's drain deadline cut it) is never completed: the app returns without the answer's end, and
+  the server closes the connection without it (chunked: no last chunk), so the client reads an error,
+  never a 200 whose body is framed whole; the call ends `upstream_error` (`gateway_error` for the
+  drain's cut).
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -51,6 +51,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from basin_runtime.clock import Clock, MonotonicClock
 from basin_runtime.disconnect import ClientWatch
 from basin_runtime.gateway.errors import (
     ClientGoneError,
@@ -114,8 +115,9 @@ async def _no_end(end: CallEnd) -> None:
 class Upstream:
     """Sends requests to the upstream and streams its answers back."""
 
-    def __init__(self, client: UpstreamClient) -> None:
+    def __init__(self, client: UpstreamClient, clock: Clock | None = None) -> None:
         self.client = client
+        self.clock = clock or MonotonicClock()  # a streamed answer's stall check (the client times its own reads)
 
     async def start(self) -> None:
         """Get the client ready (on the running loop: the app's lifespan)."""
@@ -165,7 +167,7 @@ class Upstream:
             return UpstreamResponse(response, on_end, drop_usage_chunk=drop_usage_chunk,
                                     read_timeout_s=self.client.read_timeout_s,
                                     on_first_byte=first_byte,
-                                    watch=watch)
+                                    watch=watch, clock=self.clock)
         try:
             answer = await response.read(length) if length else b""
             if first_byte is not None:
@@ -285,8 +287,9 @@ class UpstreamResponse(StreamingResponse):
 
     def __init__(self, upstream: UpstreamAnswer, on_end: EndHook, *, drop_usage_chunk: bool = False,
                  read_timeout_s: float | None = None, on_first_byte: FirstByteHook | None = None,
-                 watch: ClientWatch | None = None) -> None:
+                 watch: ClientWatch | None = None, clock: Clock | None = None) -> None:
         self._upstream = upstream
+        self._clock = clock or MonotonicClock()
         self._watch = watch  # the client's watcher since the request was sent (else one is made when sending)
         self._on_end = on_end
         self._on_first_byte = on_first_byte  # called at the first bytes passed on, then dropped
@@ -319,7 +322,7 @@ class UpstreamResponse(StreamingResponse):
     async def _relay_sse(self) -> AsyncGenerator[bytes, None]:
         framer, events = SseFramer(EVENT_BYTES), self._events
         chunks = self._upstream.chunks()
-        last_progress_s = time.monotonic()
+        last_progress_s = self._clock.now()
         try:
             async for chunk in chunks:
                 passed = events.pass_on(framer.feed(chunk))
@@ -327,7 +330,7 @@ class UpstreamResponse(StreamingResponse):
                     self._first_bytes_passed()
                     yield passed
                 if events.made_progress or framer.held_bytes or framer.is_passing:
-                    events.made_progress, last_progress_s = False, time.monotonic()
+                    events.made_progress, last_progress_s = False, self._clock.now()
                 elif self._is_stalled(last_progress_s):
                     self._failure = UpstreamTimeoutError(
                         f"upstream {self._upstream.url} sent nothing but SSE comments for {self._read_timeout_s:g} s "
@@ -373,7 +376,7 @@ class UpstreamResponse(StreamingResponse):
             hook()
 
     def _is_stalled(self, last_progress_s: float) -> bool:
-        return self._read_timeout_s is not None and time.monotonic() - last_progress_s > self._read_timeout_s
+        return self._read_timeout_s is not None and self._clock.now() - last_progress_s > self._read_timeout_s
 
     def _end_of_stream(self, framer: SseFramer) -> bytes:
         """What follows the upstream's last bytes: a refusal's (4xx) or `[DONE]`'s unfinished end as written, the

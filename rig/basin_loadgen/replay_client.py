@@ -7,7 +7,7 @@ Rules:
 - Time comes from an injected `basin_runtime.clock.Clock` (the wall; monotonic by default). Model time
   is a `ScaledClock` over it started with the replay; every wait (arrivals, tool gaps, state samples,
   a call's max wait and timeout, the drain's checks) is on that clock, so a `ManualClock` drives a
-  replay in tests.
+  replay in tests; the CLI's `main` takes the clock and the coroutine that runs the replay (`Drive`) too.
 - One asyncio task per live session, started at its planned arrival (model time / time scale on the
   wall). Calls are streamed chat completions with usage (`stream_options.include_usage`), max_tokens
   = the recorded completion, headers X-Session-ID (the run id, also sent as `user`) and
@@ -104,6 +104,13 @@ class _SessionStop(Exception):
 
 
 Observer = Callable[["Replayer"], Coroutine[Any, Any, None]]
+Run = Coroutine[Any, Any, list[SessionRecord]]
+Drive = Callable[["Replayer", Run], Run]  # runs a replay to its end (a test moves its manual clock meanwhile)
+
+
+async def run_as_is(replayer: Replayer, run: Run) -> list[SessionRecord]:
+    """The replay `run`, awaited (on a real clock, time moves by itself)."""
+    return await run
 
 
 class Replayer:
@@ -387,7 +394,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _replay(args: argparse.Namespace) -> int:
+def _replay(args: argparse.Namespace, clock: Clock | None = None, drive: Drive = run_as_is) -> int:
     from tqdm import tqdm
 
     from basin_loadgen.replay import RateSchedule, plan_sessions, unloaded_times
@@ -405,10 +412,11 @@ def _replay(args: argparse.Namespace) -> int:
                               end_sessions=args.end_sessions, admin_token=args.admin_token, sample_s=args.sample_s)
     log.info("replaying %d sessions (%s pool, run tag %s) against %s", len(planned), workload, tag, args.base_url)
     bar = tqdm(total=len(planned), unit="session", file=sys.stderr, disable=args.quiet, desc="sessions over")
-    replayer = Replayer(settings, ConversationBuilder(pool, get_tokenizer(), tag), lambda _: bar.update(1))
+    replayer = Replayer(settings, ConversationBuilder(pool, get_tokenizer(), tag), lambda _: bar.update(1),
+                        clock=clock)
     interrupted = False
     try:
-        asyncio.run(replayer.run(planned, unloaded))
+        asyncio.run(drive(replayer, replayer.run(planned, unloaded)))
     except KeyboardInterrupt:
         interrupted = True
         log.warning("interrupted: writing what was recorded so far")
@@ -465,9 +473,9 @@ def run_cli(parser: argparse.ArgumentParser, argv: list[str] | None,
         parser.exit(2, f"{parser.prog}: error: {exc}\n")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit status."""
-    return run_cli(_parser(), argv, _replay)
+def main(argv: list[str] | None = None, *, clock: Clock | None = None, drive: Drive = run_as_is) -> int:
+    """Entry point; returns the exit status. The replay runs on `clock` (monotonic by default) through `drive`."""
+    return run_cli(_parser(), argv, lambda args: _replay(args, clock, drive))
 
 
 if __name__ == "__main__":

@@ -315,9 +315,15 @@ def test_the_cli_replays_a_surge_and_writes_the_summary_records_and_plot(fake: F
     table = tmp_path / "pool.parquet"
     write_sessions(table, pool_of(calls=3, gap_s=1.0))
     out, plot = tmp_path / "run.json", tmp_path / "run.png"
+    clock = ManualClock()  # time moves only while no call is in flight: the machine's load cannot make a session late
+
+    def drive(r: Replayer, run: Coroutine[Any, Any, list[SessionRecord]]) -> Coroutine[Any, Any, list[SessionRecord]]:
+        return driven(clock, r, run)
+
     code = main(["--base-url", fake.base_url, "--sessions", str(table), "--rate", "0.3", "--duration-s", "30",
                  "--surge", "10", "20", "2", "--time-scale", "30", "--seed", "3", "--run-tag", "cli",
-                 "--out", str(out), "--plot", str(plot), "--bin-s", "10", "--sample-s", "1", "--quiet"])
+                 "--out", str(out), "--plot", str(plot), "--bin-s", "10", "--sample-s", "1", "--quiet"],
+                clock=clock, drive=drive)
     document = json.loads(out.read_text())
 
     assert code == 0 and plot.stat().st_size > 10_000

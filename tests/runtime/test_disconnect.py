@@ -97,17 +97,21 @@ async def test_a_result_delivered_when_the_client_leaves_is_not_lost() -> None:
 
 
 async def test_a_cancel_someone_else_asked_for_stays_a_cancel() -> None:
-    disconnect = asyncio.Event()
+    disconnect, waiting = asyncio.Event(), asyncio.Event()
     watch = ClientWatch(_receive(disconnect))
+
+    async def work() -> str:
+        waiting.set()  # the call is inside `race`, and goes on to its wait in this same step
+        return await _never()
 
     async def call() -> str:
         try:
-            return await watch.race(_never())
+            return await watch.race(work())
         finally:
             watch.close()
 
     task = asyncio.ensure_future(call())
-    await asyncio.sleep(0.01)
+    await waiting.wait()
     task.cancel()
     disconnect.set()
     with pytest.raises(asyncio.CancelledError):

@@ -1,13 +1,12 @@
 """The gateway's upstream client (`http1.py`, behind `upstream.UpstreamClient`) against a small aiohttp server
 on loopback: bodies whole and streamed chunk by chunk, refused / timed-out / 5xx mapped to the gateway's
 errors, cancellation, and streams that fail after their head (hang, keep-alive comments only, reset, cut
-short)."""
+short): a stream that stalls is timed on a `ManualClock` the test drives, on which the server's pings come."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncIterator, MutableMapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from basin_runtime.clock import Clock, ManualClock, MonotonicClock
 from basin_runtime.gateway.errors import UpstreamRefusedError, UpstreamStatusError, UpstreamTimeoutError
 from basin_runtime.gateway.http1 import Http1UpstreamClient
 from basin_runtime.gateway.proxy import CallEnd, Upstream
@@ -25,11 +25,14 @@ pytestmark = pytest.mark.asyncio
 
 
 class Server:
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock  # the faulty streams' pace
         self.release_second_chunk = asyncio.Event()
         self.seen: list[tuple[str, str, dict[str, str], bytes]] = []
         self.gone = asyncio.Event()
         self.slow_began = asyncio.Event()
+        self.first_event_relayed = asyncio.Event()  # set by the test's client
+        self.num_pings = 0
 
     async def echo(self, request: web.Request) -> web.Response:
         body = await request.read()
@@ -65,7 +68,7 @@ class Server:
         await response.write(FIRST_EVENT)
         if fault == "reset":
             assert request.transport is not None
-            await asyncio.sleep(0.05)  # let the client read the first event: a reset can discard unread bytes
+            await self.first_event_relayed.wait()  # read: a reset can discard unread bytes
             request.transport.abort()  # mid chunked body: the client sees the connection break
             return response
         if fault == "cut":
@@ -73,9 +76,10 @@ class Server:
             return response
         try:
             while True:
-                await asyncio.sleep(0.05)
+                await self.clock.sleep(0.05)
                 if fault == "pings":
                     await response.write(b": ping\n\n")  # what smg writes while a worker is silent
+                    self.num_pings += 1
         except (asyncio.CancelledError, ConnectionError):
             self.gone.set()
             raise
@@ -85,8 +89,9 @@ FIRST_EVENT = b'data: {"choices":[{"delta":{"content":"he"}}]}\n\n'
 
 
 @asynccontextmanager
-async def serving(read_s: float = 5.0) -> AsyncIterator[tuple[Server, UpstreamClient]]:
-    server = Server()
+async def serving(read_s: float = 5.0, clock: Clock | None = None) -> AsyncIterator[tuple[Server, UpstreamClient]]:
+    clock = clock or MonotonicClock()
+    server = Server(clock)
     app = web.Application(handler_args={"handler_cancellation": True})
     app.add_routes([web.post("/echo", server.echo), web.get("/echo", server.echo), web.get("/sse", server.sse),
                     web.post("/slow", server.slow), web.post("/broken", server.broken),
@@ -96,7 +101,7 @@ async def serving(read_s: float = 5.0) -> AsyncIterator[tuple[Server, UpstreamCl
     port = free_port()
     site = web.TCPSite(runner, "127.0.0.1", port)
     await site.start()
-    client = Http1UpstreamClient(f"http://127.0.0.1:{port}", connect_s=2.0, read_s=read_s)
+    client = Http1UpstreamClient(f"http://127.0.0.1:{port}", connect_s=2.0, read_s=read_s, clock=clock)
     await client.start()
     try:
         yield server, client
@@ -169,8 +174,11 @@ async def test_cancelling_a_send_releases_the_connection() -> None:
             await answer.aclose()
 
 
-async def relay(upstream: Upstream, path: str) -> tuple[int, bytes, CallEnd, float]:
-    """Forward a POST and send its answer to a client that reads everything: status, body, end, seconds."""
+async def relay(upstream: Upstream, path: str, server: Server, clock: ManualClock,
+                is_driven: bool) -> tuple[int, bytes, CallEnd, float]:
+    """Forward a POST and send its answer to a client that reads everything, driving the clock once the first
+    event is relayed if `is_driven` (each ping the server wrote relayed before time moves on): status, body,
+    end, seconds on the clock."""
     ends: list[CallEnd] = []
     sent: list[MutableMapping[str, Any]] = []
 
@@ -179,14 +187,24 @@ async def relay(upstream: Upstream, path: str) -> tuple[int, bytes, CallEnd, flo
 
     async def send(message: MutableMapping[str, Any]) -> None:
         sent.append(message)
+        if FIRST_EVENT in message.get("body", b""):
+            server.first_event_relayed.set()
 
-    started = time.monotonic()
+    def body() -> bytes:
+        return b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+
+    started = clock.now()
     response = await upstream.forward("POST", path, {}, b"{}", never, on_end=on_end)
     scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "method": "POST", "path": path}
-    await asyncio.wait_for(response(scope, never, send), timeout=10)
+    relaying = asyncio.ensure_future(response(scope, never, send))
+    if is_driven:
+        await asyncio.wait_for(server.first_event_relayed.wait(), 60)  # a guard against a hang only
+        await clock.drive(relaying, until_s=started + 5.0,
+                          is_settled=lambda: body().count(b": ping") == server.num_pings)
+        assert relaying.done(), "the stream did not end within 5 s on the clock"
+    await asyncio.wait_for(relaying, timeout=60)
     (end,) = ends
-    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-    return sent[0]["status"], body, end, time.monotonic() - started
+    return sent[0]["status"], body(), end, clock.now() - started
 
 
 def error_events(body: bytes) -> list[dict[str, Any]]:
@@ -202,8 +220,10 @@ def error_events(body: bytes) -> list[dict[str, Any]]:
 ])
 async def test_a_stream_that_fails_after_its_head_ends_with_an_error_event_and_done(
         fault: str, error_type: str, code: int, words: str) -> None:
-    async with serving(read_s=0.3) as (server, client):
-        status, body, end, took_s = await relay(Upstream(client), f"/sse/{fault}")
+    clock = ManualClock()
+    async with serving(read_s=0.3, clock=clock) as (server, client):
+        is_stalled = fault in ("hang", "pings")
+        status, body, end, took_s = await relay(Upstream(client, clock), f"/sse/{fault}", server, clock, is_stalled)
         if fault in ("hang", "pings"):
             await asyncio.wait_for(server.gone.wait(), 5)  # the upstream request was dropped, not left hanging
 
@@ -213,5 +233,9 @@ async def test_a_stream_that_fails_after_its_head_ends_with_an_error_event_and_d
     assert end.outcome == "upstream_error"
     if fault == "pings":
         assert b": ping\n\n" in body  # keep-alives pass on, but do not count as progress
-    if fault in ("hang", "pings"):
-        assert 0.3 <= took_s < 3.0  # bounded by the read timeout (upstream_timeout_s), even with pings coming
+    if fault == "hang":
+        assert took_s == pytest.approx(0.3)  # at the read timeout (upstream_timeout_s), on the clock
+    elif fault == "pings":  # bounded by the read timeout even with pings coming: ended at the first ping past it
+        assert 0.3 - 1e-9 <= took_s <= 0.35 + 1e-9 and body.count(b": ping") == server.num_pings
+    else:
+        assert took_s == 0.0  # no time passed: a reset or a cut ends the stream at once

@@ -2,18 +2,21 @@
 
 What the shared client suite (`test_gateway_upstream.py`) cannot script: connection reuse and when it must
 not happen, a reused connection the server closed, bodies framed every way HTTP/1.1 allows, HEAD, an
-encoding applied anyway, invalid HTTP, and flow control on a large body.
+encoding applied anyway, invalid HTTP, and flow control on a large body. Connections age on a `ManualClock`
+the tests move; a test waits for a state (`until`), never a while.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import pytest
 
+from basin_runtime.clock import ManualClock
 from basin_runtime.gateway import http1
 from basin_runtime.gateway.errors import UpstreamRefusedError
 from basin_runtime.gateway.http1 import Http1UpstreamClient
@@ -57,12 +60,21 @@ class ScriptedServer:
             writer.close()
 
 
+async def until(condition: Callable[[], bool]) -> None:
+    """Wait until `condition()` holds (the timeout guards against a hang only)."""
+    async with asyncio.timeout(60):
+        while not condition():
+            await asyncio.sleep(0.002)
+
+
 @asynccontextmanager
-async def scripted(script: Script, read_s: float = 5.0) -> AsyncIterator[tuple[ScriptedServer, Http1UpstreamClient]]:
+async def scripted(script: Script, read_s: float = 5.0,
+                   clock: ManualClock | None = None) -> AsyncIterator[tuple[ScriptedServer, Http1UpstreamClient]]:
     server = ScriptedServer(script)
     listener = await asyncio.start_server(server.handle, "127.0.0.1", 0)
     port = listener.sockets[0].getsockname()[1]
-    client = Http1UpstreamClient(f"http://127.0.0.1:{port}/prefix", connect_s=2.0, read_s=read_s)
+    client = Http1UpstreamClient(f"http://127.0.0.1:{port}/prefix", connect_s=2.0, read_s=read_s,
+                                 clock=clock or ManualClock())
     await client.start()
     try:
         yield server, client
@@ -131,37 +143,41 @@ async def test_a_new_connection_closed_before_any_answer_is_refused_not_retried(
     assert server.connections == 1
 
 
-async def test_idle_connections_past_the_keep_alive_are_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(http1, "KEEPALIVE_S", 0.05)
-    async with scripted(lambda head, n: ok(b"x")) as (server, client):
+async def test_idle_connections_past_the_keep_alive_are_dropped() -> None:
+    clock = ManualClock()
+    async with scripted(lambda head, n: ok(b"x"), clock=clock) as (server, client):
         await get(client)
-        await asyncio.sleep(0.1)
+        clock.advance(http1.KEEPALIVE_S - 0.01)
+        await get(client)
+        assert server.connections == 1  # idle just under the keep-alive: reused
+        clock.advance(http1.KEEPALIVE_S)
         await get(client)
     assert server.connections == 2
 
 
-async def test_connections_idle_past_the_keep_alive_are_closed_when_the_pool_is_next_used(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(http1, "KEEPALIVE_S", 0.05)
+async def test_connections_idle_past_the_keep_alive_are_closed_when_the_pool_is_next_used() -> None:
+    clock = ManualClock()
     release = asyncio.Event()
+    opened: list[int] = []
 
     async def slow_get() -> tuple[int, bytes]:
         answer = await client.send("POST", "/v1/x", {}, b"{}")
+        opened.append(answer.status_code)
         await release.wait()  # all three answers are open at once: three connections
         try:
             return answer.status_code, await answer.read(100)
         finally:
             await answer.aclose()
 
-    async with scripted(lambda head, n: ok(b"x")) as (server, client):
+    async with scripted(lambda head, n: ok(b"x"), clock=clock) as (server, client):
         calls = [asyncio.ensure_future(slow_get()) for _ in range(3)]
-        await asyncio.sleep(0.05)
+        await until(lambda: len(opened) == 3)
         release.set()
         assert await asyncio.gather(*calls) == [(200, b"x")] * 3
         assert server.connections == 3 and server.closed == 0  # kept for reuse
-        await asyncio.sleep(0.1)
+        clock.advance(http1.KEEPALIVE_S)
         await get(client)  # takes a fresh connection; the three stale ones are closed
-        await asyncio.sleep(0.05)
+        await until(lambda: server.closed >= 3)  # the server hears the closes
         assert server.connections == 4 and server.closed == 3
 
 
@@ -223,8 +239,11 @@ async def test_a_large_body_pauses_reading_and_arrives_whole_in_order(monkeypatc
     monkeypatch.setattr(http1._Connection, "on_body", on_body)
     async with scripted(lambda head, n: ok(payload)) as (server, client):
         answer = await client.send("POST", "/v1/x", {}, big_request)
-        await asyncio.sleep(0.2)  # the server writes everything; the client stops reading at the high water
-        assert answer._conn is not None and answer._conn.buffered < 1 << 20  # not all 4 MiB: reading paused
+        conn = answer._conn
+        assert conn is not None
+        await until(lambda: conn._is_paused)  # the client stops reading at the high water
+        assert conn.transport is not None and not conn.transport.is_reading()
+        assert conn.buffered < 1 << 20  # not all 4 MiB: reading paused
         got = b"".join([chunk async for chunk in answer.chunks()])
         await answer.aclose()
     assert got == payload and any(paused)
@@ -261,22 +280,23 @@ async def timed_answer(writes: Writes) -> AsyncIterator[Http1UpstreamClient]:
         await listener.wait_closed()
 
 
-@pytest.mark.parametrize("terminator_after_s", [0.0, 0.3])
+@pytest.mark.parametrize("is_terminator_late", [False, True])
 async def test_the_relay_sends_the_last_event_with_the_end_only_once_the_whole_body_has_arrived(
-        terminator_after_s: float) -> None:
+        is_terminator_late: bool) -> None:
     """A body wholly received: its last event (`[DONE]`) and the answer's end go in one ASGI message (one write).
     A terminator still to come: `[DONE]` goes at once, the end when the upstream ends (nothing is held back)."""
     from basin_runtime.gateway.proxy import CallEnd, UpstreamResponse
 
     events = [b'data: {"choices": [{"delta": {"content": "a"}}]}\n\n', b"data: [DONE]\n\n"]
-    terminator_written = asyncio.Event()
+    terminator_written, done_sent = asyncio.Event(), asyncio.Event()
 
     async def writes(writer: asyncio.StreamWriter) -> None:
-        if terminator_after_s:
+        if is_terminator_late:
             writer.write(SSE_HEAD + _chunked(*events))
             await writer.drain()
-            await asyncio.sleep(terminator_after_s)
-        writer.write((b"" if terminator_after_s else SSE_HEAD + _chunked(*events)) + b"0\r\n\r\n")
+            with contextlib.suppress(TimeoutError):  # [DONE] held back: the terminator comes, and the test fails
+                await asyncio.wait_for(done_sent.wait(), 10)
+        writer.write((b"" if is_terminator_late else SSE_HEAD + _chunked(*events)) + b"0\r\n\r\n")
         terminator_written.set()
         await writer.drain()
 
@@ -285,6 +305,9 @@ async def test_the_relay_sends_the_last_event_with_the_end_only_once_the_whole_b
 
     async def send(message: dict[str, object]) -> None:
         sent.append((message, terminator_written.is_set()))
+        body = message.get("body")
+        if isinstance(body, bytes) and body.endswith(events[-1]):
+            done_sent.set()
 
     async def on_end(end: CallEnd) -> None:
         ends.append(end)
@@ -295,14 +318,13 @@ async def test_the_relay_sends_the_last_event_with_the_end_only_once_the_whole_b
 
     async with timed_answer(writes) as client:
         answer = await client.send("POST", "/v1/chat/completions", {}, b"{}")
-        if not terminator_after_s:
-            await terminator_written.wait()
-            await asyncio.sleep(0.05)  # the whole answer is in the client's buffer before the relay starts
+        if not is_terminator_late:
+            await until(lambda: answer.is_received)  # the whole answer is buffered before the relay starts
         await UpstreamResponse(answer, on_end)({"type": "http"}, never_disconnects, send)  # type: ignore[arg-type]
 
     bodies = [(m["body"], m["more_body"], written) for m, written in sent if m["type"] == "http.response.body"]
     assert b"".join(body for body, _, _ in bodies) == b"".join(events) and ends[0].outcome == "completed"
-    if terminator_after_s:
+    if is_terminator_late:
         done = next(k for k, (body, _, _) in enumerate(bodies) if body.endswith(events[-1]))
         assert bodies[done][1:] == (True, False)  # sent at once, before the upstream's end came
         assert bodies[-1] == (b"", False, True)
