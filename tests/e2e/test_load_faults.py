@@ -209,7 +209,7 @@ class Probe:
         assert (policy["live"], policy["queued"], policy["reserved_tokens"], policy["working_set_tokens"]) == (
             [], [], 0, 0)
         assert await self.sessions() == {}
-        await self.wait_engines_idle(timeout_s=5.0)
+        await self.wait_engines_idle(timeout_s=HANG_GUARD_S)
 
 
 @asynccontextmanager
