@@ -73,6 +73,8 @@ SMG_ARGS = ("--disable-circuit-breaker", "--sse-keepalive-secs", "1")
 UPSTREAM_TIMEOUT_S = 2
 BUDGET_TOKENS = 1_000_000_000
 MODEL = "standin-model"
+# Only so a broken rule fails instead of hanging (smg's pings defeat every read timeout): never what a test asserts.
+HANG_GUARD_S = 60.0
 
 
 @dataclass
@@ -235,9 +237,9 @@ async def test_a_worker_fault_reaches_the_client_clearly_and_the_gateway_account
         before = await probe.gateway_metrics()
         started = time.monotonic()
         with pytest.raises(openai.APIError) as caught:
-            await call(client, session, content, is_stream=case.is_stream)
+            await asyncio.wait_for(call(client, session, content, is_stream=case.is_stream), HANG_GUARD_S)
         took_s = time.monotonic() - started
-        await probe.wait_gateway_calls_done(timeout_s=5.0)
+        await probe.wait_gateway_calls_done(timeout_s=HANG_GUARD_S)
         after = await probe.gateway_metrics()
 
         check_error(caught.value, case)
@@ -246,7 +248,9 @@ async def test_a_worker_fault_reaches_the_client_clearly_and_the_gateway_account
         assert after["basin_calls_in_flight{}"] == 0
         await probe.check_accounting({session})
         if case.fault == "hang":
-            assert UPSTREAM_TIMEOUT_S <= took_s < UPSTREAM_TIMEOUT_S + 3  # smg's pings do not hold it open
+            # Cut BY the gateway's stall rule despite smg's pings: the event names the timeout and the comments it
+            # saw (`check_error`: "sent nothing but SSE comments for 2 s"). Causality gives the lower bound only.
+            assert took_s >= UPSTREAM_TIMEOUT_S
         assert await call(client, session, "go on", is_stream=case.is_stream) != ""  # the session goes on
     await probe.check_accounting({session})
     await probe.end_and_check_empty([session])
@@ -260,10 +264,10 @@ async def test_a_worker_killed_mid_stream_fails_that_call_with_smgs_error_event_
         before = await probe.gateway_metrics()
         with pytest.raises(openai.APIError) as killed:
             await call(client, session, "fault:kill", is_stream=True)
-        assert rig.process("decode").popen.wait(timeout=5) != 0
+        assert rig.process("decode").popen.wait(timeout=HANG_GUARD_S) != 0
         with pytest.raises(openai.InternalServerError) as dead:  # smg still routes to the dead worker
             await call(client, session, "while it is dead", is_stream=True)
-        await probe.wait_gateway_calls_done(timeout_s=5.0)
+        await probe.wait_gateway_calls_done(timeout_s=HANG_GUARD_S)
         after = await probe.gateway_metrics()
 
         assert type(killed.value) is openai.APIError and killed.value.message.startswith("Stream error: ")
@@ -289,7 +293,7 @@ async def test_an_idle_client_connection_outlives_the_client_pools_idle_time(rig
             await asyncio.sleep(pause_s)  # idle, as a pooled connection between two calls
             writer.write(request)
             await writer.drain()
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HANG_GUARD_S)
             assert head.startswith(b"HTTP/1.1 200"), head
             length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
                               if line.lower().startswith(b"content-length")))
@@ -309,7 +313,7 @@ async def test_a_gateway_killed_with_sigkill_loses_no_ended_session_and_serves_a
         assert await ask(client, "gw-ended", "task of gw-ended") == "stand-in answer"
         await probe.end_all(["gw-ended"])
         assert await ask(client, "gw-live", "task of gw-live") == "stand-in answer"
-        await wait_for(is_listed, 5.0, "the live-sessions file listing gw-live")  # written every 2 s
+        await wait_for(is_listed, HANG_GUARD_S, "the live-sessions file listing gw-live")  # written every 2 s
     rig.process("gateway").kill()  # SIGKILL to its process group: no drain, no shutdown logging
 
     logged = rig.logged()
@@ -328,7 +332,7 @@ async def test_a_gateway_killed_with_sigkill_loses_no_ended_session_and_serves_a
     async def both_logged() -> bool:  # the writer thread appends them a moment after the ends
         return {"gw-live", "gw-new"} <= set(rig.logged())
 
-    await wait_for(both_logged, 5.0, "the restarted gateway logging its ended sessions")
+    await wait_for(both_logged, HANG_GUARD_S, "the restarted gateway logging its ended sessions")
     logged = rig.logged()
     # killed, not shut down: the adopted session is logged whole, its call before the kill from the live-sessions
     # file (issue 36 item 11), so ingest reads it as one session

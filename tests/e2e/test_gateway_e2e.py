@@ -13,13 +13,14 @@ killed in the fixture's teardown, whatever happened.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ import httpx
 import openai
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from basin_runtime.gateway.priority import routing_key
 from basin_stack.stack import free_port
@@ -38,6 +40,8 @@ ROOT = Path(__file__).resolve().parents[2]
 MODEL_FILE = ROOT / "models" / "peak_predictor.onnx"
 STARTUP_TIMEOUT_S = 30.0
 RETRY_AFTER_S = 7
+# Only so a broken rule fails instead of hanging: never what a test asserts (no test here asserts wall time).
+HANG_GUARD_S = 60.0
 
 
 @dataclass
@@ -226,43 +230,55 @@ async def test_priority_rid_and_routing_key_reach_both_workers(deployment: Deplo
 
 
 async def test_with_a_full_budget_a_second_session_waits_and_runs_once_the_first_ends(deployment: Deployment) -> None:
-    async with client_for(deployment.full_gateway) as client:
+    gateway = deployment.full_gateway
+    async with client_for(gateway, timeout_s=HANG_GUARD_S) as client, \
+            httpx.AsyncClient(base_url=gateway, timeout=5) as http:
         try:
             await ask(client, "e2e-first", "e2e first task")
             second = asyncio.create_task(ask(client, "e2e-second", "e2e second task"))
-            await asyncio.sleep(1.0)
+            await until_state(http, lambda s: s["policy"]["queued"] == ["e2e-second"])  # it arrived, and waits
             assert not second.done()
             assert deployment.records("e2e second task")["decode"] == []
-            await end(deployment.full_gateway, "e2e-first")
-            assert await asyncio.wait_for(second, timeout=5) == "stand-in answer"
+            await end(gateway, "e2e-first")
+            assert await second == "stand-in answer"  # admitted by the end: nothing else frees the one-token budget
         finally:
-            await end(deployment.full_gateway, "e2e-first", "e2e-second")
+            await end(gateway, "e2e-first", "e2e-second")
     assert len(deployment.records("e2e second task")["decode"]) == 1
 
 
 async def test_a_session_whose_client_gives_up_leaves_the_queue(deployment: Deployment) -> None:
-    async with client_for(deployment.full_gateway) as client:
+    async with client_for(deployment.full_gateway, timeout_s=HANG_GUARD_S) as client, \
+            httpx.AsyncClient(base_url=deployment.full_gateway, timeout=5) as http:
         try:
             await ask(client, "e2e-holder", "e2e holder task")
-            with pytest.raises(openai.APITimeoutError):
+            withdrawn = await metric(http, "basin_sessions_ended_total", reason="withdrawn")
+            with pytest.raises(openai.APITimeoutError):  # the client gives up: 1 s is its patience, not a bound
                 await ask(client.with_options(timeout=1.0), "e2e-quitter", "e2e quitter task")
-            await asyncio.sleep(0.5)  # the gateway sees the closed connection and withdraws the session
+
+            async def quitter_withdrawn() -> bool:  # the gateway saw the closed connection
+                return await metric(http, "basin_sessions_ended_total", reason="withdrawn") == withdrawn + 1
+
+            await until(quitter_withdrawn)
+            assert (await http.get("/basin/state")).json()["policy"]["queued"] == []
             await end(deployment.full_gateway, "e2e-holder")
             # Had the quitter stayed queued, it would now be live and this new session would wait behind it.
-            assert await asyncio.wait_for(ask(client, "e2e-next", "e2e next task"), timeout=5) == "stand-in answer"
+            assert await ask(client, "e2e-next", "e2e next task") == "stand-in answer"
         finally:
             await end(deployment.full_gateway, "e2e-holder", "e2e-quitter", "e2e-next")
     assert deployment.records("e2e quitter task")["decode"] == []
 
 
 async def test_a_shed_session_gets_503_with_a_reason(deployment: Deployment) -> None:
-    async with client_for(deployment.shedding_gateway) as client:
+    async with client_for(deployment.shedding_gateway, timeout_s=HANG_GUARD_S) as client, \
+            httpx.AsyncClient(base_url=deployment.shedding_gateway, timeout=5) as http:
         try:
             await ask(client, "e2e-shed-holder", "e2e shed holder")
+            shed = await metric(http, "basin_sessions_shed_total")
             started = time.monotonic()
             with pytest.raises(openai.InternalServerError) as caught:
                 await ask(client, "e2e-shed-victim", "e2e shed victim")
             waited_s = time.monotonic() - started
+            assert await metric(http, "basin_sessions_shed_total") == shed + 1  # shed by the policy, counted once
         finally:
             await end(deployment.shedding_gateway, "e2e-shed-holder", "e2e-shed-victim")
 
@@ -271,8 +287,8 @@ async def test_a_shed_session_gets_503_with_a_reason(deployment: Deployment) -> 
     assert error.response.headers["retry-after"] == str(RETRY_AFTER_S)
     assert isinstance(error.body, dict) and error.body["type"] == "session_shed"
     assert "arrival rate" in error.body["reason"] and error.body["session_id"] == "e2e-shed-victim"
-    assert 0.5 <= waited_s < 5
-    assert math.isfinite(error.body["waited_s"]) and error.body["waited_s"] >= 0.5
+    # Shed after its shed wait (0.5 s), as the gateway measured it; the client cannot have waited less.
+    assert math.isfinite(error.body["waited_s"]) and error.body["waited_s"] >= 0.5 and waited_s >= 0.5
     assert deployment.records("e2e shed victim")["decode"] == []
 
 
@@ -320,13 +336,14 @@ async def test_sigterm_logs_live_sessions_and_the_restarted_gateway_adopts_them(
                 history = [{"role": "user", "content": f"e2e restart task {session}"},
                            {"role": "assistant", "content": "stand-in answer"}, {"role": "user", "content": "go on"}]
                 reply = await asyncio.wait_for(client.chat.completions.create(
-                    model="standin-model", messages=history, extra_headers={"X-Session-ID": session}), timeout=5)
+                    model="standin-model", messages=history, extra_headers={"X-Session-ID": session}), HANG_GUARD_S)
                 assert reply.choices[0].message.content == "stand-in answer"
             fabricated = asyncio.create_task(client.chat.completions.create(  # a made-up history still waits
                 model="standin-model", extra_headers={"X-Session-ID": "e2e-restart-fake"},
                 messages=[{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"},
                           {"role": "user", "content": "z"}]))
-            await asyncio.sleep(1.0)
+            async with httpx.AsyncClient(base_url=gateway, timeout=5) as http:
+                await until_state(http, lambda s: s["policy"]["queued"] == ["e2e-restart-fake"])
             assert not fabricated.done()
             fabricated.cancel()
             await end(gateway, "e2e-restart-blocker", *sessions)
@@ -359,7 +376,13 @@ async def test_after_sigkill_the_adopted_sessions_are_logged_whole_and_ingest_re
 
     async def call(client: openai.AsyncOpenAI, session: str, turns: int) -> None:
         await asyncio.wait_for(client.chat.completions.create(model="standin-model", messages=history(
-            session, turns), extra_headers={"X-Session-ID": session}), timeout=5)  # type: ignore[arg-type]
+            session, turns), extra_headers={"X-Session-ID": session}), HANG_GUARD_S)  # type: ignore[arg-type]
+
+    live_file = tmp_path / "log" / "sessions.live.json"
+
+    async def file_has_both_calls() -> bool:  # the live-sessions file is written every 2 s, from a thread
+        listed = json.loads(live_file.read_text())["sessions"] if live_file.exists() else {}
+        return all(len(listed.get(s, {}).get("calls", ())) == 2 for s in sessions)
 
     first = restartable_gateway(tmp_path, deployment.router, port, "kill-1", budget_tokens=1_000_000)
     try:
@@ -367,7 +390,7 @@ async def test_after_sigkill_the_adopted_sessions_are_logged_whole_and_ingest_re
             for session in sessions:
                 await call(client, session, 1)
                 await call(client, session, 2)
-            await asyncio.sleep(3.0)  # the live-sessions file is written every 2 s
+            await until(file_has_both_calls)
             await call(client, sessions[0], 3)  # a call the file never sees
         os.killpg(first.popen.pid, signal.SIGKILL)
         first.popen.wait(timeout=10)
@@ -419,9 +442,9 @@ async def test_a_later_call_past_its_reservation_waits_and_a_ride_is_a_session_o
             assert deployment.records("e2e two-step, more")["decode"] == []  # held: never forwarded
             assert deployment.records("e2e ride")["decode"] == []
             await end(gateway, "e2e-owner")
-            assert await asyncio.wait_for(second, timeout=20) == "stand-in answer"  # alone now: in over budget
+            assert await asyncio.wait_for(second, HANG_GUARD_S) == "stand-in answer"  # alone now: in over budget
             await end(gateway, "e2e-two-step")
-            assert await asyncio.wait_for(ride, timeout=20) == "stand-in answer"
+            assert await asyncio.wait_for(ride, HANG_GUARD_S) == "stand-in answer"
             await end(gateway, rider)
             assert (await http.get("/basin/state")).json()["policy"]["reserved_tokens"] == 0
         finally:
@@ -432,8 +455,23 @@ async def test_a_later_call_past_its_reservation_waits_and_a_ride_is_a_session_o
     assert len(deployment.records("e2e two-step, more")["decode"]) == 1
 
 
-async def until_state(http: httpx.AsyncClient, condition: Any, timeout_s: float = 10.0) -> None:
-    """Poll /basin/state until `condition(state)` holds (bounded)."""
+async def until_state(http: httpx.AsyncClient, condition: Any, timeout_s: float = HANG_GUARD_S) -> None:
+    """Poll /basin/state until `condition(state)` holds (`timeout_s` is a hang guard)."""
     async with asyncio.timeout(timeout_s):
         while not condition((await http.get("/basin/state")).json()):
             await asyncio.sleep(0.05)
+
+
+async def until(condition: Callable[[], Awaitable[bool]], timeout_s: float = HANG_GUARD_S) -> None:
+    """Poll until `await condition()` is true (`timeout_s` is a hang guard)."""
+    async with asyncio.timeout(timeout_s):
+        while not await condition():
+            await asyncio.sleep(0.05)
+
+
+async def metric(http: httpx.AsyncClient, name: str, **labels: str) -> float:
+    """One sample of the gateway's /metrics, by its name and labels (0 if it has not been exported yet)."""
+    response = await http.get("/metrics")
+    response.raise_for_status()
+    return next((sample.value for family in text_string_to_metric_families(response.text)
+                 for sample in family.samples if sample.name == name and sample.labels == labels), 0.0)
