@@ -9,6 +9,8 @@ Rules (radix_cache.py keeps the holds; the rule says how long):
 - An ended session's hold is dropped at once (its instance may start a batch); a request withdrawn
   while decoding drops its session's hold (the caller starts batches once every withdrawal is done).
 - The rule is told when each call is scheduled (`on_scheduled`: its prefill starts).
+- A `WaitingPinRule` (Continuum's public code) keeps an expired hold while `keeps_pin` says so; it is
+  looked at again at every later expiry (each batch formed, each tick).
 - Without a rule nothing is held: a chain is unpinned when its KV reaches decode.
 """
 
@@ -17,7 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from basin_sim.policies.base import PinRule
+from basin_sim.policies.base import PinRule, WaitingPinRule
 from basin_sim.prefill import PrefillInstance, PrefillJob
 from basin_sim.radix_cache import RadixCache
 
@@ -94,6 +96,20 @@ class TtlPins(NoPins):
         return sum(cache.held_tokens for cache in caches)
 
 
+class WaitingPins(TtlPins):
+    """TTL holds that the rule may keep past their TTL (while the session's next call waits)."""
+
+    def __init__(self, rule: WaitingPinRule) -> None:
+        super().__init__(rule)
+        self.keeps_pin = rule.keeps_pin
+
+    def expire(self, prefill: PrefillInstance, now: float) -> bool:
+        """Unpin the instance's expired holds the rule does not keep; True if any went."""
+        return bool(prefill.cache.expire_holds(now, keep=self.keeps_pin))
+
+
 def pins_for(rule: PinRule | None) -> NoPins:
     """The strategy for a policy's pin rule (None: no pins)."""
-    return NoPins() if rule is None else TtlPins(rule)
+    if rule is None:
+        return NoPins()
+    return WaitingPins(rule) if isinstance(rule, WaitingPinRule) else TtlPins(rule)

@@ -17,8 +17,9 @@ Rules:
   nodes, so the device nodes of a chain always share one last-access time.
 - Holds (pins between calls, pins.py): `release(..., hold_until_s=t)` keeps the request's pin as a
   hold instead of unpinning; `hold(key, t)` moves its expiry; `expire_holds(now)` unpins every hold
-  whose time has come (it becomes evictable as usual); the session's next `admit` turns its hold back
-  into a request pin; `drop_hold` ends it at once (the session ended). A hold is one lock reference.
+  whose time has come (it becomes evictable as usual), but those its `keep` predicate keeps for now;
+  the session's next `admit` turns its hold back into a request pin; `drop_hold` ends it at once (the
+  session ended). A hold is one lock reference.
 - Device eviction removes an unpinned leaf in LRU order (whole nodes, as SGLang does): the deepest
   device segment of the least recently used unpinned chain; a group node is a leaf once none of its
   chains has device segments. With a host tier the node moves to the host (evicting the host's LRU
@@ -45,7 +46,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 MIN_HEAP_SLACK = 1024  # stale heap entries tolerated on top of twice the records before a rebuild
@@ -260,16 +261,23 @@ class RadixCache:
         self._unpin_hold(session_key)
         return True
 
-    def expire_holds(self, now: float) -> int:
-        """Unpin every hold whose expiry is <= now; return how many expired."""
+    def expire_holds(self, now: float, keep: Callable[[str], bool] | None = None) -> int:
+        """Unpin every hold whose expiry is <= now, but those `keep` keeps (looked at again next time); return how
+        many expired."""
         count = 0
         heap = self._hold_heap
+        kept: list[tuple[float, str]] = []
         while heap and heap[0][0] <= now:
             until_s, key = heapq.heappop(heap)
             if self._holds.get(key) == until_s:
+                if keep is not None and keep(key):
+                    kept.append((until_s, key))
+                    continue
                 del self._holds[key]
                 self._unpin_hold(key)
                 count += 1
+        for entry in kept:
+            heapq.heappush(heap, entry)
         return count
 
     def _set_hold(self, session_key: str, until_s: float) -> None:

@@ -13,10 +13,12 @@ from basin_sim.policies.base import (
 from basin_sim.policies.basin import BASIN, BASIN_PROTO, BasinPolicy, MissingPredictionError
 from basin_sim.policies.budgeter import BUDGETER, BudgeterPolicy
 from basin_sim.policies.continuum import CONTINUUM, ContinuumPolicy
+from basin_sim.policies.continuum_fixed import CONTINUUM_FIXED_TTL, ContinuumFixedTtlPolicy
 from basin_sim.policies.fcfs import HICACHE, SGLANG, FcfsPolicy
 
 _REGISTRY: dict[str, PolicySpec] = {spec.name: spec
-                                    for spec in (SGLANG, HICACHE, CONTINUUM, BUDGETER, BASIN_PROTO, BASIN)}
+                                    for spec in (SGLANG, HICACHE, CONTINUUM, CONTINUUM_FIXED_TTL, BUDGETER,
+                                                   BASIN_PROTO, BASIN)}
 
 
 def policy_names() -> tuple[str, ...]:
@@ -41,6 +43,7 @@ __all__ = [
     "NO_DECISIONS",
     "BasinPolicy",
     "BudgeterPolicy",
+    "ContinuumFixedTtlPolicy",
     "ContinuumPolicy",
     "Decisions",
     "FcfsPolicy",

@@ -18,7 +18,8 @@ Rules:
   prompt's size. Anything else (the real peak, later calls) is an oracle and must say so in its name.
 - A policy that pins a session's KV between calls (Continuum) offers a `PinRule` as `pins` (None for
   every other policy): the engine asks it, at every answer, how long to hold that call's KV on prefill,
-  and tells it when each call is scheduled (its prefill starts).
+  and tells it when each call is scheduled (its prefill starts). A `WaitingPinRule` is also asked, when
+  a hold's TTL has passed, whether it must stay (the session's next call waits).
 - Every policy reports what it did over the run (`report()`, for run_summary.py): Basin its reservations,
   Continuum its pins, the others nothing (`NO_REPORT`).
 - A policy does no I/O and reads time only from `now`.
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from basin_runtime.policy.calibrated import Calibration
 from basin_runtime.session_table import Session
@@ -105,11 +106,22 @@ class PinReport:
 
 
 @dataclass(frozen=True)
+class FixedTtlReport:
+    """Continuum's public code beyond `PinReport`: the share of answers not pinned because their tool's mean gap
+    exceeded the fixed TTL, and the mean time a pin was held (past its TTL while the next call waited, included)."""
+
+    pin_slow_tool_share: float | None
+    pin_held_mean_s: float | None
+
+
+@dataclass(frozen=True)
 class PolicyReport:
-    """What a policy did over a run: its reservations (Basin) and its pins (Continuum); None where it has none."""
+    """What a policy did over a run: its reservations (Basin), its pins (Continuum) and what the fixed-TTL pins
+    did beyond them (Continuum's public code); None where it has none."""
 
     reservations: ReservationReport | None = None
     pins: PinReport | None = None
+    fixed_ttl: FixedTtlReport | None = None
 
 
 NO_REPORT = PolicyReport()
@@ -124,6 +136,15 @@ class PinRule(Protocol):
 
     def on_scheduled(self, session_id: str, now: float) -> None:
         """A call of the session was scheduled: its prefill starts now."""
+        ...
+
+
+@runtime_checkable
+class WaitingPinRule(PinRule, Protocol):
+    """A pin rule whose expired pin stays while the session's next call waits (Continuum's public code)."""
+
+    def keeps_pin(self, session_id: str) -> bool:
+        """True while the session's hold must outlive its TTL."""
         ...
 
 
