@@ -63,6 +63,7 @@ STUCK_MINUTES = 20
 STUCK_DROP = 0.3
 STUCK_CEILING = 0.6
 PIN_KEYS = tuple(f.name for f in dataclasses.fields(PinReport))  # null for a policy that never pins
+FIXED_TTL_KEYS = tuple(f.name for f in dataclasses.fields(FixedTtlReport))  # absent but for continuum-fixed-ttl
 
 
 def _median(values: Sequence[float]) -> float | None:

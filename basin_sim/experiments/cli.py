@@ -32,7 +32,7 @@ from basin_sim.experiments.help_format import DefaultsFormatter
 from basin_sim.experiments.predictions import PredictionsError
 from basin_sim.experiments.run_setup import RunSetup, UsageError, prepare_run
 from basin_sim.policies import UnknownPolicyError
-from basin_sim.run_summary import PIN_KEYS
+from basin_sim.run_summary import FIXED_TTL_KEYS, PIN_KEYS
 from basin_sim.simulate import run_scenario
 from basin_sim.workload.pool import PoolError
 from basin_sim.workload.scenarios import ScenarioError
@@ -87,7 +87,11 @@ def _run(args: argparse.Namespace) -> int:
 BASIN_FIELDS = ("knee_tokens", "reservation_ratio", "sessions_admitted", "sessions_overflowed", "calibration_source")
 PREDICTOR_FIELDS = ("reservation_scale", "reservation_quantile", "predictions")  # basin alone reads a predictor
 OWNERS = {**dict.fromkeys(BASIN_FIELDS, ("basin", "basin-proto")), **dict.fromkeys(PREDICTOR_FIELDS, ("basin",)),
-          **dict.fromkeys(PIN_KEYS, ("continuum",)), "suspensions": ("budgeter",)}
+          **dict.fromkeys(PIN_KEYS, ("continuum",)), "suspensions": ("budgeter",),
+          # Continuum's public code measures no T, eta or re-entries: it shares the plain pin counts only
+          **dict.fromkeys(("pin_answers", "pin_answer_share", "pin_ttl_mean_s", "pin_tool_time_share"),
+                          ("continuum", "continuum-fixed-ttl")),
+          **dict.fromkeys(FIXED_TTL_KEYS, ("continuum-fixed-ttl",))}
 
 
 def policy_fields(summary: dict[str, Any], policy: str) -> dict[str, Any]:
@@ -112,6 +116,9 @@ POLICIES = """policies (--policy):
   sglang       stock SGLang PD: first come first served, no admission control, GPU prefix cache only
   hicache      the same with SGLang's HiCache host tier (prefixes evicted from GPU kept in host memory)
   continuum    Continuum: KV pinned across tool calls for a per-call TTL, program-level FCFS, no admission
+  continuum-fixed-ttl
+               Continuum's public code: a fixed 2 s pin unless the tool's mean gap > 2 s, kept while the
+               job's next call waits; pinned jobs first, then program-level FCFS
   budgeter     the vLLM study's budgeter: sessions' contexts bounded by the KV pool, newest suspended
   basin-proto  Basin's hardware prototype: arrival order, admission by current context, shedding
   basin        Basin: predicted-peak admission (--model), size-aware priority, adaptive budget, shedding

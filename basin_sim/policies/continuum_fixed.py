@@ -23,7 +23,8 @@ Rules:
 - Report (`report`): answers (non-last calls answered), the share pinned, the mean TTL over answers,
   the share of tool time pinned (sum of min(TTL, gap) / sum of gaps); beyond `PinReport`
   (`FixedTtlReport`): the share of answers not pinned because their tool's mean gap > 2 s, and the
-  mean time a pin was held (past its TTL while the next call waited, included).
+  mean time a pin was held, over the pins that ended (past its TTL while the next call waited,
+  included; up to the next call's scheduling, its TTL's end, or the session's end).
 - Assumption (tool name): the pool's sessions carry no tool names (session_table.Call has token counts
   and a gap only) and the simulator parses no output, so one tool class per benchmark
   (`Session.benchmark`) stands in for the parsed tool name, and every call but the last counts as a
@@ -97,7 +98,8 @@ class ContinuumFixedTtlPolicy:
         self.ttl_sum_s = 0.0
         self.tool_s = 0.0
         self.pinned_tool_s = 0.0
-        self.held_sum_s = 0.0  # pin time of every pinned answer whose pin has ended
+        self.held_sum_s = 0.0  # pin time of every pin that has ended
+        self.ended_pins = 0
 
     def on_arrival(self, session_id: str, now: float, session: Session) -> Decisions:
         """Always admit; remember the job's first arrival, its length and its tool class."""
@@ -160,6 +162,7 @@ class ContinuumFixedTtlPolicy:
         """The job's pin (from its last answer) was held until `end_s`."""
         assert job.pin_start_s is not None
         self.held_sum_s += end_s - job.pin_start_s
+        self.ended_pins += 1
         job.pin_start_s = job.pin_end_s = None
         job.kept = False
 
@@ -184,7 +187,7 @@ class ContinuumFixedTtlPolicy:
                 pin_queue_delay_s=None, pin_eta=None, pin_evicted_reentries=0),
             fixed_ttl=FixedTtlReport(
                 pin_slow_tool_share=None if answers is None else self.slow_tool_answers / answers,
-                pin_held_mean_s=self.held_sum_s / self.pinned_answers if self.pinned_answers else None))
+                pin_held_mean_s=self.held_sum_s / self.ended_pins if self.ended_pins else None))
 
 
 def _continuum_fixed(context: PolicyContext) -> ContinuumFixedTtlPolicy:

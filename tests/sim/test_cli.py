@@ -218,6 +218,23 @@ def test_a_plain_sglang_summary_holds_only_what_sglang_has(
     assert "goodput_per_hour" in table and "pin_" not in table and "reservation_quantile" not in table
 
 
+def test_continuum_fixed_ttl_runs_from_the_cli_and_only_it_reports_the_slow_tool_skips(
+        files: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["run", "--scenario", files["scenario"], "--deployment", files["deployment"], "--seed", "3", "--quiet",
+            "--sessions", files["sessions"], *RATE, "--json"]
+    shown = {}
+    for policy in ("continuum", "continuum-fixed-ttl"):
+        assert main([*argv, "--policy", policy]) == 0
+        shown[policy] = json.loads(capsys.readouterr().out)
+    fixed = shown["continuum-fixed-ttl"]
+    assert fixed["policy"] == "continuum-fixed-ttl" and fixed["pin_answers"] > 0
+    # every answer is pinned 2 s or skipped for a slow tool (the pool parses no "no tool call")
+    assert fixed["pin_answer_share"] + fixed["pin_slow_tool_share"] == pytest.approx(1.0)
+    assert fixed["pin_ttl_mean_s"] == pytest.approx(2.0 * fixed["pin_answer_share"])
+    assert fixed["pin_held_mean_s"] > 0 and "pin_eta" not in fixed
+    assert not {"pin_slow_tool_share", "pin_held_mean_s"} & set(shown["continuum"])
+
+
 def test_the_top_level_help_names_every_subcommand_with_an_example_under_one_program_name(
         capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
