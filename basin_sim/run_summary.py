@@ -36,6 +36,12 @@ Rules:
   `held_cache_share`, that over the prefill caches' capacity; the policy's `PinReport` (`PIN_KEYS`:
   answers, the share pinned, the mean TTL, the share of tool time pinned, the mean T the choices
   read, eta at the end, evicted re-entries measured), None for a policy that never pins.
+- Session radix cache (`session_radix_cache` false | faithful | true, radix_cache.py): with the key on,
+  `session_cache` (`SessionCacheReport`) says what it did, summed over the prefill instances and the
+  whole run: the mode, references taken (normal finishes that registered), sessions closed, late
+  finishes of closed sessions (no reference taken), device tokens evicted while referenced and
+  unreferenced, and the referenced share of them (null without evictions). With the key off the key
+  is absent, so every earlier run's JSON is unchanged.
 - A run's summary is a frozen `RunSummary`; `to_json` is the one place it becomes the JSON object the
   CLI prints and the golden files hold (a policy without a reservation report shows its two counts as
   null; one that never pins, every pin key as null).
@@ -64,6 +70,35 @@ PIN_KEYS = tuple(f.name for f in dataclasses.fields(PinReport))  # null for a po
 
 def _median(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
+
+
+@dataclass(frozen=True)
+class SessionCacheReport:
+    """What SGLang's session-aware radix cache did over a run (all prefill instances)."""
+
+    mode: str  # "faithful" (as SGLang's PD prefill runs it: no reference) or "true" (intended, hypothetical)
+    references_taken: int
+    sessions_closed: int
+    late_finishes_ignored: int
+    evicted_referenced_tokens: int
+    evicted_unreferenced_tokens: int
+    evicted_referenced_share: float | None
+
+    @classmethod
+    def of(cls, engine: Engine) -> SessionCacheReport | None:
+        """The report of a run with the key on; None with it off."""
+        mode = engine.deployment.session_radix_cache
+        if mode is False:
+            return None
+        caches = [p.cache for p in engine.prefill]
+        referenced = sum(c.evicted_referenced_tokens for c in caches)
+        evicted = sum(c.evicted_tokens for c in caches)
+        return cls(mode="true" if mode is True else str(mode),
+                   references_taken=sum(c.references_taken for c in caches),
+                   sessions_closed=sum(c.sessions_closed for c in caches),
+                   late_finishes_ignored=sum(c.late_finishes for c in caches),
+                   evicted_referenced_tokens=referenced, evicted_unreferenced_tokens=evicted - referenced,
+                   evicted_referenced_share=referenced / evicted if evicted else None)
 
 
 @dataclass(frozen=True)
@@ -108,6 +143,7 @@ class RunSummary:
     held_cache_share: float | None
     pins: PinReport | None  # Continuum's; None for a policy that never pins
     timeline: tuple[dict[str, Any], ...]
+    session_cache: SessionCacheReport | None = None  # absent from the JSON with the key off
 
     @property
     def goodput_per_hour(self) -> float:
@@ -124,6 +160,9 @@ class RunSummary:
             elif f.name == "reservations":
                 out.update({"sessions_admitted": None, "sessions_overflowed": None} if value is None
                            else dataclasses.asdict(value))
+            elif f.name == "session_cache":
+                if value is not None:
+                    out[f.name] = dataclasses.asdict(value)
             elif f.name == "pins":
                 out.update(dict.fromkeys(PIN_KEYS) if value is None else dataclasses.asdict(value))
             elif isinstance(value, tuple):
@@ -171,7 +210,8 @@ def summarize(spec: RunSpec, engine: Engine, outcomes: Sequence[SessionOutcome],
         knee_tokens=None if spec.calibration is None else spec.calibration.knee_tokens,
         reservation_ratio=1.0 if spec.calibration is None else spec.calibration.reservation_ratio,
         reservations=report.reservations, held_tokens_mean=held,
-        held_cache_share=None if held is None else held / cache_tokens, pins=report.pins, timeline=tuple(minutes))
+        held_cache_share=None if held is None else held / cache_tokens, pins=report.pins, timeline=tuple(minutes),
+        session_cache=SessionCacheReport.of(engine))
 
 
 def _recovered_after_s(timeline: Timeline, spec: RunSpec, hit_pre: float | None) -> float | None:
