@@ -95,17 +95,18 @@ class DeploymentSpec:
     lending: LendingKind = "none"
     session_radix_cache: SessionRadixCache = False
 
-    def build(self, cache: CacheKind | None = None, lending: LendingKind | None = None) -> Deployment:
-        """The deployment, with the file's cache kind and lending unless `cache` / `lending` override them."""
+    def build(self, cache: CacheKind | None = None, lending: LendingKind | None = None,
+              session_radix_cache: SessionRadixCache | None = None) -> Deployment:
+        """The deployment, with the file's cache kind, lending and session radix cache unless overridden."""
         kind = self.cache if cache is None else cache
+        session_cache = self.session_radix_cache if session_radix_cache is None else session_radix_cache
         try:
             base = Deployment.of(self.name, self.profile, self.num_prefill, self.num_decode, kind)
             host = base.host_cache_tokens if self.host_cache_tokens is None or kind == "gpu" else self.host_cache_tokens
             return dataclasses.replace(
                 base, prefill_cache_tokens=self.prefill_cache_tokens or base.prefill_cache_tokens,
                 decode_kv_tokens=self.decode_kv_tokens or base.decode_kv_tokens, host_cache_tokens=host,
-                lending=self.lending if lending is None else lending, session_radix_cache=self.session_radix_cache,
-                **self.server)
+                lending=self.lending if lending is None else lending, session_radix_cache=session_cache, **self.server)
         except ProfileError as exc:
             raise CatalogError(f"{self.path}: {exc}") from exc
 

@@ -37,6 +37,7 @@ CacheKind = Literal["gpu", "host"]
 CACHE_KINDS: tuple[CacheKind, ...] = ("gpu", "host")
 SessionRadixCache = bool | Literal["faithful"]
 SESSION_RADIX_CACHE_KINDS: tuple[SessionRadixCache, ...] = (False, True, "faithful")
+SESSION_RADIX_CACHE_CHOICES: dict[str, SessionRadixCache] = {"false": False, "faithful": "faithful", "true": True}
 
 
 class ProfileError(ValueError):
