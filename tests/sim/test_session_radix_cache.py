@@ -15,15 +15,19 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+from pathlib import Path
 
 import pytest
 
+from basin_sim.catalog import CatalogError, load_deployment
 from basin_sim.engine import Engine
+from basin_sim.experiments.calibrate.rates import overload_shape, rate_key
 from basin_sim.policies import FcfsPolicy
 from basin_sim.profile import Deployment, ProfileError
 from basin_sim.radix_cache import Admission, CacheError, RadixCache
 from tests.sim.builders import deployment, session, spec
 from tests.sim.radix_model import DEVICE, HOST, NONE, ModelCache, Node
+from tests.sim.test_engine_golden import CELLS, POOL, golden
 from tests.sim.test_radix_cache_differential import (
     KINDS,
     NUM_SESSIONS,
@@ -322,3 +326,42 @@ def test_engine_key_off_faithful_and_true() -> None:
     hit_off, hit_on = (sum(e.timeline.device_hit_tokens) for e in (off, on))
     assert sum(off.timeline.prompt_tokens) == sum(on.timeline.prompt_tokens)
     assert hit_on - hit_off >= 1_000  # keep's later calls hit its 1,500-token chain instead of the group only
+
+
+# --- deployment key, run summary, rate key --------------------------------------------------------------
+
+def test_the_summary_reports_the_session_cache_only_with_the_key_on() -> None:
+    cell = CELLS[0]  # sglang, no lending, on the golden surge
+    assert cell.policy == "sglang" and cell.deployment.session_radix_cache is False
+    expected = golden()[cell.name]["summary"]
+    assert "session_cache" not in expected
+    faithful = dataclasses.replace(cell, deployment=dataclasses.replace(cell.deployment,
+                                                                        session_radix_cache="faithful")).run()["summary"]
+    report = faithful.pop("session_cache")
+    assert faithful == expected  # inert under PD: the same run, only the report added
+    assert report["mode"] == "faithful" and report["references_taken"] == 0 and report["sessions_closed"] > 0
+    assert report["evicted_referenced_tokens"] == 0
+    on = dataclasses.replace(cell, deployment=dataclasses.replace(cell.deployment, session_radix_cache=True))
+    report = on.run()["summary"]["session_cache"]
+    assert report["mode"] == "true" and report["references_taken"] > 0
+    assert report["evicted_referenced_tokens"] + report["evicted_unreferenced_tokens"] > 0
+
+
+def test_the_deployment_file_key_and_the_rate_key(tmp_path: Path) -> None:
+    text = "profile: h100-qwen3.6-35b-a3b\nnum_prefill: 1\nnum_decode: 3\ncache: gpu\n"
+    for value, expected in (("", False), ("session_radix_cache: true\n", True),
+                            ("session_radix_cache: faithful\n", "faithful")):
+        (tmp_path / "d.yaml").write_text(text + value)
+        spec_ = load_deployment(str(tmp_path / "d.yaml"))
+        assert spec_.build().session_radix_cache == expected
+        assert spec_.build(session_radix_cache=False).session_radix_cache is False
+    (tmp_path / "d.yaml").write_text(text + "session_radix_cache: yes-please\n")
+    with pytest.raises(CatalogError, match="session_radix_cache"):
+        load_deployment(str(tmp_path / "d.yaml"))
+    off = CELLS[0].deployment
+    scenario = CELLS[0].scenario
+    key = rate_key(off, scenario.workload, scenario.clients, POOL)
+    for value in (True, "faithful"):  # every session-cache key of a shape runs at the same measured rate
+        on = dataclasses.replace(off, session_radix_cache=value)
+        assert rate_key(on, scenario.workload, scenario.clients, POOL) == key
+        assert overload_shape(on) == overload_shape(off)
