@@ -27,10 +27,11 @@ Rules:
   tier of (ratio - 1) x the device pool: the same host-only capacity as SGLang's write-through HiCache
   once the device is full (design.md).
 - Records: the cache keeps a chain's record while some segment of it is on the device or the host,
-  or it is pinned (a request or a hold); a group's while it is cached or has a chain record. Once
-  neither holds, the record goes (an ended session's KV stays until LRU eviction takes it, as in
-  SGLang, which never learns that a session ended). A session whose chain went comes back as a new
-  chain: its next prompt past the group is one new segment, as SGLang inserts it as one new node.
+  or it is pinned (a request or a hold), or its session holds a reference; a group's while it is
+  cached or has a chain record. Once neither holds, the record goes (an ended session's KV stays until
+  eviction takes it, as in SGLang, which without session references never learns that a session
+  ended). A session whose chain went comes back as a new chain: its next prompt past the group is one
+  new segment, as SGLang inserts it as one new node.
 - Session references (`session_refs=True`: SGLang's `--enable-session-radix-cache`, field-sources.md
   section 2): `release(..., finished=True)` (a call's normal finish, not an abort) gives the session one
   reference on its path: the group and the chain's segments so far (its coverage); a later finish moves

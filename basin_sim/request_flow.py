@@ -16,12 +16,16 @@ Rules:
 - The hit-rate window is fed with each answer's prompt and cached (device + host + storage) tokens,
   as the gateway reads them from the usage; the latency window with each call's time to first token
   from its first send (retries count).
-- Session radix cache (`Deployment.session_radix_cache`, radix_cache.py): a request's KV reaching decode
-  is its prefill side's normal finish (SGLang's `cache_finished_req` after the transfer), which takes the
-  session's reference when the key is true; a withdrawal is an abort and takes none. Under "faithful" no
-  reference is taken (SGLang's PD prefill runs `cache_finished_req` before it sets `finished_reason`,
-  field-sources.md section 2), so the key is inert. Either way an ended session is closed on every
-  prefill instance (`forget_session`).
+- Session radix cache (`Deployment.session_radix_cache`, radix_cache.py): under "faithful" no reference
+  is taken: SGLang's PD prefill runs `cache_finished_req` before it sets `finished_reason`, so
+  `register_session_ref` never runs there (field-sources.md section 2) and the key is inert on the
+  prefill tree, the only radix cache this model keeps (decode's is off in SGLang PD by default).
+  Assumption (true, hypothetical under PD): the prefill side's normal finish is its KV reaching decode
+  (where SGLang's prefill calls `cache_finished_req`), and it takes the session's reference, as if
+  SGLang set the finish reason first; a withdrawal is an abort and takes none. Either way an ended
+  session (finished, killed, aborted or abandoned; a session shed at the door never reached a cache)
+  is closed on every prefill instance at its end (`forget_session`): the gateway POSTs
+  `/close_session` to each engine, since smg has no such route.
 - Withdrawing a request (a kill, a client timeout, a client giving up) takes it out wherever it is, as
   SGLang aborts a request whose client went away: it gives back its decode pre-allocation (queued or
   held), its prefill job and its cache pin at once, except a job inside a running prefill batch,
