@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import random
 from pathlib import Path
@@ -22,11 +23,14 @@ import pytest
 from basin_sim.catalog import CatalogError, load_deployment
 from basin_sim.engine import Engine
 from basin_sim.experiments.calibrate.rates import overload_shape, rate_key
+from basin_sim.experiments.cli import main
 from basin_sim.policies import FcfsPolicy
 from basin_sim.profile import Deployment, ProfileError
 from basin_sim.radix_cache import Admission, CacheError, RadixCache
-from tests.sim.builders import deployment, session, spec
+from tests.sim.builders import deployment, seeded_files, session, spec
 from tests.sim.radix_model import DEVICE, HOST, NONE, ModelCache, Node
+from tests.sim.test_cli import DEPLOYMENT as CLI_DEPLOYMENT
+from tests.sim.test_cli import RATE, SCENARIO
 from tests.sim.test_engine_golden import CELLS, POOL, golden
 from tests.sim.test_radix_cache_differential import (
     KINDS,
@@ -365,3 +369,17 @@ def test_the_deployment_file_key_and_the_rate_key(tmp_path: Path) -> None:
         on = dataclasses.replace(off, session_radix_cache=value)
         assert rate_key(on, scenario.workload, scenario.clients, POOL) == key
         assert overload_shape(on) == overload_shape(off)
+
+
+def test_run_takes_the_key_as_an_override(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "s.yaml").write_text(SCENARIO)
+    files = seeded_files(tmp_path, CLI_DEPLOYMENT)
+    argv = ["run", "--scenario", str(tmp_path / "s.yaml"), "--deployment", files["deployment"], "--policy", "sglang",
+            "--seed", "3", "--json", "--quiet", "--sessions", files["sessions"], *RATE]
+    shown = {}
+    for value in ("false", "true"):
+        assert main([*argv, "--session-radix-cache", value]) == 0
+        shown[value] = json.loads(capsys.readouterr().out)
+    assert "session_cache" not in shown["false"]
+    assert shown["true"]["session_cache"]["mode"] == "true" and shown["true"]["session_cache"]["references_taken"] > 0
+    assert shown["true"]["base_rate_per_s"] == shown["false"]["base_rate_per_s"]  # the same arrivals
