@@ -15,7 +15,8 @@ Rules:
   the profile's whole KV pool, and its host tier when `cache` is host), optional SGLang decode
   settings `decode_reserved_tokens`, `decode_clip_max_new_tokens`, `retraction_policy` (default:
   SGLang's, see basin_sim/decode.py), optional `lending` (none | decode-memory | storage-offload; default none, what
-  stock SGLang does). Overload rates are not kept
+  stock SGLang does), optional `session_radix_cache` (false | faithful | true; default false: SGLang's
+  session-aware radix cache, basin_sim/radix_cache.py). Overload rates are not kept
   here: they depend on the workload, and are measured on first use (calibrate/rates.py).
 - A scenario file: see basin_sim/workload/scenarios.py and the README's schema; each `rate`
   segment gives `from_s` and exactly one of `x_overload` and `per_min` (the scenario names the
@@ -48,7 +49,15 @@ from basin_runtime.schema import (
     read_keys,
 )
 from basin_sim.clients import ClientError, ClientPolicy
-from basin_sim.profile import CACHE_KINDS, CacheKind, Deployment, Profile, ProfileError
+from basin_sim.profile import (
+    CACHE_KINDS,
+    SESSION_RADIX_CACHE_KINDS,
+    CacheKind,
+    Deployment,
+    Profile,
+    ProfileError,
+    SessionRadixCache,
+)
 from basin_sim.workload import serving
 from basin_sim.workload.scenarios import (
     BurstSpec,
@@ -84,17 +93,20 @@ class DeploymentSpec:
     host_cache_tokens: int | None = None
     server: dict[str, Any] = dataclasses.field(default_factory=dict)  # SGLang decode settings (_SERVER_KEYS)
     lending: LendingKind = "none"
+    session_radix_cache: SessionRadixCache = False
 
-    def build(self, cache: CacheKind | None = None, lending: LendingKind | None = None) -> Deployment:
-        """The deployment, with the file's cache kind and lending unless `cache` / `lending` override them."""
+    def build(self, cache: CacheKind | None = None, lending: LendingKind | None = None,
+              session_radix_cache: SessionRadixCache | None = None) -> Deployment:
+        """The deployment, with the file's cache kind, lending and session radix cache unless overridden."""
         kind = self.cache if cache is None else cache
+        session_cache = self.session_radix_cache if session_radix_cache is None else session_radix_cache
         try:
             base = Deployment.of(self.name, self.profile, self.num_prefill, self.num_decode, kind)
             host = base.host_cache_tokens if self.host_cache_tokens is None or kind == "gpu" else self.host_cache_tokens
             return dataclasses.replace(
                 base, prefill_cache_tokens=self.prefill_cache_tokens or base.prefill_cache_tokens,
                 decode_kv_tokens=self.decode_kv_tokens or base.decode_kv_tokens, host_cache_tokens=host,
-                lending=self.lending if lending is None else lending, **self.server)
+                lending=self.lending if lending is None else lending, session_radix_cache=session_cache, **self.server)
         except ProfileError as exc:
             raise CatalogError(f"{self.path}: {exc}") from exc
 
@@ -150,6 +162,9 @@ DEPLOYMENT_KEYS: dict[str, Key] = {
     "num_decode": Key(Whole(), "decode instances"),
     "cache": Key(OneOf(CACHE_KINDS), "where the prefix cache lives"),
     "lending": Key(OneOf(LENDING_KINDS), "the lending switch (default none, as stock SGLang)"),
+    "session_radix_cache": Key(OneOf(SESSION_RADIX_CACHE_KINDS),
+                               "SGLang's session-aware radix cache on prefill (default false; faithful: as "
+                               "SGLang's code under PD, inert; true: its intended semantics, hypothetical)"),
     "prefill_cache_tokens": Key(_TOKENS, "per prefill instance (default: the profile's KV pool)", "tokens"),
     "decode_kv_tokens": Key(_TOKENS, "per decode instance (default: the profile's KV pool)", "tokens"),
     "host_cache_tokens": Key(_TOKENS, "per instance, with cache: host (default: the profile's host tier)", "tokens"),
@@ -168,7 +183,8 @@ def load_deployment(name: str) -> DeploymentSpec:
     server = {key: data[key] for key in _SERVER_KEYS if key in data}
     spec = DeploymentSpec(data.get("name", path.stem), path, load_profile(data["profile"]), data["num_prefill"],
                           data["num_decode"], data["cache"], **memories, server=server,
-                          lending=data.get("lending", "none"))
+                          lending=data.get("lending", "none"),
+                          session_radix_cache=data.get("session_radix_cache", False))
     spec.build()  # checks the counts and memories now, naming the file
     return spec
 

@@ -16,7 +16,8 @@ Rules of the engine itself:
 - Per timeline bin, the state at the bin's end is recorded before the first event at or after it.
 Invariants (`check`): those of sessions.py and request_flow.py; a request in flight is its session's
 request unless withdrawn (then it waits for its prefill batch to end); each decode instance's
-reserved and queued tokens are those of its requests; an ended session holds no cache hold or kept KV.
+reserved and queued tokens are those of its requests; an ended session holds no cache hold, session
+reference or kept KV.
 """
 
 from __future__ import annotations
@@ -256,4 +257,5 @@ class Engine:
             if run.is_over:
                 session_id = run.spec.session_id
                 assert not any(p.cache.is_held(session_id) for p in self.prefill), f"{session_id!r} holds a pin"
+                assert not any(p.cache.is_referenced(session_id) for p in self.prefill), f"{session_id!r} is referenced"
                 assert not self.kv_tier.holds(session_id), f"{session_id!r} lends KV"

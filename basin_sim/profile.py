@@ -35,6 +35,9 @@ from basin_runtime.policy.lending import LENDING_KINDS, LendingKind
 
 CacheKind = Literal["gpu", "host"]
 CACHE_KINDS: tuple[CacheKind, ...] = ("gpu", "host")
+SessionRadixCache = bool | Literal["faithful"]
+SESSION_RADIX_CACHE_KINDS: tuple[SessionRadixCache, ...] = (False, True, "faithful")
+SESSION_RADIX_CACHE_CHOICES: dict[str, SessionRadixCache] = {"false": False, "faithful": "faithful", "true": True}
 
 
 class ProfileError(ValueError):
@@ -141,6 +144,10 @@ class Deployment:
     decode_clip_max_new_tokens: int = 4096
     retraction_policy: Literal["length", "priority"] = "length"
     lending: LendingKind = "none"  # a deployment switch every policy runs under (LENDING_KINDS)
+    # SGLang's --enable-session-radix-cache on the prefill tree (basin_sim/radix_cache.py): False off,
+    # "faithful" as SGLang's code runs it under PD (no reference is taken on prefill: inert, reported),
+    # True the intended semantics on the prefill tree (hypothetical under PD).
+    session_radix_cache: SessionRadixCache = False
 
     def __post_init__(self) -> None:
         for name in ("num_prefill", "num_decode", "prefill_cache_tokens", "decode_kv_tokens"):
@@ -155,6 +162,10 @@ class Deployment:
         if self.retraction_policy not in ("length", "priority"):
             raise ProfileError(f"deployment {self.name!r}: retraction_policy must be length or priority, "
                                f"got {self.retraction_policy!r}")
+        value = self.session_radix_cache
+        if not any(value == kind and type(value) is type(kind) for kind in SESSION_RADIX_CACHE_KINDS):
+            raise ProfileError(f"deployment {self.name!r}: session_radix_cache must be one of "
+                               f"{list(SESSION_RADIX_CACHE_KINDS)}, got {value!r}")
         if self.lending not in LENDING_KINDS:
             raise ProfileError(f"deployment {self.name!r}: lending must be one of {list(LENDING_KINDS)}, "
                                f"got {self.lending!r}")
@@ -184,6 +195,11 @@ class Deployment:
     def host_capacity_tokens(self) -> int:
         """The host tier of all prefill instances together (0: no host tier)."""
         return uniform_pooled_tokens(self.host_cache_tokens, self.num_prefill)
+
+    @property
+    def takes_session_refs(self) -> bool:
+        """True when the prefill caches keep session references (`session_radix_cache: true`)."""
+        return self.session_radix_cache is True
 
     @property
     def cache_kind(self) -> CacheKind:

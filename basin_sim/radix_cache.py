@@ -28,28 +28,49 @@ Rules:
   tier of (ratio - 1) x the device pool: the same host-only capacity as SGLang's write-through HiCache
   once the device is full (design.md).
 - Records: the cache keeps a chain's record while some segment of it is on the device or the host,
-  or it is pinned (a request or a hold); a group's while it is cached or has a chain record. Once
-  neither holds, the record goes (an ended session's KV stays until LRU eviction takes it, as in
-  SGLang, which never learns that a session ended). A session whose chain went comes back as a new
-  chain: its next prompt past the group is one new segment, as SGLang inserts it as one new node.
-- Heaps use lazy invalidation (a version per chain; an entry (last_access_s, seq) ranks leaves, ties
+  or it is pinned (a request or a hold), or its session holds a reference; a group's while it is
+  cached or has a chain record. Once neither holds, the record goes (an ended session's KV stays until
+  eviction takes it, as in SGLang, which without session references never learns that a session
+  ended). A session whose chain went comes back as a new chain: its next prompt past the group is one
+  new segment, as SGLang inserts it as one new node.
+- Session references (`session_refs=True`: SGLang's `--enable-session-radix-cache`, field-sources.md
+  section 2): `release(..., finished=True)` (a call's normal finish, not an abort) gives the session one
+  reference on its path: the group and the chain's segments so far (its coverage); a later finish moves
+  that coverage forward to the new segments, so a session holds one reference per path, not one per call.
+  `close_session` (the session ended: SGLang's `/close_session`) drops its reference (the KV stays,
+  unreferenced) and tombstones the id, so a late finish after the close takes none (the last 8192 closed
+  ids are kept, SGLang's `_CLOSED_SESSION_TOMBSTONE_LIMIT`). Eviction (device and host) takes unreferenced
+  leaves first, in LRU order, then referenced ones, in LRU order: soft, so referenced KV still goes under
+  pressure; pinned (in-flight, held) chains never. A segment dropped to no tier leaves the coverage (it
+  recedes to what is left, as SGLang's `discard_deleted_session_leaf`); a group dropped to no tier ends
+  the references of its sessions (none is left on their path). A conversation rewritten (its segments
+  forgotten) keeps its reference on the group only.
+- Assumption (session references): a node's place in LRU order is its last access; a reference taken or
+  dropped does not move it (the heap version of SGLang's eviction, `session_ref_eviction_strategy`,
+  ranks by (referenced, strategy key); the list version re-files a node at the MRU end on a 0<->1
+  change instead). With `session_refs=False` every leaf is unreferenced and the order is the plain LRU.
+- Heaps use lazy invalidation (a version per chain; an entry (referenced, last_access_s, seq) ranks leaves, ties
   by push order). A heap is rebuilt from the current leaves, in record order, once its entries
   outnumber twice the records (+ MIN_HEAP_SLACK): match is O(1), eviction O(log n) amortized, and
   memory is bounded by what the cache holds.
 
 Invariants (`check`): tier order on every path; device_used == sum of device segments <= capacity;
 host_used == sum of host segments <= host capacity; pinned_tokens == device tokens of pinned chains
-and of groups with a pinned chain; every record is cached or pinned (groups: or has chains).
+and of groups with a pinned chain; every record is cached or pinned or referenced (groups: or has
+chains); a group's session_refs == its referencing chains; a chain's covered segments <= its cached ones,
+0 without a reference; no closed session holds a reference.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 MIN_HEAP_SLACK = 1024  # stale heap entries tolerated on top of twice the records before a rebuild
+CLOSED_SESSION_TOMBSTONE_LIMIT = 8192  # SGLang's _CLOSED_SESSION_TOMBSTONE_LIMIT (session_ref_tracker.py)
 
 
 class CacheError(ValueError):
@@ -60,8 +81,8 @@ class Chain:
     """A path of segments: one session's conversation, or (with children) a group's shared prefix."""
 
     __slots__ = ("children", "device_children", "device_count", "device_tokens", "group", "host_count",
-                 "host_tokens", "key", "last_access_s", "lock_ref", "locked_children", "resident_children",
-                 "segments", "tokens", "version")
+                 "host_tokens", "key", "last_access_s", "lock_ref", "locked_children", "ref_segments",
+                 "resident_children", "segments", "session_refs", "tokens", "version")
 
     def __init__(self, key: str, group: Chain | None) -> None:
         self.key = key
@@ -79,6 +100,8 @@ class Chain:
         self.device_children = 0  # children with device segments (groups only)
         self.resident_children = 0  # children with device or host segments (groups only)
         self.locked_children = 0  # pinned children (groups only)
+        self.session_refs = 0  # chains: 1 while its session holds a reference; groups: referencing chains
+        self.ref_segments = 0  # chains: leading segments the session's reference covers
 
     @property
     def is_resident(self) -> bool:
@@ -124,13 +147,13 @@ class Admission:
     computed_tokens: int
 
 
-_Entry = tuple[float, int, Chain, int]  # (last_access_s, seq, chain, version)
+_Entry = tuple[bool, float, int, Chain, int]  # (referenced, last_access_s, seq, chain, version)
 
 
 class RadixCache:
     """The device (and optional host) prefix cache of one prefill instance."""
 
-    def __init__(self, capacity_tokens: int, host_capacity_tokens: int = 0) -> None:
+    def __init__(self, capacity_tokens: int, host_capacity_tokens: int = 0, *, session_refs: bool = False) -> None:
         if capacity_tokens <= 0 or host_capacity_tokens < 0:
             raise CacheError(f"capacity must be > 0 and host capacity >= 0, got {capacity_tokens}, "
                              f"{host_capacity_tokens}")
@@ -148,6 +171,12 @@ class RadixCache:
         self._seq = 0
         self._holds: dict[str, float] = {}  # session -> hold expiry
         self._hold_heap: list[tuple[float, str]] = []  # lazy: stale entries skipped
+        self.session_refs = session_refs
+        self.references_taken = 0  # finishes that registered a session reference
+        self.late_finishes = 0  # finishes of closed sessions (no reference taken)
+        self.sessions_closed = 0
+        self.evicted_referenced_tokens = 0  # device evictions of referenced segments
+        self._closed: OrderedDict[str, None] = OrderedDict()  # tombstones of closed sessions
 
     # --- questions -------------------------------------------------------------------------------
 
@@ -230,19 +259,79 @@ class RadixCache:
             device_hit, host_hit = (device_hit, host_hit - 1) if host_hit else (device_hit - 1, 0)
         return Admission(device_hit, host_hit, computed)
 
-    def release(self, session_key: str, now: float, hold_until_s: float | None = None) -> None:
-        """Unpin a session's chain (its request's KV has left the instance), or keep it as a hold."""
+    def release(self, session_key: str, now: float, hold_until_s: float | None = None, *,
+                finished: bool = False) -> None:
+        """Unpin a session's chain (its request's KV has left the instance), or keep it as a hold; `finished`
+        (a normal finish, not an abort) takes the session's reference when session references are on."""
         chain = self._chains.get(session_key)
         if chain is None:
             raise CacheError(f"unknown session {session_key!r} released")
         if chain.lock_ref == 0 or session_key in self._holds:
             raise CacheError(f"session {session_key!r} released but not pinned by a request")
+        if finished and self.session_refs:
+            self._register(chain)
         self._touch(chain, now)
         if hold_until_s is None:
             self._unlock(chain)
             self._forget_if_gone(chain)
         else:
             self._set_hold(session_key, hold_until_s)
+
+    def close_session(self, session_key: str) -> bool:
+        """The session ended (SGLang's `/close_session`): drop its reference, KV kept; True if it held one."""
+        self.sessions_closed += 1
+        if not self.session_refs:
+            return False
+        self._closed[session_key] = None
+        self._closed.move_to_end(session_key)
+        if len(self._closed) > CLOSED_SESSION_TOMBSTONE_LIMIT:
+            self._closed.popitem(last=False)
+        chain = self._chains.get(session_key)
+        if chain is None or not chain.session_refs:
+            return False
+        self._dereference(chain)
+        self._forget_if_gone(chain)
+        return True
+
+    def is_referenced(self, session_key: str) -> bool:
+        """True while a session holds a reference on its path."""
+        chain = self._chains.get(session_key)
+        return chain is not None and chain.session_refs > 0
+
+    def _register(self, chain: Chain) -> None:
+        """A normal finish: the session's reference covers its whole chain now (SGLang `register_session_ref`)."""
+        if chain.key in self._closed:
+            self.late_finishes += 1
+            return
+        group = chain.group
+        assert group is not None
+        self.references_taken += 1
+        if not chain.session_refs:
+            chain.session_refs = 1
+            group.session_refs += 1
+            self._push(group)
+        chain.ref_segments = len(chain.segments)
+        self._push(chain)
+
+    def _dereference(self, chain: Chain) -> None:
+        group = chain.group
+        assert group is not None
+        chain.session_refs, chain.ref_segments = 0, 0
+        group.session_refs -= 1
+        self._push(chain)
+        self._push(group)
+
+    def _recede(self, node: Chain) -> None:
+        """After `node` lost segments to no tier: its session coverage shrinks to what is left; a group gone
+        ends the references of the sessions below it."""
+        if node.group is not None:
+            node.ref_segments = min(node.ref_segments, node.device_count + node.host_count)
+            return
+        if node.is_resident or not node.session_refs:
+            return
+        for child in [child for child in node.children.values() if child.session_refs]:
+            self._dereference(child)
+            self._forget_if_gone(child)
 
     def hold(self, session_key: str, until_s: float) -> None:
         """Set when a held chain's hold expires (it must be held already)."""
@@ -314,7 +403,7 @@ class RadixCache:
         """Drop the record of a chain neither cached nor pinned, then its group's if neither cached nor with chains."""
         group = node.group
         if group is not None:
-            if node.is_resident or node.lock_ref > 0 or self._chains.get(node.key) is not node:
+            if node.is_resident or node.lock_ref > 0 or node.session_refs or self._chains.get(node.key) is not node:
                 return
             del self._chains[node.key], group.children[node.key]
             node = group
@@ -378,6 +467,7 @@ class RadixCache:
 
     def _forget_segments(self, chain: Chain) -> None:
         was_device, was_resident = chain.device_count > 0, chain.is_resident
+        chain.ref_segments = 0
         self.device_used_tokens -= chain.device_tokens
         self.host_used_tokens -= chain.host_tokens
         chain.segments, chain.tokens = [], 0
@@ -386,18 +476,28 @@ class RadixCache:
 
     # --- eviction ----------------------------------------------------------------------------------
 
+    @staticmethod
+    def _is_referenced(chain: Chain, on_device: bool) -> bool:
+        """True when the segment eviction would take next (device or host) is covered by a session reference."""
+        if chain.group is None:
+            return chain.session_refs > 0
+        deepest = chain.device_count if on_device else chain.device_count + chain.host_count
+        return deepest <= chain.ref_segments
+
     def _push(self, chain: Chain) -> None:
         self._seq += 1
         if chain.is_device_leaf():
-            heapq.heappush(self._device_heap, (chain.last_access_s, self._seq, chain, chain.version))
+            heapq.heappush(self._device_heap, (self._is_referenced(chain, True), chain.last_access_s, self._seq,
+                                               chain, chain.version))
         if chain.is_host_leaf():
-            heapq.heappush(self._host_heap, (chain.last_access_s, self._seq, chain, chain.version))
+            heapq.heappush(self._host_heap, (self._is_referenced(chain, False), chain.last_access_s, self._seq,
+                                             chain, chain.version))
 
     def _pop_leaf(self, heap: list[_Entry], on_device: bool) -> Chain | None:
         while heap:
-            _, _, chain, version = heapq.heappop(heap)
+            referenced, _, _, chain, version = heapq.heappop(heap)
             is_leaf = chain.is_device_leaf() if on_device else chain.is_host_leaf()
-            if version == chain.version and is_leaf:
+            if version == chain.version and is_leaf and referenced == self._is_referenced(chain, on_device):
                 return chain
         return None
 
@@ -412,6 +512,8 @@ class RadixCache:
         index = chain.device_count - 1
         tokens = chain.segments[index]
         was_device, was_resident = True, True
+        if self._is_referenced(chain, True):
+            self.evicted_referenced_tokens += tokens
         self.device_used_tokens -= tokens
         self.evicted_tokens += tokens
         chain.device_tokens -= tokens
@@ -424,6 +526,7 @@ class RadixCache:
             chain.device_count -= 1
             self._drop_host_below(chain)
         self._count_child(chain, was_device, was_resident)
+        self._recede(chain)
         self._push(chain)
         self._forget_if_gone(chain)
 
@@ -444,6 +547,7 @@ class RadixCache:
         chain.host_tokens -= tokens
         self.host_used_tokens -= tokens
         self._count_child(chain, was_device, was_resident)
+        self._recede(chain)
         self._push(chain)
         self._forget_if_gone(chain)
 
@@ -457,25 +561,26 @@ class RadixCache:
             was_resident = child.is_resident
             self._drop_host_below(child)
             self._count_child(child, child.device_count > 0, was_resident)
+            self._recede(child)
             self._forget_if_gone(child)
 
     def _compact(self) -> None:
         """Rebuild a heap from the current leaves once stale and duplicate entries outnumber them (amortized O(1))."""
         limit = 2 * (len(self._groups) + len(self._chains)) + MIN_HEAP_SLACK
         if len(self._device_heap) > limit:
-            self._device_heap = self._entries(node for node in self._records() if node.is_device_leaf())
+            self._device_heap = self._entries((node for node in self._records() if node.is_device_leaf()), True)
         if len(self._host_heap) > limit:
-            self._host_heap = self._entries(node for node in self._records() if node.is_host_leaf())
+            self._host_heap = self._entries((node for node in self._records() if node.is_host_leaf()), False)
 
     def _records(self) -> Iterable[Chain]:
         yield from self._groups.values()
         yield from self._chains.values()
 
-    def _entries(self, leaves: Iterable[Chain]) -> list[_Entry]:
+    def _entries(self, leaves: Iterable[Chain], on_device: bool) -> list[_Entry]:
         heap: list[_Entry] = []
         for node in leaves:
             self._seq += 1
-            heap.append((node.last_access_s, self._seq, node, node.version))
+            heap.append((self._is_referenced(node, on_device), node.last_access_s, self._seq, node, node.version))
         heapq.heapify(heap)
         return heap
 
@@ -504,10 +609,16 @@ class RadixCache:
         assert pinned == self.pinned_tokens
         for key, chain in self._chains.items():
             assert chain.group is not None and chain.group.children.get(key) is chain
-            assert chain.is_resident or chain.lock_ref > 0, f"{key}: a record of a chain the cache no longer holds"
+            assert chain.is_resident or chain.lock_ref > 0 or chain.session_refs, \
+                f"{key}: a record of a chain the cache no longer holds"
+            assert chain.session_refs in (0, 1) and chain.ref_segments <= chain.device_count + chain.host_count
+            assert chain.session_refs or not chain.ref_segments, f"{key}: coverage without a reference"
+            assert not (chain.session_refs and key in self._closed), f"{key}: a closed session holds a reference"
         for key, group in self._groups.items():
             assert group.is_resident or group.children, f"{key}: a record of a group the cache no longer holds"
             assert all(self._chains.get(k) is c and c.group is group for k, c in group.children.items())
             assert group.device_children == sum(c.device_count > 0 for c in group.children.values())
             assert group.resident_children == sum(c.is_resident for c in group.children.values())
             assert group.locked_children == sum(c.lock_ref > 0 for c in group.children.values())
+            assert group.session_refs == sum(c.session_refs for c in group.children.values())
+            assert group.session_refs == 0 or group.is_resident, f"{key}: references on a group the cache dropped"

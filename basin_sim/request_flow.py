@@ -16,6 +16,16 @@ Rules:
 - The hit-rate window is fed with each answer's prompt and cached (device + host + storage) tokens,
   as the gateway reads them from the usage; the latency window with each call's time to first token
   from its first send (retries count).
+- Session radix cache (`Deployment.session_radix_cache`, radix_cache.py): under "faithful" no reference
+  is taken: SGLang's PD prefill runs `cache_finished_req` before it sets `finished_reason`, so
+  `register_session_ref` never runs there (field-sources.md section 2) and the key is inert on the
+  prefill tree, the only radix cache this model keeps (decode's is off in SGLang PD by default).
+  Assumption (true, hypothetical under PD): the prefill side's normal finish is its KV reaching decode
+  (where SGLang's prefill calls `cache_finished_req`), and it takes the session's reference, as if
+  SGLang set the finish reason first; a withdrawal is an abort and takes none. Either way an ended
+  session (finished, killed, aborted or abandoned; a session shed at the door never reached a cache)
+  is closed on every prefill instance at its end (`forget_session`): the gateway POSTs
+  `/close_session` to each engine, since smg has no such route.
 - Withdrawing a request (a kill, a client timeout, a client giving up) takes it out wherever it is, as
   SGLang aborts a request whose client went away: it gives back its decode pre-allocation (queued or
   held), its prefill job and its cache pin at once, except a job inside a running prefill batch,
@@ -62,7 +72,8 @@ class RequestFlow:
         self.hit_window = hit_window
         self.latency_window = LatencyWindow()
         self.prefill = [PrefillInstance(i, profile, RadixCache(deployment.prefill_cache_tokens,
-                                                               deployment.host_cache_tokens))
+                                                               deployment.host_cache_tokens,
+                                                               session_refs=deployment.takes_session_refs))
                         for i in range(deployment.num_prefill)]
         self.decode = [DecodeInstance(i, profile, deployment.decode_kv_tokens, step_slo_s,
                                       reserved_decode_tokens=deployment.decode_reserved_tokens,
@@ -179,7 +190,7 @@ class RequestFlow:
         if request.is_aborted:  # withdrawn during the transfer: it gave everything back then
             return
         now = self._loop.now
-        request.prefill.cache.release(request.run.spec.session_id, now, self.holds.hold_until_s)
+        request.prefill.cache.release(request.run.spec.session_id, now, self.holds.hold_until_s, finished=True)
         self.kick(request.prefill)
         run = request.run
         sent_s = request.sent_s if run.call_sent_s is None else run.call_sent_s
@@ -264,8 +275,11 @@ class RequestFlow:
             self.kick(prefill)
 
     def forget_session(self, session_id: str) -> None:
-        """An ended session: its hold, its kept KV and its routing entries go."""
+        """An ended session: its hold, its kept KV and its routing entries go; with the session radix cache, the
+        gateway closes it on every prefill instance (smg routes no `/close_session`)."""
         for prefill in self.prefill:
+            if self.deployment.session_radix_cache is not False:
+                prefill.cache.close_session(session_id)
             if self.holds.forget(prefill, session_id):
                 self.kick(prefill)  # what the hold pinned may now go to a request waiting for room
         self.kv_tier.forget(session_id)

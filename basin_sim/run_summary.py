@@ -39,6 +39,12 @@ Rules:
   public code (`continuum-fixed-ttl`) adds its `FixedTtlReport` (the share of answers skipped for a
   slow tool, the mean time a pin was held), keys written after `timeline` and absent for every other
   policy.
+- Session radix cache (`session_radix_cache` false | faithful | true, radix_cache.py): with the key on,
+  `session_cache` (`SessionCacheReport`) says what it did, summed over the prefill instances and the
+  whole run: the mode, references taken (normal finishes that registered), sessions closed, late
+  finishes of closed sessions (no reference taken), device tokens evicted while referenced and
+  unreferenced, and the referenced share of them (null without evictions). With the key off the key
+  is absent, so every earlier run's JSON is unchanged.
 - A run's summary is a frozen `RunSummary`; `to_json` is the one place it becomes the JSON object the
   CLI prints and the golden files hold (a policy without a reservation report shows its two counts as
   null; one that never pins, every pin key as null).
@@ -68,6 +74,35 @@ FIXED_TTL_KEYS = tuple(f.name for f in dataclasses.fields(FixedTtlReport))  # ab
 
 def _median(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
+
+
+@dataclass(frozen=True)
+class SessionCacheReport:
+    """What SGLang's session-aware radix cache did over a run (all prefill instances)."""
+
+    mode: str  # "faithful" (as SGLang's PD prefill runs it: no reference) or "true" (intended, hypothetical)
+    references_taken: int
+    sessions_closed: int
+    late_finishes_ignored: int
+    evicted_referenced_tokens: int
+    evicted_unreferenced_tokens: int
+    evicted_referenced_share: float | None
+
+    @classmethod
+    def of(cls, engine: Engine) -> SessionCacheReport | None:
+        """The report of a run with the key on; None with it off."""
+        mode = engine.deployment.session_radix_cache
+        if mode is False:
+            return None
+        caches = [p.cache for p in engine.prefill]
+        referenced = sum(c.evicted_referenced_tokens for c in caches)
+        evicted = sum(c.evicted_tokens for c in caches)
+        return cls(mode="true" if mode is True else str(mode),
+                   references_taken=sum(c.references_taken for c in caches),
+                   sessions_closed=sum(c.sessions_closed for c in caches),
+                   late_finishes_ignored=sum(c.late_finishes for c in caches),
+                   evicted_referenced_tokens=referenced, evicted_unreferenced_tokens=evicted - referenced,
+                   evicted_referenced_share=referenced / evicted if evicted else None)
 
 
 @dataclass(frozen=True)
@@ -113,6 +148,7 @@ class RunSummary:
     pins: PinReport | None  # Continuum's; None for a policy that never pins
     timeline: tuple[dict[str, Any], ...]
     fixed_ttl: FixedTtlReport | None = None  # Continuum's public code only; its keys are absent otherwise
+    session_cache: SessionCacheReport | None = None  # absent from the JSON with the key off
 
     @property
     def goodput_per_hour(self) -> float:
@@ -129,6 +165,9 @@ class RunSummary:
             elif f.name == "reservations":
                 out.update({"sessions_admitted": None, "sessions_overflowed": None} if value is None
                            else dataclasses.asdict(value))
+            elif f.name == "session_cache":
+                if value is not None:
+                    out[f.name] = dataclasses.asdict(value)
             elif f.name == "pins":
                 out.update(dict.fromkeys(PIN_KEYS) if value is None else dataclasses.asdict(value))
             elif f.name == "fixed_ttl":
@@ -180,7 +219,7 @@ def summarize(spec: RunSpec, engine: Engine, outcomes: Sequence[SessionOutcome],
         reservation_ratio=1.0 if spec.calibration is None else spec.calibration.reservation_ratio,
         reservations=report.reservations, held_tokens_mean=held,
         held_cache_share=None if held is None else held / cache_tokens, pins=report.pins, timeline=tuple(minutes),
-        fixed_ttl=report.fixed_ttl)
+        fixed_ttl=report.fixed_ttl, session_cache=SessionCacheReport.of(engine))
 
 
 def _recovered_after_s(timeline: Timeline, spec: RunSpec, hit_pre: float | None) -> float | None:

@@ -53,7 +53,7 @@ from basin_sim.experiments.predictions import (
     revision_calls,
 )
 from basin_sim.policies import policy_names, policy_spec
-from basin_sim.profile import CacheKind, Deployment
+from basin_sim.profile import SESSION_RADIX_CACHE_CHOICES, CacheKind, Deployment
 from basin_sim.run_spec import RunSpec
 from basin_sim.workload.pool import DEFAULT_SESSIONS, load_pool, token_scale, workload_pool
 from basin_sim.workload.scenarios import Scenario
@@ -116,6 +116,10 @@ class RunSetup:
     lending: LendingKind | None = flag(None, "override the deployment file's lending switch (none: stock SGLang; "
                                        "decode-memory: idle decode memory lent to the prefix cache)",
                                        choices=LENDING_KINDS)
+    session_radix_cache: str | None = flag(None, "override the deployment file's session_radix_cache (false: off; "
+                                           "faithful: SGLang's code under PD, inert on prefill; true: its intended "
+                                           "semantics on the prefill tree, hypothetical)",
+                                           choices=tuple(SESSION_RADIX_CACHE_CHOICES))
     seed: int = flag(1, "seed of the run's arrivals and session draws: the same seed gives every policy the same "
                      "arrivals", type=int)
     inputs: Inputs = section(Inputs)
@@ -201,7 +205,10 @@ def prepare_run(setup: RunSetup) -> PreparedRun:
     inputs = setup.inputs
     scenario = catalog.load_scenario(setup.scenario)
     deployment_spec = catalog.load_deployment(setup.deployment)
-    deployment = deployment_spec.build(cache_for(setup.policy, setup.cache, deployment_spec.cache), setup.lending)
+    override = setup.session_radix_cache
+    session_cache = None if override is None else SESSION_RADIX_CACHE_CHOICES[override]
+    deployment = deployment_spec.build(cache_for(setup.policy, setup.cache, deployment_spec.cache), setup.lending,
+                                       session_cache)
     base, source = load_pool(inputs.sessions, inputs.synthetic)
     workload = Workload.of(scenario, base)
     rate, rate_source = _overload_rate(inputs, deployment, workload.pool, scenario)
@@ -212,7 +219,8 @@ def prepare_run(setup: RunSetup) -> PreparedRun:
         if setup.no_calibration:
             calibration_source = "none (--no-calibration: knee taken as the cache capacity)"
         else:
-            calibration, calibration_source = _knee_calibration(setup, deployment_spec.build("gpu", setup.lending),
+            calibration, calibration_source = _knee_calibration(setup, deployment_spec.build("gpu", setup.lending,
+                                                                                             session_cache),
                                                                 workload, rate, reserving)
     spec = run_spec(scenario, deployment, setup.policy, setup.seed, rate, calibration, reserving,
                     inputs.reservation_quantile, setup.reservation_scale)

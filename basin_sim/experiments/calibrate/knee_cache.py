@@ -3,7 +3,8 @@
 Rules:
 - `basin` and `basin-proto` are run calibrated: their budget is the knee (and reservation ratio)
   measured on the knee ramp (knee_ramp.py, as `basin-sim knee` runs it), for the deployment's shape
-  with a GPU cache and its lending switch (the ramp runs with it: lending moves the knee), the
+  with a GPU cache and its lending switch (the ramp runs with it: lending moves the knee) and its
+  session radix cache when on (in the key only then, so keys without it are as before), the
   scenario's workload, the predictor file in use (its SHA-256; "none" for `basin-proto`, whose
   reservations are contexts), where the peaks come from when not the file itself (`peaks`: e.g. the
   out-of-fold table's digest, predictions.py) and the reservation quantile. That is the cache key
@@ -92,6 +93,8 @@ def knee_key(deployment: Deployment, pool: Sequence[Session], scenario: Scenario
                            "record": RECORD_FORMAT}
     if peaks:
         key["peaks"] = peaks
+    if deployment.session_radix_cache is not False:  # the ramp runs with it; keys without it stay as they were
+        key["session_radix_cache"] = deployment.session_radix_cache
     return json.dumps(key, sort_keys=True)
 
 

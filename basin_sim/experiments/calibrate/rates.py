@@ -2,12 +2,12 @@
 
 Rules:
 - A scenario's `x_overload` multiplies the overload rate of the deployment's shape with a GPU-only
-  cache and no lending, measured for the scenario's workload, so every policy, cache tier and
-  lending switch of that shape sees the same absolute arrivals.
+  cache, no lending and no session radix cache, measured for the scenario's workload, so every policy,
+  cache tier, lending switch and session-cache key of that shape sees the same absolute arrivals.
 - The key is everything the rate depends on: the shape (the profile's numbers, instance counts,
-  per-instance memories; cache kind forced to gpu, lending left out), the whole `WorkloadSpec`, the
-  client knobs, and a fingerprint of the pool (session ids, per-call tokens and tool gaps). Canonical
-  JSON, so equal inputs give equal keys.
+  per-instance memories; cache kind forced to gpu, lending and session_radix_cache left out), the
+  whole `WorkloadSpec`, the client knobs, and a fingerprint of the pool (session ids, per-call tokens
+  and tool gaps). Canonical JSON, so equal inputs give equal keys.
 - How a rate is searched for depends on how long sessions live (`settings_for`): recorded sessions
   (2-3 minutes) with the default 30-minute horizon; sessions timed as a serving model runs them
   (workload.timing, ~5-10 minutes) with an hour at a finer resolution: 30 minutes from an empty
@@ -64,6 +64,7 @@ def rate_key(deployment: Deployment, workload: WorkloadSpec, clients: ClientPoli
     """The canonical key of one overload rate (see the rules above)."""
     shape = dataclasses.asdict(dataclasses.replace(deployment, name="", host_cache_tokens=0))
     del shape["lending"]  # measured without lending whatever the deployment's switch (`overload_shape`)
+    del shape["session_radix_cache"]  # and without the session radix cache
     return json.dumps({"shape": shape, "workload": dataclasses.asdict(workload), "clients": dataclasses.asdict(clients),
                        "pool": pool_fingerprint(pool)}, sort_keys=True, default=list)
 
@@ -127,7 +128,7 @@ class RateCache(JsonCache):
 
 def overload_shape(deployment: Deployment) -> Deployment:
     """What the overload rate is measured on: the deployment's shape with a GPU cache and no lending."""
-    return dataclasses.replace(deployment, host_cache_tokens=0, lending="none")
+    return dataclasses.replace(deployment, host_cache_tokens=0, lending="none", session_radix_cache=False)
 
 
 def measure_overload_rate(deployment: Deployment, pool: Sequence[Session], workload: WorkloadSpec,
