@@ -14,9 +14,11 @@ from basin_sim.policies.basin import BASIN, BASIN_PROTO, BasinPolicy, MissingPre
 from basin_sim.policies.budgeter import BUDGETER, BudgeterPolicy
 from basin_sim.policies.continuum import CONTINUUM, ContinuumPolicy
 from basin_sim.policies.fcfs import HICACHE, SGLANG, FcfsPolicy
+from basin_sim.policies.thunderagent import THUNDERAGENT, ThunderAgentPolicy
 
 _REGISTRY: dict[str, PolicySpec] = {spec.name: spec
-                                    for spec in (SGLANG, HICACHE, CONTINUUM, BUDGETER, BASIN_PROTO, BASIN)}
+                                    for spec in (SGLANG, HICACHE, CONTINUUM, BUDGETER, BASIN_PROTO, BASIN,
+                                                   THUNDERAGENT)}
 
 
 def policy_names() -> tuple[str, ...]:
@@ -48,6 +50,7 @@ __all__ = [
     "PolicyContext",
     "PolicySpec",
     "SessionPolicy",
+    "ThunderAgentPolicy",
     "UnknownPolicyError",
     "make_policy",
     "policy_names",

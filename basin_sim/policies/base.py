@@ -19,8 +19,12 @@ Rules:
 - A policy that pins a session's KV between calls (Continuum) offers a `PinRule` as `pins` (None for
   every other policy): the engine asks it, at every answer, how long to hold that call's KV on prefill,
   and tells it when each call is scheduled (its prefill starts).
+- A policy that follows each call to its answer (ThunderAgent's `after_request`) is also an
+  `AnswerListener`: the engine tells it every answered call's prompt and completion size, before the
+  client's tool time starts (or the session finishes), and applies its `Decisions` then. Every other
+  policy hears of no answer.
 - Every policy reports what it did over the run (`report()`, for run_summary.py): Basin its reservations,
-  Continuum its pins, the others nothing (`NO_REPORT`).
+  Continuum its pins, ThunderAgent its pauses, the others nothing (`NO_REPORT`).
 - A policy does no I/O and reads time only from `now`.
 """
 
@@ -28,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from basin_runtime.policy.calibrated import Calibration
 from basin_runtime.session_table import Session
@@ -105,11 +109,31 @@ class PinReport:
 
 
 @dataclass(frozen=True)
+class PauseReport:
+    """ThunderAgent's pauses: running programs paused (idle ones at a tick, marked ones at their answer), REASONING
+    programs marked, new programs held at the door, resumes by the greedy pass and forced by the timeout,
+    soft-demote windows set (one per program per tick), programs ever paused or held, and their time paused
+    or held: in all, and the mean per such program (None: none)."""
+
+    pauses: int
+    pause_marks: int
+    pause_new_held: int
+    pause_resumes: int
+    pause_forced_resumes: int
+    pause_soft_demote_windows: int
+    pause_programs: int
+    pause_time_total_s: float
+    pause_time_mean_s: float | None
+
+
+@dataclass(frozen=True)
 class PolicyReport:
-    """What a policy did over a run: its reservations (Basin) and its pins (Continuum); None where it has none."""
+    """What a policy did over a run: its reservations (Basin), its pins (Continuum), its pauses (ThunderAgent);
+    None where it has none."""
 
     reservations: ReservationReport | None = None
     pins: PinReport | None = None
+    pauses: PauseReport | None = None
 
 
 NO_REPORT = PolicyReport()
@@ -124,6 +148,15 @@ class PinRule(Protocol):
 
     def on_scheduled(self, session_id: str, now: float) -> None:
         """A call of the session was scheduled: its prefill starts now."""
+        ...
+
+
+@runtime_checkable
+class AnswerListener(Protocol):
+    """A policy that hears every answered call (see the rules at the top of this module)."""
+
+    def on_answer(self, session_id: str, now: float, prompt_tokens: int, completion_tokens: int) -> Decisions:
+        """A call of the session was answered: its prompt and completion sizes."""
         ...
 
 
