@@ -11,6 +11,8 @@ The engine only puts its parts together, each with one job (their rules are in t
 Rules of the engine itself:
 - A policy that is an `AnswerListener` hears every answered call (its decisions applied) before the
   clients do (the tool time, or the session's finish); no other policy is asked.
+- A policy that is a `PolicyScheduler` has its `on_schedule` every `scheduler_interval_s` (its decisions
+  applied), besides and whatever the ticks; no other policy is scheduled.
 - A policy tick comes every `tick_s` when ticks are on: expired holds go, the state is sampled into
   the timeline, and the policy hears the hit rate (`basin_runtime.policy.hit_rate.HitRateWindow`, fed
   as the gateway feeds it) and the first-token latency (`basin_runtime.policy.latency.LatencyWindow`,
@@ -35,7 +37,7 @@ from basin_sim.events import EventLoop
 from basin_sim.goodput import STEP_SLO_S
 from basin_sim.kv_tiers import KvTier
 from basin_sim.lifecycle import Request, SessionRun, SessionSpec, Stage, Status
-from basin_sim.policies.base import AnswerListener, PinRule, SessionPolicy
+from basin_sim.policies.base import AnswerListener, PinRule, PolicyScheduler, SessionPolicy
 from basin_sim.prefill import PrefillInstance
 from basin_sim.profile import Deployment
 from basin_sim.request_flow import RequestFlow
@@ -78,6 +80,9 @@ class Engine:
         self._tick = loop.kind(self._on_tick)
         if tick_s is not None:
             loop.at(tick_s, self._tick, None)
+        if isinstance(policy, PolicyScheduler):
+            self._schedule = loop.kind(self._on_schedule)
+            loop.at(policy.scheduler_interval_s, self._schedule, None)
 
     # --- driving -----------------------------------------------------------------------------------
 
@@ -202,6 +207,12 @@ class Engine:
         self.sessions.apply(self.policy.on_answer(run.spec.session_id, self._loop.now, call.prompt_tokens,
                                                   call.completion_tokens))
         self.agents.answered(run)
+
+    def _on_schedule(self, _: object) -> None:
+        assert isinstance(self.policy, PolicyScheduler)
+        now = self._loop.now
+        self.sessions.apply(self.policy.on_schedule(now))
+        self._loop.at(now + self.policy.scheduler_interval_s, self._schedule, None)
 
     def _on_tick(self, _: object) -> None:
         self.flow.expire_holds()

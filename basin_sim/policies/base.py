@@ -23,6 +23,9 @@ Rules:
   `AnswerListener`: the engine tells it every answered call's prompt and completion size, before the
   client's tool time starts (or the session finishes), and applies its `Decisions` then. Every other
   policy hears of no answer.
+- A policy with its own periodic scheduler (ThunderAgent's tick) is also a `PolicyScheduler`: the
+  engine calls `on_schedule` every `scheduler_interval_s` from the start, whether its own ticks are on
+  or not, and applies its `Decisions`. Every other policy is not scheduled.
 - Every policy reports what it did over the run (`report()`, for run_summary.py): Basin its reservations,
   Continuum its pins, ThunderAgent its pauses, the others nothing (`NO_REPORT`).
 - A policy does no I/O and reads time only from `now`.
@@ -157,6 +160,17 @@ class AnswerListener(Protocol):
 
     def on_answer(self, session_id: str, now: float, prompt_tokens: int, completion_tokens: int) -> Decisions:
         """A call of the session was answered: its prompt and completion sizes."""
+        ...
+
+
+@runtime_checkable
+class PolicyScheduler(Protocol):
+    """A policy with its own periodic scheduler (see the rules at the top of this module)."""
+
+    scheduler_interval_s: float
+
+    def on_schedule(self, now: float) -> Decisions:
+        """The scheduler's turn, every `scheduler_interval_s`."""
         ...
 
 

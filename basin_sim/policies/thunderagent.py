@@ -7,9 +7,10 @@ Rules (docs/evaluation/field-sources.md section 1; every default is `ThunderAgen
   counted at its arrival.
 - used = the sum over ACTIVE (not paused) programs of token_total (ACTING ones weighted by
   ACTING_TOKEN_WEIGHT) + BUFFER_PER_PROGRAM each; util = used / capacity.
-- Tick, in order: forced resumes; ACTING programs idle longer than PROGRAM_IDLE_TTL_S expire (they are
-  forgotten; a next call makes them a new program); soft demotes; greedy resume; pause. A program
-  paused at a tick cannot resume before the next.
+- Tick, every SCHEDULER_INTERVAL_S (the engine runs it as a `PolicyScheduler`; the engine's own
+  policy ticks move nothing), in order: forced resumes; ACTING programs idle longer than
+  PROGRAM_IDLE_TTL_S expire (they are forgotten; a next call makes them a new program); soft demotes;
+  greedy resume; pause. A program paused at a tick cannot resume before the next.
 - Soft demote: with SOFT_DEMOTE_THRESHOLD <= util < PAUSE_THRESHOLD, every active program not marked
   gets a window until now + 1.5 x the scheduler interval; a request sent inside it is ordered later
   by SOFT_DEMOTE_JUMP_S. Queue order only: nothing is held or evicted.
@@ -41,9 +42,8 @@ Assumptions (PD and the simulator; field-sources.md section 5):
   model's decode has no `max_running_requests` (its requests are bounded by decode memory).
 - Assumption: the simulator has no router-side queue; the priority jumps order the engine's queues
   (decode memory and prefill), which smaller priorities are served first in.
-- Assumption: the scheduler runs at the engine's policy tick (`RunSpec.tick_s`); the published
-  interval is SCHEDULER_INTERVAL_S, which the soft-demote window keeps; a forced resume comes at the
-  first tick at or after its timeout (Dynamo's comes at the timeout).
+- Assumption: a forced resume comes at the first tick at or after its timeout (Dynamo's comes at the
+  timeout itself, between ticks).
 - Assumption: output tokens streamed during a turn are not seen (a REASONING program counts its prompt
   until the answer), and admission is not cache-aware (Dynamo's `worker_cached_tokens` unset).
 - A policy does no I/O and reads time only from `now`.
@@ -117,6 +117,7 @@ class ThunderAgentPolicy:
         if capacity_tokens <= 0:
             raise ValueError(f"thunderagent capacity_tokens must be > 0, got {capacity_tokens!r}")
         self.name = "thunderagent"
+        self.scheduler_interval_s = SCHEDULER_INTERVAL_S
         self.pins: PinRule | None = None
         self.capacity_tokens = capacity_tokens
         self.programs: dict[str, Program] = {}
@@ -179,6 +180,10 @@ class ThunderAgentPolicy:
         return NO_DECISIONS
 
     def on_tick(self, now: float, hit_rate: float | None, ttft_s: float | None = None) -> Decisions:
+        """Nothing: the scheduler keeps its own interval (`on_schedule`)."""
+        return NO_DECISIONS
+
+    def on_schedule(self, now: float) -> Decisions:
         """The scheduler tick: forced resumes, expiry, soft demotes, greedy resume, pause."""
         resumed = self._forced_resumes(now)
         self._expire(now)
