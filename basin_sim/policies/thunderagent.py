@@ -80,6 +80,8 @@ SOFT_DEMOTE_WINDOW_S = 1.5 * SCHEDULER_INTERVAL_S
 
 
 class Status(enum.Enum):
+    """A program's turn: a call out (REASONING) or its tool running (ACTING)."""
+
     REASONING = "reasoning"
     ACTING = "acting"
 
@@ -102,6 +104,7 @@ class Program:
 
     @property
     def paused(self) -> bool:
+        """Held (PAUSED), not ACTIVE."""
         return self.paused_since_s is not None
 
     def tokens(self) -> float:
