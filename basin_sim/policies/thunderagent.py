@@ -37,7 +37,8 @@ Assumptions (PD and the simulator; field-sources.md section 5):
 - Assumption: one token "replica" = every prefill instance's KV plus its HiCache host tier
   (`Deployment.cache_capacity_tokens + host_capacity_tokens`; option (c)): the prefill tree is where
   cross-turn reuse lives in SGLang PD. Dynamo's plugin serves aggregated deployments only; this PD
-  reading is ours. With one replica, placement (Dynamo's per-worker headroom) has nothing to choose.
+  reading is ours. With one replica, placement (Dynamo's per-worker headroom) has nothing to choose,
+  and neither has the decayed ACTING view (tau 1 s), which Dynamo uses only to rank replicas.
 - Assumption: the count dimension (REASONING programs / decode `max_running_requests`) is off: the
   model's decode has no `max_running_requests` (its requests are bounded by decode memory).
 - Assumption: the simulator has no router-side queue; the priority jumps order the engine's queues
