@@ -9,6 +9,10 @@ The engine only puts its parts together, each with one job (their rules are in t
   storage-offload), one strategy chosen once; pins.py: a policy's pins between calls.
 
 Rules of the engine itself:
+- A policy that is an `AnswerListener` hears every answered call (its decisions applied) before the
+  clients do (the tool time, or the session's finish); no other policy is asked.
+- A policy that is a `PolicyScheduler` has its `on_schedule` every `scheduler_interval_s` (its decisions
+  applied), besides and whatever the ticks; no other policy is scheduled.
 - A policy tick comes every `tick_s` when ticks are on: expired holds go, the state is sampled into
   the timeline, and the policy hears the hit rate (`basin_runtime.policy.hit_rate.HitRateWindow`, fed
   as the gateway feeds it) and the first-token latency (`basin_runtime.policy.latency.LatencyWindow`,
@@ -34,7 +38,7 @@ from basin_sim.events import EventLoop
 from basin_sim.goodput import STEP_SLO_S
 from basin_sim.kv_tiers import KvTier
 from basin_sim.lifecycle import Request, SessionRun, SessionSpec, Stage, Status
-from basin_sim.policies.base import PinRule, SessionPolicy
+from basin_sim.policies.base import AnswerListener, PinRule, PolicyScheduler, SessionPolicy
 from basin_sim.prefill import PrefillInstance
 from basin_sim.profile import Deployment
 from basin_sim.request_flow import RequestFlow
@@ -69,12 +73,17 @@ class Engine:
         self.sessions = sessions = Sessions(policy, loop, flow, self.timeline, on_session_over)
         self.agents = agents = Agents(clients, client_seed, loop, sessions, flow, self.timeline)
         flow.on_sent, flow.on_answered, flow.on_refused = agents.sent, agents.answered, sessions.refuse
+        if isinstance(policy, AnswerListener):
+            flow.on_answered = self._answered
         sessions.on_arrived = agents.arrived
         loop.watch_s, loop.on_watch = self._next_bin_end_s(), self._record_bin_ends
         self._tick_s = tick_s
         self._tick = loop.kind(self._on_tick)
         if tick_s is not None:
             loop.at(tick_s, self._tick, None)
+        if isinstance(policy, PolicyScheduler):
+            self._schedule = loop.kind(self._on_schedule)
+            loop.at(policy.scheduler_interval_s, self._schedule, None)
 
     # --- driving -----------------------------------------------------------------------------------
 
@@ -191,6 +200,20 @@ class Engine:
         return self.flow.ttft_s()
 
     # --- ticks, samples, checks --------------------------------------------------------------------
+
+    def _answered(self, run: SessionRun) -> None:
+        """An answered call, told to the policy (an `AnswerListener`) before the clients."""
+        assert isinstance(self.policy, AnswerListener)
+        call = run.spec.session.calls[run.next_call - 1]
+        self.sessions.apply(self.policy.on_answer(run.spec.session_id, self._loop.now, call.prompt_tokens,
+                                                  call.completion_tokens))
+        self.agents.answered(run)
+
+    def _on_schedule(self, _: object) -> None:
+        assert isinstance(self.policy, PolicyScheduler)
+        now = self._loop.now
+        self.sessions.apply(self.policy.on_schedule(now))
+        self._loop.at(now + self.policy.scheduler_interval_s, self._schedule, None)
 
     def _on_tick(self, _: object) -> None:
         self.flow.expire_holds()

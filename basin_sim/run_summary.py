@@ -45,6 +45,9 @@ Rules:
   finishes of closed sessions (no reference taken), device tokens evicted while referenced and
   unreferenced, and the referenced share of them (null without evictions). With the key off the key
   is absent, so every earlier run's JSON is unchanged.
+- Pauses (ThunderAgent): the policy's `PauseReport` (pauses, marks, new programs held, resumes,
+  forced resumes, soft-demote windows, programs paused or held and their time so, in all and the mean),
+  its keys written only for a policy that pauses (every other policy's JSON keeps its keys as before).
 - A run's summary is a frozen `RunSummary`; `to_json` is the one place it becomes the JSON object the
   CLI prints and the golden files hold (a policy without a reservation report shows its two counts as
   null; one that never pins, every pin key as null).
@@ -60,7 +63,7 @@ from typing import Any
 
 from basin_sim.engine import Engine
 from basin_sim.goodput import Goodput, SessionOutcome, goodput
-from basin_sim.policies.base import FixedTtlReport, PinReport, ReservationReport
+from basin_sim.policies.base import FixedTtlReport, PauseReport, PinReport, ReservationReport
 from basin_sim.run_spec import RunSpec
 from basin_sim.timeline import Timeline
 
@@ -146,6 +149,7 @@ class RunSummary:
     held_tokens_mean: float | None
     held_cache_share: float | None
     pins: PinReport | None  # Continuum's; None for a policy that never pins
+    pauses: PauseReport | None  # ThunderAgent's; None (no keys written) for a policy that never pauses
     timeline: tuple[dict[str, Any], ...]
     fixed_ttl: FixedTtlReport | None = None  # Continuum's public code only; its keys are absent otherwise
     session_cache: SessionCacheReport | None = None  # absent from the JSON with the key off
@@ -173,6 +177,8 @@ class RunSummary:
             elif f.name == "fixed_ttl":
                 if value is not None:
                     out.update(dataclasses.asdict(value))
+            elif f.name == "pauses":
+                out.update({} if value is None else dataclasses.asdict(value))
             elif isinstance(value, tuple):
                 out[f.name] = list(value)
             else:
@@ -218,8 +224,8 @@ def summarize(spec: RunSpec, engine: Engine, outcomes: Sequence[SessionOutcome],
         knee_tokens=None if spec.calibration is None else spec.calibration.knee_tokens,
         reservation_ratio=1.0 if spec.calibration is None else spec.calibration.reservation_ratio,
         reservations=report.reservations, held_tokens_mean=held,
-        held_cache_share=None if held is None else held / cache_tokens, pins=report.pins, timeline=tuple(minutes),
-        fixed_ttl=report.fixed_ttl, session_cache=SessionCacheReport.of(engine))
+        held_cache_share=None if held is None else held / cache_tokens, pins=report.pins, pauses=report.pauses,
+        timeline=tuple(minutes), fixed_ttl=report.fixed_ttl, session_cache=SessionCacheReport.of(engine))
 
 
 def _recovered_after_s(timeline: Timeline, spec: RunSpec, hit_pre: float | None) -> float | None:

@@ -87,7 +87,7 @@ def _run(args: argparse.Namespace) -> int:
 BASIN_FIELDS = ("knee_tokens", "reservation_ratio", "sessions_admitted", "sessions_overflowed", "calibration_source")
 PREDICTOR_FIELDS = ("reservation_scale", "reservation_quantile", "predictions")  # basin alone reads a predictor
 OWNERS = {**dict.fromkeys(BASIN_FIELDS, ("basin", "basin-proto")), **dict.fromkeys(PREDICTOR_FIELDS, ("basin",)),
-          **dict.fromkeys(PIN_KEYS, ("continuum",)), "suspensions": ("budgeter",),
+          **dict.fromkeys(PIN_KEYS, ("continuum",)), "suspensions": ("budgeter", "thunderagent"),
           # Continuum's public code measures no T, eta or re-entries: it shares the plain pin counts only
           **dict.fromkeys(("pin_answers", "pin_answer_share", "pin_ttl_mean_s", "pin_tool_time_share"),
                           ("continuum", "continuum-fixed-ttl")),

@@ -15,10 +15,12 @@ from basin_sim.policies.budgeter import BUDGETER, BudgeterPolicy
 from basin_sim.policies.continuum import CONTINUUM, ContinuumPolicy
 from basin_sim.policies.continuum_fixed import CONTINUUM_FIXED_TTL, ContinuumFixedTtlPolicy
 from basin_sim.policies.fcfs import HICACHE, SGLANG, FcfsPolicy
+from basin_sim.policies.thunderagent import THUNDERAGENT, ThunderAgentPolicy
 
 _REGISTRY: dict[str, PolicySpec] = {spec.name: spec
                                     for spec in (SGLANG, HICACHE, CONTINUUM, CONTINUUM_FIXED_TTL, BUDGETER,
-                                                   BASIN_PROTO, BASIN)}
+                                                   BASIN_PROTO, BASIN,
+                                                   THUNDERAGENT)}
 
 
 def policy_names() -> tuple[str, ...]:
@@ -51,6 +53,7 @@ __all__ = [
     "PolicyContext",
     "PolicySpec",
     "SessionPolicy",
+    "ThunderAgentPolicy",
     "UnknownPolicyError",
     "make_policy",
     "policy_names",

@@ -20,8 +20,15 @@ Rules:
   every other policy): the engine asks it, at every answer, how long to hold that call's KV on prefill,
   and tells it when each call is scheduled (its prefill starts). A `WaitingPinRule` is also asked, when
   a hold's TTL has passed, whether it must stay (the session's next call waits).
+- A policy that follows each call to its answer (ThunderAgent's `after_request`) is also an
+  `AnswerListener`: the engine tells it every answered call's prompt and completion size, before the
+  client's tool time starts (or the session finishes), and applies its `Decisions` then. Every other
+  policy hears of no answer.
+- A policy with its own periodic scheduler (ThunderAgent's tick) is also a `PolicyScheduler`: the
+  engine calls `on_schedule` every `scheduler_interval_s` from the start, whether its own ticks are on
+  or not, and applies its `Decisions`. Every other policy is not scheduled.
 - Every policy reports what it did over the run (`report()`, for run_summary.py): Basin its reservations,
-  Continuum its pins, the others nothing (`NO_REPORT`).
+  Continuum its pins, ThunderAgent its pauses, the others nothing (`NO_REPORT`).
 - A policy does no I/O and reads time only from `now`.
 """
 
@@ -115,13 +122,32 @@ class FixedTtlReport:
 
 
 @dataclass(frozen=True)
+class PauseReport:
+    """ThunderAgent's pauses: running programs paused (idle ones at a tick, marked ones at their answer), REASONING
+    programs marked, new programs held at the door, resumes by the greedy pass and forced by the timeout,
+    soft-demote windows set (one per program per tick), programs ever paused or held, and their time paused
+    or held: in all, and the mean per such program (None: none)."""
+
+    pauses: int
+    pause_marks: int
+    pause_new_held: int
+    pause_resumes: int
+    pause_forced_resumes: int
+    pause_soft_demote_windows: int
+    pause_programs: int
+    pause_time_total_s: float
+    pause_time_mean_s: float | None
+
+
+@dataclass(frozen=True)
 class PolicyReport:
     """What a policy did over a run: its reservations (Basin), its pins (Continuum) and what the fixed-TTL pins
-    did beyond them (Continuum's public code); None where it has none."""
+    did beyond them (Continuum's public code), its pauses (ThunderAgent); None where it has none."""
 
     reservations: ReservationReport | None = None
     pins: PinReport | None = None
     fixed_ttl: FixedTtlReport | None = None
+    pauses: PauseReport | None = None
 
 
 NO_REPORT = PolicyReport()
@@ -145,6 +171,26 @@ class WaitingPinRule(PinRule, Protocol):
 
     def keeps_pin(self, session_id: str) -> bool:
         """True while the session's hold must outlive its TTL."""
+        ...
+
+
+@runtime_checkable
+class AnswerListener(Protocol):
+    """A policy that hears every answered call (see the rules at the top of this module)."""
+
+    def on_answer(self, session_id: str, now: float, prompt_tokens: int, completion_tokens: int) -> Decisions:
+        """A call of the session was answered: its prompt and completion sizes."""
+        ...
+
+
+@runtime_checkable
+class PolicyScheduler(Protocol):
+    """A policy with its own periodic scheduler (see the rules at the top of this module)."""
+
+    scheduler_interval_s: float
+
+    def on_schedule(self, now: float) -> Decisions:
+        """The scheduler's turn, every `scheduler_interval_s`."""
         ...
 
 

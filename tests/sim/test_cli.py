@@ -436,3 +436,15 @@ def test_a_scaled_pool_is_predicted_as_recorded_and_each_prediction_scaled(tmp_p
     pq.write_table(pa.table({"session_id": ["a"], "pooled_predicted": [5_000.0]}), table)
     peaks, _ = pool_peaks(Doubling(), pool, "out-of-fold", table, token_scale=4.0)
     assert peaks == {"a": 4 * 5_000.0, "b": 4 * 2 * 500.0}
+
+
+def test_thunderagent_runs_from_the_cli_with_its_pause_report(
+        files: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["run", "--scenario", files["scenario"], "--deployment", files["deployment"], "--seed", "3", "--quiet",
+            "--sessions", files["sessions"], "--policy", "thunderagent", "--json", *RATE]
+    assert main(argv) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["policy"] == "thunderagent" and shown["sessions_arrived"] > 0
+    assert {"pauses", "pause_marks", "pause_resumes", "pause_forced_resumes", "pause_soft_demote_windows",
+            "pause_time_total_s", "pause_time_mean_s", "suspensions"} <= set(shown)
+    assert not {k for k in shown if k.startswith("pin_")}
