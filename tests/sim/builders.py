@@ -11,6 +11,7 @@ from pathlib import Path
 
 from basin_runtime.policy.lending import LendingKind
 from basin_runtime.session_table import Call, Session, write_sessions
+from basin_sim.engine import Engine
 from basin_sim.lifecycle import SessionSpec
 from basin_sim.profile import Deployment, Profile
 
@@ -70,3 +71,12 @@ def seeded_files(tmp_path: Path, deployment_yaml: str, rate_per_s: float = 0.1) 
               {"command": "seeded by the test"})
     return {"deployment": str(tmp_path / "d.yaml"), "sessions": str(tmp_path / "sessions.parquet"),
             "rates": str(rates.path), "dir": str(tmp_path)}
+
+
+def until_answered(engine: Engine, session_id: str, calls: int, step: float = 0.01) -> float:
+    """Run the engine in `step`s until the session has sent `calls` calls; the time it stopped at."""
+    t = engine.now
+    while engine.runs[session_id].next_call < calls:
+        t += step
+        engine.run_until(t)
+    return t

@@ -9,7 +9,7 @@ from basin_sim.engine import Engine
 from basin_sim.lifecycle import Stage, Status
 from basin_sim.policies import ContinuumFixedTtlPolicy, ContinuumPolicy, PolicyContext, make_policy
 from basin_sim.policies.continuum_fixed import FIXED_THRESHOLD_S
-from tests.sim.builders import deployment, session, spec
+from tests.sim.builders import deployment, session, spec, until_answered
 
 
 def _fixed() -> ContinuumFixedTtlPolicy:
@@ -18,21 +18,13 @@ def _fixed() -> ContinuumFixedTtlPolicy:
     return policy
 
 
-def _until_answered(engine: Engine, session_id: str, calls: int, step: float = 0.001) -> float:
-    t = engine.now
-    while engine.runs[session_id].next_call < calls:
-        t += step
-        engine.run_until(t)
-    return t
-
-
 def test_a_fast_tool_gets_the_2_s_pin_and_it_goes_at_its_end_when_no_call_waits() -> None:
     policy = _fixed()
     engine = Engine(deployment(), policy, tick_s=0.05)
     assert engine.pins is policy
     engine.add(spec(session("a", [2_000, 3_000, 4_000], gap_s=2.5), 0.0))  # first-seen tool: mean 0
     cache = engine.prefill[0].cache
-    t = _until_answered(engine, "a", 1)
+    t = until_answered(engine, "a", 1, step=0.001)
     engine.run_until(t + FIXED_THRESHOLD_S - 0.1)
     assert cache.is_held("a") and cache.held_tokens > 0
     engine.run_until(t + FIXED_THRESHOLD_S + 0.1)
@@ -57,12 +49,12 @@ def test_no_pin_after_a_tool_whose_mean_gap_exceeds_2_s_for_any_job_calling_it()
     policy = _fixed()
     engine = Engine(deployment(), policy, tick_s=0.05)
     engine.add(spec(session("a", [2_000, 3_000, 4_000], gap_s=3.0), 0.0))  # slow tool of benchmark "bench"
-    t = _until_answered(engine, "a", 2)  # the first gap (3 s) is seen: bench's mean is 3 s
+    t = until_answered(engine, "a", 2, step=0.001)  # the first gap (3 s) is seen: bench's mean is 3 s
     engine.run_until(t + 0.1)
     assert not engine.prefill[0].cache.is_held("a")
     engine.add(spec(session("b", [2_000, 3_000], gap_s=0.5), t + 0.2))  # same tool class: skipped too
     engine.add(spec(session("c", [2_000, 3_000], gap_s=0.5, benchmark="other"), t + 0.2))  # first-seen: pinned
-    tb = _until_answered(engine, "b", 1)
+    tb = until_answered(engine, "b", 1, step=0.001)
     engine.run_until(tb + 0.01)
     assert not engine.prefill[0].cache.is_held("b")
     engine.run_until(60.0)
@@ -77,7 +69,7 @@ def _waiting_behind_a_long_prefill(policy: ContinuumPolicy | ContinuumFixedTtlPo
     """a's second call comes 1 s after its answer, inside its pin, and waits ~4 s behind b's chunked prefill."""
     engine = Engine(deployment(), policy, tick_s=0.05)
     engine.add(spec(session("a", [2_000, 3_000], gap_s=1.0), 0.0))
-    t = _until_answered(engine, "a", 1)
+    t = until_answered(engine, "a", 1, step=0.001)
     engine.add(spec(session("b", [40_000]), t + 0.5))  # ten 4,096-token chunks, 0.42 s each
     engine.run_until(t + FIXED_THRESHOLD_S + 0.5)
     return engine

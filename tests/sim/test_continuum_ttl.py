@@ -27,7 +27,7 @@ from basin_sim.policies.continuum_ttl import (
 )
 from basin_sim.run_spec import RunSpec
 from basin_sim.simulate import policy_context
-from tests.sim.builders import TINY, deployment, session, spec, with_profile
+from tests.sim.builders import TINY, deployment, session, spec, until_answered, with_profile
 
 # TINY: a prefill batch costs 10 ms + 0.1 ms per computed token, 4,096 tokens a batch; load-back 1 us a token.
 RELOAD_10K_S = 3 * 0.01 + 10_000 * 1e-4  # three chunks: 1.03 s
@@ -192,14 +192,6 @@ def _continuum(d: object, fixed: float | None = None) -> ContinuumPolicy:
     return policy
 
 
-def _until_answered(engine: Engine, session_id: str, calls: int, step: float = 0.01) -> float:
-    t = engine.now
-    while engine.runs[session_id].next_call < calls:
-        t += step
-        engine.run_until(t)
-    return t
-
-
 def test_cold_start_pins_each_answer_for_t_default_and_the_pin_expires_after_it() -> None:
     d = deployment()
     policy = _continuum(d)
@@ -210,7 +202,7 @@ def test_cold_start_pins_each_answer_for_t_default_and_the_pin_expires_after_it(
     while (request := engine.runs["a"].request) is None or request.stage != Stage.DECODING:
         engine.run_until(engine.now + 0.001)
     assert cache.is_held("a") and cache.held_tokens == 0  # held until the answer: not yet between calls
-    t = _until_answered(engine, "a", 1)
+    t = until_answered(engine, "a", 1)
     engine.run_until(t + DEFAULT_TTL_S - 0.1)
     assert cache.is_held("a") and cache.held_tokens > 0  # answered, within T_default
     engine.run_until(t + DEFAULT_TTL_S + 0.1)
@@ -238,7 +230,7 @@ def test_an_evicted_re_entry_behind_another_prefill_measures_its_wait() -> None:
     policy = _continuum(d)
     engine = Engine(d, policy, tick_s=0.05)
     engine.add(spec(session("a", [2_000, 3_000, 4_000], gap_s=3.0), 0.0))
-    t = _until_answered(engine, "a", 1, step=0.001)
+    t = until_answered(engine, "a", 1, step=0.001)
     engine.add(spec(session("b", [40_000]), t + 2.9))  # ten 4,096-token chunks (0.42 s each) from a's return
     engine.run_until(60.0)
     assert policy.evicted_reentries == 2
@@ -277,7 +269,7 @@ def test_an_explicit_pin_ttl_pins_every_answer_for_that_long() -> None:
     assert policy.fixed_ttl_s == 5.0
     engine = Engine(d, policy, tick_s=0.05)
     engine.add(spec(session("a", [2_000, 3_000], gap_s=8.0), 0.0))
-    t = _until_answered(engine, "a", 1)
+    t = until_answered(engine, "a", 1)
     engine.run_until(t + 4.9)
     assert engine.prefill[0].cache.is_held("a")
     engine.run_until(t + 5.1)
