@@ -39,6 +39,19 @@ from typing import Any, Literal
 
 from basin_runtime.session_table import Session
 
+# A label's suffix (compare): the run's deployment has SGLang's session-aware radix cache on its prefill instances
+# with its intended semantics (`session_radix_cache: true`); as today's PD prefill code runs it ("faithful") it
+# takes no reference and the run is the same as without it (tests/sim/test_session_radix_cache.py).
+SESSION_CACHE = "+session-cache"
+
+
+def split_label(label: str) -> tuple[str, bool]:
+    """(a compare label without its `+session-cache` suffix, whether it had one)."""
+    if label.endswith(SESSION_CACHE):
+        return label[:-len(SESSION_CACHE)], True
+    return label, False
+
+
 Reservation = Literal["predicted", "oracle-peak", "benchmark-constant", "current-context"]
 ARRIVAL_ORDER_TOKENS_PER_S = 1e12  # peak / this is < 1 µs for any context: priority = arrival
 CONTEXT_ONLY_MULTIPLIER = 1e-12  # x any predicted peak (< 1e9 tokens) rounds up to 1 token

@@ -43,7 +43,14 @@ from basin_runtime.policy.lending import LENDING_KINDS, LendingKind
 from basin_runtime.predictor import PredictorError
 from basin_runtime.session_table import Session, SessionTableError
 from basin_sim import catalog
-from basin_sim.experiments.ablations import ABLATIONS, Reservation, calibration_tag, reservations
+from basin_sim.experiments.ablations import (
+    ABLATIONS,
+    SESSION_CACHE,
+    Reservation,
+    calibration_tag,
+    reservations,
+    split_label,
+)
 from basin_sim.experiments.calibrate.knee_cache import KneeCache, KneeCalibration, knee_key, measure_knee
 from basin_sim.experiments.calibrate.knee_ramp import RAMP_STEP_S
 from basin_sim.experiments.calibrate.rates import RateCache, RatesError, overload_rate_for
@@ -67,7 +74,9 @@ from basin_sim.experiments.predictions import (
     reservation_multipliers,
 )
 from basin_sim.experiments.run_setup import NOT_RESERVING, Inputs, Reserving, Workload, reserving_for, run_spec
+from basin_sim.policies.base import PauseReport
 from basin_sim.profile import Deployment
+from basin_sim.run_summary import FIXED_TTL_KEYS
 from basin_sim.simulate import run_scenario
 from basin_sim.workload.pool import PoolError, load_pool
 from basin_sim.workload.scenarios import Scenario, ScenarioError
@@ -78,6 +87,8 @@ KEPT = ("scenario", "deployment", "lending", "policy", "seed", "goodput_per_hour
         "sessions_arrived", "sessions_shed", "shed_share", "sessions_abandoned", "first_call_wait_p50_s",
         "ttft_p50_post_s", "recovered_after_s", "backlog_drained_after_s", "is_stuck", "suspensions",
         "held_cache_share", "pin_answer_share", "pin_ttl_mean_s", "pin_tool_time_share", "pin_queue_delay_s")
+# what a field baseline did, in its rows only (PauseReport, FixedTtlReport, SessionCacheReport): absent otherwise
+FIELD_KEPT = (*(f.name for f in dataclasses.fields(PauseReport)), *FIXED_TTL_KEYS, "session_cache")
 CellKey = tuple[str, str, str]  # scenario, deployment, lending
 # what Continuum's pins did (None for a policy that never pins), averaged over seeds
 PIN_COLUMNS = ("held_cache_share", "pin_tool_time_share", "pin_ttl_mean_s", "pin_queue_delay_s")
@@ -133,20 +144,24 @@ def _run(cells: Mapping[CellKey, Cell], key: CellKey, label: str, seed: int,
          knee: KneeCalibration | None) -> dict[str, Any]:
     """A job: one run of a policy, or of an ablation of `basin` (`label` "basin:<part>"), reported under `label`."""
     cell = cells[key]
-    variant = ABLATIONS.get(label)
-    policy = "basin" if variant is not None else label
+    base, session_cache = split_label(label)
+    variant = ABLATIONS.get(base)
+    policy = "basin" if variant is not None else base
     calibration = knee.calibration if policy in ("basin", "basin-proto") and knee is not None else None
     q, _ = cell.reserving_at(variant.quantile if variant is not None else None)
     told = cell.reserved_as(_kind(label), variant.quantile if variant is not None else None)
     if variant is not None and not variant.revisions:
         told = dataclasses.replace(told, revisions={})
-    run = run_spec(cell.scenario, cell.deployment.build("host" if policy == "hicache" else None, cell.lending), policy,
+    deployment = cell.deployment.build("host" if policy == "hicache" else None, cell.lending,
+                                       True if session_cache else None)
+    run = run_spec(cell.scenario, deployment, policy,
                    seed, cell.overload_rate_per_s, calibration, told, q,
                    policy_overrides=variant.overrides if variant is not None else {},
                    latency_gate=variant is not None and variant.latency_gate)
     summary = run_scenario(run, cell.pool).run_summary
     row = summary.to_json()
-    return {**{k: row[k] for k in KEPT}, "policy": label, **minute_series(summary.timeline)}
+    return {**{k: row[k] for k in KEPT}, "policy": label, **{k: row[k] for k in FIELD_KEPT if k in row},
+            **minute_series(summary.timeline)}
 
 
 def minute_series(timeline: Sequence[Mapping[str, Any]]) -> dict[str, list[float | None]]:
@@ -161,7 +176,7 @@ def minute_series(timeline: Sequence[Mapping[str, Any]]) -> dict[str, list[float
 
 def _kind(label: str) -> Reservation:
     """The reservation kind whose knee calibration a row label runs with."""
-    variant = ABLATIONS.get(label)
+    variant = ABLATIONS.get(split_label(label)[0])
     return variant.reservation if variant is not None else "predicted"
 
 
@@ -276,6 +291,8 @@ _SESSION_POLICIES = ("sglang", "continuum", "budgeter", "basin-proto", "basin") 
 _PAPER_POLICIES = ("sglang", "continuum", "basin-proto", "basin")
 PAPER_SURGES = ("paper-timed-surge-100", "paper-timed-kill-burst", "paper-timed-kill-burst-keep",
                 "paper-swebench-pro-surge-100")
+_FIELD = ("sglang", "continuum", "continuum-fixed-ttl", "budgeter", "thunderagent", "basin")
+FIELD_LABELS = (*_FIELD, *(label + SESSION_CACHE for label in _FIELD))
 PRESETS: dict[str, tuple[Grid, ...]] = {
     # The evaluation in the paper's regime (sessions timed as the paper's model runs them, issue 34) on its
     # 1P3D H200 node: the three Terminal-Bench scenarios (the paper-sized preset) and the surge on
@@ -288,6 +305,12 @@ PRESETS: dict[str, tuple[Grid, ...]] = {
              _PAPER_POLICIES),
         Grid(PAPER_SURGES, ("1p3d",), ("none",), tuple(name for name in ABLATIONS if name != "basin")),
     ),
+    # The field (issue 48) in the paper's regime on its 1P3D H200 node: the Terminal-Bench scenarios and the
+    # SWE-bench-Pro-like ones, steady and surged, every baseline (plain SGLang, Continuum's paper and its public
+    # code, the Bursts paper's budgeter, ThunderAgent, Concur) and Basin, each with and without SGLang's session
+    # cache, no lending (no field baseline lends).
+    "field": (Grid((*PAPER_SURGES, "paper-timed-steady", "paper-swebench-pro-steady"), ("1p3d",), ("none",),
+                   FIELD_LABELS),),
     # The earlier evaluation, on recorded session timing and the H100 1P3D (README: "The evaluation on
     # recorded timing"): the paper's +100% surge with Terminal-Bench-like and SWE-bench-like sessions, GPU
     # cache and host tier, every policy without lending, with decode-memory lending and (host tier) with
@@ -342,7 +365,7 @@ def _cells(setup: CompareSetup) -> tuple[dict[CellKey, Cell], dict[CellKey, list
     """Every cell of the grids with its pool, predictions and overload rate, and the labels it runs."""
     inputs = setup.inputs
     base, _ = load_pool(inputs.sessions, inputs.synthetic)
-    labels = set(setup.labels)
+    labels = {split_label(label)[0] for label in setup.labels}
     needs_model = "basin" in labels or any(label in ABLATIONS for label in labels)
     predictor = load_predictor(inputs.model) if needs_model else None
     sha = file_sha256(inputs.model) if predictor is not None else "none"
@@ -435,7 +458,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--preset", choices=sorted(PRESETS),
                         help="a named set of grids instead of --scenarios/--deployments/--lending/--policies/"
                              "--ablations (paper: the evaluation in the paper's regime, policy table, steady "
-                             "references and ablations; recorded-h100: the earlier one on recorded timing)")
+                             "references and ablations; field: every field baseline and Basin, with and without "
+                             "SGLang's session cache; recorded-h100: the earlier one on recorded timing)")
     parser.add_argument("--scenarios", nargs="+", default=["steady", "surge-100", "kill-burst"],
                         help="names or .yaml files")
     parser.add_argument("--deployments", nargs="+", default=["1p3d-h100"], help="names or .yaml files")
@@ -443,7 +467,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="run every policy under each of these lending switches (default: each deployment "
                              "file's own)")
     parser.add_argument("--policies", nargs="+", default=list(POLICIES),
-                        help="policy names (basin-sim --help says what each does)")
+                        help=f"policy names (basin-sim --help says what each does); a name ending in {SESSION_CACHE} "
+                             "runs that policy with SGLang's session-aware radix cache on prefill (intended semantics)")
     parser.add_argument("--ablations", nargs="*", default=[], choices=list(ABLATIONS), metavar="ABLATION",
                         help=f"also run these ablations of basin ({', '.join(ABLATIONS)}); each is a row")
     add_flags(parser, CompareSetup)
@@ -479,7 +504,8 @@ def run_grids(setup: CompareSetup) -> GridResult:
     cells, cell_labels = _cells(setup)
     with open_executor(setup.executor, cells, setup.jobs) as executor:
         kinds = {key: sorted({_kind(label) for label in cell_labels[key]
-                              if label in ("basin", "basin-proto") or label in ABLATIONS}) for key in cells}
+                              if (base := split_label(label)[0]) in ("basin", "basin-proto") or base in ABLATIONS})
+                 for key in cells}
         knees = _calibrated(cells, kinds, KneeCache(setup.inputs.calibrations_file), executor)
         cells = {key: dataclasses.replace(cell, calibration=knees.get((key, "predicted")))
                  for key, cell in cells.items()}
@@ -510,17 +536,17 @@ def main(argv: list[str] | None = None) -> int:
     if "continuum" in result.labels:
         print("\nPaired by seed (same arrivals), goodput over Continuum's:\n")
         print(paired(result.rows))
+    doc = {"seeds": setup.seeds, "predictions": setup.inputs.predictions, "labels": result.labels,
+           "cells": result.cells_json(), "summary": {"/".join(k): v for k, v in result.summary().items()},
+           "runs": result.rows}
     if setup.plot_dir is not None:
-        from basin_sim.experiments.plots import plot_compare
+        from basin_sim.experiments.plots import plot_compare_doc
 
-        for path in plot_compare(result.summary(), result.labels, setup.plot_dir):
+        for path in plot_compare_doc(doc, setup.plot_dir):
             print(f"wrote {path}", file=sys.stderr)
     if setup.out is not None:
         setup.out.parent.mkdir(parents=True, exist_ok=True)
-        summary = {"/".join(k): v for k, v in result.summary().items()}
-        setup.out.write_text(json.dumps({"seeds": setup.seeds, "predictions": setup.inputs.predictions,
-                                         "cells": result.cells_json(), "summary": summary, "runs": result.rows},
-                                        indent=2) + "\n")
+        setup.out.write_text(json.dumps(doc, indent=2) + "\n")
     return 0
 
 

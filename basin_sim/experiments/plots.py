@@ -12,6 +12,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from basin_sim.experiments.ablations import SESSION_CACHE
 from basin_sim.goodput import is_good
 from basin_sim.simulate import RunResult
 
@@ -161,3 +162,114 @@ def plot_compare(cells: dict[tuple[str, str, str, str], dict[str, Any]], labels:
         plt.close(fig)
         paths.append(path)
     return paths
+
+
+def _minute_means(runs: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
+    """(minutes, the mean over seeds of `key` in each minute where any seed has a value)."""
+    length = max(len(run[key]) for run in runs)
+    xs, ys = [], []
+    for minute in range(length):
+        values = [run[key][minute] for run in runs if minute < len(run[key]) and run[key][minute] is not None]
+        if values:
+            xs.append(minute + 0.5)
+            ys.append(statistics.fmean(values))
+    return xs, ys
+
+
+def plot_minutes(rows: list[dict[str, Any]], labels: list[str], out_dir: Path,
+                 windows: dict[str, tuple[float, float, float]] | None = None) -> list[Path]:
+    """One PNG per scenario, deployment and lending from compare's runs (its JSON `runs`): the hit rate by
+    minute and the first-call wait p50 of the sessions arriving in each minute, the mean over seeds per label;
+    a label ending in `+session-cache` dashed in its base policy's colour. `windows` (scenario -> pre-surge
+    end, goodput window from, to; scenario-file seconds) marks where the surge starts and shades the window."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    bases = list(dict.fromkeys(label.removesuffix(SESSION_CACHE) for label in labels))
+    colours = {base: f"C{k % 10}" for k, base in enumerate(bases)}
+    paths = []
+    for cell in dict.fromkeys((r["scenario"], r["deployment"], r["lending"]) for r in rows):
+        fig, axes = plt.subplots(2, 1, figsize=(11, 7), sharex=True)
+        seeds = 0
+        for label in labels:
+            runs = [r for r in rows if (r["scenario"], r["deployment"], r["lending"], r["policy"]) == (*cell, label)]
+            if not runs:
+                continue
+            seeds = max(seeds, len(runs))
+            base = label.removesuffix(SESSION_CACHE)
+            style = {"color": colours[base], "lw": 1.2, "ls": "--" if label != base else "-", "label": label}
+            axes[0].plot(*_minute_means(runs, "minute_hit_rate"), **style)
+            axes[1].semilogy(*_minute_means(runs, "minute_first_call_wait_s"), **style)
+        window = (windows or {}).get(cell[0])
+        for ax in axes:
+            if window is not None:
+                ax.axvline(window[0] / 60, color="grey", lw=0.8)
+                ax.axvspan(window[1] / 60, window[2] / 60, color="grey", alpha=0.08)
+            ax.grid(alpha=0.3)
+        axes[0].set_ylabel("prefix hit rate\n(mean over seeds)")
+        axes[1].set_ylabel("first-call wait p50 (s, by\narrival minute; mean over seeds)")
+        axes[1].set_xlabel("minutes from the end of the warm-up (line: the surge or burst starts; shaded: the "
+                           "goodput window)")
+        axes[0].set_title(f"{cell[0]} on {cell[1]}, lending {cell[2]}: by minute over {seeds} seeds "
+                          f"(dashed: with SGLang's session cache)")
+        axes[0].legend(fontsize=7, ncol=2)
+        fig.tight_layout()
+        path = out_dir / f"minutes-{cell[0]}-{cell[1]}-{cell[2]}.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def _windows(scenarios: list[str]) -> dict[str, tuple[float, float, float]]:
+    """Per scenario of the catalog: where its surge or burst starts and its goodput window (scenario-file s)."""
+    from basin_sim import catalog
+
+    windows = {}
+    for name in scenarios:
+        try:
+            scenario = catalog.load_scenario(name)
+        except catalog.CatalogError:  # a scenario file given by path elsewhere: drawn without its marks
+            continue
+        windows[name] = (scenario.pre_end_s, scenario.goodput_from_s, scenario.goodput_to_s)
+    return windows
+
+
+def plot_compare_doc(doc: dict[str, Any], out_dir: Path) -> list[Path]:
+    """Every plot of a compare run from its JSON (`basin-sim compare --out`): goodput by label per scenario
+    (`plot_compare`) and the hit rate and first-call wait by minute per cell (`plot_minutes`)."""
+    rows = doc["runs"]
+    labels = doc.get("labels") or list(dict.fromkeys(r["policy"] for r in rows))  # files written before "labels"
+    cells = {tuple(key.split("/")): value for key, value in doc["summary"].items()}
+    scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
+    return [*plot_compare(cells, labels, out_dir), *plot_minutes(rows, labels, out_dir, _windows(scenarios))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m basin_sim.experiments.plots RUN.json --plot-dir DIR`: redraw a compare run's plots from its JSON."""
+    import argparse
+    import json
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m basin_sim.experiments.plots",
+                                     description="draw a compare run's plots from its JSON (basin-sim compare --out)")
+    parser.add_argument("run", type=Path, help="the JSON `basin-sim compare --out` wrote")
+    parser.add_argument("--plot-dir", type=Path, required=True, help="write the PNGs here")
+    args = parser.parse_args(argv)
+    try:
+        doc = json.loads(args.run.read_text())
+        paths = plot_compare_doc(doc, args.plot_dir)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"plots: error: {args.run} is not a compare run's JSON that can be drawn ({type(exc).__name__}: "
+              f"{exc})", file=sys.stderr)
+        return 2
+    for path in paths:
+        print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

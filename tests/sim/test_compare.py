@@ -108,9 +108,9 @@ def test_an_unknown_scenario_is_one_line_exit_2(capsys: pytest.CaptureFixture[st
     assert err.startswith("basin-sim compare: error:") and "no-such-scenario" in err
 
 
-@pytest.mark.parametrize("preset", ["paper", "recorded-h100"])
+@pytest.mark.parametrize("preset", ["paper", "recorded-h100", "field"])
 def test_the_presets_name_only_shipped_scenarios_deployments_policies_and_ablations(preset: str) -> None:
-    from basin_sim.experiments.ablations import ABLATIONS
+    from basin_sim.experiments.ablations import ABLATIONS, split_label
     from basin_sim.experiments.compare import PRESETS
     from basin_sim.policies import policy_names
 
@@ -119,7 +119,7 @@ def test_the_presets_name_only_shipped_scenarios_deployments_policies_and_ablati
             load_scenario(name)
         for name in grid.deployments:
             load_deployment(name)
-        assert set(grid.labels) <= set(policy_names()) | set(ABLATIONS)
+        assert {split_label(label)[0] for label in grid.labels} <= set(policy_names()) | set(ABLATIONS)
 
 
 def test_the_paper_preset_is_the_paper_regime_on_its_h200_node_with_and_without_lending() -> None:
@@ -137,6 +137,24 @@ def test_the_paper_preset_is_the_paper_regime_on_its_h200_node_with_and_without_
     assert set(ablations.labels) == set(ABLATIONS) - {"basin"} and ablations.scenarios == policies.scenarios
 
 
+def test_the_field_preset_runs_every_baseline_and_basin_with_and_without_the_session_cache() -> None:
+    from basin_sim.experiments.compare import PAPER_SURGES, PRESETS
+
+    (grid,) = PRESETS["field"]
+    assert set(grid.scenarios) == {*PAPER_SURGES, "paper-timed-steady", "paper-swebench-pro-steady"}
+    assert grid.deployments == ("1p3d",) and grid.lending == ("none",)
+    field = {"sglang", "continuum", "continuum-fixed-ttl", "budgeter", "thunderagent", "basin"}
+    assert set(grid.labels) == field | {f"{name}+session-cache" for name in field}
+
+
+def test_a_session_cache_label_is_its_policy_on_the_deployment_with_the_session_cache() -> None:
+    from basin_sim.experiments.ablations import split_label
+
+    assert split_label("thunderagent+session-cache") == ("thunderagent", True)
+    assert split_label("basin:oracle-peak+session-cache") == ("basin:oracle-peak", True)
+    assert split_label("sglang") == ("sglang", False)
+
+
 def test_the_recorded_preset_keeps_the_earlier_evaluation() -> None:
     from basin_sim.experiments.compare import PRESETS
 
@@ -148,3 +166,34 @@ def test_the_recorded_preset_keeps_the_earlier_evaluation() -> None:
     assert (stock.deployments, stock.lending, stock.labels) == (("1p3d-h100-host",), ("storage-offload",),
                                                                 headline.labels)
     assert load_scenario("surge-100-terminal-bench").workload.benchmarks == ("terminal-bench",)
+
+
+@pytest.mark.integration
+def test_field_rows_carry_what_each_baseline_did_and_the_plots_redraw_from_the_json(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from basin_sim.experiments.plots import main as plots_main
+
+    (tmp_path / "s.yaml").write_text(SCENARIO)
+    (tmp_path / "d.yaml").write_text(DEPLOYMENT)
+    out, plots = tmp_path / "compare.json", tmp_path / "plots"
+    argv = ["compare", "--scenarios", str(tmp_path / "s.yaml"), "--deployments", str(tmp_path / "d.yaml"),
+            "--policies", "sglang", "sglang+session-cache", "thunderagent", "--seeds", "1", "--jobs", "1",
+            "--synthetic", "--sessions", str(tmp_path / "absent.parquet"), "--overload-rate", "0.1",
+            "--lending", "none", "--out", str(out), "--plot-dir", str(plots)]
+    assert cli_main(argv) == 0
+    capsys.readouterr()
+    result = json.loads(out.read_text())
+    assert result["labels"] == ["sglang", "sglang+session-cache", "thunderagent"]
+    runs = {r["policy"]: r for r in result["runs"]}
+    assert "session_cache" not in runs["sglang"] and "session_cache" not in runs["thunderagent"]
+    assert runs["sglang+session-cache"]["session_cache"]["mode"] == "true"
+    assert runs["sglang+session-cache"]["session_cache"]["references_taken"] > 0
+    assert "pauses" in runs["thunderagent"] and "pauses" not in runs["sglang"]
+    assert all(len(r["minute_hit_rate"]) == len(r["minute_first_call_wait_s"]) > 0 for r in runs.values())
+    drawn = sorted(p.name for p in plots.iterdir())
+    assert drawn == ["compare-tiny-surge.png", "minutes-tiny-surge-tiny-none.png"]
+    assert plots_main([str(out), "--plot-dir", str(tmp_path / "again")]) == 0
+    assert sorted(p.name for p in (tmp_path / "again").iterdir()) == drawn
+    (tmp_path / "bad.json").write_text('{"runs": []}')
+    assert plots_main([str(tmp_path / "bad.json"), "--plot-dir", str(tmp_path / "bad")]) == 2
+    assert "bad.json is not a compare run's JSON" in capsys.readouterr().err
