@@ -4,7 +4,8 @@ A generated block sits between `<!-- generated: NAME -->` and `<!-- /generated -
 NAME picks a renderer below, each reading one JSON file the project's commands write:
 - `metrics/nested.json`, `metrics/spearman.json`, `metrics/simulate.json` (`make repro`, DVC stages `nested`,
   `evaluate` and `simulate`);
-- `docs/results/compare-paper.json` (`basin-sim compare --preset paper --out docs/results/compare-paper.json`).
+- `docs/results/compare-paper.json` (`basin-sim compare --preset paper --out docs/results/compare-paper.json`);
+- `docs/results/compare-field.json` (`basin-sim compare --preset field --out docs/results/compare-field.json`).
 Nothing in a block is typed by hand: edit the renderer, re-run this script, commit both. `--check` (run by the
 test suite) exits 1 naming every block that differs from what its JSON gives, and 2 on a block it cannot render.
 
@@ -154,6 +155,142 @@ def paper_ablations() -> str:
             + markdown_table(("`basin` with one part changed", "goodput /h", "/ continuum (paired)"), rows))
 
 
+# --- the field (basin-sim compare --preset field) -----------------------------------------------------------
+
+FIELD_JSON = "docs/results/compare-field.json"
+FIELD_COMMAND = ("`basin-sim compare --preset field --jobs 2 --plot-dir docs/field-eval "
+                 "--out docs/results/compare-field.json`")
+FIELD_BASES = ("sglang", "continuum", "continuum-fixed-ttl", "budgeter", "thunderagent", "concur", "basin")
+SESSION_CACHE = "+session-cache"
+FIELD_MEASURED_AT = "measured at commit 4aea3e1"  # the commit the committed run's code is
+FIELD_SCENARIOS = (("TB steady", "paper-timed-steady"), ("TB surge +100%", "paper-timed-surge-100"),
+                   ("TB burst killed", "paper-timed-kill-burst"), ("TB burst kept", "paper-timed-kill-burst-keep"),
+                   ("SWE-Pro steady", "paper-swebench-pro-steady"),
+                   ("SWE-Pro surge +100%", "paper-swebench-pro-surge-100"))
+
+
+class FieldRuns:
+    """The field preset's runs (one deployment, no lending), keyed by (scenario, label, seed)."""
+
+    def __init__(self, doc: dict[str, Any]) -> None:
+        self.rows: list[dict[str, Any]] = doc["runs"]
+        self.by = {(r["scenario"], r["policy"], r["seed"]): r for r in self.rows}
+        present = {r["policy"] for r in self.rows}
+        self.labels = [label for base in FIELD_BASES for label in (base, base + SESSION_CACHE) if label in present]
+
+    def values(self, scenario: str, label: str, key: str = "goodput_per_hour") -> list[float]:
+        return [float(r[key]) for (s, la, _), r in sorted(self.by.items())
+                if (s, la) == (scenario, label) and r.get(key) is not None]
+
+    def ratios(self, scenario: str, label: str, reference: str) -> list[float]:
+        """`label` over `reference` seed by seed (same arrivals); a seed whose reference made 0 is left out."""
+        seeds = sorted(seed for (s, la, seed) in self.by if (s, la) == (scenario, label))
+        pairs = [(self.by[(scenario, label, seed)], self.by.get((scenario, reference, seed))) for seed in seeds]
+        return [float(top["goodput_per_hour"]) / float(bottom["goodput_per_hour"]) for top, bottom in pairs
+                if bottom is not None and bottom["goodput_per_hour"]]
+
+    def ratio_text(self, scenario: str, label: str, reference: str) -> str:
+        ratios = self.ratios(scenario, label, reference)
+        if not ratios:
+            return "-"
+        if all(abs(r - 1) < 5e-4 for r in ratios):
+            return "1.000 (equal)"
+        return f"{_pm(ratios, '.3f')} ({sum(r > 1 for r in ratios)}/{len(ratios)})"
+
+    def cell_text(self, scenario: str, label: str) -> str:
+        goodput = self.values(scenario, label)
+        if not goodput:
+            return "-"
+        stuck = sum(bool(self.by[k]["is_stuck"]) for k in self.by if k[:2] == (scenario, label))
+        return _pm(goodput) + (f" ({stuck} stuck)" if stuck else "")
+
+    def mean_text(self, scenario: str, label: str, key: str, spec: str) -> str:
+        values = self.values(scenario, label, key)
+        return "-" if not values else format(statistics.fmean(values), spec)
+
+
+def _field() -> FieldRuns:
+    return FieldRuns(_load(FIELD_JSON))
+
+
+def _field_source(doc: dict[str, Any]) -> str:
+    return (f"From `{FIELD_JSON}` ({len(doc['seeds'])} seeds, 1P3D H200, no lending), written by {FIELD_COMMAND}, "
+            f"**{FIELD_MEASURED_AT}**.")
+
+
+def _by_scenario(runs: FieldRuns, cell: Callable[[str, str], str], labels: Sequence[str]) -> str:
+    head = ("label", *(name for name, _ in FIELD_SCENARIOS))
+    return markdown_table(head, [(label, *(cell(s, label) for _, s in FIELD_SCENARIOS)) for label in labels])
+
+
+def field_table() -> str:
+    """Goodput per label and scenario, then the first-call wait p50 and the shed share."""
+    runs = _field()
+    doc = _load(FIELD_JSON)
+    return (f"Goodput /h, mean ± sd over seeds ((n stuck): seeds whose run stayed collapsed). {_field_source(doc)}"
+            "\n\n" + _by_scenario(runs, runs.cell_text, runs.labels)
+            + "\n\nFirst-call wait p50 (s; the mean over seeds of each run's median over the goodput window's "
+            "sessions) and the shed share:\n\n"
+            + _by_scenario(runs, lambda s, la: f"{runs.mean_text(s, la, 'first_call_wait_p50_s', '.1f')} s, "
+                                               f"{runs.mean_text(s, la, 'shed_share', '.1%')}", runs.labels))
+
+
+def field_paired() -> str:
+    """Every label over Continuum (the paper's estimator, no session cache), paired by seed."""
+    runs = _field()
+    return ("Goodput over Continuum's in the same seed (the same arrivals), mean ± sd (seeds ahead / seeds):\n\n"
+            + _by_scenario(runs, lambda s, la: runs.ratio_text(s, la, "continuum"),
+                           [label for label in runs.labels if label != "continuum"]))
+
+
+def field_session_cache() -> str:
+    """Each policy with SGLang's session cache over itself without it, and what the cache evicted."""
+    runs = _field()
+    bases = [label for label in runs.labels if label + SESSION_CACHE in runs.labels]
+
+    def referenced(scenario: str, base: str) -> str:
+        shares = [r["session_cache"]["evicted_referenced_share"] for (s, la, _), r in runs.by.items()
+                  if (s, la) == (scenario, base + SESSION_CACHE) and r["session_cache"]["evicted_referenced_share"]
+                  is not None]
+        return "-" if not shares else f"{statistics.fmean(shares):.0%}"
+
+    return ("With the session cache over without it, paired by seed:\n\n"
+            + _by_scenario(runs, lambda s, la: runs.ratio_text(s, la + SESSION_CACHE, la), bases)
+            + "\n\nThe share of evicted tokens that were still referenced by a live session (mean over seeds):\n\n"
+            + _by_scenario(runs, referenced, bases))
+
+
+def field_thunderagent() -> str:
+    """ThunderAgent over Continuum next to its paper's range, and what its pauses did."""
+    runs = _field()
+    if "thunderagent" not in runs.labels:
+        return "(no ThunderAgent runs)"
+    rows = [(name, runs.ratio_text(s, "thunderagent", "continuum"),
+             runs.ratio_text(s, "thunderagent", "continuum-fixed-ttl"),
+             runs.mean_text(s, "thunderagent", "pauses", ",.0f"),
+             runs.mean_text(s, "thunderagent", "pause_new_held", ",.0f"),
+             runs.mean_text(s, "thunderagent", "pause_forced_resumes", ",.0f"),
+             runs.mean_text(s, "thunderagent", "pause_time_mean_s", ",.0f"),
+             f"{runs.mean_text(s, 'thunderagent', 'first_call_wait_p50_s', '.1f')} s") for name, s in FIELD_SCENARIOS]
+    head = ("scenario", "/ continuum", "/ continuum-fixed-ttl", "pauses", "new programs held", "forced resumes",
+            "mean time paused or held (s)", "first-call wait p50")
+    return ("ThunderAgent paired by seed (its paper: 1.17-3.31x Continuum at high concurrency); its pauses, "
+            "means over seeds:\n\n" + markdown_table(head, rows))
+
+
+def field_fixed_ttl() -> str:
+    """What Continuum's public code pinned, next to the paper's estimator."""
+    runs = _field()
+    rows = [(name, *(runs.mean_text(s, label, key, spec) for label in ("continuum", "continuum-fixed-ttl")
+                     for key, spec in (("pin_answer_share", ".0%"), ("pin_ttl_mean_s", ".2f"))),
+             runs.mean_text(s, "continuum-fixed-ttl", "pin_slow_tool_share", ".0%"),
+             runs.mean_text(s, "continuum-fixed-ttl", "pin_held_mean_s", ".2f"),
+             runs.ratio_text(s, "continuum-fixed-ttl", "continuum")) for name, s in FIELD_SCENARIOS]
+    head = ("scenario", "paper: answers pinned", "paper: mean TTL (s)", "code: answers pinned", "code: mean TTL (s)",
+            "code: slow-tool share", "code: mean hold (s)", "code / paper goodput")
+    return "Means over seeds:\n\n" + markdown_table(head, rows)
+
+
 # --- the pipeline and the DVC simulate stage --------------------------------------------------------------
 
 
@@ -236,7 +373,9 @@ def readme_headline() -> str:
 
 RENDERERS: dict[str, Callable[[], str]] = {
     "paper-table": paper_table, "paper-ablations": paper_ablations, "spearman": spearman,
-    "simulate-stage": simulate_stage, "readme-headline": readme_headline,
+    "simulate-stage": simulate_stage, "readme-headline": readme_headline, "field-table": field_table,
+    "field-paired": field_paired, "field-session-cache": field_session_cache,
+    "field-thunderagent": field_thunderagent, "field-fixed-ttl": field_fixed_ttl,
 }
 
 

@@ -82,6 +82,19 @@ def test_the_grid_on_ray_writes_the_same_json_as_the_local_pool(
     assert result["cells"]["tiny-surge/tiny/none"]["calibration"]["reservation_ratio"] > 1.0
 
 
+def test_the_field_labels_on_ray_write_the_same_json_as_the_local_pool(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    grid = tiny_grid(tmp_path, "tiny-surge", ("thunderagent", "thunderagent+session-cache", "continuum-fixed-ttl"),
+                     seeds=(1,))
+    local, on_ray = tmp_path / "local.json", tmp_path / "ray.json"
+    assert compare.main([*grid.argv(local), "--executor", "local", "--jobs", "2"]) == 0
+    assert compare.main([*grid.argv(on_ray), "--executor", "ray"]) == 0
+    assert on_ray.read_text() == local.read_text()
+    runs = {r["policy"]: r for r in json.loads(on_ray.read_text())["runs"]}
+    assert runs["thunderagent+session-cache"]["session_cache"]["mode"] == "true"
+    assert "session_cache" not in runs["thunderagent"] and "pin_slow_tool_share" in runs["continuum-fixed-ttl"]
+
+
 def test_risk_and_ramp_over_two_deployments_on_ray_print_what_the_local_pool_prints(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     files = seeded_files(tmp_path, DEPLOYMENT)
