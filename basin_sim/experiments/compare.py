@@ -74,6 +74,7 @@ from basin_sim.experiments.predictions import (
     reservation_multipliers,
 )
 from basin_sim.experiments.run_setup import NOT_RESERVING, Inputs, Reserving, Workload, reserving_for, run_spec
+from basin_sim.policies import policy_names
 from basin_sim.policies.base import PauseReport
 from basin_sim.profile import Deployment
 from basin_sim.run_summary import FIXED_TTL_KEYS
@@ -523,6 +524,11 @@ def main(argv: list[str] | None = None) -> int:
     """Calibrate each cell (cached), run the grid over seeds, print the Markdown table."""
     args = _parser().parse_args(argv)
     setup = from_flags(CompareSetup, args, grids=_grids(args), executor=args.executor, jobs=args.jobs)
+    unknown = [label for label in setup.labels if split_label(label)[0] not in {*policy_names(), *ABLATIONS}]
+    if unknown:  # before any rate or knee is measured
+        print(f"basin-sim compare: error: unknown policy {', '.join(map(repr, unknown))}; known: "
+              f"{', '.join(policy_names())} (each may end in {SESSION_CACHE})", file=sys.stderr)
+        return 2
     try:
         result = run_grids(setup)
     except (catalog.CatalogError, PredictorError, SessionTableError, PoolError, RatesError, ScenarioError,

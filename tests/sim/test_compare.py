@@ -108,6 +108,13 @@ def test_an_unknown_scenario_is_one_line_exit_2(capsys: pytest.CaptureFixture[st
     assert err.startswith("basin-sim compare: error:") and "no-such-scenario" in err
 
 
+def test_an_unknown_policy_is_one_line_exit_2_before_any_run(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--scenarios", "no-such-scenario", "--policies", "sglang", "nosuch+session-cache"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("basin-sim compare: error: unknown policy 'nosuch+session-cache'; known: sglang")
+    assert "(each may end in +session-cache)" in err and "no-such-scenario" not in err
+
+
 @pytest.mark.parametrize("preset", ["paper", "recorded-h100", "field"])
 def test_the_presets_name_only_shipped_scenarios_deployments_policies_and_ablations(preset: str) -> None:
     from basin_sim.experiments.ablations import ABLATIONS, split_label
