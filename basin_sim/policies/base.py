@@ -28,7 +28,7 @@ Rules:
   engine calls `on_schedule` every `scheduler_interval_s` from the start, whether its own ticks are on
   or not, and applies its `Decisions`. Every other policy is not scheduled.
 - Every policy reports what it did over the run (`report()`, for run_summary.py): Basin its reservations,
-  Continuum its pins, ThunderAgent its pauses, the others nothing (`NO_REPORT`).
+  Continuum its pins, ThunderAgent its pauses, Concur its admission window, the others nothing (`NO_REPORT`).
 - A policy does no I/O and reads time only from `now`.
 """
 
@@ -140,14 +140,33 @@ class PauseReport:
 
 
 @dataclass(frozen=True)
+class AdmissionReport:
+    """Concur's admission window: W's min, mean and max over its per-minute series (W at each engine minute's
+    end), the additive increases and multiplicative decreases, the sessions deferred at the door and their
+    wait there, in all and the mean (None: none deferred)."""
+
+    admission_window_min: int
+    admission_window_mean: float
+    admission_window_max: int
+    admission_window_per_minute: tuple[int, ...]
+    admission_increases: int
+    admission_decreases: int
+    admission_deferred: int
+    admission_wait_total_s: float
+    admission_wait_mean_s: float | None
+
+
+@dataclass(frozen=True)
 class PolicyReport:
     """What a policy did over a run: its reservations (Basin), its pins (Continuum) and what the fixed-TTL pins
-    did beyond them (Continuum's public code), its pauses (ThunderAgent); None where it has none."""
+    did beyond them (Continuum's public code), its pauses (ThunderAgent), its admission window (Concur); None
+    where it has none."""
 
     reservations: ReservationReport | None = None
     pins: PinReport | None = None
     fixed_ttl: FixedTtlReport | None = None
     pauses: PauseReport | None = None
+    admission: AdmissionReport | None = None
 
 
 NO_REPORT = PolicyReport()
