@@ -88,7 +88,7 @@ class ConcurPolicy:
 
     def on_arrival(self, session_id: str, now: float, session: Session) -> Decisions:
         """Admitted while the window has room and nobody waits; else it waits at the door."""
-        if not self.waiting and len(self.admitted) < self.window:
+        if len(self.admitted) < self.window:  # none waits then: the queue is served whenever the window opens
             self.admitted[session_id] = session.first_prompt_tokens
             return Decisions(admit=(session_id,))
         self._deferred += 1
