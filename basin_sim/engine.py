@@ -12,7 +12,9 @@ Rules of the engine itself:
 - A policy that is an `AnswerListener` hears every answered call (its decisions applied) before the
   clients do (the tool time, or the session's finish); no other policy is asked.
 - A policy that is a `PolicyScheduler` has its `on_schedule` every `scheduler_interval_s` (its decisions
-  applied), besides and whatever the ticks; no other policy is scheduled.
+  applied), besides and whatever the ticks; no other policy is scheduled. Its turns stop once nothing else
+  is scheduled and no session waits at the door or is parked (so `run_until(math.inf)` ends), and start
+  again, on the same grid of multiples of the interval, when a session is added.
 - A policy tick comes every `tick_s` when ticks are on: expired holds go, the state is sampled into
   the timeline, and the policy hears the hit rate (`basin_runtime.policy.hit_rate.HitRateWindow`, fed
   as the gateway feeds it) and the first-token latency (`basin_runtime.policy.latency.LatencyWindow`,
@@ -26,6 +28,7 @@ reference or kept KV.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 
 from basin_runtime.policy.hit_rate import HitRateWindow
@@ -81,6 +84,7 @@ class Engine:
         self._tick = loop.kind(self._on_tick)
         if tick_s is not None:
             loop.at(tick_s, self._tick, None)
+        self._schedule_armed = isinstance(policy, PolicyScheduler)
         if isinstance(policy, PolicyScheduler):
             self._schedule = loop.kind(self._on_schedule)
             loop.at(policy.scheduler_interval_s, self._schedule, None)
@@ -88,8 +92,9 @@ class Engine:
     # --- driving -----------------------------------------------------------------------------------
 
     def add(self, spec: SessionSpec) -> None:
-        """Schedule a session's arrival."""
+        """Schedule a session's arrival (the scheduler's turns start again if they had stopped)."""
         self.sessions.add(spec)
+        self._rearm_schedule()
 
     def kill_at(self, at_s: float, session_ids: Iterable[str]) -> None:
         """End these sessions at `at_s` (those still live or queued then)."""
@@ -213,7 +218,18 @@ class Engine:
         assert isinstance(self.policy, PolicyScheduler)
         now = self._loop.now
         self.sessions.apply(self.policy.on_schedule(now))
-        self._loop.at(now + self.policy.scheduler_interval_s, self._schedule, None)
+        sessions = self.sessions
+        self._schedule_armed = self._loop.has_pending() or sessions.num_queued > 0 or sessions.num_parked > 0
+        if self._schedule_armed:
+            self._loop.at(now + self.policy.scheduler_interval_s, self._schedule, None)
+
+    def _rearm_schedule(self) -> None:
+        """The scheduler's next turn on its grid after now, if its turns had stopped."""
+        if not isinstance(self.policy, PolicyScheduler) or self._schedule_armed:
+            return
+        interval = self.policy.scheduler_interval_s
+        self._schedule_armed = True
+        self._loop.at((math.floor(self._loop.now / interval) + 1) * interval, self._schedule, None)
 
     def _on_tick(self, _: object) -> None:
         self.flow.expire_holds()
