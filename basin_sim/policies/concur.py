@@ -113,7 +113,7 @@ class ConcurPolicy:
         self._last_tick_s = now
         usage = self.usage()
         if usage < U_LOW:
-            if len(self.admitted) >= self.window or self.waiting:
+            if len(self.admitted) >= self.window:  # used (a session waits only then)
                 self._set_window(now, self.window + ALPHA)
                 self._increases += 1
         elif usage > U_HIGH and hit_rate is not None and hit_rate < H_THRESH:
