@@ -18,7 +18,8 @@ Rules of the engine itself:
 - A policy tick comes every `tick_s` when ticks are on: expired holds go, the state is sampled into
   the timeline, and the policy hears the hit rate (`basin_runtime.policy.hit_rate.HitRateWindow`, fed
   as the gateway feeds it) and the first-token latency (`basin_runtime.policy.latency.LatencyWindow`,
-  requests not yet decoding counted with their wait so far).
+  requests not yet decoding counted with their wait so far); a `CacheController` then hears the same hit
+  rate with the decode KV usage (`decode_kv_usage`).
 - Per timeline bin, the state at the bin's end is recorded before the first event at or after it.
 Invariants (`check`): those of sessions.py and request_flow.py; a request in flight is its session's
 request unless withdrawn (then it waits for its prefill batch to end); each decode instance's
@@ -41,7 +42,7 @@ from basin_sim.events import EventLoop
 from basin_sim.goodput import STEP_SLO_S
 from basin_sim.kv_tiers import KvTier
 from basin_sim.lifecycle import Request, SessionRun, SessionSpec, Stage, Status
-from basin_sim.policies.base import AnswerListener, PinRule, PolicyScheduler, SessionPolicy
+from basin_sim.policies.base import AnswerListener, CacheController, PinRule, PolicyScheduler, SessionPolicy
 from basin_sim.prefill import PrefillInstance
 from basin_sim.profile import Deployment
 from basin_sim.request_flow import RequestFlow
@@ -200,6 +201,12 @@ class Engine:
         """Each call's time to first token, as the gateway's window holds it."""
         return self.flow.latency_window
 
+    def decode_kv_usage(self) -> float:
+        """SGLang's token usage over the decode instances: KV held by their requests (pre-allocated prompts and
+        running batches, now) over their memory."""
+        now = self._loop.now
+        return sum(d.used_tokens(now) for d in self.decode) / sum(d.capacity_tokens for d in self.decode)
+
     def ttft_s(self) -> float | None:
         """The windowed median time to first token, counting how long each request short of it has waited."""
         return self.flow.ttft_s()
@@ -235,7 +242,10 @@ class Engine:
         self.flow.expire_holds()
         self.timeline.record_sample(self.sample())
         now = self._loop.now
-        self.sessions.apply(self.policy.on_tick(now, self.hit_window.rate(now), self.ttft_s()))
+        hit_rate = self.hit_window.rate(now)
+        self.sessions.apply(self.policy.on_tick(now, hit_rate, self.ttft_s()))
+        if isinstance(self.policy, CacheController):
+            self.sessions.apply(self.policy.on_control(now, hit_rate, self.decode_kv_usage()))
         assert self._tick_s is not None
         self._loop.at(now + self._tick_s, self._tick, None)
 

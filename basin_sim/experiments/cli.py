@@ -125,7 +125,7 @@ POLICIES = """policies (--policy):
   thunderagent ThunderAgent (Dynamo's router): idle programs paused smallest first over 95 % of the prefill
                KV, their next call held until resumed smallest first under 85 %
   concur       Concur: whole sessions admitted up to an AIMD window moved by the prefix hit rate and the
-               admitted working set; the rest wait at the door, first come first served
+               decode KV usage; the rest wait at the door, first come first served
 """
 
 EXAMPLES = {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from basin_sim.policies.base import (
     NO_DECISIONS,
+    CacheController,
     Decisions,
     PolicyContext,
     PolicySpec,
@@ -46,6 +47,7 @@ __all__ = [
     "NO_DECISIONS",
     "BasinPolicy",
     "BudgeterPolicy",
+    "CacheController",
     "ConcurPolicy",
     "ContinuumFixedTtlPolicy",
     "ContinuumPolicy",

@@ -27,6 +27,10 @@ Rules:
 - A policy with its own periodic scheduler (ThunderAgent's tick) is also a `PolicyScheduler`: the
   engine calls `on_schedule` every `scheduler_interval_s` from the start, whether its own ticks are on
   or not, and applies its `Decisions`. Every other policy is not scheduled.
+- A policy that steers by the engines' KV usage (Concur's control loop) is also a `CacheController`: at
+  every tick, after `on_tick`, the engine calls `on_control` with the same hit rate and the decode
+  instances' KV usage (SGLang's "token usage": KV held by requests, evictable cache excluded, over the
+  memory), and applies its `Decisions`. Every other policy hears no usage.
 - Every policy reports what it did over the run (`report()`, for run_summary.py): Basin its reservations,
   Continuum its pins, ThunderAgent its pauses, Concur its admission window, the others nothing (`NO_REPORT`).
 - A policy does no I/O and reads time only from `now`.
@@ -210,6 +214,15 @@ class PolicyScheduler(Protocol):
 
     def on_schedule(self, now: float) -> Decisions:
         """The scheduler's turn, every `scheduler_interval_s`."""
+        ...
+
+
+@runtime_checkable
+class CacheController(Protocol):
+    """A policy steered by the hit rate and the KV usage at every tick (see the rules at the top of this module)."""
+
+    def on_control(self, now: float, hit_rate: float | None, kv_usage: float) -> Decisions:
+        """The control step: the windowed hit rate (None: too few calls) and the decode KV usage in [0, 1]."""
         ...
 
 

@@ -8,13 +8,13 @@ come from a third-party full-text read quoted there):
   end and at a control step that grows W. Whole agents are admitted; their calls are never held.
 - An admitted session keeps its slot until it ends (finished, killed, aborted or abandoned); a shrinking
   window only stops admissions. A waiting session withdrawn at the door leaves the queue.
-- Control step, at every policy tick (the engine's `tick_s`), from two cache signals: the hit rate H of
-  the prefix cache over the engine's window (the gateway's `HitRateWindow`; only admitted sessions send
-  calls) and the usage U = the admitted sessions' working set (each one's last prompt sent) over the
-  prefill KV capacity. U < U_LOW: W += ALPHA (additive increase), but only while the window is used
-  (admitted = W, or a session waits); U > U_HIGH and H < H_THRESH: W = max(W_MIN, floor(BETA x W))
-  (multiplicative decrease); otherwise W holds (near saturation). H unknown (too few prompt tokens) is
-  no thrashing signal.
+- Control step, at every policy tick (the engine's `tick_s`; the policy is a `CacheController`), from two
+  runtime cache signals: the hit rate H of the prefix cache over the engine's window (the gateway's
+  `HitRateWindow`; only admitted sessions send calls) and the KV usage U, SGLang's "token usage" (KV held
+  by requests, evictable cache excluded, over the memory) of the decode instances. U < U_LOW: W += ALPHA
+  (additive increase), but only while the window is used (W sessions admitted); U > U_HIGH and
+  H < H_THRESH: W = max(W_MIN, floor(BETA x W)) (multiplicative decrease); otherwise W holds (near
+  saturation). H unknown (too few prompt tokens) is no thrashing signal.
 - Report (`AdmissionReport`): W's min, mean and max over its per-minute series (W at each engine minute's
   end, warm-up included, up to the last tick), increases, decreases, sessions deferred at the door, and
   their wait there (total and mean). The deferred wait also counts in every first-call wait metric: the
@@ -25,10 +25,11 @@ Assumptions (where that read and the abstract leave it open; none tuned against 
 - Assumption: the three-band rule (increase below U_LOW, decrease above U_HIGH with H under H_THRESH,
   hold between) is our reading of "linearly explores concurrency when underutilized, multiplicatively
   reduces on thrashing signals, and stabilizes near saturation" (third-party summary).
-- Assumption: U is the admitted agents' working set over the prefill KV (`cache_capacity_tokens`, the
-  GPU tree, host tier excluded): in SGLang PD the prefill tree is where cross-turn reuse lives and what
-  thrashes; a radix cache's own occupancy stays full once warm and says nothing. A session counts its
-  last prompt (its context so far), from its arrival (first prompt) to its end.
+- Assumption: U is SGLang's token usage, `(max_total - available - evictable) / max_total` in its
+  scheduler's stats: the runtime metric a control layer over SGLang reads (field-sources.md 3.1). Under
+  PD it is the decode instances' (together): they hold the running requests' KV, as one aggregated
+  server's running requests do; on prefill the in-use KV is only the batch being computed, and its
+  tree's occupancy (evictable included) stays full once warm.
 - Assumption: the control interval is the engine's policy tick (10 s by default), the interval the
   gateway's other signals are read at; the paper's interval is not available.
 - Assumption: W starts at INITIAL_WINDOW = 10, TCP's initial window (RFC 6928, 10 segments), and never
@@ -68,17 +69,14 @@ MINUTE_S = 60.0
 
 
 class ConcurPolicy:
-    """Admit whole sessions up to an AIMD window moved by the prefix hit rate and the admitted working set."""
+    """Admit whole sessions up to an AIMD window moved by the prefix hit rate and the decode KV usage."""
 
-    def __init__(self, capacity_tokens: int) -> None:
-        if capacity_tokens <= 0:
-            raise ValueError(f"concur capacity_tokens must be > 0, got {capacity_tokens!r}")
+    def __init__(self) -> None:
         self.name = "concur"
         self.pins: PinRule | None = None
-        self.capacity_tokens = capacity_tokens
         self.window = INITIAL_WINDOW
-        self.admitted: dict[str, int] = {}  # live admitted session -> its last prompt sent
-        self.waiting: OrderedDict[str, tuple[float, int]] = OrderedDict()  # at the door, FCFS -> arrival, prompt
+        self.admitted: set[str] = set()  # live admitted sessions
+        self.waiting: OrderedDict[str, float] = OrderedDict()  # at the door, first come first -> arrival time
         self._steps: list[tuple[float, int]] = [(0.0, INITIAL_WINDOW)]  # (time, W from then on)
         self._last_tick_s = 0.0
         self._increases = self._decreases = self._deferred = 0
@@ -89,34 +87,35 @@ class ConcurPolicy:
     def on_arrival(self, session_id: str, now: float, session: Session) -> Decisions:
         """Admitted while the window has room and nobody waits; else it waits at the door."""
         if len(self.admitted) < self.window:  # none waits then: the queue is served whenever the window opens
-            self.admitted[session_id] = session.first_prompt_tokens
+            self.admitted.add(session_id)
             return Decisions(admit=(session_id,))
         self._deferred += 1
-        self.waiting[session_id] = (now, session.first_prompt_tokens)
+        self.waiting[session_id] = now
         return NO_DECISIONS
 
     def on_call(self, session_id: str, now: float, prompt_tokens: int) -> Decisions:
-        """The session's working set is now this prompt."""
-        if session_id in self.admitted:
-            self.admitted[session_id] = prompt_tokens
+        """Nothing: an admitted session's calls are never held."""
         return NO_DECISIONS
 
     def on_session_end(self, session_id: str, now: float) -> Decisions:
         """Its slot frees (the head of the queue may enter), or it leaves the queue."""
         if self.waiting.pop(session_id, None) is not None:
             return NO_DECISIONS
-        self.admitted.pop(session_id, None)
+        self.admitted.discard(session_id)
         return self._admit_waiting(now)
 
     def on_tick(self, now: float, hit_rate: float | None, ttft_s: float | None = None) -> Decisions:
-        """The control step: AIMD on the usage and the hit rate, then admissions if the window grew."""
+        """Nothing: the control step hears the KV usage too (`on_control`)."""
+        return NO_DECISIONS
+
+    def on_control(self, now: float, hit_rate: float | None, kv_usage: float) -> Decisions:
+        """The control step: AIMD on the KV usage and the hit rate, then admissions if the window grew."""
         self._last_tick_s = now
-        usage = self.usage()
-        if usage < U_LOW:
+        if kv_usage < U_LOW:
             if len(self.admitted) >= self.window:  # used (a session waits only then)
                 self._set_window(now, self.window + ALPHA)
                 self._increases += 1
-        elif usage > U_HIGH and hit_rate is not None and hit_rate < H_THRESH:
+        elif kv_usage > U_HIGH and hit_rate is not None and hit_rate < H_THRESH:
             shrunk = max(W_MIN, math.floor(BETA * self.window))
             if shrunk < self.window:
                 self._set_window(now, shrunk)
@@ -139,10 +138,6 @@ class ConcurPolicy:
 
     # --- the window -----------------------------------------------------------------------------
 
-    def usage(self) -> float:
-        """The admitted sessions' working set over the prefill KV capacity."""
-        return sum(self.admitted.values()) / self.capacity_tokens
-
     def window_series(self) -> list[int]:
         """W at the end of each engine minute up to the last tick (at least one entry: W now)."""
         minutes = max(1, math.ceil(self._last_tick_s / MINUTE_S))
@@ -160,17 +155,17 @@ class ConcurPolicy:
     def _admit_waiting(self, now: float) -> Decisions:
         admit: list[str] = []
         while self.waiting and len(self.admitted) < self.window:
-            session_id, (arrived_s, first_prompt) = self.waiting.popitem(last=False)
+            session_id, arrived_s = self.waiting.popitem(last=False)
             self._wait_total_s += now - arrived_s
-            self.admitted[session_id] = first_prompt
+            self.admitted.add(session_id)
             admit.append(session_id)
         return Decisions(admit=tuple(admit)) if admit else NO_DECISIONS
 
 
 def _concur(context: PolicyContext) -> ConcurPolicy:
-    return ConcurPolicy(context.deployment.cache_capacity_tokens)
+    return ConcurPolicy()
 
 
-CONCUR = PolicySpec("concur", "Concur: whole sessions admitted up to an AIMD window (+2 while the admitted working "
-                    "set is under 20 % of the prefill KV, x0.5 when it is over 50 % and the hit rate under 20 %); "
-                    "the rest wait at the door, first come first served", False, _concur)
+CONCUR = PolicySpec("concur", "Concur: whole sessions admitted up to an AIMD window (+2 while decode KV usage is "
+                    "under 20 %, x0.5 when it is over 50 % and the prefix hit rate under 20 %); the rest wait at the "
+                    "door, first come first served", False, _concur)
