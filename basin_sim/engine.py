@@ -12,11 +12,14 @@ Rules of the engine itself:
 - A policy that is an `AnswerListener` hears every answered call (its decisions applied) before the
   clients do (the tool time, or the session's finish); no other policy is asked.
 - A policy that is a `PolicyScheduler` has its `on_schedule` every `scheduler_interval_s` (its decisions
-  applied), besides and whatever the ticks; no other policy is scheduled.
+  applied), besides and whatever the ticks; no other policy is scheduled. Its turns stop once nothing else
+  is scheduled and no session waits at the door or is parked (so `run_until(math.inf)` ends), and start
+  again, on the same grid of multiples of the interval, when a session is added.
 - A policy tick comes every `tick_s` when ticks are on: expired holds go, the state is sampled into
   the timeline, and the policy hears the hit rate (`basin_runtime.policy.hit_rate.HitRateWindow`, fed
   as the gateway feeds it) and the first-token latency (`basin_runtime.policy.latency.LatencyWindow`,
-  requests not yet decoding counted with their wait so far).
+  requests not yet decoding counted with their wait so far); a `CacheController` then hears the same hit
+  rate with the decode KV usage (`decode_kv_usage`).
 - Per timeline bin, the state at the bin's end is recorded before the first event at or after it.
 Invariants (`check`): those of sessions.py and request_flow.py; a request in flight is its session's
 request unless withdrawn (then it waits for its prefill batch to end); each decode instance's
@@ -26,6 +29,7 @@ reference or kept KV.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 
 from basin_runtime.policy.hit_rate import HitRateWindow
@@ -38,7 +42,7 @@ from basin_sim.events import EventLoop
 from basin_sim.goodput import STEP_SLO_S
 from basin_sim.kv_tiers import KvTier
 from basin_sim.lifecycle import Request, SessionRun, SessionSpec, Stage, Status
-from basin_sim.policies.base import AnswerListener, PinRule, PolicyScheduler, SessionPolicy
+from basin_sim.policies.base import AnswerListener, CacheController, PinRule, PolicyScheduler, SessionPolicy
 from basin_sim.prefill import PrefillInstance
 from basin_sim.profile import Deployment
 from basin_sim.request_flow import RequestFlow
@@ -81,6 +85,7 @@ class Engine:
         self._tick = loop.kind(self._on_tick)
         if tick_s is not None:
             loop.at(tick_s, self._tick, None)
+        self._schedule_armed = isinstance(policy, PolicyScheduler)
         if isinstance(policy, PolicyScheduler):
             self._schedule = loop.kind(self._on_schedule)
             loop.at(policy.scheduler_interval_s, self._schedule, None)
@@ -88,8 +93,9 @@ class Engine:
     # --- driving -----------------------------------------------------------------------------------
 
     def add(self, spec: SessionSpec) -> None:
-        """Schedule a session's arrival."""
+        """Schedule a session's arrival (the scheduler's turns start again if they had stopped)."""
         self.sessions.add(spec)
+        self._rearm_schedule()
 
     def kill_at(self, at_s: float, session_ids: Iterable[str]) -> None:
         """End these sessions at `at_s` (those still live or queued then)."""
@@ -195,6 +201,12 @@ class Engine:
         """Each call's time to first token, as the gateway's window holds it."""
         return self.flow.latency_window
 
+    def decode_kv_usage(self) -> float:
+        """SGLang's token usage over the decode instances: KV held by their requests (pre-allocated prompts and
+        running batches, now) over their memory."""
+        now = self._loop.now
+        return sum(d.used_tokens(now) for d in self.decode) / sum(d.capacity_tokens for d in self.decode)
+
     def ttft_s(self) -> float | None:
         """The windowed median time to first token, counting how long each request short of it has waited."""
         return self.flow.ttft_s()
@@ -213,13 +225,27 @@ class Engine:
         assert isinstance(self.policy, PolicyScheduler)
         now = self._loop.now
         self.sessions.apply(self.policy.on_schedule(now))
-        self._loop.at(now + self.policy.scheduler_interval_s, self._schedule, None)
+        sessions = self.sessions
+        self._schedule_armed = self._loop.has_pending() or sessions.num_queued > 0 or sessions.num_parked > 0
+        if self._schedule_armed:
+            self._loop.at(now + self.policy.scheduler_interval_s, self._schedule, None)
+
+    def _rearm_schedule(self) -> None:
+        """The scheduler's next turn on its grid after now, if its turns had stopped."""
+        if not isinstance(self.policy, PolicyScheduler) or self._schedule_armed:
+            return
+        interval = self.policy.scheduler_interval_s
+        self._schedule_armed = True
+        self._loop.at((math.floor(self._loop.now / interval) + 1) * interval, self._schedule, None)
 
     def _on_tick(self, _: object) -> None:
         self.flow.expire_holds()
         self.timeline.record_sample(self.sample())
         now = self._loop.now
-        self.sessions.apply(self.policy.on_tick(now, self.hit_window.rate(now), self.ttft_s()))
+        hit_rate = self.hit_window.rate(now)
+        self.sessions.apply(self.policy.on_tick(now, hit_rate, self.ttft_s()))
+        if isinstance(self.policy, CacheController):
+            self.sessions.apply(self.policy.on_control(now, hit_rate, self.decode_kv_usage()))
         assert self._tick_s is not None
         self._loop.at(now + self._tick_s, self._tick, None)
 

@@ -74,6 +74,10 @@ class EventLoop:
         self._seq += 1
         return self._seq
 
+    def has_pending(self) -> bool:
+        """Whether any event is still scheduled (in the heap or a timer queue)."""
+        return bool(self._heap) or any(self._queues)
+
     def at(self, time_s: float, kind: int, payload: object) -> None:
         """Schedule an event of `kind` at `time_s`."""
         self._seq += 1

@@ -48,6 +48,10 @@ Rules:
 - Pauses (ThunderAgent): the policy's `PauseReport` (pauses, marks, new programs held, resumes,
   forced resumes, soft-demote windows, programs paused or held and their time so, in all and the mean),
   its keys written only for a policy that pauses (every other policy's JSON keeps its keys as before).
+- Admission window (Concur): the policy's `AdmissionReport` (the window's min, mean and max over its
+  per-minute series, the series itself by engine minute, warm-up included, increases, decreases, sessions
+  deferred at the door and their wait there, in all and the mean), keys written after `session_cache`
+  and only for a policy with a window (every other policy's JSON keeps its keys as before).
 - A run's summary is a frozen `RunSummary`; `to_json` is the one place it becomes the JSON object the
   CLI prints and the golden files hold (a policy without a reservation report shows its two counts as
   null; one that never pins, every pin key as null).
@@ -63,7 +67,7 @@ from typing import Any
 
 from basin_sim.engine import Engine
 from basin_sim.goodput import Goodput, SessionOutcome, goodput
-from basin_sim.policies.base import FixedTtlReport, PauseReport, PinReport, ReservationReport
+from basin_sim.policies.base import AdmissionReport, FixedTtlReport, PauseReport, PinReport, ReservationReport
 from basin_sim.run_spec import RunSpec
 from basin_sim.timeline import Timeline
 
@@ -153,6 +157,7 @@ class RunSummary:
     timeline: tuple[dict[str, Any], ...]
     fixed_ttl: FixedTtlReport | None = None  # Continuum's public code only; its keys are absent otherwise
     session_cache: SessionCacheReport | None = None  # absent from the JSON with the key off
+    admission: AdmissionReport | None = None  # Concur's; its keys are absent for every other policy
 
     @property
     def goodput_per_hour(self) -> float:
@@ -177,8 +182,8 @@ class RunSummary:
             elif f.name == "fixed_ttl":
                 if value is not None:
                     out.update(dataclasses.asdict(value))
-            elif f.name == "pauses":
-                out.update({} if value is None else dataclasses.asdict(value))
+            elif f.name in ("pauses", "admission"):
+                out.update({} if value is None else _listed(dataclasses.asdict(value)))
             elif isinstance(value, tuple):
                 out[f.name] = list(value)
             else:
@@ -225,7 +230,13 @@ def summarize(spec: RunSpec, engine: Engine, outcomes: Sequence[SessionOutcome],
         reservation_ratio=1.0 if spec.calibration is None else spec.calibration.reservation_ratio,
         reservations=report.reservations, held_tokens_mean=held,
         held_cache_share=None if held is None else held / cache_tokens, pins=report.pins, pauses=report.pauses,
-        timeline=tuple(minutes), fixed_ttl=report.fixed_ttl, session_cache=SessionCacheReport.of(engine))
+        timeline=tuple(minutes), fixed_ttl=report.fixed_ttl, session_cache=SessionCacheReport.of(engine),
+        admission=report.admission)
+
+
+def _listed(fields: dict[str, Any]) -> dict[str, Any]:
+    """A report's fields with its tuples as JSON lists."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in fields.items()}
 
 
 def _recovered_after_s(timeline: Timeline, spec: RunSpec, hit_pre: float | None) -> float | None:

@@ -122,6 +122,10 @@ POLICIES = """policies (--policy):
   budgeter     the vLLM study's budgeter: sessions' contexts bounded by the KV pool, newest suspended
   basin-proto  Basin's hardware prototype: arrival order, admission by current context, shedding
   basin        Basin: predicted-peak admission (--model), size-aware priority, adaptive budget, shedding
+  thunderagent ThunderAgent (Dynamo's router): idle programs paused smallest first over 95 % of the prefill
+               KV, their next call held until resumed smallest first under 85 %
+  concur       Concur: whole sessions admitted up to an AIMD window moved by the prefix hit rate and the
+               decode KV usage; the rest wait at the door, first come first served
 """
 
 EXAMPLES = {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from basin_sim.policies.base import (
     NO_DECISIONS,
+    CacheController,
     Decisions,
     PolicyContext,
     PolicySpec,
@@ -12,6 +13,7 @@ from basin_sim.policies.base import (
 )
 from basin_sim.policies.basin import BASIN, BASIN_PROTO, BasinPolicy, MissingPredictionError
 from basin_sim.policies.budgeter import BUDGETER, BudgeterPolicy
+from basin_sim.policies.concur import CONCUR, ConcurPolicy
 from basin_sim.policies.continuum import CONTINUUM, ContinuumPolicy
 from basin_sim.policies.continuum_fixed import CONTINUUM_FIXED_TTL, ContinuumFixedTtlPolicy
 from basin_sim.policies.fcfs import HICACHE, SGLANG, FcfsPolicy
@@ -20,7 +22,7 @@ from basin_sim.policies.thunderagent import THUNDERAGENT, ThunderAgentPolicy
 _REGISTRY: dict[str, PolicySpec] = {spec.name: spec
                                     for spec in (SGLANG, HICACHE, CONTINUUM, CONTINUUM_FIXED_TTL, BUDGETER,
                                                    BASIN_PROTO, BASIN,
-                                                   THUNDERAGENT)}
+                                                   THUNDERAGENT, CONCUR)}
 
 
 def policy_names() -> tuple[str, ...]:
@@ -45,6 +47,8 @@ __all__ = [
     "NO_DECISIONS",
     "BasinPolicy",
     "BudgeterPolicy",
+    "CacheController",
+    "ConcurPolicy",
     "ContinuumFixedTtlPolicy",
     "ContinuumPolicy",
     "Decisions",

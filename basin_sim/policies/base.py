@@ -27,8 +27,12 @@ Rules:
 - A policy with its own periodic scheduler (ThunderAgent's tick) is also a `PolicyScheduler`: the
   engine calls `on_schedule` every `scheduler_interval_s` from the start, whether its own ticks are on
   or not, and applies its `Decisions`. Every other policy is not scheduled.
+- A policy that steers by the engines' KV usage (Concur's control loop) is also a `CacheController`: at
+  every tick, after `on_tick`, the engine calls `on_control` with the same hit rate and the decode
+  instances' KV usage (SGLang's "token usage": KV held by requests, evictable cache excluded, over the
+  memory), and applies its `Decisions`. Every other policy hears no usage.
 - Every policy reports what it did over the run (`report()`, for run_summary.py): Basin its reservations,
-  Continuum its pins, ThunderAgent its pauses, the others nothing (`NO_REPORT`).
+  Continuum its pins, ThunderAgent its pauses, Concur its admission window, the others nothing (`NO_REPORT`).
 - A policy does no I/O and reads time only from `now`.
 """
 
@@ -140,14 +144,33 @@ class PauseReport:
 
 
 @dataclass(frozen=True)
+class AdmissionReport:
+    """Concur's admission window: W's min, mean and max over its per-minute series (W at each engine minute's
+    end), the additive increases and multiplicative decreases, the sessions deferred at the door and their
+    wait there, in all and the mean (None: none deferred)."""
+
+    admission_window_min: int
+    admission_window_mean: float
+    admission_window_max: int
+    admission_window_per_minute: tuple[int, ...]
+    admission_increases: int
+    admission_decreases: int
+    admission_deferred: int
+    admission_wait_total_s: float
+    admission_wait_mean_s: float | None
+
+
+@dataclass(frozen=True)
 class PolicyReport:
     """What a policy did over a run: its reservations (Basin), its pins (Continuum) and what the fixed-TTL pins
-    did beyond them (Continuum's public code), its pauses (ThunderAgent); None where it has none."""
+    did beyond them (Continuum's public code), its pauses (ThunderAgent), its admission window (Concur); None
+    where it has none."""
 
     reservations: ReservationReport | None = None
     pins: PinReport | None = None
     fixed_ttl: FixedTtlReport | None = None
     pauses: PauseReport | None = None
+    admission: AdmissionReport | None = None
 
 
 NO_REPORT = PolicyReport()
@@ -191,6 +214,15 @@ class PolicyScheduler(Protocol):
 
     def on_schedule(self, now: float) -> Decisions:
         """The scheduler's turn, every `scheduler_interval_s`."""
+        ...
+
+
+@runtime_checkable
+class CacheController(Protocol):
+    """A policy steered by the hit rate and the KV usage at every tick (see the rules at the top of this module)."""
+
+    def on_control(self, now: float, hit_rate: float | None, kv_usage: float) -> Decisions:
+        """The control step: the windowed hit rate (None: too few calls) and the decode KV usage in [0, 1]."""
         ...
 
 

@@ -261,13 +261,11 @@ def test_the_reservation_ratio_puts_basin_s_budget_in_reservation_units_but_not_
     assert make_policy("basin-proto", context).core.config.budget_tokens == 4_500
 
 
-@pytest.mark.parametrize("name", [name for name in policy_names() if name != "thunderagent"])
+@pytest.mark.parametrize("name", policy_names())
 def test_lending_is_the_deployments_switch_and_every_policy_runs_under_it(name: str) -> None:
     """Same policy, same sessions: with `lending: decode-memory` decode keeps the first call's KV and writes
     back what prefill lost (its cache is too small to keep both sessions), with `none` nothing is lent.
-    (Not ThunderAgent: it holds b at the door until a is done, b's first prompt not fitting beside a's in the
-    5,000-token budget, so nothing is ever lent; and its own scheduler never lets `run_until(math.inf)` end.
-    tests/sim/test_thunderagent.py runs this case.)"""
+    (ThunderAgent too: its scheduler's turns stop with the workload, so `run_until(math.inf)` ends.)"""
     written = {}
     for lending in LENDING_KINDS:
         d = deployment(cache_tokens=5_000, host_tokens=2_000 if policy_spec(name).uses_host_tier else 0,

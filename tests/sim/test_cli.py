@@ -15,6 +15,7 @@ from basin_sim.experiments import cli, compare, run_setup
 from basin_sim.experiments.calibrate import rates as rates_module
 from basin_sim.experiments.calibrate.overload import Calibration
 from basin_sim.experiments.cli import main
+from basin_sim.policies import policy_names
 from basin_sim.workload import pool as pool_module
 from tests.sim.builders import seeded_files
 
@@ -244,8 +245,8 @@ def test_the_top_level_help_names_every_subcommand_with_an_example_under_one_pro
     for command in ("run", "compare", "calibrate", "knee", "risk", "ramp"):
         assert f"\n    {command} " in text or f"\n    {command}\n" in text, command
         assert f"\n  basin-sim {command} --" in text, command
-    for policy in ("sglang", "hicache", "continuum", "budgeter", "basin-proto", "basin"):
-        assert f"\n  {policy} " in text, policy
+    for policy in policy_names():  # every registered policy, each on its own line
+        assert f"\n  {policy} " in text or f"\n  {policy}\n" in text, policy
     assert "PREDICT" in text and "MEASURE" in text  # risk against ramp
 
 
@@ -448,3 +449,18 @@ def test_thunderagent_runs_from_the_cli_with_its_pause_report(
     assert {"pauses", "pause_marks", "pause_resumes", "pause_forced_resumes", "pause_soft_demote_windows",
             "pause_time_total_s", "pause_time_mean_s", "suspensions"} <= set(shown)
     assert not {k for k in shown if k.startswith("pin_")}
+
+
+def test_concur_runs_from_the_cli_with_its_admission_window(
+        files: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["run", "--scenario", files["scenario"], "--deployment", files["deployment"], "--seed", "3", "--quiet",
+            "--sessions", files["sessions"], "--policy", "concur", "--json", *RATE]
+    assert main(argv) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["policy"] == "concur" and shown["sessions_arrived"] > 0
+    series = shown["admission_window_per_minute"]
+    assert isinstance(series, list) and series and all(isinstance(w, int) and w >= 1 for w in series)
+    assert shown["admission_window_min"] == min(series) and shown["admission_window_max"] == max(series)
+    assert {"admission_increases", "admission_decreases", "admission_deferred", "admission_wait_total_s",
+            "admission_wait_mean_s"} <= set(shown)
+    assert not {k for k in shown if k.startswith(("pin_", "pause"))} and "suspensions" not in shown

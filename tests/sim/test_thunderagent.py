@@ -4,6 +4,8 @@ program's next call held until then (or forced after the timeout), soft demotes 
 
 from __future__ import annotations
 
+import math
+
 from basin_sim.engine import Engine
 from basin_sim.lifecycle import Status
 from basin_sim.policies import Decisions, PolicyContext, ThunderAgentPolicy, make_policy
@@ -143,3 +145,28 @@ def test_a_new_program_waits_at_the_door_for_room_and_a_tick() -> None:
     engine.check()
     b = engine.runs["b"]
     assert b.status == Status.FINISHED and b.admitted_s is not None and b.admitted_s >= engine.runs["a"].ended_s
+
+
+def test_the_schedulers_turns_stop_with_the_workload_and_start_again_on_their_grid() -> None:
+    """`run_until(math.inf)` ends once nothing is left; a session added later brings the 5 s turns back,
+    at multiples of the interval."""
+    d = deployment(cache_tokens=CAP, decode_tokens=100_000)
+    turns: list[float] = []
+
+    class Counted(ThunderAgentPolicy):
+        def on_schedule(self, now: float) -> Decisions:
+            turns.append(now)
+            return super().on_schedule(now)
+
+    engine = Engine(d, Counted(CAP), tick_s=None)
+    engine.add(spec(session("a", [3_000, 3_100], completion=100, gap_s=12.0), 0.0))
+    engine.run_until(math.inf)
+    a_ended = engine.runs["a"].ended_s
+    assert engine.runs["a"].status == Status.FINISHED and a_ended is not None
+    assert turns and a_ended <= max(turns) <= a_ended + 5.0 and engine.now == max(turns)  # the last event
+    stopped = len(turns)
+    engine.add(spec(session("b", [3_000], completion=100), engine.now + 7.3))
+    engine.run_until(math.inf)
+    assert engine.runs["b"].status == Status.FINISHED
+    assert len(turns) > stopped and turns[stopped] == turns[stopped - 1] + 5.0  # the next point of the grid
+    assert all(t % 5.0 == 0.0 for t in turns) and max(turns) >= engine.runs["b"].spec.arrival_s
