@@ -75,7 +75,7 @@ from basin_sim.experiments.predictions import (
 )
 from basin_sim.experiments.run_setup import NOT_RESERVING, Inputs, Reserving, Workload, reserving_for, run_spec
 from basin_sim.policies import policy_names
-from basin_sim.policies.base import PauseReport
+from basin_sim.policies.base import AdmissionReport, PauseReport
 from basin_sim.profile import Deployment
 from basin_sim.run_summary import FIXED_TTL_KEYS
 from basin_sim.simulate import run_scenario
@@ -89,7 +89,8 @@ KEPT = ("scenario", "deployment", "lending", "policy", "seed", "goodput_per_hour
         "ttft_p50_post_s", "recovered_after_s", "backlog_drained_after_s", "is_stuck", "suspensions",
         "held_cache_share", "pin_answer_share", "pin_ttl_mean_s", "pin_tool_time_share", "pin_queue_delay_s")
 # what a field baseline did, in its rows only (PauseReport, FixedTtlReport, SessionCacheReport): absent otherwise
-FIELD_KEPT = (*(f.name for f in dataclasses.fields(PauseReport)), *FIXED_TTL_KEYS, "session_cache")
+FIELD_KEPT = (*(f.name for f in dataclasses.fields(PauseReport)), *FIXED_TTL_KEYS,
+              *(f.name for f in dataclasses.fields(AdmissionReport)), "session_cache")
 CellKey = tuple[str, str, str]  # scenario, deployment, lending
 # what Continuum's pins did (None for a policy that never pins), averaged over seeds
 PIN_COLUMNS = ("held_cache_share", "pin_tool_time_share", "pin_ttl_mean_s", "pin_queue_delay_s")
@@ -292,7 +293,7 @@ _SESSION_POLICIES = ("sglang", "continuum", "budgeter", "basin-proto", "basin") 
 _PAPER_POLICIES = ("sglang", "continuum", "basin-proto", "basin")
 PAPER_SURGES = ("paper-timed-surge-100", "paper-timed-kill-burst", "paper-timed-kill-burst-keep",
                 "paper-swebench-pro-surge-100")
-_FIELD = ("sglang", "continuum", "continuum-fixed-ttl", "budgeter", "thunderagent", "basin")
+_FIELD = ("sglang", "continuum", "continuum-fixed-ttl", "budgeter", "thunderagent", "concur", "basin")
 FIELD_LABELS = (*_FIELD, *(label + SESSION_CACHE for label in _FIELD))
 PRESETS: dict[str, tuple[Grid, ...]] = {
     # The evaluation in the paper's regime (sessions timed as the paper's model runs them, issue 34) on its

@@ -291,6 +291,20 @@ def field_fixed_ttl() -> str:
     return "Means over seeds:\n\n" + markdown_table(head, rows)
 
 
+def field_concur() -> str:
+    """Concur's admission window over the runs, its moves and the sessions it deferred."""
+    runs = _field()
+    keys = (("admission_window_min", ".0f"), ("admission_window_mean", ".0f"), ("admission_window_max", ".0f"),
+            ("admission_increases", ".0f"), ("admission_decreases", ".1f"), ("admission_deferred", ",.0f"),
+            ("admission_wait_mean_s", ".0f"))
+    rows = [(name, runs.ratio_text(s, "concur", "continuum"), *(runs.mean_text(s, "concur", k, f) for k, f in keys))
+            for name, s in FIELD_SCENARIOS]
+    head = ("scenario", "/ continuum", "window: min", "mean", "max", "increases", "decreases", "sessions deferred",
+            "their mean wait (s)")
+    return "Means over seeds (the window in sessions, over each run's minutes, warm-up included):\n\n" + \
+        markdown_table(head, rows)
+
+
 # --- the pipeline and the DVC simulate stage --------------------------------------------------------------
 
 
@@ -375,7 +389,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "paper-table": paper_table, "paper-ablations": paper_ablations, "spearman": spearman,
     "simulate-stage": simulate_stage, "readme-headline": readme_headline, "field-table": field_table,
     "field-paired": field_paired, "field-session-cache": field_session_cache,
-    "field-thunderagent": field_thunderagent, "field-fixed-ttl": field_fixed_ttl,
+    "field-thunderagent": field_thunderagent, "field-fixed-ttl": field_fixed_ttl, "field-concur": field_concur,
 }
 
 

@@ -150,7 +150,7 @@ def test_the_field_preset_runs_every_baseline_and_basin_with_and_without_the_ses
     (grid,) = PRESETS["field"]
     assert set(grid.scenarios) == {*PAPER_SURGES, "paper-timed-steady", "paper-swebench-pro-steady"}
     assert grid.deployments == ("1p3d",) and grid.lending == ("none",)
-    field = {"sglang", "continuum", "continuum-fixed-ttl", "budgeter", "thunderagent", "basin"}
+    field = {"sglang", "continuum", "continuum-fixed-ttl", "budgeter", "thunderagent", "concur", "basin"}
     assert set(grid.labels) == field | {f"{name}+session-cache" for name in field}
 
 
@@ -184,18 +184,19 @@ def test_field_rows_carry_what_each_baseline_did_and_the_plots_redraw_from_the_j
     (tmp_path / "d.yaml").write_text(DEPLOYMENT)
     out, plots = tmp_path / "compare.json", tmp_path / "plots"
     argv = ["compare", "--scenarios", str(tmp_path / "s.yaml"), "--deployments", str(tmp_path / "d.yaml"),
-            "--policies", "sglang", "sglang+session-cache", "thunderagent", "--seeds", "1", "--jobs", "1",
+            "--policies", "sglang", "sglang+session-cache", "thunderagent", "concur", "--seeds", "1", "--jobs", "1",
             "--synthetic", "--sessions", str(tmp_path / "absent.parquet"), "--overload-rate", "0.1",
             "--lending", "none", "--out", str(out), "--plot-dir", str(plots)]
     assert cli_main(argv) == 0
     capsys.readouterr()
     result = json.loads(out.read_text())
-    assert result["labels"] == ["sglang", "sglang+session-cache", "thunderagent"]
+    assert result["labels"] == ["sglang", "sglang+session-cache", "thunderagent", "concur"]
     runs = {r["policy"]: r for r in result["runs"]}
     assert "session_cache" not in runs["sglang"] and "session_cache" not in runs["thunderagent"]
     assert runs["sglang+session-cache"]["session_cache"]["mode"] == "true"
     assert runs["sglang+session-cache"]["session_cache"]["references_taken"] > 0
     assert "pauses" in runs["thunderagent"] and "pauses" not in runs["sglang"]
+    assert runs["concur"]["admission_window_per_minute"] and "admission_window_min" not in runs["thunderagent"]
     assert all(len(r["minute_hit_rate"]) == len(r["minute_first_call_wait_s"]) > 0 for r in runs.values())
     drawn = sorted(p.name for p in plots.iterdir())
     assert drawn == ["compare-tiny-surge.png", "minutes-tiny-surge-tiny-none.png"]
