@@ -1,0 +1,82 @@
+"""SGLang's session references on the emulated prefix cache: which session tag holds which cache chain.
+
+SGLang tags a request with its top-level `session_id` and, at a normal finish, registers a reference for
+that session on the request's cached path; `/close_session` drops the session's references (the KV stays,
+unreferenced, and is evicted first) and tombstones the id (field-sources.md section 2). The emulator's
+cache (basin_sim's RadixCache with `session_refs=True`) keys its references by cache chain, and a chain is
+the conversation's identity (identity.py), so several tags may share one chain and one tag may span several
+chains (a rewritten conversation starts a new one; SGLang keeps a set of frontier leaves per session).
+
+Rules:
+- `finished(tag, chain)` (a tagged request's normal finish, not an abort) registers the tag on the chain
+  and gives the chain its reference (`RadixCache.release(..., finished=True)`), unless the tag is closed:
+  then it is a late finish, counted, and takes none (SGLang's tombstone).
+- `close(tag)` tombstones the tag (the last CLOSED_SESSION_TOMBSTONE_LIMIT tags, as SGLang) and takes it
+  off each of its chains; a chain no open tag holds any more loses its reference
+  (`RadixCache.drop_reference`, which keeps the chain reusable by a later tag). Closing an unknown or
+  closed tag changes nothing but the count: idempotent, as SGLang's close answers 200 either way.
+- A reference the cache dropped by itself (its KV evicted down to nothing) leaves the tag's record as is;
+  dropping it again at the close is a no-op.
+
+Invariants: `_chains_of` and `_tags_of` are inverse; no closed tag is in either.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from basin_sim.radix_cache import CLOSED_SESSION_TOMBSTONE_LIMIT, RadixCache
+
+
+class SessionRefs:
+    """The session tags holding references on one prefix cache, and what they did."""
+
+    def __init__(self, cache: RadixCache) -> None:
+        self.cache = cache
+        self._chains_of: dict[str, set[str]] = {}  # tag -> chains it references
+        self._tags_of: dict[str, set[str]] = {}  # chain -> open tags referencing it
+        self._closed: OrderedDict[str, None] = OrderedDict()
+        self.references_taken = 0
+        self.late_finishes = 0
+        self.sessions_closed = 0  # every /close_session, repeats included
+        self.references_dropped = 0  # chains that lost their reference at a close
+
+    @property
+    def num_open_sessions(self) -> int:
+        """Tags holding at least one chain now."""
+        return len(self._chains_of)
+
+    def is_closed(self, tag: str) -> bool:
+        """True while the tag is tombstoned."""
+        return tag in self._closed
+
+    def finished(self, tag: str, chain_key: str, now: float) -> bool:
+        """A tagged request's normal finish on its (pinned) chain: unpin it, taking the tag's reference unless the
+        tag is closed; True if a reference was taken."""
+        if tag in self._closed:
+            self.late_finishes += 1
+            self.cache.release(chain_key, now)
+            return False
+        self.cache.release(chain_key, now, finished=True)
+        self._chains_of.setdefault(tag, set()).add(chain_key)
+        self._tags_of.setdefault(chain_key, set()).add(tag)
+        self.references_taken += 1
+        return True
+
+    def close(self, tag: str) -> int:
+        """The session ended (`/close_session`): tombstone it and drop what only it referenced; chains dereferenced."""
+        self.sessions_closed += 1
+        self._closed[tag] = None
+        self._closed.move_to_end(tag)
+        if len(self._closed) > CLOSED_SESSION_TOMBSTONE_LIMIT:
+            self._closed.popitem(last=False)
+        dropped = 0
+        for chain_key in self._chains_of.pop(tag, set()):
+            tags = self._tags_of[chain_key]
+            tags.discard(tag)
+            if tags:
+                continue
+            del self._tags_of[chain_key]
+            dropped += self.cache.drop_reference(chain_key)
+        self.references_dropped += dropped
+        return dropped
