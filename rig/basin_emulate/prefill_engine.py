@@ -116,7 +116,7 @@ class PrefillEngine:
         self.takes_references = takes_references
         self.instance = PrefillInstance(0, profile, self._new_cache())
         self.session_refs = SessionRefs(self.cache) if session_cache else None
-        self._tags: dict[int, str] = {}  # request -> its session_id tag
+        self._tags: dict[int, tuple[str, int]] = {}  # request -> its session_id tag and the tag's generation
         self._prefetches = Prefetches()  # request -> where its storage prefetch reached (the caller waited for it)
         self._decode_prefix: dict[int, int] = {}  # request -> tokens decode already holds (only the rest moves)
         self.instance.storage_hit = self._prefetches.hit
@@ -164,8 +164,10 @@ class PrefillEngine:
             self._prefetches.reached(job.request_id, storage_end)
         if decode_prefix_tokens > 0:
             self._decode_prefix[job.request_id] = decode_prefix_tokens
-        if session_id is not None and self.takes_references:
-            self._tags[job.request_id] = session_id
+        if session_id is not None and self.session_refs is not None:
+            generation = self.session_refs.open(session_id)
+            if self.takes_references:
+                self._tags[job.request_id] = session_id, generation
         ticket = PrefillTicket(job, arrival_s, asyncio.get_running_loop().create_future())
         if chain_key in self._busy:
             self._parked.setdefault(chain_key, deque()).append(ticket)
@@ -260,7 +262,7 @@ class PrefillEngine:
         del self._tickets[job.request_id]
         tag = self._tags.get(job.request_id)
         if is_finished and tag is not None and self.session_refs is not None:
-            self.session_refs.finished(tag, job.session_key, self.clock.now_s)
+            self.session_refs.finished(*tag, job.session_key, self.clock.now_s)
         else:
             self.cache.release(job.session_key, self.clock.now_s)
         self._next_on_chain(job.session_key)

@@ -8,17 +8,21 @@ the conversation's identity (identity.py), so several tags may share one chain a
 chains (a rewritten conversation starts a new one; SGLang keeps a set of frontier leaves per session).
 
 Rules:
-- `finished(tag, chain)` (a tagged request's normal finish, not an abort) registers the tag on the chain
-  and gives the chain its reference (`RadixCache.release(..., finished=True)`), unless the tag is closed:
-  then it is a late finish, counted, and takes none (SGLang's tombstone).
-- `close(tag)` tombstones the tag (the last CLOSED_SESSION_TOMBSTONE_LIMIT tags, as SGLang) and takes it
-  off each of its chains; a chain no open tag holds any more loses its reference
+- `open(tag)` (a tagged request arrives): the tag's generation, a new one if it has none, which also lifts
+  its tombstone (SGLang's `ensure_session_generation` / `open_radix_session`): a closed tag used again
+  reopens.
+- `finished(tag, generation, chain)` (a tagged request's normal finish, not an abort) registers the tag on
+  the chain and gives the chain its reference (`RadixCache.release(..., finished=True)`), unless the tag
+  was closed since the request arrived (tombstoned, or its generation is not the request's): then it is a
+  late finish, counted, and takes none.
+- `close(tag)` drops the tag's generation and tombstones it (the last CLOSED_SESSION_TOMBSTONE_LIMIT
+  tags, as SGLang) and takes it off each of its chains; a chain no open tag holds any more loses its reference
   (`RadixCache.drop_reference`, which keeps the chain reusable by a later tag). Closing an unknown or
   closed tag changes nothing but the count: idempotent, as SGLang's close answers 200 either way.
 - A reference the cache dropped by itself (its KV evicted down to nothing) leaves the tag's record as is;
   dropping it again at the close is a no-op.
 
-Invariants: `_chains_of` and `_tags_of` are inverse; no closed tag is in either.
+Invariants: `_chains_of` and `_tags_of` are inverse; no closed tag is in either, nor has a generation.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ class SessionRefs:
         self._chains_of: dict[str, set[str]] = {}  # tag -> chains it references
         self._tags_of: dict[str, set[str]] = {}  # chain -> open tags referencing it
         self._closed: OrderedDict[str, None] = OrderedDict()
+        self._generations: dict[str, int] = {}
+        self._last_generation = 0
         self.references_taken = 0
         self.late_finishes = 0
         self.sessions_closed = 0  # every /close_session, repeats included
@@ -50,10 +56,19 @@ class SessionRefs:
         """True while the tag is tombstoned."""
         return tag in self._closed
 
-    def finished(self, tag: str, chain_key: str, now: float) -> bool:
+    def open(self, tag: str) -> int:
+        """A tagged request arrived: the tag's generation (a new one, its tombstone lifted, if it has none)."""
+        generation = self._generations.get(tag)
+        if generation is None:
+            self._closed.pop(tag, None)
+            self._last_generation += 1
+            generation = self._generations[tag] = self._last_generation
+        return generation
+
+    def finished(self, tag: str, generation: int, chain_key: str, now: float) -> bool:
         """A tagged request's normal finish on its (pinned) chain: unpin it, taking the tag's reference unless the
-        tag is closed; True if a reference was taken."""
-        if tag in self._closed:
+        tag was closed since the request arrived (`generation`: what `open` gave it); True if one was taken."""
+        if tag in self._closed or self._generations.get(tag) != generation:
             self.late_finishes += 1
             self.cache.release(chain_key, now)
             return False
@@ -66,6 +81,7 @@ class SessionRefs:
     def close(self, tag: str) -> int:
         """The session ended (`/close_session`): tombstone it and drop what only it referenced; chains dereferenced."""
         self.sessions_closed += 1
+        self._generations.pop(tag, None)
         self._closed[tag] = None
         self._closed.move_to_end(tag)
         if len(self._closed) > CLOSED_SESSION_TOMBSTONE_LIMIT:

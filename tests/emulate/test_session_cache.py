@@ -80,13 +80,29 @@ async def test_close_dereferences_keeps_the_kv_and_is_idempotent() -> None:
 
 
 @pytest.mark.asyncio
-async def test_a_closed_session_is_tombstoned_so_a_late_finish_takes_no_reference() -> None:
+async def test_a_session_closed_while_its_request_runs_is_tombstoned_so_that_late_finish_takes_no_reference() -> None:
     engine, wall = engine_on(takes_references=True)
-    engine.close_session("s1")
-    await prefill(engine, wall, "a", "s1")
+    clock = engine.clock
+    job = asyncio.ensure_future(engine.prefill("a", "g", GROUP_TOKENS, GROUP_TOKENS + CHAIN_TOKENS, 0.0,
+                                               clock.catch_up(), session_id="s1"))
+    await asyncio.sleep(0)  # it arrived (the tag opened) and is inside the instance
+    assert engine.close_session("s1") == 0
+    await wall.drive(job)
+    await job
     refs = engine.session_refs
-    assert refs is not None and refs.late_finishes == 1 and refs.references_taken == 0
+    assert refs is not None and refs.late_finishes == 1 and refs.references_taken == 0 and refs.is_closed("s1")
     assert not engine.cache.is_referenced("a") and engine.cache.pinned_tokens == 0
+
+
+@pytest.mark.asyncio
+async def test_a_closed_tag_used_again_reopens_and_takes_a_reference() -> None:
+    engine, wall = engine_on(takes_references=True)
+    await prefill(engine, wall, "a", "s1")
+    engine.close_session("s1")
+    await prefill(engine, wall, "a", "s1")  # SGLang's open_radix_session lifts the tombstone
+    refs = engine.session_refs
+    assert refs is not None and not refs.is_closed("s1") and engine.cache.is_referenced("a")
+    assert (refs.references_taken, refs.late_finishes) == (2, 0)
 
 
 @pytest.mark.asyncio
