@@ -65,6 +65,7 @@ class DecodeServer:
         self.held: OrderedDict[str, tuple[int, bytes, int]] = OrderedDict()  # conversation -> units, digest, tokens
         self.engine.instance.reclaim = self._evict
         self.sessions_closed = 0  # /close_session calls
+        self.tagged_requests = 0  # requests carrying a session_id
 
     async def start(self) -> None:
         """Open the HTTP client for bootstrap rendezvous."""
@@ -80,6 +81,8 @@ class DecodeServer:
             raise BadRequestError("a decode server needs bootstrap_host, bootstrap_port and bootstrap_room (send the "
                                   "request through the PD router, which adds them)")
         context, bootstrap = self.context, call.bootstrap
+        if call.session_id is not None:
+            self.tagged_requests += 1
         assert bootstrap.host is not None and bootstrap.port is not None and bootstrap.room is not None
         arrival_s = context.clock.catch_up()
         try:
@@ -218,6 +221,6 @@ class DecodeServer:
                        "num_decode_transfer_queue_reqs": engine.count(DecodeStage.TRANSFER)},
             effective_tokens={"input": 0, "device_hit": 0, "host_hit": 0, "storage_hit": 0},
             generation_tokens=engine.generated_tokens, backed_up_tokens=self.offloaded_tokens,
-            session_cache={"references_taken": 0, "late_finishes": 0, "sessions_closed": self.sessions_closed,
-                           "references_dropped": 0, "open_sessions": 0}
+            session_cache={"tagged_requests": self.tagged_requests, "references_taken": 0, "late_finishes": 0,
+                           "sessions_closed": self.sessions_closed, "references_dropped": 0, "open_sessions": 0}
             if self.context.config.enable_session_radix_cache else None)

@@ -14,8 +14,9 @@ Rules:
 - Latencies are wall seconds. Inter-token latency is observed once per generated token after the
   first, at the request's mean (as SGLang spreads a chunk's interval over its tokens), in one step per
   request (`WeightedHistogram`), so a 4k-token answer costs one bisect, not 4k observations.
-- With `--enable-session-radix-cache`, `basin_emulate_session_*` (SESSION_COUNTS): references taken, late
-  finishes, closes, chains dereferenced, and the tags holding a reference now (session_refs.py).
+- With `--enable-session-radix-cache`, `basin_emulate_session_*` (SESSION_COUNTS): tagged requests,
+  references taken, late finishes, closes, chains dereferenced, and the tags holding a reference now
+  (session_refs.py).
 - `basin_emulate_lag_seconds` is the lateness of every timed event;
   `basin_emulate_lag_window_seconds{quantile}` its p50/p99/max over the lag window.
 """
@@ -42,6 +43,7 @@ E2E_BUCKETS_S = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100
 LAG_BUCKETS_S = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 CACHE_SOURCES = ("device", "host", "storage")
 SESSION_COUNTS = {  # EngineState.session_cache key -> (basin_emulate_session_* family, help, is a counter)
+    "tagged_requests": ("tagged_requests", "Requests that carried a session_id", True),
     "references_taken": ("references_taken", "Tagged normal finishes that took their session's reference", True),
     "late_finishes": ("late_finishes", "Tagged finishes of closed sessions (no reference taken)", True),
     "sessions_closed": ("closes", "/close_session calls, repeats included", True),
@@ -159,7 +161,8 @@ class _StateCollector(Collector):
 
 def session_counts(refs: SessionRefs) -> dict[str, int]:
     """What the session radix cache did, keyed as SESSION_COUNTS."""
-    return {"references_taken": refs.references_taken, "late_finishes": refs.late_finishes,
+    return {"tagged_requests": refs.tagged_requests, "references_taken": refs.references_taken,
+            "late_finishes": refs.late_finishes,
             "sessions_closed": refs.sessions_closed, "references_dropped": refs.references_dropped,
             "open_sessions": refs.num_open_sessions}
 

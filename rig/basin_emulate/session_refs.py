@@ -42,6 +42,7 @@ class SessionRefs:
         self._closed: OrderedDict[str, None] = OrderedDict()
         self._generations: dict[str, int] = {}
         self._last_generation = 0
+        self.tagged_requests = 0  # requests that arrived with a tag (`open`)
         self.references_taken = 0
         self.late_finishes = 0
         self.sessions_closed = 0  # every /close_session, repeats included
@@ -58,6 +59,7 @@ class SessionRefs:
 
     def open(self, tag: str) -> int:
         """A tagged request arrived: the tag's generation (a new one, its tombstone lifted, if it has none)."""
+        self.tagged_requests += 1
         generation = self._generations.get(tag)
         if generation is None:
             self._closed.pop(tag, None)
