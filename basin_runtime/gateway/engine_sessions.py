@@ -47,7 +47,6 @@ class EngineSessions:
         self._client = client or httpx.AsyncClient(trust_env=False)
         self._tasks: set[asyncio.Task[None]] = set()
         self._logged_at: dict[str, float] = {}
-        self.num_sent = 0  # closes posted (one per engine per session)
 
     def close(self, tag: str) -> None:
         """Close the session `tag` on every engine, in the background (call inside the event loop)."""
@@ -59,7 +58,6 @@ class EngineSessions:
         await asyncio.gather(*(self._close_one(url, tag) for url in self.urls))
 
     async def _close_one(self, url: str, tag: str) -> None:
-        self.num_sent += 1
         try:
             response = await self._client.post(url + CLOSE_PATH, json={"session_id": tag}, timeout=self._timeout_s)
         except httpx.HTTPError as exc:

@@ -14,7 +14,8 @@ Rules:
 - A session that leaves reaches the metrics, the lending reports and (if it made calls) the session log,
   as one line (`log_record`); a session adopted after a run that was killed is logged whole.
 - With `engine_session_cache` (`engine_sessions.py`) a session that leaves is closed on every engine under
-  its routing key, but one that `moved` (it lives on in another replica, under the same key).
+  its routing key, but one that `moved` (it lives on in another replica, under the same key) and one the
+  engines never saw (no call forwarded in this run, and not adopted from the last one).
 - Assumption: a session ended by a shutdown is closed too, though a restart may adopt it; its next call
   after the restart reopens the tag (SGLang's `open_radix_session`), so only the references between the two
   runs are lost.
@@ -128,7 +129,7 @@ class Telemetry:
         it made calls."""
         self.metrics.session_ended(entry, reason)
         self.lending.session_ended(entry.session_id)
-        if self.engine_sessions is not None and reason != "moved":
+        if self.engine_sessions is not None and reason != "moved" and (entry.calls or entry.is_adopted):
             self.engine_sessions.close(entry.routing_key)
         if self.session_log is not None and entry.calls:
             self.session_log.append(log_record(entry, reason, self.clock.wall(), self.tokenizer_name))

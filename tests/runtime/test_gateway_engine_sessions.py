@@ -19,8 +19,9 @@ from basin_runtime.gateway import resend
 from basin_runtime.gateway.config import ConfigError, load_config
 from basin_runtime.gateway.engine_sessions import EngineSessions
 from basin_runtime.gateway.priority import routing_key
-from tests.runtime.test_gateway_app import CHAT, Rig, conversation, rig_for
+from tests.runtime.test_gateway_app import CHAT, Rig, conversation, eventually, rig_for
 
+HANG_GUARD_S = 5.0  # only so a broken rule fails instead of hanging; never what a test asserts
 ENGINES = ("http://prefill-0:30000", "http://decode-0:30001", "http://decode-1:30002")
 
 
@@ -45,11 +46,11 @@ def failures_counter() -> Counter:
 
 
 @asynccontextmanager
-async def tagging_rig(engines: FakeEngines,
-                      failures: Counter | None = None) -> AsyncIterator[tuple[Rig, EngineSessions]]:
+async def tagging_rig(engines: FakeEngines, failures: Counter | None = None,
+                      **policy: Any) -> AsyncIterator[tuple[Rig, EngineSessions]]:
     client = httpx.AsyncClient(transport=httpx.MockTransport(engines))
     closer = EngineSessions(ENGINES, failures or failures_counter(), lambda: 0.0, client=client)
-    async with rig_for(gateway_options={"tags_engine_sessions": True, "engine_sessions": closer}) as rig:
+    async with rig_for(gateway_options={"tags_engine_sessions": True, "engine_sessions": closer}, **policy) as rig:
         try:
             yield rig, closer
         finally:
@@ -123,6 +124,20 @@ async def test_a_session_that_moved_to_another_replica_is_not_closed() -> None:
         await asyncio.sleep(0)
         await closer.aclose()
     assert engines.closes == []
+
+
+@pytest.mark.asyncio
+async def test_a_session_whose_calls_never_reached_the_engines_is_not_closed() -> None:
+    engines = FakeEngines()
+    async with tagging_rig(engines, budget_tokens=1) as (rig, closer):  # once one session is live, others wait
+        assert (await rig.chat("first", "task one")).status_code == 200
+        second = asyncio.create_task(rig.chat("second", "task two"))
+        await eventually(lambda: rig.policy.is_queued("second"))
+        assert (await rig.client.post("/basin/sessions/second/end")).status_code == 200  # withdrawn from the queue
+        await asyncio.wait_for(second, timeout=HANG_GUARD_S)
+        assert (await rig.client.post("/basin/sessions/first/end")).status_code == 200
+        await closer.aclose()
+    assert {body["session_id"] for _, body in engines.closes} == {routing_key("first")}
 
 
 @pytest.mark.asyncio
