@@ -194,7 +194,7 @@ class PrefillEngine:
             return False
         self.instance.cache = self._new_cache()
         if self.session_refs is not None:
-            self.session_refs = SessionRefs(self.cache)
+            self.session_refs.reset(self.cache)
         return True
 
     def close_session(self, session_id: str) -> int:

@@ -19,6 +19,8 @@ Rules:
   tags, as SGLang) and takes it off each of its chains; a chain no open tag holds any more loses its reference
   (`RadixCache.drop_reference`, which keeps the chain reusable by a later tag). Closing an unknown or
   closed tag changes nothing but the count: idempotent, as SGLang's close answers 200 either way.
+- `reset(cache)` (the cache was flushed): every tag, generation and tombstone is forgotten, as SGLang's
+  tracker `reset`; the counts and the generation counter go on (a counter never goes back).
 - A reference the cache dropped by itself (its KV evicted down to nothing) leaves the tag's record as is;
   dropping it again at the close is a no-op.
 
@@ -47,6 +49,14 @@ class SessionRefs:
         self.late_finishes = 0
         self.sessions_closed = 0  # every /close_session, repeats included
         self.references_dropped = 0  # chains that lost their reference at a close
+
+    def reset(self, cache: RadixCache) -> None:
+        """The cache was replaced by an empty one (/flush_cache): forget every tag, generation and tombstone."""
+        self.cache = cache
+        self._chains_of.clear()
+        self._tags_of.clear()
+        self._closed.clear()
+        self._generations.clear()
 
     @property
     def num_open_sessions(self) -> int:

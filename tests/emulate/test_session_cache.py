@@ -114,6 +114,19 @@ async def test_a_chain_two_sessions_reference_keeps_its_reference_until_both_clo
     assert engine.close_session("s2") == 1 and not engine.cache.is_referenced("a")
 
 
+@pytest.mark.asyncio
+async def test_a_flush_forgets_tags_and_tombstones_but_keeps_the_counts() -> None:
+    engine, wall = engine_on(takes_references=True)
+    await prefill(engine, wall, "a", "s1")
+    engine.close_session("s2")
+    assert engine.flush()
+    refs = engine.session_refs
+    assert refs is not None and refs.cache is engine.cache and not refs.is_closed("s2")
+    assert refs.num_open_sessions == 0 and (refs.references_taken, refs.sessions_closed) == (1, 1)
+    await prefill(engine, wall, "a", "s1")  # the new cache takes the reference
+    assert engine.cache.is_referenced("a") and refs.references_taken == 2
+
+
 def test_the_flag_needs_the_priority_eviction_policy_as_sglang_requires() -> None:
     base = ["--role", "prefill"]
     with pytest.raises(ConfigError, match=r"^--enable-session-radix-cache requires --radix-eviction-policy priority$"):
