@@ -15,8 +15,10 @@ Rules:
   ends: a failed first call holds no budget.
 - The forwarded body carries the session's engine priority and a rid (with `engine_session_cache` also
   its routing key as `session_id`, SGLang's session tag; a resent call whose client sent its own is read
-  in full, so that copy can be cut), and the request its routing key (`priority.py`); the answer carries
-  the session id, and a session's first answer its end key (`basin_runtime/session_keys.py`).
+  in full, so that copy can be cut; Assumption: a batch goes untagged, as it goes without a rid: SGLang
+  normalises a batch's per-request fields, which was not read for `session_id`), and the request its
+  routing key (`priority.py`); the answer carries the session id, and a session's first answer its end
+  key (`basin_runtime/session_keys.py`).
 - A call is in flight from forwarding until its answer ends (`proxy.py` reports the end); idle time
   counts from the end of the last call. A single-call session ends with its call.
 - Every call's end, admission and session end reach the signals (hit rate, first-token latency), the
@@ -212,7 +214,7 @@ class Gateway:
         entry, prompt_tokens, held_s = await self._admit(call, session_id, is_single_call, inbound)
         priority = self.room.registry.engine_priority(entry)
         rid = stamp(call.body, priority, None if call.is_batch else request_id(entry.routing_key, len(entry.calls)))
-        if self.settings.tags_engine_sessions:
+        if self.settings.tags_engine_sessions and not call.is_batch:
             call = tag_session(call, entry.routing_key)
         headers = self._headers(entry, inbound.headers.items)
         record = CallRecord(self.room.clock.wall(), prompt_tokens, rid, call.is_stream, engine_priority=priority)

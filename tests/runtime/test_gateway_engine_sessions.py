@@ -65,7 +65,10 @@ async def test_every_forwarded_call_carries_its_sessions_routing_key_as_session_
                b'{"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}], "session_id": "x"}')
         headers = {"X-Session-ID": "s2", "content-type": "application/json"}
         assert (await rig.client.post(CHAT, content=raw, headers=headers)).status_code == 200
-    first, second = rig.upstream.requests
+        batch = await rig.client.post("/generate", json={"text": ["a", "b"], "sampling_params": {}})
+        assert batch.status_code == 200
+    first, second, batched = rig.upstream.requests
+    assert "session_id" not in json.loads(batched.content)  # a batch goes untagged, as it goes without a rid
     assert json.loads(first.content)["session_id"] == routing_key("s1")
     assert second.content.count(b'"session_id"') == 1  # every client copy cut out, the gateway's spliced in
     assert json.loads(second.content)["session_id"] == routing_key("s2")
