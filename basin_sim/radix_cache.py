@@ -286,6 +286,10 @@ class RadixCache:
         self._closed.move_to_end(session_key)
         if len(self._closed) > CLOSED_SESSION_TOMBSTONE_LIMIT:
             self._closed.popitem(last=False)
+        return self.drop_reference(session_key)
+
+    def drop_reference(self, session_key: str) -> bool:
+        """Drop a session's reference without a tombstone (its KV kept, unreferenced); True if it held one."""
         chain = self._chains.get(session_key)
         if chain is None or not chain.session_refs:
             return False

@@ -36,6 +36,7 @@ Modules, one job each (a test keeps this list complete):
   sse.py             framing server-sent events and what the relay learns from them
   signals.py         per-call usage from the upstream's answers
   engine_metrics.py  the windowed hit rate scraped from the engines' /metrics counters (when configured)
+  engine_sessions.py /close_session to every engine at a session's end (engine_session_cache)
   lending.py         what engines report per session: the decode instance that served, cached tiers
   metrics.py         the Prometheus metrics, in a registry per app
   telemetry.py       metrics, hit-rate and latency signals, lending and the session log: the room's listener

@@ -4,6 +4,8 @@ Rules:
 - `build_gateway` loads the tokenizer, every model and the calibration before anything is built, so a
   bad file stops start-up with `ConfigError` naming it; without a client given, the gateway gets its own
   (`upstream_client`), made once everything has loaded.
+- With `engine_session_cache` the telemetry holds the engines' session closer (`engine_sessions.py`) and
+  the gateway tags every forwarded call with its session (`GatewaySettings.tags_engine_sessions`).
 - The parts are made in the one order that needs no wiring afterwards (`assemble`): the telemetry first
   (metrics, signals, lending, session log); with `--state` the shared backend (given the telemetry's
   hooks) and its coordinator (given the telemetry's signal report); then the waiting room, given its
@@ -19,6 +21,7 @@ from typing import TYPE_CHECKING, cast
 from basin_runtime.clock import Clock, MonotonicClock
 from basin_runtime.gateway.config import ConfigError, GatewayConfig, gateway_policy_config, read_calibration
 from basin_runtime.gateway.engine_metrics import EngineHitWindow, EngineScraper
+from basin_runtime.gateway.engine_sessions import EngineSessions
 from basin_runtime.gateway.gateway import DEFAULT_ADOPTION_WINDOW_S, Gateway, GatewaySettings
 from basin_runtime.gateway.http1 import Http1UpstreamClient
 from basin_runtime.gateway.identity import ForeignCall
@@ -63,7 +66,7 @@ def build_gateway(config: GatewayConfig, client: UpstreamClient | None = None,
         session_header=config.session_header, workload_header=config.workload_header,
         routing_key_header=config.routing_key_header, foreign_call=cast(ForeignCall, config.foreign_call),
         is_shadow=config.shadow, limits=config.limits, tick_interval_s=config.tick_interval_s,
-        idle_timeout_s=config.idle_timeout_s,
+        idle_timeout_s=config.idle_timeout_s, tags_engine_sessions=config.engine_session_cache,
         session_keys=SessionKeys(config.admin_token, run="" if coordinator is not None else None))
     upstream = Upstream(client if client is not None else upstream_client(config, clock), clock)
     live_sessions = None if config.live_sessions_file is None else LiveSessionsFile(config.live_sessions_file)
@@ -102,8 +105,11 @@ def telemetry_for(config: GatewayConfig, clock: Clock, tokenizer_name: str) -> T
     session_log = None if config.session_log is None else SessionLogWriter(
         config.session_log, max_bytes=config.session_log_max_bytes, keep_files=config.session_log_keep_files,
         keep_text=config.session_log_keep_text)
+    engine_sessions = None if not config.engine_session_cache else EngineSessions(
+        config.session_close_urls, metrics.engine_session_close_failures, clock.now,
+        timeout_s=config.engine_close_timeout_s)
     return Telemetry(clock, metrics, tokenizer_name=tokenizer_name, hit_window=hit_window, lending=LendingTracker(),
-                     session_log=session_log, engine_scraper=scraper)
+                     session_log=session_log, engine_scraper=scraper, engine_sessions=engine_sessions)
 
 
 def shared_state(config: GatewayConfig, policy_settings: PolicyConfig, telemetry: Telemetry) -> Coordinator:

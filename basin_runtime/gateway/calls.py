@@ -38,10 +38,13 @@ Rules:
   `include_usage`) is cut out of the bytes first (`json_scan.without_members`), never by
   re-serialising the body: a large body costs one copy and no encoder holding the GIL. The gateway
   sets no body field but `GATEWAY_FIELDS`.
+- `session_id` is the gateway's only with `engine_session_cache` (`tag_session`: the session's routing key,
+  every copy the client sent cut out); otherwise a client's own `session_id` is forwarded untouched.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -77,10 +80,12 @@ UPSTREAM_PATHS: dict[CallKind, str] = {
     "completion": "/v1/completions",
     "generate": "/generate",
 }
-GATEWAY_FIELDS = ("priority", "rid", "stream_options")  # the top-level fields the gateway may set
+SESSION_TAG = "session_id"  # SGLang's session radix cache tag (engine_session_cache)
+GATEWAY_FIELDS = ("priority", "rid", "stream_options", SESSION_TAG)  # the top-level fields the gateway may set
 # Every copy the client sent of these is cut out, whatever its value: JSON parsers keep the last of duplicated keys,
 # smg may keep another, so a copy equal to the gateway's value must not keep the others in the bytes (issue 46).
 IDENTITY_FIELDS = frozenset({"priority", "rid"})
+TAGGED_IDENTITY_FIELDS = IDENTITY_FIELDS | {SESSION_TAG}  # ... and `session_id` once the gateway tags the call
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # the only way a valid UTF-8 text holds a surrogate
 _SURROGATE = re.compile("[\ud800-\udfff]")
 STDLIB_PARSE_BYTES = 1 << 20  # a body this large is parsed by the standard library (memory: see the rules)
@@ -103,6 +108,7 @@ class Call:
     raw: bytes = b""  # the body as the client sent it
     sent: Mapping[str, Any] = field(default_factory=dict)  # the client's own values of GATEWAY_FIELDS
     resent: Resent | None = None  # read after its session's last body's prefix: `messages` holds the new ones
+    is_session_tagged: bool = False  # `session_id` is the gateway's (`tag_session`), every client copy cut out
 
     @property
     def read_bytes(self) -> int:
@@ -141,7 +147,8 @@ class Call:
     def encode_pieces(self) -> tuple[bytes | memoryview, ...]:
         """The body to forward, as pieces sent one after another: the client's bytes (views, never copied), less the
         gateway's fields it sent that the gateway changed, then the gateway's values of them (see the rules)."""
-        changed = [k for k in GATEWAY_FIELDS if k in self.body and (k in IDENTITY_FIELDS or not (
+        identity = TAGGED_IDENTITY_FIELDS if self.is_session_tagged else IDENTITY_FIELDS
+        changed = [k for k in GATEWAY_FIELDS if k in self.body and (k in identity or not (
             k in self.sent and _same(self.body[k], self.sent[k])))]
         replaced = [k for k in self.sent if k not in self.body or k in changed]
         if not self.raw:
@@ -160,6 +167,13 @@ class Call:
         if members is None:  # not the object the parser read: a bug if reached
             raise AssertionError("a parsed body's top level does not scan as one object")
         return object_pieces(self.raw, [m for m in members if m[0] not in replaced], fields)
+
+
+def tag_session(call: Call, tag: str) -> Call:
+    """The call tagged for the engines' session radix cache: `tag` as its top-level `session_id` (any the client
+    sent is cut out of the forwarded bytes, as its own `priority` and `rid` are)."""
+    call.body[SESSION_TAG] = tag
+    return dataclasses.replace(call, is_session_tagged=True)
 
 
 def _same(a: object, b: object) -> bool:

@@ -169,6 +169,18 @@ class GatewayConfig:
         "from their counters (the upstream's usage only while they have no evidence)", flag="--engine-metrics",
         cli="append", metavar="URL", default_text="none")
     engine_metrics_interval_s: float = option(5.0, SECONDS, "engine /metrics scrape period", unit="s")
+    engine_session_cache: bool = option(
+        False, Flag(), "the engines run SGLang's --enable-session-radix-cache: every forwarded call carries its "
+        "session's routing key as top-level `session_id` (a client's own is replaced), and at the session's end "
+        "the gateway POSTs /close_session to each engine URL in the background (smg routes no /close_session); "
+        "a failed close is counted in basin_engine_session_close_failures_total and logged, never seen by a call")
+    engine_urls: Sequence[str] = option(
+        (), ListOf(HTTP_URL, one_ok=True, says="a list of http(s):// URLs"),
+        "an engine's base URL (repeat per prefill and decode engine) that engine_session_cache closes sessions on",
+        flag="--engine-url", cli="append", metavar="URL",
+        default_text="the engine_metrics URLs without their /metrics path")
+    engine_close_timeout_s: float = option(5.0, SECONDS, "longest wait for one engine's /close_session answer",
+                                           unit="s")
     session_log: Path | None = option(None, PATH, "append each finished session to this JSONL file",
                                       metavar="PATH", is_path=True, default_text="none")
     session_log_max_bytes: int = option(256 << 20, POSITIVE, "rotate the session log past this size", unit="bytes",
@@ -258,6 +270,17 @@ class GatewayConfig:
         if self.max_body_bytes_in_flight < self.max_body_bytes:
             raise ConfigError(f"max_body_bytes_in_flight ({self.max_body_bytes_in_flight}) must be at least "
                               f"max_body_bytes ({self.max_body_bytes}): the largest body accepted could never be read")
+        if self.engine_session_cache and not self.session_close_urls:
+            raise ConfigError("engine_session_cache: no engine to close sessions on; give each prefill and decode "
+                              "engine as --engine-url URL (or engine_metrics URLs ending in /metrics)")
+
+    @property
+    def session_close_urls(self) -> tuple[str, ...]:
+        """The engines `engine_session_cache` closes sessions on: `engine_urls`, else the engine_metrics URLs that
+        end in /metrics, without it."""
+        if self.engine_urls:
+            return tuple(self.engine_urls)
+        return tuple(url.removesuffix("/metrics") for url in self.engine_metrics_urls if url.endswith("/metrics"))
 
 
 OPTIONS = declared_options(GatewayConfig)

@@ -13,9 +13,12 @@ Rules:
   a call is held; in shadow mode it is counted, not held).
 - A session none of whose calls was ever served is released as `failed` when its last call in flight
   ends: a failed first call holds no budget.
-- The forwarded body carries the session's engine priority and a rid, and the request its routing
-  key (`priority.py`); the answer carries the session id, and a session's first answer its end key
-  (`basin_runtime/session_keys.py`).
+- The forwarded body carries the session's engine priority and a rid (with `engine_session_cache` also
+  its routing key as `session_id`, SGLang's session tag; a resent call whose client sent its own is read
+  in full, so that copy can be cut; Assumption: a batch goes untagged, as it goes without a rid: SGLang
+  normalises a batch's per-request fields, which was not read for `session_id`), and the request its
+  routing key (`priority.py`); the answer carries the session id, and a session's first answer its end
+  key (`basin_runtime/session_keys.py`).
 - A call is in flight from forwarding until its answer ends (`proxy.py` reports the end); idle time
   counts from the end of the last call. A single-call session ends with its call.
 - Every call's end, admission and session end reach the signals (hit rate, first-token latency), the
@@ -51,7 +54,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from basin_runtime.gateway.calls import Call, CallKind, parse_call
+from basin_runtime.gateway.calls import SESSION_TAG, Call, CallKind, parse_call, tag_session
 from basin_runtime.gateway.errors import SessionEndedError, ShuttingDownError
 from basin_runtime.gateway.identity import (
     ForeignCall,
@@ -110,6 +113,7 @@ class GatewaySettings:
     tick_interval_s: float = 1.0
     idle_timeout_s: float = 600.0
     session_keys: SessionKeys = field(default_factory=SessionKeys)
+    tags_engine_sessions: bool = False  # engine_session_cache: calls carry `session_id` (the routing key)
 
 
 class Gateway:
@@ -162,6 +166,8 @@ class Gateway:
             if scraper is not None:
                 await scraper.aclose()
             await self.shut_down()
+            if self.telemetry.engine_sessions is not None:  # after shut_down, whose ended sessions it closes
+                await self.telemetry.engine_sessions.aclose()
             if coordinator is not None:
                 await coordinator.stop()
                 await coordinator.backend.aclose()
@@ -202,11 +208,14 @@ class Gateway:
     async def _serve(self, kind: CallKind, inbound: Inbound, raw: bytes, arrived: float) -> Answer:
         named = inbound.headers.session_id
         call, (session_id, is_single_call) = await self._read(kind, raw, named)
-        if call.resent is not None and self.room.registry.get(session_id) is None:  # it ended meanwhile: read in full
+        if call.resent is not None and (self.room.registry.get(session_id) is None  # it ended meanwhile: read in full
+                                        or (self.settings.tags_engine_sessions and SESSION_TAG in call.sent)):
             call, (session_id, is_single_call) = await _off_loop_if_large(len(raw), self._read_call, kind, raw, named)
         entry, prompt_tokens, held_s = await self._admit(call, session_id, is_single_call, inbound)
         priority = self.room.registry.engine_priority(entry)
         rid = stamp(call.body, priority, None if call.is_batch else request_id(entry.routing_key, len(entry.calls)))
+        if self.settings.tags_engine_sessions and not call.is_batch:
+            call = tag_session(call, entry.routing_key)
         headers = self._headers(entry, inbound.headers.items)
         record = CallRecord(self.room.clock.wall(), prompt_tokens, rid, call.is_stream, engine_priority=priority)
         entry.calls.append(record)

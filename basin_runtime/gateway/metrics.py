@@ -61,6 +61,9 @@ class GatewayMetrics:
                                    registry=r)
         self.engine_scrape_errors = Counter("basin_engine_scrape_errors", "Failed scrapes of engines' /metrics",
                                             registry=r)
+        self.engine_session_close_failures = Counter(
+            "basin_engine_session_close_failures", "Failed /close_session posts to an engine (engine_session_cache)",
+            ["engine"], registry=r)
         self.calls = Counter("basin_calls", "Calls forwarded upstream, by outcome", ["outcome"], registry=r)
         self.prompt_tokens = Counter("basin_upstream_prompt_tokens", "Prompt tokens the upstream reported",
                                      registry=r)

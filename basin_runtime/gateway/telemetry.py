@@ -13,6 +13,12 @@ Rules:
   replica's report (`DeploymentSignals`); this replica's own go into its report.
 - A session that leaves reaches the metrics, the lending reports and (if it made calls) the session log,
   as one line (`log_record`); a session adopted after a run that was killed is logged whole.
+- With `engine_session_cache` (`engine_sessions.py`) a session that leaves is closed on every engine under
+  its routing key, but one that `moved` (it lives on in another replica, under the same key) and one the
+  engines never saw (no call forwarded in this run, and not adopted from the last one).
+- Assumption: a session ended by a shutdown is closed too, though a restart may adopt it; its next call
+  after the restart reopens the tag (SGLang's `open_radix_session`), so only the references between the two
+  runs are lost.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from basin_runtime.clock import Clock
 from basin_runtime.gateway.engine_metrics import EngineScraper
+from basin_runtime.gateway.engine_sessions import EngineSessions
 from basin_runtime.gateway.lending import LendingTracker
 from basin_runtime.gateway.metrics import GatewayMetrics
 from basin_runtime.gateway.session_log import SessionLogWriter
@@ -41,7 +48,8 @@ class Telemetry:
 
     def __init__(self, clock: Clock, metrics: GatewayMetrics, *, tokenizer_name: str,
                  hit_window: HitRateWindow | None = None, lending: LendingTracker | None = None,
-                 session_log: SessionLogWriter | None = None, engine_scraper: EngineScraper | None = None) -> None:
+                 session_log: SessionLogWriter | None = None, engine_scraper: EngineScraper | None = None,
+                 engine_sessions: EngineSessions | None = None) -> None:
         self.clock = clock
         self.metrics = metrics
         self.tokenizer_name = tokenizer_name
@@ -50,6 +58,7 @@ class Telemetry:
         self.lending = lending or LendingTracker()
         self.session_log = session_log
         self.engine_scraper = engine_scraper
+        self.engine_sessions = engine_sessions
         self._awaiting_first_byte: dict[int, float] = {}  # id of a call in flight -> clock.now() when forwarded
 
     # --- the signals ----------------------------------------------------------------------------
@@ -116,9 +125,12 @@ class Telemetry:
         self.metrics.session_admitted(waited_s)
 
     def session_ended(self, entry: SessionEntry, reason: EndReason) -> None:
-        """A session left: counted, its lending forgotten, logged if it made calls."""
+        """A session left: counted, its lending forgotten, closed on the engines (`engine_session_cache`), logged if
+        it made calls."""
         self.metrics.session_ended(entry, reason)
         self.lending.session_ended(entry.session_id)
+        if self.engine_sessions is not None and reason != "moved" and (entry.calls or entry.is_adopted):
+            self.engine_sessions.close(entry.routing_key)
         if self.session_log is not None and entry.calls:
             self.session_log.append(log_record(entry, reason, self.clock.wall(), self.tokenizer_name))
 

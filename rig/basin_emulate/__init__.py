@@ -12,6 +12,7 @@ Modules, one job each:
   identity.py        token counts (memoized per message) and which cache chain a prompt continues
   prefill_engine.py  basin_sim's PrefillInstance + RadixCache driven in real time, KV transfer
   decode_engine.py   basin_sim's DecodeInstance driven in real time, tokens as they are emitted
+  session_refs.py    SGLang's session references on the prefix cache: which session tag holds which chain
   bootstrap.py       the rendezvous of a request's two halves on the prefill's bootstrap port
   storage.py         the HiCache storage tier as SGLang's file backend: a folder emulators share
   calls.py           parsing an inference request as SGLang does

@@ -7,7 +7,8 @@ Rules:
   `sampling_params.max_new_tokens` (/generate); a whole number >= 1. None asked: the emulator
   answers DEFAULT_COMPLETION_TOKENS tokens and ends with "stop" (as if the model emitted EOS);
   asked: exactly that many, ending with "length" (synthetic text never stops early).
-- `priority` (an integer) and `rid` (a string) as SGLang takes them; `stream`,
+- `priority` (an integer), `rid` and `session_id` (strings, top level) as SGLang takes them (`session_id`:
+  GenerateReqInput's stable session tag, read by the session radix cache; carried whatever the flags); `stream`,
   `stream_options.include_usage`; the router's `bootstrap_host`, `bootstrap_port`, `bootstrap_room`;
   `return_cached_tokens_details` (OpenAI routes: the answer's `sglext.cached_tokens_details`).
 - One sequence per request: `n` > 1, prompt lists and batched /generate are refused (400).
@@ -65,6 +66,7 @@ class Call:
     rid: str | None
     bootstrap: Bootstrap
     return_cached_tokens_details: bool = False
+    session_id: str | None = None
 
     @property
     def completion_tokens(self) -> int:
@@ -109,7 +111,7 @@ def parse_call(endpoint: Endpoint, raw: bytes) -> Call:
         raise BadRequestError("stream_options must be an object")
     return Call(endpoint, messages, tools, text, input_ids, max_new, body.get("stream") is True,
                 stream_options.get("include_usage") is True, _priority(body), _rid(body), _bootstrap(body),
-                body.get("return_cached_tokens_details") is True)
+                body.get("return_cached_tokens_details") is True, _session_id(body))
 
 
 def _messages(body: dict[str, Any]) -> list[Message]:
@@ -158,6 +160,24 @@ def _priority(body: dict[str, Any]) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
         raise BadRequestError(f"priority must be an integer, got {value!r}")
+    return value
+
+
+def parse_close_session(raw: bytes) -> str:
+    """The session id of a /close_session body (SGLang's CloseSessionReqInput: {"session_id": str})."""
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadRequestError(f"/close_session: the body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict) or not isinstance(body.get("session_id"), str):
+        raise BadRequestError("/close_session: the body must be an object with a string session_id")
+    return str(body["session_id"])
+
+
+def _session_id(body: dict[str, Any]) -> str | None:
+    value = body.get("session_id")
+    if value is not None and not isinstance(value, str):
+        raise BadRequestError(f"session_id must be a string, got {value!r}")
     return value
 
 

@@ -16,6 +16,15 @@ Rules:
   `--disaggregation-decode-enable-offload-kvcache` is decode-only and needs a storage backend (SGLang
   refuses both the same way); its stride is SGLANG_HICACHE_DECODE_OFFLOAD_STRIDE. `--page-size`
   (default 1) aligns what is stored. `--disaggregation-decode-enable-radix-cache` is decode-only.
+- Session radix cache (SGLang's `--enable-session-radix-cache`, field-sources.md section 2; off by
+  default): SGLang refuses it unless `--radix-eviction-policy priority`, with the same words here.
+  `--radix-eviction-policy` takes SGLang's default `lru` and `priority`; any other SGLang policy is refused
+  as not emulated. `--session-radix-cache-mode faithful|true` is basin's own (the simulator's
+  `session_radix_cache` key): `faithful` (the default) takes no reference on prefill, as SGLang's PD
+  prefill runs `cache_finished_req` before it sets a finish reason; `true` takes one at each normal finish
+  (the intended semantics, hypothetical under PD). It needs the flag.
+- Assumption: with `priority` the emulator's prefix cache still evicts in LRU order (request priorities
+  do not reach its cache model); the policy is accepted so the flag combination SGLang requires starts.
 - Any bad option or value raises `ConfigError` with one line naming it (the CLI exits 2).
 """
 
@@ -35,6 +44,8 @@ from basin_sim.profile import Profile, ProfileError
 from basin_sim.storage import PREFETCH_POLICIES, PrefetchPolicy, offload_stride_tokens
 
 DEFAULT_PROFILE = "h100-qwen3.6-35b-a3b"
+EVICTION_POLICIES = ("lru", "priority")  # SGLang's --radix-eviction-policy values the emulator accepts
+SESSION_CACHE_MODES = ("faithful", "true")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 STORAGE_BACKENDS = ("file",)  # SGLang's --hicache-storage-backend values the emulator implements
 STORAGE_DIR_ENV = "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"
@@ -68,6 +79,9 @@ class EmulatorConfig:
     enable_offload_kvcache: bool = False  # decode: offload finished requests' KV to storage
     offload_stride_tokens: int = 1
     enable_decode_radix_cache: bool = False
+    radix_eviction_policy: str = "lru"
+    enable_session_radix_cache: bool = False
+    session_radix_cache_mode: str = "faithful"  # with the flag: faithful (no prefill reference) or true
     served_model_name: str = ""  # empty: the profile's name
     tokenizer: str = DEFAULT_TOKENIZER
     bootstrap_timeout_s: float = 300.0
@@ -119,6 +133,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="decode: write each finished request's KV to the storage tier")
     p.add_argument("--disaggregation-decode-enable-radix-cache", action="store_true", dest="decode_radix_cache",
                    help="decode: keep finished KV and tell prefill how much it holds (only missing pages move)")
+    p.add_argument("--radix-eviction-policy", default="lru",
+                   help=f"SGLang's radix eviction policy: {', '.join(EVICTION_POLICIES)} (default lru)")
+    p.add_argument("--enable-session-radix-cache", action="store_true",
+                   help="per-session references on cached KV (session_id on requests, /close_session): eviction "
+                        "consumes unreferenced entries before referenced ones; needs --radix-eviction-policy priority")
+    p.add_argument("--session-radix-cache-mode", choices=SESSION_CACHE_MODES,
+                   help="basin's own: faithful (default; SGLang's PD prefill takes no reference) or true (it takes "
+                        "one at each normal finish, hypothetical)")
     p.add_argument("--enable-metrics", action="store_true", help="serve Prometheus metrics on /metrics")
     p.add_argument("--enable-cache-report", action="store_true", help="report cached tokens in OpenAI usage")
     p.add_argument("--enable-priority-scheduling", action="store_true", help="order queues by request priority")
@@ -170,10 +192,25 @@ def _storage(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, 
             "offload_stride_tokens": offload_stride_tokens(args.page_size, stride)}
 
 
+def _session_cache(args: argparse.Namespace) -> dict[str, Any]:
+    """The session radix cache options, checked as SGLang checks them."""
+    if args.radix_eviction_policy not in EVICTION_POLICIES:
+        raise ConfigError(f"--radix-eviction-policy {args.radix_eviction_policy!r} is not emulated; the emulator "
+                          f"implements {', '.join(EVICTION_POLICIES)}")
+    if args.enable_session_radix_cache and args.radix_eviction_policy != "priority":
+        raise ConfigError("--enable-session-radix-cache requires --radix-eviction-policy priority")
+    if args.session_radix_cache_mode is not None and not args.enable_session_radix_cache:
+        raise ConfigError("--session-radix-cache-mode needs --enable-session-radix-cache")
+    return {"radix_eviction_policy": args.radix_eviction_policy,
+            "enable_session_radix_cache": args.enable_session_radix_cache,
+            "session_radix_cache_mode": args.session_radix_cache_mode or "faithful"}
+
+
 def parse_config(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> EmulatorConfig:
     """The validated configuration from the command line (and SGLang's environment variables)."""
     args = build_parser().parse_args(argv)
     storage = _storage(args, os.environ if environ is None else environ)
+    storage.update(_session_cache(args))
     for name, flag in (("port", "--port"), ("bootstrap_port", "--disaggregation-bootstrap-port")):
         if not 0 < getattr(args, name) < 65536:
             raise ConfigError(f"{flag} must be a port number (1-65535), got {getattr(args, name)}")

@@ -21,6 +21,10 @@ Rules:
   lent memory); a request continuing it tells prefill `decode_prefix_len`, so only the rest is
   transferred. With offload on as well, SGLang 0.5.23 frees finished requests through the offload
   manager instead of inserting them in decode's tree (`_release_finished_req`), so nothing is kept.
+- Assumption (--enable-session-radix-cache on decode): the kept KV above is an oldest-first list, not a
+  radix tree with an eviction order, so decode takes no session reference; `/close_session` is answered
+  and counted (`basin_emulate_session_closes_total`). SGLang's decode with its radix cache on would take
+  references (its requests finish normally); the emulator does not model that.
 """
 
 from __future__ import annotations
@@ -60,6 +64,8 @@ class DecodeServer:
         self.keeps_finished = config.enable_decode_radix_cache and not config.enable_offload_kvcache
         self.held: OrderedDict[str, tuple[int, bytes, int]] = OrderedDict()  # conversation -> units, digest, tokens
         self.engine.instance.reclaim = self._evict
+        self.sessions_closed = 0  # /close_session calls
+        self.tagged_requests = 0  # requests carrying a session_id
 
     async def start(self) -> None:
         """Open the HTTP client for bootstrap rendezvous."""
@@ -75,6 +81,8 @@ class DecodeServer:
             raise BadRequestError("a decode server needs bootstrap_host, bootstrap_port and bootstrap_room (send the "
                                   "request through the PD router, which adds them)")
         context, bootstrap = self.context, call.bootstrap
+        if call.session_id is not None:
+            self.tagged_requests += 1
         assert bootstrap.host is not None and bootstrap.port is not None and bootstrap.room is not None
         arrival_s = context.clock.catch_up()
         try:
@@ -190,6 +198,10 @@ class DecodeServer:
         self._evict(self.engine.instance.lent_tokens)
         return True
 
+    def close_session(self, session_id: str) -> None:
+        """SGLang's /close_session: counted; this decode keeps no session references (see the module's rules)."""
+        self.sessions_closed += 1
+
     def clear_storage(self) -> bool:
         """Empty the storage tier this decode offloads to; False without one."""
         if self.store is None:
@@ -208,4 +220,7 @@ class DecodeServer:
             pd_queues={"num_decode_prealloc_queue_reqs": engine.count(DecodeStage.PREALLOC),
                        "num_decode_transfer_queue_reqs": engine.count(DecodeStage.TRANSFER)},
             effective_tokens={"input": 0, "device_hit": 0, "host_hit": 0, "storage_hit": 0},
-            generation_tokens=engine.generated_tokens, backed_up_tokens=self.offloaded_tokens)
+            generation_tokens=engine.generated_tokens, backed_up_tokens=self.offloaded_tokens,
+            session_cache={"tagged_requests": self.tagged_requests, "references_taken": 0, "late_finishes": 0,
+                           "sessions_closed": self.sessions_closed, "references_dropped": 0, "open_sessions": 0}
+            if self.context.config.enable_session_radix_cache else None)

@@ -14,6 +14,9 @@ Rules:
 - Latencies are wall seconds. Inter-token latency is observed once per generated token after the
   first, at the request's mean (as SGLang spreads a chunk's interval over its tokens), in one step per
   request (`WeightedHistogram`), so a 4k-token answer costs one bisect, not 4k observations.
+- With `--enable-session-radix-cache`, `basin_emulate_session_*` (SESSION_COUNTS): tagged requests,
+  references taken, late finishes, closes, chains dereferenced, and the tags holding a reference now
+  (session_refs.py).
 - `basin_emulate_lag_seconds` is the lateness of every timed event;
   `basin_emulate_lag_window_seconds{quantile}` its p50/p99/max over the lag window.
 """
@@ -30,6 +33,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from basin_emulate.clock import LagSummary
+from basin_emulate.session_refs import SessionRefs
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 TTFT_BUCKETS_S = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
@@ -38,6 +42,14 @@ ITL_BUCKETS_S = (0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025, 0.03, 0.0
 E2E_BUCKETS_S = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 600, 1200, 1800, 2400)
 LAG_BUCKETS_S = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 CACHE_SOURCES = ("device", "host", "storage")
+SESSION_COUNTS = {  # EngineState.session_cache key -> (basin_emulate_session_* family, help, is a counter)
+    "tagged_requests": ("tagged_requests", "Requests that carried a session_id", True),
+    "references_taken": ("references_taken", "Tagged normal finishes that took their session's reference", True),
+    "late_finishes": ("late_finishes", "Tagged finishes of closed sessions (no reference taken)", True),
+    "sessions_closed": ("closes", "/close_session calls, repeats included", True),
+    "references_dropped": ("references_dropped", "Cache chains dereferenced by a close", True),
+    "open_sessions": ("open", "Session tags holding a reference now", False),
+}
 PD_QUEUES = ("num_prefill_bootstrap_queue_reqs", "num_prefill_inflight_queue_reqs",
              "num_decode_prealloc_queue_reqs", "num_decode_transfer_queue_reqs")
 
@@ -58,6 +70,7 @@ class EngineState:
     generation_tokens: int
     prefetched_tokens: int = 0  # from the storage tier to the host
     backed_up_tokens: int = 0  # written to the storage tier
+    session_cache: dict[str, int] | None = None  # SESSION_COUNTS, with --enable-session-radix-cache only
 
     @property
     def token_usage(self) -> float:
@@ -133,6 +146,8 @@ class _StateCollector(Collector):
         generated = CounterMetricFamily("sglang:generation_tokens", "Generated tokens", labels=labels)
         generated.add_metric(value, state.generation_tokens)
         yield generated
+        if state.session_cache is not None:
+            yield from _session_families(state.session_cache)
         scale = GaugeMetricFamily("basin_emulate_time_scale", "Model seconds per wall second")
         scale.add_metric([], self.time_scale)
         yield scale
@@ -142,6 +157,22 @@ class _StateCollector(Collector):
         for quantile, seconds in (("0.5", lag.p50_s), ("0.99", lag.p99_s), ("1", lag.max_s)):
             window.add_metric([quantile], seconds)
         yield window
+
+
+def session_counts(refs: SessionRefs) -> dict[str, int]:
+    """What the session radix cache did, keyed as SESSION_COUNTS."""
+    return {"tagged_requests": refs.tagged_requests, "references_taken": refs.references_taken,
+            "late_finishes": refs.late_finishes,
+            "sessions_closed": refs.sessions_closed, "references_dropped": refs.references_dropped,
+            "open_sessions": refs.num_open_sessions}
+
+
+def _session_families(counts: Mapping[str, int]) -> Iterator[Metric]:
+    for key, (name, doc, is_counter) in SESSION_COUNTS.items():
+        kind = CounterMetricFamily if is_counter else GaugeMetricFamily
+        family = kind(f"basin_emulate_session_{name}", doc)
+        family.add_metric([], counts[key])
+        yield family
 
 
 class EmulatorMetrics:

@@ -20,7 +20,13 @@ Rules:
 - Decode radix cache: a request may come with `decode_prefix_tokens` (SGLang's decode_prefix_len: what
   the decode instance already holds of it); only the rest of its KV is transferred. Prefill computes the
   same either way.
-- `flush` empties the cache (SGLang's /flush_cache), only while no request is inside.
+- Session radix cache (`session_refs`, session_refs.py): a request may carry its `session_id` tag; with
+  `takes_references` (mode true) its normal finish (its KV reached decode, not withdrawn) registers the
+  tag's reference on its chain, else (mode faithful: SGLang's PD prefill sets no finish reason before
+  `cache_finished_req`) its chain is released as usual. `close_session` drops the tag's references
+  (counted in either mode).
+- `flush` empties the cache (SGLang's /flush_cache), only while no request is inside; it also forgets the
+  session tags and their tombstones, as SGLang's cache reset does.
 
 Invariants: `_tickets` holds exactly the jobs inside the instance (queued, batched, in transfer);
 `_busy` is the set of their chains.
@@ -36,6 +42,7 @@ from functools import partial
 
 from basin_emulate.clock import ModelClock
 from basin_emulate.errors import RequestTooLargeError
+from basin_emulate.session_refs import SessionRefs
 from basin_sim.prefill import PrefillInstance, PrefillJob
 from basin_sim.profile import Profile
 from basin_sim.radix_cache import RadixCache
@@ -98,12 +105,18 @@ class PrefillTotals:
 class PrefillEngine:
     """One prefill instance of the profile, in real time."""
 
-    def __init__(self, profile: Profile, clock: ModelClock, capacity_tokens: int, host_capacity_tokens: int = 0):
+    def __init__(self, profile: Profile, clock: ModelClock, capacity_tokens: int, host_capacity_tokens: int = 0, *,
+                 session_cache: bool = False, takes_references: bool = False):
+        if takes_references and not session_cache:
+            raise ValueError("takes_references needs session_cache")
         self.profile = profile
         self.clock = clock
         self.capacity_tokens = capacity_tokens
         self.host_capacity_tokens = host_capacity_tokens
-        self.instance = PrefillInstance(0, profile, RadixCache(capacity_tokens, host_capacity_tokens))
+        self.takes_references = takes_references
+        self.instance = PrefillInstance(0, profile, self._new_cache())
+        self.session_refs = SessionRefs(self.cache) if session_cache else None
+        self._tags: dict[int, tuple[str, int]] = {}  # request -> its session_id tag and the tag's generation
         self._prefetches = Prefetches()  # request -> where its storage prefetch reached (the caller waited for it)
         self._decode_prefix: dict[int, int] = {}  # request -> tokens decode already holds (only the rest moves)
         self.instance.storage_hit = self._prefetches.hit
@@ -139,7 +152,7 @@ class PrefillEngine:
 
     async def prefill(self, chain_key: str, group_key: str, group_tokens: int, prompt_tokens: int,
                       priority_key: float, arrival_s: float, storage_end: int = 0,
-                      decode_prefix_tokens: int = 0) -> PrefillOutcome:
+                      decode_prefix_tokens: int = 0, session_id: str | None = None) -> PrefillOutcome:
         """Prefill one prompt on its chain (arrived at model time `arrival_s`, at most `clock.now_s`) and move
         its KV out; withdrawn if cancelled."""
         if prompt_tokens > self.capacity_tokens:
@@ -151,6 +164,10 @@ class PrefillEngine:
             self._prefetches.reached(job.request_id, storage_end)
         if decode_prefix_tokens > 0:
             self._decode_prefix[job.request_id] = decode_prefix_tokens
+        if session_id is not None and self.session_refs is not None:
+            generation = self.session_refs.open(session_id)
+            if self.takes_references:
+                self._tags[job.request_id] = session_id, generation
         ticket = PrefillTicket(job, arrival_s, asyncio.get_running_loop().create_future())
         if chain_key in self._busy:
             self._parked.setdefault(chain_key, deque()).append(ticket)
@@ -165,6 +182,7 @@ class PrefillEngine:
         finally:
             self._prefetches.forget(job.request_id)
             self._decode_prefix.pop(job.request_id, None)
+            self._tags.pop(job.request_id, None)
 
     def cached_tokens(self, chain_key: str, group_key: str) -> int:
         """Tokens of a chain the device and host hold now (what a storage lookup starts after)."""
@@ -174,8 +192,17 @@ class PrefillEngine:
         """Empty the prefix cache if no request is inside; True if it was flushed."""
         if not self.is_idle:
             return False
-        self.instance.cache = RadixCache(self.capacity_tokens, self.host_capacity_tokens)
+        self.instance.cache = self._new_cache()
+        if self.session_refs is not None:
+            self.session_refs.reset(self.cache)
         return True
+
+    def close_session(self, session_id: str) -> int:
+        """SGLang's /close_session: the tag's references dropped (KV kept); chains dereferenced."""
+        return 0 if self.session_refs is None else self.session_refs.close(session_id)
+
+    def _new_cache(self) -> RadixCache:
+        return RadixCache(self.capacity_tokens, self.host_capacity_tokens, session_refs=self.takes_references)
 
     # --- the instance --------------------------------------------------------------------------------
 
@@ -224,15 +251,20 @@ class PrefillEngine:
             ticket.outcome.set_result(PrefillOutcome(
                 job.prompt_tokens, job.device_hit_tokens, job.host_hit_tokens, computed, ticket.arrival_s,
                 ticket.prefill_done_s, self.clock.now_s, job.storage_hit_tokens))
-        self._release(ticket)
+        self._release(ticket, is_finished=not ticket.is_withdrawn)
         self._kick()
 
-    def _release(self, ticket: PrefillTicket) -> None:
-        """The job's KV has left (or it was dropped): unpin its chain and give the chain's next request its turn."""
+    def _release(self, ticket: PrefillTicket, *, is_finished: bool = False) -> None:
+        """The job's KV has left (or it was dropped): unpin its chain (a tagged normal finish takes its session's
+        reference) and give the chain's next request its turn."""
         job = ticket.job
         ticket.stage = PrefillStage.DONE
         del self._tickets[job.request_id]
-        self.cache.release(job.session_key, self.clock.now_s)
+        tag = self._tags.get(job.request_id)
+        if is_finished and tag is not None and self.session_refs is not None:
+            self.session_refs.finished(*tag, job.session_key, self.clock.now_s)
+        else:
+            self.cache.release(job.session_key, self.clock.now_s)
         self._next_on_chain(job.session_key)
 
     def _next_on_chain(self, chain_key: str) -> None:

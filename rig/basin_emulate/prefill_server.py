@@ -18,6 +18,8 @@ Rules:
   Once prefilled, the prompt's whole pages are backed up to storage (write-through). The answer
   reports cached tokens by source (`meta_info.cached_tokens_details`,
   `sglang:cached_tokens_total{cache_source}`), as SGLang does.
+- A request's top-level `session_id` goes with it to the prefill engine (prefill_engine.py says what the
+  session radix cache does with it); `/close_session` reaches the engine's `close_session`.
 - Any failure (or the client leaving) is published on the room too, so the decode half fails at once
   instead of waiting for its timeout; what the request held is given back either way.
 """
@@ -34,7 +36,7 @@ from basin_emulate.calls import Call
 from basin_emulate.context import ServerContext, prompt_of
 from basin_emulate.errors import ClientGoneError, EmulatorError
 from basin_emulate.identity import ChainBook, Prompt
-from basin_emulate.metrics import EngineState
+from basin_emulate.metrics import EngineState, session_counts
 from basin_emulate.prefill_engine import PrefillEngine, PrefillOutcome
 from basin_emulate.responses import Answer, StreamWriter, new_rid, response_body
 from basin_emulate.storage import FileStore
@@ -48,7 +50,10 @@ class PrefillServer:
     def __init__(self, context: ServerContext) -> None:
         config = context.config
         self.context = context
-        self.engine = PrefillEngine(config.profile, context.clock, config.max_total_tokens, config.host_cache_tokens)
+        self.engine = PrefillEngine(config.profile, context.clock, config.max_total_tokens, config.host_cache_tokens,
+                                    session_cache=config.enable_session_radix_cache,
+                                    takes_references=config.enable_session_radix_cache
+                                    and config.session_radix_cache_mode == "true")
         self.book = ChainBook()
         self.rooms = Rooms(config.bootstrap_timeout_s, context.clock.base)
         self.store = None if config.storage_dir is None else FileStore(config.storage_dir, config.model_name)
@@ -98,7 +103,7 @@ class PrefillServer:
         outcome = await self.engine.prefill(chain_key, prompt.group_key, prompt.group_tokens, prompt.cache_tokens,
                                             self.context.order.key(call.priority), clock.now_s if storage_end
                                             else arrival_s, storage_end,
-                                            0 if room is None else room.decode_prefix_len)
+                                            0 if room is None else room.decode_prefix_len, call.session_id)
         if self.store is not None:  # write-through: the prompt's whole pages reach storage
             end = prompt_backup_end(prompt.prompt_tokens, self.context.config.page_size)
             if await asyncio.to_thread(self.store.put, prompt.conversation_key, prompt.length,
@@ -142,6 +147,10 @@ class PrefillServer:
             details["storage_backend"] = "HiCacheFile"
         return details
 
+    def close_session(self, session_id: str) -> None:
+        """SGLang's /close_session: the tag's references dropped (a no-op without the session cache)."""
+        self.engine.close_session(session_id)
+
     def clear_storage(self) -> bool:
         """Empty the storage tier (SGLang's /hicache/storage-backend/clear); False without one."""
         if self.store is None:
@@ -168,5 +177,6 @@ class PrefillServer:
                        "num_prefill_inflight_queue_reqs": engine.num_transferring},
             effective_tokens={"input": totals.computed_tokens, "device_hit": totals.device_hit_tokens,
                               "host_hit": totals.host_hit_tokens, "storage_hit": totals.storage_hit_tokens},
-            generation_tokens=0, prefetched_tokens=self.prefetched_tokens, backed_up_tokens=self.backed_up_tokens)
+            generation_tokens=0, prefetched_tokens=self.prefetched_tokens, backed_up_tokens=self.backed_up_tokens,
+            session_cache=None if engine.session_refs is None else session_counts(engine.session_refs))
 

@@ -5,9 +5,11 @@ Rules:
 - Info, as SGLang answers them: /health, /health_generate, /server_info and /get_server_info,
   /model_info and /get_model_info, /v1/models (owned_by "sglang"), /v1/loads and /loads,
   POST /flush_cache (device and host tiers; never storage), POST /hicache/storage-backend/clear (the
-  storage tier; 400 without one), and /metrics with --enable-metrics. /version is NOT served (404):
-  smg takes a worker that answers both /version and /server_info for vLLM and then speaks vLLM's PD
-  protocol.
+  storage tier; 400 without one), GET/POST /close_session (body {"session_id": str}, SGLang's
+  CloseSessionReqInput; 200 with an empty body whatever the session, flag on or off, as SGLang's route
+  answers once its tokenizer manager has passed the close on), and /metrics with --enable-metrics.
+  /version is NOT served (404): smg takes a worker that answers both /version and /server_info for vLLM
+  and then speaks vLLM's PD protocol.
 - /server_info adds what the emulator is: time_scale, profile, model time, and the scheduler lag
   (p50/p99/max over the lag window) under "basin_emulate", so a run can be judged after the fact.
 - `max_running_requests` is reported with SGLang's default formula; the emulator never enforces it
@@ -31,7 +33,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive
 
-from basin_emulate.calls import Call, Endpoint, parse_call
+from basin_emulate.calls import Call, Endpoint, parse_call, parse_close_session
 from basin_emulate.clock import LagWindow, ModelClock
 from basin_emulate.config import EmulatorConfig
 from basin_emulate.context import ServerContext
@@ -64,6 +66,8 @@ class Role(Protocol):
     def flush(self) -> bool: ...
 
     def clear_storage(self) -> bool: ...
+
+    def close_session(self, session_id: str) -> None: ...
 
     def state(self) -> EngineState: ...
 
@@ -123,6 +127,8 @@ def create_app(context: ServerContext, role: Role) -> Starlette:
             "disaggregation_decode_enable_offload_kvcache": config.enable_offload_kvcache,
             "disaggregation_decode_enable_radix_cache": config.enable_decode_radix_cache,
             "enable_priority_scheduling": config.enable_priority_scheduling,
+            "radix_eviction_policy": config.radix_eviction_policy,
+            "enable_session_radix_cache": config.enable_session_radix_cache,
             "schedule_low_priority_values_first": config.schedule_low_priority_values_first,
             "priority_scheduling_preemption_threshold": config.preemption_threshold,
             "enable_metrics": config.enable_metrics, "enable_cache_report": config.enable_cache_report,
@@ -134,7 +140,9 @@ def create_app(context: ServerContext, role: Role) -> Starlette:
                                  "token_usage": state.token_usage}],
             "basin_emulate": {"profile": config.profile.name, "time_scale": config.time_scale,
                               "model_time_s": clock.now_s, "lag": clock.lag_summary().as_dict(),
-                              "host_cache_tokens": config.host_cache_tokens},
+                              "host_cache_tokens": config.host_cache_tokens,
+                              "session_radix_cache_mode": config.session_radix_cache_mode
+                              if config.enable_session_radix_cache else None},
         }
 
     def loads() -> dict[str, Any]:
@@ -169,6 +177,13 @@ def create_app(context: ServerContext, role: Role) -> Starlette:
     async def flush_cache(request: Request) -> Response:
         return Response(FLUSH_TEXT, status_code=200 if role.flush() else 400, media_type="text/plain")
 
+    async def close_session(request: Request) -> Response:
+        try:
+            role.close_session(parse_close_session(await request.body()))
+        except EmulatorError as exc:
+            return error_response(exc, is_native=True)
+        return Response(status_code=200)
+
     async def clear_storage(request: Request) -> Response:
         if not role.clear_storage():
             return Response("No storage backend to clear.\n", status_code=400, media_type="text/plain")
@@ -194,6 +209,7 @@ def create_app(context: ServerContext, role: Role) -> Starlette:
     routes += [Route(path, get_loads) for path in ("/v1/loads", "/loads")]
     routes += [Route(path, health) for path in ("/health", "/health_generate")]
     routes += [Route("/v1/models", models), Route("/flush_cache", flush_cache, methods=["GET", "POST"]),
+               Route("/close_session", close_session, methods=["GET", "POST"]),
                Route("/hicache/storage-backend/clear", clear_storage, methods=["POST"])]
     if config.enable_metrics:
         routes.append(Route("/metrics", metrics))

@@ -17,6 +17,8 @@ Rules:
 - `kill(name)` / `restart(name)` stop and start one process on the same ports (fault tests). smg
   drops a dead worker and re-admits a restarted one only on its health checks (default every 60 s)
   and its circuit breaker (60 s): pass `router_args` to shorten them.
+- A gateway with `engine_session_cache` closes sessions on every engine (`engine_urls`: prefill and
+  decode, unless the spec's gateway options name them).
 - Emulator lag: `lag()` reads each engine's /server_info `basin_emulate.lag` (wall seconds).
 - Role-specific engine flags (`prefill_args`, `decode_args`: the lending recipe, rig/basin_stack/lending.py)
   follow the common ones; `engine_env` adds environment variables to the engines only (SGLang's
@@ -294,6 +296,8 @@ class LocalStack:
             self.gateway_url = f"http://127.0.0.1:{port}"
             options = {**spec.gateway, "upstream": self.router_url, "host": "127.0.0.1", "port": port}
             options.setdefault("engine_metrics_urls", [f"{url}/metrics" for url in self.prefill_urls])
+            if options.get("engine_session_cache"):  # sessions are closed on every engine, prefill and decode
+                options.setdefault("engine_urls", self.engine_urls)
             config = logs / "gateway.yaml"
             config.write_text(yaml.safe_dump(gateway_config(options, spec.time_scale)), encoding="utf-8")
             config.chmod(0o600)  # it may hold the admin token

@@ -1,8 +1,9 @@
 """End to end: the official `openai` client -> the real SGLang router (`smg`, PD mode) -> two emulators.
 
 Everything runs as subprocesses on free loopback ports: `python -m basin_emulate` as prefill and as
-decode (priority scheduling on, cache report on, real time at --time-scale 1 so that queueing is visible),
-and `python -m smg.launch_router --pd-disaggregation`. All are killed (process group, SIGKILL) in the
+decode (priority scheduling on, cache report on, real time at --time-scale 1 so that queueing is visible;
+the session radix cache on both, prefill in mode true so its references show), and
+`python -m smg.launch_router --pd-disaggregation`. All are killed (process group, SIGKILL) in the
 fixture's teardown, whatever happened.
 """
 
@@ -18,8 +19,10 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.parser import text_string_to_metric_families
 
+from basin_runtime.gateway.engine_sessions import EngineSessions
 from tests.e2e.test_gateway_e2e import STARTUP_TIMEOUT_S, Process, free_port, start, wait_ready
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio]
@@ -33,12 +36,14 @@ def urls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     ports = {name: free_port() for name in ("prefill", "bootstrap", "decode", "router", "metrics")}
     url = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
     common = ["--enable-priority-scheduling", "--enable-cache-report", "--enable-metrics",
-              "--served-model-name", MODEL, "--log-level", "warning"]
+              "--served-model-name", MODEL, "--log-level", "warning",
+              "--enable-session-radix-cache", "--radix-eviction-policy", "priority"]
     processes: list[Process] = []
     try:
         processes.append(start("prefill", [sys.executable, "-m", "basin_emulate", "--role", "prefill", "--port",
                                            str(ports["prefill"]), "--disaggregation-bootstrap-port",
-                                           str(ports["bootstrap"]), *common], logs))
+                                           str(ports["bootstrap"]), *common, "--session-radix-cache-mode", "true"],
+                                     logs))
         processes.append(start("decode", [sys.executable, "-m", "basin_emulate", "--role", "decode", "--port",
                                           str(ports["decode"]), *common], logs))
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
@@ -154,3 +159,31 @@ async def test_rid_and_priority_pass_through_the_router(urls: dict[str, str]) ->
     (_, blocker_done), (_, low_done), (_, high_done) = results
     assert high_done < low_done, "priority did not reach the prefill queue"
     assert blocker_done < low_done
+
+
+async def _session_counts(engine: str) -> dict[str, float]:
+    async with httpx.AsyncClient(base_url=engine, timeout=5) as http:
+        text = (await http.get("/metrics")).text
+    return {s.name.removeprefix("basin_emulate_session_"): s.value for family in text_string_to_metric_families(text)
+            for s in family.samples if s.name.startswith("basin_emulate_session_")}
+
+
+async def test_the_session_tag_passes_smg_to_both_engines_and_the_gateway_closes_it_on_each(
+        urls: dict[str, str]) -> None:
+    async with client(urls["router"]) as api:
+        await api.chat.completions.create(model=MODEL, messages=agent_call("e2e session", 0), max_tokens=2,
+                                          extra_body={"session_id": "agent-42"})
+    held = await _session_counts(urls["prefill"])
+    async with httpx.AsyncClient(timeout=5) as http:
+        through_router = await http.post(f"{urls['router']}/close_session", json={"session_id": "agent-42"})
+    failures = Counter("basin_engine_session_close_failures", "e2e", ["engine"], registry=CollectorRegistry())
+    closer = EngineSessions([urls["prefill"], urls["decode"]], failures, time.monotonic)
+    closer.close("agent-42")  # what the gateway does at the session's end (smg routes no /close_session)
+    await closer.aclose()
+    prefill, decode = await _session_counts(urls["prefill"]), await _session_counts(urls["decode"])
+
+    assert held["tagged_requests_total"] == 1 and held["references_taken_total"] == 1 and held["open"] == 1
+    assert through_router.status_code == 404
+    assert [failures.labels(url)._value.get() for url in (urls["prefill"], urls["decode"])] == [0, 0]
+    assert prefill["closes_total"] == 1 and prefill["references_dropped_total"] == 1 and prefill["open"] == 0
+    assert decode["tagged_requests_total"] == 1 and decode["closes_total"] == 1
