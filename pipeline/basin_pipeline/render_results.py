@@ -162,7 +162,7 @@ FIELD_COMMAND = ("`basin-sim compare --preset field --jobs 2 --plot-dir docs/fie
                  "--out docs/results/compare-field.json`")
 FIELD_BASES = ("sglang", "continuum", "continuum-fixed-ttl", "budgeter", "thunderagent", "concur", "basin")
 SESSION_CACHE = "+session-cache"
-FIELD_MEASURED_AT = "measured at commit 4aea3e1"  # the commit the committed run's code is
+FIELD_MEASURED_AT = "measured at commit ac88fca"  # the commit the committed run's code is
 FIELD_SCENARIOS = (("TB steady", "paper-timed-steady"), ("TB surge +100%", "paper-timed-surge-100"),
                    ("TB burst killed", "paper-timed-kill-burst"), ("TB burst kept", "paper-timed-kill-burst-keep"),
                    ("SWE-Pro steady", "paper-swebench-pro-steady"),
