@@ -287,6 +287,7 @@ class Grid:
     deployments: tuple[str, ...]
     lending: tuple[LendingKind, ...] | None
     labels: tuple[str, ...]
+    seeds: tuple[int, ...] | None = None  # the grid's own seeds (a held-out set), else the comparison's
 
 
 _SESSION_POLICIES = ("sglang", "continuum", "budgeter", "basin-proto", "basin")  # hicache = sglang on a host tier
@@ -295,6 +296,8 @@ PAPER_SURGES = ("paper-timed-surge-100", "paper-timed-kill-burst", "paper-timed-
                 "paper-swebench-pro-surge-100")
 _FIELD = ("sglang", "continuum", "continuum-fixed-ttl", "budgeter", "thunderagent", "concur", "basin")
 FIELD_LABELS = (*_FIELD, *(label + SESSION_CACHE for label in _FIELD))
+HELD_OUT_SCENARIOS = ("heldout-tb-surge-200-20min", "heldout-tb-burst-2x-keep", "heldout-tb-steady-0.7",
+                      "heldout-swepro-burst-3x-keep")
 PRESETS: dict[str, tuple[Grid, ...]] = {
     # The evaluation in the paper's regime (sessions timed as the paper's model runs them, issue 34) on its
     # 1P3D H200 node: the three Terminal-Bench scenarios (the paper-sized preset) and the surge on
@@ -313,6 +316,12 @@ PRESETS: dict[str, tuple[Grid, ...]] = {
     # cache, no lending (no field baseline lends).
     "field": (Grid((*PAPER_SURGES, "paper-timed-steady", "paper-swebench-pro-steady"), ("1p3d",), ("none",),
                    FIELD_LABELS),),
+    # Held out (issue 49), committed before Basin's issue-49 parts were built, to be run once, at the end:
+    # other deployments (the H100 1P3D, cache first; the H100 3P1D, decode first) and the paper's node, other
+    # rates and shapes (a +200% surge for 20 minutes, a 2x burst kept for 20 minutes, steady at 0.7, a
+    # SWE-bench-Pro-like 3x burst kept), other seeds (11-20); every field baseline and Basin, no lending.
+    "held-out": (Grid(HELD_OUT_SCENARIOS, ("1p3d", "1p3d-h100", "3p1d"), ("none",), _FIELD,
+                      tuple(range(11, 21))),),
     # The earlier evaluation, on recorded session timing and the H100 1P3D (README: "The evaluation on
     # recorded timing"): the paper's +100% surge with Terminal-Bench-like and SWE-bench-like sessions, GPU
     # cache and host tier, every policy without lending, with decode-memory lending and (host tier) with
@@ -363,8 +372,8 @@ class CompareSetup:
         return list(dict.fromkeys(label for grid in self.grids for label in grid.labels))
 
 
-def _cells(setup: CompareSetup) -> tuple[dict[CellKey, Cell], dict[CellKey, list[str]]]:
-    """Every cell of the grids with its pool, predictions and overload rate, and the labels it runs."""
+def _cells(setup: CompareSetup) -> tuple[dict[CellKey, Cell], dict[CellKey, list[str]], dict[CellKey, list[int]]]:
+    """Every cell of the grids with its pool, predictions and overload rate, the labels it runs and its seeds."""
     inputs = setup.inputs
     base, _ = load_pool(inputs.sessions, inputs.synthetic)
     labels = {split_label(label)[0] for label in setup.labels}
@@ -377,6 +386,7 @@ def _cells(setup: CompareSetup) -> tuple[dict[CellKey, Cell], dict[CellKey, list
     rates: dict[tuple[str, str], float] = {}
     cells: dict[CellKey, Cell] = {}
     cell_labels: dict[CellKey, list[str]] = {}
+    cell_seeds: dict[CellKey, list[int]] = {}
     tag = ""  # set once the first pool's peaks are read (their table checked)
     for grid in setup.grids:
         for scenario_name in grid.scenarios:
@@ -395,7 +405,8 @@ def _cells(setup: CompareSetup) -> tuple[dict[CellKey, Cell], dict[CellKey, list
                                       rates[(scenario_name, deployment_name)], None, served,
                                       inputs.reservation_quantile, sha, swept, setup.ramp_step_s, tag)
                     cell_labels[key] = list(dict.fromkeys([*cell_labels.get(key, []), *grid.labels]))
-    return cells, cell_labels
+                    cell_seeds[key] = sorted({*cell_seeds.get(key, []), *(grid.seeds or setup.seeds)})
+    return cells, cell_labels, cell_seeds
 
 
 def _predicted(scenario: Scenario, base: Sequence[Session], predictor: ReservingPredictor | None, inputs: Inputs,
@@ -461,7 +472,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="a named set of grids instead of --scenarios/--deployments/--lending/--policies/"
                              "--ablations (paper: the evaluation in the paper's regime, policy table, steady "
                              "references and ablations; field: every field baseline and Basin, with and without "
-                             "SGLang's session cache; recorded-h100: the earlier one on recorded timing)")
+                             "SGLang's session cache; held-out: other deployments, rates and seeds 11-20, run once "
+                             "at the end of issue 49; recorded-h100: the earlier one on recorded timing)")
     parser.add_argument("--scenarios", nargs="+", default=["steady", "surge-100", "kill-burst"],
                         help="names or .yaml files")
     parser.add_argument("--deployments", nargs="+", default=["1p3d-h100"], help="names or .yaml files")
@@ -485,6 +497,7 @@ class GridResult:
     rows: list[dict[str, Any]]
     labels: list[str]
     cells: dict[CellKey, Cell]
+    seeds: tuple[int, ...]  # every seed any cell ran
 
     def summary(self) -> dict[tuple[str, str, str, str], dict[str, Any]]:
         """`aggregate` of the rows."""
@@ -503,7 +516,7 @@ def run_grids(setup: CompareSetup) -> GridResult:
 
     Raises the loaders' errors (catalog, predictor, session table, pool, rates, scenario, OSError) and
     `ExecutorError` (a run that failed twice, or Ctrl-C)."""
-    cells, cell_labels = _cells(setup)
+    cells, cell_labels, cell_seeds = _cells(setup)
     with open_executor(setup.executor, cells, setup.jobs) as executor:
         kinds = {key: sorted({_kind(label) for label in cell_labels[key]
                               if (base := split_label(label)[0]) in ("basin", "basin-proto") or base in ABLATIONS})
@@ -513,12 +526,13 @@ def run_grids(setup: CompareSetup) -> GridResult:
                  for key, cell in cells.items()}
         rows = executor.run([Job(f"{cell.name()}/{label} seed {seed}", _run,
                                  (key, label, seed, knees.get((key, _kind(label)))))
-                             for key, cell in cells.items() for label in cell_labels[key] for seed in setup.seeds],
+                             for key, cell in cells.items() for label in cell_labels[key] for seed in cell_seeds[key]],
                             "runs")
     names = [(cell.scenario.name, cell.deployment.name, cell.lending) for cell in cells.values()]
     order = {name: k for k, name in enumerate(names)}
     rows.sort(key=lambda r: (order[(r["scenario"], r["deployment"], r["lending"])], r["policy"], r["seed"]))
-    return GridResult(rows, setup.labels, cells)
+    seeds = tuple(sorted({seed for cell_seed_list in cell_seeds.values() for seed in cell_seed_list}))
+    return GridResult(rows, setup.labels, cells, seeds)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -543,7 +557,7 @@ def main(argv: list[str] | None = None) -> int:
     if "continuum" in result.labels:
         print("\nPaired by seed (same arrivals), goodput over Continuum's:\n")
         print(paired(result.rows))
-    doc = {"seeds": setup.seeds, "predictions": setup.inputs.predictions, "labels": result.labels,
+    doc = {"seeds": result.seeds, "predictions": setup.inputs.predictions, "labels": result.labels,
            "cells": result.cells_json(), "summary": {"/".join(k): v for k, v in result.summary().items()},
            "runs": result.rows}
     if setup.plot_dir is not None:

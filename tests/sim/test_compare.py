@@ -115,7 +115,7 @@ def test_an_unknown_policy_is_one_line_exit_2_before_any_run(capsys: pytest.Capt
     assert "(each may end in +session-cache)" in err and "no-such-scenario" not in err
 
 
-@pytest.mark.parametrize("preset", ["paper", "recorded-h100", "field"])
+@pytest.mark.parametrize("preset", ["paper", "recorded-h100", "field", "held-out"])
 def test_the_presets_name_only_shipped_scenarios_deployments_policies_and_ablations(preset: str) -> None:
     from basin_sim.experiments.ablations import ABLATIONS, split_label
     from basin_sim.experiments.compare import PRESETS
@@ -152,6 +152,41 @@ def test_the_field_preset_runs_every_baseline_and_basin_with_and_without_the_ses
     assert grid.deployments == ("1p3d",) and grid.lending == ("none",)
     field = {"sglang", "continuum", "continuum-fixed-ttl", "budgeter", "thunderagent", "concur", "basin"}
     assert set(grid.labels) == field | {f"{name}+session-cache" for name in field}
+
+
+def test_the_held_out_set_is_other_deployments_rates_and_seeds_and_each_scenario_generates(
+        real_session_table: Path) -> None:
+    from basin_sim.experiments.compare import PAPER_SURGES, PRESETS
+    from basin_sim.simulate import pool_unloaded_s
+    from basin_sim.unloaded import UnloadedTimes
+    from basin_sim.workload.pool import load_pool, workload_pool
+    from basin_sim.workload.scenarios import generate_sessions
+
+    (grid,) = PRESETS["held-out"]
+    (field,) = PRESETS["field"]
+    assert grid.seeds == tuple(range(11, 21)) and not set(grid.seeds) & set(range(1, 11))
+    assert {"1p3d-h100", "3p1d"} <= set(grid.deployments)
+    assert not set(grid.scenarios) & {*PAPER_SURGES, *field.scenarios}
+    assert set(grid.labels) == {label for label in field.labels if not label.endswith("+session-cache")}
+    (corpus, _), unloaded = load_pool(real_session_table, False), UnloadedTimes(load_deployment("1p3d").build())
+    for name in grid.scenarios:
+        scenario = load_scenario(name)
+        pool = workload_pool(corpus, scenario.workload)
+        specs = generate_sessions(scenario, pool, 0.1, 11, pool_unloaded_s(pool, unloaded))
+        assert specs and (not scenario.bursts or any(spec.is_burst for spec in specs)), name
+
+
+@pytest.mark.integration
+def test_a_grid_with_its_own_seeds_runs_them(tmp_path: Path) -> None:
+    from basin_sim.experiments import compare
+
+    (tmp_path / "s.yaml").write_text(SCENARIO)
+    (tmp_path / "d.yaml").write_text(DEPLOYMENT)
+    grid = compare.Grid((str(tmp_path / "s.yaml"),), (str(tmp_path / "d.yaml"),), ("none",), ("sglang",), (11, 12))
+    inputs = compare.Inputs(sessions=tmp_path / "absent.parquet", synthetic=True, overload_rate=0.1)
+    setup = compare.CompareSetup((grid,), seeds=(1, 2, 3), inputs=inputs)
+    result = compare.run_grids(setup)
+    assert [r["seed"] for r in result.rows] == [11, 12] and result.seeds == (11, 12)
 
 
 def test_a_session_cache_label_is_its_policy_on_the_deployment_with_the_session_cache() -> None:
