@@ -12,6 +12,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from basin_sim import catalog
 from basin_sim.experiments.ablations import SESSION_CACHE
 from basin_sim.goodput import is_good
 from basin_sim.simulate import RunResult
@@ -226,8 +227,6 @@ def plot_minutes(rows: list[dict[str, Any]], labels: list[str], out_dir: Path,
 
 def _windows(scenarios: list[str]) -> dict[str, tuple[float, float, float]]:
     """Per scenario of the catalog: where its surge or burst starts and its goodput window (scenario-file s)."""
-    from basin_sim import catalog
-
     windows = {}
     for name in scenarios:
         try:
