@@ -12,7 +12,9 @@ Rules:
   contexts in prototype mode, so r does not apply there (r = 1). This is the only place that
   turns a calibration into a budget; the gateway and the simulator both call it.
 - The adaptive budget's upper bound from the completion peak: C = r x completion peak (reservation
-  tokens, r = 1 in prototype mode; `completion_budget.py`), used while `completion_budget` is on.
+  tokens, r = 1 in prototype mode; `completion_budget.py`), used while `completion_budget` is on, and
+  only when B is the calibration's own (an explicit budget is the operator's word: no ceiling from
+  the file beside it; an override `budget_ceiling_tokens` sets one by hand).
 - `policy_config(calibration, overrides)`: the measured plateau, peak completion rate, budget ceiling C
   and (basin mode) reservation ratio, so admission engages on the working set against B / r (the paper's rule);
   then the overrides (any `PolicyConfig` field, e.g. a config file's `policy:` section), then an
@@ -100,15 +102,16 @@ def policy_config(calibration: Calibration | None, overrides: Mapping[str, Any] 
     mode = str(extra.get("mode", "basin"))
     budget = budget_tokens if budget_tokens is not None else extra.pop("budget_tokens", None)
     extra.pop("budget_tokens", None)
+    ceiling = None
     if budget is None:
         if calibration is None:
             raise PolicyError("no budget: give a budget or a calibration")
         budget = calibration.budget_tokens(mode)
+        ceiling = calibration.completion_budget_tokens(mode)  # only beside the calibration's own B
     measured: dict[str, Any] = {}
     if calibration is not None:
         measured = {key: getattr(calibration, key) for key in ("hit_rate_plateau", "peak_completion_rate_per_s")
                     if getattr(calibration, key) is not None}
-        ceiling = calibration.completion_budget_tokens(mode)
         if ceiling is not None:
             measured["budget_ceiling_tokens"] = ceiling
         if mode != "prototype":
