@@ -23,6 +23,8 @@ Rules:
   the knee-based bound the budget stands only on the plateau's evidence; while it lies above the
   sum of reservations, sessions that finish are replaced by queued ones, so stepping down 2% a
   minute from far above would keep admitting into a falling hit rate for many minutes.
+- An operator change of B (`set_reference`) keeps C: C is measured of the deployment, as the knee is;
+  the knee-based bound follows the new B.
 - Pure: no I/O, no clock.
 """
 
