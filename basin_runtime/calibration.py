@@ -3,7 +3,8 @@
 Rules:
 - The keys are declared once, in `KEYS` (checked by `basin_runtime.schema`): `knee_tokens` and
   `cache_capacity_tokens` required; the plateau's hit rate, peak completion rate, first-token latency and
-  call cycle (together the last two set the latency gate), the reservation ratio, free `notes`, and what
+  call cycle (together the last two set the latency gate), the completion peak (the working set at
+  which completions stop rising: the adaptive budget's upper bound), the reservation ratio, free `notes`, and what
   r was measured for (`predictor_sha256`, `reservation_quantile`, `lending`) optional. A null optional
   key is absent. Any other key is refused, so a misspelt measurement cannot pass silently.
 - Every error is a `CalibrationError` naming the file (or source), the key and the value.
@@ -34,6 +35,8 @@ KEYS: dict[str, Key] = {
                              "working-set token"),
     "ttft_plateau_s": Key(_MEASURED, "median time to first token on the plateau", "s"),
     "call_cycle_plateau_s": Key(_MEASURED, "median session duration over its calls on the plateau", "s"),
+    "completion_peak_tokens": Key(_MEASURED, "working set at which the ramp's completed calls per second stop "
+                                  "rising (the adaptive budget's upper bound)", "tokens"),
     "notes": Key(Anything(), "free text"),
     "predictor_sha256": Key(Text(r"[0-9a-f]{64}|none", says="64 lowercase hex digits or 'none'"),
                             "the predictor file r was measured with ('none': contexts, no predictor)"),

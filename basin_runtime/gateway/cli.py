@@ -23,7 +23,8 @@ Rules:
 - With a calibration, start-up reads the engines' cache capacity through the upstream (`capacity.py`) and
   refuses, like a bad option, a calibration more than 25% off it (unless `--allow-calibration-mismatch`);
   engines that cannot tell are a warning. Start-up logs the budget and its source, the model and the
-  calibration file.
+  calibration file, and how far the adaptive budget may rise (to the calibration's completion peak, or,
+  a file without one, max_fraction x B as before, said so).
 """
 
 from __future__ import annotations
@@ -140,5 +141,19 @@ def startup_summary(config: GatewayConfig, calibration: Calibration | None, poli
         budget = "no calibration"
     workloads = f" (+{len(config.workload_models)} workload models)" if config.workload_models else ""
     return (f"budget {policy.budget_tokens:,} tokens ({budget}); model {config.default_model}{workloads}; "
-            f"calibration {config.calibration or 'none'}; reservation quantile {config.reservation_quantile}"
-            f"{'; SHADOW mode: no call is held' if config.shadow else ''}")
+            f"calibration {config.calibration or 'none'}; reservation quantile {config.reservation_quantile}; "
+            f"{ceiling_summary(calibration, policy)}{'; SHADOW mode: no call is held' if config.shadow else ''}")
+
+
+def ceiling_summary(calibration: Calibration | None, policy: PolicyConfig) -> str:
+    """How far the adaptive budget may rise: to the completion peak's ceiling, or (old behaviour) max_fraction x B."""
+    knee_bound = f"up to {policy.budget_max_fraction:g} x the reference budget"
+    if not policy.completion_budget:
+        return f"budget moves {knee_bound} (completion_budget off)"
+    if policy.budget_ceiling_tokens is not None:
+        peak = "" if calibration is None or calibration.completion_peak_tokens is None else \
+            f", completion peak {calibration.completion_peak_tokens:,.0f} working-set tokens"
+        return f"budget may rise to {policy.budget_ceiling_tokens:,} tokens while the hit rate holds{peak}"
+    if calibration is not None:
+        return f"budget moves {knee_bound}: the calibration has no completion_peak_tokens (re-measure to add it)"
+    return f"budget moves {knee_bound}"

@@ -9,11 +9,13 @@ Rules:
   peaks), which exceed the live sessions' contexts by the reservation ratio r = sum of reservations /
   sum of contexts of the live sessions, measured on the knee ramp for the served predictor. r = 1
   (the default) when reservations are contexts (prototype mode) or r was not measured.
-- The budget stays within [round(B * min_fraction), round(B * max_fraction)]; one step is
+- The budget stays within [round(B * min_fraction), round(B * max_fraction)], the upper bound raised
+  to the completion ceiling C when one is configured (`completion_budget.py`); one step is
   max(1, round(B * step_fraction)) tokens.
 - On a tick with a hit rate: if the hit rate is still on the high plateau
   (hit_rate >= plateau - tolerance) and sessions are queued, loosen by one step; if the hit rate
-  has fallen below that, tighten by one step. With no hit rate the budget does not move.
+  has fallen below that, tighten by one step (from above round(B * max_fraction), straight down to
+  it: `completion_budget.py`). With no hit rate the budget does not move.
 - At most one move per `move_interval_s` (the first move may come at any time). A move that a
   bound clips to nothing is not a move: it neither emits an event nor restarts the interval.
 - An operator change of B re-clamps the current budget into the new bounds and does not restart
@@ -26,6 +28,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from basin_runtime.policy.completion_budget import tightened_tokens, upper_tokens
 from basin_runtime.policy.config import PolicyConfig, PolicyError, require_finite, require_tokens
 from basin_runtime.policy.events import BudgetMoved
 
@@ -73,7 +76,7 @@ class BudgetController:
     def bounds(self) -> tuple[int, int]:
         """The lowest and highest budget allowed around the current B."""
         low = max(1, round(self._reference_tokens * self._config.budget_min_fraction))
-        high = max(low, round(self._reference_tokens * self._config.budget_max_fraction))
+        high = max(low, upper_tokens(self._reference_tokens, self._config))
         return low, high
 
     def step_tokens(self) -> int:
@@ -96,7 +99,7 @@ class BudgetController:
             new = min(high, old + self.step_tokens())
             reason = "loosen: sessions queued and hit rate on the plateau"
         else:
-            new = max(low, old - self.step_tokens())
+            new = tightened_tokens(old, self.step_tokens(), low, self._reference_tokens, self._config)
             reason = "tighten: hit rate fell below the plateau"
         if new == old:
             return None

@@ -11,8 +11,12 @@ Rules:
 - The budget B = r x min(0.9 x knee, capacity), in the unit admission sums. Reservations are
   contexts in prototype mode, so r does not apply there (r = 1). This is the only place that
   turns a calibration into a budget; the gateway and the simulator both call it.
-- `policy_config(calibration, overrides)`: the measured plateau, peak completion rate and (basin
-  mode) reservation ratio, so admission engages on the working set against B / r (the paper's rule);
+- The adaptive budget's upper bound from the completion peak: C = r x completion peak (reservation
+  tokens, r = 1 in prototype mode; `completion_budget.py`), used while `completion_budget` is on, and
+  only when B is the calibration's own (an explicit budget is the operator's word: no ceiling from
+  the file beside it; an override `budget_ceiling_tokens` sets one by hand).
+- `policy_config(calibration, overrides)`: the measured plateau, peak completion rate, budget ceiling C
+  and (basin mode) reservation ratio, so admission engages on the working set against B / r (the paper's rule);
   then the overrides (any `PolicyConfig` field, e.g. a config file's `policy:` section), then an
   explicit budget if one is given. Neither calibration nor budget is an error. A bad value raises
   `PolicyError` naming the field.
@@ -32,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from basin_runtime.policy.budget import reference_budget_tokens
+from basin_runtime.policy.completion_budget import completion_ceiling_tokens
 from basin_runtime.policy.config import PolicyConfig, PolicyError
 from basin_runtime.policy.deadline import GOODPUT_DEADLINE_FACTOR
 from basin_runtime.policy.lending import LendingKind
@@ -55,6 +60,7 @@ class Calibration:
     lending: LendingKind | None = None  # the deployment's lending switch on the ramp (None: not said)
     ttft_plateau_s: float | None = None  # median time to first token on the ramp's plateau (None: not measured)
     call_cycle_plateau_s: float | None = None  # median session duration / its calls on the plateau (None: not measured)
+    completion_peak_tokens: float | None = None  # working set where completions stop rising (None: not measured)
 
     def latency_gate_s(self) -> float | None:
         """The first-token latency at which the median session misses goodput's deadline (None: not measured).
@@ -71,6 +77,13 @@ class Calibration:
         """B = r x min(0.9 x knee, capacity) in reservation tokens; r = 1 in prototype mode."""
         ratio = 1.0 if mode == "prototype" else self.reservation_ratio
         return reference_budget_tokens(self.knee_tokens, self.cache_capacity_tokens, reservation_ratio=ratio)
+
+    def completion_budget_tokens(self, mode: str = "basin") -> int | None:
+        """C = r x completion peak in reservation tokens (r = 1 in prototype mode); None when not measured."""
+        if self.completion_peak_tokens is None:
+            return None
+        ratio = 1.0 if mode == "prototype" else self.reservation_ratio
+        return completion_ceiling_tokens(self.completion_peak_tokens, ratio)
 
 
 def uncalibrated(cache_capacity_tokens: float) -> Calibration:
@@ -89,14 +102,18 @@ def policy_config(calibration: Calibration | None, overrides: Mapping[str, Any] 
     mode = str(extra.get("mode", "basin"))
     budget = budget_tokens if budget_tokens is not None else extra.pop("budget_tokens", None)
     extra.pop("budget_tokens", None)
+    ceiling = None
     if budget is None:
         if calibration is None:
             raise PolicyError("no budget: give a budget or a calibration")
         budget = calibration.budget_tokens(mode)
+        ceiling = calibration.completion_budget_tokens(mode)  # only beside the calibration's own B
     measured: dict[str, Any] = {}
     if calibration is not None:
         measured = {key: getattr(calibration, key) for key in ("hit_rate_plateau", "peak_completion_rate_per_s")
                     if getattr(calibration, key) is not None}
+        if ceiling is not None:
+            measured["budget_ceiling_tokens"] = ceiling
         if mode != "prototype":
             measured["reservation_ratio"] = calibration.reservation_ratio
             gate = calibration.latency_gate_s() if latency_gate else None

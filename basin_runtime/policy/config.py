@@ -77,6 +77,9 @@ class PolicyConfig:
     `can_outgrow_reservation` False (the default) is the outgrowth rule (`core.py`): a later call whose
     context passes its session's reservation is re-reserved, and held in the queue if that does not fit
     while admission is engaged; True lets such calls through unchecked (the simulator's ablation).
+    `budget_ceiling_tokens` (None: none measured) is the completion peak in reservation units: with
+    `completion_budget` on (the default) the adaptive budget may rise up to it, beyond
+    `budget_max_fraction` x B, while the hit rate holds its plateau and sessions wait (`completion_budget.py`).
     The hit-rate plateau should come from the measured hit-rate-vs-working-set curve of the deployment.
     """
 
@@ -96,6 +99,8 @@ class PolicyConfig:
     reservation_ratio: float = 1.0
     latency_gate_s: float | None = None
     can_outgrow_reservation: bool = False
+    completion_budget: bool = True
+    budget_ceiling_tokens: int | None = None
 
     def __post_init__(self) -> None:
         budget = require_tokens("PolicyConfig.budget_tokens", self.budget_tokens)
@@ -104,7 +109,7 @@ class PolicyConfig:
         object.__setattr__(self, "budget_tokens", budget)  # 1e6 -> 1000000
         if self.mode not in POLICY_MODES:
             raise PolicyError(f"PolicyConfig.mode must be one of {POLICY_MODES}, got {self.mode!r}")
-        for name in ("always_engaged", "can_outgrow_reservation"):
+        for name in ("always_engaged", "can_outgrow_reservation", "completion_budget"):
             if not isinstance(getattr(self, name), bool):
                 raise PolicyError(f"PolicyConfig.{name} must be a bool, got {getattr(self, name)!r}")
         self._check_positive("tokens_per_s", self.tokens_per_s)
@@ -120,6 +125,11 @@ class PolicyConfig:
                               f"contexts), got {self.reservation_ratio!r}")
         if self.peak_completion_rate_per_s is not None:
             self._check_positive("peak_completion_rate_per_s", self.peak_completion_rate_per_s)
+        if self.budget_ceiling_tokens is not None:
+            ceiling = require_tokens("PolicyConfig.budget_ceiling_tokens", self.budget_ceiling_tokens)
+            if ceiling == 0:
+                raise PolicyError("PolicyConfig.budget_ceiling_tokens must be > 0, got 0")
+            object.__setattr__(self, "budget_ceiling_tokens", ceiling)
 
     @staticmethod
     def _check_positive(name: str, value: float) -> None:

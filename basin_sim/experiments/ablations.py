@@ -22,7 +22,9 @@ Rules:
   is the same for every q and a larger q admits fewer into it (design.md: why not re-measure r).
   The sweep runs without the latency gate, as `basin` does (its q = 0.9 row is `basin`).
 - Size-aware priority off: tokens_per_s so large that the priority is the arrival time.
-  Adaptive budget off: the budget's bounds are both 1 (it never moves). Shedding off: no peak
+  Adaptive budget off: the budget's bounds are both 1 (it never moves; the completion ceiling off
+  too). The knee budget ("basin:knee-budget"): the adaptive budget bounded at max_fraction x B as
+  before the completion peak (`completion_budget` off). Shedding off: no peak
   completion rate. Growth unchecked (`can_outgrow_reservation`): a later call past its session's
   reservation is neither re-reserved nor held (the core's outgrowth rule off; `basin` has it on, as
   the gateway does). Admission off: a budget no working set reaches (NO_ADMISSION_BUDGET_TOKENS), so
@@ -82,7 +84,9 @@ ABLATIONS: dict[str, Ablation] = {a.name: a for a in (
     Ablation("basin:arrival-order", "size-aware priority off: priority = arrival",
              overrides={"tokens_per_s": ARRIVAL_ORDER_TOKENS_PER_S}),
     Ablation("basin:fixed-budget", "adaptive budget off: the budget never moves",
-             overrides={"budget_min_fraction": 1.0, "budget_max_fraction": 1.0}),
+             overrides={"budget_min_fraction": 1.0, "budget_max_fraction": 1.0, "completion_budget": False}),
+    Ablation("basin:knee-budget", "the adaptive budget bounded at the knee (+10%), not at the completion peak",
+             overrides={"completion_budget": False}),
     Ablation("basin:no-shedding", "shedding off", overrides={"peak_completion_rate_per_s": None}),
     Ablation("basin:growth-unchecked", "a later call may outgrow its session's reservation unchecked (the "
              "outgrowth rule off: no re-reservation, never held)", overrides={"can_outgrow_reservation": True}),

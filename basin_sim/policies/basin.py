@@ -23,10 +23,10 @@ Rules:
 - `basin-proto` (mode "prototype"): arrival order, admission by current context; no predictor.
 - The policy core's configuration is built exactly as the gateway builds it:
   `basin_runtime.policy.calibrated.policy_config` over the operator's calibration (the gateway's
-  calibration file) and overrides, so budget, plateau hit rate and shedding rate are the served
-  ones. With no calibration, the knee is taken as the cache capacity (B = 0.9 x capacity). Shedding
-  only with a measured peak completion rate. The latency gate (beyond the paper) only with
-  `PolicyContext.latency_gate`, as the gateway's `--latency-gate`.
+  calibration file) and overrides, so budget, its ceiling at the completion peak, plateau hit rate
+  and shedding rate are the served ones. With no calibration, the knee is taken as the cache
+  capacity (B = 0.9 x capacity). Shedding only with a measured peak completion rate. The latency
+  gate (beyond the paper) only with `PolicyContext.latency_gate`, as the gateway's `--latency-gate`.
 - Request priority = the core's fixed session priority (smaller first), for prefill and decode.
 - Lending is the deployment's switch (`Deployment.lending`, kv_tiers.py), not the policy's.
 """

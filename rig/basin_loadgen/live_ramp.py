@@ -12,12 +12,14 @@ Rules:
   live sessions' summed latest prompts (the working set, as the simulator's engine counts it) /
   cache capacity. Live sessions = mean of the samples; calls/s = calls whose first token came in the
   half / its length; sessions finished/s likewise; decode busy share = mean calls in flight / mean
-  live sessions (the client's view: in flight includes queued prefill).
+  live sessions (the client's view: in flight includes queued prefill); the standard error of calls/s
+  from its per-minute rates (model minutes; None under two whole minutes), the completion peak's noise.
 - Cache capacity = `--cache-capacity-tokens`, else the sum of `sglang:max_total_num_tokens` over the
   metrics URLs (give the prefill engines' URLs: that is where the prefix cache that hits lives).
 - The calibration file has the keys basin_runtime/gateway/calibration.py accepts: knee_tokens,
   cache_capacity_tokens, hit_rate_plateau, peak_completion_rate_per_s (the highest finished rate on
-  the plateau, when > 0), notes. No reservation_ratio: the live ramp does not run the predictor.
+  the plateau, when > 0), completion_peak_tokens (where calls/s stop rising, completion_peak.py),
+  notes. No reservation_ratio: the live ramp does not run the predictor.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from basin_loadgen.replay import ConversationBuilder, PlannedSession, RateSchedu
 from basin_loadgen.replay_client import ClientSettings, Replayer, ReplayError, default_run_tag, run_cli
 from basin_loadgen.replay_summary import SessionRecord, StateSample
 from basin_runtime.policy.capacity import pooled_tokens
+from basin_sim.experiments.calibrate.completion_peak import rate_standard_error
 from basin_sim.experiments.calibrate.ramp import RampStep, ramp_knee
 from basin_sim.experiments.calibrate.ramp import calibration_record as ramp_calibration_record
 from basin_sim.workload.pool import load_pool
@@ -92,6 +95,8 @@ def measure_step(rate_per_s: float, half_s: float, end_s: float, before: TokenCo
     live = statistics.fmean(s.live_sessions for s in inside) if inside else 0.0
     in_flight = statistics.fmean(s.calls_in_flight for s in inside) if inside else 0.0
     span = end_s - half_s
+    firsts = sorted(c.first_token_s for r in records for c in r.calls
+                    if c.first_token_s is not None and c.error is None and half_s <= c.first_token_s < end_s)
     ttfts = [c.first_token_s - c.sent_s for r in records for c in r.calls
              if c.first_token_s is not None and c.error is None and half_s <= c.first_token_s < end_s]
     done = [r for r in records if r.status == "finished" and r.end_s is not None and half_s <= r.end_s < end_s]
@@ -100,7 +105,8 @@ def measure_step(rate_per_s: float, half_s: float, end_s: float, before: TokenCo
     return RampStep(rate_per_s, working / capacity_tokens, 0.0 if hit is None else hit, live, len(ttfts) / span,
                     len(done) / span, in_flight / live if live > 0 else 0.0,
                     ttft_p50_s=statistics.median(ttfts) if ttfts else None,
-                    call_cycle_p50_s=statistics.median(cycles) if cycles else None)
+                    call_cycle_p50_s=statistics.median(cycles) if cycles else None,
+                    calls_per_s_se=rate_standard_error(firsts, half_s, end_s))
 
 
 def calibration_record(steps: Sequence[RampStep], capacity_tokens: float, command: str,

@@ -10,7 +10,8 @@ model (two dicts), and checks:
 - every arrival ends admitted-then-finished, withdrawn, or shed with a reason: never lost;
 - working set, reservations, queue order and engagement (an arrival's own context counted) match the model
   after every step;
-- budget moves are single bounded steps, at most one per interval; sheds happen exactly when due;
+- budget moves are single bounded steps (up to the completion ceiling when one is set; from above the knee
+  bound a fall off the plateau drops straight to it), at most one per interval; sheds happen exactly when due;
 - the state survives `to_state` / `from_state` after every step, and a policy restored from it (a rule)
   goes on exactly as the model expects.
 The same machine runs with the policy shared through a real Redis (`RedisPolicyMachine`: every step
@@ -98,10 +99,13 @@ class PolicyMachine(RuleBasedStateMachine):
         reservation_ratio=st.sampled_from([1.0, 1.0, 1.5, 3.2]),
         latency_gate_s=st.sampled_from([None, None, 1.0]),
         can_outgrow=st.sampled_from([False, False, True]),
+        ceiling_share=st.sampled_from([None, None, 0.9, 1.6]),
     )
     def setup(self, mode: str, always_engaged: bool, is_shedding: bool, budget_tokens: int,
-              reservation_ratio: float, latency_gate_s: float | None, can_outgrow: bool = False) -> None:
+              reservation_ratio: float, latency_gate_s: float | None, can_outgrow: bool = False,
+              ceiling_share: float | None = None) -> None:
         self.config = PolicyConfig(
+            budget_ceiling_tokens=None if ceiling_share is None else round(ceiling_share * budget_tokens),
             can_outgrow_reservation=can_outgrow,
             budget_tokens=budget_tokens,
             always_engaged=always_engaged,
@@ -331,7 +335,7 @@ class PolicyMachine(RuleBasedStateMachine):
         events = self.policy.set_reference_budget(reference, now)
         moved = events.pop(0)
         low = max(1, round(reference * 0.85))
-        high = max(low, round(reference * 1.10))
+        high = max(low, round(reference * 1.10), self.config.budget_ceiling_tokens or 0)  # an operator's B keeps C
         assert isinstance(moved, BudgetMoved)
         assert (moved.old_budget_tokens, moved.new_budget_tokens) == (old, min(high, max(low, old)))
         self.expect_admissions(events, self.budget())
@@ -385,8 +389,15 @@ class PolicyMachine(RuleBasedStateMachine):
     ) -> None:
         reference = moved.reference_budget_tokens
         step = max(1, round(reference * self.config.budget_step_fraction))
+        knee_high = round(reference * self.config.budget_max_fraction)  # the bound before the completion ceiling
+        high = max(knee_high, self.config.budget_ceiling_tokens or 0)
+        low = max(1, round(reference * self.config.budget_min_fraction))
         assert hit_rate is not None and moved.hit_rate == hit_rate
-        assert moved.old_budget_tokens == old and 0 < abs(moved.new_budget_tokens - old) <= step
+        assert moved.old_budget_tokens == old and low <= moved.new_budget_tokens <= high
+        if old > knee_high and moved.new_budget_tokens < old:  # off the plateau above the knee bound: straight to it
+            assert moved.new_budget_tokens == max(low, min(old - step, knee_high))
+        else:
+            assert 0 < abs(moved.new_budget_tokens - old) <= step
         on_plateau = hit_rate >= self.config.hit_rate_plateau - self.config.hit_rate_tolerance
         assert (moved.new_budget_tokens > old) == on_plateau
         assert had_queue or not on_plateau, "loosened with nobody queued"
@@ -436,7 +447,8 @@ class PolicyMachine(RuleBasedStateMachine):
         assert (snap.reserved_tokens, snap.working_set_tokens) == (self.reserved(), self.working_set())
         assert snap.is_engaged == self.is_engaged(snap.budget_tokens)
         low = max(1, round(snap.reference_budget_tokens * 0.85))
-        assert low <= snap.budget_tokens <= round(snap.reference_budget_tokens * 1.10)
+        high = max(round(snap.reference_budget_tokens * 1.10), self.config.budget_ceiling_tokens or 0)
+        assert low <= snap.budget_tokens <= high
         for session in {**self.live, **self.queued}.values():
             assert self.policy.priority_of(session.session_id) == session.priority
 

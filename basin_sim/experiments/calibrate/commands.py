@@ -136,7 +136,9 @@ def knee(setup: KneeSetup) -> int:
     deployment, steps = ramp.deployment, ramp.steps
     for s in steps:
         ratio = "" if s.reservation_ratio is None else f"  reserved/working set {s.reservation_ratio:.2f}"
-        print(f"rate {s.rate_per_s:.4f}/s  load {s.load:.3f}  hit {s.hit_rate:.3f}  live {s.live_sessions:.0f}{ratio}")
+        noise = "" if s.calls_per_s_se is None else f" ± {s.calls_per_s_se:.2f}"
+        print(f"rate {s.rate_per_s:.4f}/s  load {s.load:.3f}  hit {s.hit_rate:.3f}  live {s.live_sessions:.0f}"
+              f"  calls/s {s.calls_per_s:.2f}{noise}{ratio}")
     quantile = setup.inputs.reservation_quantile
     model = "" if setup.model is None else (f" --model {setup.model} --reservation-quantile {quantile}"
                                             f" --reservation-scale {setup.reservation_scale:g}")

@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_CALIBRATIONS_FILE = Path("data/sim/calibrations.json")
 RAMP_SEED = 1
-RECORD_FORMAT = 3  # 3: the record carries the latency gate's measurements; older entries are measured anew
+RECORD_FORMAT = 4  # 4: the record carries the completion peak (3: the latency gate); older: measured anew
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,9 @@ Rules:
   memory (the pre-allocation queue, retracted requests too), and the decode holding share: requests
   holding decode memory (stage past the pre-allocation queue: waiting for or under prefill,
   transferring, decoding) / live sessions, counted every `sample_s`.
-- The knee (knee.py) and X(N) for the fluid model (fluid.py) are read off these points.
+- The knee (knee.py) and X(N) for the fluid model (fluid.py) are read off these points; so is the
+  completion peak (completion_peak.py: the working set at which calls completed per second stop
+  rising beyond the step-to-step noise, each step's noise the standard error of its per-minute rates).
 - With reservations (pool session id -> the tokens Basin would reserve for it: scale x predicted
   peak), each step also records the reservation ratio: sum over live sessions of max(reservation,
   context) / sum of their contexts, sampled every `sample_s` of the step's second half. It converts
@@ -32,6 +34,7 @@ from typing import Any
 
 from basin_runtime.session_table import Session
 from basin_sim.engine import Engine
+from basin_sim.experiments.calibrate.completion_peak import CompletionPeak, find_completion_peak, rate_standard_error
 from basin_sim.experiments.calibrate.knee import Knee, find_knee
 from basin_sim.lifecycle import Stage, Status
 from basin_sim.policies import PolicyContext, make_policy
@@ -57,6 +60,7 @@ class RampStep:
     decode_holding_share: float | None = None  # mean requests holding decode memory / mean live (None: unmeasured)
     ttft_p50_s: float | None = None  # median time to first token of the calls in the step's second half
     call_cycle_p50_s: float | None = None  # median over sessions finished then of their duration / their calls
+    calls_per_s_se: float | None = None  # standard error of calls_per_s from its per-minute rates (completion_peak.py)
 
 
 HOLDING_STAGES = frozenset({Stage.PREFILL_WAIT, Stage.PREFILLING, Stage.TRANSFER, Stage.DECODING})
@@ -106,7 +110,8 @@ def run_ramp(deployment: Deployment, pool: Sequence[Session], rates_per_s: Seque
                               finished / (end - half), decoding / live if live > 0 else 0.0, sampled.ratio,
                               in_use / decode_tokens, timeline.mean_sample("decode_queued", half, end) or 0.0,
                               sampled.holding_share, statistics.median(ttfts) if ttfts else None,
-                              statistics.median(cycles) if cycles else None))
+                              statistics.median(cycles) if cycles else None,
+                              rate_standard_error(timeline.ttft_time_s, half, end)))
     return steps
 
 
@@ -140,7 +145,8 @@ def _sample_second_half(engine: Engine, reserved: Mapping[str, float] | None, st
 def calibration_record(steps: Sequence[RampStep], capacity_tokens: float, source: str) -> dict[str, Any]:
     """The gateway's calibration file (basin_runtime/gateway/calibration.py keys only) from a ramp's steps:
     the knee, the plateau hit rate, the best completion rate on the plateau, the plateau's median time to
-    first token and call cycle (a session's duration over its calls) and, when measured, the reservation
+    first token and call cycle (a session's duration over its calls), the completion peak (working-set
+    tokens at which calls completed per second stop rising) and, when measured, the reservation
     ratio; `source` says how the ramp was run (the notes)."""
     knee = ramp_knee(steps)
     plateau = [s for s in steps if s.load <= knee.load]
@@ -153,13 +159,23 @@ def calibration_record(steps: Sequence[RampStep], capacity_tokens: float, source
     ratio = plateau_reservation_ratio(steps, knee)
     if ratio is not None:
         record["reservation_ratio"] = round(ratio, 4)
+    peak = ramp_completion_peak(steps)
+    if peak.load > 0:
+        record["completion_peak_tokens"] = round(peak.load * capacity_tokens)
     ttfts = [s.ttft_p50_s for s in plateau if s.ttft_p50_s is not None]
     cycles = [s.call_cycle_p50_s for s in plateau if s.call_cycle_p50_s is not None]
     if ttfts and cycles:
         record["ttft_plateau_s"] = round(statistics.median(ttfts), 4)
         record["call_cycle_plateau_s"] = round(statistics.median(cycles), 4)
-    record["notes"] = f"{source}{'; knee censored: beyond the last step' if knee.is_censored else ''}"
+    censored = ("; knee censored: beyond the last step" if knee.is_censored else "") + \
+        ("; completion peak censored: completions still rose at the last step" if peak.is_censored else "")
+    record["notes"] = f"{source}{censored}"
     return record
+
+
+def ramp_completion_peak(steps: Sequence[RampStep]) -> CompletionPeak:
+    """Where a ramp's completed calls per second stop rising, in units of cache capacity."""
+    return find_completion_peak([(s.load, s.calls_per_s, s.calls_per_s_se) for s in steps])
 
 
 def plateau_reservation_ratio(steps: Sequence[RampStep], knee: Knee) -> float | None:
