@@ -45,7 +45,8 @@ Rules:
   and `finish` is its `end`); each change of state is checked against its table before anything changes.
 - Every public method validates everything before it changes anything: an illegal step raises
   `PolicyError` and leaves the state exactly as it was. `now` never runs backwards.
-- Recovery (`PolicyConfig.recovery`, `recovery.py`): on `tick`, after the budget, the admissions and the
+- Recovery (`PolicyConfig.recovery`, basin mode only: the prototype runs as the paper's did; `recovery.py`):
+  on `tick`, after the budget, the admissions and the
   shedding, a collapse (the hit rate off its plateau while the working set not held is over the budget)
   holds live sessions at their tool boundary (`Held`), lowest priority first; they stay live with their
   reservation and come back highest priority first (`Resumed`) once the hit rate is back, or when their
@@ -277,7 +278,7 @@ class Policy:
         shed = self._maybe_shed(now)
         if shed is not None:
             events.append(shed)
-        if self.config.recovery:
+        if self.config.recovery and self.config.mode == "basin":
             events.extend(self._recover(now, hit_rate))
         return events
 
@@ -290,7 +291,10 @@ class Policy:
             record = self._live[sid]
             events.append(Held(sid, now, record.priority, record.context_tokens, plan.reason))
         for sid in plan.resume:
-            events.append(Resumed(sid, now, self._live[sid].priority, plan.held_s[sid], plan.reason))
+            held_s = plan.held_s[sid]
+            is_bounded = held_s >= self.config.recovery_max_hold_s
+            reason = f"its hold ran out after {held_s:.0f} s" if is_bounded else plan.reason
+            events.append(Resumed(sid, now, self._live[sid].priority, held_s, reason, is_bounded))
         for sid in plan.shed:
             events.append(self._shed_held(self._live[sid], now, rate, plan.held_s[sid]))
         if plan.shed:

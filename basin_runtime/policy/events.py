@@ -93,6 +93,7 @@ class Resumed:
     priority: float
     held_s: float
     reason: str
+    is_bounded: bool = False  # its hold ran out (`recovery_max_hold_s`), whatever the hit rate
 
 
 Event: TypeAlias = Admitted | Requeued | BudgetMoved | Shed | Held | Resumed
