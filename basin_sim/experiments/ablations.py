@@ -25,9 +25,10 @@ Rules:
   Adaptive budget off: the budget's bounds are both 1 (it never moves). Shedding off: no peak
   completion rate. Growth unchecked (`can_outgrow_reservation`): a later call past its session's
   reservation is neither re-reserved nor held (the core's outgrowth rule off; `basin` has it on, as
-  the gateway does). Recovery off (`basin:no-recovery`): no live session is held at its tool boundary in a
-  collapse (the core's `recovery.py`; `basin` has it on). Admission off: a budget no working set reaches (NO_ADMISSION_BUDGET_TOKENS), so
-  every session is admitted on arrival and nothing queues or is shed; the order stays Basin's.
+  the gateway does). Recovery off (`basin:no-recovery`): no live session is held at its tool boundary
+  in a collapse (the core's `recovery.py`; `basin` has it on). Admission off: a budget no working set
+  reaches (NO_ADMISSION_BUDGET_TOKENS), so every session is admitted on arrival and nothing queues or
+  is shed; the order stays Basin's.
 - No I/O.
 """
 

@@ -43,7 +43,18 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from basin_runtime.policy import Admitted, BudgetMoved, Event, Held, Policy, PolicyConfig, PolicyMode, Requeued, Resumed, Shed
+from basin_runtime.policy import (
+    Admitted,
+    BudgetMoved,
+    Event,
+    Held,
+    Policy,
+    PolicyConfig,
+    PolicyMode,
+    Requeued,
+    Resumed,
+    Shed,
+)
 from basin_runtime.policy.calibrated import Calibration, policy_config, uncalibrated
 from basin_runtime.session_table import Session
 from basin_sim.policies.base import (
