@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from basin_runtime.policy import Held, Policy, PolicyConfig, PolicyError, Resumed, Shed
 from basin_runtime.policy.recovery import CONFIRM_TICKS
@@ -149,3 +152,137 @@ def test_the_state_round_trips_with_sessions_held() -> None:
 
 def test_confirm_is_the_knees() -> None:
     assert CONFIRM_TICKS == 2
+
+
+# --- a state machine: the recovery's rules hold after every step, whatever the sequence -------------------------
+
+
+class RecoveryMachine(RuleBasedStateMachine):
+    """Arrivals, growing calls, ends and ticks with any hit rate against a small budget, recovery on (shedding on
+    or off); after every step: the held are live, the holds follow the rules, nobody is lost, the state round-trips.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.core: Policy | None = None
+        self.now = 0.0
+        self.arrived: list[str] = []
+        self.ended: set[str] = set()  # finished by the machine
+        self.shed: set[str] = set()
+        self.held_since: dict[str, float] = {}
+        self.spent: set[str] = set()  # resumed by the bound: never held again
+
+    @initialize(is_shedding=st.booleans(), ratio=st.sampled_from([1.0, 1.5]))
+    def setup(self, is_shedding: bool, ratio: float) -> None:
+        self.core = Policy(PolicyConfig(budget_tokens=400, reservation_ratio=ratio, recovery_max_hold_s=30.0,
+                                        peak_completion_rate_per_s=1e-3 if is_shedding else None, shed_wait_s=20.0,
+                                        arrival_window_s=100.0, budget_move_interval_s=5.0))
+
+    @rule(dt=st.integers(0, 5), peak=st.integers(300, 800), context=st.integers(10, 100))
+    def arrive(self, dt: int, peak: int, context: int) -> None:
+        assert self.core is not None
+        self.now += dt
+        sid = f"s{len(self.arrived)}"
+        self.arrived.append(sid)
+        self.check(self.core.arrive(sid, self.now, float(peak), context), {})
+
+    @rule(data=st.data(), dt=st.integers(0, 5), growth=st.integers(0, 200))
+    def call(self, data: st.DataObject, dt: int, growth: int) -> None:
+        assert self.core is not None
+        held = [s for s in self.arrived if self.core.is_live(s) or self.core.is_queued(s)]
+        if not held:
+            return
+        sid = data.draw(st.sampled_from(held))
+        self.now += dt
+        self.check(self.core.observe(sid, self.now, self.core.record_of(sid).context_tokens + growth), {})
+
+    @rule(dt=st.integers(0, 5), growth=st.integers(50, 300))
+    def every_live_session_calls(self, dt: int, growth: int) -> None:
+        """A wave of calls: every live session's context grows (the working set passes the budget)."""
+        assert self.core is not None
+        self.now += dt
+        for sid in self.core.live_ids():
+            if self.core.is_live(sid):
+                self.check(self.core.observe(sid, self.now, self.core.record_of(sid).context_tokens + growth), {})
+
+    @rule(dt=st.integers(1, 20), hit_rate=st.sampled_from([0.2, 0.5]), arrivals=st.integers(0, 4),
+          growth=st.integers(50, 300))
+    def collapse(self, dt: int, hit_rate: float, arrivals: int, growth: int) -> None:
+        """Sessions arrive, every live one grows, and the hit rate is off on two ticks in a row."""
+        for _ in range(arrivals):
+            self.arrive(0, 500, 50)
+        self.every_live_session_calls(0, growth)
+        self.tick(dt, hit_rate)
+        self.tick(dt, hit_rate)
+
+    @rule(data=st.data(), dt=st.integers(0, 5))
+    def finish(self, data: st.DataObject, dt: int) -> None:
+        assert self.core is not None
+        held = [s for s in self.arrived if self.core.is_live(s) or self.core.is_queued(s)]
+        if not held:
+            return
+        sid = data.draw(st.sampled_from(held))
+        self.now += dt
+        self.held_since.pop(sid, None)
+        self.ended.add(sid)
+        self.check(self.core.finish(sid, self.now), {})
+
+    @rule(dt=st.integers(1, 20), hit_rate=st.sampled_from([None, 0.2, 0.5, 0.5, 0.84, 0.86, 0.95, 1.0]))
+    def tick(self, dt: int, hit_rate: float | None) -> None:
+        assert self.core is not None
+        self.now += dt
+        before = {r.session_id: r for r in self.core.records() if self.core.is_live(r.session_id)}
+        self.check(self.core.tick(self.now, hit_rate), before)
+
+    def check(self, events: list[object], live_before: dict[str, object]) -> None:
+        """The events against the rules, then the state."""
+        core = self.core
+        assert core is not None
+        holds = [e for e in events if isinstance(e, Held)]
+        for event in events:
+            if isinstance(event, Held):
+                assert event.session_id in live_before and event.session_id not in self.held_since
+                self.held_since[event.session_id] = event.now_s
+            elif isinstance(event, Resumed):
+                assert event.held_s == event.now_s - self.held_since.pop(event.session_id)
+                assert event.is_bounded == (event.held_s >= 30.0)
+                if event.is_bounded:
+                    self.spent.add(event.session_id)
+            elif isinstance(event, Shed):
+                self.shed.add(event.session_id)
+                if event.session_id in self.held_since:  # a held session shed: only when its hold ran out
+                    assert event.now_s - self.held_since.pop(event.session_id) >= 30.0
+        for sid in list(self.held_since):  # a requeue (an outgrown call) ends a hold in silence
+            if core.is_queued(sid):
+                del self.held_since[sid]
+        if holds:  # the held are the lowest priority: none running is behind one held now
+            keys = {s: (r.priority, r.seq) for s, r in live_before.items()}  # type: ignore[attr-defined]
+            running = [s for s in core.live_ids() if not core.is_held(s)]
+            assert running, "the last live session is never held"
+            newly = [e.session_id for e in holds]
+            assert not self.spent.intersection(newly)
+            ahead = [keys[s] for s in running if s in keys and s not in self.spent]
+            assert not ahead or max(ahead) < min(keys[s] for s in newly)
+        assert dict.fromkeys(core.held_ids()) == dict.fromkeys(self.held_since)
+        assert all(core.is_live(s) for s in core.held_ids())
+        assert all(self.now - t <= 30.0 + 20.0 for t in self.held_since.values())  # bounded (+ one tick gap)
+
+    @invariant()
+    def nobody_is_lost(self) -> None:
+        if self.core is None:
+            return
+        for sid in self.arrived:
+            places = [self.core.is_live(sid) or self.core.is_queued(sid), sid in self.ended, sid in self.shed]
+            assert sum(places) == 1, (sid, places)
+
+    @invariant()
+    def state_round_trips(self) -> None:
+        if self.core is None:
+            return
+        state = json.loads(json.dumps(self.core.to_state()))
+        restored = Policy.from_state(state)
+        assert restored.to_state() == state and restored.held_ids() == self.core.held_ids()
+
+
+TestRecoveryMachine = RecoveryMachine.TestCase
+TestRecoveryMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None, database=None)
