@@ -30,7 +30,8 @@ Rules:
   while queued is over without an end call (the policy shed it). Finished and abandoned sessions are
   counted in the timeline's bins.
 Invariants (`check`): num_live, num_live_burst and num_queued count the sessions in those states,
-num_parked the live ones parked (each suspended, with no request); working_set_tokens == sum of live
+num_parked the live ones parked (each suspended, with no request); the sessions to close are suspended;
+working_set_tokens == sum of live
 sessions' context_tokens; an ended session holds no request.
 """
 
@@ -245,6 +246,7 @@ class Sessions:
         assert self.num_parked == len(parked) and all(run.request is None for run in parked)
         assert all(run.spec.session_id in self.suspended for run in parked)
         assert all(self.runs[sid].status == Status.LIVE for sid in self.suspended)
+        assert self.closing <= self.suspended, "a session closes its engine session only while suspended"
         assert self.working_set_tokens == sum(run.context_tokens for run in live)
         for run in self.runs.values():
             assert not run.is_over or run.request is None, f"ended session {run.spec.session_id!r} holds a request"
