@@ -286,6 +286,15 @@ class RequestFlow:
         self.prefill_router.forget(session_id)
         self.decode_router.forget(session_id)
 
+    def close_engine_session(self, session_id: str) -> None:
+        """A live session held at its tool boundary: with the session radix cache, the gateway closes it on every
+        prefill instance, so its KV is unreferenced (evictable first) while it waits. Its next call reopens it
+        (SGLang's `open_radix_session` drops the tombstone), so no tombstone is kept here."""
+        if self.deployment.session_radix_cache is False:
+            return
+        for prefill in self.prefill:
+            prefill.cache.drop_reference(session_id)
+
     def expire_holds(self) -> None:
         """Unpin expired holds everywhere (a tick); an instance that freed room may start a batch."""
         for prefill in self.prefill:

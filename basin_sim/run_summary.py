@@ -52,6 +52,10 @@ Rules:
   per-minute series, the series itself by engine minute, warm-up included, increases, decreases, sessions
   deferred at the door and their wait there, in all and the mean), keys written after `session_cache`
   and only for a policy with a window (every other policy's JSON keeps its keys as before).
+- Recovery (Basin with its recovery on, basin mode): the policy's `RecoveryReport` (holds at tool
+  boundaries, sessions ever held, resumes and of them those the bound forced, sheds after a hold, the time
+  held in all and the mean per hold ended), keys written last and only for such a run (every other
+  policy's JSON keeps its keys as before).
 - A run's summary is a frozen `RunSummary`; `to_json` is the one place it becomes the JSON object the
   CLI prints and the golden files hold (a policy without a reservation report shows its two counts as
   null; one that never pins, every pin key as null).
@@ -67,7 +71,14 @@ from typing import Any
 
 from basin_sim.engine import Engine
 from basin_sim.goodput import Goodput, SessionOutcome, goodput
-from basin_sim.policies.base import AdmissionReport, FixedTtlReport, PauseReport, PinReport, ReservationReport
+from basin_sim.policies.base import (
+    AdmissionReport,
+    FixedTtlReport,
+    PauseReport,
+    PinReport,
+    RecoveryReport,
+    ReservationReport,
+)
 from basin_sim.run_spec import RunSpec
 from basin_sim.timeline import Timeline
 
@@ -158,6 +169,7 @@ class RunSummary:
     fixed_ttl: FixedTtlReport | None = None  # Continuum's public code only; its keys are absent otherwise
     session_cache: SessionCacheReport | None = None  # absent from the JSON with the key off
     admission: AdmissionReport | None = None  # Concur's; its keys are absent for every other policy
+    recovery: RecoveryReport | None = None  # Basin's recovery; its keys are absent for every other policy
 
     @property
     def goodput_per_hour(self) -> float:
@@ -182,7 +194,7 @@ class RunSummary:
             elif f.name == "fixed_ttl":
                 if value is not None:
                     out.update(dataclasses.asdict(value))
-            elif f.name in ("pauses", "admission"):
+            elif f.name in ("pauses", "admission", "recovery"):
                 out.update({} if value is None else _listed(dataclasses.asdict(value)))
             elif isinstance(value, tuple):
                 out[f.name] = list(value)
@@ -231,7 +243,7 @@ def summarize(spec: RunSpec, engine: Engine, outcomes: Sequence[SessionOutcome],
         reservations=report.reservations, held_tokens_mean=held,
         held_cache_share=None if held is None else held / cache_tokens, pins=report.pins, pauses=report.pauses,
         timeline=tuple(minutes), fixed_ttl=report.fixed_ttl, session_cache=SessionCacheReport.of(engine),
-        admission=report.admission)
+        admission=report.admission, recovery=report.recovery)
 
 
 def _listed(fields: dict[str, Any]) -> dict[str, Any]:

@@ -14,7 +14,12 @@ Rules:
   comes) is parked at the door, told to the policy, but not sent, until the policy resumes the
   session; the call then goes as sent at its parking (TTFT counts the wait). A resume before the next
   call only lifts the suspension. Client timers do not run for a parked call (it is the gateway's
-  hold, like the door's); the session time limit does.
+  hold, like the door's); the session time limit does. A session suspended with `close` has its engine
+  session closed when its call parks (`RequestFlow.close_engine_session`: at its tool boundary, its last
+  call answered), once per suspension.
+- A live session shed (Basin's recovery: a hold that ran out) ends at once like a queued one shed: its
+  request withdrawn if it has one, its parked call never sent, its KV forgotten; the policy shed it, so
+  it hears of no end.
 - Working set = sum of the latest prompt of every live session (tool-running and parked included).
 - A kill ends its sessions at once (those live or queued then), every request withdrawn before any
   session ends, so freed memory goes to survivors only. Ending one can move the policy on the others
@@ -25,7 +30,8 @@ Rules:
   while queued is over without an end call (the policy shed it). Finished and abandoned sessions are
   counted in the timeline's bins.
 Invariants (`check`): num_live, num_live_burst and num_queued count the sessions in those states,
-num_parked the live ones parked (each suspended, with no request); working_set_tokens == sum of live
+num_parked the live ones parked (each suspended, with no request); the sessions to close are suspended;
+working_set_tokens == sum of live
 sessions' context_tokens; an ended session holds no request.
 """
 
@@ -61,6 +67,7 @@ class Sessions:
         self.working_set_tokens = 0
         self.suspensions = 0  # suspend decisions applied
         self.suspended: set[str] = set()  # live sessions whose next call is parked until resumed
+        self.closing: set[str] = set()  # suspended sessions whose engine session closes when their call parks
         self.on_arrived: RunHook = _nothing  # the clients start the session's time limit
         self.on_over = on_over
         self._loop = loop
@@ -104,6 +111,9 @@ class Sessions:
                 self.num_parked += 1
                 if run.attempt == 0:
                     run.call_sent_s = now
+                if spec.session_id in self.closing:
+                    self.closing.discard(spec.session_id)
+                    self._flow.close_engine_session(spec.session_id)
             return
         if run.parked:  # resumed: sent as of its parking
             run.parked = False
@@ -119,6 +129,7 @@ class Sessions:
             run.parked = False
             self.num_parked -= 1
         self.suspended.discard(run.spec.session_id)
+        self.closing.discard(run.spec.session_id)
         if run.status == Status.LIVE:
             self.num_live -= 1
             self.num_live_burst -= run.spec.is_burst
@@ -138,21 +149,43 @@ class Sessions:
         """Carry out the policy's decisions (see the rules)."""
         for session_id in decisions.shed:
             run, shed = self._decided(session_id, "shed")
-            self.num_queued -= 1
+            was_live = run.status == Status.LIVE
+            if was_live:
+                self._leave_live(run)
+            else:
+                self.num_queued -= 1
             run.status, run.ended_s = shed, self._loop.now
+            if was_live:
+                self._flow.forget_session(session_id)
             self._over(run)
         for session_id in decisions.admit:
             self._start(*self._decided(session_id, "admit"))
         for session_id in decisions.suspend:
             self._suspend(session_id)
+        self.closing.update(decisions.close)
         for session_id in decisions.resume:
             if session_id not in self.suspended:
                 raise EngineError(f"policy {self.policy.name!r} asked to resume session {session_id!r}, "
                                   "which is not suspended")
             self.suspended.discard(session_id)
+            self.closing.discard(session_id)
             run = self.runs[session_id]
             if run.parked:
                 self.call(run)
+
+    def _leave_live(self, run: SessionRun) -> None:
+        """A live session is shed: its request withdrawn, its parking and suspension lifted, its counts gone."""
+        if run.request is not None:
+            self._flow.withdraw(run.request)
+            self._flow.resume_all()
+        if run.parked:
+            run.parked = False
+            self.num_parked -= 1
+        self.suspended.discard(run.spec.session_id)
+        self.closing.discard(run.spec.session_id)
+        self.num_live -= 1
+        self.num_live_burst -= run.spec.is_burst
+        self.working_set_tokens -= run.context_tokens
 
     def _start(self, run: SessionRun, live: Status) -> None:
         run.status, run.admitted_s = live, self._loop.now
@@ -213,6 +246,7 @@ class Sessions:
         assert self.num_parked == len(parked) and all(run.request is None for run in parked)
         assert all(run.spec.session_id in self.suspended for run in parked)
         assert all(self.runs[sid].status == Status.LIVE for sid in self.suspended)
+        assert self.closing <= self.suspended, "a session closes its engine session only while suspended"
         assert self.working_set_tokens == sum(run.context_tokens for run in live)
         for run in self.runs.values():
             assert not run.is_over or run.request is None, f"ended session {run.spec.session_id!r} holds a request"

@@ -29,6 +29,7 @@ Modules, one job each (a test keeps this list complete):
   identity.py        which conversation a session id names: first-call head and API key, foreign calls
   restart.py         the live-sessions file and adoption after a restart
   waiting.py         the waiting room: the policy under a lock, waiting, withdrawal, timers
+  recovery_holds.py  a live session held by recovery: its next call waits until it is resumed
   priority.py        bounded engine priority levels, the routing key, request ids
   upstream.py        the `UpstreamClient` protocol (the seam tests put a double behind)
   http1.py           the one upstream client: HTTP/1.1 on asyncio protocols and httptools

@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from basin_runtime.gateway import recovery_holds
 from basin_runtime.gateway.calls import SESSION_TAG, Call, CallKind, parse_call, tag_session
 from basin_runtime.gateway.errors import SessionEndedError, ShuttingDownError
 from basin_runtime.gateway.identity import (
@@ -395,6 +396,14 @@ class Gateway:
                 started = time.perf_counter()
                 await self.room.wait(entry, inbound.receive)
                 held_s = time.perf_counter() - started
+        if recovery_holds.is_held(entry) and not self.is_shadow:  # at its tool boundary (`recovery_holds.py`)
+            sessions = self.telemetry.engine_sessions
+            if sessions is not None and self.settings.tags_engine_sessions and not entry.is_engine_session_closed:
+                entry.is_engine_session_closed = True
+                sessions.close(entry.routing_key)
+            started = time.perf_counter()
+            await self.room.wait_held(entry, inbound.receive)
+            held_s += time.perf_counter() - started
         return entry, prompt_tokens, held_s
 
     async def _foreign(self, call: Call, session_id: str, key: bytes | None, why: str) -> tuple[Call, str]:

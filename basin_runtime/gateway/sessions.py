@@ -130,6 +130,8 @@ class SessionEntry:
     binding: Binding | None = None  # the conversation its id names (`identity.py`); None: not bound yet
     reservation_multiplier: float = 1.0  # m(q) of its predictor file (m_k(q) after a revision at call k)
     revised_peak_tokens: float | None = None  # the last online re-estimate, if any
+    recovery_hold: asyncio.Future[Verdict] | None = None  # held by recovery (`recovery_holds.py`) until resolved
+    is_engine_session_closed: bool = False  # closed on the engines for its current recovery hold
     context_tokens: int = 0  # its latest prompt size told to the policy (its context)
     # adopted after a run that was killed: that run's part of its record, and calls only its conversation shows
     earlier: LiveSession | None = None

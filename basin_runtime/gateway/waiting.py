@@ -24,6 +24,8 @@ Rules:
   calls get "shutdown" (503) at once, and a session arriving while draining is refused the same way.
   In process the queued sessions are withdrawn; with a shared backend they keep their place (their
   clients reconnect to another replica), and at shutdown `hand_over` lets every session go (`reap`).
+- Recovery (`recovery_holds.py`): `Held` holds a live session's next call before it is forwarded until
+  `Resumed`; a held session shed, ended or drained ends its hold with that verdict (`wait_held`).
 - Timers: `tick` every `tick_interval_s` (hit rate and first-token latency from its signals;
   with a shared backend only the leader ticks, with the deployment's signals), and an idle sweep of
   this room's sessions (their calls in flight are known here only).
@@ -52,6 +54,7 @@ from typing import Literal, Protocol
 
 from basin_runtime.clock import Clock
 from basin_runtime.disconnect import Receive, race_client
+from basin_runtime.gateway import recovery_holds
 from basin_runtime.gateway.errors import (
     ClientGoneError,
     SessionEndedError,
@@ -62,7 +65,7 @@ from basin_runtime.gateway.errors import (
 from basin_runtime.gateway.measure import FirstCall, PromptMemo
 from basin_runtime.gateway.priority import PriorityLevels, routing_key
 from basin_runtime.gateway.sessions import SessionEntry, SessionRegistry, Verdict
-from basin_runtime.policy import Admitted, BudgetMoved, Event, Policy, PolicyError, Requeued, Shed
+from basin_runtime.policy import Admitted, BudgetMoved, Event, Held, Policy, PolicyError, Requeued, Resumed, Shed
 from basin_runtime.policy.lifecycle import held_transition
 from basin_runtime.state.backend import InProcessBackend, StateBackend, StateUnavailableError
 from basin_runtime.state.replica import Applied
@@ -237,6 +240,10 @@ class WaitingRoom:
                 await self.release(entry.session_id, "withdrawn")
         self._raise_unless_admitted(entry, verdict)
 
+    async def wait_held(self, entry: SessionEntry, receive: Receive) -> None:
+        """Hold a call of a session recovery holds until it is resumed; raise if it is shed or ended meanwhile."""
+        self._raise_unless_admitted(entry, await recovery_holds.wait_held(entry, receive))
+
     async def end(self, session_id: str, reason: EndReason = "ended") -> Ended:
         """End a live session or withdraw a queued one; `SessionNotFoundError` if it is not held.
 
@@ -343,6 +350,7 @@ class WaitingRoom:
             await self._shared_finish(step)
         if not entry.decision.done():
             entry.decision.set_result("ended")
+        recovery_holds.end_hold(entry, "ended")
         logger.info("session %s %s after %d calls", session_id, reason, len(entry.calls))
         self._notify_end(entry, reason)
         return entry
@@ -422,6 +430,8 @@ class WaitingRoom:
                 self._hold_for_growth(event)
             elif isinstance(event, Shed):
                 self._shed(event)
+            elif isinstance(event, (Held, Resumed)):
+                self._recovery(event)
             elif isinstance(event, BudgetMoved):
                 logger.info("budget %d -> %d tokens: %s", event.old_budget_tokens, event.new_budget_tokens,
                             event.reason)
@@ -449,9 +459,21 @@ class WaitingRoom:
             return  # another replica's session
         entry.state = held_transition(entry.state, "requeue")
         entry.is_held_for_growth = True
+        recovery_holds.end_hold(entry, "admitted")  # the core forgot its recovery hold: it waits in the queue now
         if entry.decision.done():
             entry.decision = asyncio.get_running_loop().create_future()
         logger.info("session %s held: %s", entry.session_id, requeued.reason)
+
+    def _recovery(self, event: Held | Resumed) -> None:
+        entry = self.registry.get(event.session_id)
+        if entry is None:
+            return  # another replica's session
+        if isinstance(event, Held):
+            recovery_holds.hold(entry)
+            logger.info("session %s held at its tool boundary: %s", entry.session_id, event.reason)
+        else:
+            recovery_holds.end_hold(entry, "admitted")
+            logger.info("session %s resumed after %.1f s held: %s", entry.session_id, event.held_s, event.reason)
 
     def _set_live(self, entry: SessionEntry, now: float) -> None:
         if entry.state != "live":  # (shared state: a claim or a re-registration may admit a live session again)
@@ -467,6 +489,7 @@ class WaitingRoom:
             return
         if not entry.decision.done():
             entry.decision.set_result(shed)
+        recovery_holds.end_hold(entry, shed)
         logger.warning("session %s shed after %.1f s: %s", shed.session_id, shed.waited_s, shed.reason)
         self._notify_end(entry, "shed")
 
@@ -478,6 +501,7 @@ class WaitingRoom:
         self.registry.remove(entry.session_id)
         if not entry.decision.done():
             entry.decision.set_result("ended")
+        recovery_holds.end_hold(entry, "ended")
         logger.info("session %s left this replica: %s", entry.session_id, why)
         self._notify_end(entry, reason)
 

@@ -9,8 +9,10 @@ Modules, one job each:
   admission.py  the queue (strict priority order, no backfilling) and the admission rule
   budget.py     the reference budget B and its small hit-rate moves
   shedding.py   long-run arrival rate; shed one lowest-priority session when capacity is short
+  recovery.py   a collapse (hit rate off its plateau, working set over the budget): hold live sessions at
+                their tool boundary, lowest priority first; resume them by priority; a bounded hold
   lending.py    the ledger of decode memory lent to the prefix cache
-  events.py     decisions out (Admitted, Requeued, BudgetMoved, Shed) and the state snapshot
+  events.py     decisions out (Admitted, Requeued, BudgetMoved, Shed, Held, Resumed) and the state snapshot
   lifecycle.py  the session states, steps and the one transition table every driver checks against
   core.py       Policy, wiring the above around one state
   hit_rate.py   HitRateWindow: the windowed prefix hit rate that moves the budget
@@ -30,7 +32,17 @@ from basin_runtime.policy.config import (
     UnknownSessionError,
 )
 from basin_runtime.policy.core import Policy
-from basin_runtime.policy.events import Admitted, BudgetMoved, Event, PolicySnapshot, Requeued, Shed, admitted_ids
+from basin_runtime.policy.events import (
+    Admitted,
+    BudgetMoved,
+    Event,
+    Held,
+    PolicySnapshot,
+    Requeued,
+    Resumed,
+    Shed,
+    admitted_ids,
+)
 from basin_runtime.policy.lending import LendingLedger, LentEntry, Reclaimed, WriteBackPlan
 from basin_runtime.policy.lifecycle import HeldState, LifecycleError, LifecycleEvent, SessionState, transition
 
@@ -40,6 +52,7 @@ __all__ = [
     "ClockError",
     "DuplicateSessionError",
     "Event",
+    "Held",
     "HeldState",
     "LendingLedger",
     "LentEntry",
@@ -52,6 +65,7 @@ __all__ = [
     "PolicySnapshot",
     "Reclaimed",
     "Requeued",
+    "Resumed",
     "SessionState",
     "Shed",
     "UnknownSessionError",

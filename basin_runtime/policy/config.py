@@ -81,6 +81,10 @@ class PolicyConfig:
     `completion_budget` on (the default) the adaptive budget may rise up to it, beyond
     `budget_max_fraction` x B, while the hit rate holds its plateau and sessions wait (`completion_budget.py`).
     The hit-rate plateau should come from the measured hit-rate-vs-working-set curve of the deployment.
+    `recovery` True (the default) holds admitted sessions at their tool boundary while a collapse is under
+    way (`recovery.py`), each for at most `recovery_max_hold_s` (Assumption: 600 s, the openai client's
+    default read timeout, `basin_sim/clients.py`: the longest a client is known to wait on one call, so a
+    hold never outlasts the wait of the client it holds); False: never held (the ablation `basin:no-recovery`).
     """
 
     budget_tokens: int
@@ -101,6 +105,8 @@ class PolicyConfig:
     can_outgrow_reservation: bool = False
     completion_budget: bool = True
     budget_ceiling_tokens: int | None = None
+    recovery: bool = True
+    recovery_max_hold_s: float = 600.0
 
     def __post_init__(self) -> None:
         budget = require_tokens("PolicyConfig.budget_tokens", self.budget_tokens)
@@ -109,7 +115,7 @@ class PolicyConfig:
         object.__setattr__(self, "budget_tokens", budget)  # 1e6 -> 1000000
         if self.mode not in POLICY_MODES:
             raise PolicyError(f"PolicyConfig.mode must be one of {POLICY_MODES}, got {self.mode!r}")
-        for name in ("always_engaged", "can_outgrow_reservation", "completion_budget"):
+        for name in ("always_engaged", "can_outgrow_reservation", "completion_budget", "recovery"):
             if not isinstance(getattr(self, name), bool):
                 raise PolicyError(f"PolicyConfig.{name} must be a bool, got {getattr(self, name)!r}")
         self._check_positive("tokens_per_s", self.tokens_per_s)
@@ -118,6 +124,7 @@ class PolicyConfig:
         require_finite("PolicyConfig.budget_move_interval_s", self.budget_move_interval_s, minimum=0)
         require_finite("PolicyConfig.shed_wait_s", self.shed_wait_s, minimum=0)
         self._check_positive("arrival_window_s", self.arrival_window_s)
+        self._check_positive("recovery_max_hold_s", self.recovery_max_hold_s)
         if self.latency_gate_s is not None:
             self._check_positive("latency_gate_s", self.latency_gate_s)
         if require_finite("PolicyConfig.reservation_ratio", self.reservation_ratio) < 1:

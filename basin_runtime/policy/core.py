@@ -45,6 +45,13 @@ Rules:
   and `finish` is its `end`); each change of state is checked against its table before anything changes.
 - Every public method validates everything before it changes anything: an illegal step raises
   `PolicyError` and leaves the state exactly as it was. `now` never runs backwards.
+- Recovery (`PolicyConfig.recovery`, basin mode only: the prototype runs as the paper's did; `recovery.py`):
+  on `tick`, after the budget, the admissions and the
+  shedding, a collapse (the hit rate off its plateau while the working set not held is over the budget)
+  holds live sessions at their tool boundary (`Held`), lowest priority first; they stay live with their
+  reservation and come back highest priority first (`Resumed`) once the hit rate is back, or when their
+  bounded hold runs out (then `Resumed`, or `Shed` by the shedding rule: the one way a live session is
+  shed). A held session that finishes or is requeued leaves its hold.
 - `to_state()` is everything that affects a decision (configuration, clock, sessions in admission
   and service order, budget, arrival window, last first-token latency) as versioned JSON-ready
   data; `Policy.from_state` rebuilds a policy that takes every later step exactly as the original
@@ -79,9 +86,10 @@ from basin_runtime.policy.config import (
     require_finite,
     require_tokens,
 )
-from basin_runtime.policy.events import Admitted, Event, PolicySnapshot, Requeued, Shed
+from basin_runtime.policy.events import Admitted, Event, Held, PolicySnapshot, Requeued, Resumed, Shed
 from basin_runtime.policy.lifecycle import HeldState, LifecycleEvent, SessionState, transition
 from basin_runtime.policy.priority import priority_s, service_key
+from basin_runtime.policy.recovery import Recovery
 from basin_runtime.policy.shedding import ArrivalRateMeter, shed_reason, should_shed
 
 STATE_FORMAT = "basin-policy-state"
@@ -103,6 +111,7 @@ class Policy:
         self._working_set_tokens = 0
         self._reserved_tokens = 0
         self._ttft_s: float | None = None  # the windowed time to first token at the last tick
+        self._recovery = Recovery(config)
 
     # --- events in -------------------------------------------------------------------------
 
@@ -194,6 +203,7 @@ class Policy:
                f"which does not fit beside {self._reserved_tokens - old_reservation} reserved in a budget of "
                f"{self._budget.budget_tokens} while admission is engaged")
         self._step(record.session_id, "requeue")
+        self._recovery.forget(record.session_id)
         del self._live[record.session_id]
         self._working_set_tokens -= record.context_tokens
         self._reserved_tokens -= old_reservation
@@ -238,6 +248,7 @@ class Policy:
         self._step(session_id, "end")
         self._advance(now)
         if session_id in self._live:
+            self._recovery.forget(session_id)
             del self._live[session_id]
             self._working_set_tokens -= record.context_tokens
             self._reserved_tokens -= reservation_tokens(self.config.mode, record)
@@ -267,7 +278,41 @@ class Policy:
         shed = self._maybe_shed(now)
         if shed is not None:
             events.append(shed)
+        if self.config.recovery and self.config.mode == "basin":
+            events.extend(self._recover(now, hit_rate))
         return events
+
+    def _recover(self, now: float, hit_rate: float | None) -> list[Event]:
+        """The recovery's turn on a tick (`recovery.py`): its holds, resumes and sheds as events, in that order."""
+        rate = None if self._started_s is None else self._arrivals.rate_per_s(now, self._started_s)
+        plan = self._recovery.step(now, hit_rate, tuple(self._live.values()), self._budget.budget_tokens, rate)
+        events: list[Event] = []
+        for sid in plan.hold:
+            record = self._live[sid]
+            events.append(Held(sid, now, record.priority, record.context_tokens, plan.reason))
+        for sid in plan.resume:
+            held_s = plan.held_s[sid]
+            is_bounded = held_s >= self.config.recovery_max_hold_s
+            reason = f"its hold ran out after {held_s:.0f} s" if is_bounded else plan.reason
+            events.append(Resumed(sid, now, self._live[sid].priority, held_s, reason, is_bounded))
+        for sid in plan.shed:
+            events.append(self._shed_held(self._live[sid], now, rate, plan.held_s[sid]))
+        if plan.shed:
+            events.extend(self._admitted_events(now))
+        return events
+
+    def _shed_held(self, record: SessionRecord, now: float, rate: float | None, held_s: float) -> Shed:
+        """Shed a live session whose bounded hold ran out while capacity is truly short (`recovery.py`)."""
+        self._step(record.session_id, "shed")
+        self._recovery.forget(record.session_id)
+        del self._live[record.session_id]
+        self._working_set_tokens -= record.context_tokens
+        self._reserved_tokens -= reservation_tokens(self.config.mode, record)
+        peak_rate = self.config.peak_completion_rate_per_s
+        assert rate is not None and peak_rate is not None  # should_shed held
+        return Shed(record.session_id, now, record.priority, held_s, rate, peak_rate, held_s,
+                    f"held {held_s:.0f} s at its tool boundary (the bound {self.config.recovery_max_hold_s:.0f} s) "
+                    f"while {shed_reason(rate, peak_rate, held_s)}")
 
     def set_reference_budget(self, budget_tokens: int, now: float | None = None) -> list[Event]:
         """Operator change of the reference budget B; never evicts, may admit if it grew.
@@ -359,6 +404,18 @@ class Policy:
         """True if the session is admitted and not finished (False for unknown ids)."""
         return session_id in self._live
 
+    def is_held(self, session_id: str) -> bool:
+        """True if the session is live and held at its tool boundary by recovery (False for unknown ids)."""
+        return self._recovery.is_held(session_id)
+
+    def held_ids(self) -> tuple[str, ...]:
+        """The live sessions recovery holds, in the order they were held."""
+        return self._recovery.held_ids()
+
+    def plateau_hit_rate(self) -> float:
+        """The hit-rate plateau recovery measures a collapse against (`recovery.py`)."""
+        return self._recovery.plateau_hit_rate()
+
     def is_queued(self, session_id: str) -> bool:
         """True if the session waits in the admission queue (False for unknown ids)."""
         return session_id in self._queue
@@ -403,6 +460,7 @@ class Policy:
             "arrivals_s": self._arrivals.arrivals_s(),
             "live": [_record_row(r) for r in self._live.values()],
             "queued": [_record_row(r) for r in sorted(self._queue.in_service_order(), key=lambda r: r.seq)],
+            "recovery": self._recovery.to_state(),
         }
 
     @classmethod
@@ -450,6 +508,11 @@ class Policy:
                     self._make_live(record, reservation_tokens(self.config.mode, record))
                 else:
                     self._queue.push(record)
+        recovery = state.get("recovery")  # absent: a state from before recovery, nobody held
+        if recovery is not None:
+            if not isinstance(recovery, Mapping):
+                raise PolicyError(f"state recovery must be a mapping, got {recovery!r}")
+            self._recovery.load_state(recovery, tuple(self._live))
         sums = (("working_set_tokens", self._working_set_tokens), ("reserved_tokens", self._reserved_tokens))
         for key, value in sums:
             if state.get(key) != value:

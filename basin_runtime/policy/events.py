@@ -8,7 +8,9 @@ Rules:
   for a call that outgrew its reservation), `Requeued` (a live session's call outgrew its
   reservation while admission was engaged and did not fit: the session waits in the queue again),
   `BudgetMoved` (the budget changed), `Shed` (a
-  queued session is dropped, with a reason a person can read). Every step returns its events.
+  queued session is dropped, with a reason a person can read; or a live one held past its bounded hold,
+  `recovery.py`), `Held` (a collapse is under way: a live session's next call waits at its tool boundary,
+  its engine session closed) and `Resumed` (a held session's call may go). Every step returns its events.
 - `PolicySnapshot` is the whole observable state; tests compare it field by field, and
   `to_dict()` gives the same content as plain JSON types.
 """
@@ -71,7 +73,30 @@ class Shed:
     reason: str
 
 
-Event: TypeAlias = Admitted | Requeued | BudgetMoved | Shed
+@dataclass(frozen=True)
+class Held:
+    """A collapse is under way: a live session's next call waits at its tool boundary (`recovery.py`)."""
+
+    session_id: str
+    now_s: float
+    priority: float
+    context_tokens: int  # its context, out of the working set while held
+    reason: str
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """A held session may send its call again: the hit rate is back on its plateau, or its hold ran out."""
+
+    session_id: str
+    now_s: float
+    priority: float
+    held_s: float
+    reason: str
+    is_bounded: bool = False  # its hold ran out (`recovery_max_hold_s`), whatever the hit rate
+
+
+Event: TypeAlias = Admitted | Requeued | BudgetMoved | Shed | Held | Resumed
 
 
 def admitted_ids(events: list[Event]) -> tuple[str, ...]:

@@ -6,7 +6,8 @@ Rules:
 - States: `arriving` (known, not at the door yet: a simulated session before its arrival time);
   `queued` (at the door, waiting for admission; the simulator's "held at the door"); `live`
   (admitted, not ended); and the final states, named for how the session ended: `finished` (its last
-  call answered), `killed` (by the scenario), `shed` (by the policy, while queued, never admitted),
+  call answered), `killed` (by the scenario), `shed` (by the policy: while queued, never admitted; or
+  live, held by recovery past its bounded hold while capacity is truly short, `recovery.py`),
   `aborted` (a call larger than an instance's memory), `abandoned` (its client gave up), `ended` (over
   for a reason its driver knows and the step does not say: the policy core's `finish`).
 - A session the policy holds is queued or live (`HeldState`); a final state never changes again.
@@ -35,6 +36,7 @@ TRANSITIONS: dict[tuple[SessionState, LifecycleEvent], SessionState] = {
     ("queued", "admit"): "live",
     ("live", "requeue"): "queued",
     ("queued", "shed"): "shed",
+    ("live", "shed"): "shed",
     ("live", "finish"): "finished",
     ("live", "abort"): "aborted",
     ("queued", "kill"): "killed",

@@ -27,8 +27,10 @@ Rules:
   before the completion peak (`completion_budget` off). Shedding off: no peak
   completion rate. Growth unchecked (`can_outgrow_reservation`): a later call past its session's
   reservation is neither re-reserved nor held (the core's outgrowth rule off; `basin` has it on, as
-  the gateway does). Admission off: a budget no working set reaches (NO_ADMISSION_BUDGET_TOKENS), so
-  every session is admitted on arrival and nothing queues or is shed; the order stays Basin's.
+  the gateway does). Recovery off (`basin:no-recovery`): no live session is held at its tool boundary
+  in a collapse (the core's `recovery.py`; `basin` has it on). Admission off: a budget no working set
+  reaches (NO_ADMISSION_BUDGET_TOKENS), so every session is admitted on arrival and nothing queues or
+  is shed; the order stays Basin's.
 - No I/O.
 """
 
@@ -90,6 +92,8 @@ ABLATIONS: dict[str, Ablation] = {a.name: a for a in (
     Ablation("basin:no-shedding", "shedding off", overrides={"peak_completion_rate_per_s": None}),
     Ablation("basin:growth-unchecked", "a later call may outgrow its session's reservation unchecked (the "
              "outgrowth rule off: no re-reservation, never held)", overrides={"can_outgrow_reservation": True}),
+    Ablation("basin:no-recovery", "recovery at tool boundaries off: no live session is held in a collapse",
+             overrides={"recovery": False}),
     Ablation("basin:no-admission", "admission off: everyone admitted on arrival (order and priority kept)",
              overrides={"budget_tokens": NO_ADMISSION_BUDGET_TOKENS}),
     Ablation("basin:latency-gate", "beyond the paper: the working set engages admission only while the engines' "

@@ -10,7 +10,11 @@ Rules:
   at once; the arriving session itself is held until its own arrival admits it), and held sessions
   to shed (they fail); live sessions to suspend (their next call, or the call being sent now, waits
   at the door: it is not sent until they are resumed; their context stays in the working set), and
-  suspended sessions to resume (a waiting call is sent then; its wait counts in its TTFT). Admitting
+  suspended sessions to resume (a waiting call is sent then; its wait counts in its TTFT); of the sessions
+  suspended, those whose engine session is closed while they wait (`close`: once their call is parked at
+  their tool boundary, their session radix cache references are dropped, so their KV is evictable like any
+  unreferenced prefix; Basin's recovery). A live session may be shed too (Basin's recovery, a hold that ran
+  out): it ends at once, its parked call never sent. Admitting
   or shedding a session that is not held, suspending one that is not live, or resuming one that is
   not suspended is an error the engine reports.
 - `on_arrival` is handed the whole recorded session (the simulator has it); a policy that stands for
@@ -59,6 +63,7 @@ class Decisions:
     shed: tuple[str, ...] = ()
     suspend: tuple[str, ...] = ()
     resume: tuple[str, ...] = ()
+    close: tuple[str, ...] = ()  # of `suspend`: their engine session is closed once their call is parked
 
 
 NO_DECISIONS = Decisions()
@@ -100,6 +105,20 @@ class ReservationReport:
     sessions_admitted: int
     sessions_overflowed: int
     revisions: int
+
+
+@dataclass(frozen=True)
+class RecoveryReport:
+    """Basin's recovery at tool boundaries: holds, sessions ever held, resumes (the hit rate back, or the hold
+    ran out), sheds after a hold, and the time held: in all and the mean per hold ended (None: none ended)."""
+
+    recovery_holds: int
+    recovery_sessions_held: int
+    recovery_resumes: int
+    recovery_resumes_bounded: int
+    recovery_sheds: int
+    recovery_hold_time_total_s: float
+    recovery_hold_time_mean_s: float | None
 
 
 @dataclass(frozen=True)
@@ -171,6 +190,7 @@ class PolicyReport:
     fixed_ttl: FixedTtlReport | None = None
     pauses: PauseReport | None = None
     admission: AdmissionReport | None = None
+    recovery: RecoveryReport | None = None  # Basin's, with its recovery on
 
 
 NO_REPORT = PolicyReport()

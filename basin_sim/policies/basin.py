@@ -8,6 +8,13 @@ Rules:
   admit, `Shed` -> shed, and the outgrowth rule's pair (as the gateway holds the call): `Requeued` ->
   suspend (the call that outgrew its reservation is parked at the door), `Admitted` with `is_resumed`
   -> resume (it is sent then).
+- Recovery (`PolicyConfig.recovery`, basin mode; the core's `recovery.py`): `Held` -> suspend with close
+  (its next call is parked at its tool boundary and, with the session radix cache, its engine session is
+  closed then, so its KV is evictable while it waits), `Resumed` -> resume, a `Shed` of a held (live)
+  session -> shed (it ends at once). A held session whose parked call outgrows its reservation is
+  requeued by the core: it is parked already, so no second suspend; its `Admitted` with `is_resumed`
+  resumes it. Report (`RecoveryReport`): holds, sessions ever held, resumes (of which by the bound), sheds
+  after a hold, the time held (total, mean per hold ended); only with recovery on in basin mode.
 - `basin`: the predicted peak of a session is looked up from `PolicyContext.predicted_peak_tokens`
   (the pool batch-predicted once from task text and first prompt size); it reserves m(q) x that
   (`PolicyContext.reservation_multipliers`, the predictor file's multiplier for the session's
@@ -36,7 +43,18 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from basin_runtime.policy import Admitted, Event, Policy, PolicyConfig, PolicyMode, Requeued, Shed
+from basin_runtime.policy import (
+    Admitted,
+    BudgetMoved,
+    Event,
+    Held,
+    Policy,
+    PolicyConfig,
+    PolicyMode,
+    Requeued,
+    Resumed,
+    Shed,
+)
 from basin_runtime.policy.calibrated import Calibration, policy_config, uncalibrated
 from basin_runtime.session_table import Session
 from basin_sim.policies.base import (
@@ -46,6 +64,7 @@ from basin_sim.policies.base import (
     PolicyContext,
     PolicyReport,
     PolicySpec,
+    RecoveryReport,
     ReservationReport,
 )
 
@@ -88,6 +107,11 @@ class BasinPolicy:
         self._calls: dict[str, tuple[int, ...]] = {}  # session -> its calls' prompt sizes (sessions with revisions)
         self._call_index: dict[str, int] = {}  # session -> index of the last call seen
         self.sessions_revised = 0
+        self._held: set[str] = set()  # sessions the core holds (recovery), suspended in the engine
+        self._ever_held: set[str] = set()
+        self._held_since: dict[str, float] = {}
+        self._holds = self._resumes = self._resumes_bounded = self._sheds_after_hold = self._holds_ended = 0
+        self._hold_time_s = 0.0
 
     def predicted_peak(self, session: Session) -> float:
         """The predicted peak of a session (its context at arrival for the prototype)."""
@@ -156,6 +180,10 @@ class BasinPolicy:
         self._overflowed.discard(session_id)
         self._calls.pop(session_id, None)
         self._call_index.pop(session_id, None)
+        if session_id in self._held:
+            self._held.discard(session_id)
+            self._holds_ended += 1
+            self._hold_time_s += now - self._held_since.pop(session_id)
         return self._decided(self.core.finish(session_id, now))
 
     def on_tick(self, now: float, hit_rate: float | None, ttft_s: float | None = None) -> Decisions:
@@ -163,29 +191,61 @@ class BasinPolicy:
         return self._decided(self.core.tick(now, hit_rate, ttft_s))
 
     def report(self) -> PolicyReport:
-        """Sessions admitted so far, how many of them outgrew their first reservation, revisions applied."""
+        """Sessions admitted so far, how many of them outgrew their first reservation, revisions applied; the
+        recovery's holds (recovery on, basin mode)."""
+        config = self.core.config
+        recovery = None
+        if config.recovery and config.mode == "basin":
+            mean = self._hold_time_s / self._holds_ended if self._holds_ended else None
+            recovery = RecoveryReport(self._holds, len(self._ever_held), self._resumes, self._resumes_bounded,
+                                      self._sheds_after_hold, self._hold_time_s, mean)
         return PolicyReport(reservations=ReservationReport(self.sessions_admitted, self.sessions_overflowed,
-                                                           self.sessions_revised))
+                                                           self.sessions_revised), recovery=recovery)
 
     def _decided(self, events: list[Event]) -> Decisions:
-        decisions = decisions_of(events)
+        held_before = frozenset(self._held)
+        self._count_holds(events)
+        decisions = decisions_of(events, held_before)
         self.sessions_admitted += len(decisions.admit)
         return decisions
+
+    def _count_holds(self, events: list[Event]) -> None:
+        """The recovery's counts, from one step's events (before `decisions_of` reads the held set)."""
+        for event in events:
+            sid = event.session_id if not isinstance(event, BudgetMoved) else ""
+            if isinstance(event, Held):
+                self._holds += 1
+                self._ever_held.add(sid)
+                self._held_since[sid] = event.now_s
+                self._held.add(sid)
+            elif sid in self._held and isinstance(event, (Resumed, Shed, Requeued)):
+                self._holds_ended += 1
+                self._hold_time_s += event.now_s - self._held_since.pop(sid)
+                self._resumes += isinstance(event, Resumed)
+                self._resumes_bounded += isinstance(event, Resumed) and event.is_bounded
+                self._sheds_after_hold += isinstance(event, Shed)
+                self._held.discard(sid)
 
     def priority(self, session_id: str, now: float) -> float:
         """The session's fixed priority from the core."""
         return self.core.priority_of(session_id)
 
 
-def decisions_of(events: list[Event]) -> Decisions:
-    """The engine's decisions from one step's events: its Admitted and Shed events, in order."""
+def decisions_of(events: list[Event], held: frozenset[str] | set[str] = frozenset()) -> Decisions:
+    """The engine's decisions from one step's events, in order (`held`: the sessions suspended by a recovery hold
+    before these events, whose requeue needs no second suspend)."""
     if not events:
         return NO_DECISIONS
     admit = tuple(e.session_id for e in events if isinstance(e, Admitted) and not e.is_resumed)
     shed = tuple(e.session_id for e in events if isinstance(e, Shed))
-    suspend = tuple(e.session_id for e in events if isinstance(e, Requeued))
-    resume = tuple(e.session_id for e in events if isinstance(e, Admitted) and e.is_resumed)
-    return Decisions(admit, shed, suspend, resume) if admit or shed or suspend or resume else NO_DECISIONS
+    suspend = tuple(e.session_id for e in events
+                    if isinstance(e, Held) or (isinstance(e, Requeued) and e.session_id not in held))
+    resume = tuple(e.session_id for e in events if (isinstance(e, Admitted) and e.is_resumed)
+                   or isinstance(e, Resumed))
+    close = tuple(e.session_id for e in events if isinstance(e, Held))
+    if not (admit or shed or suspend or resume):
+        return NO_DECISIONS
+    return Decisions(admit, shed, suspend, resume, close)
 
 
 def _basin(context: PolicyContext) -> BasinPolicy:

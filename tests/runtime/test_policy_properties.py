@@ -116,6 +116,7 @@ class PolicyMachine(RuleBasedStateMachine):
             peak_completion_rate_per_s=0.05 if is_shedding else None,
             shed_wait_s=20.0,
             arrival_window_s=100.0,
+            recovery=False,  # the model below is the core without recovery (tests/runtime/test_policy_recovery.py)
         )
         self.policy = self.new_policy(self.config)
         self.now = 0.0

@@ -24,7 +24,7 @@ from basin_sim.policies import (
     policy_names,
     policy_spec,
 )
-from basin_sim.policies.base import PolicyReport, ReservationReport
+from basin_sim.policies.base import PolicyReport, RecoveryReport, ReservationReport
 from basin_sim.policies.basin import config_for
 from basin_sim.radix_cache import RadixCache
 from tests.sim.builders import deployment, session, spec
@@ -88,7 +88,8 @@ def test_basin_reserves_m_q_x_scale_x_the_prediction_and_counts_who_outgrew_it()
     sim.on_call("b", 5.0, 4_801)  # b reserves 4800: past it
     sim.on_call("b", 6.0, 5_000)  # counted once
     assert sim.report() == PolicyReport(reservations=ReservationReport(sessions_admitted=4, sessions_overflowed=1,
-                                                                       revisions=0))
+                                                                       revisions=0),
+                                        recovery=RecoveryReport(0, 0, 0, 0, 0, 0.0, None))  # nobody held
     with pytest.raises(MissingPredictionError, match="no reservation multiplier for pool session 'x'"):
         make_policy("basin", PolicyContext(deployment(), {"x": 1.0}, reservation_multipliers={"y": 1.0})) \
             .on_arrival("x", 0.0, session("x", [1_000]))
