@@ -61,6 +61,7 @@ from tqdm import tqdm
 from basin_pipeline import reservations, selection, tracking
 from basin_pipeline.fast_cv import EmptyVocabularyError, FoldFeaturizer
 from basin_pipeline.features import ModelParams
+from basin_pipeline.length_line import fit_line, predict_line
 from basin_pipeline.metrics_files import numbers_only, write_metrics
 from basin_pipeline.params import NestedParams, SearchSpace, nested_params, or_exit, train_params
 from basin_pipeline.scoring import mean_defined, spearman, spearman_by_benchmark
@@ -158,15 +159,12 @@ def inner_study_predictions(frame: pd.DataFrame, featurizer: Splitter, rows: np.
 
 def baseline_predict(frame: pd.DataFrame, name: str, train: np.ndarray, test: np.ndarray) -> np.ndarray:
     """A baseline fitted on `train`: its median (constant) or a log-log line of one number."""
-    true = np.log1p(frame["peak_prompt_tokens"].to_numpy(dtype=np.float64))
+    true = frame["peak_prompt_tokens"].to_numpy(dtype=np.float64)
     column = BASELINES[name]
     if column is None:
-        return np.full(len(test), float(np.expm1(np.median(true[train]))))
-    x = np.log1p(frame[column].to_numpy(dtype=np.float64))
-    if np.ptp(x[train]) == 0:
-        return np.full(len(test), float(np.expm1(np.mean(true[train]))))
-    slope, intercept = np.polyfit(x[train], true[train], 1)
-    return np.asarray(np.expm1(slope * x[test] + intercept), dtype=np.float64)
+        return np.full(len(test), float(np.expm1(np.median(np.log1p(true[train])))))
+    x = frame[column].to_numpy(dtype=np.float64)
+    return predict_line(*fit_line(x[train], true[train]), x[test])  # what a shipped length line computes
 
 
 Predictor = Callable[[np.ndarray, np.ndarray, int], np.ndarray]
