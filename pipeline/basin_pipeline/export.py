@@ -186,7 +186,7 @@ def line_metadata(bench: str, choice: ServingChoice, summary: FrameSummary, pari
     """A length line file's `basin.*` metadata (as `metadata`'s keys); `parity` is None in the checked draft."""
     if choice.line is None:
         raise ValueError(f"{bench}: ships {choice.choice}, not a length line")
-    metrics: dict[str, Any] = {"cv_unseen_task_spearman": {bench: choice.cv_spearman[choice.choice]},
+    metrics: dict[str, Any] = {"cv_unseen_task_spearman": {bench: choice.cv_spearman.get(choice.choice)},
                                "cv_candidates": dict(choice.cv_spearman)}
     if parity is not None:
         metrics["parity_max_rel"] = parity
