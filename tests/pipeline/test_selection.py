@@ -219,3 +219,27 @@ def test_the_gateway_loads_the_shipped_length_line_for_its_workload(tmp_path: Pa
         float(choice.line.predict(model_frame([text], [len(text)], [first]))[0]), rel=1e-5)
     assert predict_peak(predictors.for_workload(None), text, first) == pytest.approx(np.expm1(9.0), rel=1e-5)
     assert predictors.multiplier("len") == pytest.approx(PeakPredictor.load(line_path).multiplier(0.9, "len"))
+
+
+def _nested_doc(with_selected: bool) -> dict[str, object]:
+    def per_fold(mean: float) -> dict[str, object]:
+        return {"per_fold": {"mean": mean, "sd": 0.1}}
+    entry: dict[str, object] = {"own_model": per_fold(0.02), "pooled_model": per_fold(0.14),
+                                "task_chars_only": per_fold(0.15), "first_prompt_only": per_fold(0.16)}
+    if with_selected:
+        entry |= {"selected": per_fold(0.12), "selected_chosen": {"task_chars_only": 9, "own_model": 6}}
+    return {"settings": {"seeds": [1, 2, 3]}, "unseen_task": {"terminal-bench": entry}}
+
+
+def test_the_readme_and_the_headline_report_the_selected_procedure_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    from basin_pipeline import headline, render_results
+
+    monkeypatch.setattr(render_results, "_load", lambda path: _nested_doc(True))
+    text = render_results.nested_selected_text()
+    assert text is not None
+    assert text.startswith("terminal-bench **0.12 ± 0.10** (chosen: own_model 6, task_chars_only 9;")
+    assert text.index("0.12") < text.index("own model 0.02") < text.index("task length alone 0.15")
+    assert headline.spearman_line(_nested_doc(True)).endswith("terminal-bench 0.12 ± 0.10")
+    monkeypatch.setattr(render_results, "_load", lambda path: _nested_doc(False))
+    assert render_results.nested_selected_text() is None  # a file from before: the shipped model's row, as it was
+    assert headline.spearman_line(_nested_doc(False)).endswith("terminal-bench 0.02 ± 0.10")
