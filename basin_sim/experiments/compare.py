@@ -69,11 +69,11 @@ from basin_sim.experiments.help_format import DefaultsFormatter
 from basin_sim.experiments.predictions import (
     PredictionsError,
     ReservingPredictor,
-    load_predictor,
     online_revisions,
     reservation_multipliers,
 )
 from basin_sim.experiments.run_setup import NOT_RESERVING, Inputs, Reserving, Workload, reserving_for, run_spec
+from basin_sim.experiments.served import load_served
 from basin_sim.policies import policy_names
 from basin_sim.policies.base import AdmissionReport, PauseReport
 from basin_sim.profile import Deployment
@@ -378,7 +378,7 @@ def _cells(setup: CompareSetup) -> tuple[dict[CellKey, Cell], dict[CellKey, list
     base, _ = load_pool(inputs.sessions, inputs.synthetic)
     labels = {split_label(label)[0] for label in setup.labels}
     needs_model = "basin" in labels or any(label in ABLATIONS for label in labels)
-    predictor = load_predictor(inputs.model) if needs_model else None
+    predictor = load_served(inputs.model, inputs.first_call) if needs_model else None
     sha = file_sha256(inputs.model) if predictor is not None else "none"
     swept_qs = sorted({v.quantile for label in labels if (v := ABLATIONS.get(label)) is not None
                        and v.quantile is not None})
