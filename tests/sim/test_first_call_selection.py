@@ -75,3 +75,35 @@ def test_a_table_without_the_selected_column_names_the_fix(model_dir: Path, tmp_
     model = model_dir / "peak_predictor.onnx"
     with pytest.raises(PredictionsError, match=r"selected_predicted.*--first-call pooled"):
         reserving_for(load_served(model, "selected"), _pool(), 1.0, Inputs(model=model, out_of_fold=table), 0.9)
+
+
+def test_the_no_selection_ablation_is_told_the_pooled_files_peaks_in_its_own_calibration(tmp_path: Path) -> None:
+    from basin_sim.experiments import compare
+    from basin_sim.experiments.ablations import ABLATIONS, calibration_tag
+    from tests.sim.test_compare import DEPLOYMENT, SCENARIO
+
+    (tmp_path / "s.yaml").write_text(SCENARIO)
+    (tmp_path / "d.yaml").write_text(DEPLOYMENT)
+    shutil.copy(MODELS / "peak_predictor.onnx", tmp_path / "peak_predictor.onnx")  # one synthetic benchmark's own
+    shutil.copy(MODELS / f"peak_predictor-{BENCH}.onnx", tmp_path / "peak_predictor-synthetic-terminal.onnx")
+    grid = compare.Grid((str(tmp_path / "s.yaml"),), (str(tmp_path / "d.yaml"),), ("none",),
+                        ("basin", "basin:no-selection"))
+    inputs = compare.Inputs(sessions=tmp_path / "absent.parquet", synthetic=True, overload_rate=0.1,
+                            model=tmp_path / "peak_predictor.onnx", predictions="in-sample")
+    cells, _, _ = compare._cells(compare.CompareSetup((grid,), seeds=(1,), inputs=inputs))
+    (cell,) = cells.values()
+    assert ABLATIONS["basin:no-selection"].reservation == "pooled-first-call"
+    assert cell.unselected is not None and cell.reserved_as("pooled-first-call") == cell.unselected
+    pooled = PeakPredictor.load(tmp_path / "peak_predictor.onnx")
+    terminal = [s for s in cell.pool if s.benchmark == "synthetic-terminal"]
+    others = [s for s in cell.pool if s.benchmark != "synthetic-terminal"]
+    assert terminal and others
+    for s in others:  # served by the model file either way
+        assert cell.unselected.peaks[s.session_id] == cell.reserving.peaks[s.session_id]
+    assert any(cell.unselected.peaks[s.session_id] != cell.reserving.peaks[s.session_id] for s in terminal)
+    for s in terminal[:3]:
+        assert cell.unselected.peaks[s.session_id] == pytest.approx(pooled.predict(s.task_text, s.first_prompt_tokens))
+        assert cell.unselected.multipliers[s.session_id] == pooled.multiplier(0.9, "synthetic-terminal")
+    assert cell.unselected_tag != cell.peaks_tag  # its knee is keyed apart from basin's
+    sha = cell.predictor_sha256
+    assert calibration_tag("pooled-first-call", sha, 0.9) != calibration_tag("predicted", sha, 0.9)
