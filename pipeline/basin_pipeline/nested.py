@@ -212,12 +212,9 @@ def inner_out_of_fold(featurizer: Splitter, params: ModelParams, rows: np.ndarra
 
 
 def fold_reservations(frame: pd.DataFrame, featurizer: Splitter, params: ModelParams, train: np.ndarray,
-                      test: np.ndarray, inner: np.ndarray, predicted: np.ndarray,
-                      oof: np.ndarray | None = None) -> dict[str, dict[str, Any]]:
-    """Per benchmark: multipliers fitted on the outer-train rows' inner out-of-fold ratios (`oof`, else
-    refitted), scored on `test`."""
-    if oof is None:
-        oof = inner_out_of_fold(featurizer, params, train, inner)
+                      test: np.ndarray, inner: np.ndarray, predicted: np.ndarray) -> dict[str, dict[str, Any]]:
+    """Per benchmark: multipliers fitted on the outer-train rows' inner out-of-fold ratios, scored on `test`."""
+    oof = inner_out_of_fold(featurizer, params, train, inner)
     true = frame["peak_prompt_tokens"].to_numpy(dtype=np.float64)
     benches = frame["benchmark"].astype(str).to_numpy()
     out: dict[str, dict[str, Any]] = {}
@@ -247,7 +244,7 @@ def model_predictor(frame: pd.DataFrame, featurizer: Splitter, labels: np.ndarra
                              f"no word on the {len(train)} outer-train rows ({exc}); narrow train.search.min_df / "
                              "max_df") from exc
         if reserved is not None:
-            reserved.append(fold_reservations(frame, featurizer, params, train, test, inner, predicted, oof))
+            reserved.append(fold_reservations(frame, featurizer, params, train, test, inner, predicted))
         if record is not None:
             record("model", seed, fold, train, inner, oof, test, predicted)
         return predicted
@@ -381,6 +378,8 @@ def report(frame: pd.DataFrame, params: NestedParams, search: SearchSpace,
     """Nested scores of the pooled model and each benchmark's own model, with baselines, per protocol; with
     `out_of_fold`, each model's unseen-task predictions of the first seed by session id, under its name."""
     settings = Settings(params.outer_folds, params.inner_folds, params.trials, search)
+    if "session_id" not in frame:  # the selection matches candidates' rows by session id (`candidate_recorder`)
+        frame = frame.assign(session_id=[f"row-{i}" for i in range(len(frame))])
     result: dict[str, Any] = {"settings": {"seeds": list(params.seeds), "outer_folds": params.outer_folds,
                                            "inner_folds": params.inner_folds, "trials": params.trials},
                               "notes": NOTES}
