@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from basin_sim.experiments.predictions import ReservingPredictor, load_predictor
+from basin_sim.experiments.predictions import ReservingPredictor, load_predictor, model_sha256
 
 FIRST_CALL_CHOICES = ("selected", "pooled")
 SELECTED_COLUMN = "selected_predicted"
@@ -79,7 +79,5 @@ def served_tag(model: Path, first_call: str) -> str:
     selection off (as before it existed), else the choice and each benchmark file's digest."""
     if out_of_fold_column(first_call) == POOLED_COLUMN:
         return ""
-    from basin_runtime.model_files import file_sha256
-
-    files = ",".join(f"{b}={file_sha256(p)[:16]}" for b, p in benchmark_files(model).items())
+    files = ",".join(f"{b}={model_sha256(p)[:16]}" for b, p in benchmark_files(model).items())
     return f"first-call:selected[{files}]"
