@@ -243,3 +243,23 @@ def test_the_readme_and_the_headline_report_the_selected_procedure_first(monkeyp
     monkeypatch.setattr(render_results, "_load", lambda path: _nested_doc(False))
     assert render_results.nested_selected_text() is None  # a file from before: the shipped model's row, as it was
     assert headline.spearman_line(_nested_doc(False)).endswith("terminal-bench 0.02 ± 0.10")
+
+
+def test_export_ships_each_benchmarks_choice_and_no_stale_online_model_beside_it(tmp_path: Path) -> None:
+    frame = pd.concat([length_driven(7, 40, "len"), length_driven(8, 40, "other")], ignore_index=True)
+    frame = assign_folds(frame, 5, 13)
+    pooled_line = LengthLine.fit(frame, "first_prompt_tokens")
+    pooled = tmp_path / model_file_name()
+    pooled.write_bytes(serialize(line_to_onnx(pooled_line, export.line_metadata(
+        "pooled", ServingChoice(selection.FIRST_PROMPT, {}, pooled_line), SUMMARY, 0.0, _table()))))
+    for bench in ("len", "other"):  # what an earlier export left: an own model's online file
+        (tmp_path / model_file_name(bench).replace(".onnx", ".online.onnx")).write_bytes(b"stale")
+    choice = _line_choice(frame[frame["benchmark"] == "len"])
+    best = TrainedModels(_records(frame), {"len": choice, "other": ServingChoice(selection.POOLED_MODEL, {})})
+    written = {"pooled": pooled}
+    export.ship_choices(best, written, tmp_path, frame, SUMMARY, 1e-4)
+    assert written == {"pooled": pooled, "len": tmp_path / model_file_name("len"),
+                       "other": tmp_path / model_file_name("other")}
+    assert written["other"].read_bytes() == pooled.read_bytes()
+    assert PeakPredictor.load(written["len"]).info.params == {"length_line": choice.line.to_json()}  # type: ignore[union-attr]
+    assert not list(tmp_path.glob("*.online.onnx"))  # no online model of another first-call model is left beside
