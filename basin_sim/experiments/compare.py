@@ -392,6 +392,7 @@ def _cells(setup: CompareSetup) -> tuple[dict[CellKey, Cell], dict[CellKey, list
     unselected: dict[str, Reserving] = {}  # basin:no-selection's peaks per scenario (served.py: --first-call pooled)
     pooled = dataclasses.replace(inputs, first_call="pooled")
     wants_pooled = predictor is not None and "basin:no-selection" in labels and inputs.first_call != "pooled"
+    pooled_predictor = load_served(inputs.model, "pooled") if wants_pooled else None
     rates: dict[tuple[str, str], float] = {}
     cells: dict[CellKey, Cell] = {}
     cell_labels: dict[CellKey, list[str]] = {}
@@ -403,11 +404,10 @@ def _cells(setup: CompareSetup) -> tuple[dict[CellKey, Cell], dict[CellKey, list
                 loaded[scenario_name] = _predicted(catalog.load_scenario(scenario_name), base, predictor, inputs,
                                                    swept_qs)
                 tag = tag or (inputs.peaks_tag() if loaded[scenario_name][1].sources else "")
-                if wants_pooled:
+                if pooled_predictor is not None:
                     workload = loaded[scenario_name][0]
-                    unselected[scenario_name] = reserving_for(load_served(inputs.model, "pooled"), workload.pool,
-                                                              workload.token_scale, pooled,
-                                                              inputs.reservation_quantile)
+                    unselected[scenario_name] = reserving_for(pooled_predictor, workload.pool, workload.token_scale,
+                                                              pooled, inputs.reservation_quantile, pooled.revise_at())
             workload, served, swept = loaded[scenario_name]
             for deployment_name in grid.deployments:
                 spec = catalog.load_deployment(deployment_name)
