@@ -11,7 +11,10 @@ Rules:
   is q by construction), "current-context" (a session reserves only its context now, the
   prototype's reservation, while its priority still comes from the prediction: the multiplier is
   CONTEXT_ONLY_MULTIPLIER, so ceil(m x peak) is 1 token and max(1, context) is the context).
-  Priority follows the same peak (arrival + peak / tokens_per_s).
+  Priority follows the same peak (arrival + peak / tokens_per_s). "pooled-first-call" (`basin:no-selection`,
+  issue 49 part 5 off): the model file alone predicts every session and answers m(q), with the pooled
+  model's out-of-fold peaks (served.py's `--first-call pooled`), where `basin` takes each benchmark's
+  shipped file and the selected procedure's peaks; it is told as the compare cell computed it.
 - Each reservation kind is calibrated on its own knee ramp (its r), keyed by `calibration_tag`, so
   the budget is in the unit that kind sums.
 - Latency gate on ("basin:latency-gate", beyond the paper; the gateway's --latency-gate): the working
@@ -56,7 +59,7 @@ def split_label(label: str) -> tuple[str, bool]:
     return label, False
 
 
-Reservation = Literal["predicted", "oracle-peak", "benchmark-constant", "current-context"]
+Reservation = Literal["predicted", "oracle-peak", "benchmark-constant", "current-context", "pooled-first-call"]
 ARRIVAL_ORDER_TOKENS_PER_S = 1e12  # peak / this is < 1 µs for any context: priority = arrival
 CONTEXT_ONLY_MULTIPLIER = 1e-12  # x any predicted peak (< 1e9 tokens) rounds up to 1 token
 NO_ADMISSION_BUDGET_TOKENS = 10**15
@@ -83,6 +86,8 @@ ABLATIONS: dict[str, Ablation] = {a.name: a for a in (
              "benchmark-constant", revisions=False),
     Ablation("basin:current-context", "reserves only its current context (priority still predicted)",
              "current-context", revisions=False),
+    Ablation("basin:no-selection", "first-call predictor selection off: the pooled model file and its out-of-fold "
+             "peaks for every benchmark (issue 49, part 5)", "pooled-first-call"),
     Ablation("basin:arrival-order", "size-aware priority off: priority = arrival",
              overrides={"tokens_per_s": ARRIVAL_ORDER_TOKENS_PER_S}),
     Ablation("basin:fixed-budget", "adaptive budget off: the budget never moves",
@@ -134,6 +139,9 @@ def reservations(kind: Reservation, pool: Sequence[Session], peaks: Mapping[str,
         return {s.session_id: float(s.peak_prompt_tokens) for s in pool}, {}
     if kind == "current-context":
         return dict(peaks), {session_id: CONTEXT_ONLY_MULTIPLIER for session_id in peaks}
+    if kind == "pooled-first-call":
+        raise ValueError("pooled-first-call peaks come from the pooled model (compare's Cell.unselected), not from "
+                         "the served peaks")
     constants = benchmark_constants(pool, 0.9 if q is None else q)
     return {s.session_id: constants[s.benchmark] for s in pool}, {}
 
@@ -144,4 +152,6 @@ def calibration_tag(kind: Reservation, predictor_sha256: str, q: float | None) -
         return predictor_sha256
     if kind in ("oracle-peak", "current-context"):
         return kind
+    if kind == "pooled-first-call":
+        return f"{predictor_sha256}:{kind}"
     return f"benchmark-constant-q{0.9 if q is None else q:g}"

@@ -69,11 +69,11 @@ from basin_sim.experiments.help_format import DefaultsFormatter
 from basin_sim.experiments.predictions import (
     PredictionsError,
     ReservingPredictor,
-    load_predictor,
     online_revisions,
     reservation_multipliers,
 )
 from basin_sim.experiments.run_setup import NOT_RESERVING, Inputs, Reserving, Workload, reserving_for, run_spec
+from basin_sim.experiments.served import load_served
 from basin_sim.policies import policy_names
 from basin_sim.policies.base import AdmissionReport, PauseReport
 from basin_sim.profile import Deployment
@@ -112,6 +112,8 @@ class Cell:
     swept: dict[float, Reserving] = field(default_factory=dict)  # q -> m(q), revisions (peaks the served ones)
     ramp_step_s: float = RAMP_STEP_S  # simulated seconds per knee-ramp step
     peaks_tag: str = ""  # where the peaks come from beyond the model file (predictions.peaks_tag)
+    unselected: Reserving | None = None  # basin:no-selection: the pooled model file's peaks and m(q) (served.py)
+    unselected_tag: str = ""  # its peaks' tag
 
     def reserving_at(self, quantile: float | None) -> tuple[float | None, Reserving]:
         """(q, what Basin is told) at the served q (None) or a swept one."""
@@ -122,6 +124,10 @@ class Cell:
     def reserved_as(self, kind: Reservation, quantile: float | None = None) -> Reserving:
         """What Basin is told under a reservation kind (ablations.py) at the served q (None) or a swept one."""
         q, told = self.reserving_at(quantile)
+        if kind == "pooled-first-call":
+            if self.unselected is None:
+                raise ValueError(f"{self.name()}: basin:no-selection runs with its pooled peaks, which were not loaded")
+            return self.unselected
         peaks, multipliers = reservations(kind, self.pool, told.peaks, told.multipliers, q)
         return dataclasses.replace(told, peaks=peaks, multipliers=multipliers)
 
@@ -138,7 +144,7 @@ def _knee(cells: Mapping[CellKey, Cell], key: CellKey, kind: Reservation) -> Kne
     """A job: the knee ramp of one cell and reservation kind."""
     cell = cells[key]
     return measure_knee(cell.gpu_deployment(), cell.pool, cell.scenario, cell.overload_rate_per_s,
-                        cell.predictor_sha256 if kind == "predicted" else "none",  # no model file: none
+                        cell.predictor_sha256 if kind in ("predicted", "pooled-first-call") else "none",  # no file
                         cell.reservation_quantile, cell.reserved_as(kind).reserved(), cell.ramp_step_s)
 
 
@@ -378,11 +384,15 @@ def _cells(setup: CompareSetup) -> tuple[dict[CellKey, Cell], dict[CellKey, list
     base, _ = load_pool(inputs.sessions, inputs.synthetic)
     labels = {split_label(label)[0] for label in setup.labels}
     needs_model = "basin" in labels or any(label in ABLATIONS for label in labels)
-    predictor = load_predictor(inputs.model) if needs_model else None
+    predictor = load_served(inputs.model, inputs.first_call) if needs_model else None
     sha = file_sha256(inputs.model) if predictor is not None else "none"
     swept_qs = sorted({v.quantile for label in labels if (v := ABLATIONS.get(label)) is not None
                        and v.quantile is not None})
     loaded: dict[str, tuple[Workload, Reserving, dict[float, Reserving]]] = {}
+    unselected: dict[str, Reserving] = {}  # basin:no-selection's peaks per scenario (served.py: --first-call pooled)
+    pooled = dataclasses.replace(inputs, first_call="pooled")
+    wants_pooled = predictor is not None and "basin:no-selection" in labels and inputs.first_call != "pooled"
+    pooled_predictor = load_served(inputs.model, "pooled") if wants_pooled else None
     rates: dict[tuple[str, str], float] = {}
     cells: dict[CellKey, Cell] = {}
     cell_labels: dict[CellKey, list[str]] = {}
@@ -394,6 +404,10 @@ def _cells(setup: CompareSetup) -> tuple[dict[CellKey, Cell], dict[CellKey, list
                 loaded[scenario_name] = _predicted(catalog.load_scenario(scenario_name), base, predictor, inputs,
                                                    swept_qs)
                 tag = tag or (inputs.peaks_tag() if loaded[scenario_name][1].sources else "")
+                if pooled_predictor is not None:
+                    workload = loaded[scenario_name][0]
+                    unselected[scenario_name] = reserving_for(pooled_predictor, workload.pool, workload.token_scale,
+                                                              pooled, inputs.reservation_quantile, pooled.revise_at())
             workload, served, swept = loaded[scenario_name]
             for deployment_name in grid.deployments:
                 spec = catalog.load_deployment(deployment_name)
@@ -403,7 +417,9 @@ def _cells(setup: CompareSetup) -> tuple[dict[CellKey, Cell], dict[CellKey, list
                     key = (scenario_name, deployment_name, lending)
                     cells[key] = Cell(workload.scenario, spec, lending, workload.pool,
                                       rates[(scenario_name, deployment_name)], None, served,
-                                      inputs.reservation_quantile, sha, swept, setup.ramp_step_s, tag)
+                                      inputs.reservation_quantile, sha, swept, setup.ramp_step_s, tag,
+                                      unselected.get(scenario_name, served if predictor is not None else None),
+                                      pooled.peaks_tag() if wants_pooled else tag)
                     cell_labels[key] = list(dict.fromkeys([*cell_labels.get(key, []), *grid.labels]))
                     cell_seeds[key] = sorted({*cell_seeds.get(key, []), *(grid.seeds or setup.seeds)})
     return cells, cell_labels, cell_seeds
@@ -446,7 +462,8 @@ def _calibrated(cells: dict[CellKey, Cell], kinds: Mapping[CellKey, Sequence[Res
     keys = {(key, kind): knee_key(cell.gpu_deployment(), cell.pool, cell.scenario,
                                   calibration_tag(kind, cell.predictor_sha256, cell.reservation_quantile),
                                   cell.reservation_quantile, cell.ramp_step_s,
-                                  cell.peaks_tag if kind == "predicted" else "")
+                                  cell.peaks_tag if kind == "predicted" else
+                                  cell.unselected_tag if kind == "pooled-first-call" else "")
             for key, cell in cells.items() for kind in kinds[key]}
     records = {knee: cache.get(knee) for knee in set(keys.values())}
     first = {knee: job for job, knee in reversed(keys.items())}

@@ -29,7 +29,7 @@ from basin_runtime.session_table import Session
 DEFAULT_MODEL = Path("models/peak_predictor.onnx")
 DEFAULT_OUT_OF_FOLD = Path("data/nested/oof_predictions.parquet")
 PREDICTION_SOURCES = ("out-of-fold", "in-sample")
-OUT_OF_FOLD_COLUMN = "pooled_predicted"  # the shipped models/peak_predictor.onnx is the pooled model
+OUT_OF_FOLD_COLUMN = "pooled_predicted"  # the shipped models/peak_predictor.onnx is the pooled model (served.py: which)
 
 
 class PredictionsError(ValueError):
@@ -61,24 +61,32 @@ def load_predictor(path: Path) -> ReservingPredictor:
 
 
 def predict_pool(predictor: BatchPredictor, pool: Sequence[Session]) -> dict[str, float]:
-    """Pool session id -> predicted peak tokens, from task text and first prompt size only."""
+    """Pool session id -> predicted peak tokens, from task text and first prompt size only (by the file serving the
+    session's benchmark when the predictor has one per benchmark: `served.ServedByBenchmark.for_benchmark`)."""
+    route = getattr(predictor, "for_benchmark", None)
+    if route is not None:
+        out: dict[str, float] = {}
+        for bench in sorted({s.benchmark for s in pool}):
+            out |= predict_pool(route(bench), [s for s in pool if s.benchmark == bench])
+        return out
     peaks = predictor.predict_batch([s.task_text for s in pool], [s.first_prompt_tokens for s in pool])
     return {s.session_id: float(p) for s, p in zip(pool, peaks, strict=True)}
 
 
-def load_out_of_fold(path: Path) -> dict[str, float]:
-    """Session id -> its out-of-fold predicted peak, from the nested stage's table."""
+def load_out_of_fold(path: Path, column: str = OUT_OF_FOLD_COLUMN) -> dict[str, float]:
+    """Session id -> its out-of-fold predicted peak (`column`), from the nested stage's table."""
     import pyarrow.parquet as pq
 
     if not path.exists():
         raise PredictionsError(f"no out-of-fold predictions at {path}: build them with `make repro` (stage nested), "
                                "or pass --predictions in-sample (the shipped model on the sessions it was trained on)")
     try:
-        table = pq.read_table(path, columns=["session_id", OUT_OF_FOLD_COLUMN]).to_pydict()
+        table = pq.read_table(path, columns=["session_id", column]).to_pydict()
     except Exception as exc:  # pyarrow raises several kinds for a bad file
-        raise PredictionsError(f"{path}: not an out-of-fold table with session_id and {OUT_OF_FOLD_COLUMN} ({exc})") \
-            from exc
-    return {str(sid): float(p) for sid, p in zip(table["session_id"], table[OUT_OF_FOLD_COLUMN], strict=True)
+        raise PredictionsError(f"{path}: not an out-of-fold table with session_id and {column} ({exc}); a table "
+                               "written before issue 49 has no selected_predicted: re-run the nested stage "
+                               "(`make repro`) or pass --first-call pooled") from exc
+    return {str(sid): float(p) for sid, p in zip(table["session_id"], table[column], strict=True)
             if p is not None}
 
 
@@ -86,14 +94,15 @@ Peaks = tuple[dict[str, float], dict[str, int]]  # pool session id -> predicted 
 
 
 def pool_peaks(predictor: BatchPredictor, pool: Sequence[Session], source: str,
-               out_of_fold: Path = DEFAULT_OUT_OF_FOLD, token_scale: float = 1.0) -> Peaks:
+               out_of_fold: Path = DEFAULT_OUT_OF_FOLD, token_scale: float = 1.0,
+               column: str = OUT_OF_FOLD_COLUMN) -> Peaks:
     """(pool session id -> predicted peak, how many came from where) for a prediction source (see the rules).
 
     A pool scaled by `token_scale` (workload.median_peak_tokens) is predicted as recorded and the prediction
     scaled: the recipe's ridge on log peak with a log first-prompt feature, refitted on sessions all scaled
     by one factor, keeps its coefficients and moves its intercept by log(scale)."""
     recorded = pool if token_scale == 1.0 else [_unscaled(s, token_scale) for s in pool]
-    peaks, sources = _pool_peaks(predictor, recorded, source, out_of_fold)
+    peaks, sources = _pool_peaks(predictor, recorded, source, out_of_fold, column)
     return {sid: peak * token_scale for sid, peak in peaks.items()}, sources
 
 
@@ -103,12 +112,13 @@ def _unscaled(session: Session, token_scale: float) -> Session:
     return dataclasses.replace(session, calls=(dataclasses.replace(session.calls[0], prompt_tokens=first),))
 
 
-def _pool_peaks(predictor: BatchPredictor, pool: Sequence[Session], source: str, out_of_fold: Path) -> Peaks:
+def _pool_peaks(predictor: BatchPredictor, pool: Sequence[Session], source: str, out_of_fold: Path,
+                column: str = OUT_OF_FOLD_COLUMN) -> Peaks:
     if source == "in-sample":
         return predict_pool(predictor, pool), {"in-sample": len(pool)}
     if source != "out-of-fold":
         raise PredictionsError(f"unknown prediction source {source!r}; known: {', '.join(PREDICTION_SOURCES)}")
-    table = load_out_of_fold(out_of_fold)
+    table = load_out_of_fold(out_of_fold, column)
     held = [s for s in pool if s.session_id in table]
     others = [s for s in pool if s.session_id not in table]
     peaks = {s.session_id: table[s.session_id] for s in held}
@@ -117,14 +127,16 @@ def _pool_peaks(predictor: BatchPredictor, pool: Sequence[Session], source: str,
     return peaks, {"out-of-fold": len(held), "shipped model, session not in the training table": len(others)}
 
 
-def peaks_tag(source: str, out_of_fold: Path = DEFAULT_OUT_OF_FOLD) -> str:
+def peaks_tag(source: str, out_of_fold: Path = DEFAULT_OUT_OF_FOLD, served: str = "") -> str:
     """What a knee calibration's peaks depend on beyond the model file: '' in-sample, else the table's digest
-    (called once `pool_peaks` has read the table, so the file is known to be there)."""
+    (called once `pool_peaks` has read the table, so the file is known to be there); `served` (served.py's
+    `served_tag`: the per-benchmark files with selection on, '' off) is appended when set."""
+    suffix = f":{served}" if served else ""
     if source == "in-sample":
-        return ""
+        return served
     from basin_runtime.model_files import file_sha256
 
-    return f"out-of-fold:{file_sha256(out_of_fold)}"
+    return f"out-of-fold:{file_sha256(out_of_fold)}{suffix}"
 
 
 def model_sha256(path: Path) -> str:

@@ -42,7 +42,6 @@ from basin_sim.experiments.predictions import (
     ReservingPredictor,
     Revisions,
     load_out_of_fold,
-    load_predictor,
     model_sha256,
     online_revisions,
     peaks_tag,
@@ -52,6 +51,7 @@ from basin_sim.experiments.predictions import (
     reserved_peaks,
     revision_calls,
 )
+from basin_sim.experiments.served import FIRST_CALL_CHOICES, load_served, out_of_fold_column, served_tag
 from basin_sim.policies import policy_names, policy_spec
 from basin_sim.profile import SESSION_RADIX_CACHE_CHOICES, CacheKind, Deployment
 from basin_sim.run_spec import RunSpec
@@ -87,6 +87,11 @@ class Inputs:
         choices=PREDICTION_SOURCES)
     out_of_fold: Path = flag(DEFAULT_OUT_OF_FOLD, f"the out-of-fold table (default {DEFAULT_OUT_OF_FOLD}, built by "
                              "`make repro`)", type=Path)
+    first_call: str = flag(
+        "selected", "basin: the first-call predictor of each benchmark (issue 49): selected (the default: the file "
+        "train's selection shipped beside the model file, peak_predictor-<benchmark>.onnx, and the out-of-fold "
+        "peaks of the selected procedure) or pooled (the model file alone and its out-of-fold peaks: the ablation)",
+        choices=FIRST_CALL_CHOICES)
     rates_file: Path = flag(DEFAULT_RATES_FILE, "the overload-rate cache", type=Path)
     overload_rate: float | None = flag(None, "sessions/s that x_overload multiplies (default: measured for the "
                                        "deployment's shape and workload, cached in --rates-file)", type=float)
@@ -99,7 +104,7 @@ class Inputs:
 
     def peaks_tag(self) -> str:
         """What a knee calibration's peaks depend on beyond the model file (predictions.peaks_tag)."""
-        return peaks_tag(self.predictions, self.out_of_fold)
+        return peaks_tag(self.predictions, self.out_of_fold, served_tag(self.model, self.first_call))
 
 
 @dataclass(frozen=True)
@@ -169,7 +174,8 @@ NOT_RESERVING = Reserving()
 def reserving_for(predictor: ReservingPredictor, pool: Sequence[Session], scale: float, inputs: Inputs,
                   quantile: float | None, revise_at: Sequence[int] = ()) -> Reserving:
     """The predictor's peaks for `pool` (from `inputs.predictions`), its m(`quantile`) and revisions at `revise_at`."""
-    peaks, sources = pool_peaks(predictor, pool, inputs.predictions, inputs.out_of_fold, scale)
+    peaks, sources = pool_peaks(predictor, pool, inputs.predictions, inputs.out_of_fold, scale,
+                                out_of_fold_column(inputs.first_call))
     return Reserving(peaks, sources, reservation_multipliers(predictor, pool, quantile),
                      online_revisions(predictor, pool, peaks, quantile, revise_at))
 
@@ -244,9 +250,9 @@ def _check_inputs(setup: RunSetup) -> ReservingPredictor | None:
         raise UsageError(f"--calibration {setup.calibration}: no such file")
     if setup.policy != "basin":
         return None
-    predictor = load_predictor(setup.inputs.model)  # a missing or unusable file: PredictorError naming it
-    if setup.inputs.predictions == "out-of-fold":
-        load_out_of_fold(setup.inputs.out_of_fold)  # a missing table: PredictionsError naming it and `make repro`
+    predictor = load_served(setup.inputs.model, setup.inputs.first_call)  # an unusable file: PredictorError naming it
+    if setup.inputs.predictions == "out-of-fold":  # a missing table: PredictionsError naming it and `make repro`
+        load_out_of_fold(setup.inputs.out_of_fold, out_of_fold_column(setup.inputs.first_call))
     return predictor
 
 

@@ -15,6 +15,12 @@ training rows match the new model's within `parity_rtol`, is kept byte for byte 
 between machines, ~1e-5, would otherwise dirty git on every re-run; its metadata metrics are then the
 ones it was published with), and the stage's own copy in its output folder is replaced by the published
 bytes, so the simulate stage runs, and its metrics name (`predictor_sha256`), the model that ships.
+What ships for each benchmark is best.json's choice (`serving`, `basin_pipeline.selection`): its own model,
+the pooled model (the pooled file's bytes, and its online model, under the benchmark's name) or a length line
+(`basin_pipeline.length_line`, a hand-built graph with the same inputs, stamped with m(q) from the line's
+out-of-fold predictions on train's folds, parity-checked against the line as the others are against
+scikit-learn; it ships no online model, as none was trained on its predictions). A benchmark's own model that
+is not chosen is not shipped.
 The models are logged to MLflow with `mlflow.onnx`, registered (each version tagged with its CV
 metrics, params and training-data hash), and the best aliased `champion`.
 """
@@ -30,7 +36,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
@@ -40,10 +46,12 @@ from sklearn.pipeline import Pipeline
 from basin_pipeline import tracking
 from basin_pipeline.features import LENGTH_INPUTS, MODEL_INPUTS, model_frame
 from basin_pipeline.featurize import FrameSummary
-from basin_pipeline.onnx_export import serialize, set_metadata, to_onnx
+from basin_pipeline.length_line import line_out_of_fold
+from basin_pipeline.onnx_export import line_to_onnx, serialize, set_metadata, to_onnx
 from basin_pipeline.params import export_params, or_exit
-from basin_pipeline.reservations import shipping_multipliers
-from basin_pipeline.trained import FILE_NAME, TrainedModel, TrainedModels, TrainedModelsError
+from basin_pipeline.reservations import multiplier_table, shipping_multipliers
+from basin_pipeline.selection import OWN
+from basin_pipeline.trained import FILE_NAME, POOLED, ServingChoice, TrainedModel, TrainedModels, TrainedModelsError
 from basin_runtime.logs import configure_logging
 from basin_runtime.online import OnlineModel, online_file_name
 from basin_runtime.predictor import MAX_PEAK_TOKENS, SCHEMA_VERSION, PeakPredictor, PredictorError, model_file_name
@@ -62,6 +70,13 @@ AWKWARD_TEXTS = [
 # it may differ. Such rows are still run and their difference is logged, but they cannot fail export.
 KNOWN_DIFFERENCE = "\u0130"
 KNOWN_DIFFERENCE_TEXTS = ["İstanbul İİ ı"]
+
+
+class FramePredictor(Protocol):
+    """A fitted pipeline, or a length line: peak tokens of a model frame's rows."""
+
+    def predict(self, X: pd.DataFrame) -> Any:
+        ...
 
 
 class ParityError(RuntimeError):
@@ -100,7 +115,7 @@ def load_served(proto: ModelProto, expected_tokenizer: str | None) -> PeakPredic
         return PeakPredictor.load(path, expected_tokenizer=expected_tokenizer)
 
 
-def sklearn_served(model: Pipeline, sessions: ParitySet) -> np.ndarray:
+def sklearn_served(model: FramePredictor, sessions: ParitySet) -> np.ndarray:
     """scikit-learn's predictions, clamped as `PeakPredictor` documents (non-finite -> upper bound)."""
     texts = list(sessions.task_texts)
     first = np.asarray(sessions.first_prompt_tokens, dtype=np.float64)
@@ -109,7 +124,7 @@ def sklearn_served(model: Pipeline, sessions: ParitySet) -> np.ndarray:
     return np.clip(raw, np.maximum(first, 1.0), MAX_PEAK_TOKENS)
 
 
-def check_parity(model: Pipeline, predictor: PeakPredictor, sessions: ParitySet, rtol: float) -> float:
+def check_parity(model: FramePredictor, predictor: PeakPredictor, sessions: ParitySet, rtol: float) -> float:
     """Largest relative difference between the served predictor and scikit-learn; raises over `rtol`."""
     expected = sklearn_served(model, sessions)
     got = predictor.predict_batch(sessions.task_texts, sessions.first_prompt_tokens)
@@ -166,6 +181,61 @@ def export_one(name: str, record: TrainedModel, model: Pipeline, frame: pd.DataF
     return serialize(proto)
 
 
+def line_metadata(bench: str, choice: ServingChoice, summary: FrameSummary, parity: float | None,
+                  multipliers: dict[str, Any]) -> dict[str, str]:
+    """A length line file's `basin.*` metadata (as `metadata`'s keys); `parity` is None in the checked draft."""
+    if choice.line is None:
+        raise ValueError(f"{bench}: ships {choice.choice}, not a length line")
+    metrics: dict[str, Any] = {"cv_unseen_task_spearman": {bench: choice.cv_spearman.get(choice.choice)},
+                               "cv_candidates": dict(choice.cv_spearman)}
+    if parity is not None:
+        metrics["parity_max_rel"] = parity
+    return {
+        "basin.schema_version": SCHEMA_VERSION, "basin.model_name": bench, "basin.tokenizer": summary.tokenizer,
+        "basin.inputs": json.dumps(list(MODEL_INPUTS)), "basin.features": json.dumps([f"log1p({choice.line.column})"]),
+        "basin.benchmarks": json.dumps([bench]), "basin.training_data_sha256": summary.training_data_sha256,
+        "basin.synthetic": json.dumps(summary.synthetic),
+        "basin.params": json.dumps({"length_line": choice.line.to_json()}, sort_keys=True),
+        "basin.metrics": json.dumps(metrics, sort_keys=True),
+        "basin.reservation_multipliers": json.dumps(multipliers, sort_keys=True),
+    }
+
+
+def export_line(bench: str, choice: ServingChoice, frame: pd.DataFrame, summary: FrameSummary, rtol: float) -> bytes:
+    """A benchmark's length line as ONNX bytes, m(q) from its out-of-fold predictions, after the parity check."""
+    if choice.line is None:
+        raise ValueError(f"{bench}: ships {choice.choice}, not a length line")
+    rows = frame[frame["benchmark"].astype(str) == bench].reset_index(drop=True)
+    true = rows["peak_prompt_tokens"].to_numpy(dtype=np.float64)
+    predicted = line_out_of_fold(rows[choice.line.column].to_numpy(), true, rows["fold_unseen"].to_numpy())
+    multipliers = multiplier_table(true, predicted, rows["benchmark"].astype(str).to_numpy())
+    proto = line_to_onnx(choice.line, line_metadata(bench, choice, summary, None, multipliers))
+    parity = check_parity(choice.line, load_served(proto, summary.tokenizer), parity_set(rows), rtol)
+    log.info("%s: the length line on %s ships; served graph matches it within %.1e relative", bench,
+             choice.line.column, parity)
+    set_metadata(proto, line_metadata(bench, choice, summary, parity, multipliers))
+    return serialize(proto)
+
+
+def ship_choices(best: TrainedModels, written: dict[str, Path], out: Path, frame: pd.DataFrame,
+                 summary: FrameSummary, rtol: float) -> None:
+    """Each benchmark's file when it ships the pooled model or a length line (`written` gains it)."""
+    for bench, choice in best.serving_choices.items():
+        if choice.choice == OWN:
+            continue
+        path = out / model_file_name(bench)
+        online = online_file_name(path)
+        online.unlink(missing_ok=True)
+        if choice.line is None:  # the pooled model, with its online model, under the benchmark's name
+            shutil.copyfile(written[POOLED], path)
+            if online_file_name(written[POOLED]).exists():
+                shutil.copyfile(online_file_name(written[POOLED]), online)
+            log.info("%s: the pooled model ships", bench)
+        else:
+            path.write_bytes(export_line(bench, choice, frame, summary, rtol))
+        written[bench] = path
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m basin_pipeline.export", description=__doc__.splitlines()[0])
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
@@ -193,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
         log.info("%s: reservation multipliers m(q) for q %s: %s", name, table["quantiles"], table["by_benchmark"])
     written: dict[str, Path] = {}
     for name, record in best.items():
+        if name != POOLED and best.shipped(name) != OWN:
+            continue  # its file ships another candidate (`ship_choices`)
         with (args.train_dir / f"{name}.pkl").open("rb") as handle:
             model = pickle.load(handle)
         try:
@@ -206,6 +278,11 @@ def main(argv: list[str] | None = None) -> int:
         online = None if args.online_dir is None else args.online_dir / online_file_name(path).name
         if online is not None and online.exists():  # the online stage writes none for too few long sessions
             shutil.copyfile(online, online_file_name(path))
+    try:
+        ship_choices(best, written, args.out, frame, summary, params.parity_rtol)
+    except (ParityError, PredictorError) as exc:
+        log.error("%s", exc)
+        return 1
     publish_models(written, args.publish_dir, publish=params.publish and not summary.synthetic,
              synthetic=summary.synthetic, frame=frame, rtol=params.parity_rtol)
     _track(best, tracking.file_sha256(best_path), written, summary)
@@ -233,6 +310,8 @@ def publish_models(written: dict[str, Path], folder: Path, publish: bool, synthe
             for fresh, published in pair:  # the stage's file becomes the shipped bytes: what simulate runs is
                 shutil.copyfile(published, fresh)  # what ships (its SHA-256 in metrics/simulate.json)
             continue
+        if not online_file_name(path).exists():  # an online model of another first-call model would be refused
+            online_file_name(target).unlink(missing_ok=True)
         for fresh, published in pair:  # a first-call model and its online model go together
             shutil.copyfile(fresh, published)
             log.info("published %s", published)
@@ -288,6 +367,8 @@ def _track(best: TrainedModels, best_sha256: str, written: dict[str, Path], summ
                     "'export'", best_sha256[:12])
         run_id = tracking.log_run("export", {}, {}, {tracking.BEST_SHA_TAG: best_sha256})
     for name, path in written.items():
+        if name not in best or (name != POOLED and best.shipped(name) != OWN):
+            continue  # a length line or a copy of the pooled model: no record of its own to register
         record = best[name]
         tags = {"training_data_sha256": summary.training_data_sha256, "synthetic": json.dumps(summary.synthetic),
                 "params": json.dumps(record.params.to_dict(), sort_keys=True)}

@@ -31,10 +31,11 @@ def _load(path: Path) -> dict[str, Any]:
 
 
 def spearman_line(nested: dict[str, Any]) -> str:
-    """The nested unseen-task Spearman per benchmark (its shipped model: its own, else the pooled one)."""
+    """The nested unseen-task Spearman per benchmark: the selected procedure's (`basin_pipeline.selection`), or in
+    a file written before it, its shipped model's (its own, else the pooled one)."""
     parts = []
     for bench, entry in sorted(nested.get("unseen_task", {}).items()):
-        model = "own_model" if "own_model" in entry else "pooled_model"
+        model = "selected" if "selected" in entry else "own_model" if "own_model" in entry else "pooled_model"
         per_fold = entry.get(model, {}).get("per_fold", {})
         if per_fold.get("mean") is None:
             continue

@@ -27,9 +27,15 @@ Rules:
   reports how well that recipe does on rows it never tuned or fitted on.
 - The numbers are also logged as one MLflow run `nested` (`run_metrics`: each model's per-fold Spearman mean
   and sd per protocol and benchmark, the headline files'), a side channel nothing reads back.
+- Selected (`basin_pipeline.selection`): per (seed, outer fold, benchmark), the own model, the pooled
+  model and the two length lines are scored on the inner folds of the outer-train rows only (the tuned
+  models' inner predictions are their studies' chosen trials', kept, not refitted); the best there is
+  scored on the outer-test rows. `selected` is that whole procedure's score (the headline's), beside each
+  candidate's; `selected_chosen` counts the choices.
 - Out-of-fold predictions (`--predictions`): for the first fold seed of the unseen-task protocol, each
-  session's prediction by the pooled model and by its benchmark's own model (null without one), each
-  from the outer fold that held every run of its task out of tuning and fitting. The simulator
+  session's prediction by the pooled model, by its benchmark's own model (null without one) and by the
+  selected procedure (with the candidate it chose), each from the outer fold that held every run of its
+  task out of tuning and fitting. The simulator
   replays sessions with these (basin_sim/experiments/predictions.py `load_out_of_fold`), so no simulated session
   is predicted by a model that saw its task.
 """
@@ -52,9 +58,10 @@ import pandas as pd
 import scipy.sparse as sp
 from tqdm import tqdm
 
-from basin_pipeline import reservations, tracking
+from basin_pipeline import reservations, selection, tracking
 from basin_pipeline.fast_cv import EmptyVocabularyError, FoldFeaturizer
 from basin_pipeline.features import ModelParams
+from basin_pipeline.length_line import fit_line, predict_line
 from basin_pipeline.metrics_files import numbers_only, write_metrics
 from basin_pipeline.params import NestedParams, SearchSpace, nested_params, or_exit, train_params
 from basin_pipeline.scoring import mean_defined, spearman, spearman_by_benchmark
@@ -64,6 +71,7 @@ from basin_runtime.logs import configure_logging
 
 log = logging.getLogger(__name__)
 PROTOCOLS = ("unseen_task", "seen_task")
+SELECTED, SELECTED_CANDIDATE = "selected", "selected_candidate"  # out-of-fold keys beside the models' names
 BASELINES = {"constant": None, "first_prompt_only": "first_prompt_tokens", "task_chars_only": "task_chars"}
 
 
@@ -121,7 +129,15 @@ def fit_predict(featurizer: Splitter, params: ModelParams, train: np.ndarray, te
 def inner_study(frame: pd.DataFrame, featurizer: Splitter, rows: np.ndarray, labels: np.ndarray,
                 settings: Settings, seed: int) -> ModelParams:
     """Knobs chosen by a fresh study that sees only `rows` (inner folds `labels`), tuning's objective."""
+    return inner_study_predictions(frame, featurizer, rows, labels, settings, seed)[0]
+
+
+def inner_study_predictions(frame: pd.DataFrame, featurizer: Splitter, rows: np.ndarray, labels: np.ndarray,
+                            settings: Settings, seed: int) -> tuple[ModelParams, np.ndarray]:
+    """`inner_study`'s knobs and their inner out-of-fold predictions of `rows` (kept from the chosen trial,
+    so nothing is fitted twice)."""
     sub = frame.iloc[rows].reset_index(drop=True)
+    kept: dict[int, np.ndarray] = {}
 
     def objective(trial: optuna.Trial) -> float:
         params = suggest(trial, settings.search)
@@ -129,6 +145,7 @@ def inner_study(frame: pd.DataFrame, featurizer: Splitter, rows: np.ndarray, lab
             predicted = inner_out_of_fold(featurizer, params, rows, labels)
         except EmptyVocabularyError as exc:
             raise optuna.TrialPruned(str(exc)) from exc
+        kept[trial.number] = predicted
         return mean_defined(spearman_by_benchmark(sub, predicted))
 
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=seed))
@@ -136,23 +153,24 @@ def inner_study(frame: pd.DataFrame, featurizer: Splitter, rows: np.ndarray, lab
     if not any(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials):
         raise ValueError(f"nested: all {settings.trials} trials of an inner study ({len(rows)} rows) left an empty "
                          "vocabulary; raise nested.trials or narrow train.search.min_df / max_df")
-    return suggest(optuna.trial.FixedTrial(dict(study.best_trial.params)), settings.search)
+    best = study.best_trial
+    return suggest(optuna.trial.FixedTrial(dict(best.params)), settings.search), kept[best.number]
 
 
 def baseline_predict(frame: pd.DataFrame, name: str, train: np.ndarray, test: np.ndarray) -> np.ndarray:
     """A baseline fitted on `train`: its median (constant) or a log-log line of one number."""
-    true = np.log1p(frame["peak_prompt_tokens"].to_numpy(dtype=np.float64))
+    true = frame["peak_prompt_tokens"].to_numpy(dtype=np.float64)
     column = BASELINES[name]
     if column is None:
-        return np.full(len(test), float(np.expm1(np.median(true[train]))))
-    x = np.log1p(frame[column].to_numpy(dtype=np.float64))
-    if np.ptp(x[train]) == 0:
-        return np.full(len(test), float(np.expm1(np.mean(true[train]))))
-    slope, intercept = np.polyfit(x[train], true[train], 1)
-    return np.asarray(np.expm1(slope * x[test] + intercept), dtype=np.float64)
+        return np.full(len(test), float(np.expm1(np.median(np.log1p(true[train])))))
+    x = frame[column].to_numpy(dtype=np.float64)
+    return predict_line(*fit_line(x[train], true[train]), x[test])  # what a shipped length line computes
 
 
 Predictor = Callable[[np.ndarray, np.ndarray, int], np.ndarray]
+# (candidate, seed, outer fold, outer-train rows, their inner folds, their inner out-of-fold predictions,
+# outer-test rows, their predictions): what a run hands `selection.Candidates` (`candidate_recorder`)
+Recorder = Callable[[str, int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray], None]
 
 
 def score_seed(frame: pd.DataFrame, labels: np.ndarray, protocol: str, predict: Predictor,
@@ -210,12 +228,14 @@ def fold_reservations(frame: pd.DataFrame, featurizer: Splitter, params: ModelPa
 
 def model_predictor(frame: pd.DataFrame, featurizer: Splitter, labels: np.ndarray, protocol: str,
                     settings: Settings, seed: int, chosen: list[dict[str, Any]],
-                    reserved: list[dict[str, dict[str, Any]]] | None = None) -> Predictor:
+                    reserved: list[dict[str, dict[str, Any]]] | None = None,
+                    record: Recorder | None = None) -> Predictor:
     """Outer-fold predictions of the tuned model: inner study on the outer-train rows, refit, predict;
-    with `reserved`, each fold's reservation scores (`fold_reservations`) are appended to it."""
+    with `reserved`, each fold's reservation scores (`fold_reservations`) are appended to it; with `record`,
+    each fold's inner and outer predictions are handed to it (as candidate "model")."""
     def predict(train: np.ndarray, test: np.ndarray, fold: int) -> np.ndarray:
-        inner = assign(frame, train, settings.inner_folds, seed * 1000 + fold + 1, protocol)
-        params = inner_study(frame, featurizer, train, inner, settings, seed * 1000 + fold)
+        inner = inner_folds(frame, train, settings, seed, fold, protocol)
+        params, oof = inner_study_predictions(frame, featurizer, train, inner, settings, seed * 1000 + fold)
         chosen.append({"outer_fold": fold, **params.to_dict()})
         try:
             predicted = fit_predict(featurizer, params, train, test)
@@ -225,8 +245,68 @@ def model_predictor(frame: pd.DataFrame, featurizer: Splitter, labels: np.ndarra
                              "max_df") from exc
         if reserved is not None:
             reserved.append(fold_reservations(frame, featurizer, params, train, test, inner, predicted))
+        if record is not None:
+            record("model", seed, fold, train, inner, oof, test, predicted)
         return predicted
     return predict
+
+
+def inner_folds(frame: pd.DataFrame, train: np.ndarray, settings: Settings, seed: int, fold: int,
+                protocol: str) -> np.ndarray:
+    """The inner fold labels of an outer fold's training rows (the inner study's, and the selection's)."""
+    return assign(frame, train, settings.inner_folds, seed * 1000 + fold + 1, protocol)
+
+
+def baseline_predictor(frame: pd.DataFrame, name: str, settings: Settings, seed: int, protocol: str,
+                       record: Recorder | None = None) -> Predictor:
+    """Outer-fold predictions of a baseline; with `record`, also its predictions on the inner folds."""
+    def predict(train: np.ndarray, test: np.ndarray, fold: int) -> np.ndarray:
+        predicted = baseline_predict(frame, name, train, test)
+        if record is not None:
+            inner = inner_folds(frame, train, settings, seed, fold, protocol)
+            oof = np.full(len(train), np.nan)
+            for f in np.unique(inner):
+                oof[inner == f] = baseline_predict(frame, name, train[inner != f], train[inner == f])
+            record(name, seed, fold, train, inner, oof, test, predicted)
+        return predicted
+    return predict
+
+
+def candidate_recorder(frame: pd.DataFrame, protocol: str, candidates: selection.Candidates,
+                       model_candidate: str) -> Recorder:
+    """A `Recorder` filing, per benchmark of each outer fold, a candidate's score on the inner folds (their
+    scored rows, as the outer folds') and its scored outer-test predictions in `candidates` (the tuned model
+    under `model_candidate`)."""
+    true = frame["peak_prompt_tokens"].to_numpy(dtype=np.float64)
+    benches = frame["benchmark"].astype(str).to_numpy()
+    ids = frame["session_id"].astype(str).to_numpy()
+
+    def record(name: str, seed: int, fold: int, train: np.ndarray, inner: np.ndarray, oof: np.ndarray,
+               test: np.ndarray, predicted: np.ndarray) -> None:
+        scored_inner = np.zeros(len(train), dtype=bool)
+        for f in np.unique(inner):
+            at = np.flatnonzero(inner == f)
+            scored_inner[at[np.isin(train[at], scored_rows(frame, train[inner != f], train[at], protocol))]] = True
+        scored = np.isin(test, scored_rows(frame, train, test, protocol))
+        for bench in np.unique(benches[test]):
+            mine, out = scored_inner & (benches[train] == bench), scored & (benches[test] == bench)
+            entry = selection.FoldCandidate(selection.inner_score(oof[mine], true[train][mine], inner[mine]),
+                                            tuple(ids[test][out]), predicted[out], true[test][out])
+            candidates.add(seed, fold, str(bench), model_candidate if name == "model" else name, entry)
+    return record
+
+
+def selected_scores(candidates: selection.Candidates, seeds: list[int]) -> dict[str, dict[str, Any]]:
+    """Per benchmark: the selected procedure's scores (as each model's) and how often each candidate was chosen."""
+    out: dict[str, dict[str, Any]] = {}
+    for bench, entry in candidates.selected(seeds).items():
+        per_seed = entry["per_seed"]
+        out[bench] = {"selected": {"per_fold": repeated(per_seed, "per_fold"),
+                                   "pooled_over_rows": repeated(per_seed, "pooled_over_rows"),
+                                   "undefined_folds": [r["undefined_folds"] for r in per_seed],
+                                   "scored_rows": [r["scored_rows"] for r in per_seed]},
+                      "selected_chosen": entry["chosen"]}
+    return out
 
 
 def repeated(per_seed: list[dict[str, Any]], key: str) -> dict[str, Any]:
@@ -239,10 +319,12 @@ def repeated(per_seed: list[dict[str, Any]], key: str) -> dict[str, Any]:
 
 def nested_scores(frame: pd.DataFrame, protocol: str, seeds: list[int], settings: Settings,
                   featurizer: Splitter, *, with_baselines: bool, with_reservations: bool = False,
-                  predictions: list[np.ndarray] | None = None) -> dict[str, dict[str, Any]]:
+                  predictions: list[np.ndarray] | None = None,
+                  record: Recorder | None = None) -> dict[str, dict[str, Any]]:
     """Per benchmark: the nested model's (and the baselines') per-seed scores, then mean and sd; with
     reservations, their scores over every (seed, outer fold) under `reservations`; with `predictions`,
-    the model's outer-fold predictions of every row for each seed are appended to it."""
+    the model's outer-fold predictions of every row for each seed are appended to it; with `record`, every
+    fold's inner and outer predictions of the model and the baselines (`Recorder`)."""
     runs: dict[str, list[dict[str, Any]]] = {"model": [], **({b: [] for b in BASELINES} if with_baselines else {})}
     chosen: dict[int, list[dict[str, Any]]] = {}
     reserved: list[dict[str, dict[str, Any]]] | None = [] if with_reservations else None
@@ -250,11 +332,10 @@ def nested_scores(frame: pd.DataFrame, protocol: str, seeds: list[int], settings
         labels = assign(frame, np.arange(len(frame)), settings.outer_folds, seed, protocol)
         chosen[seed] = []
         runs["model"].append(score_seed(frame, labels, protocol, model_predictor(
-            frame, featurizer, labels, protocol, settings, seed, chosen[seed], reserved), predictions))
+            frame, featurizer, labels, protocol, settings, seed, chosen[seed], reserved, record), predictions))
         for name in runs.keys() - {"model"}:
-            def predict(train: np.ndarray, test: np.ndarray, fold: int, name: str = name) -> np.ndarray:
-                return baseline_predict(frame, name, train, test)
-            runs[name].append(score_seed(frame, labels, protocol, predict))
+            runs[name].append(score_seed(frame, labels, protocol, baseline_predictor(
+                frame, name, settings, seed, protocol, record if name in selection.CANDIDATES else None)))
     out: dict[str, dict[str, Any]] = {}
     for bench in sorted(runs["model"][0]):
         out[bench] = {name: {"per_fold": repeated([r[bench] for r in per_seed], "per_fold"),
@@ -297,6 +378,8 @@ def report(frame: pd.DataFrame, params: NestedParams, search: SearchSpace,
     """Nested scores of the pooled model and each benchmark's own model, with baselines, per protocol; with
     `out_of_fold`, each model's unseen-task predictions of the first seed by session id, under its name."""
     settings = Settings(params.outer_folds, params.inner_folds, params.trials, search)
+    if "session_id" not in frame:  # the selection matches candidates' rows by session id (`candidate_recorder`)
+        frame = frame.assign(session_id=[f"row-{i}" for i in range(len(frame))])
     result: dict[str, Any] = {"settings": {"seeds": list(params.seeds), "outer_folds": params.outer_folds,
                                            "inner_folds": params.inner_folds, "trials": params.trials},
                               "notes": NOTES}
@@ -307,15 +390,18 @@ def report(frame: pd.DataFrame, params: NestedParams, search: SearchSpace,
             continue
         benches = repeated_tasks(frame) if protocol == "seen_task" else sorted(frame["benchmark"].astype(str).unique())
         section: dict[str, Any] = {b: {"protocol": protocol_text(protocol, params)} for b in benches}
+        candidates = selection.Candidates()
         for name, subset in tqdm(subsets.items(), desc=f"nested {protocol}", unit=" model"):
             if name != "pooled" and name not in benches:
                 continue
             rows = subset.reset_index(drop=True)  # the pooled model learns from every benchmark's rows
             started = time.monotonic()
             kept: list[np.ndarray] = []
+            record = candidate_recorder(rows, protocol, candidates,
+                                        selection.POOLED_MODEL if name == "pooled" else selection.OWN)
             scores = nested_scores(rows, protocol, list(params.seeds), settings, FoldFeaturizer(rows, sizes),
                                    with_baselines=name != "pooled", with_reservations=protocol == "unseen_task",
-                                   predictions=kept)
+                                   predictions=kept, record=record)
             if out_of_fold is not None and protocol == "unseen_task":
                 out_of_fold[name] = pd.Series(kept[0], index=rows["session_id"].to_numpy())
             log.info("%s %s: %.0f s", protocol, name, time.monotonic() - started)
@@ -327,6 +413,13 @@ def report(frame: pd.DataFrame, params: NestedParams, search: SearchSpace,
                     section[bench][f"{key}_reservations"] = {"protocol": reservations_text(params),
                                                              **entry.pop("reservations")}
                 section[bench].update(entry)  # baselines (from the own model's run)
+        for bench, entry in selected_scores(candidates, list(params.seeds)).items():
+            if bench in section:
+                section[bench].update(entry)
+        if out_of_fold is not None and protocol == "unseen_task":
+            picked = candidates.predictions(params.seeds[0])
+            out_of_fold[SELECTED] = pd.Series({sid: p for sid, (p, _) in picked.items()}, dtype="float64")
+            out_of_fold[SELECTED_CANDIDATE] = pd.Series({sid: c for sid, (_, c) in picked.items()}, dtype=object)
         result[protocol] = section
     return result
 
@@ -347,6 +440,11 @@ NOTES = {
         "outer-train true peaks. mean, sd, min over every (seed, outer fold)."),
     "own_model / pooled_model": "a fresh Optuna study per outer fold on its inner folds, the chosen knobs "
                                 "refitted on the outer-train rows.",
+    "selected": "the whole procedure that picks the shipped predictor (basin_pipeline.selection): in each outer "
+                "fold, the own model, the pooled model and the two length lines are scored on the inner folds of "
+                "the outer-train rows only (per-fold Spearman), the best is chosen there and scored on the "
+                "outer-test rows; `selected_chosen` counts the choices over every (seed, outer fold). The "
+                "headline's number.",
 }
 
 
@@ -393,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-MODELS = ("own_model", "pooled_model", "first_prompt_only", "task_chars_only")
+MODELS = ("selected", "own_model", "pooled_model", "first_prompt_only", "task_chars_only")
 
 
 def run_metrics(result: dict[str, Any]) -> dict[str, Any]:
@@ -418,9 +516,12 @@ def out_of_fold_table(frame: pd.DataFrame, out_of_fold: dict[str, pd.Series], pa
     table["seed"] = seed
     table["outer_fold"] = assign(frame, np.arange(len(frame)), params.outer_folds, seed, "unseen_task")
     table["pooled_predicted"] = table["session_id"].map(out_of_fold["pooled"]).astype("float64")
-    own = pd.concat([series for name, series in out_of_fold.items() if name != "pooled"]) if len(out_of_fold) > 1 \
-        else pd.Series(dtype="float64")
+    models = [series for name, series in out_of_fold.items() if name not in ("pooled", SELECTED, SELECTED_CANDIDATE)]
+    own = pd.concat(models) if models else pd.Series(dtype="float64")
     table["own_predicted"] = table["session_id"].map(own).astype("float64")
+    if SELECTED in out_of_fold:
+        table["selected_predicted"] = table["session_id"].map(out_of_fold[SELECTED]).astype("float64")
+        table["selected_candidate"] = table["session_id"].map(out_of_fold[SELECTED_CANDIDATE]).astype(object)
     return table.reset_index(drop=True)
 
 
@@ -431,20 +532,26 @@ def write_out_of_fold(path: Path, frame: pd.DataFrame, out_of_fold: dict[str, pd
 
 
 def headline(result: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """The headline files' contents, by benchmark name, for the model that ships for each benchmark
-    (its own, else the pooled one): `spearman_unseen` and `spearman_seen` (per-fold mean Spearman under
-    each protocol) and `cover90` (outer-fold coverage of its 0.9 multiplier). One file per number, so
-    `dvc metrics show` is a row per number and a column per benchmark."""
+    """The headline files' contents, by benchmark name: `spearman_unseen` and `spearman_seen` (per-fold mean
+    Spearman under each protocol) of the selected procedure (`selection`: the choice between the models and
+    the length lines made on inner folds, scored whole), else of the model that ships for each benchmark
+    (its own, else the pooled one), and `cover90` (outer-fold coverage of that tuned model's 0.9 multiplier).
+    One file per number, so `dvc metrics show` is a row per number and a column per benchmark."""
     out: dict[str, dict[str, Any]] = {"spearman_unseen": {}, "spearman_seen": {}, "cover90": {}}
     for bench, entry in result.get("unseen_task", {}).items():
         model = "own_model" if "own_model" in entry else "pooled_model"
         name = str(bench)
         seen = result.get("seen_task", {}).get(bench, {})
         cover = entry.get(f"{model}_reservations", {}).get("model", {}).get("0.9", {}).get("coverage", {})
-        out["spearman_unseen"][name] = entry.get(model, {}).get("per_fold", {}).get("mean")
-        out["spearman_seen"][name] = seen.get(model, {}).get("per_fold", {}).get("mean")
+        out["spearman_unseen"][name] = entry.get(_ranked(entry, model), {}).get("per_fold", {}).get("mean")
+        out["spearman_seen"][name] = seen.get(_ranked(seen, model), {}).get("per_fold", {}).get("mean")
         out["cover90"][name] = cover.get("mean")
     return {file: numbers_only(values) for file, values in out.items()}
+
+
+def _ranked(entry: dict[str, Any], model: str) -> str:
+    """The entry's key whose Spearman the headline shows: the selected procedure's where scored, else `model`."""
+    return "selected" if "selected" in entry else model
 
 
 def _fmt(value: dict[str, Any]) -> str:

@@ -3,7 +3,8 @@
 From ../shared/design/ONNX_NOTES.md: TF-IDF needs the converter options `locale: C.UTF-8` (else the
 session fails to load) and an RE2 token pattern (else non-ASCII text is cut differently); `Log1p` and
 `LogRidge` get small converters here so the graph itself outputs tokens; bytes are made reproducible
-by a fixed graph name and a sorted opset list.
+by a fixed graph name and a sorted opset list. A length line (`basin_pipeline.length_line`) is a graph of six
+elementwise nodes built here by hand, with the same three inputs and output as a pipeline's graph.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import ModelProto
+from onnx import ModelProto, TensorProto, helper
 from skl2onnx import convert_sklearn, update_registered_converter
 from skl2onnx.algebra.onnx_ops import OnnxAdd, OnnxExp, OnnxLog, OnnxMatMul, OnnxSub
 from skl2onnx.common.data_types import FloatTensorType, StringTensorType
@@ -22,6 +23,7 @@ from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.pipeline import Pipeline
 
 from basin_pipeline.features import LENGTH_INPUTS, RE2_TOKEN_PATTERN, TEXT_INPUT, Log1p, LogRidge
+from basin_pipeline.length_line import LengthLine
 
 OUTPUT_NAME = "peak_tokens"
 GRAPH_NAME = "basin_peak_predictor"
@@ -70,6 +72,32 @@ def to_onnx(model: Pipeline, metadata: Mapping[str, str]) -> ModelProto:
     proto.opset_import.extend(ordered)
     proto.producer_name, proto.producer_version, proto.doc_string = "basin", "1", ""
     proto.graph.doc_string = ""
+    set_metadata(proto, metadata)
+    onnx.checker.check_model(proto)
+    return proto
+
+
+def line_to_onnx(line: LengthLine, metadata: Mapping[str, str]) -> ModelProto:
+    """A length line as ONNX: peak_tokens = exp(slope * log(1 + column) + intercept) - 1; the other inputs
+    are declared (every predictor file takes the same three) and not read."""
+    nodes = [
+        helper.make_node("Add", [line.column, "one"], ["x1"]),
+        helper.make_node("Log", ["x1"], ["log_x"]),
+        helper.make_node("Mul", ["log_x", "slope"], ["slope_x"]),
+        helper.make_node("Add", ["slope_x", "intercept"], ["z"]),
+        helper.make_node("Exp", ["z"], ["e"]),
+        helper.make_node("Sub", ["e", "one"], [OUTPUT_NAME]),
+    ]
+    initializers = [helper.make_tensor("one", TensorProto.FLOAT, [], [1.0]),
+                    helper.make_tensor("slope", TensorProto.FLOAT, [], [line.slope]),
+                    helper.make_tensor("intercept", TensorProto.FLOAT, [], [line.intercept])]
+    inputs = [helper.make_tensor_value_info(TEXT_INPUT, TensorProto.STRING, [None, 1])]
+    inputs += [helper.make_tensor_value_info(name, TensorProto.FLOAT, [None, 1]) for name in LENGTH_INPUTS]
+    graph = helper.make_graph(nodes, GRAPH_NAME, inputs,
+                              [helper.make_tensor_value_info(OUTPUT_NAME, TensorProto.FLOAT, [None, 1])], initializers)
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", TARGET_OPSET)], producer_name="basin")
+    proto.ir_version = 8
+    proto.producer_version, proto.doc_string = "1", ""
     set_metadata(proto, metadata)
     onnx.checker.check_model(proto)
     return proto

@@ -107,10 +107,16 @@ def shipping_multipliers(frame: pd.DataFrame, chosen: TrainedModels,
         predicted = _out_of_fold(rows, record, folds_column)
         benches = rows["benchmark"].astype(str).to_numpy()
 
-        everything = np.ones(len(rows), dtype=bool)
-        out[name] = {"quantiles": list(qs), "all": _grid(true, predicted, everything, qs),
-                     "by_benchmark": {b: _grid(true, predicted, benches == b, qs) for b in sorted(set(benches))}}
+        out[name] = multiplier_table(true, predicted, benches, qs)
     return out
+
+
+def multiplier_table(true: np.ndarray, predicted: np.ndarray, benches: np.ndarray,
+                     qs: Sequence[float] = SHIPPED_QUANTILES) -> dict[str, Any]:
+    """One file's `basin.reservation_multipliers` table from out-of-fold predictions of its rows."""
+    everything = np.ones(len(true), dtype=bool)
+    return {"quantiles": list(qs), "all": _grid(true, predicted, everything, qs),
+            "by_benchmark": {b: _grid(true, predicted, benches == b, qs) for b in sorted(set(benches))}}
 
 
 def _grid(true: np.ndarray, predicted: np.ndarray, at: np.ndarray, qs: Sequence[float]) -> list[float]:

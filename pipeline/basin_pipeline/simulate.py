@@ -6,12 +6,13 @@ Terminal-Bench scenario that overloads the paper's node here) on its 1P3D H200 (
 basin-proto, basin), and Basin on the steady reference (`simulate.steady_scenario`), every run
 over `simulate.seeds` (10): the grid runs through `basin_sim.experiments.compare.run_grids`, so a cell is
 calibrated, cached and run exactly as `basin-sim compare` runs it. Basin reserves m(q) x each
-predicted peak (m from the model file for the session's benchmark, q = `simulate.reservation_quantile`,
-as the gateway serves); each peak is the nested stage's out-of-fold prediction (a model that never saw
-the session's task: `--out-of-fold`; `--predictions in-sample` for the shipped model's own, a
-near-oracle), so no online revision applies; in the budget of the knee ramp measured with these peaks
-at this q (cached by the model's SHA-256 and the table's in data/sim/calibrations.json, and written
-to `--out-calibration`, a file the gateway reads).
+predicted peak (m from the file serving the session's benchmark, q = `simulate.reservation_quantile`,
+as the gateway serves: the `peak_predictor-<benchmark>.onnx` beside the model, train's selection, unless
+`--first-call pooled`); each peak is the nested stage's out-of-fold prediction (the selected procedure's, a
+choice and models that never saw the session's task: `--out-of-fold`; `--predictions in-sample` for the
+shipped models' own, a near-oracle), so no online revision applies; in the budget of the knee ramp
+measured with these peaks at this q (cached by the model's SHA-256 and the table's in
+data/sim/calibrations.json, and written to `--out-calibration`, a file the gateway reads).
 
 Every seed of a cell sees the same arrivals for every policy, so the ratios are paired: per seed,
 Basin's goodput over Continuum's (same surge; the prototype's too, when it runs) and over its own
@@ -83,7 +84,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="the knee-calibration cache (measured on first use for this model file)")
     parser.add_argument("--overload-rate", type=float, help="use this overload rate instead (sessions/s; tests)")
     parser.add_argument("--synthetic", action="store_true", help="the synthetic corpus instead of --sessions")
-    add_flags(parser, Inputs, only=("predictions", "out_of_fold"))
+    add_flags(parser, Inputs, only=("predictions", "out_of_fold", "first_call"))
     parser.add_argument("--ramp-step-s", type=float, default=RAMP_STEP_S,
                         help="simulated seconds per knee-ramp step (tests: shorter)")
     return parser
@@ -104,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
              compare.Grid((params.steady_scenario,), (params.deployment,), None, ("basin",)))
     inputs = Inputs(sessions=args.sessions, synthetic=args.synthetic, model=args.model,
                     reservation_quantile=params.reservation_quantile, predictions=args.predictions,
-                    out_of_fold=args.out_of_fold, rates_file=args.rates_file, overload_rate=args.overload_rate,
+                    out_of_fold=args.out_of_fold, first_call=args.first_call, rates_file=args.rates_file,
+                    overload_rate=args.overload_rate,
                     calibrations_file=args.calibrations_file)
     result = compare.run_grids(compare.CompareSetup(grids, params.seeds, inputs, args.ramp_step_s,
                                                     jobs=args.jobs))

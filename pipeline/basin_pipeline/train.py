@@ -5,6 +5,10 @@ unseen-task Spearman; the final pipeline is then fitted on all of that model's r
 a nested MLflow run under one parent run per training, which carries each model's CV objective and
 per-benchmark CV Spearman as metrics.
 
+What ships for each benchmark (best.json's `serving`, `basin_pipeline.selection`): its own model, the pooled
+model or a length line, whichever ranks best by per-fold Spearman on the same task-grouped folds
+(`fold_unseen`), each tuned model from its chosen knobs' out-of-fold predictions, each line refitted per fold.
+
 Outputs a user compares across experiments are small and kept in git (`metrics/`): the chosen
 configuration's CV objective per model (--metrics) and the trial history, one row per trial with its
 study's `model`, drawn one series per study (--trials, the `trials` plot template in .dvc/plots).
@@ -16,21 +20,25 @@ import argparse
 import logging
 import pickle
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import optuna
 import pandas as pd
 from sklearn.pipeline import Pipeline
 from tqdm import tqdm
 
-from basin_pipeline import tracking
-from basin_pipeline.features import build_model
+from basin_pipeline import selection, tracking
+from basin_pipeline.fast_cv import FoldFeaturizer
+from basin_pipeline.features import ModelParams, build_model
 from basin_pipeline.featurize import FrameSummary
+from basin_pipeline.length_line import LengthLine, line_out_of_fold
 from basin_pipeline.metrics_files import SIGNIFICANT_DIGITS, write_metrics
 from basin_pipeline.params import TrainParams, or_exit, train_params
-from basin_pipeline.trained import FILE_NAME, POOLED, TrainedModel, TrainedModels
+from basin_pipeline.trained import FILE_NAME, POOLED, ServingChoice, TrainedModel, TrainedModels
 from basin_pipeline.tuning import TrialResult, best_params, run_study
 from basin_runtime.logs import configure_logging
 
@@ -118,7 +126,10 @@ def main(argv: list[str] | None = None) -> int:
             models[name] = trained.record
             log.info("%s: unseen-task Spearman %.3f with %s", name, trained.record.cv_objective,
                      trained.record.params.to_dict())
-        best = TrainedModels(models)
+        best = TrainedModels(models, serving_choices(frame, models))
+        for bench, choice in best.serving_choices.items():
+            log.info("%s ships %s (per-fold Spearman on train's folds: %s)", bench, choice.choice,
+                     {k: None if v is None else round(v, 3) for k, v in choice.cv_spearman.items()})
         tracking.log_metrics(parent_metrics(best))
         best_path = args.out / FILE_NAME
         best.write(best_path)
@@ -130,6 +141,33 @@ def main(argv: list[str] | None = None) -> int:
     if args.metrics:
         write_metrics(args.metrics, train_metrics(best))
     return 0
+
+
+def serving_choices(frame: pd.DataFrame, models: Mapping[str, TrainedModel],
+                    folds_column: str = "fold_unseen") -> dict[str, ServingChoice]:
+    """Per benchmark: the candidate that ranks best on `folds_column`'s folds (`selection.choose`)."""
+    frame = frame.reset_index(drop=True)
+    folds = frame[folds_column].to_numpy()
+    pooled = _out_of_fold(frame, models[POOLED].params, folds)
+    out: dict[str, ServingChoice] = {}
+    for bench in sorted(str(b) for b in frame["benchmark"].unique()):
+        at = np.flatnonzero((frame["benchmark"].astype(str) == bench).to_numpy() & (folds >= 0))
+        rows, true = frame.iloc[at].reset_index(drop=True), frame["peak_prompt_tokens"].to_numpy(np.float64)[at]
+        predicted = {selection.POOLED_MODEL: pooled[at]}
+        if bench in models:
+            predicted[selection.OWN] = _out_of_fold(rows, models[bench].params, folds[at])
+        for name, column in selection.LINE_COLUMNS.items():
+            predicted[name] = line_out_of_fold(rows[column].to_numpy(), true, folds[at])
+        scores = {name: selection.inner_score(p, true, folds[at]) for name, p in predicted.items()}
+        choice = selection.choose(scores)
+        line = LengthLine.fit(rows, selection.LINE_COLUMNS[choice]) if choice in selection.LINE_COLUMNS else None
+        out[bench] = ServingChoice(choice, scores, line)
+    return out
+
+
+def _out_of_fold(rows: pd.DataFrame, params: ModelParams, folds: np.ndarray) -> np.ndarray:
+    """Out-of-fold predictions of `params` over `rows` (folds < 0: never held out, NaN)."""
+    return FoldFeaturizer(rows, [params.ngram_max]).out_of_fold(params, folds)
 
 
 def stable_for_pickle(model: Any) -> Any:

@@ -401,8 +401,11 @@ def test_basin_takes_each_peak_from_the_out_of_fold_table_by_default_and_names_a
     held = ids[: len(ids) // 2]  # the other half is not in the table: predicted by the shipped model, counted
     table = tmp_path / "oof.parquet"
     pq.write_table(pa.table({"session_id": held, "pooled_predicted": [50_000.0] * len(held)}), table)
+    # issue 49: a table with the pooled model's column only, so the pooled first call, named (the default is now
+    # the selected procedure's column, tests/sim/test_first_call_selection.py)
     argv = ["run", "--scenario", files["scenario"], "--deployment", files["deployment"], "--policy", "basin",
-            "--json", "--quiet", "--sessions", files["sessions"], *RATE, "--no-calibration", "--model", str(model)]
+            "--json", "--quiet", "--sessions", files["sessions"], *RATE, "--no-calibration", "--model", str(model),
+            "--first-call", "pooled"]
     assert main([*argv, "--out-of-fold", str(table)]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["predictions"] == {"out-of-fold": len(held),

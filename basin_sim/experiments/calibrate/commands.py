@@ -57,8 +57,8 @@ from basin_sim.experiments.calibrate.sweep import (
     with_tool_time_scale,
 )
 from basin_sim.experiments.flags import from_flags
-from basin_sim.experiments.predictions import load_predictor
 from basin_sim.experiments.run_setup import Workload, reserving_for
+from basin_sim.experiments.served import load_served
 from basin_sim.profile import Deployment
 from basin_sim.workload.pool import load_pool
 from basin_sim.workload.scenarios import Scenario
@@ -100,7 +100,7 @@ def _knee_ramp(setup: KneeSetup) -> RampRun:
     reservations = None
     if setup.model is not None:
         inputs = setup.inputs
-        told = reserving_for(load_predictor(setup.model), workload.pool, workload.token_scale, inputs,
+        told = reserving_for(load_served(setup.model, inputs.first_call), workload.pool, workload.token_scale, inputs,
                              inputs.reservation_quantile)
         reservations = told.reserved(setup.reservation_scale)
     deployment = catalog.load_deployment(setup.deployment).build(setup.steps.cache)

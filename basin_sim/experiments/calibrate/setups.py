@@ -74,7 +74,7 @@ class KneeSetup:
     model: Path | None = flag(DEFAULT_MODEL, "the served peak predictor: measures the reservation ratio (default: "
                               "the shipped pooled model)", type=Path)
     # the ramp reserves first-call reservations: no revisions
-    inputs: Inputs = section(Inputs, only=("reservation_quantile", "predictions", "out_of_fold"))
+    inputs: Inputs = section(Inputs, only=("reservation_quantile", "predictions", "out_of_fold", "first_call"))
     reservation_scale: float = flag(1.0, "a further factor on each reservation (ablations; default 1)", type=float)
     source: WorkloadSource = section(WorkloadSource)
     steps: RampSteps = section(RampSteps)
@@ -103,8 +103,8 @@ def add_setup_flags(parser: argparse.ArgumentParser, command: str) -> None:
         _add(parser, KneeSetup, "out", "model")
         parser.add_argument("--no-model", dest="model", action="store_const", const=None,
                             help="no predictor: the calibration file holds no reservation_ratio (prototype mode)")
-        _add(parser, KneeSetup, "reservation_quantile", "predictions", "out_of_fold", "reservation_scale",
-             "deployment")
+        _add(parser, KneeSetup, "reservation_quantile", "predictions", "out_of_fold", "first_call",
+             "reservation_scale", "deployment")
     else:
         _add(parser, RampSetup, "deployment")
         add_executor_options(parser)
