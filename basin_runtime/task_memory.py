@@ -57,6 +57,17 @@ def shrunk_peak(predicted_tokens: float, peaks: Sequence[float], k: float | None
 
 
 @dataclass(frozen=True)
+class Shrinkage:
+    """The memory switched on, with the pipeline's k (None: the fit found the memory does not help, w = 0)."""
+
+    k: float | None
+
+    def peak(self, predicted_tokens: float, peaks: Sequence[float]) -> float:
+        """`shrunk_peak` with this k."""
+        return shrunk_peak(predicted_tokens, peaks, self.k)
+
+
+@dataclass(frozen=True)
 class Finished:
     """One finished session of a task: its trajectory, its peak context and when it ended."""
 
@@ -100,8 +111,8 @@ class TaskMemory:
         return len(self._tasks)
 
 
-def load_shrinkage(path: Path = TASK_MEMORY_FILE) -> float | None:
-    """The fitted k of the pipeline's task-memory file (None: the fit found the memory does not help)."""
+def load_shrinkage(path: Path = TASK_MEMORY_FILE) -> Shrinkage:
+    """The fitted k of the pipeline's task-memory file (k None: the fit found the memory does not help)."""
     if not path.is_file():
         raise TaskMemoryError(f"no task-memory file at {path}: build it with `make repro` (stage task_memory)")
     try:
@@ -113,4 +124,4 @@ def load_shrinkage(path: Path = TASK_MEMORY_FILE) -> float | None:
     k = data.get("k")
     if k is not None and (isinstance(k, bool) or not isinstance(k, int | float) or not math.isfinite(k) or k < 0):
         raise TaskMemoryError(f"{path}: key 'k' is {k!r}; expected a finite number >= 0 or null")
-    return None if k is None else float(k)
+    return Shrinkage(None if k is None else float(k))

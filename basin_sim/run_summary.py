@@ -52,6 +52,8 @@ Rules:
   per-minute series, the series itself by engine minute, warm-up included, increases, decreases, sessions
   deferred at the door and their wait there, in all and the mean), keys written after `session_cache`
   and only for a policy with a window (every other policy's JSON keeps its keys as before).
+- Memory of finished tasks (Basin with the memory on): `TaskMemoryReport` (sessions told a peak, memory
+  hits), keys written last and only with the memory on (every other run's JSON keeps its keys as before).
 - A run's summary is a frozen `RunSummary`; `to_json` is the one place it becomes the JSON object the
   CLI prints and the golden files hold (a policy without a reservation report shows its two counts as
   null; one that never pins, every pin key as null).
@@ -67,7 +69,14 @@ from typing import Any
 
 from basin_sim.engine import Engine
 from basin_sim.goodput import Goodput, SessionOutcome, goodput
-from basin_sim.policies.base import AdmissionReport, FixedTtlReport, PauseReport, PinReport, ReservationReport
+from basin_sim.policies.base import (
+    AdmissionReport,
+    FixedTtlReport,
+    PauseReport,
+    PinReport,
+    ReservationReport,
+    TaskMemoryReport,
+)
 from basin_sim.run_spec import RunSpec
 from basin_sim.timeline import Timeline
 
@@ -158,6 +167,7 @@ class RunSummary:
     fixed_ttl: FixedTtlReport | None = None  # Continuum's public code only; its keys are absent otherwise
     session_cache: SessionCacheReport | None = None  # absent from the JSON with the key off
     admission: AdmissionReport | None = None  # Concur's; its keys are absent for every other policy
+    task_memory: TaskMemoryReport | None = None  # Basin's with the memory on; its keys are absent otherwise
 
     @property
     def goodput_per_hour(self) -> float:
@@ -182,7 +192,7 @@ class RunSummary:
             elif f.name == "fixed_ttl":
                 if value is not None:
                     out.update(dataclasses.asdict(value))
-            elif f.name in ("pauses", "admission"):
+            elif f.name in ("pauses", "admission", "task_memory"):
                 out.update({} if value is None else _listed(dataclasses.asdict(value)))
             elif isinstance(value, tuple):
                 out[f.name] = list(value)
@@ -231,7 +241,7 @@ def summarize(spec: RunSpec, engine: Engine, outcomes: Sequence[SessionOutcome],
         reservations=report.reservations, held_tokens_mean=held,
         held_cache_share=None if held is None else held / cache_tokens, pins=report.pins, pauses=report.pauses,
         timeline=tuple(minutes), fixed_ttl=report.fixed_ttl, session_cache=SessionCacheReport.of(engine),
-        admission=report.admission)
+        admission=report.admission, task_memory=report.task_memory)
 
 
 def _listed(fields: dict[str, Any]) -> dict[str, Any]:

@@ -44,6 +44,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from basin_runtime.policy.calibrated import Calibration
 from basin_runtime.session_table import Session
+from basin_runtime.task_memory import Shrinkage
 from basin_sim.profile import Deployment
 
 
@@ -91,6 +92,8 @@ class PolicyContext:
     policy_overrides: Mapping[str, Any] = field(default_factory=dict)
     latency_gate: bool = False  # basin: the calibration's latency gate (beyond the paper; `policy_config`)
     pin_ttl_s: float | None = None
+    # basin: the memory of finished tasks with the pipeline's k (policies/task_memory.py); None: off
+    task_memory: Shrinkage | None = None
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,14 @@ class ReservationReport:
     sessions_admitted: int
     sessions_overflowed: int
     revisions: int
+
+
+@dataclass(frozen=True)
+class TaskMemoryReport:
+    """Basin's memory of finished tasks: sessions told a peak, and those whose task it remembered (hits)."""
+
+    task_memory_sessions: int
+    task_memory_hits: int
 
 
 @dataclass(frozen=True)
@@ -171,6 +182,7 @@ class PolicyReport:
     fixed_ttl: FixedTtlReport | None = None
     pauses: PauseReport | None = None
     admission: AdmissionReport | None = None
+    task_memory: TaskMemoryReport | None = None  # Basin's, with the memory on
 
 
 NO_REPORT = PolicyReport()

@@ -18,6 +18,9 @@ Rules:
   `reservation_scale` x m_k(q), right after the call's `observe`. The call index is found from the
   session's own call list (the first call at or after the last one seen with this prompt size), so
   a retried call is not counted twice.
+- Memory of finished tasks (`PolicyContext.task_memory`, `basin` only): the peak told at arrival is
+  the prediction shrunk toward the run's own finished peaks of the same task (policies/task_memory.py,
+  which follows every call and end to build the memory); reservation and priority follow it.
 - Reservation report: sessions admitted, and of those how many outgrew their first reservation
   (a call's prompt above ceil(m x peak)), for `run_summary`.
 - `basin-proto` (mode "prototype"): arrival order, admission by current context; no predictor.
@@ -39,6 +42,7 @@ from collections.abc import Mapping
 from basin_runtime.policy import Admitted, Event, Policy, PolicyConfig, PolicyMode, Requeued, Shed
 from basin_runtime.policy.calibrated import Calibration, policy_config, uncalibrated
 from basin_runtime.session_table import Session
+from basin_runtime.task_memory import Shrinkage
 from basin_sim.policies.base import (
     NO_DECISIONS,
     Decisions,
@@ -48,6 +52,7 @@ from basin_sim.policies.base import (
     PolicySpec,
     ReservationReport,
 )
+from basin_sim.policies.task_memory import RunTaskMemory
 
 
 class MissingPredictionError(KeyError):
@@ -73,7 +78,8 @@ class BasinPolicy:
 
     def __init__(self, name: str, core: Policy, predicted_peak_tokens: dict[str, float] | None,
                  reservation_scale: float = 1.0, reservation_multipliers: Mapping[str, float] | None = None,
-                 revisions: Mapping[str, Mapping[int, tuple[float, float]]] | None = None) -> None:
+                 revisions: Mapping[str, Mapping[int, tuple[float, float]]] | None = None,
+                 task_memory: Shrinkage | None = None) -> None:
         self.name = name
         self.core = core
         self.pins: PinRule | None = None
@@ -88,6 +94,7 @@ class BasinPolicy:
         self._calls: dict[str, tuple[int, ...]] = {}  # session -> its calls' prompt sizes (sessions with revisions)
         self._call_index: dict[str, int] = {}  # session -> index of the last call seen
         self.sessions_revised = 0
+        self._memory = None if task_memory is None or predicted_peak_tokens is None else RunTaskMemory(task_memory)
 
     def predicted_peak(self, session: Session) -> float:
         """The predicted peak of a session (its context at arrival for the prototype)."""
@@ -114,6 +121,8 @@ class BasinPolicy:
     def on_arrival(self, session_id: str, now: float, session: Session) -> Decisions:
         """`Policy.arrive` with the predicted peak, its multiplier and the first prompt's size."""
         peak, multiplier = self.predicted_peak(session), self.reservation_multiplier(session)
+        if self._memory is not None:
+            peak = self._memory.told_peak(session_id, now, session, peak)
         if self._peaks is not None:
             self._first_reservation[session_id] = math.ceil(peak * multiplier)
         if self._revisions.get(session_id):
@@ -126,6 +135,8 @@ class BasinPolicy:
         if first is not None and prompt_tokens > first and session_id not in self._overflowed:
             self._overflowed.add(session_id)
             self.sessions_overflowed += 1
+        if self._memory is not None:
+            self._memory.on_call(session_id, prompt_tokens)
         decisions = self._decided(self.core.observe(session_id, now, prompt_tokens))
         revision = self._revision_at(session_id, prompt_tokens)
         if revision is None:
@@ -156,6 +167,8 @@ class BasinPolicy:
         self._overflowed.discard(session_id)
         self._calls.pop(session_id, None)
         self._call_index.pop(session_id, None)
+        if self._memory is not None:
+            self._memory.on_end(session_id, now)
         return self._decided(self.core.finish(session_id, now))
 
     def on_tick(self, now: float, hit_rate: float | None, ttft_s: float | None = None) -> Decisions:
@@ -165,7 +178,8 @@ class BasinPolicy:
     def report(self) -> PolicyReport:
         """Sessions admitted so far, how many of them outgrew their first reservation, revisions applied."""
         return PolicyReport(reservations=ReservationReport(self.sessions_admitted, self.sessions_overflowed,
-                                                           self.sessions_revised))
+                                                           self.sessions_revised),
+                            task_memory=None if self._memory is None else self._memory.report())
 
     def _decided(self, events: list[Event]) -> Decisions:
         decisions = decisions_of(events)
@@ -193,7 +207,8 @@ def _basin(context: PolicyContext) -> BasinPolicy:
         raise MissingPredictionError("policy 'basin' needs predicted peaks (PolicyContext.predicted_peak_tokens); "
                                      "load them with basin_sim.experiments.predictions.predict_pool")
     return BasinPolicy("basin", Policy(config_for(context, "basin")), dict(context.predicted_peak_tokens),
-                       context.reservation_scale, context.reservation_multipliers, context.revisions)
+                       context.reservation_scale, context.reservation_multipliers, context.revisions,
+                       context.task_memory)
 
 
 def _basin_proto(context: PolicyContext) -> BasinPolicy:

@@ -60,4 +60,4 @@ def test_the_stage_writes_a_file_the_runtime_reads(tmp_path: Path) -> None:
                              str(tmp_path / "oof.parquet"), "--out", str(out)]) == 0
     written = json.loads(out.read_text())
     assert written["rows_with_memory"] == 24
-    assert load_shrinkage(out) == written["k"]
+    assert load_shrinkage(out).k == written["k"]

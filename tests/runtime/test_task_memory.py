@@ -92,9 +92,9 @@ def test_a_bad_record_raises_and_changes_nothing() -> None:
 def test_load_shrinkage_reads_k_and_names_a_bad_file(tmp_path: Path) -> None:
     path = tmp_path / "task_memory.json"
     path.write_text(json.dumps({"format": FORMAT, "version": VERSION, "k": 0.79}))
-    assert load_shrinkage(path) == 0.79
+    assert load_shrinkage(path).k == 0.79
     path.write_text(json.dumps({"format": FORMAT, "version": VERSION, "k": None}))
-    assert load_shrinkage(path) is None
+    assert load_shrinkage(path).k is None
     path.write_text(json.dumps({"format": FORMAT, "version": VERSION, "k": -1}))
     with pytest.raises(TaskMemoryError, match="'k'"):
         load_shrinkage(path)
@@ -103,5 +103,5 @@ def test_load_shrinkage_reads_k_and_names_a_bad_file(tmp_path: Path) -> None:
 
 
 def test_the_committed_task_memory_file_loads() -> None:
-    k = load_shrinkage(Path(__file__).resolve().parents[2] / "metrics" / "task_memory.json")
+    k = load_shrinkage(Path(__file__).resolve().parents[2] / "metrics" / "task_memory.json").k
     assert k is None or k >= 0
