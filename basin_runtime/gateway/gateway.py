@@ -171,6 +171,8 @@ class Gateway:
             if coordinator is not None:
                 await coordinator.stop()
                 await coordinator.backend.aclose()
+            if self.telemetry.task_memory is not None:  # after shut_down, whose ended sessions it records
+                await self.telemetry.task_memory.aclose()
             if self.telemetry.session_log is not None:
                 await asyncio.to_thread(self.telemetry.session_log.close)
 
@@ -448,7 +450,7 @@ class Gateway:
                                         first.task_text, prompt_tokens)
         memory = self.telemetry.task_memory
         if memory is not None and not is_adopted and not is_single_call:  # task_memory.py's rules
-            peak = memory.told_peak(first.task_text, peak, self.telemetry.clock.now())
+            peak = await memory.told_peak(first.task_text, peak, self.telemetry.clock.wall())
         # adopted: it reserves what it held before the restart, and its resumed call is then observed like any call
         # (the outgrowth rule holds it if it brings more than that reservation and does not fit)
         context = None if previous is None else min(first.prompt_tokens, previous.calls[-1].prompt_tokens

@@ -136,7 +136,7 @@ class Telemetry:
         if self.engine_sessions is not None and reason != "moved" and (entry.calls or entry.is_adopted):
             self.engine_sessions.close(entry.routing_key)
         if self.task_memory is not None:
-            self.task_memory.session_ended(entry, reason, self.clock.now())
+            self.task_memory.session_ended(entry, reason, self.clock.wall())
         if self.session_log is not None and entry.calls:
             self.session_log.append(log_record(entry, reason, self.clock.wall(), self.tokenizer_name))
 
