@@ -104,7 +104,7 @@ def test_without_a_session_table_it_stops_naming_where_it_looked_and_the_command
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--scenario", "surge-1000", "--deployment", "1p3d-h100", "--policy", "sglang"],
-     "unknown scenario 'surge-1000'; known scenarios: closed-agents, heldout-swepro-burst-3x-keep, heldout-tb-burst-2x-keep"),
+     "unknown scenario 'surge-1000'; known scenarios: closed-agents, heldout-swepro-burst-3x-keep"),
     (["--scenario", "steady", "--deployment", "9p9d", "--policy", "sglang"],
      "known deployments: 100p300d, 1p1d, 1p3d, 1p3d-h100"),
     (["--scenario", "steady", "--deployment", "1p3d-h100", "--policy", "vllm"],
