@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from basin_runtime.policy.calibrated import Calibration
+from basin_runtime.task_memory import Shrinkage
 from basin_sim.profile import Deployment
 from basin_sim.workload.scenarios import Scenario
 
@@ -39,6 +40,7 @@ class RunSpec:
     pin_ttl_s: float | None = None  # continuum: a fixed TTL for every pin; None: its online rule (continuum_ttl.py)
     policy_overrides: Mapping[str, Any] = field(default_factory=dict)  # basin: PolicyConfig fields (ablations)
     latency_gate: bool = False  # basin: the calibration's latency gate (beyond the paper)
+    task_memory: Shrinkage | None = None  # basin: the memory of finished tasks with the pipeline's k; None: off
 
     @property
     def base_rate_per_s(self) -> float:

@@ -56,6 +56,8 @@ Rules:
   boundaries, sessions ever held, resumes and of them those the bound forced, sheds after a hold, the time
   held in all and the mean per hold ended), keys written last and only for such a run (every other
   policy's JSON keeps its keys as before).
+- Memory of finished tasks (Basin with the memory on): `TaskMemoryReport` (sessions told a peak, memory
+  hits), keys written last and only with the memory on (every other run's JSON keeps its keys as before).
 - A run's summary is a frozen `RunSummary`; `to_json` is the one place it becomes the JSON object the
   CLI prints and the golden files hold (a policy without a reservation report shows its two counts as
   null; one that never pins, every pin key as null).
@@ -78,6 +80,7 @@ from basin_sim.policies.base import (
     PinReport,
     RecoveryReport,
     ReservationReport,
+    TaskMemoryReport,
 )
 from basin_sim.run_spec import RunSpec
 from basin_sim.timeline import Timeline
@@ -170,6 +173,7 @@ class RunSummary:
     session_cache: SessionCacheReport | None = None  # absent from the JSON with the key off
     admission: AdmissionReport | None = None  # Concur's; its keys are absent for every other policy
     recovery: RecoveryReport | None = None  # Basin's recovery; its keys are absent for every other policy
+    task_memory: TaskMemoryReport | None = None  # Basin's with the memory on; its keys are absent otherwise
 
     @property
     def goodput_per_hour(self) -> float:
@@ -194,7 +198,7 @@ class RunSummary:
             elif f.name == "fixed_ttl":
                 if value is not None:
                     out.update(dataclasses.asdict(value))
-            elif f.name in ("pauses", "admission", "recovery"):
+            elif f.name in ("pauses", "admission", "recovery", "task_memory"):
                 out.update({} if value is None else _listed(dataclasses.asdict(value)))
             elif isinstance(value, tuple):
                 out[f.name] = list(value)
@@ -243,7 +247,7 @@ def summarize(spec: RunSpec, engine: Engine, outcomes: Sequence[SessionOutcome],
         reservations=report.reservations, held_tokens_mean=held,
         held_cache_share=None if held is None else held / cache_tokens, pins=report.pins, pauses=report.pauses,
         timeline=tuple(minutes), fixed_ttl=report.fixed_ttl, session_cache=SessionCacheReport.of(engine),
-        admission=report.admission, recovery=report.recovery)
+        admission=report.admission, recovery=report.recovery, task_memory=report.task_memory)
 
 
 def _listed(fields: dict[str, Any]) -> dict[str, Any]:

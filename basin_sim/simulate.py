@@ -154,7 +154,8 @@ def policy_context(spec: RunSpec) -> PolicyContext:
     return PolicyContext(spec.deployment, spec.predicted_peak_tokens, spec.reservation_scale,
                          calibration=spec.calibration, pin_ttl_s=spec.pin_ttl_s,
                          reservation_multipliers=spec.reservation_multipliers, revisions=spec.revisions,
-                         policy_overrides=spec.policy_overrides, latency_gate=spec.latency_gate)
+                         policy_overrides=spec.policy_overrides, latency_gate=spec.latency_gate,
+                         task_memory=spec.task_memory)
 
 
 class ArrivalFeed:

@@ -42,6 +42,7 @@ Modules, one job each (a test keeps this list complete):
   metrics.py         the Prometheus metrics, in a registry per app
   telemetry.py       metrics, hit-rate and latency signals, lending and the session log: the room's listener
   session_log.py     the durable, rotating session-log writer (a thread fed by a queue)
+  task_memory.py     the memory of finished tasks: first-call predictions shrunk toward their task's peaks
   errors.py          the error tree and the one mapping to HTTP status codes
 
 Nothing is imported here eagerly: importing one module (say `basin_runtime.gateway.config`) must

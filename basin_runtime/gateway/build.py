@@ -16,6 +16,7 @@ Rules:
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from basin_runtime.clock import Clock, MonotonicClock
@@ -33,6 +34,7 @@ from basin_runtime.gateway.priority import PriorityLevels
 from basin_runtime.gateway.proxy import Upstream
 from basin_runtime.gateway.restart import LiveSessionsFile, Restart
 from basin_runtime.gateway.session_log import SessionLogWriter
+from basin_runtime.gateway.task_memory import GatewayTaskMemory, TaskPeaks
 from basin_runtime.gateway.telemetry import DeploymentSignals, Telemetry
 from basin_runtime.gateway.upstream import UpstreamClient
 from basin_runtime.gateway.waiting import WaitingRoom
@@ -40,6 +42,7 @@ from basin_runtime.policy import Policy, PolicyConfig
 from basin_runtime.policy.hit_rate import HitRateWindow
 from basin_runtime.policy.latency import DEFAULT_MIN_CALLS
 from basin_runtime.session_keys import SessionKeys
+from basin_runtime.task_memory import Shrinkage, TaskMemoryError, load_shrinkage
 from basin_runtime.task_text import TaskTextError, TaskTextRule
 from basin_runtime.tokenizer import TokenizerError, get_tokenizer
 
@@ -108,8 +111,31 @@ def telemetry_for(config: GatewayConfig, clock: Clock, tokenizer_name: str) -> T
     engine_sessions = None if not config.engine_session_cache else EngineSessions(
         config.session_close_urls, metrics.engine_session_close_failures, clock.now,
         timeout_s=config.engine_close_timeout_s)
+    task_memory = None if config.task_memory is None else GatewayTaskMemory(
+        read_shrinkage(config.task_memory), metrics.registry,
+        None if config.state is None else shared_task_peaks(config))
     return Telemetry(clock, metrics, tokenizer_name=tokenizer_name, hit_window=hit_window, lending=LendingTracker(),
-                     session_log=session_log, engine_scraper=scraper, engine_sessions=engine_sessions)
+                     session_log=session_log, engine_scraper=scraper, engine_sessions=engine_sessions,
+                     task_memory=task_memory)
+
+
+def read_shrinkage(path: Path) -> Shrinkage:
+    """The task-memory file's k (`--task-memory`); `ConfigError` naming the file if it cannot be used."""
+    try:
+        return load_shrinkage(path)
+    except TaskMemoryError as exc:
+        raise ConfigError(f"--task-memory: {exc}") from exc
+
+
+def shared_task_peaks(config: GatewayConfig) -> TaskPeaks:
+    """The memory of finished tasks in the shared Redis of `--state` (redis imported only here)."""
+    from basin_runtime.state.redis_backend import redis_client
+    from basin_runtime.state.task_peaks import RedisTaskPeaks
+
+    assert config.state is not None
+    lease_s = config.state_lease_s  # the timeouts of the backend's command client (`RedisBackend.start`)
+    return RedisTaskPeaks(redis_client(config.state, socket_timeout=max(2.0, lease_s),
+                                       socket_connect_timeout=max(1.0, lease_s / 2)))
 
 
 def shared_state(config: GatewayConfig, policy_settings: PolicyConfig, telemetry: Telemetry) -> Coordinator:

@@ -119,6 +119,11 @@ class GatewayConfig:
         None, PATH, "JSON: knee_tokens, cache_capacity_tokens [, hit_rate_plateau, peak_completion_rate_per_s, "
         "reservation_ratio], measured for these engines (`basin-sim knee --out` for a modelled deployment, "
         "`basin-live-ramp` against live ones)", metavar="FILE", is_path=True)
+    task_memory: Path | None = option(
+        None, PATH, "the memory of finished tasks: shrink each new session's predicted peak toward the peaks of "
+        "its task's sessions that ended here, by the k in this file (`metrics/task_memory.json`, stage "
+        "task_memory); with --state the peaks are in the shared Redis, every replica's sessions for every replica",
+        metavar="FILE", is_path=True, default_text="off")
     allow_calibration_mismatch: bool = option(
         False, Flag(), "start with a calibration whose cache_capacity_tokens is more than 25% off the engines' own "
         "(max_total_num_tokens of the prefill engines, read at start-up through the upstream; refused otherwise)")

@@ -172,6 +172,8 @@ class Gateway:
             if coordinator is not None:
                 await coordinator.stop()
                 await coordinator.backend.aclose()
+            if self.telemetry.task_memory is not None:  # after shut_down, whose ended sessions it records
+                await self.telemetry.task_memory.aclose()
             if self.telemetry.session_log is not None:
                 await asyncio.to_thread(self.telemetry.session_log.close)
 
@@ -455,6 +457,9 @@ class Gateway:
         prompt_tokens = first.first_prompt_tokens if is_adopted else first.prompt_tokens
         peak = await _off_loop_if_large(min(len(first.task_text), PREDICTED_TEXT_CHARS), predict_peak, model,
                                         first.task_text, prompt_tokens)
+        memory = self.telemetry.task_memory
+        if memory is not None and not is_adopted and not is_single_call:  # task_memory.py's rules
+            peak = await memory.told_peak(first.task_text, peak, self.telemetry.clock.wall())
         # adopted: it reserves what it held before the restart, and its resumed call is then observed like any call
         # (the outgrowth rule holds it if it brings more than that reservation and does not fit)
         context = None if previous is None else min(first.prompt_tokens, previous.calls[-1].prompt_tokens

@@ -12,7 +12,8 @@ Rules:
 - Replicas (`--state`): the room ticks with the deployment's signals, the leader's combination of every
   replica's report (`DeploymentSignals`); this replica's own go into its report.
 - A session that leaves reaches the metrics, the lending reports and (if it made calls) the session log,
-  as one line (`log_record`); a session adopted after a run that was killed is logged whole.
+  as one line (`log_record`); a session adopted after a run that was killed is logged whole. With the memory
+  of finished tasks on (`task_memory.py`), it reaches that memory too, at the clock's now.
 - With `engine_session_cache` (`engine_sessions.py`) a session that leaves is closed on every engine under
   its routing key, but one that `moved` (it lives on in another replica, under the same key) and one the
   engines never saw (no call forwarded in this run, and not adopted from the last one).
@@ -32,6 +33,7 @@ from basin_runtime.gateway.lending import LendingTracker
 from basin_runtime.gateway.metrics import GatewayMetrics
 from basin_runtime.gateway.session_log import SessionLogWriter
 from basin_runtime.gateway.sessions import CallRecord, SessionEntry
+from basin_runtime.gateway.task_memory import GatewayTaskMemory
 from basin_runtime.gateway.waiting import EndReason
 from basin_runtime.policy.hit_rate import HitRateWindow
 from basin_runtime.policy.latency import LatencyWindow
@@ -49,7 +51,8 @@ class Telemetry:
     def __init__(self, clock: Clock, metrics: GatewayMetrics, *, tokenizer_name: str,
                  hit_window: HitRateWindow | None = None, lending: LendingTracker | None = None,
                  session_log: SessionLogWriter | None = None, engine_scraper: EngineScraper | None = None,
-                 engine_sessions: EngineSessions | None = None) -> None:
+                 engine_sessions: EngineSessions | None = None,
+                 task_memory: GatewayTaskMemory | None = None) -> None:
         self.clock = clock
         self.metrics = metrics
         self.tokenizer_name = tokenizer_name
@@ -58,6 +61,7 @@ class Telemetry:
         self.lending = lending or LendingTracker()
         self.session_log = session_log
         self.engine_scraper = engine_scraper
+        self.task_memory = task_memory
         self.engine_sessions = engine_sessions
         self._awaiting_first_byte: dict[int, float] = {}  # id of a call in flight -> clock.now() when forwarded
 
@@ -131,6 +135,8 @@ class Telemetry:
         self.lending.session_ended(entry.session_id)
         if self.engine_sessions is not None and reason != "moved" and (entry.calls or entry.is_adopted):
             self.engine_sessions.close(entry.routing_key)
+        if self.task_memory is not None:
+            self.task_memory.session_ended(entry, reason, self.clock.wall())
         if self.session_log is not None and entry.calls:
             self.session_log.append(log_record(entry, reason, self.clock.wall(), self.tokenizer_name))
 

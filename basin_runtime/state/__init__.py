@@ -11,4 +11,5 @@ Modules, one job each:
   leases.py         Coordinator: replica leases, the leader lease and the leader's work (reaping, snapshots,
                     the deployment's signals)
   signals.py        the deployment's hit rate and first-token latency from every replica's report
+  task_peaks.py     RedisTaskPeaks: the gateway's memory of finished tasks, shared by the replicas
 """

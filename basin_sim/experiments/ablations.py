@@ -17,6 +17,9 @@ Rules:
   shipped file and the selected procedure's peaks; it is told as the compare cell computed it.
 - Each reservation kind is calibrated on its own knee ramp (its r), keyed by `calibration_tag`, so
   the budget is in the unit that kind sums.
+- Memory of finished tasks off ("basin:no-task-memory"): each session is told its prediction alone
+  (`basin` shrinks it toward its task's finished peaks in the run, policies/task_memory.py). The
+  memory applies to the "predicted" reservation only: the other kinds are not predictions.
 - Latency gate on ("basin:latency-gate", beyond the paper; the gateway's --latency-gate): the working
   set engages admission only while the engines' windowed first-token latency reaches the
   calibration's gate (plateau latency + 3 call cycles).
@@ -76,6 +79,7 @@ class Ablation:
     overrides: Mapping[str, Any] = field(default_factory=dict)
     quantile: float | None = None  # reserve m(this q) x prediction (None: the served q), budget unchanged
     latency_gate: bool = False
+    task_memory: bool = True  # the memory of finished tasks (with the "predicted" reservation)
 
 
 SWEEP_QUANTILES = (0.5, 0.75, 0.95, 0.99)  # beside the served 0.9, within the model files' grid (0.5..0.99)
@@ -101,6 +105,8 @@ ABLATIONS: dict[str, Ablation] = {a.name: a for a in (
              overrides={"recovery": False}),
     Ablation("basin:no-admission", "admission off: everyone admitted on arrival (order and priority kept)",
              overrides={"budget_tokens": NO_ADMISSION_BUDGET_TOKENS}),
+    Ablation("basin:no-task-memory", "the memory of finished tasks off: each session is told its prediction alone",
+             task_memory=False),
     Ablation("basin:latency-gate", "beyond the paper: the working set engages admission only while the engines' "
              "first-token latency reaches the calibration's gate", latency_gate=True),
     *(Ablation(f"basin:q{q:g}", f"reserving m({q:g}) x prediction in the budget measured at the served q",

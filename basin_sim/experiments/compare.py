@@ -75,7 +75,7 @@ from basin_sim.experiments.predictions import (
 from basin_sim.experiments.run_setup import NOT_RESERVING, Inputs, Reserving, Workload, reserving_for, run_spec
 from basin_sim.experiments.served import load_served
 from basin_sim.policies import policy_names
-from basin_sim.policies.base import AdmissionReport, PauseReport
+from basin_sim.policies.base import AdmissionReport, PauseReport, TaskMemoryReport
 from basin_sim.profile import Deployment
 from basin_sim.run_summary import FIXED_TTL_KEYS
 from basin_sim.simulate import run_scenario
@@ -88,9 +88,11 @@ KEPT = ("scenario", "deployment", "lending", "policy", "seed", "goodput_per_hour
         "sessions_arrived", "sessions_shed", "shed_share", "sessions_abandoned", "first_call_wait_p50_s",
         "ttft_p50_post_s", "recovered_after_s", "backlog_drained_after_s", "is_stuck", "suspensions",
         "held_cache_share", "pin_answer_share", "pin_ttl_mean_s", "pin_tool_time_share", "pin_queue_delay_s")
-# what a field baseline did, in its rows only (PauseReport, FixedTtlReport, SessionCacheReport): absent otherwise
+# what a field baseline did, in its rows only (PauseReport, FixedTtlReport, SessionCacheReport), and Basin's task
+# memory (TaskMemoryReport, with it on): absent otherwise
 FIELD_KEPT = (*(f.name for f in dataclasses.fields(PauseReport)), *FIXED_TTL_KEYS,
-              *(f.name for f in dataclasses.fields(AdmissionReport)), "session_cache")
+              *(f.name for f in dataclasses.fields(AdmissionReport)), "session_cache",
+              *(f.name for f in dataclasses.fields(TaskMemoryReport)))
 CellKey = tuple[str, str, str]  # scenario, deployment, lending
 # what Continuum's pins did (None for a policy that never pins), averaged over seeds
 PIN_COLUMNS = ("held_cache_share", "pin_tool_time_share", "pin_ttl_mean_s", "pin_queue_delay_s")
@@ -160,6 +162,8 @@ def _run(cells: Mapping[CellKey, Cell], key: CellKey, label: str, seed: int,
     told = cell.reserved_as(_kind(label), variant.quantile if variant is not None else None)
     if variant is not None and not variant.revisions:
         told = dataclasses.replace(told, revisions={})
+    if (variant is not None and not variant.task_memory) or _kind(label) != "predicted":
+        told = dataclasses.replace(told, task_memory=None)
     deployment = cell.deployment.build("host" if policy == "hicache" else None, cell.lending,
                                        True if session_cache else None)
     run = run_spec(cell.scenario, deployment, policy,

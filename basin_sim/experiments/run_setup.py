@@ -9,7 +9,10 @@ Rules:
   multipliers and online revisions for that pool (`reserving_for`), then a calibration, then
   `run_spec`. `basin-sim run` (`prepare_run`), `basin-sim compare` (compare.py), the knee/risk/ramp
   commands and the stack demo call these pieces; none rebuilds them.
-- `run_spec`: only `basin` reads predictions (peaks, m(q), q, revisions); every other policy gets none.
+- `run_spec`: only `basin` reads predictions (peaks, m(q), q, revisions, the memory of finished tasks);
+  every other policy gets none.
+- The memory of finished tasks is on by default, with k from the pipeline's file (`--task-memory`,
+  stage task_memory); `--no-task-memory` turns it off (the `basin:no-task-memory` row of compare).
 - onnxruntime is imported only when a predictor is loaded or hashed (predictions.py's rule).
 - `prepare_run` reads or checks every file the run will read before any work that takes time (an
   overload-rate measurement or a knee ramp takes minutes). Bad input raises `UsageError` naming the
@@ -29,6 +32,7 @@ from basin_runtime.policy import PolicyError
 from basin_runtime.policy.calibrated import check_serves, uncalibrated
 from basin_runtime.policy.lending import LENDING_KINDS, LendingKind
 from basin_runtime.session_table import Session
+from basin_runtime.task_memory import TASK_MEMORY_FILE, Shrinkage, load_shrinkage
 from basin_sim import catalog
 from basin_sim.experiments.calibrate.knee_cache import DEFAULT_CALIBRATIONS_FILE, KneeCache, cached_knee_calibration
 from basin_sim.experiments.calibrate.rates import DEFAULT_RATES_FILE, RateCache, overload_rate_for
@@ -92,6 +96,10 @@ class Inputs:
         "train's selection shipped beside the model file, peak_predictor-<benchmark>.onnx, and the out-of-fold "
         "peaks of the selected procedure) or pooled (the model file alone and its out-of-fold peaks: the ablation)",
         choices=FIRST_CALL_CHOICES)
+    task_memory: Path = flag(TASK_MEMORY_FILE, "basin: the memory of finished tasks' shrinkage k (default "
+                             f"{TASK_MEMORY_FILE}, stage task_memory)", type=Path)
+    no_task_memory: bool = flag(False, "basin: the memory of finished tasks off (the prediction alone is told)",
+                                action="store_true")
     rates_file: Path = flag(DEFAULT_RATES_FILE, "the overload-rate cache", type=Path)
     overload_rate: float | None = flag(None, "sessions/s that x_overload multiplies (default: measured for the "
                                        "deployment's shape and workload, cached in --rates-file)", type=float)
@@ -105,6 +113,10 @@ class Inputs:
     def peaks_tag(self) -> str:
         """What a knee calibration's peaks depend on beyond the model file (predictions.peaks_tag)."""
         return peaks_tag(self.predictions, self.out_of_fold, served_tag(self.model, self.first_call))
+
+    def shrinkage(self) -> Shrinkage | None:
+        """The memory of finished tasks as these inputs set it (None: off); a bad file raises TaskMemoryError."""
+        return None if self.no_task_memory else load_shrinkage(self.task_memory)
 
 
 @dataclass(frozen=True)
@@ -156,12 +168,14 @@ class Workload:
 
 @dataclass(frozen=True)
 class Reserving:
-    """What Basin is told of a pool: predicted peaks (and how many came from where), m(q) and online revisions."""
+    """What Basin is told of a pool: predicted peaks (and how many came from where), m(q), online revisions and the
+    memory of finished tasks (None: off)."""
 
     peaks: dict[str, float] = field(default_factory=dict)
     sources: dict[str, int] = field(default_factory=dict)
     multipliers: dict[str, float] = field(default_factory=dict)
     revisions: Revisions = field(default_factory=dict)
+    task_memory: Shrinkage | None = None
 
     def reserved(self, scale: float = 1.0) -> dict[str, float]:
         """Pool session id -> what it reserves at arrival (scale x m(q) x peak)."""
@@ -177,20 +191,21 @@ def reserving_for(predictor: ReservingPredictor, pool: Sequence[Session], scale:
     peaks, sources = pool_peaks(predictor, pool, inputs.predictions, inputs.out_of_fold, scale,
                                 out_of_fold_column(inputs.first_call))
     return Reserving(peaks, sources, reservation_multipliers(predictor, pool, quantile),
-                     online_revisions(predictor, pool, peaks, quantile, revise_at))
+                     online_revisions(predictor, pool, peaks, quantile, revise_at), inputs.shrinkage())
 
 
 def run_spec(scenario: Scenario, deployment: Deployment, policy: str, seed: int, rate_per_s: float,
              calibration: Calibration | None, reserving: Reserving = NOT_RESERVING, quantile: float | None = None,
              reservation_scale: float = 1.0, policy_overrides: Mapping[str, Any] | None = None,
              latency_gate: bool = False) -> RunSpec:
-    """The run of `policy`; only `basin` is handed the predictions (peaks, m(q), q and revisions)."""
+    """The run of `policy`; only `basin` is handed the predictions (peaks, m(q), q, revisions, task memory)."""
     told = reserving if policy == "basin" else NOT_RESERVING
     return RunSpec(scenario, deployment, policy, seed, rate_per_s, predicted_peak_tokens=told.peaks,
                    reservation_scale=reservation_scale, calibration=calibration,
                    reservation_multipliers=told.multipliers,
                    reservation_quantile=quantile if policy == "basin" else None, revisions=told.revisions,
-                   policy_overrides=policy_overrides or {}, latency_gate=latency_gate)
+                   policy_overrides=policy_overrides or {}, latency_gate=latency_gate,
+                   task_memory=told.task_memory)
 
 
 @dataclass(frozen=True)
@@ -253,6 +268,7 @@ def _check_inputs(setup: RunSetup) -> ReservingPredictor | None:
     predictor = load_served(setup.inputs.model, setup.inputs.first_call)  # an unusable file: PredictorError naming it
     if setup.inputs.predictions == "out-of-fold":  # a missing table: PredictionsError naming it and `make repro`
         load_out_of_fold(setup.inputs.out_of_fold, out_of_fold_column(setup.inputs.first_call))
+    setup.inputs.shrinkage()  # a missing or bad task-memory file: TaskMemoryError naming it
     return predictor
 
 

@@ -48,6 +48,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from basin_runtime.policy.calibrated import Calibration
 from basin_runtime.session_table import Session
+from basin_runtime.task_memory import Shrinkage
 from basin_sim.profile import Deployment
 
 
@@ -96,6 +97,8 @@ class PolicyContext:
     policy_overrides: Mapping[str, Any] = field(default_factory=dict)
     latency_gate: bool = False  # basin: the calibration's latency gate (beyond the paper; `policy_config`)
     pin_ttl_s: float | None = None
+    # basin: the memory of finished tasks with the pipeline's k (policies/task_memory.py); None: off
+    task_memory: Shrinkage | None = None
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,14 @@ class RecoveryReport:
     recovery_sheds: int
     recovery_hold_time_total_s: float
     recovery_hold_time_mean_s: float | None
+
+
+@dataclass(frozen=True)
+class TaskMemoryReport:
+    """Basin's memory of finished tasks: sessions told a peak, and those whose task it remembered (hits)."""
+
+    task_memory_sessions: int
+    task_memory_hits: int
 
 
 @dataclass(frozen=True)
@@ -191,6 +202,7 @@ class PolicyReport:
     pauses: PauseReport | None = None
     admission: AdmissionReport | None = None
     recovery: RecoveryReport | None = None  # Basin's, with its recovery on
+    task_memory: TaskMemoryReport | None = None  # Basin's, with the memory on
 
 
 NO_REPORT = PolicyReport()

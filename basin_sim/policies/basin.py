@@ -25,6 +25,9 @@ Rules:
   `reservation_scale` x m_k(q), right after the call's `observe`. The call index is found from the
   session's own call list (the first call at or after the last one seen with this prompt size), so
   a retried call is not counted twice.
+- Memory of finished tasks (`PolicyContext.task_memory`, `basin` only): the peak told at arrival is
+  the prediction shrunk toward the run's own finished peaks of the same task (policies/task_memory.py,
+  which follows every call and end to build the memory); reservation and priority follow it.
 - Reservation report: sessions admitted, and of those how many outgrew their first reservation
   (a call's prompt above ceil(m x peak)), for `run_summary`.
 - `basin-proto` (mode "prototype"): arrival order, admission by current context; no predictor.
@@ -57,6 +60,7 @@ from basin_runtime.policy import (
 )
 from basin_runtime.policy.calibrated import Calibration, policy_config, uncalibrated
 from basin_runtime.session_table import Session
+from basin_runtime.task_memory import Shrinkage
 from basin_sim.policies.base import (
     NO_DECISIONS,
     Decisions,
@@ -67,6 +71,7 @@ from basin_sim.policies.base import (
     RecoveryReport,
     ReservationReport,
 )
+from basin_sim.policies.task_memory import RunTaskMemory
 
 
 class MissingPredictionError(KeyError):
@@ -92,7 +97,8 @@ class BasinPolicy:
 
     def __init__(self, name: str, core: Policy, predicted_peak_tokens: dict[str, float] | None,
                  reservation_scale: float = 1.0, reservation_multipliers: Mapping[str, float] | None = None,
-                 revisions: Mapping[str, Mapping[int, tuple[float, float]]] | None = None) -> None:
+                 revisions: Mapping[str, Mapping[int, tuple[float, float]]] | None = None,
+                 task_memory: Shrinkage | None = None) -> None:
         self.name = name
         self.core = core
         self.pins: PinRule | None = None
@@ -112,6 +118,7 @@ class BasinPolicy:
         self._held_since: dict[str, float] = {}
         self._holds = self._resumes = self._resumes_bounded = self._sheds_after_hold = self._holds_ended = 0
         self._hold_time_s = 0.0
+        self._memory = None if task_memory is None or predicted_peak_tokens is None else RunTaskMemory(task_memory)
 
     def predicted_peak(self, session: Session) -> float:
         """The predicted peak of a session (its context at arrival for the prototype)."""
@@ -138,6 +145,8 @@ class BasinPolicy:
     def on_arrival(self, session_id: str, now: float, session: Session) -> Decisions:
         """`Policy.arrive` with the predicted peak, its multiplier and the first prompt's size."""
         peak, multiplier = self.predicted_peak(session), self.reservation_multiplier(session)
+        if self._memory is not None:
+            peak = self._memory.told_peak(session_id, now, session, peak)
         if self._peaks is not None:
             self._first_reservation[session_id] = math.ceil(peak * multiplier)
         if self._revisions.get(session_id):
@@ -150,6 +159,8 @@ class BasinPolicy:
         if first is not None and prompt_tokens > first and session_id not in self._overflowed:
             self._overflowed.add(session_id)
             self.sessions_overflowed += 1
+        if self._memory is not None:
+            self._memory.on_call(session_id, prompt_tokens)
         decisions = self._decided(self.core.observe(session_id, now, prompt_tokens))
         revision = self._revision_at(session_id, prompt_tokens)
         if revision is None:
@@ -184,6 +195,8 @@ class BasinPolicy:
             self._held.discard(session_id)
             self._holds_ended += 1
             self._hold_time_s += now - self._held_since.pop(session_id)
+        if self._memory is not None:
+            self._memory.on_end(session_id, now)
         return self._decided(self.core.finish(session_id, now))
 
     def on_tick(self, now: float, hit_rate: float | None, ttft_s: float | None = None) -> Decisions:
@@ -200,7 +213,8 @@ class BasinPolicy:
             recovery = RecoveryReport(self._holds, len(self._ever_held), self._resumes, self._resumes_bounded,
                                       self._sheds_after_hold, self._hold_time_s, mean)
         return PolicyReport(reservations=ReservationReport(self.sessions_admitted, self.sessions_overflowed,
-                                                           self.sessions_revised), recovery=recovery)
+                                                           self.sessions_revised), recovery=recovery,
+                            task_memory=None if self._memory is None else self._memory.report())
 
     def _decided(self, events: list[Event]) -> Decisions:
         held_before = frozenset(self._held)
@@ -253,7 +267,8 @@ def _basin(context: PolicyContext) -> BasinPolicy:
         raise MissingPredictionError("policy 'basin' needs predicted peaks (PolicyContext.predicted_peak_tokens); "
                                      "load them with basin_sim.experiments.predictions.predict_pool")
     return BasinPolicy("basin", Policy(config_for(context, "basin")), dict(context.predicted_peak_tokens),
-                       context.reservation_scale, context.reservation_multipliers, context.revisions)
+                       context.reservation_scale, context.reservation_multipliers, context.revisions,
+                       context.task_memory)
 
 
 def _basin_proto(context: PolicyContext) -> BasinPolicy:

@@ -48,7 +48,7 @@ def test_each_stage_lists_exactly_the_params_it_reads() -> None:
     declared = {name: {str(p).split(".")[0] for p in stage.get("params", [])} for name, stage in DVC.items()}
     assert declared == {"sources": {"ingest"}, "ingest": {"ingest"}, "featurize": {"featurize"},
                         "train": {"train"}, "nested": {"nested", "train"}, "online": {"online"}, "export": {"export"},
-                        "evaluate": set(),
+                        "evaluate": set(), "task_memory": set(),
                         "simulate": {"simulate"}}
     for name, stage in DVC.items():
         reads_params = "--params params.yaml" in stage["cmd"]

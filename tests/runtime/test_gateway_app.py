@@ -122,7 +122,7 @@ def conversation(*contents: str, system: str | None = None) -> list[dict[str, st
     return messages
 
 
-TELEMETRY_PARTS = ("hit_window", "lending", "session_log", "engine_sessions")
+TELEMETRY_PARTS = ("hit_window", "lending", "session_log", "engine_sessions", "task_memory")
 ASSEMBLY_ARGUMENTS = ("live_sessions", "adoption_window_s")
 
 
