@@ -93,6 +93,7 @@ class OnlineModel:
         self.first_call_training_data_sha256 = props.get("basin.first_call_training_data_sha256", "")
         self.first_call_params = json.loads(props.get("basin.first_call_params", "{}"))
         self.benchmarks = tuple(json.loads(props.get("basin.benchmarks", "[]")))
+        self.slots: tuple[int, ...] = tuple(int(k) for k in json.loads(props.get("basin.slots", "null")) or SLOTS)
         self.metrics: dict[str, Any] = json.loads(props.get("basin.metrics", "{}"))
         self.multipliers: dict[str, Any] = json.loads(props.get("basin.online_multipliers", "{}"))
 

@@ -17,6 +17,8 @@ Rules:
   shipped file and the selected procedure's peaks; it is told as the compare cell computed it.
 - Each reservation kind is calibrated on its own knee ramp (its r), keyed by `calibration_tag`, so
   the budget is in the unit that kind sums.
+- Revisions off ("basin:no-revisions", issue 49 part 1 off): no online re-estimate at the online model's
+  slots (revisions.py), each session keeps its first-call reservation and the outgrowth rule alone.
 - Memory of finished tasks off ("basin:no-task-memory"): each session is told its prediction alone
   (`basin` shrinks it toward its task's finished peaks in the run, policies/task_memory.py). The
   memory applies to the "predicted" reservation only: the other kinds are not predictions.
@@ -92,6 +94,8 @@ ABLATIONS: dict[str, Ablation] = {a.name: a for a in (
              "current-context", revisions=False),
     Ablation("basin:no-selection", "first-call predictor selection off: the pooled model file and its out-of-fold "
              "peaks for every benchmark (issue 49, part 5)", "pooled-first-call"),
+    Ablation("basin:no-revisions", "reservations that follow the session off: no online re-estimate at the online "
+             "model's slots (issue 49, part 1)", revisions=False),
     Ablation("basin:arrival-order", "size-aware priority off: priority = arrival",
              overrides={"tokens_per_s": ARRIVAL_ORDER_TOKENS_PER_S}),
     Ablation("basin:fixed-budget", "adaptive budget off: the budget never moves",

@@ -69,9 +69,9 @@ from basin_sim.experiments.help_format import DefaultsFormatter
 from basin_sim.experiments.predictions import (
     PredictionsError,
     ReservingPredictor,
-    online_revisions,
     reservation_multipliers,
 )
+from basin_sim.experiments.revisions import revisions_for
 from basin_sim.experiments.run_setup import NOT_RESERVING, Inputs, Reserving, Workload, reserving_for, run_spec
 from basin_sim.experiments.served import load_served
 from basin_sim.policies import policy_names
@@ -411,7 +411,8 @@ def _cells(setup: CompareSetup) -> tuple[dict[CellKey, Cell], dict[CellKey, list
                 if pooled_predictor is not None:
                     workload = loaded[scenario_name][0]
                     unselected[scenario_name] = reserving_for(pooled_predictor, workload.pool, workload.token_scale,
-                                                              pooled, inputs.reservation_quantile, pooled.revise_at())
+                                                              pooled, inputs.reservation_quantile,
+                                                              pooled.revise_at(pooled_predictor))
             workload, served, swept = loaded[scenario_name]
             for deployment_name in grid.deployments:
                 spec = catalog.load_deployment(deployment_name)
@@ -435,13 +436,14 @@ def _predicted(scenario: Scenario, base: Sequence[Session], predictor: Reserving
     workload = Workload.of(scenario, base)
     if predictor is None:
         return workload, NOT_RESERVING, {}
-    served = reserving_for(predictor, workload.pool, workload.token_scale, inputs, inputs.reservation_quantile,
-                           inputs.revise_at())
+    calls = inputs.revise_at(predictor)
+    served = reserving_for(predictor, workload.pool, workload.token_scale, inputs, inputs.reservation_quantile, calls)
     if served.sources:
         print(f"{scenario.name}: peaks {served.sources}", file=sys.stderr)
     swept = {q: dataclasses.replace(served, multipliers=reservation_multipliers(predictor, workload.pool, q),
-                                    revisions=online_revisions(predictor, workload.pool, served.peaks, q,
-                                                               inputs.revise_at()))
+                                    revisions=revisions_for(predictor, workload.pool, served.peaks, q, calls,
+                                                            inputs.predictions, inputs.online_out_of_fold,
+                                                            workload.token_scale))
              for q in swept_qs}
     return workload, served, swept
 

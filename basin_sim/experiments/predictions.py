@@ -7,9 +7,9 @@ Rules:
   nested stage's table (data/nested/oof_predictions.parquet, pooled model: a model whose tuning and
   fit never saw any run of that session's task); a pool session the table does not hold (a preset's
   or a gateway log's, never in the training table) is predicted by the shipped model, and the run
-  counts both. The online re-estimates have no out-of-fold counterpart, so out-of-fold runs make
-  none. `in-sample` predicts every session with the shipped model, trained on these very sessions: a
-  near-oracle, kept as a named ablation.
+  counts both. The online re-estimates come from the same source (revisions.py: out of fold from
+  the online stage's table). `in-sample` predicts every session with the shipped model, trained on
+  these very sessions: a near-oracle, kept as a named ablation.
 - The reservation quantile q: each session reserves m(q) x its prediction, m read from the predictor
   file for the session's benchmark (`PeakPredictor.multiplier`), exactly as the gateway reads it;
   q None: m = 1.
@@ -144,12 +144,6 @@ def model_sha256(path: Path) -> str:
     from basin_runtime.model_files import file_sha256
 
     return file_sha256(path)
-
-
-def revision_calls(source: str, calls: Sequence[int]) -> Sequence[int]:
-    """The calls at which Basin re-estimates a peak: `calls` in-sample; none out of fold (the online model has
-    no out-of-fold counterpart)."""
-    return calls if source == "in-sample" else ()
 
 
 def reservation_multipliers(predictor: ReservingPredictor, pool: Sequence[Session],

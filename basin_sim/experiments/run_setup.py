@@ -41,20 +41,18 @@ from basin_sim.experiments.predictions import (
     DEFAULT_MODEL,
     DEFAULT_OUT_OF_FOLD,
     DEFAULT_RESERVATION_QUANTILE,
-    DEFAULT_REVISE_AT_CALLS,
     PREDICTION_SOURCES,
     ReservingPredictor,
     Revisions,
     load_out_of_fold,
     model_sha256,
-    online_revisions,
     peaks_tag,
     pool_peaks,
     reservation_multipliers,
     reservation_quantile_arg,
     reserved_peaks,
-    revision_calls,
 )
+from basin_sim.experiments.revisions import DEFAULT_ONLINE_OUT_OF_FOLD, revision_calls_for, revisions_for
 from basin_sim.experiments.served import FIRST_CALL_CHOICES, load_served, out_of_fold_column, served_tag
 from basin_sim.policies import policy_names, policy_spec
 from basin_sim.profile import SESSION_RADIX_CACHE_CHOICES, CacheKind, Deployment
@@ -77,10 +75,14 @@ class Inputs:
     synthetic: bool = flag(False, "use the synthetic corpus", action="store_true")
     model: Path = flag(DEFAULT_MODEL, "peak predictor for the basin runs (the shipped pooled model by default)",
                        type=Path)
-    revise_at_calls: tuple[int, ...] = flag(
-        DEFAULT_REVISE_AT_CALLS, "basin, beyond the paper: re-estimate a session's peak at these calls with the "
-        "online model beside the model file (default: never, as the gateway; e.g. 3 5; in-sample only)",
+    revise_at_calls: tuple[int, ...] | None = flag(
+        None, "basin: re-estimate a session's peak at these calls with the online model beside the model file "
+        "(default: the calls that model is trained for, its slots; issue 49 part 1, revisions.py)",
         type=int, nargs="*", metavar="K")
+    no_revisions: bool = flag(False, "basin: no online revisions (the first-call reservation and the outgrowth rule "
+                              "alone; the basin:no-revisions row of compare)", action="store_true")
+    online_out_of_fold: Path = flag(DEFAULT_ONLINE_OUT_OF_FOLD, "the out-of-fold online re-estimates (default "
+                                    f"{DEFAULT_ONLINE_OUT_OF_FOLD}, stage online)", type=Path)
     reservation_quantile: float | None = flag(
         DEFAULT_RESERVATION_QUANTILE, "basin: reserve m(Q) x each predicted peak, m from the model file for the "
         f"session's benchmark (default {DEFAULT_RESERVATION_QUANTILE}, as the gateway; 'none': the bare prediction)",
@@ -106,9 +108,10 @@ class Inputs:
     calibrations_file: Path = flag(DEFAULT_CALIBRATIONS_FILE, "the cache of measured Basin calibrations (shared by "
                                    "`basin-sim run` and `compare`)", type=Path)
 
-    def revise_at(self) -> Sequence[int]:
-        """The calls at which Basin re-estimates a peak with these predictions (none out of fold)."""
-        return revision_calls(self.predictions, self.revise_at_calls)
+    def revise_at(self, predictor: object = None) -> Sequence[int]:
+        """The calls at which Basin re-estimates a peak: --revise-at-calls, else the slots of `predictor`'s
+        online model; none with --no-revisions (revisions.py)."""
+        return revision_calls_for(predictor, self.revise_at_calls, not self.no_revisions)
 
     def peaks_tag(self) -> str:
         """What a knee calibration's peaks depend on beyond the model file (predictions.peaks_tag)."""
@@ -187,11 +190,14 @@ NOT_RESERVING = Reserving()
 
 def reserving_for(predictor: ReservingPredictor, pool: Sequence[Session], scale: float, inputs: Inputs,
                   quantile: float | None, revise_at: Sequence[int] = ()) -> Reserving:
-    """The predictor's peaks for `pool` (from `inputs.predictions`), its m(`quantile`) and revisions at `revise_at`."""
+    """The predictor's peaks for `pool` (from `inputs.predictions`), its m(`quantile`) and revisions at `revise_at`
+    (from the same source: revisions.py)."""
     peaks, sources = pool_peaks(predictor, pool, inputs.predictions, inputs.out_of_fold, scale,
                                 out_of_fold_column(inputs.first_call))
-    return Reserving(peaks, sources, reservation_multipliers(predictor, pool, quantile),
-                     online_revisions(predictor, pool, peaks, quantile, revise_at), inputs.shrinkage())
+    revisions = revisions_for(predictor, pool, peaks, quantile, revise_at, inputs.predictions,
+                              inputs.online_out_of_fold, scale)
+    return Reserving(peaks, sources, reservation_multipliers(predictor, pool, quantile), revisions,
+                     inputs.shrinkage())
 
 
 def run_spec(scenario: Scenario, deployment: Deployment, policy: str, seed: int, rate_per_s: float,
@@ -234,7 +240,8 @@ def prepare_run(setup: RunSetup) -> PreparedRun:
     workload = Workload.of(scenario, base)
     rate, rate_source = _overload_rate(inputs, deployment, workload.pool, scenario)
     reserving = NOT_RESERVING if predictor is None else reserving_for(
-        predictor, workload.pool, workload.token_scale, inputs, inputs.reservation_quantile, inputs.revise_at())
+        predictor, workload.pool, workload.token_scale, inputs, inputs.reservation_quantile,
+        inputs.revise_at(predictor))
     calibration, calibration_source = _calibration(setup, deployment), "given"
     if setup.policy in ("basin", "basin-proto") and calibration is None:
         if setup.no_calibration:

@@ -22,6 +22,15 @@ Rules:
   reserved/used on the outer-test rows (`basin_pipeline.reservations.cover`).
 - Shipped multipliers per slot: quantiles of true/predicted over the shipped choice's out-of-fold
   predictions (train's folds), on the first-call grid.
+- Out-of-fold re-estimates (`--out-of-fold-table`, issue 49 part 1; the simulator's revisions): for
+  each benchmark, each slot k in `SLOTS` and each session reaching call k, the re-estimate at call k
+  from the outer task-grouped fold that held its task out, at the first fold seed (as nested's table):
+  the pair chosen on that fold's inner folds, the ridge fitted on its outer-train rows, clamped as
+  served (`clamp_peak`: at least the context at k). Columns: session_id, benchmark, k,
+  online_predicted, fold. A slot with fewer than 2 x outer_folds sessions has no rows (those sessions
+  are not revised there). Only the re-estimate is out of fold: its reservation multiplier m_k(q) is
+  the shipped file's (Assumption: m_k is a quantile of out-of-fold ratios already, and the simulator
+  sweeps q, so one fold-fitted m at q = 0.9 would not serve the sweep).
 """
 
 from __future__ import annotations
@@ -54,6 +63,7 @@ from basin_runtime.logs import configure_logging
 from basin_runtime.online import (
     FEATURES,
     INPUTS,
+    MAX_PEAK_TOKENS,
     ONLINE_SCHEMA_VERSION,
     OUTPUT,
     SLOTS,
@@ -187,6 +197,33 @@ def nested_scores(frame: pd.DataFrame, part: Slice, seeds: Sequence[int], outer_
     return out
 
 
+def out_of_fold_rows(bench: str, frame: pd.DataFrame, calls: dict[str, tuple[list[int], list[int]]],
+                     first: np.ndarray, seed: int, outer_folds: int, inner_folds: int) -> pd.DataFrame:
+    """The out-of-fold re-estimates of one benchmark's sessions at every slot (see the rules)."""
+    out: list[pd.DataFrame] = []
+    for k in SLOTS:
+        part = slice_at(frame, calls, first, k)
+        if len(part.rows) < 2 * outer_folds:
+            continue
+        every = np.arange(len(part.rows))
+        sub = frame.iloc[part.rows].reset_index(drop=True)
+        labels = assign(sub, every, outer_folds, seed, "unseen_task")
+        predicted = np.empty(len(every))
+        for fold in np.unique(labels):
+            train, test = every[labels != fold], every[labels == fold]
+            inner = assign(sub, train, inner_folds, seed * 1000 + int(fold) + 1, "unseen_task")
+            weights, intercept = choose(part, train, inner).fit(part.x[train], part.log_peak[train])
+            predicted[test] = predict(weights, intercept, part.x[test])
+        floors = np.maximum(part.context, 1.0)
+        raw = np.where(np.isfinite(predicted), predicted, MAX_PEAK_TOKENS)
+        out.append(pd.DataFrame({"session_id": sub["session_id"].astype(str).to_numpy(), "benchmark": bench,
+                                 "k": np.full(len(every), k, dtype=np.int64),
+                                 "online_predicted": np.clip(raw, floors, MAX_PEAK_TOKENS),
+                                 "fold": labels.astype(np.int64)}))
+    return pd.concat(out, ignore_index=True) if out else pd.DataFrame(
+        {"session_id": [], "benchmark": [], "k": np.array([], np.int64), "online_predicted": [], "fold": []})
+
+
 def _fold_reservations(part: Slice, train: np.ndarray, test: np.ndarray, inner: np.ndarray, choice: Choice,
                        predicted: np.ndarray) -> dict[str, dict[str, float]]:
     true_train, true_test = part.peak[train], part.peak[test]
@@ -315,6 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="folder for the .online.onnx files")
     parser.add_argument("--metrics", type=Path, required=True, help="online.json (the full report)")
     parser.add_argument("--headline-dir", type=Path, help="folder for online_k<k>.json headline files")
+    parser.add_argument("--out-of-fold-table", type=Path,
+                        help="parquet of out-of-fold re-estimates per session and slot (the simulator's revisions)")
     args = parser.parse_args(argv)
     configure_logging()
     params = or_exit(online_params, args.params, parser.prog)
@@ -330,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"protocol": "unseen-task, nested: " + _protocol(params), "by_benchmark": {},
                               "shipped": {}}
+    table: list[pd.DataFrame] = []
     try:
         own_first: dict[str, np.ndarray] = {}  # a benchmark's own model: the same rows and knobs as its file's
         for bench in sorted(frame["benchmark"].astype(str).unique()):
@@ -339,6 +379,9 @@ def main(argv: list[str] | None = None) -> int:
             if name == bench:
                 own_first[bench] = first
             entry: dict[str, Any] = {"model": "own" if name == bench else "pooled"}
+            if args.out_of_fold_table is not None:
+                table.append(out_of_fold_rows(bench, rows, calls, first, params.seeds[0], params.outer_folds,
+                                              params.inner_folds))
             for k in params.eval_calls:
                 part = slice_at(rows, calls, first, k)
                 if len(part.rows) < 2 * params.outer_folds:
@@ -357,6 +400,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     log.info("online: %.0f s", time.monotonic() - started)
     write_metrics(args.metrics, report)
+    if args.out_of_fold_table is not None:
+        args.out_of_fold_table.parent.mkdir(parents=True, exist_ok=True)
+        pd.concat(table, ignore_index=True).to_parquet(args.out_of_fold_table, index=False)
     if args.headline_dir is not None:
         for k in params.eval_calls:
             write_metrics(args.headline_dir / f"online_k{k}.json", numbers_only(

@@ -10,8 +10,9 @@ predicted peak (m from the file serving the session's benchmark, q = `simulate.r
 as the gateway serves: the `peak_predictor-<benchmark>.onnx` beside the model, train's selection, unless
 `--first-call pooled`); each peak is the nested stage's out-of-fold prediction (the selected procedure's, a
 choice and models that never saw the session's task: `--out-of-fold`; `--predictions in-sample` for the
-shipped models' own, a near-oracle), so no online revision applies; in the budget of the knee ramp
-measured with these peaks at this q (cached by the model's SHA-256 and the table's in
+shipped models' own, a near-oracle); each online revision, at the online model's slots, is the online
+stage's out-of-fold re-estimate (`--online-out-of-fold`, basin_sim/experiments/revisions.py); in the
+budget of the knee ramp measured with these peaks at this q (cached by the model's SHA-256 and the table's in
 data/sim/calibrations.json, and written to `--out-calibration`, a file the gateway reads).
 
 Every seed of a cell sees the same arrivals for every policy, so the ratios are paired: per seed,
@@ -84,7 +85,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="the knee-calibration cache (measured on first use for this model file)")
     parser.add_argument("--overload-rate", type=float, help="use this overload rate instead (sessions/s; tests)")
     parser.add_argument("--synthetic", action="store_true", help="the synthetic corpus instead of --sessions")
-    add_flags(parser, Inputs, only=("predictions", "out_of_fold", "first_call"))
+    add_flags(parser, Inputs, only=("predictions", "out_of_fold", "first_call", "online_out_of_fold"))
     parser.add_argument("--ramp-step-s", type=float, default=RAMP_STEP_S,
                         help="simulated seconds per knee-ramp step (tests: shorter)")
     return parser
@@ -106,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     inputs = Inputs(sessions=args.sessions, synthetic=args.synthetic, model=args.model,
                     reservation_quantile=params.reservation_quantile, predictions=args.predictions,
                     out_of_fold=args.out_of_fold, first_call=args.first_call, rates_file=args.rates_file,
+                    online_out_of_fold=args.online_out_of_fold,
                     overload_rate=args.overload_rate,
                     calibrations_file=args.calibrations_file)
     result = compare.run_grids(compare.CompareSetup(grids, params.seeds, inputs, args.ramp_step_s,
