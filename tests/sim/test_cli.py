@@ -406,11 +406,11 @@ def test_basin_takes_each_peak_from_the_out_of_fold_table_by_default_and_names_a
     argv = ["run", "--scenario", files["scenario"], "--deployment", files["deployment"], "--policy", "basin",
             "--json", "--quiet", "--sessions", files["sessions"], *RATE, "--no-calibration", "--model", str(model),
             "--first-call", "pooled"]
-    assert main([*argv, "--out-of-fold", str(table)]) == 0
+    assert main([*argv, "--out-of-fold", str(table), "--online-out-of-fold", str(tmp_path / "no-online.parquet")]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["predictions"] == {"out-of-fold": len(held),
                                       "shipped model, session not in the training table": len(ids) - len(held)}
-    assert summary["revisions"] == 0  # the online model has no out-of-fold counterpart
+    assert summary["revisions"] == 0  # no out-of-fold online table: no revisions, never the in-sample model
     assert main([*argv, "--predictions", "in-sample"]) == 0
     assert json.loads(capsys.readouterr().out)["predictions"] == {"in-sample": len(ids)}
     with pytest.raises(SystemExit) as info:
