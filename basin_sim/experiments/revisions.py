@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from basin_runtime.session_table import Session
-from basin_sim.experiments.predictions import ReservingPredictor, Revisions, online_revisions
+from basin_sim.experiments.predictions import PredictionsError, ReservingPredictor, Revisions, online_revisions
 
 log = logging.getLogger(__name__)
 DEFAULT_ONLINE_OUT_OF_FOLD = Path("data/online_oof/online_predictions.parquet")
@@ -61,12 +61,17 @@ def revision_calls_for(predictor: object, calls: Sequence[int] | None, enabled: 
 
 
 def load_online_table(path: Path) -> OnlineTable | None:
-    """Session id -> k -> out-of-fold re-estimate, from the online stage's table; None if there is no file."""
+    """Session id -> k -> out-of-fold re-estimate, from the online stage's table; None if there is no file,
+    `PredictionsError` naming it if it is not such a table."""
     import pyarrow.parquet as pq
 
     if not path.exists():
         return None
-    data = pq.read_table(path, columns=["session_id", "k", "online_predicted"]).to_pydict()
+    try:
+        data = pq.read_table(path, columns=["session_id", "k", "online_predicted"]).to_pydict()
+    except Exception as exc:  # pyarrow raises several kinds for a bad file
+        raise PredictionsError(f"{path}: not an out-of-fold online table with session_id, k and online_predicted "
+                               f"({exc}); re-run the online stage (`make repro`) or pass --no-revisions") from exc
     out: OnlineTable = {}
     for sid, k, peak in zip(data["session_id"], data["k"], data["online_predicted"], strict=True):
         if peak is not None:

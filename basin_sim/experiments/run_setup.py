@@ -52,7 +52,12 @@ from basin_sim.experiments.predictions import (
     reservation_quantile_arg,
     reserved_peaks,
 )
-from basin_sim.experiments.revisions import DEFAULT_ONLINE_OUT_OF_FOLD, revision_calls_for, revisions_for
+from basin_sim.experiments.revisions import (
+    DEFAULT_ONLINE_OUT_OF_FOLD,
+    load_online_table,
+    revision_calls_for,
+    revisions_for,
+)
 from basin_sim.experiments.served import FIRST_CALL_CHOICES, load_served, out_of_fold_column, served_tag
 from basin_sim.policies import policy_names, policy_spec
 from basin_sim.profile import SESSION_RADIX_CACHE_CHOICES, CacheKind, Deployment
@@ -275,6 +280,8 @@ def _check_inputs(setup: RunSetup) -> ReservingPredictor | None:
     predictor = load_served(setup.inputs.model, setup.inputs.first_call)  # an unusable file: PredictorError naming it
     if setup.inputs.predictions == "out-of-fold":  # a missing table: PredictionsError naming it and `make repro`
         load_out_of_fold(setup.inputs.out_of_fold, out_of_fold_column(setup.inputs.first_call))
+        if not setup.inputs.no_revisions:  # a bad online table: PredictionsError naming it (a missing one: a warning)
+            load_online_table(setup.inputs.online_out_of_fold)
     setup.inputs.shrinkage()  # a missing or bad task-memory file: TaskMemoryError naming it
     return predictor
 

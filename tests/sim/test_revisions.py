@@ -9,10 +9,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from basin_runtime.online import SLOTS, OnlineModel
 from basin_runtime.policy.calibrated import Calibration
 from basin_sim.experiments.ablations import ablation
+from basin_sim.experiments.predictions import PredictionsError
 from basin_sim.experiments.revisions import load_online_table, model_slots, revisions_for
 from basin_sim.experiments.run_setup import Inputs, reserving_for
 from basin_sim.policies import BasinPolicy, PolicyContext, make_policy
@@ -67,6 +69,10 @@ def test_no_table_means_no_revisions_never_the_in_sample_model(tmp_path: Path) -
     pq.write_table(pa.table({"session_id": ["a", "a"], "benchmark": ["x", "x"], "k": [2, 3],
                              "online_predicted": [5_000.0, 7_000.0], "fold": [0, 0]}), path)
     assert load_online_table(path) == TABLE
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"session_id": ["a"], "pooled_predicted": [1.0]}), bad)
+    with pytest.raises(PredictionsError, match=r"(?s)bad\.parquet.*--no-revisions"):
+        load_online_table(bad)
     inputs = Inputs(predictions="in-sample", online_out_of_fold=path)
     told = reserving_for(FakePredictor(), POOL, 1.0, inputs, 0.9, inputs.revise_at(FakePredictor()))  # type: ignore[arg-type]
     assert told.revisions["a"][2] == (IN_SAMPLE, 1.5)
