@@ -80,7 +80,7 @@ from basin_runtime.predictor import reservation_quantile_arg
 from basin_runtime.schema import BadKeys, BadValue, Flag, ListOf, Maybe, Number, OneOf, Text, Whole, read_keys
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
-DEFAULT_REVISE_AT_CALLS: tuple[int, ...] = ()  # the paper's Basin never revises (beyond it: --revise-at-calls 3 5)
+DEFAULT_REVISE_AT_CALLS: tuple[int, ...] | None = None  # the online model's slots; () never (the paper's Basin)
 MIN_HEADER_BYTES = 1024
 
 
@@ -107,12 +107,14 @@ class GatewayConfig:
         "reserve m(Q) x the predicted peak, m from the model file (`basin_runtime/predictor.py`), so a share Q of "
         "sessions fit their reservation ('none' reserves the bare prediction)", metavar="Q",
         text=reservation_quantile_arg)
-    revise_at_calls: tuple[int, ...] = option(
+    revise_at_calls: tuple[int, ...] | None = option(
         DEFAULT_REVISE_AT_CALLS,
-        CallNumbers(Whole(min=2, says="a call number >= 2 (the first call is predicted, not revised)"),
-                    one_ok=True, says="call numbers >= 2 (the first call is predicted, not revised)"),
-        "beyond the paper: re-estimate a session's peak at these calls with the online model beside the model "
-        "file (e.g. 3 5)", cli="list", metavar="K", default_text="never, as the paper's Basin")
+        Maybe(CallNumbers(Whole(min=2, says="a call number >= 2 (the first call is predicted, not revised)"),
+                          one_ok=True, says="call numbers >= 2 (the first call is predicted, not revised)"),
+              says="call numbers >= 2, [] for never, or null for the online model's own calls"),
+        "re-estimate a session's peak at these calls with the online model beside the model file (e.g. 3 5; "
+        "the flag with no number, or [] in a file, never revises, as the paper's Basin)", cli="list",
+        metavar="K", default_text="the calls the online model is trained for, its slots 2 3 4 5 7 10")
     budget_tokens: int | None = option(None, Maybe(COUNT), "reference cache budget in tokens (wins over "
                                        "--calibration)", unit="tokens", metavar="N")
     calibration: Path | None = option(

@@ -383,7 +383,7 @@ class Gateway:
         else:
             prompt_tokens = await _off_loop_if_large(call.read_bytes, self.meter.prompt_tokens, call, entry.memo)
         revision = None
-        if not is_new and not entry.is_adopted and len(entry.calls) + 1 in self.predictors.revise_at_calls:
+        if not is_new and not entry.is_adopted and self.predictors.revises_at(entry.workload, len(entry.calls) + 1):
             revision = self.predictors.revision(
                 entry.workload, entry.predicted_peak_tokens, [c.prompt_tokens for c in entry.calls] + [prompt_tokens],
                 [c.completion_tokens or 0 for c in entry.calls])

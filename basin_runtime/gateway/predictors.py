@@ -16,7 +16,8 @@ Rules:
   times a text's size in memory and ~0.1 s per MB (a 60 MB first message took 1.4 GB and 6 s). A session's
   reservation never falls below its context anyway (the policy's max(m x peak, context)).
 - Revisions: a model file with an online model beside it (`basin_runtime/online.py`) re-estimates
-  a session's peak at the configured calls (`revise_at_calls`; none by default: beyond the paper) from its
+  a session's peak at the configured calls (`revise_at_calls`; by default the slots the online model is
+  trained for, 2 3 4 5 7 10; `[]` never revises, as the paper's Basin) from its
   first-call prediction and its calls so far, reserving m_k(q) x the re-estimate; a file without one never
   revises (a warning at start-up names it).
 """
@@ -71,18 +72,24 @@ class Predictors:
     """The default model and the per-workload models, the reservation quantile and the revision calls."""
 
     def __init__(self, default: PeakModel, by_workload: Mapping[str, PeakModel] | None = None,
-                 reservation_quantile: float | None = None, revise_at_calls: Sequence[int] = ()) -> None:
+                 reservation_quantile: float | None = None, revise_at_calls: Sequence[int] | None = ()) -> None:
         self.default = default
         self.by_workload = dict(by_workload or {})
         self.reservation_quantile = reservation_quantile
-        self.revise_at_calls = frozenset(revise_at_calls)
+        # the calls each workload's sessions are revised at: `revise_at_calls`, or (None) the slots its
+        # model's online model is trained for; none without an online model
+        self._revise_at: dict[str | None, frozenset[int]] = {
+            workload: frozenset(revise_at_calls if revise_at_calls is not None
+                                else getattr(getattr(self.for_workload(workload), "online", None), "slots", ()))
+            for workload in (None, *self.by_workload)}
         # m_k(q) per (online model, k): fixed for the life of this object (the models and q are), so each is
         # read from the file's table once (an interpolation is ~4 us, at every revision)
         self._online_multipliers: dict[tuple[int, int], float] = {}
 
     @classmethod
     def load(cls, default_path: Path, workload_paths: Mapping[str, Path], tokenizer: str,
-             reservation_quantile: float | None = None, revise_at_calls: Sequence[int] = ()) -> Predictors:
+             reservation_quantile: float | None = None,
+             revise_at_calls: Sequence[int] | None = None) -> Predictors:
         """Load every model file; `ConfigError` naming the file if one cannot be used."""
         try:
             default = PeakPredictor.load(default_path, expected_tokenizer=tokenizer)
@@ -92,12 +99,13 @@ class Predictors:
             for workload in (None, *by_workload):
                 predictors.multiplier(workload)
                 model = predictors.for_workload(workload)
-                if revise_at_calls and isinstance(model, PeakPredictor):
+                if isinstance(model, PeakPredictor):
                     if model.online is None:
-                        logger.warning("%s has no online model beside it: its sessions are not revised at calls "
-                                       "%s", model.info.path, sorted(revise_at_calls))
+                        if revise_at_calls:
+                            logger.warning("%s has no online model beside it: its sessions are not revised at "
+                                           "calls %s", model.info.path, sorted(revise_at_calls))
                     elif reservation_quantile is not None:
-                        for k in revise_at_calls:
+                        for k in predictors.revise_calls(workload):
                             model.online_multiplier(reservation_quantile, k)
         except PredictorError as exc:
             raise ConfigError(f"cannot load a peak predictor: {exc}") from exc
@@ -110,7 +118,7 @@ class Predictors:
         k = len(prompt_tokens)
         # a `RevisingModel`'s online model, read as an attribute (a runtime Protocol check costs ~20 µs a call)
         online: OnlineModel | None = getattr(self.for_workload(workload), "online", None)
-        if k not in self.revise_at_calls or online is None:
+        if not self.revises_at(workload, k) or online is None:
             return None
         peak = online.predict(first_call_peak, prompt_tokens, completion_tokens)
         q = self.reservation_quantile
@@ -120,6 +128,14 @@ class Predictors:
         if (multiplier := self._online_multipliers.get(key)) is None:
             multiplier = self._online_multipliers[key] = online.multiplier(q, k)
         return peak, multiplier
+
+    def revise_calls(self, workload: str | None) -> frozenset[int]:
+        """The calls at which this workload's sessions are re-estimated."""
+        return self._revise_at.get(workload if workload in self.by_workload else None, frozenset())
+
+    def revises_at(self, workload: str | None, k: int) -> bool:
+        """Whether call k of a session of this workload is re-estimated."""
+        return k in self.revise_calls(workload)
 
     def multiplier(self, workload: str | None) -> float:
         """m(q) of the file that predicts this workload's sessions (1 without a quantile)."""

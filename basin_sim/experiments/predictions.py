@@ -170,7 +170,7 @@ def reservation_quantile_arg(text: str) -> float | None:
 
 
 Revisions = dict[str, dict[int, tuple[float, float]]]
-DEFAULT_REVISE_AT_CALLS: tuple[int, ...] = ()  # the gateway's default (`GatewayConfig.revise_at_calls`): never
+DEFAULT_REVISE_AT_CALLS: tuple[int, ...] = ()  # no calls given: no revisions (the run chooses them, revisions.py)
 
 
 def online_revisions(predictor: ReservingPredictor, pool: Sequence[Session], peaks: Mapping[str, float],

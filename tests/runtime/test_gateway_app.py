@@ -130,7 +130,7 @@ ASSEMBLY_ARGUMENTS = ("live_sessions", "adoption_window_s")
 async def rig_for(*, budget_tokens: int = 1_000_000, model: StubModel | None = None, admin_token: str | None = None,
                   workload_models: dict[str, StubModel] | None = None, gateway_options: dict[str, Any] | None = None,
                   app_options: dict[str, Any] | None = None, reservation_quantile: float | None = None,
-                  revise_at_calls: tuple[int, ...] = (), upstream_client: UpstreamClient | None = None,
+                  revise_at_calls: tuple[int, ...] | None = (), upstream_client: UpstreamClient | None = None,
                   clock: ManualClock | None = None, **policy: Any) -> AsyncIterator[Rig]:
     """A fresh rig; everything it opened is closed on exit (`gateway_options`: `GatewaySettings` fields, `Telemetry`
     parts and `assemble` arguments; `app_options`: extra create_app arguments; `upstream_client`: a real client

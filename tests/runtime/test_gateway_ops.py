@@ -43,7 +43,7 @@ MODEL_FILE = Path(__file__).resolve().parents[2] / "models" / "peak_predictor.on
 def ops_rig(*, budget_tokens: int = 1_000_000, model: StubModel | None = None, is_shadow: bool = False,
             session_log: SessionLogWriter | None = None, lending: LendingTracker | None = None,
             reloader: Reloader | None = None, reservation_quantile: float | None = None,
-            revise_at_calls: tuple[int, ...] = (), **policy: Any) -> AbstractAsyncContextManager[Rig]:
+            revise_at_calls: tuple[int, ...] | None = (), **policy: Any) -> AbstractAsyncContextManager[Rig]:
     """`test_gateway_app.rig_for` with the issue-6 parts wired in."""
     return rig_for(budget_tokens=budget_tokens, model=model, app_options={"reloader": reloader},
                    reservation_quantile=reservation_quantile, revise_at_calls=revise_at_calls, **policy,
@@ -146,6 +146,8 @@ async def test_a_session_reserves_m_q_times_its_prediction_and_overflows_only_pa
 class FakeOnline:
     """An online model that re-estimates every session at 100 tokens, with m_k(q) = k."""
 
+    slots = (2, 3, 4, 5, 7, 10)  # an `OnlineModel`'s, from its file
+
     def __init__(self) -> None:
         self.asked: list[tuple[float, list[int], list[int]]] = []
 
@@ -186,6 +188,21 @@ async def test_a_revision_at_call_3_replaces_the_reservation_and_lets_the_waitin
     assert prompts[0] < prompts[1] < prompts[2]
     assert (views["big"]["predicted_peak_tokens"], views["big"]["reserved_peak_tokens"]) == (900.0, 300.0)
     assert reserved == 300 + 200
+
+
+async def test_by_default_a_session_is_revised_at_its_online_models_slots_and_with_no_calls_never() -> None:
+    """revise_at_calls None (the gateway's default): calls 2, 3, 4, 5 of a session are the online model's
+    slots, so it is asked at each; () (`--revise-at-calls` with no number): never, as the paper's Basin."""
+    for calls, asked in ((None, [2, 3, 4, 5]), ((), []), ((4,), [4])):
+        model = RevisingStub({"task": 900.0})
+        async with ops_rig(model=model, reservation_quantile=0.9, revise_at_calls=calls) as rig:
+            turns = ["task"]
+            for n in range(2, 7):
+                turns.append(f"turn {n}")
+                assert (await rig.chat("s", *turns[:n])).status_code == 200
+            expected = FakeOnline.slots if calls is None else calls
+            assert rig.gateway.predictors.revise_calls(None) == frozenset(expected)
+        assert [len(prompts) for _, prompts, _ in model.online.asked] == asked, calls
 
 
 async def test_no_revision_without_an_online_model() -> None:

@@ -67,6 +67,14 @@ def test_the_same_check_reads_the_file(tmp_path: Path) -> None:
     config = load_config({"config": path})
     assert (config.upstream, config.revise_at_calls, tuple(config.engine_metrics_urls)) == (
         "http://r:1", (3, 5), ("http://e:1/metrics",))
+    for text, calls in (("[]", ()), ("null", None)):  # never; the online model's own slots (the default)
+        path.write_text(f"upstream: http://r:1\nmodel: m.onnx\nrevise_at_calls: {text}\n")
+        assert load_config({"config": path}).revise_at_calls == calls
+    argv = ["--upstream", "http://r:1", "--model", "m.onnx"]
+    assert load_config(vars(build_parser().parse_args(argv))).revise_at_calls is None
+    assert load_config(vars(build_parser().parse_args([*argv, "--revise-at-calls"]))).revise_at_calls == ()
+    assert load_config(vars(build_parser().parse_args([*argv, "--revise-at-calls", "5", "3"]))).revise_at_calls == (
+        3, 5)
     path.write_text("upstream: http://r:1\nmodel: m.onnx\nrevise_at_calls: [1, 3]\n")
     with pytest.raises(ConfigError, match=rf"{path}: revise_at_calls\[0\]: expected a call number >= 2"):
         load_config({"config": path})
