@@ -188,7 +188,8 @@ class Gateway:
     def refresh_metrics(self) -> None:
         """Set the state gauges from the policy (on a scrape and after each tick)."""
         metrics, session_log = self.telemetry.metrics, self.telemetry.session_log
-        metrics.refresh(self.room.policy.snapshot(), self.hit_rate(), self.is_shadow, self.ttft_s())
+        metrics.refresh(self.room.policy.snapshot(), self.hit_rate(), self.is_shadow, self.ttft_s(),
+                        sum(1 for entry in self.room.registry if recovery_holds.is_held(entry)))
         backend = self.room.backend
         metrics.refresh_state(backend.is_up, backend.is_leader, backend.num_pending)
         if session_log is not None:

@@ -57,6 +57,10 @@ class GatewayMetrics:
                                   "(m(q) x predicted peak)",
                                   registry=r)
         self.judged = Counter("basin_sessions_judged", "Sessions whose peak prediction was judged", registry=r)
+        self.recovery_holds = Counter("basin_recovery_holds", "Live sessions held at their tool boundary by "
+                                      "recovery (a collapse under way)", registry=r)
+        self.recovery_held = Gauge("basin_recovery_held_sessions", "Live sessions held at their tool boundary now",
+                                   registry=r)
         self.shadow_held = Counter("basin_shadow_would_hold", "Calls shadow mode let through that would wait",
                                    registry=r)
         self.engine_scrape_errors = Counter("basin_engine_scrape_errors", "Failed scrapes of engines' /metrics",
@@ -75,6 +79,9 @@ class GatewayMetrics:
                                    "the session's call before (sticky routing missed)", registry=r)
         self.queue_wait = Histogram("basin_queue_wait_seconds", "Wait from arrival to admission", registry=r,
                                     buckets=WAIT_BUCKETS_S)
+        self.recovery_hold_time = Histogram(
+            "basin_recovery_hold_seconds", "Time a held session waited at its tool boundary until resumed", registry=r,
+            buckets=(1, 5, 15, 30, 60, 120, 300, 600, 900))
         self.added_latency = Histogram("basin_gateway_added_latency_seconds",
                                        "Gateway time before forwarding a call (queue wait excluded)", registry=r,
                                        buckets=LATENCY_BUCKETS_S)
@@ -106,8 +113,10 @@ class GatewayMetrics:
         self.state_leader.set(1)
 
     def refresh(self, snapshot: PolicySnapshot, hit_rate: float | None, is_shadow: bool,
-                ttft_s: float | None = None) -> None:
-        """Set the state gauges from one policy snapshot (and the windowed signals the policy ticks with)."""
+                ttft_s: float | None = None, recovery_held: int = 0) -> None:
+        """Set the state gauges from one policy snapshot (and the windowed signals the policy ticks with, and
+        the sessions recovery holds here now)."""
+        self.recovery_held.set(recovery_held)
         self.working_set.set(snapshot.working_set_tokens)
         self.budget.set(snapshot.budget_tokens)
         self.reference_budget.set(snapshot.reference_budget_tokens)

@@ -128,6 +128,14 @@ class Telemetry:
         """A session was admitted here after `waited_s` in the queue."""
         self.metrics.session_admitted(waited_s)
 
+    def session_held(self, entry: SessionEntry) -> None:
+        """Recovery holds a session at its tool boundary: counted."""
+        self.metrics.recovery_holds.inc()
+
+    def session_resumed(self, entry: SessionEntry, held_s: float) -> None:
+        """Recovery resumed a held session: its hold time observed."""
+        self.metrics.recovery_hold_time.observe(max(0.0, held_s))
+
     def session_ended(self, entry: SessionEntry, reason: EndReason) -> None:
         """A session left: counted, its lending forgotten, closed on the engines (`engine_session_cache`), logged if
         it made calls."""

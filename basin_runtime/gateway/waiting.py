@@ -109,6 +109,14 @@ class RoomListener(Protocol):
         """A session left the room."""
         ...
 
+    def session_held(self, entry: SessionEntry) -> None:
+        """Recovery holds a live session here at its tool boundary."""
+        ...
+
+    def session_resumed(self, entry: SessionEntry, held_s: float) -> None:
+        """Recovery resumed a session held here for `held_s`."""
+        ...
+
 
 class NoSignals:
     """Signals with no evidence (a room ticked without a hit rate or latency)."""
@@ -470,9 +478,13 @@ class WaitingRoom:
             return  # another replica's session
         if isinstance(event, Held):
             recovery_holds.hold(entry)
+            if self._listener is not None:
+                self._listener.session_held(entry)
             logger.info("session %s held at its tool boundary: %s", entry.session_id, event.reason)
         else:
             recovery_holds.end_hold(entry, "admitted")
+            if self._listener is not None:
+                self._listener.session_resumed(entry, event.held_s)
             logger.info("session %s resumed after %.1f s held: %s", entry.session_id, event.held_s, event.reason)
 
     def _set_live(self, entry: SessionEntry, now: float) -> None:

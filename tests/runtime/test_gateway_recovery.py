@@ -13,6 +13,7 @@ from basin_runtime.policy import Held, Resumed
 from basin_runtime.state.steps import Step
 from tests.runtime.test_gateway_app import Rig, eventually
 from tests.runtime.test_gateway_engine_sessions import ENGINES, FakeEngines, tagging_rig
+from tests.runtime.test_gateway_ops import scrape
 
 pytestmark = pytest.mark.asyncio
 OFF, ON = 0.5, 0.95  # under and over the configured plateau's floor (0.9 - 0.05)
@@ -45,7 +46,13 @@ async def test_a_held_sessions_next_call_waits_closed_on_the_engines_until_it_is
         assert not any(isinstance(e, Resumed) for e in await tick(rig, ON) + await tick(rig, ON))  # s1 fills it
         assert not call.done()
         assert (await rig.client.post("/basin/sessions/s1/end")).status_code == 200
+        metrics = await scrape(rig)
+        assert (metrics["basin_recovery_holds_total"], metrics["basin_recovery_held_sessions"]) == (1, 1)
+        assert metrics["basin_recovery_hold_seconds_count"] == 0
         assert [e.session_id for e in await tick(rig, ON) if isinstance(e, Resumed)] == ["s2"]  # it runs alone now
+        metrics = await scrape(rig)
+        assert (metrics["basin_recovery_held_sessions"], metrics["basin_recovery_hold_seconds_count"]) == (0, 1)
+        assert metrics["basin_recovery_hold_seconds_sum"] == 30  # held at the second tick off, resumed 3 ticks on
         response = await asyncio.wait_for(call, timeout=5)
         assert response.status_code == 200 and len(rig.upstream.bodies()) == 3
         assert rig.upstream.bodies()[-1]["session_id"] == routing_key("s2")  # the tag reopens on the engines
