@@ -110,7 +110,8 @@ class BasinPolicy:
         self.sessions_overflowed = 0  # admitted sessions with a call's prompt above their first reservation
         self._overflowed: set[str] = set()
         self._revisions = revisions or {}
-        self._calls: dict[str, tuple[int, ...]] = {}  # session -> its calls' prompt sizes (sessions with revisions)
+        # arrival -> (its pool session, its calls' prompt sizes), for sessions with revisions
+        self._calls: dict[str, tuple[str, tuple[int, ...]]] = {}
         self._call_index: dict[str, int] = {}  # session -> index of the last call seen
         self.sessions_revised = 0
         self._held: set[str] = set()  # sessions the core holds (recovery), suspended in the engine
@@ -149,8 +150,8 @@ class BasinPolicy:
             peak = self._memory.told_peak(session_id, now, session, peak)
         if self._peaks is not None:
             self._first_reservation[session_id] = math.ceil(peak * multiplier)
-        if self._revisions.get(session_id):
-            self._calls[session_id] = tuple(c.prompt_tokens for c in session.calls)
+        if self._revisions.get(session.session_id):  # keyed by the pool session (an arrival is a draw of one)
+            self._calls[session_id] = (session.session_id, tuple(c.prompt_tokens for c in session.calls))
         return self._decided(self.core.arrive(session_id, now, peak, session.first_prompt_tokens, multiplier))
 
     def on_call(self, session_id: str, now: float, prompt_tokens: int) -> Decisions:
@@ -174,16 +175,17 @@ class BasinPolicy:
                          decisions.resume + more.resume)
 
     def _revision_at(self, session_id: str, prompt_tokens: int) -> tuple[float, float] | None:
-        calls = self._calls.get(session_id)
-        if calls is None:
+        drawn = self._calls.get(session_id)
+        if drawn is None:
             return None
+        pool_id, calls = drawn
         last = self._call_index.get(session_id, -1)
         start = max(last, 0)
         index = next((j for j in range(start, len(calls)) if calls[j] == prompt_tokens), None)
         if index is None or index == last:
             return None  # an unknown prompt, or the same call again (a retry)
         self._call_index[session_id] = index
-        return self._revisions[session_id].get(index + 1)
+        return self._revisions[pool_id].get(index + 1)
 
     def on_session_end(self, session_id: str, now: float) -> Decisions:
         """`Policy.finish` (ends a live session or withdraws a queued one)."""

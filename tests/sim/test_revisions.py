@@ -118,3 +118,20 @@ def test_the_core_revises_at_each_slot_from_the_tables_re_estimate() -> None:
     sim.on_call("a", 4.0, 400)
     assert sim.core.reservation_of("a") == math.ceil(1.25 * 7_000)
     assert (report := sim.report().reservations) is not None and report.revisions == 2
+
+
+def test_an_arrival_drawn_from_a_pool_session_is_revised_by_that_sessions_re_estimates() -> None:
+    """The engine names each arrival anew (sessions are drawn with replacement); its revisions are its pool
+    session's, as its first-call peak is."""
+    peaks = {s.session_id: 1_000.0 for s in POOL}
+    revisions = revisions_for(FakePredictor(), POOL, peaks, 0.9, (2, 3), "out-of-fold", table=TABLE)  # type: ignore[arg-type]
+    context = PolicyContext(deployment(cache_tokens=100_000), peaks,
+                            calibration=Calibration(50_000.0 / 0.9, 100_000.0), revisions=revisions)
+    sim = make_policy("basin", context)
+    assert isinstance(sim, BasinPolicy)
+    for t, arrival in ((0.0, "a/1"), (10.0, "a/2")):
+        sim.on_arrival(arrival, t, POOL[0])
+        sim.on_call(arrival, t + 1, 100)
+        sim.on_call(arrival, t + 2, 200)
+        assert sim.core.reservation_of(arrival) == math.ceil(1.5 * 5_000)
+    assert (report := sim.report().reservations) is not None and report.revisions == 2
