@@ -70,6 +70,7 @@ from basin_sim.experiments.predictions import (
     PredictionsError,
     ReservingPredictor,
     reservation_multipliers,
+    revised_tag,
 )
 from basin_sim.experiments.revisions import revisions_for
 from basin_sim.experiments.run_setup import NOT_RESERVING, Inputs, Reserving, Workload, reserving_for, run_spec
@@ -142,12 +143,17 @@ class Cell:
         return self.deployment.build("gpu", self.lending)
 
 
-def _knee(cells: Mapping[CellKey, Cell], key: CellKey, kind: Reservation) -> KneeCalibration:
-    """A job: the knee ramp of one cell and reservation kind."""
+KneeKind = tuple[Reservation, bool]  # a reservation kind, and whether its reservations follow their revisions
+
+
+def _knee(cells: Mapping[CellKey, Cell], key: CellKey, kind: Reservation, revises: bool) -> KneeCalibration:
+    """A job: the knee ramp of one cell and reservation kind (with its revisions when `revises`)."""
     cell = cells[key]
+    told = cell.reserved_as(kind)
     return measure_knee(cell.gpu_deployment(), cell.pool, cell.scenario, cell.overload_rate_per_s,
                         cell.predictor_sha256 if kind in ("predicted", "pooled-first-call") else "none",  # no file
-                        cell.reservation_quantile, cell.reserved_as(kind).reserved(), cell.ramp_step_s)
+                        cell.reservation_quantile, told.reserved(), cell.ramp_step_s,
+                        revised=told.revised() if revises else None)
 
 
 def _run(cells: Mapping[CellKey, Cell], key: CellKey, label: str, seed: int,
@@ -190,6 +196,14 @@ def _kind(label: str) -> Reservation:
     """The reservation kind whose knee calibration a row label runs with."""
     variant = ABLATIONS.get(split_label(label)[0])
     return variant.reservation if variant is not None else "predicted"
+
+
+def _knee_kind(label: str) -> KneeKind:
+    """The knee a row label runs with: its reservation kind, and whether they follow revisions (basin and its
+    ablations that keep them; the ramp then measures r for the reservations the run will hold)."""
+    base = split_label(label)[0]
+    variant = ABLATIONS.get(base)
+    return _kind(label), (variant.revisions if variant is not None else base == "basin")
 
 
 def aggregate(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str, str, str], dict[str, Any]]:
@@ -461,27 +475,29 @@ def _rate(workload: Workload, spec: catalog.DeploymentSpec, grid: Grid, inputs: 
     return rate
 
 
-def _calibrated(cells: dict[CellKey, Cell], kinds: Mapping[CellKey, Sequence[Reservation]], cache: KneeCache,
-                executor: Executor) -> dict[tuple[CellKey, Reservation], KneeCalibration]:
-    """Per cell and reservation kind its cached knee calibration; missing ones measured now (in parallel), said and
+def _calibrated(cells: dict[CellKey, Cell], kinds: Mapping[CellKey, Sequence[KneeKind]], cache: KneeCache,
+                executor: Executor) -> dict[tuple[CellKey, Reservation, bool], KneeCalibration]:
+    """Per cell and knee kind its cached knee calibration; missing ones measured now (in parallel), said and
     cached. Cells of one shape (a host tier's and its GPU deployment) share a knee."""
-    keys = {(key, kind): knee_key(cell.gpu_deployment(), cell.pool, cell.scenario,
-                                  calibration_tag(kind, cell.predictor_sha256, cell.reservation_quantile),
-                                  cell.reservation_quantile, cell.ramp_step_s,
-                                  cell.peaks_tag if kind == "predicted" else
-                                  cell.unselected_tag if kind == "pooled-first-call" else "")
-            for key, cell in cells.items() for kind in kinds[key]}
+    keys = {(key, kind, revises): knee_key(cell.gpu_deployment(), cell.pool, cell.scenario,
+                                           calibration_tag(kind, cell.predictor_sha256, cell.reservation_quantile),
+                                           cell.reservation_quantile, cell.ramp_step_s,
+                                           cell.peaks_tag if kind == "predicted" else
+                                           cell.unselected_tag if kind == "pooled-first-call" else "",
+                                           revised_tag(cell.reserved_as(kind).revised()) if revises else "")
+            for key, cell in cells.items() for kind, revises in kinds[key]}
     records = {knee: cache.get(knee) for knee in set(keys.values())}
     first = {knee: job for job, knee in reversed(keys.items())}
     missing = [knee for knee, record in records.items() if record is None]
     measured = executor.run([Job(f"knee ramp of {cells[first[knee][0]].name()} ({first[knee][1]} reservations)",
                                  _knee, first[knee]) for knee in missing], "knee ramps")
     for knee, record in zip(missing, measured, strict=True):
-        (key, kind) = first[knee]
+        (key, kind, revises) = first[knee]
         cell = cells[key]
         records[knee] = record
         cache.put(knee, record, cell.gpu_deployment(), cell.scenario)
-        print(f"{cell.scenario.name} on {cell.deployment.name} (lending {cell.lending}, reservation {kind}): Basin "
+        print(f"{cell.scenario.name} on {cell.deployment.name} (lending {cell.lending}, reservation {kind}"
+              f"{', revised' if revises else ''}): Basin "
               f"calibration measured now on the knee ramp, cached in {cache.path}", file=sys.stderr)
     return {job: found for job, knee in keys.items() if (found := records[knee]) is not None}
 
@@ -541,14 +557,15 @@ def run_grids(setup: CompareSetup) -> GridResult:
     `ExecutorError` (a run that failed twice, or Ctrl-C)."""
     cells, cell_labels, cell_seeds = _cells(setup)
     with open_executor(setup.executor, cells, setup.jobs) as executor:
-        kinds = {key: sorted({_kind(label) for label in cell_labels[key]
+        kinds = {key: sorted({_knee_kind(label) for label in cell_labels[key]
                               if (base := split_label(label)[0]) in ("basin", "basin-proto") or base in ABLATIONS})
                  for key in cells}
         knees = _calibrated(cells, kinds, KneeCache(setup.inputs.calibrations_file), executor)
-        cells = {key: dataclasses.replace(cell, calibration=knees.get((key, "predicted")))
+        cells = {key: dataclasses.replace(cell, calibration=knees.get((key, "predicted", True))
+                                          or knees.get((key, "predicted", False)))
                  for key, cell in cells.items()}
         rows = executor.run([Job(f"{cell.name()}/{label} seed {seed}", _run,
-                                 (key, label, seed, knees.get((key, _kind(label)))))
+                                 (key, label, seed, knees.get((key, *_knee_kind(label)))))
                              for key, cell in cells.items() for label in cell_labels[key] for seed in cell_seeds[key]],
                             "runs")
     names = [(cell.scenario.name, cell.deployment.name, cell.lending) for cell in cells.values()]

@@ -162,6 +162,28 @@ def reserved_peaks(peaks: Mapping[str, float], multipliers: Mapping[str, float],
     return {sid: scale * multipliers.get(sid, 1.0) * peak for sid, peak in peaks.items()}
 
 
+Revised = dict[str, dict[int, float]]  # pool session id -> call k -> what it reserves from that call on
+
+
+def revised_reservations(revisions: Mapping[str, Mapping[int, tuple[float, float]]], scale: float = 1.0) -> Revised:
+    """Pool session id -> call k -> what it reserves from call k on: scale x m_k(q) x the re-estimate (the core's
+    revision, before its max with the context)."""
+    return {sid: {k: scale * m * peak for k, (peak, m) in by_call.items()} for sid, by_call in revisions.items()
+            if by_call}
+
+
+def revised_tag(revised: Mapping[str, Mapping[int, float]]) -> str:
+    """A digest of revised reservations (for a calibration's cache key); "" when there are none."""
+    if not any(revised.values()):
+        return ""
+    import hashlib
+    import json
+
+    canonical = json.dumps({sid: {str(k): round(v, 3) for k, v in sorted(by_call.items())}
+                            for sid, by_call in sorted(revised.items()) if by_call}, sort_keys=True)
+    return "revised " + hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
 def reservation_quantile_arg(text: str) -> float | None:
     """argparse type of --reservation-quantile (`basin_runtime.predictor`'s, imported when a flag is read)."""
     from basin_runtime.predictor import reservation_quantile_arg as parse

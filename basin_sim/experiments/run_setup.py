@@ -43,6 +43,7 @@ from basin_sim.experiments.predictions import (
     DEFAULT_RESERVATION_QUANTILE,
     PREDICTION_SOURCES,
     ReservingPredictor,
+    Revised,
     Revisions,
     load_out_of_fold,
     model_sha256,
@@ -51,6 +52,8 @@ from basin_sim.experiments.predictions import (
     reservation_multipliers,
     reservation_quantile_arg,
     reserved_peaks,
+    revised_reservations,
+    revised_tag,
 )
 from basin_sim.experiments.revisions import (
     DEFAULT_ONLINE_OUT_OF_FOLD,
@@ -189,6 +192,11 @@ class Reserving:
         """Pool session id -> what it reserves at arrival (scale x m(q) x peak)."""
         return reserved_peaks(self.peaks, self.multipliers, scale)
 
+    def revised(self, scale: float = 1.0) -> Revised:
+        """Pool session id -> call k -> what it reserves from its revision at call k on (the knee ramp holds
+        these, so the reservation ratio is measured for the reservations Basin will hold)."""
+        return revised_reservations(self.revisions, scale)
+
 
 NOT_RESERVING = Reserving()
 
@@ -302,10 +310,12 @@ def _knee_calibration(setup: RunSetup, gpu: Deployment, workload: Workload, rate
                       reserving: Reserving) -> tuple[Calibration, str]:
     """The knee calibration cached for this run's key (basin: its predictor, peaks and q), else measured now."""
     inputs, is_basin = setup.inputs, setup.policy == "basin"
+    revised = reserving.revised() if is_basin else {}
     knee, source = cached_knee_calibration(
         gpu, workload.pool, workload.scenario, rate, model_sha256(inputs.model) if is_basin else "none",
         inputs.reservation_quantile if is_basin else None, reserving.reserved() if is_basin else None,
-        KneeCache(inputs.calibrations_file), inputs.peaks_tag() if is_basin else "")
+        KneeCache(inputs.calibrations_file), inputs.peaks_tag() if is_basin else "", revised or None,
+        revised_tag(revised))
     log.info("Basin calibration (%s, %s): knee %.0f tokens, reservation ratio %s", source, inputs.calibrations_file,
              knee.calibration.knee_tokens, knee.record.get("reservation_ratio"))
     return knee.calibration, source

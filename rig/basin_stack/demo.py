@@ -152,7 +152,7 @@ def calibrate(settings: DemoSettings, pool: Any, deployment: Any) -> dict[str, A
     from basin_sim.clients import ClientPolicy
     from basin_sim.experiments.calibrate.knee_cache import KneeCache, cached_knee_calibration
     from basin_sim.experiments.calibrate.rates import RateCache, overload_rate_for
-    from basin_sim.experiments.predictions import load_predictor
+    from basin_sim.experiments.predictions import load_predictor, revised_tag
     from basin_sim.experiments.run_setup import Inputs, reserving_for
     from basin_sim.workload.scenarios import RateStep, Scenario
 
@@ -161,11 +161,14 @@ def calibrate(settings: DemoSettings, pool: Any, deployment: Any) -> dict[str, A
                         goodput_to_s=settings.duration_s, rate=(RateStep(0.0, 1.0),))
     rate, rate_source = overload_rate_for(deployment, pool, scenario.workload, ClientPolicy(),
                                           RateCache(settings.rates_file))
-    told = reserving_for(load_predictor(settings.model), pool, 1.0, Inputs(predictions="in-sample"),
-                         DEMO_RESERVATION_QUANTILE)  # the shipped model's peaks, m(q) x each: as the gateway reserves
+    predictor, inputs = load_predictor(settings.model), Inputs(predictions="in-sample")
+    # the shipped model's peaks, m(q) x each, revised at its online model's slots: as the gateway reserves
+    told = reserving_for(predictor, pool, 1.0, inputs, DEMO_RESERVATION_QUANTILE, inputs.revise_at(predictor))
+    revised = told.revised()
     knee, knee_source = cached_knee_calibration(deployment, pool, scenario, rate, file_sha256(settings.model),
                                                 DEMO_RESERVATION_QUANTILE, told.reserved(),
-                                                KneeCache(settings.calibrations_file))
+                                                KneeCache(settings.calibrations_file), revised=revised or None,
+                                                revised_tag=revised_tag(revised))
     log.info("simulator: overload rate %.4f sessions/s (%s), knee %d tokens, reservation ratio %s (%s, lending %s; "
              "%.0f s)", rate, rate_source, knee.calibration.knee_tokens, knee.record.get("reservation_ratio"),
              knee_source, deployment.lending, time.perf_counter() - started)

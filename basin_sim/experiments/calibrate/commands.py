@@ -75,11 +75,12 @@ def _workload(source: WorkloadSource) -> Workload:
 
 def simulated_ramp(deployment: Deployment, pool: list[Session], scenario: Scenario, rates: RateCache,
                    fractions: tuple[float, ...], step_s: float, seed: int,
-                   reservations: dict[str, float] | None = None) -> RampRun:
+                   reservations: dict[str, float] | None = None,
+                   revised: dict[str, dict[int, float]] | None = None) -> RampRun:
     """A ramp at `fractions` x the overload rate of this shape and workload (cached, else measured now)."""
     check_ramp(fractions, step_s)
     rate, source = overload_rate_for(deployment, pool, scenario.workload, scenario.clients, rates)
-    return ramp_at(deployment, pool, rate, source, fractions, step_s, seed, reservations)
+    return ramp_at(deployment, pool, rate, source, fractions, step_s, seed, reservations, revised)
 
 
 def _swept(setup: RampSetup, command: str, default_fractions: tuple[float, ...],
@@ -95,17 +96,20 @@ def _swept(setup: RampSetup, command: str, default_fractions: tuple[float, ...],
 
 
 def _knee_ramp(setup: KneeSetup) -> RampRun:
-    """The knee ramp at RAMP_FRACTIONS, reserving the predictor's first-call reservations (none without one)."""
+    """The knee ramp at RAMP_FRACTIONS, reserving the predictor's first-call reservations, revised at its online
+    model's slots as the gateway revises by default (none without a predictor)."""
     workload = _workload(setup.source)
-    reservations = None
+    reservations = revised = None
     if setup.model is not None:
         inputs = setup.inputs
-        told = reserving_for(load_served(setup.model, inputs.first_call), workload.pool, workload.token_scale, inputs,
-                             inputs.reservation_quantile)
+        served = load_served(setup.model, inputs.first_call)
+        told = reserving_for(served, workload.pool, workload.token_scale, inputs, inputs.reservation_quantile,
+                             inputs.revise_at(served))
         reservations = told.reserved(setup.reservation_scale)
+        revised = told.revised(setup.reservation_scale) or None
     deployment = catalog.load_deployment(setup.deployment).build(setup.steps.cache)
     return simulated_ramp(deployment, list(workload.pool), workload.scenario, RateCache(setup.source.rates_file),
-                          RAMP_FRACTIONS, setup.steps.step_s, setup.steps.seed, reservations)
+                          RAMP_FRACTIONS, setup.steps.step_s, setup.steps.seed, reservations, revised)
 
 
 def calibrate(setup: CalibrateSetup) -> int:

@@ -7,7 +7,8 @@ Rules:
   session radix cache when on (in the key only then, so keys without it are as before), the
   scenario's workload, the predictor file in use (its SHA-256; "none" for `basin-proto`, whose
   reservations are contexts), where the peaks come from when not the file itself (`peaks`: e.g. the
-  out-of-fold table's digest, predictions.py) and the reservation quantile. That is the cache key
+  out-of-fold table's digest, predictions.py), the reservation quantile, and the revised reservations'
+  digest when the ramp's reservations follow Basin's revisions (`revised`; in the key only then). That is the cache key
   (canonical JSON, with the overload-rate key, the ramp's fractions, step and seed, and the record's
   format). The record itself names only the predictor file, as the gateway checks it.
 - The cache is one JSON file (default data/sim/calibrations.json), one entry per key: the
@@ -83,7 +84,7 @@ class KneeCache(JsonCache):
 
 
 def knee_key(deployment: Deployment, pool: Sequence[Session], scenario: Scenario, predictor_sha256: str,
-             quantile: float | None, step_s: float = RAMP_STEP_S, peaks: str = "") -> str:
+             quantile: float | None, step_s: float = RAMP_STEP_S, peaks: str = "", revised: str = "") -> str:
     """The canonical key of one calibration (see the rules above)."""
     shape = dataclasses.replace(deployment, host_cache_tokens=0)
     key: dict[str, Any] = {"rate": rate_key(shape, scenario.workload, scenario.clients, pool),
@@ -93,6 +94,8 @@ def knee_key(deployment: Deployment, pool: Sequence[Session], scenario: Scenario
                            "record": RECORD_FORMAT}
     if peaks:
         key["peaks"] = peaks
+    if revised:  # the ramp's reservations follow their revisions; keys without them stay as they were
+        key["revised"] = revised
     if deployment.session_radix_cache is not False:  # the ramp runs with it; keys without it stay as they were
         key["session_radix_cache"] = deployment.session_radix_cache
     return json.dumps(key, sort_keys=True)
@@ -100,29 +103,32 @@ def knee_key(deployment: Deployment, pool: Sequence[Session], scenario: Scenario
 
 def cached_knee_calibration(deployment: Deployment, pool: Sequence[Session], scenario: Scenario, rate_per_s: float,
                             predictor_sha256: str, quantile: float | None, reservations: Mapping[str, float] | None,
-                            cache: KneeCache, peaks: str = "") -> tuple[KneeCalibration, str]:
+                            cache: KneeCache, peaks: str = "", revised: Mapping[str, Mapping[int, float]] | None = None,
+                            revised_tag: str = "") -> tuple[KneeCalibration, str]:
     """(calibration, source): cached for this key, else measured now on the knee ramp and cached.
 
     `reservations` (pool session id -> what it reserves at arrival) are those of the predictor and
     quantile in the key; None for `basin-proto`. `source` is 'cache' or 'measured now'.
     """
-    key = knee_key(deployment, pool, scenario, predictor_sha256, quantile, peaks=peaks)
+    key = knee_key(deployment, pool, scenario, predictor_sha256, quantile, peaks=peaks, revised=revised_tag)
     cached = cache.get(key)
     if cached is not None:
         return cached, "cache"
     log.warning("no Basin calibration recorded for %s (GPU cache, lending %s) on this workload, predictor %s, "
                 "quantile %s in %s: running the knee ramp now (cached after)", deployment.name, deployment.lending,
                 predictor_sha256[:12], quantile, cache.path)
-    knee = measure_knee(deployment, pool, scenario, rate_per_s, predictor_sha256, quantile, reservations)
+    knee = measure_knee(deployment, pool, scenario, rate_per_s, predictor_sha256, quantile, reservations,
+                        revised=revised)
     cache.put(key, knee, deployment, scenario)
     return knee, "measured now"
 
 
 def measure_knee(deployment: Deployment, pool: Sequence[Session], scenario: Scenario, rate_per_s: float,
                  predictor_sha256: str, quantile: float | None,
-                 reservations: Mapping[str, float] | None, step_s: float = RAMP_STEP_S) -> KneeCalibration:
+                 reservations: Mapping[str, float] | None, step_s: float = RAMP_STEP_S,
+                 revised: Mapping[str, Mapping[int, float]] | None = None) -> KneeCalibration:
     """The knee ramp's calibration for one cache key (GPU cache, the deployment's lending)."""
     record = knee_record(dataclasses.replace(deployment, host_cache_tokens=0), pool, rate_per_s, RAMP_SEED,
                          reservations, f"basin-sim knee --deployment {deployment.name} --scenario {scenario.name}",
-                         step_s, predictor_sha256=predictor_sha256, reservation_quantile=quantile)
+                         step_s, predictor_sha256=predictor_sha256, reservation_quantile=quantile, revised=revised)
     return KneeCalibration.of(record, f"the {deployment.name} knee ramp")

@@ -38,8 +38,11 @@ def knee_calibration_record(deployment: Deployment, steps: Sequence[RampStep], c
 
 def knee_record(deployment: Deployment, pool: Sequence[Session], rate_per_s: float, seed: int,
                 reservations: Mapping[str, float] | None, command: str, step_s: float = RAMP_STEP_S,
-                predictor_sha256: str = "none", reservation_quantile: float | None = None) -> dict[str, Any]:
+                predictor_sha256: str = "none", reservation_quantile: float | None = None,
+                revised: Mapping[str, Mapping[int, float]] | None = None) -> dict[str, Any]:
     """The calibration record of the knee ramp (RAMP_FRACTIONS of the overload rate) on `deployment`, with these
-    reservations (pool session id -> reserved at arrival; None: contexts) of this predictor file and quantile."""
-    steps = run_ramp(deployment, pool, [f * rate_per_s for f in RAMP_FRACTIONS], step_s, seed, reservations)
+    reservations (pool session id -> reserved at arrival; None: contexts) of this predictor file and quantile,
+    and their revisions (pool session id -> call k -> reserved from call k on; None: none)."""
+    steps = run_ramp(deployment, pool, [f * rate_per_s for f in RAMP_FRACTIONS], step_s, seed, reservations,
+                     revised=revised)
     return knee_calibration_record(deployment, steps, command, step_s, predictor_sha256, reservation_quantile)

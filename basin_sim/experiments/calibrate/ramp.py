@@ -36,7 +36,7 @@ from basin_runtime.session_table import Session
 from basin_sim.engine import Engine
 from basin_sim.experiments.calibrate.completion_peak import CompletionPeak, find_completion_peak, rate_standard_error
 from basin_sim.experiments.calibrate.knee import Knee, find_knee
-from basin_sim.lifecycle import Stage, Status
+from basin_sim.lifecycle import SessionRun, Stage, Status
 from basin_sim.policies import PolicyContext, make_policy
 from basin_sim.profile import Deployment
 from basin_sim.timeline import Timeline
@@ -71,8 +71,11 @@ LIMITS = ("cache", "decode", "none")
 
 def run_ramp(deployment: Deployment, pool: Sequence[Session], rates_per_s: Sequence[float], step_s: float,
              seed: int = 1, reservations: Mapping[str, float] | None = None, sample_s: float = 60.0,
-             timeline: Timeline | None = None) -> list[RampStep]:
-    """Run the rates one after another on one engine; one `RampStep` per rate (into `timeline` if given)."""
+             timeline: Timeline | None = None,
+             revised: Mapping[str, Mapping[int, float]] | None = None) -> list[RampStep]:
+    """Run the rates one after another on one engine; one `RampStep` per rate (into `timeline` if given).
+    `revised` (pool session id -> call k -> what it reserves from call k on): the reservation a run holds
+    follows its calls, as Basin's revisions move it (`held_reservation`)."""
     policy = "hicache" if deployment.has_host_tier else "sglang"
     timeline = Timeline(60.0) if timeline is None else timeline
     engine = Engine(deployment, make_policy(policy, PolicyContext(deployment)), timeline=timeline)
@@ -82,7 +85,7 @@ def run_ramp(deployment: Deployment, pool: Sequence[Session], rates_per_s: Seque
     decode_tokens = deployment.decode_capacity_tokens
     steps: list[RampStep] = []
     count = 0
-    reserved: dict[str, float] = {}  # run id -> its reservation
+    reserved: dict[str, tuple[float, Mapping[int, float]]] = {}  # run id -> its reservation, its revisions
     for k, rate in enumerate(rates_per_s):
         start, end = k * step_s, (k + 1) * step_s
         t = start + rng.expovariate(rate)
@@ -90,7 +93,8 @@ def run_ramp(deployment: Deployment, pool: Sequence[Session], rates_per_s: Seque
             session = pool[rng.randrange(len(pool))]
             engine.add(to_spec(f"{count:06d}:r", session, t, shared))
             if reservations is not None:
-                reserved[f"{count:06d}:r"] = reservations[session.session_id]
+                reserved[f"{count:06d}:r"] = (reservations[session.session_id],
+                                              (revised or {}).get(session.session_id, {}))
             count += 1
             t += rng.expovariate(rate)
         half = start + step_s / 2
@@ -121,8 +125,18 @@ class _Sampled:
     ratio: float | None  # the reservation ratio (None without reservations)
 
 
-def _sample_second_half(engine: Engine, reserved: Mapping[str, float] | None, start: float, end: float,
-                        sample_s: float) -> _Sampled:
+def held_reservation(first: float, revised: Mapping[int, float], run: SessionRun) -> float:
+    """What a run reserves now: its latest revision at a call it has sent (calls sent: `next_call`, plus the one
+    in flight), else its first reservation."""
+    if not revised:
+        return first
+    sent = run.next_call + (1 if run.request is not None else 0)
+    slots = [k for k in revised if k <= sent]
+    return revised[max(slots)] if slots else first
+
+
+def _sample_second_half(engine: Engine, reserved: Mapping[str, tuple[float, Mapping[int, float]]] | None,
+                        start: float, end: float, sample_s: float) -> _Sampled:
     """Run the engine from `start` to `end`, counting every `sample_s` the live runs, those holding decode
     memory and, with reservations, sum(max(reservation, context)) / sum(context)."""
     held = contexts = 0.0
@@ -137,7 +151,7 @@ def _sample_second_half(engine: Engine, reserved: Mapping[str, float] | None, st
             live += 1
             holding += run.request is not None and run.request.stage in HOLDING_STAGES
             if reserved is not None and run.context_tokens > 0:
-                held += max(reserved[run.spec.session_id], run.context_tokens)
+                held += max(held_reservation(*reserved[run.spec.session_id], run), run.context_tokens)
                 contexts += run.context_tokens
     return _Sampled(holding / live if live else None, held / contexts if contexts > 0 else None)
 

@@ -73,8 +73,9 @@ class KneeSetup:
     out: Path | None = flag(None, "calibration JSON for the gateway (and for --calibration)", type=Path)
     model: Path | None = flag(DEFAULT_MODEL, "the served peak predictor: measures the reservation ratio (default: "
                               "the shipped pooled model)", type=Path)
-    # the ramp reserves first-call reservations: no revisions
-    inputs: Inputs = section(Inputs, only=("reservation_quantile", "predictions", "out_of_fold", "first_call"))
+    # the ramp's reservations follow their revisions at the online model's slots (the gateway's default)
+    inputs: Inputs = section(Inputs, only=("reservation_quantile", "predictions", "out_of_fold", "first_call",
+                                           "revise_at_calls", "no_revisions", "online_out_of_fold"))
     reservation_scale: float = flag(1.0, "a further factor on each reservation (ablations; default 1)", type=float)
     source: WorkloadSource = section(WorkloadSource)
     steps: RampSteps = section(RampSteps)
@@ -104,7 +105,7 @@ def add_setup_flags(parser: argparse.ArgumentParser, command: str) -> None:
         parser.add_argument("--no-model", dest="model", action="store_const", const=None,
                             help="no predictor: the calibration file holds no reservation_ratio (prototype mode)")
         _add(parser, KneeSetup, "reservation_quantile", "predictions", "out_of_fold", "first_call",
-             "reservation_scale", "deployment")
+             "revise_at_calls", "no_revisions", "online_out_of_fold", "reservation_scale", "deployment")
     else:
         _add(parser, RampSetup, "deployment")
         add_executor_options(parser)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,12 +72,14 @@ def check_ramp(fractions: Sequence[float], step_s: float) -> None:
 
 def ramp_at(deployment: Deployment, pool: Sequence[Session], rate_per_s: float, source: str,
             fractions: tuple[float, ...], step_s: float, seed: int,
-            reservations: dict[str, float] | None = None) -> RampRun:
-    """A ramp at `fractions` x `rate_per_s` (the overload rate, from `source`) on `deployment`."""
+            reservations: dict[str, float] | None = None,
+            revised: Mapping[str, Mapping[int, float]] | None = None) -> RampRun:
+    """A ramp at `fractions` x `rate_per_s` (the overload rate, from `source`) on `deployment` (reservations
+    following `revised` when given: ramp.py)."""
     check_ramp(fractions, step_s)
     timeline = Timeline(60.0)
     steps = run_ramp(deployment, pool, [f * rate_per_s for f in fractions], step_s, seed, reservations,
-                     timeline=timeline)
+                     timeline=timeline, revised=revised)
     calls = statistics.fmean(s.n_calls for s in pool)
     return RampRun(deployment, rate_per_s, source, fractions, step_s, steps, timeline, calls)
 
