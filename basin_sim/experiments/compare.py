@@ -320,6 +320,8 @@ PAPER_SURGES = ("paper-timed-surge-100", "paper-timed-kill-burst", "paper-timed-
                 "paper-swebench-pro-surge-100")
 _FIELD = ("sglang", "continuum", "continuum-fixed-ttl", "budgeter", "thunderagent", "concur", "basin")
 FIELD_LABELS = (*_FIELD, *(label + SESSION_CACHE for label in _FIELD))
+ISSUE_49_ABLATIONS = ("basin:no-revisions", "basin:no-task-memory", "basin:no-recovery", "basin:knee-budget",
+                      "basin:no-selection")  # one per part of issue 49 that the simulator models
 HELD_OUT_SCENARIOS = ("heldout-tb-surge-200-20min", "heldout-tb-burst-2x-keep", "heldout-tb-steady-0.7",
                       "heldout-swepro-burst-3x-keep")
 PRESETS: dict[str, tuple[Grid, ...]] = {
@@ -337,9 +339,10 @@ PRESETS: dict[str, tuple[Grid, ...]] = {
     # The field (issue 48) in the paper's regime on its 1P3D H200 node: the Terminal-Bench scenarios and the
     # SWE-bench-Pro-like ones, steady and surged, every baseline (plain SGLang, Continuum's paper and its public
     # code, the Bursts paper's budgeter, ThunderAgent, Concur) and Basin, each with and without SGLang's session
-    # cache, no lending (no field baseline lends).
+    # cache, no lending (no field baseline lends); and an ablation of Basin per part of issue 49 in the surges.
     "field": (Grid((*PAPER_SURGES, "paper-timed-steady", "paper-swebench-pro-steady"), ("1p3d",), ("none",),
-                   FIELD_LABELS),),
+                   FIELD_LABELS),
+              Grid(PAPER_SURGES, ("1p3d",), ("none",), ISSUE_49_ABLATIONS)),
     # Held out (issue 49), committed before Basin's issue-49 parts were built, to be run once, at the end:
     # other deployments (the H100 1P3D, cache first; the H100 3P1D, decode first) and the paper's node, other
     # rates and shapes (a +200% surge for 20 minutes, a 2x burst kept for 20 minutes, steady at 0.7, a

@@ -147,11 +147,15 @@ def test_the_paper_preset_is_the_paper_regime_on_its_h200_node_with_and_without_
 def test_the_field_preset_runs_every_baseline_and_basin_with_and_without_the_session_cache() -> None:
     from basin_sim.experiments.compare import PAPER_SURGES, PRESETS
 
-    (grid,) = PRESETS["field"]
+    (grid, ablations) = PRESETS["field"]
     assert set(grid.scenarios) == {*PAPER_SURGES, "paper-timed-steady", "paper-swebench-pro-steady"}
     assert grid.deployments == ("1p3d",) and grid.lending == ("none",)
     field = {"sglang", "continuum", "continuum-fixed-ttl", "budgeter", "thunderagent", "concur", "basin"}
     assert set(grid.labels) == field | {f"{name}+session-cache" for name in field}
+    assert set(ablations.scenarios) == set(PAPER_SURGES) and (ablations.deployments, ablations.lending) == (
+        ("1p3d",), ("none",))
+    assert set(ablations.labels) == {"basin:no-revisions", "basin:no-task-memory", "basin:no-recovery",
+                                     "basin:knee-budget", "basin:no-selection"}
 
 
 def test_the_held_out_set_is_other_deployments_rates_and_seeds_and_each_scenario_generates(
@@ -163,7 +167,7 @@ def test_the_held_out_set_is_other_deployments_rates_and_seeds_and_each_scenario
     from basin_sim.workload.scenarios import generate_sessions
 
     (grid,) = PRESETS["held-out"]
-    (field,) = PRESETS["field"]
+    (field, _) = PRESETS["field"]
     assert grid.seeds == tuple(range(11, 21)) and not set(grid.seeds) & set(range(1, 11))
     assert {"1p3d-h100", "3p1d"} <= set(grid.deployments)
     assert not set(grid.scenarios) & {*PAPER_SURGES, *field.scenarios}
