@@ -162,7 +162,7 @@ FIELD_COMMAND = ("`basin-sim compare --preset field --jobs 2 --plot-dir docs/fie
                  "--out docs/results/compare-field.json`")
 FIELD_BASES = ("sglang", "continuum", "continuum-fixed-ttl", "budgeter", "thunderagent", "concur", "basin")
 SESSION_CACHE = "+session-cache"
-FIELD_MEASURED_AT = "measured at commit ac88fca"  # the commit the committed run's code is
+FIELD_MEASURED_AT = "measured at commit c2ed88c"  # the commit the committed run's code is
 FIELD_SCENARIOS = (("TB steady", "paper-timed-steady"), ("TB surge +100%", "paper-timed-surge-100"),
                    ("TB burst killed", "paper-timed-kill-burst"), ("TB burst kept", "paper-timed-kill-burst-keep"),
                    ("SWE-Pro steady", "paper-swebench-pro-steady"),
@@ -305,6 +305,71 @@ def field_concur() -> str:
         markdown_table(head, rows)
 
 
+FIELD_BASELINES = ("sglang", "continuum", "continuum-fixed-ttl", "budgeter", "thunderagent", "concur")
+ISSUE_49_ABLATIONS = (("basin:no-revisions", "reservations that follow the session (part 1)"),
+                      ("basin:no-task-memory", "the memory of finished tasks (part 2)"),
+                      ("basin:no-recovery", "recovery at tool boundaries (part 3)"),
+                      ("basin:knee-budget", "the budget where completions peak (part 4)"),
+                      ("basin:no-selection", "the first-call predictor chosen out of fold (part 5)"))
+STEADY = ("paper-timed-steady", "paper-swebench-pro-steady")
+
+
+def _best_baseline(runs: FieldRuns, scenario: str) -> str:
+    """The baseline label (with or without the session cache) with the highest mean goodput in a scenario."""
+    labels = [label for base in FIELD_BASELINES for label in (base, base + SESSION_CACHE) if label in runs.labels]
+    return max(labels, key=lambda label: statistics.fmean(runs.values(scenario, label) or [0.0]))
+
+
+def field_targets() -> str:
+    """Issue 49's targets, cell by cell, for `basin` as it ships (no session cache): met or missed."""
+    runs = _field()
+    if "basin" not in runs.labels:
+        return "(no Basin runs)"
+    rows = []
+    for name, s in FIELD_SCENARIOS:
+        collapsed = any(bool(runs.by[k]["is_stuck"]) for k in runs.by if k[:2] == (s, "sglang"))
+        if s in STEADY:
+            ratios = runs.ratios(s, "basin", "sglang")
+            target, met = "cost <= 2% against plain SGLang", bool(ratios) and statistics.fmean(ratios) >= 0.98
+            against = "sglang"
+        else:
+            against = _best_baseline(runs, s)
+            ratios = runs.ratios(s, "basin", against)
+            need = 1.2 if collapsed else 1.0
+            ahead = sum(r > 1 for r in ratios)
+            target = f">= {need:.1f}x the best baseline, ahead in >= 6/10"
+            met = bool(ratios) and statistics.fmean(ratios) >= need and ahead >= 0.6 * len(ratios)
+        waits = runs.values(s, "basin", "first_call_wait_p50_s")
+        shed = runs.values(s, "basin", "shed_share")
+        wait_text = f"{statistics.fmean(waits):.1f} s, shed {statistics.fmean(shed):.1%}" if waits and shed else "-"
+        if s.startswith("paper-timed"):
+            wait_met = bool(waits) and statistics.fmean(waits) <= 18 and statistics.fmean(shed) <= 0.05
+            wait_text += " (target <= 18 s, <= 5%: " + ("met" if wait_met else "missed") + ")"
+        elif s.startswith("paper-swebench-pro"):
+            wait_text += f"; / continuum {runs.ratio_text(s, 'basin', 'continuum')} (target >= 1.15)"
+        tied = bool(ratios) and all(abs(r - 1) < 5e-4 for r in ratios)
+        verdict = "met" if met else "tied (no seed ahead)" if tied else "missed"
+        rows.append((name, against, runs.ratio_text(s, "basin", against), target, verdict, wait_text))
+    head = ("scenario", "against", "basin / it (seeds ahead)", "target", "", "basin's first-call wait p50")
+    return ("Basin (as it ships: every issue-49 part on, no session cache) against issue 49's targets, paired by "
+            "seed; the best baseline is the field label (with or without the session cache) of highest mean "
+            "goodput in that scenario:\n\n" + markdown_table(head, rows))
+
+
+def field_ablations() -> str:
+    """Basin with one issue-49 part off, over Basin, paired by seed, in each surge."""
+    runs = _field()
+    present = {r["policy"] for r in runs.rows}
+    surges = [(name, s) for name, s in FIELD_SCENARIOS if s not in STEADY]
+    rows = [(f"`{label}`", what, *(runs.ratio_text(s, label, "basin") for _, s in surges))
+            for label, what in ISSUE_49_ABLATIONS if label in present]
+    if not rows:
+        return "(no ablation runs)"
+    head = ("ablation", "the part off", *(name for name, _ in surges))
+    return ("Each ablation's goodput over Basin's in the same seed (below 1: the part helps; seeds where the "
+            "ablation is ahead / seeds):\n\n" + markdown_table(head, rows))
+
+
 # --- the pipeline and the DVC simulate stage --------------------------------------------------------------
 
 
@@ -418,6 +483,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "simulate-stage": simulate_stage, "readme-headline": readme_headline, "field-table": field_table,
     "field-paired": field_paired, "field-session-cache": field_session_cache,
     "field-thunderagent": field_thunderagent, "field-fixed-ttl": field_fixed_ttl, "field-concur": field_concur,
+    "field-targets": field_targets, "field-ablations": field_ablations,
 }
 
 

@@ -186,13 +186,17 @@ class RecoveryMachine(RuleBasedStateMachine):
         self.arrived.append(sid)
         self.check(self.core.arrive(sid, self.now, float(peak), context), {})
 
+    def draw_held(self, data: st.DataObject) -> str | None:
+        """One session the core holds (live or queued), drawn; None if it holds none."""
+        assert self.core is not None
+        held = [s for s in self.arrived if self.core.is_live(s) or self.core.is_queued(s)]
+        return data.draw(st.sampled_from(held)) if held else None
+
     @rule(data=st.data(), dt=st.integers(0, 5), growth=st.integers(0, 200))
     def call(self, data: st.DataObject, dt: int, growth: int) -> None:
         assert self.core is not None
-        held = [s for s in self.arrived if self.core.is_live(s) or self.core.is_queued(s)]
-        if not held:
+        if (sid := self.draw_held(data)) is None:
             return
-        sid = data.draw(st.sampled_from(held))
         self.now += dt
         self.check(self.core.observe(sid, self.now, self.core.record_of(sid).context_tokens + growth), {})
 
@@ -218,10 +222,8 @@ class RecoveryMachine(RuleBasedStateMachine):
     @rule(data=st.data(), dt=st.integers(0, 5))
     def finish(self, data: st.DataObject, dt: int) -> None:
         assert self.core is not None
-        held = [s for s in self.arrived if self.core.is_live(s) or self.core.is_queued(s)]
-        if not held:
+        if (sid := self.draw_held(data)) is None:
             return
-        sid = data.draw(st.sampled_from(held))
         self.now += dt
         self.held_since.pop(sid, None)
         self.ended.add(sid)

@@ -98,15 +98,21 @@ def test_the_shipped_online_file_names_its_slots() -> None:
     assert OnlineModel.load(path).slots == SLOTS
 
 
-def test_the_core_revises_at_each_slot_from_the_tables_re_estimate() -> None:
-    """Session a reserves m x 1000 at arrival; at call 2 the core reserves ceil(1.5 x 5000), at call 3
-    ceil(1.25 x 7000), at call 4 (no slot) nothing changes."""
+def revising_basin() -> BasinPolicy:
+    """Basin told peaks of 1,000 for the pool and the table's out-of-fold re-estimates at calls 2 and 3."""
     peaks = {s.session_id: 1_000.0 for s in POOL}
     revisions = revisions_for(FakePredictor(), POOL, peaks, 0.9, (2, 3), "out-of-fold", table=TABLE)  # type: ignore[arg-type]
     context = PolicyContext(deployment(cache_tokens=100_000), peaks,
                             calibration=Calibration(50_000.0 / 0.9, 100_000.0), revisions=revisions)
     sim = make_policy("basin", context)
     assert isinstance(sim, BasinPolicy)
+    return sim
+
+
+def test_the_core_revises_at_each_slot_from_the_tables_re_estimate() -> None:
+    """Session a reserves m x 1000 at arrival; at call 2 the core reserves ceil(1.5 x 5000), at call 3
+    ceil(1.25 x 7000), at call 4 (no slot) nothing changes."""
+    sim = revising_basin()
     sim.on_arrival("a", 0.0, POOL[0])
     assert sim.core.reservation_of("a") == 1_000
     sim.on_call("a", 1.0, 100)
@@ -123,12 +129,7 @@ def test_the_core_revises_at_each_slot_from_the_tables_re_estimate() -> None:
 def test_an_arrival_drawn_from_a_pool_session_is_revised_by_that_sessions_re_estimates() -> None:
     """The engine names each arrival anew (sessions are drawn with replacement); its revisions are its pool
     session's, as its first-call peak is."""
-    peaks = {s.session_id: 1_000.0 for s in POOL}
-    revisions = revisions_for(FakePredictor(), POOL, peaks, 0.9, (2, 3), "out-of-fold", table=TABLE)  # type: ignore[arg-type]
-    context = PolicyContext(deployment(cache_tokens=100_000), peaks,
-                            calibration=Calibration(50_000.0 / 0.9, 100_000.0), revisions=revisions)
-    sim = make_policy("basin", context)
-    assert isinstance(sim, BasinPolicy)
+    sim = revising_basin()
     for t, arrival in ((0.0, "a/1"), (10.0, "a/2")):
         sim.on_arrival(arrival, t, POOL[0])
         sim.on_call(arrival, t + 1, 100)
