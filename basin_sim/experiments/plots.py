@@ -181,8 +181,9 @@ def plot_minutes(rows: list[dict[str, Any]], labels: list[str], out_dir: Path,
                  windows: dict[str, tuple[float, float, float]] | None = None) -> list[Path]:
     """One PNG per scenario, deployment and lending from compare's runs (its JSON `runs`): the hit rate by
     minute and the first-call wait p50 of the sessions arriving in each minute, the mean over seeds per label;
-    a label ending in `+session-cache` dashed in its base policy's colour. `windows` (scenario -> pre-surge
-    end, goodput window from, to; scenario-file seconds) marks where the surge starts and shades the window."""
+    a label ending in `+session-cache` dashed in its base policy's colour, an ablation (`basin:...`) dotted.
+    `windows` (scenario -> pre-surge end, goodput window from, to; scenario-file seconds) marks where the
+    surge starts and shades the window."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -190,7 +191,9 @@ def plot_minutes(rows: list[dict[str, Any]], labels: list[str], out_dir: Path,
 
     out_dir.mkdir(parents=True, exist_ok=True)
     bases = list(dict.fromkeys(label.removesuffix(SESSION_CACHE) for label in labels))
-    colours = {base: f"C{k % 10}" for k, base in enumerate(bases)}
+    # matplotlib's ten colours, then ten more distinct ones (the field with Basin's ablations has twelve)
+    more = ("black", "darkgoldenrod", "teal", "magenta", "navy", "lime", "maroon", "slategrey", "orchid", "khaki")
+    colours = {base: f"C{k}" if k < 10 else more[(k - 10) % len(more)] for k, base in enumerate(bases)}
     paths = []
     for cell in dict.fromkeys((r["scenario"], r["deployment"], r["lending"]) for r in rows):
         fig, axes = plt.subplots(2, 1, figsize=(11, 7), sharex=True)
@@ -201,7 +204,8 @@ def plot_minutes(rows: list[dict[str, Any]], labels: list[str], out_dir: Path,
                 continue
             seeds = max(seeds, len(runs))
             base = label.removesuffix(SESSION_CACHE)
-            style = {"color": colours[base], "lw": 1.2, "ls": "--" if label != base else "-", "label": label}
+            dash = "--" if label != base else ":" if ":" in base else "-"  # session cache dashed, ablations dotted
+            style = {"color": colours[base], "lw": 1.2, "ls": dash, "label": label}
             axes[0].plot(*_minute_means(runs, "minute_hit_rate"), **style)
             axes[1].semilogy(*_minute_means(runs, "minute_first_call_wait_s"), **style)
         window = (windows or {}).get(cell[0])
@@ -214,8 +218,8 @@ def plot_minutes(rows: list[dict[str, Any]], labels: list[str], out_dir: Path,
         axes[1].set_ylabel("first-call wait p50 (s, by\narrival minute; mean over seeds)")
         axes[1].set_xlabel("minutes from the end of the warm-up (line: the surge or burst starts; shaded: the "
                            "goodput window)")
-        axes[0].set_title(f"{cell[0]} on {cell[1]}, lending {cell[2]}: by minute over {seeds} seeds "
-                          f"(dashed: with SGLang's session cache)")
+        axes[0].set_title(f"{cell[0]} on {cell[1]}, lending {cell[2]}: by minute over {seeds} seeds\n"
+                          f"(dashed: with SGLang's session cache; dotted: an ablation of Basin)", fontsize=10)
         axes[0].legend(fontsize=7, ncol=2)
         fig.tight_layout()
         path = out_dir / f"minutes-{cell[0]}-{cell[1]}-{cell[2]}.png"
