@@ -370,6 +370,55 @@ def field_ablations() -> str:
             "ablation is ahead / seeds):\n\n" + markdown_table(head, rows))
 
 
+# --- the held-out set (basin-sim compare --preset held-out) -----------------------------------------------
+
+HELD_OUT_JSON = "docs/results/compare-held-out.json"
+HELD_OUT_COMMAND = ("`basin-sim compare --preset held-out --jobs 2 --plot-dir docs/held-out-eval "
+                    "--out docs/results/compare-held-out.json`")
+HELD_OUT_MEASURED_AT = "measured once, at commit c2ed88c"
+
+
+def held_out() -> str:
+    """Per held-out cell: each label's goodput, and Basin over the best baseline and over Continuum, paired."""
+    doc = _load(HELD_OUT_JSON)
+    by: dict[tuple[str, str], FieldRuns] = {}
+    for cell in dict.fromkeys((r["scenario"], r["deployment"]) for r in doc["runs"]):
+        by[cell] = FieldRuns({"runs": [r for r in doc["runs"] if (r["scenario"], r["deployment"]) == cell]})
+    labels = [label for label in FIELD_BASES if any(label in runs.labels for runs in by.values())]
+    rows, paired = [], []
+    for (scenario, deployment), runs in by.items():
+        name = f"{scenario.removeprefix('heldout-')} / {deployment}"
+        rows.append((name, *(runs.cell_text(scenario, label) for label in labels)))
+        if "basin" not in runs.labels:
+            continue
+        is_steady = "steady" in scenario
+        best = "sglang" if is_steady else _best_baseline(runs, scenario)
+        ratios = runs.ratios(scenario, "basin", best)
+        stuck = any(bool(runs.by[k]["is_stuck"]) for k in runs.by if k[:2] == (scenario, "sglang"))
+        if not ratios:
+            verdict = "-"
+        elif is_steady:
+            verdict = "met" if statistics.fmean(ratios) >= 0.98 else "missed"
+        else:
+            verdict = "met" if (statistics.fmean(ratios) >= (1.2 if stuck else 1.0)
+                                and sum(r > 1 for r in ratios) >= 0.6 * len(ratios)) else "missed"
+        paired.append((name, best, runs.ratio_text(scenario, "basin", best), "yes" if stuck else "no",
+                       runs.ratio_text(scenario, "basin", "continuum"),
+                       f"{runs.mean_text(scenario, 'basin', 'first_call_wait_p50_s', '.1f')} s, "
+                       f"{runs.mean_text(scenario, 'basin', 'shed_share', '.1%')}", verdict))
+    source = (f"From `{HELD_OUT_JSON}` (seeds {min(doc['seeds'])}-{max(doc['seeds'])}, no lending), written by "
+              f"{HELD_OUT_COMMAND}, **{HELD_OUT_MEASURED_AT}**.")
+    head = ("scenario / deployment", *labels)
+    head2 = ("scenario / deployment", "against (steady: plain SGLang; else the best baseline)",
+             "basin / it (seeds ahead)", "plain SGLang stuck",
+             "basin / continuum", "basin: first-call wait p50, shed", "issue 49's target")
+    return (f"Goodput /h, mean ± sd over seeds ((n stuck): seeds whose run stayed collapsed). {source}\n\n"
+            + markdown_table(head, rows) + "\n\nBasin paired by seed (issue 49's targets: in a surge or burst "
+            ">= 1.0x the best baseline, >= 1.2x where plain SGLang stays collapsed, ahead in >= 6/10; steady: "
+            "a cost of at most 2% against plain SGLang):\n\n"
+            + markdown_table(head2, paired))
+
+
 # --- the pipeline and the DVC simulate stage --------------------------------------------------------------
 
 
@@ -483,7 +532,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "simulate-stage": simulate_stage, "readme-headline": readme_headline, "field-table": field_table,
     "field-paired": field_paired, "field-session-cache": field_session_cache,
     "field-thunderagent": field_thunderagent, "field-fixed-ttl": field_fixed_ttl, "field-concur": field_concur,
-    "field-targets": field_targets, "field-ablations": field_ablations,
+    "field-targets": field_targets, "field-ablations": field_ablations, "held-out": held_out,
 }
 
 
