@@ -523,8 +523,39 @@ def readme_headline() -> str:
          f"{goodput['basin']['first_call_wait_p50_s']:.0f} s",
          "same"),
         ("the paper's prototype (`basin-proto`) / Continuum", _ratio(sim, "proto_over_continuum"), "same"),
+        *_field_headline_rows(),
     ]
     return markdown_table(("what", "measured (mean ± sd)", "command"), rows)
+
+
+def _field_headline_rows() -> list[tuple[str, str, str]]:
+    """The field on the burst kept and the held-out set's verdict, from their committed runs (none if absent)."""
+    rows = []
+    if (ROOT / FIELD_JSON).is_file():
+        runs, keep = _field(), "paper-timed-kill-burst-keep"
+        others = ", ".join(f"{label} {runs.ratio_text(keep, label, 'continuum').split(' (')[0]}"
+                           for label in ("concur", "thunderagent", "budgeter") if label in runs.labels)
+        surges = [s for _, s in FIELD_SCENARIOS if s not in STEADY]
+        won = sum(1 for s in surges if (r := runs.ratios(s, "basin", _best_baseline(runs, s)))
+                  and statistics.fmean(r) >= 1.0 and sum(x > 1 for x in r) >= 0.6 * len(r))
+        rows.append(("the field there (ThunderAgent, Concur, the budgeter, Continuum's public code; 10 seeds): "
+                     "Basin / Continuum, paired, and the others'",
+                     f"Basin {runs.ratio_text(keep, 'basin', 'continuum')}; {others}; Basin ahead of the best "
+                     f"baseline in {won} of {len(surges)} surge and burst cells", FIELD_COMMAND))
+    if (ROOT / HELD_OUT_JSON).is_file():
+        doc = _load(HELD_OUT_JSON)
+        verdicts = [row.rsplit("|", 2)[-2].strip() for row in held_out().splitlines()
+                    if row.startswith("| ") and row.rstrip().endswith(("| met |", "| missed |"))]
+        ratios = []
+        for cell in dict.fromkeys((r["scenario"], r["deployment"]) for r in doc["runs"]):
+            cell_runs = FieldRuns({"runs": [r for r in doc["runs"] if (r["scenario"], r["deployment"]) == cell]})
+            if "steady" not in cell[0] and (values := cell_runs.ratios(cell[0], "basin", "continuum")):
+                ratios.append(statistics.fmean(values))
+        rows.append(("a held-out set run once at the end (other rates, the H100 1P3D and 3P1D, seeds 11-20): "
+                     "issue 49's targets met; Basin / Continuum over its surge and burst cells",
+                     f"{verdicts.count('met')} of {len(verdicts)} cells; {min(ratios):.2f}-{max(ratios):.2f}x",
+                     HELD_OUT_COMMAND))
+    return rows
 
 
 RENDERERS: dict[str, Callable[[], str]] = {
